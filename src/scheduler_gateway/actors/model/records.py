@@ -1,0 +1,149 @@
+"""The records the model produces and the store keeps: tasks, history, audit entries, events, dead letters.
+
+Timestamps are float epoch seconds; the HTTP layer renders them. ``payload`` and ``result`` are JSON
+bytes (``msgspec.Raw``) so they pass through the gateway without being decoded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+TaskState = Literal["waiting_approval", "queued", "running", "succeeded", "failed", "canceled", "dead"]
+TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "canceled", "dead"})
+ACTIVE_STATES: frozenset[str] = frozenset({"waiting_approval", "queued", "running"})
+ActorType = Literal["user", "node", "system"]
+AuditResult = Literal["ok", "refused", "repeat"]
+
+NULL = msgspec.Raw(b"null")
+
+
+class ActorRef(msgspec.Struct, frozen=True):
+    type: ActorType
+    id: str
+
+
+SYSTEM = ActorRef("system", "gatewayd")
+
+
+class TaskError(msgspec.Struct, frozen=True):
+    code: str
+    message: str = ""
+
+
+class SettleMark(msgspec.Struct, frozen=True):
+    """The settle that ended an attempt, kept to recognise a repeat of it."""
+
+    lease_id: str
+    outcome: str
+    digest: str
+
+
+class Task(msgspec.Struct, kw_only=True, frozen=True):
+    id: str
+    owner: str
+    kind: str
+    payload: msgspec.Raw = NULL
+    state: TaskState
+    revision: int
+    priority: int = 0
+    attempt_no: int = 1
+    budget_start_no: int = 1
+    max_attempts: int = 3
+    attempt_id: str
+    lease_id: str | None = None
+    lease_expires_at: float | None = None
+    node_id: str | None = None
+    run_id: str
+    parent_id: str | None = None
+    thread_id: str | None = None
+    requires_approval: bool = False
+    approved: bool = False
+    callback_url: str | None = None
+    callback_secret: str | None = None
+    labels: dict[str, str] = {}
+    result: msgspec.Raw | None = None
+    error: TaskError | None = None
+    not_before: float
+    created_at: float
+    updated_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    retry_backoff_s: float = 1.0
+    lease_s: float = 30.0
+    timeout_s: float = 3600.0
+    last_settle: SettleMark | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def attempts_in_budget(self) -> int:
+        """Attempts made since the last create, retry, redrive or rework (this one included)."""
+        return self.attempt_no - self.budget_start_no + 1
+
+
+class HistoryEntry(msgspec.Struct, kw_only=True, frozen=True):
+    task_id: str
+    revision: int
+    from_state: str | None
+    to_state: str
+    action: str
+    actor: ActorRef
+    reason: str | None
+    at: float
+    attempt_id: str | None
+    attempt_no: int
+    lease_id: str | None
+    node_id: str | None
+    request_id: str | None
+
+
+class AuditEntry(msgspec.Struct, kw_only=True, frozen=True):
+    id: str
+    at: float
+    action: str
+    object_type: str
+    object_id: str
+    result: AuditResult
+    actor: ActorRef
+    owner: str | None = None
+    request_id: str | None = None
+    run_id: str | None = None
+    attempt_id: str | None = None
+    node_id: str | None = None
+    old_revision: int | None = None
+    new_revision: int | None = None
+    error_code: str | None = None
+    details: dict[str, Any] = {}
+
+
+class EventRecord(msgspec.Struct, kw_only=True, frozen=True):
+    """An event before it has a stream sequence: the outbox row the relay publishes."""
+
+    id: str
+    type: str
+    aggregate_type: str
+    aggregate_id: str
+    owner: str | None
+    revision: int | None
+    at: float
+    request_id: str | None
+    data: dict[str, Any] = {}
+
+
+class DeadLetter(msgspec.Struct, kw_only=True, frozen=True):
+    dead_letter_id: str
+    task_id: str
+    original_task_id: str
+    owner: str
+    dead_reason: str
+    retry_count: int = 0
+    exhausted: bool = False
+    archived: bool = False
+    last_error: TaskError | None = None
+    first_dead_at: float
+    last_dead_at: float
+    exhausted_at: float | None = None

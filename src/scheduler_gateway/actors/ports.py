@@ -1,0 +1,144 @@
+"""The ports actors see the outside through. Adapters in ``daemon/`` implement them.
+
+Every store method is async and free of SQLite-only assumptions, so another database can serve later.
+Errors: ``NotFound`` (missing), ``Conflict`` with REVISION_CONFLICT / IDEMPOTENCY_CONFLICT (a compare-and-set
+or a unique key lost), ``StorageError`` (the store failed). Illegal states are the model's to refuse.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import msgspec
+
+from .model.records import AuditEntry, DeadLetter, EventRecord, HistoryEntry, Task
+
+
+class IdempotencyRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A remembered request: ``(owner, key)`` -> what it did. Kept at least 24 h."""
+
+    owner: str
+    key: str
+    operation: str  # "create", "retry:<taskId>", ...
+    body_hash: str
+    task_id: str
+    created_at: float
+
+
+class Change(msgspec.Struct, frozen=True, kw_only=True):
+    """One task write and everything that goes with it, committed in one transaction.
+
+    ``expected_revision`` None inserts a new task; otherwise the write is a compare-and-set on it
+    (a heartbeat's lease extension writes at the same revision it read).
+    """
+
+    task: Task
+    expected_revision: int | None
+    history: HistoryEntry | None = None
+    audit: AuditEntry | None = None
+    event: EventRecord | None = None
+    idempotency: IdempotencyRecord | None = None
+    dead_letter: DeadLetter | None = None
+
+
+class TaskQuery(msgspec.Struct, frozen=True, kw_only=True):
+    owner: str | None = None  # None: every owner (admin)
+    state: str | None = None
+    kind: str | None = None
+    parent_id: str | None = None
+    run_id: str | None = None
+    limit: int = 50
+    cursor: str | None = None  # the last id of the previous page; pages go by id, oldest first
+
+
+class AuditQuery(msgspec.Struct, frozen=True, kw_only=True):
+    owner: str | None = None
+    object_id: str | None = None
+    action: str | None = None
+    request_id: str | None = None
+    limit: int = 50
+    cursor: str | None = None
+
+
+class Page(msgspec.Struct, frozen=True):
+    items: list[Any]
+    next_cursor: str | None
+
+
+class Principal(msgspec.Struct, frozen=True, kw_only=True):
+    token_hash: str
+    user: str
+    role: str  # "admin" | "user"
+    created_at: float
+
+
+class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    kinds: list[str]
+    capacity: int = 0
+    running: int = 0
+    draining: bool = False
+    last_heartbeat_at: float | None = None
+    active_leases: int = 0
+
+
+class OutboxRow(msgspec.Struct, frozen=True):
+    """``seq``: the outbox's own order; ``body``: the encoded EventRecord (may be corrupt)."""
+
+    seq: int
+    body: bytes
+
+
+class TaskStore(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+    # tasks
+    async def get_task(self, task_id: str) -> Task | None: ...
+    async def apply(self, change: Change) -> None: ...
+    async def apply_many(self, changes: list[Change]) -> list[BaseException | None]:
+        """Apply each change in order; one result per change (None = applied), one refusal never
+        undoes the others. Implementations commit them together when they can (group commit)."""
+        ...
+    async def list_tasks(self, query: TaskQuery) -> Page: ...
+    async def history(self, task_id: str, limit: int = 500, cursor: str | None = None) -> Page: ...
+    async def lease_seen(self, task_id: str, lease_id: str) -> bool: ...
+    async def active_tasks(self) -> list[Task]:
+        """Every task in waiting_approval, queued or running (start-up recovery)."""
+        ...
+
+    # idempotency
+    async def get_idempotency(self, owner: str, key: str) -> IdempotencyRecord | None: ...
+
+    # audit
+    async def append_audit(self, entries: list[AuditEntry]) -> None: ...
+    async def list_audit(self, query: AuditQuery) -> Page: ...
+
+    # events outbox
+    async def outbox_batch(self, limit: int) -> list[OutboxRow]: ...
+    async def outbox_delete(self, seqs: list[int]) -> None: ...
+    async def outbox_size(self) -> int: ...
+
+    # dead letters
+    async def get_dead_letter_for_task(self, task_id: str) -> DeadLetter | None: ...
+
+    # principals and nodes
+    async def get_principal(self, token_hash: str) -> Principal | None: ...
+    async def put_principal(self, principal: Principal) -> None: ...
+    async def put_nodes(self, nodes: list[NodeRecord]) -> None: ...
+    async def list_nodes(self) -> list[NodeRecord]: ...
+
+    # health
+    async def ping(self) -> None:
+        """Raise StorageError unless the store can be written to."""
+        ...
+
+
+class Bus(Protocol):
+    """What actors need from NATS (the adapter owns streams, consumers and reconnects)."""
+
+    async def publish_offer(self, kind: str, attempt_id: str, body: bytes) -> None: ...
+    async def publish_cancel(self, node_id: str, body: bytes) -> None: ...
+    async def publish_event(self, subject: str, msg_id: str, body: bytes) -> int:
+        """Publish to GW_EVENTS; returns the stream sequence."""
+        ...

@@ -1,0 +1,99 @@
+"""Stable error codes and the one error hierarchy that carries them.
+
+Codes are the contract's (CONTRACT.md section 2 and 3). Only the HTTP layer maps them to status codes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+
+class Code:
+    INVALID_ARGUMENT: Final = "INVALID_ARGUMENT"
+    UNAUTHENTICATED: Final = "UNAUTHENTICATED"
+    FORBIDDEN: Final = "FORBIDDEN"
+    TASK_NOT_FOUND: Final = "TASK_NOT_FOUND"
+    SCHEDULE_NOT_FOUND: Final = "SCHEDULE_NOT_FOUND"
+    THREAD_NOT_FOUND: Final = "THREAD_NOT_FOUND"
+    DEAD_LETTER_NOT_FOUND: Final = "DEAD_LETTER_NOT_FOUND"
+    NOT_FOUND: Final = "NOT_FOUND"
+    INVALID_STATE_TRANSITION: Final = "INVALID_STATE_TRANSITION"
+    TASK_ALREADY_TERMINAL: Final = "TASK_ALREADY_TERMINAL"
+    REVISION_CONFLICT: Final = "REVISION_CONFLICT"
+    IDEMPOTENCY_CONFLICT: Final = "IDEMPOTENCY_CONFLICT"
+    THREAD_BUSY: Final = "THREAD_BUSY"
+    RUN_IN_PROGRESS: Final = "RUN_IN_PROGRESS"
+    DEAD_LETTER_EXHAUSTED: Final = "DEAD_LETTER_EXHAUSTED"
+    LEASE_NOT_FOUND: Final = "LEASE_NOT_FOUND"
+    LEASE_EXPIRED: Final = "LEASE_EXPIRED"
+    PAYLOAD_TOO_LARGE: Final = "PAYLOAD_TOO_LARGE"
+    INVALID_SCHEDULE: Final = "INVALID_SCHEDULE"
+    LAUNCH_FAILED: Final = "LAUNCH_FAILED"
+    STORAGE_ERROR: Final = "STORAGE_ERROR"
+    SERVICE_UNAVAILABLE: Final = "SERVICE_UNAVAILABLE"
+    INTERNAL: Final = "INTERNAL"
+    # claim refusals on the wire (CONTRACT 3)
+    ATTEMPT_STALE: Final = "ATTEMPT_STALE"
+    LEASE_CONFLICT: Final = "LEASE_CONFLICT"
+    NODE_DRAINING: Final = "NODE_DRAINING"
+    NOT_DUE: Final = "NOT_DUE"
+    # attempt failure reasons recorded in history
+    TIMEOUT: Final = "TIMEOUT"
+    HANDLER_ERROR: Final = "HANDLER_ERROR"
+    CANCELED: Final = "CANCELED"
+
+
+class GatewayError(Exception):
+    """A domain error: a stable ``code``, a human message and JSON-safe details (never a secret)."""
+
+    code: str = Code.INTERNAL
+
+    def __init__(self, message: str, *, code: str | None = None, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.message = message
+        self.details: dict[str, Any] = details or {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.code}: {self.message})"
+
+
+class InvalidArgument(GatewayError):
+    code = Code.INVALID_ARGUMENT
+
+
+class PayloadTooLarge(GatewayError):
+    code = Code.PAYLOAD_TOO_LARGE
+
+
+class Unauthenticated(GatewayError):
+    code = Code.UNAUTHENTICATED
+
+
+class Forbidden(GatewayError):
+    code = Code.FORBIDDEN
+
+
+class NotFound(GatewayError):
+    """Not found (or not visible to the caller: foreign objects answer exactly like missing ones)."""
+
+    code = Code.NOT_FOUND
+
+
+class Conflict(GatewayError):
+    """The object exists but the action does not fit its state, revision, lease or key."""
+
+    code = Code.INVALID_STATE_TRANSITION
+
+
+class StorageError(GatewayError):
+    code = Code.STORAGE_ERROR
+
+
+class Unavailable(GatewayError):
+    code = Code.SERVICE_UNAVAILABLE
+
+
+def task_not_found(task_id: str) -> NotFound:
+    return NotFound(f"task {task_id} not found", code=Code.TASK_NOT_FOUND)

@@ -1,0 +1,132 @@
+"""Messages between the gateway and node workers over NATS (CONTRACT 3), as msgspec Structs.
+
+camelCase on the wire. ``payload`` and ``result`` stay ``msgspec.Raw`` on the gateway side: the gateway
+stores and forwards those bytes without decoding them, and compares results by their bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+NODE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+KIND_PATTERN = r"^[a-z0-9_.-]{1,64}$"
+
+
+NULL = msgspec.Raw(b"null")
+
+
+class _Wire(msgspec.Struct, rename="camel", omit_defaults=False):
+    pass
+
+
+class Offer(_Wire, kw_only=True):
+    """gateway -> nodes on ``gw.dispatch.<kind>``; ``Nats-Msg-Id`` = attemptId."""
+
+    task_id: str
+    attempt_id: str
+    attempt_no: int
+    kind: str
+    payload: msgspec.Raw = NULL
+    run_id: str | None = None
+    thread_id: str | None = None
+    priority: int = 0
+    lease_seconds: float = 30.0
+    timeout_seconds: float = 3600.0
+    request_id: str | None = None
+
+
+class ClaimRequest(_Wire, kw_only=True):
+    task_id: str
+    attempt_id: str
+
+
+class WireError(_Wire, kw_only=True, omit_defaults=True):
+    code: str
+    message: str = ""
+    retryable: bool = False
+
+
+class ClaimReply(_Wire, kw_only=True, omit_defaults=True):
+    ok: bool
+    lease_id: str | None = None
+    lease_expires_at: str | None = None
+    attempt_no: int | None = None
+    revision: int | None = None
+    error: WireError | None = None
+
+
+class LeaseReport(_Wire, kw_only=True, omit_defaults=True):
+    task_id: str
+    lease_id: str
+    progress: Any = None
+
+
+class HeartbeatRequest(_Wire, kw_only=True):
+    kinds: list[str] = []
+    capacity: int = 0
+    running: int = 0
+    leases: list[LeaseReport] = []
+
+
+class ExtendedLease(_Wire, kw_only=True):
+    task_id: str
+    lease_id: str
+    lease_expires_at: str
+
+
+class RevokedLease(_Wire, kw_only=True):
+    task_id: str
+    lease_id: str
+    reason: str
+
+
+class HeartbeatReply(_Wire, kw_only=True):
+    extended: list[ExtendedLease] = []
+    revoked: list[RevokedLease] = []
+    draining: bool = False
+
+
+Outcome = Literal["succeeded", "failed"]
+
+
+class Settle(_Wire, kw_only=True):
+    """node -> gateway on ``gw.settle.<nodeId>`` (stream GW_SETTLE)."""
+
+    task_id: str
+    attempt_id: str
+    lease_id: str
+    outcome: Outcome
+    result: msgspec.Raw = NULL
+    error: WireError | None = None
+    finished_at: str | None = None
+
+
+class CancelNotice(_Wire, kw_only=True):
+    """gateway -> node on ``gw.cancel.<nodeId>`` (core NATS)."""
+
+    task_id: str
+    attempt_id: str
+    lease_id: str
+    reason: str
+
+
+class Event(_Wire, kw_only=True):
+    """An event on ``gw.evt.<aggregateType>.<type>`` (CONTRACT 2.6); ``seq`` is the stream's sequence."""
+
+    type: str
+    aggregate_type: str
+    aggregate_id: str
+    revision: int | None
+    at: str
+    request_id: str | None
+    data: Any = None
+    seq: int | None = None
+
+
+def settle_msg_id(lease_id: str, outcome: str, result_json: bytes) -> str:
+    """``Nats-Msg-Id`` of a settle: ``<leaseId>:<outcome>:<sha256 of result, 16 hex>`` (dedup only)."""
+    import hashlib
+
+    return f"{lease_id}:{outcome}:{hashlib.sha256(result_json).hexdigest()[:16]}"

@@ -1,0 +1,48 @@
+"""NATS subject names and JetStream stream / consumer names (CONTRACT 3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DISPATCH_STREAM = "GW_DISPATCH"
+SETTLE_STREAM = "GW_SETTLE"
+EVENTS_STREAM = "GW_EVENTS"
+SETTLE_CONSUMER = "gw-settle"
+
+
+def kind_consumer(kind: str) -> str:
+    return f"gw-kind-{kind}"
+
+
+@dataclass(frozen=True, slots=True)
+class Subjects:
+    prefix: str = "gw"
+
+    def dispatch(self, kind: str) -> str:
+        return f"{self.prefix}.dispatch.{kind}"
+
+    def dispatch_all(self) -> str:
+        return f"{self.prefix}.dispatch.>"
+
+    def claim(self, node_id: str) -> str:
+        return f"{self.prefix}.claim.{node_id}"
+
+    def heartbeat(self, node_id: str) -> str:
+        return f"{self.prefix}.heartbeat.{node_id}"
+
+    def settle(self, node_id: str) -> str:
+        return f"{self.prefix}.settle.{node_id}"
+
+    def cancel(self, node_id: str) -> str:
+        return f"{self.prefix}.cancel.{node_id}"
+
+    def event(self, aggregate_type: str, event_type: str) -> str:
+        return f"{self.prefix}.evt.{aggregate_type}.{event_type}"
+
+    def wildcard(self, verb: str) -> str:
+        """``gw.<verb>.*``: every node's subject of that verb."""
+        return f"{self.prefix}.{verb}.*"
+
+    def node_of(self, subject: str) -> str:
+        """The node id of a ``gw.<verb>.<nodeId>`` subject."""
+        return subject.rsplit(".", 1)[-1]

@@ -1,0 +1,31 @@
+"""Shared fixtures: a real nats-server with JetStream per test session, stopped by PID at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from scheduler_gateway.daemon.nats_server import NatsServerProcess
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServerProcess]:
+    server = NatsServerProcess(store_dir=Path(tmp_path_factory.mktemp("nats")))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def fresh_nats(tmp_path: Path) -> Iterator[NatsServerProcess]:
+    """A server of the test's own, for tests that restart or kill it."""
+    server = NatsServerProcess(store_dir=tmp_path / "nats")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
