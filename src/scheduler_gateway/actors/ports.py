@@ -139,6 +139,42 @@ class Bus(Protocol):
 
     async def publish_offer(self, kind: str, attempt_id: str, body: bytes) -> None: ...
     async def publish_cancel(self, node_id: str, body: bytes) -> None: ...
-    async def publish_event(self, subject: str, msg_id: str, body: bytes) -> int:
-        """Publish to GW_EVENTS; returns the stream sequence."""
+    async def publish_events(self, items: list[tuple[str, str, bytes]]) -> list[int | BaseException]:
+        """Publish ``(subject, msg_id, body)`` to GW_EVENTS in order, acks awaited together; one stream
+        sequence (or the error) per item."""
         ...
+
+
+class Metrics(Protocol):
+    """What actors count; the daemon backs it with Prometheus. Label values are bounded (kind, state, code)."""
+
+    def transition(self, kind: str, action: str, to_state: str) -> None: ...
+    def queue_latency(self, kind: str, seconds: float) -> None: ...
+    def exec_latency(self, kind: str, outcome: str, seconds: float) -> None: ...
+    def lease_expired(self, kind: str) -> None: ...
+    def refused(self, operation: str, code: str) -> None: ...
+    def offers_published(self, kind: str, count: int) -> None: ...
+    def cancel_propagated(self, count: int) -> None: ...
+
+
+class NullMetrics:
+    def transition(self, kind: str, action: str, to_state: str) -> None:
+        pass
+
+    def queue_latency(self, kind: str, seconds: float) -> None:
+        pass
+
+    def exec_latency(self, kind: str, outcome: str, seconds: float) -> None:
+        pass
+
+    def lease_expired(self, kind: str) -> None:
+        pass
+
+    def refused(self, operation: str, code: str) -> None:
+        pass
+
+    def offers_published(self, kind: str, count: int) -> None:
+        pass
+
+    def cancel_propagated(self, count: int) -> None:
+        pass

@@ -1,5 +1,8 @@
 """JetStream streams and consumers of the wire protocol (CONTRACT 3), created idempotently.
 
+The gateway's own settle consumer (a durable push consumer with a deliver group, so settles arrive
+as they are published) is created by the gateway's bus adapter, not here.
+
 Shared by the gateway's bus adapter, the worker runtime and the tests, so every side agrees on them.
 """
 
@@ -21,7 +24,6 @@ from nats.js.errors import BadRequestError, NotFoundError
 from scheduler_gateway.wire.subjects import (
     DISPATCH_STREAM,
     EVENTS_STREAM,
-    SETTLE_CONSUMER,
     SETTLE_STREAM,
     Subjects,
     kind_consumer,
@@ -88,16 +90,6 @@ async def ensure_streams(
             duplicate_window=DUPLICATE_WINDOW_S,
         ),
     )
-    with contextlib.suppress(BadRequestError):
-        await js.add_consumer(
-            SETTLE_STREAM,
-            ConsumerConfig(
-                durable_name=SETTLE_CONSUMER,
-                ack_policy=AckPolicy.EXPLICIT,
-                ack_wait=30,
-                max_ack_pending=20000,
-            ),
-        )
 
 
 async def ensure_kind_consumer(js: JetStreamContext, subjects: Subjects, kind: str) -> str:

@@ -154,13 +154,17 @@ def approve(
 def amend(
     task: Task,
     payload: msgspec.Raw,
+    new_attempt_id: str,
     actor: ActorRef,
     now: float,
     request_id: str | None,
     expected_revision: int | None = None,
 ) -> Transition:
+    """Replace the payload. A queued task may already have an offer out carrying the old payload, so its
+    attempt gets a new id (same attemptNo: no attempt was made): the old offer is refused as stale."""
     check_allowed(task, "amend", expected_revision)
-    after = _bump(task, now, payload=payload)
+    attempt_id = new_attempt_id if task.state == "queued" else task.attempt_id
+    after = _bump(task, now, payload=payload, attempt_id=attempt_id)
     return _step(task, after, "amend", actor, now, request_id)
 
 

@@ -1,0 +1,92 @@
+"""The lease clock: one timer heap for every running attempt's lease expiry and attempt timeout.
+
+It only tells the task service that a deadline passed; the task's supervisor re-checks the task
+against ``now`` before failing the attempt, so a heartbeat that raced the timer wins. Lease extensions
+update a dict instead of pushing a heap entry per heartbeat; a popped entry whose lease moved later is
+pushed again at its new time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+from collections.abc import Awaitable, Callable
+
+from .runtime import LoopActor, Wakeup
+
+log = logging.getLogger(__name__)
+
+Expire = Callable[[str, str], Awaitable[None]]
+
+
+class LeaseClock(LoopActor):
+    name = "lease-clock"
+
+    def __init__(self, clock: Callable[[], float], on_lease_expired: Expire, on_timeout: Expire) -> None:
+        super().__init__()
+        self._clock = clock
+        self._on_lease_expired = on_lease_expired
+        self._on_timeout = on_timeout
+        self._heap: list[tuple[float, str, str, str]] = []  # (at, kind, task id, lease or attempt id)
+        self._lease_due: dict[str, tuple[str, float]] = {}  # task id -> (lease id, expires at)
+        self._timeout_due: dict[str, tuple[str, float]] = {}  # task id -> (attempt id, deadline)
+        self._wake = Wakeup()
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def watch(self, task_id: str, lease_id: str, lease_expires_at: float, attempt_id: str, deadline: float) -> None:
+        self._lease_due[task_id] = (lease_id, lease_expires_at)
+        self._timeout_due[task_id] = (attempt_id, deadline)
+        self._push(lease_expires_at, "lease", task_id, lease_id)
+        self._push(deadline, "timeout", task_id, attempt_id)
+
+    def extend(self, task_id: str, lease_id: str, lease_expires_at: float) -> None:
+        current = self._lease_due.get(task_id)
+        if current is not None and current[0] == lease_id:
+            self._lease_due[task_id] = (lease_id, lease_expires_at)
+
+    def forget(self, task_id: str) -> None:
+        self._lease_due.pop(task_id, None)
+        self._timeout_due.pop(task_id, None)
+
+    def watched(self) -> int:
+        return len(self._lease_due)
+
+    def _push(self, at: float, kind: str, task_id: str, ref: str) -> None:
+        if not self._heap or at < self._heap[0][0]:
+            self._wake.set()
+        heapq.heappush(self._heap, (at, kind, task_id, ref))
+
+    def _fire(self, coro: Awaitable[None]) -> None:
+        async def guarded() -> None:
+            try:
+                await coro
+            except Exception:
+                log.exception("lease clock: handling a deadline failed")
+
+        task = asyncio.create_task(guarded())
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def run(self) -> None:
+        while True:
+            now = self._clock()
+            while self._heap and self._heap[0][0] <= now:
+                at, kind, task_id, ref = heapq.heappop(self._heap)
+                table = self._lease_due if kind == "lease" else self._timeout_due
+                current = table.get(task_id)
+                if current is None or current[0] != ref:
+                    continue  # settled, re-leased or forgotten
+                if current[1] > now:
+                    heapq.heappush(self._heap, (current[1], kind, task_id, ref))
+                    continue
+                del table[task_id]
+                handler = self._on_lease_expired if kind == "lease" else self._on_timeout
+                self._fire(handler(task_id, ref))
+            timeout = self._heap[0][0] - now if self._heap else None
+            await self._wake.wait(timeout)
+
+    async def stop(self) -> None:
+        await super().stop()
+        for task in list(self._pending):
+            task.cancel()

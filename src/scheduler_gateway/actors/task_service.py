@@ -1,0 +1,746 @@
+"""The task service: every change of a task goes through here, one supervisor (mailbox) per task.
+
+Claim, heartbeat, settle, cancel, the other user actions, lease expiry and attempt timeout are all
+messages to the task's mailbox, handled one at a time: read the live task, let the pure state machine
+decide, commit the change (row + history + audit + outbox event in one transaction), then tell the
+dispatcher, the lease clock and the node. Active tasks are kept live in memory (they are what the
+supervisors own); lease extensions live only there, and a restart gives every running lease a grace
+period instead (DESIGN rule 7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidArgument, task_not_found
+from scheduler_gateway.wire.messages import (
+    CancelNotice,
+    ClaimReply,
+    ClaimRequest,
+    ExtendedLease,
+    HeartbeatReply,
+    HeartbeatRequest,
+    RevokedLease,
+    Settle,
+    WireError,
+)
+from scheduler_gateway.wire.timefmt import fmt_ts
+
+from . import idgen
+from .dispatcher import Dispatcher
+from .lease_clock import LeaseClock
+from .model import task_machine as sm
+from .model.records import (
+    NULL,
+    TERMINAL_STATES,
+    ActorRef,
+    AuditEntry,
+    AuditResult,
+    DeadLetter,
+    EventRecord,
+    Task,
+    TaskError,
+)
+from .model.retry_policy import backoff_s
+from .nodes import NodeRegistry
+from .ports import Change, IdempotencyRecord, Metrics, NullMetrics, TaskQuery, TaskStore
+from .runtime import KeyedMailboxes
+
+log = logging.getLogger(__name__)
+
+
+class TaskPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    default_lease_s: float = 30.0
+    default_timeout_s: float = 3600.0
+    default_max_attempts: int = 3
+    max_payload_bytes: int = 1048576
+    max_dead_retries: int = 3
+    recovery_grace_s: float | None = None  # None: each task's own lease seconds
+
+
+class Caller(msgspec.Struct, frozen=True):
+    user: str
+    role: str  # "admin" | "user"
+    request_id: str | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+    @property
+    def actor(self) -> ActorRef:
+        return ActorRef("user", self.user)
+
+
+class NewTask(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str
+    payload: msgspec.Raw = NULL
+    priority: int = 0
+    max_attempts: int | None = None
+    retry_backoff_s: float = 1.0
+    lease_s: float | None = None
+    timeout_s: float | None = None
+    not_before: float | None = None
+    parent_id: str | None = None
+    thread_id: str | None = None
+    run_id: str | None = None
+    requires_approval: bool = False
+    callback_url: str | None = None
+    callback_secret: str | None = None
+    labels: dict[str, str] = {}
+
+
+class SettleOutcome(msgspec.Struct, frozen=True):
+    result: AuditResult
+    code: str | None = None
+
+
+def body_digest(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+class TaskService:
+    def __init__(
+        self,
+        store: TaskStore,
+        dispatcher: Dispatcher,
+        nodes: NodeRegistry,
+        publish_cancel: Callable[[str, bytes], Any],
+        *,
+        policy: TaskPolicy | None = None,
+        clock: Callable[[], float],
+        metrics: Metrics | None = None,
+        on_committed: Callable[[], None] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._store = store
+        self._dispatcher = dispatcher
+        self._nodes = nodes
+        self._publish_cancel = publish_cancel
+        self.policy = policy or TaskPolicy()
+        self._clock = clock
+        self._metrics = metrics or NullMetrics()
+        self._on_committed = on_committed or (lambda: None)
+        self._rng = rng or random.Random()
+        self._boxes = KeyedMailboxes()
+        self._live: dict[str, Task] = {}
+        self._inflight_keys: dict[tuple[str, str], asyncio.Future[Any]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self.lease_clock = LeaseClock(clock, self._lease_expired, self._timed_out)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Recover: load every active task, re-offer queued ones, give running leases a grace period."""
+        now = self._clock()
+        for task in await self._store.active_tasks():
+            self._live[task.id] = task
+            if task.state == "running":
+                grace = self.policy.recovery_grace_s if self.policy.recovery_grace_s is not None else task.lease_s
+                expires = max(task.lease_expires_at or now, now + grace)
+                task = msgspec.structs.replace(task, lease_expires_at=expires)
+                self._live[task.id] = task
+                self._watch(task)
+            self._dispatcher.update(task)
+        await self.lease_clock.start()
+
+    async def stop(self) -> None:
+        await self.lease_clock.stop()
+        await self._boxes.stop()
+        for t in list(self._background):
+            t.cancel()
+
+    def live_count(self) -> int:
+        return len(self._live)
+
+    def running_count(self) -> int:
+        return sum(1 for t in self._live.values() if t.state == "running")
+
+    # -- reads ---------------------------------------------------------------------------------------
+    async def _current(self, task_id: str) -> Task | None:
+        live = self._live.get(task_id)
+        if live is not None:
+            return live
+        return await self._store.get_task(task_id)
+
+    async def get(self, caller: Caller, task_id: str) -> Task:
+        task = await self._current(task_id)
+        if task is None or not (caller.is_admin or task.owner == caller.user):
+            raise task_not_found(task_id)
+        return task
+
+    async def list(self, caller: Caller, query: TaskQuery) -> tuple[list[Task], str | None]:
+        if not caller.is_admin:
+            query = msgspec.structs.replace(query, owner=caller.user)
+        page = await self._store.list_tasks(query)
+        # the live copy carries the latest lease extension
+        items = [self._live.get(t.id, t) for t in page.items]
+        return items, page.next_cursor
+
+    async def history(self, caller: Caller, task_id: str, limit: int, cursor: str | None) -> tuple[list[Any], str | None]:
+        await self.get(caller, task_id)
+        page = await self._store.history(task_id, limit, cursor)
+        return page.items, page.next_cursor
+
+    # -- records -------------------------------------------------------------------------------------
+    def _audit(
+        self,
+        action: str,
+        task: Task | None,
+        task_id: str,
+        actor: ActorRef,
+        result: AuditResult,
+        *,
+        request_id: str | None = None,
+        old_revision: int | None = None,
+        new_revision: int | None = None,
+        error_code: str | None = None,
+        node_id: str | None = None,
+        attempt_id: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> AuditEntry:
+        return AuditEntry(
+            id=idgen.new_id("aud"),
+            at=self._clock(),
+            action=action,
+            object_type="task",
+            object_id=task_id,
+            result=result,
+            actor=actor,
+            owner=task.owner if task else None,
+            request_id=request_id,
+            run_id=task.run_id if task else None,
+            attempt_id=attempt_id or (task.attempt_id if task else None),
+            node_id=node_id or (task.node_id if task else None),
+            old_revision=old_revision if old_revision is not None else (task.revision if task else None),
+            new_revision=new_revision,
+            error_code=error_code,
+            details=details or {},
+        )
+
+    async def _audit_only(self, entry: AuditEntry) -> None:
+        try:
+            await self._store.append_audit([entry])
+        except GatewayError:
+            log.exception("could not write audit entry for %s %s", entry.action, entry.object_id)
+
+    async def _commit(
+        self,
+        tr: sm.Transition,
+        request_id: str | None,
+        *,
+        audit_details: dict[str, Any] | None = None,
+        idempotency: IdempotencyRecord | None = None,
+        dead_letter: DeadLetter | None = None,
+    ) -> Task:
+        task = tr.task
+        now = task.updated_at
+        audit = self._audit(
+            tr.action,
+            task,
+            task.id,
+            tr.history.actor,
+            "ok",
+            request_id=request_id,
+            old_revision=tr.before.revision if tr.before else None,
+            new_revision=task.revision,
+            error_code=tr.history.reason if tr.history.reason in _ERROR_REASONS else None,
+            details=audit_details,
+        )
+        event = EventRecord(
+            id=idgen.new_id("evt"),
+            type=tr.event_type,
+            aggregate_type="task",
+            aggregate_id=task.id,
+            owner=task.owner,
+            revision=task.revision,
+            at=now,
+            request_id=request_id,
+            data=tr.event_data,
+        )
+        await self._store.apply(
+            Change(
+                task=task,
+                expected_revision=tr.before.revision if tr.before else None,
+                history=msgspec.structs.replace(tr.history, request_id=request_id),
+                audit=audit,
+                event=event,
+                idempotency=idempotency,
+                dead_letter=dead_letter,
+            )
+        )
+        self._after_commit(tr)
+        return task
+
+    def _after_commit(self, tr: sm.Transition) -> None:
+        task = tr.task
+        if task.state in TERMINAL_STATES:
+            self._live.pop(task.id, None)
+        else:
+            self._live[task.id] = task
+        if tr.before is not None and tr.before.state == "running" and task.state != "running":
+            self.lease_clock.forget(task.id)
+        if task.state == "running" and (tr.before is None or tr.before.state != "running"):
+            self._watch(task)
+        self._dispatcher.update(task)
+        self._metrics.transition(task.kind, tr.action, task.state)
+        self._on_committed()
+
+    def _watch(self, task: Task) -> None:
+        assert task.lease_id is not None and task.lease_expires_at is not None
+        deadline = (task.started_at or task.updated_at) + task.timeout_s
+        self.lease_clock.watch(task.id, task.lease_id, task.lease_expires_at, task.attempt_id, deadline)
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.create_task(coro)
+        self._background.add(t)
+        t.add_done_callback(self._background.discard)
+
+    def _send_cancel(self, task: Task, reason: str) -> None:
+        """Tell the node holding the lease (core NATS, best effort: the heartbeat reply revokes it too)."""
+        if task.node_id is None or task.lease_id is None:
+            return
+        body = msgspec.json.encode(
+            CancelNotice(task_id=task.id, attempt_id=task.attempt_id, lease_id=task.lease_id, reason=reason)
+        )
+
+        async def send() -> None:
+            try:
+                await self._publish_cancel(task.node_id or "", body)
+            except Exception as exc:  # NATS down: the next heartbeat reply revokes the lease
+                log.warning("cancel notice for %s not sent: %s", task.id, type(exc).__name__)
+
+        self._spawn(send())
+
+    def _delay(self, task: Task) -> float:
+        return backoff_s(task.retry_backoff_s, task.attempts_in_budget, self._rng.uniform(-1.0, 1.0))
+
+    async def _dead_letter_for(self, tr: sm.Transition) -> DeadLetter | None:
+        task = tr.task
+        if task.state != "dead":
+            return None
+        now = task.updated_at
+        err = task.error
+        existing = await self._store.get_dead_letter_for_task(task.id)
+        if existing is None:
+            return DeadLetter(
+                dead_letter_id=idgen.new_id("dlq"),
+                task_id=task.id,
+                original_task_id=task.id,
+                owner=task.owner,
+                dead_reason=err.code if err else Code.HANDLER_ERROR,
+                last_error=err,
+                first_dead_at=now,
+                last_dead_at=now,
+            )
+        exhausted = existing.retry_count >= self.policy.max_dead_retries
+        return msgspec.structs.replace(
+            existing,
+            dead_reason=err.code if err else existing.dead_reason,
+            last_error=err,
+            last_dead_at=now,
+            exhausted=exhausted,
+            exhausted_at=now if exhausted and not existing.exhausted else existing.exhausted_at,
+        )
+
+    # -- create ----------------------------------------------------------------------------------
+    async def create(
+        self, caller: Caller, spec: NewTask, idem_key: str | None = None, body_hash: str = ""
+    ) -> tuple[Task, bool]:
+        """Create a task; returns (task, replayed). The same key and body replays; another body conflicts."""
+        if idem_key is None:
+            return await self._create(caller, spec, None, body_hash), False
+        slot = (caller.user, idem_key)
+        while slot in self._inflight_keys:  # the same key in flight: wait, then answer from the record
+            await asyncio.shield(self._inflight_keys[slot])
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._inflight_keys[slot] = fut
+        try:
+            replay = await self._replay(caller, idem_key, "create", body_hash)
+            if replay is not None:
+                return replay, True
+            try:
+                return await self._create(caller, spec, idem_key, body_hash), False
+            except Conflict as exc:
+                if exc.code != Code.IDEMPOTENCY_CONFLICT:
+                    raise
+                replay = await self._replay(caller, idem_key, "create", body_hash)
+                if replay is None:
+                    raise
+                return replay, True
+        finally:
+            del self._inflight_keys[slot]
+            fut.set_result(None)
+
+    async def _replay(self, caller: Caller, key: str, operation: str, body_hash: str) -> Task | None:
+        record = await self._store.get_idempotency(caller.user, key)
+        if record is None:
+            return None
+        task = await self._current(record.task_id)
+        if record.operation != operation or record.body_hash != body_hash:
+            await self._audit_only(
+                self._audit(
+                    operation.split(":")[0], task, record.task_id, caller.actor, "refused",
+                    request_id=caller.request_id, error_code=Code.IDEMPOTENCY_CONFLICT,
+                    details={"idempotencyKey": key},
+                )
+            )
+            self._metrics.refused(operation.split(":")[0], Code.IDEMPOTENCY_CONFLICT)
+            raise Conflict(
+                "this Idempotency-Key was used with another request",
+                code=Code.IDEMPOTENCY_CONFLICT,
+                details={"taskId": record.task_id},
+            )
+        if task is None:
+            raise task_not_found(record.task_id)
+        await self._audit_only(
+            self._audit(
+                operation.split(":")[0], task, task.id, caller.actor, "repeat",
+                request_id=caller.request_id, details={"idempotencyKey": key},
+            )
+        )
+        return task
+
+    async def _create(self, caller: Caller, spec: NewTask, idem_key: str | None, body_hash: str) -> Task:
+        now = self._clock()
+        run_id = spec.run_id
+        if spec.parent_id is not None:
+            parent = await self._current(spec.parent_id)
+            if parent is None or not (caller.is_admin or parent.owner == caller.user):
+                raise InvalidArgument(f"parentId {spec.parent_id} does not name a task", details={"field": "parentId"})
+            run_id = run_id or parent.run_id
+        p = self.policy
+        task = Task(
+            id=idgen.new_id("tsk"),
+            owner=caller.user,
+            kind=spec.kind,
+            payload=spec.payload,
+            state="waiting_approval" if spec.requires_approval else "queued",
+            revision=1,
+            priority=spec.priority,
+            max_attempts=spec.max_attempts or p.default_max_attempts,
+            attempt_id=idgen.new_id("att"),
+            run_id=run_id or idgen.new_id("run"),
+            parent_id=spec.parent_id,
+            thread_id=spec.thread_id,
+            requires_approval=spec.requires_approval,
+            callback_url=spec.callback_url,
+            callback_secret=spec.callback_secret,
+            labels=spec.labels,
+            not_before=spec.not_before if spec.not_before is not None else now,
+            created_at=now,
+            updated_at=now,
+            retry_backoff_s=spec.retry_backoff_s,
+            lease_s=spec.lease_s or p.default_lease_s,
+            timeout_s=spec.timeout_s or p.default_timeout_s,
+        )
+        idem = None
+        if idem_key is not None:
+            idem = IdempotencyRecord(
+                owner=caller.user, key=idem_key, operation="create", body_hash=body_hash, task_id=task.id,
+                created_at=now,
+            )
+        tr = sm.create(task, caller.actor, now, caller.request_id)
+        return await self._commit(tr, caller.request_id, idempotency=idem)
+
+    # -- user actions ------------------------------------------------------------------------------
+    async def act(
+        self,
+        caller: Caller,
+        task_id: str,
+        action: str,
+        *,
+        expected_revision: int | None = None,
+        reason: str | None = None,
+        payload: msgspec.Raw | None = None,
+        idem_key: str | None = None,
+        body_hash: str = "",
+    ) -> tuple[Task, bool]:
+        """cancel, approve, amend, retry, rework (and redrive, force_retry from the dead-letter keeper).
+
+        Returns (task, repeated): ``repeated`` when nothing changed because the request was a repeat.
+        """
+        await self.get(caller, task_id)  # 404 for missing and foreign tasks alike
+        if idem_key is not None:
+            replay = await self._replay(caller, idem_key, f"{action}:{task_id}", body_hash)
+            if replay is not None:
+                return replay, True
+        return await self._boxes.call(
+            task_id,
+            lambda: self._act(caller, task_id, action, expected_revision, reason, payload, idem_key, body_hash),
+        )
+
+    async def _act(
+        self,
+        caller: Caller,
+        task_id: str,
+        action: str,
+        expected_revision: int | None,
+        reason: str | None,
+        payload: msgspec.Raw | None,
+        idem_key: str | None,
+        body_hash: str,
+    ) -> tuple[Task, bool]:
+        task = await self._current(task_id)
+        if task is None:
+            raise task_not_found(task_id)
+        now = self._clock()
+        actor = caller.actor
+        rid = caller.request_id
+        cascade: list[Task] = []
+        try:
+            if action == "cancel":
+                result: sm.Transition | sm.Repeat = sm.cancel(task, actor, now, rid, reason, expected_revision)
+                if isinstance(result, sm.Transition):
+                    cascade = await self._descendants(task.id)
+            elif action == "approve":
+                result = sm.approve(task, actor, now, rid, expected_revision)
+            elif action == "amend":
+                assert payload is not None
+                result = sm.amend(task, payload, idgen.new_id("att"), actor, now, rid, expected_revision)
+            elif action in ("retry", "redrive", "force_retry", "rework"):
+                result = sm.requeue(
+                    task, action, actor, idgen.new_id("att"), now, rid, reason, payload, expected_revision
+                )
+            else:
+                raise InvalidArgument(f"unknown action {action}")
+        except GatewayError as exc:
+            await self._audit_only(
+                self._audit(action, task, task_id, actor, "refused", request_id=rid, error_code=exc.code,
+                            details={"reason": reason} if reason else None)
+            )
+            self._metrics.refused(action, exc.code)
+            raise
+        if isinstance(result, sm.Repeat):
+            await self._audit_only(self._audit(action, task, task_id, actor, "repeat", request_id=rid))
+            return task, True
+        idem = None
+        if idem_key is not None:
+            idem = IdempotencyRecord(
+                owner=caller.user, key=idem_key, operation=f"{action}:{task_id}", body_hash=body_hash,
+                task_id=task_id, created_at=now,
+            )
+        details: dict[str, Any] = {}
+        if reason:
+            details["reason"] = reason
+        if cascade:
+            details["cascadeTo"] = [c.id for c in cascade]
+        new = await self._commit(result, rid, audit_details=details, idempotency=idem)
+        if action == "cancel":
+            if task.state == "running":
+                self._send_cancel(task, reason or "canceled")
+            for child in cascade:
+                self._spawn(self._cascade_cancel(child.id, task.id, rid))
+            if cascade:
+                self._metrics.cancel_propagated(len(cascade))
+        return new, False
+
+    async def _descendants(self, task_id: str) -> list[Task]:
+        """Every non-terminal task below ``task_id`` through parentId, breadth first."""
+        found: list[Task] = []
+        frontier = [task_id]
+        seen = {task_id}
+        while frontier:
+            parent = frontier.pop(0)
+            cursor: str | None = None
+            while True:
+                page = await self._store.list_tasks(TaskQuery(parent_id=parent, limit=500, cursor=cursor))
+                for child in page.items:
+                    if child.id in seen:
+                        continue
+                    seen.add(child.id)
+                    frontier.append(child.id)
+                    live = self._live.get(child.id, child)
+                    if live.state not in TERMINAL_STATES:
+                        found.append(live)
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+        return found
+
+    async def _cascade_cancel(self, child_id: str, root_id: str, request_id: str | None) -> None:
+        async def run() -> None:
+            task = await self._current(child_id)
+            if task is None or task.terminal:
+                return
+            tr = sm.cancel(task, ActorRef("system", "cancel-cascade"), self._clock(), request_id,
+                           f"parent {root_id} canceled")
+            if isinstance(tr, sm.Transition):
+                await self._commit(tr, request_id, audit_details={"cascadeFrom": root_id})
+                if task.state == "running":
+                    self._send_cancel(task, f"parent {root_id} canceled")
+
+        try:
+            await self._boxes.call(child_id, run)
+        except GatewayError as exc:
+            log.warning("cascade cancel of %s from %s failed: %s", child_id, root_id, exc.code)
+
+    # -- node protocol ----------------------------------------------------------------------------------
+    async def claim(self, node_id: str, req: ClaimRequest) -> ClaimReply:
+        if self._nodes.is_draining(node_id):
+            task = await self._current(req.task_id)
+            await self._audit_only(
+                self._audit("claim", task, req.task_id, ActorRef("node", node_id), "refused",
+                            error_code=Code.NODE_DRAINING, node_id=node_id, attempt_id=req.attempt_id)
+            )
+            return _claim_error(Code.NODE_DRAINING, f"node {node_id} is draining")
+        return await self._boxes.call(req.task_id, lambda: self._claim(node_id, req))
+
+    async def _claim(self, node_id: str, req: ClaimRequest) -> ClaimReply:
+        task = await self._current(req.task_id)
+        actor = ActorRef("node", node_id)
+        if task is None:
+            await self._audit_only(
+                self._audit("claim", None, req.task_id, actor, "refused", error_code=Code.TASK_NOT_FOUND,
+                            node_id=node_id, attempt_id=req.attempt_id)
+            )
+            return _claim_error(Code.TASK_NOT_FOUND, f"task {req.task_id} not found")
+        now = self._clock()
+        try:
+            result = sm.claim(task, req.attempt_id, node_id, idgen.new_id("lse"), now)
+        except GatewayError as exc:
+            await self._audit_only(
+                self._audit("claim", task, task.id, actor, "refused", error_code=exc.code, node_id=node_id,
+                            attempt_id=req.attempt_id)
+            )
+            self._metrics.refused("claim", exc.code)
+            return _claim_error(exc.code, exc.message)
+        if isinstance(result, sm.Repeat):
+            await self._audit_only(self._audit("claim", task, task.id, actor, "repeat", node_id=node_id))
+            return _lease_reply(task)
+        new = await self._commit(result, None)
+        self._metrics.queue_latency(new.kind, max(0.0, now - task.not_before))
+        return _lease_reply(new)
+
+    async def heartbeat(self, node_id: str, req: HeartbeatRequest) -> HeartbeatReply:
+        now = self._clock()
+        self._nodes.heartbeat(node_id, req, now)
+        extended: list[ExtendedLease] = []
+        revoked: list[RevokedLease] = []
+        for lease in req.leases:
+            task = self._live.get(lease.task_id)
+            try:
+                if task is None:
+                    stored = await self._store.get_task(lease.task_id)
+                    if stored is None:
+                        raise Conflict("unknown task", code=Code.LEASE_NOT_FOUND)
+                    task = stored
+                new = sm.extend_lease(task, lease.lease_id, node_id, now)
+            except GatewayError as exc:
+                reason = task.state if task is not None and task.terminal else exc.code
+                revoked.append(RevokedLease(task_id=lease.task_id, lease_id=lease.lease_id, reason=reason))
+                continue
+            # a heartbeat does not go through the mailbox: it touches only the live lease expiry, and a
+            # racing transition simply replaces the live task (the clock re-checks against it)
+            if self._live.get(task.id) is task:
+                self._live[task.id] = new
+                self.lease_clock.extend(task.id, lease.lease_id, new.lease_expires_at or now)
+            extended.append(
+                ExtendedLease(task_id=task.id, lease_id=lease.lease_id, lease_expires_at=fmt_ts(new.lease_expires_at) or "")
+            )
+        return HeartbeatReply(extended=extended, revoked=revoked, draining=self._nodes.is_draining(node_id))
+
+    async def settle(self, node_id: str, msg: Settle) -> SettleOutcome:
+        return await self._boxes.call(msg.task_id, lambda: self._settle(node_id, msg))
+
+    async def _settle(self, node_id: str, msg: Settle) -> SettleOutcome:
+        actor = ActorRef("node", node_id)
+        task = await self._current(msg.task_id)
+        if task is None:
+            await self._audit_only(
+                self._audit("settle", None, msg.task_id, actor, "refused", error_code=Code.LEASE_NOT_FOUND,
+                            node_id=node_id, attempt_id=msg.attempt_id, details={"leaseId": msg.lease_id})
+            )
+            self._metrics.refused("settle", Code.LEASE_NOT_FOUND)
+            return SettleOutcome("refused", Code.LEASE_NOT_FOUND)
+        now = self._clock()
+        result_bytes = bytes(msg.result)
+        err = TaskError(msg.error.code, msg.error.message) if msg.error else None
+        kwargs: dict[str, Any] = dict(
+            node_id=node_id,
+            lease_id=msg.lease_id,
+            attempt_id=msg.attempt_id,
+            outcome=msg.outcome,
+            result=msg.result,
+            digest=body_digest(result_bytes)[:32],
+            error=err,
+            retryable=bool(msg.error and msg.error.retryable),
+            new_attempt_id=idgen.new_id("att"),
+            delay_s=self._delay(task),
+            now=now,
+        )
+        try:
+            try:
+                result = sm.settle(task, lease_known=False, **kwargs)
+            except Conflict as exc:
+                if exc.code != Code.LEASE_NOT_FOUND or not await self._store.lease_seen(task.id, msg.lease_id):
+                    raise
+                result = sm.settle(task, lease_known=True, **kwargs)
+        except GatewayError as exc:
+            await self._audit_only(
+                self._audit("settle", task, task.id, actor, "refused", error_code=exc.code, node_id=node_id,
+                            attempt_id=msg.attempt_id,
+                            details={"leaseId": msg.lease_id, "outcome": msg.outcome})
+            )
+            self._metrics.refused("settle", exc.code)
+            return SettleOutcome("refused", exc.code)
+        if isinstance(result, sm.Repeat):
+            await self._audit_only(
+                self._audit("settle", task, task.id, actor, "repeat", node_id=node_id,
+                            details={"leaseId": msg.lease_id})
+            )
+            return SettleOutcome("repeat")
+        new = await self._commit(result, None, dead_letter=await self._dead_letter_for(result))
+        if task.started_at is not None:
+            self._metrics.exec_latency(task.kind, msg.outcome, max(0.0, now - task.started_at))
+        return SettleOutcome("ok")
+
+    async def _lease_expired(self, task_id: str, lease_id: str) -> None:
+        async def run() -> None:
+            task = self._live.get(task_id)
+            if task is None or task.state != "running" or task.lease_id != lease_id:
+                return
+            now = self._clock()
+            if task.lease_expires_at is not None and task.lease_expires_at > now:
+                self.lease_clock.extend(task_id, lease_id, task.lease_expires_at)
+                return
+            tr = sm.lease_expired(task, lease_id, idgen.new_id("att"), self._delay(task), now)
+            await self._commit(tr, None, dead_letter=await self._dead_letter_for(tr))
+            self._metrics.lease_expired(task.kind)
+
+        await self._boxes.call(task_id, run)
+
+    async def _timed_out(self, task_id: str, attempt_id: str) -> None:
+        async def run() -> None:
+            task = self._live.get(task_id)
+            if task is None or task.state != "running" or task.attempt_id != attempt_id:
+                return
+            tr = sm.timed_out(task, attempt_id, idgen.new_id("att"), self._delay(task), self._clock())
+            await self._commit(tr, None, dead_letter=await self._dead_letter_for(tr))
+            self._send_cancel(task, Code.TIMEOUT)
+
+        await self._boxes.call(task_id, run)
+
+
+_ERROR_REASONS = frozenset({Code.LEASE_EXPIRED, Code.TIMEOUT, Code.HANDLER_ERROR})
+
+
+def _claim_error(code: str, message: str) -> ClaimReply:
+    return ClaimReply(ok=False, error=WireError(code=code, message=message))
+
+
+def _lease_reply(task: Task) -> ClaimReply:
+    return ClaimReply(
+        ok=True,
+        lease_id=task.lease_id,
+        lease_expires_at=fmt_ts(task.lease_expires_at),
+        attempt_no=task.attempt_no,
+        revision=task.revision,
+    )
+

@@ -1,0 +1,299 @@
+"""The gateway's NATS adapter: connection, streams, offers, cancels, events, and the node-facing inputs.
+
+It implements the actors' ``Bus`` port and turns the wire (claim and heartbeat requests, settles from
+``GW_SETTLE``) into calls on the task service. Undecodable or forged messages are refused and audited
+by the service, never allowed to crash a subscription. Handlers run as tasks so one slow request never
+holds up the subscription behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from scheduler_gateway.wire.errors import Code, GatewayError
+from scheduler_gateway.wire.messages import (
+    NODE_ID_PATTERN,
+    ClaimReply,
+    ClaimRequest,
+    HeartbeatReply,
+    HeartbeatRequest,
+    Settle,
+    WireError,
+)
+from scheduler_gateway.wire.subjects import DISPATCH_STREAM, SETTLE_CONSUMER, SETTLE_STREAM, Subjects
+
+from .streams import ensure_kind_consumer, ensure_streams
+
+log = logging.getLogger(__name__)
+_NODE_RE = re.compile(NODE_ID_PATTERN)
+
+
+class NodeInputs(msgspec.Struct):
+    """What the bus calls for each node message (the task service's methods)."""
+
+    claim: Callable[[str, ClaimRequest], Awaitable[ClaimReply]]
+    heartbeat: Callable[[str, HeartbeatRequest], Awaitable[HeartbeatReply]]
+    settle: Callable[[str, Settle], Awaitable[Any]]
+    refuse: Callable[[str, str, str, str], Awaitable[None]]  # (operation, node id, code, why) -> audit
+
+
+class NatsBus:
+    def __init__(
+        self,
+        url: str,
+        subjects: Subjects,
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        replicas: int = 1,
+        events_max_age_s: float = 604800,
+        events_max_msgs: int = 10000,
+        settle_max_inflight: int = 4096,
+    ) -> None:
+        self._url = url
+        self._user = user
+        self._password = password
+        self.subjects = subjects
+        self._replicas = replicas
+        self._events_max_age_s = events_max_age_s
+        self._events_max_msgs = events_max_msgs
+        self._settle_max_inflight = settle_max_inflight
+        self.nc: Client | None = None
+        self.js: JetStreamContext | None = None
+        self._kinds: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._subs: list[Any] = []
+        self.connected = False
+        self._claim_dec = msgspec.json.Decoder(ClaimRequest)
+        self._hb_dec = msgspec.json.Decoder(HeartbeatRequest)
+        self._settle_dec = msgspec.json.Decoder(Settle)
+        self._enc = msgspec.json.Encoder()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def connect(self) -> None:
+        async def on_disconnect() -> None:
+            self.connected = False
+            log.warning("NATS disconnected")
+
+        async def on_reconnect() -> None:
+            self.connected = True
+            log.info("NATS reconnected")
+
+        async def on_error(exc: Exception) -> None:
+            log.warning("NATS error: %s", type(exc).__name__)
+
+        self.nc = await nats.connect(
+            self._url,
+            user=self._user,
+            password=self._password,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            connect_timeout=5,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+            error_cb=on_error,
+            pending_size=64 * 1024 * 1024,
+        )
+        self.connected = True
+        self.js = self.nc.jetstream(publish_async_max_pending=20000)
+        await ensure_streams(
+            self.js,
+            self.subjects,
+            replicas=self._replicas,
+            events_max_age_s=self._events_max_age_s,
+            events_max_msgs=self._events_max_msgs,
+        )
+
+    async def serve(self, inputs: NodeInputs) -> None:
+        """Start answering claims and heartbeats and consuming settles."""
+        assert self.nc is not None and self.js is not None
+        self._inputs = inputs
+        self._subs.append(await self.nc.subscribe(self.subjects.wildcard("claim"), cb=self._spawn_cb(self._on_claim)))
+        self._subs.append(
+            await self.nc.subscribe(self.subjects.wildcard("heartbeat"), cb=self._spawn_cb(self._on_heartbeat))
+        )
+        self._subs.append(
+            await self.js.subscribe(
+                self.subjects.wildcard("settle"),
+                queue=SETTLE_CONSUMER,
+                stream=SETTLE_STREAM,
+                cb=self._spawn_cb(self._on_settle),
+                manual_ack=True,
+                config=ConsumerConfig(
+                    ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_ack_pending=self._settle_max_inflight
+                ),
+                pending_msgs_limit=self._settle_max_inflight * 4,
+            )
+        )
+
+    async def stop_serving(self) -> None:
+        """Stop taking node input (drain), and let handlers in flight finish."""
+        for sub in self._subs:
+            try:
+                await sub.unsubscribe()
+            except Exception as exc:  # connection already gone: nothing to unsubscribe from
+                log.debug("unsubscribe: %s", type(exc).__name__)
+        self._subs.clear()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
+
+    async def close(self) -> None:
+        await self.stop_serving()
+        nc, self.nc = self.nc, None
+        if nc is not None and not nc.is_closed:
+            await nc.close()
+        self.connected = False
+
+    def _spawn_cb(self, handler: Callable[[Msg], Awaitable[None]]) -> Callable[[Msg], Awaitable[None]]:
+        async def cb(msg: Msg) -> None:
+            task = asyncio.create_task(handler(msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        return cb
+
+    # -- node inputs -----------------------------------------------------------------------------
+    def _node_of(self, msg: Msg) -> str | None:
+        node = self.subjects.node_of(msg.subject)
+        return node if _NODE_RE.match(node) else None
+
+    async def _on_claim(self, msg: Msg) -> None:
+        node = self._node_of(msg)
+        try:
+            if node is None:
+                raise GatewayError("bad node id in subject", code=Code.INVALID_ARGUMENT)
+            req = self._claim_dec.decode(msg.data)
+            reply = await self._inputs.claim(node, req)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            await self._inputs.refuse("claim", node or "?", Code.INVALID_ARGUMENT, str(exc)[:200])
+            reply = ClaimReply(ok=False, error=WireError(code=Code.INVALID_ARGUMENT, message="malformed claim"))
+        except GatewayError as exc:
+            reply = ClaimReply(ok=False, error=WireError(code=exc.code, message=exc.message))
+        except Exception:
+            log.exception("claim handler failed")
+            reply = ClaimReply(ok=False, error=WireError(code=Code.INTERNAL, message="internal error"))
+        if msg.reply:
+            await self._respond(msg, self._enc.encode(reply))
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        node = self._node_of(msg)
+        body: bytes
+        try:
+            if node is None:
+                raise GatewayError("bad node id in subject", code=Code.INVALID_ARGUMENT)
+            req = self._hb_dec.decode(msg.data)
+            body = self._enc.encode(await self._inputs.heartbeat(node, req))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            await self._inputs.refuse("heartbeat", node or "?", Code.INVALID_ARGUMENT, str(exc)[:200])
+            body = self._enc.encode({"error": {"code": Code.INVALID_ARGUMENT, "message": "malformed heartbeat"}})
+        except GatewayError as exc:
+            body = self._enc.encode({"error": {"code": exc.code, "message": exc.message}})
+        except Exception:
+            log.exception("heartbeat handler failed")
+            body = self._enc.encode({"error": {"code": Code.INTERNAL, "message": "internal error"}})
+        if msg.reply:
+            await self._respond(msg, body)
+
+    async def _respond(self, msg: Msg, body: bytes) -> None:
+        try:
+            await msg.respond(body)
+        except Exception as exc:  # the node gave up or NATS is away: it retries
+            log.debug("reply not sent: %s", type(exc).__name__)
+
+    async def _on_settle(self, msg: Msg) -> None:
+        node = self._node_of(msg)
+        try:
+            if node is None:
+                await self._inputs.refuse("settle", "?", Code.INVALID_ARGUMENT, "bad node id in subject")
+            else:
+                try:
+                    settle = self._settle_dec.decode(msg.data)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    await self._inputs.refuse("settle", node, Code.INVALID_ARGUMENT, str(exc)[:200])
+                else:
+                    await self._inputs.settle(node, settle)
+        except GatewayError as exc:
+            # the store failed: leave the settle in the stream and try again shortly
+            log.warning("settle not applied (%s); redelivering", exc.code)
+            await self._ack(msg, nak_delay=1.0)
+            return
+        except Exception:
+            log.exception("settle handler failed; redelivering")
+            await self._ack(msg, nak_delay=1.0)
+            return
+        await self._ack(msg)
+
+    async def _ack(self, msg: Msg, nak_delay: float | None = None) -> None:
+        try:
+            if nak_delay is None:
+                await msg.ack()
+            else:
+                await msg.nak(delay=nak_delay)
+        except Exception as exc:  # redelivered after AckWait, and recognised as a repeat then
+            log.debug("ack failed: %s", type(exc).__name__)
+
+    # -- Bus port ----------------------------------------------------------------------------------
+    async def publish_offer(self, kind: str, attempt_id: str, body: bytes) -> None:
+        assert self.js is not None
+        if kind not in self._kinds:
+            await ensure_kind_consumer(self.js, self.subjects, kind)
+            self._kinds.add(kind)
+        await self.js.publish(
+            self.subjects.dispatch(kind), body, stream=DISPATCH_STREAM, headers={"Nats-Msg-Id": attempt_id}
+        )
+
+    async def ensure_kinds(self, kinds: list[str]) -> None:
+        """Create the pull consumers of kinds that nodes announce, so they can pull before any offer."""
+        assert self.js is not None
+        for kind in kinds:
+            if kind not in self._kinds:
+                await ensure_kind_consumer(self.js, self.subjects, kind)
+                self._kinds.add(kind)
+
+    async def publish_cancel(self, node_id: str, body: bytes) -> None:
+        assert self.nc is not None
+        await self.nc.publish(self.subjects.cancel(node_id), body)
+
+    async def publish_events(self, items: list[tuple[str, str, bytes]]) -> list[int | BaseException]:
+        assert self.js is not None
+        futures: list[asyncio.Future[Any] | BaseException] = []
+        for subject, msg_id, body in items:
+            try:
+                futures.append(await self.js.publish_async(subject, body, headers={"Nats-Msg-Id": msg_id}))
+            except Exception as exc:
+                futures.append(exc)
+        out: list[int | BaseException] = []
+        for fut in futures:
+            if isinstance(fut, BaseException):
+                out.append(fut)
+                continue
+            try:
+                ack = await asyncio.wait_for(fut, 5.0)
+                out.append(int(ack.seq))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    async def stream_health(self) -> dict[str, tuple[bool, str]]:
+        """For /readyz: each stream answers, with its message count."""
+        out: dict[str, tuple[bool, str]] = {}
+        if self.js is None or not self.connected:
+            return {"nats": (False, "disconnected")}
+        for name in (DISPATCH_STREAM, SETTLE_STREAM, "GW_EVENTS"):
+            try:
+                info = await asyncio.wait_for(self.js.stream_info(name), 2.0)
+                out[name] = (True, f"{info.state.messages} messages")
+            except Exception as exc:
+                out[name] = (False, type(exc).__name__)
+        return out

@@ -1,0 +1,206 @@
+"""The composition root: builds the store, the NATS bus, the actors and the HTTP sidecar, and runs them.
+
+Start order is recovery order: the store opens, NATS connects and the streams exist, the task service
+loads every active task (queued ones are re-offered, running leases get a grace period), and only then
+do the node subscriptions and the settle consumer start, so settles that waited in ``GW_SETTLE`` while
+the daemon was down are applied against the recovered state. Stop is the reverse: stop taking work,
+let in-flight writes finish, close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from scheduler_gateway.actors import idgen
+from scheduler_gateway.actors.dispatcher import Dispatcher
+from scheduler_gateway.actors.event_relay import EventRelay
+from scheduler_gateway.actors.model.records import ActorRef, AuditEntry
+from scheduler_gateway.actors.nodes import NodeRegistry
+from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
+from scheduler_gateway.wire.errors import GatewayError
+from scheduler_gateway.wire.subjects import Subjects
+
+from .bus_nats import NatsBus, NodeInputs
+from .http_app import AdminApi, HttpSettings
+from .metrics import PrometheusMetrics
+from .store_sqlite import SqliteStore
+
+log = logging.getLogger(__name__)
+
+NODE_FLUSH_S = 2.0
+
+
+class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
+    data_dir: Path
+    nats_url: str
+    nats_user: str | None = None
+    nats_password: str | None = None
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    subject_prefix: str = "gw"
+    stream_replicas: int = 1
+    events_max_age_s: float = 604800
+    events_max_msgs: int = 10000
+    max_offers_per_kind: int = 64
+    policy: TaskPolicy = TaskPolicy()
+    http: HttpSettings = HttpSettings()
+
+
+class Gateway:
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        s = settings
+        clock = time.time
+        self.metrics = PrometheusMetrics()
+        self.store = SqliteStore(s.data_dir / "gateway.db")
+        self.subjects = Subjects(s.subject_prefix)
+        self.bus = NatsBus(
+            s.nats_url, self.subjects, user=s.nats_user, password=s.nats_password, replicas=s.stream_replicas,
+            events_max_age_s=s.events_max_age_s, events_max_msgs=s.events_max_msgs,
+        )
+        self.dispatcher = Dispatcher(self.bus, clock, s.max_offers_per_kind, self.metrics)
+        self.nodes = NodeRegistry(clock, on_new_kinds=self._announce_kinds)
+        self.relay = EventRelay(self.store, self.bus, self.subjects, clock)
+        self.service = TaskService(
+            self.store, self.dispatcher, self.nodes, self.bus.publish_cancel, policy=s.policy, clock=clock,
+            metrics=self.metrics, on_committed=self.relay.notify,
+        )
+        self.api = AdminApi(self.service, self.store, self.nodes, self.metrics, self.readiness, s.http)
+        self._runner: web.AppRunner | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._flusher: asyncio.Task[None] | None = None
+        self.http_port = s.http_port
+        self._started = False
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self.settings
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        await self.store.start()
+        await self.bus.connect()
+        self.nodes.load(await self.store.list_nodes())
+        await self.service.start()
+        await self.dispatcher.start()
+        await self.relay.start()
+        await self.bus.serve(
+            NodeInputs(
+                claim=self.service.claim, heartbeat=self.service.heartbeat, settle=self.service.settle,
+                refuse=self._refuse_message,
+            )
+        )
+        self._flusher = asyncio.create_task(self._flush_nodes())
+        self.metrics.set_active(self._active_counts)
+        self.metrics.outbox_backlog.set_function(lambda: self._outbox_backlog)
+        self.metrics.events_relayed.set_function(lambda: self.relay.relayed)
+        self.metrics.nats_connected.set_function(lambda: 1 if self.bus.connected else 0)
+        self.metrics.leases_watched.set_function(self.service.lease_clock.watched)
+        self._runner = web.AppRunner(self.api.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, s.http_host, s.http_port)
+        await site.start()
+        if s.http_port == 0:
+            server = site._server  # aiohttp keeps the bound socket here; port 0 is only used by tests
+            if server is not None and getattr(server, "sockets", None):
+                self.http_port = server.sockets[0].getsockname()[1]
+        self._started = True
+        log.info("gatewayd ready: http://%s:%d", s.http_host, self.http_port)
+
+    async def stop(self) -> None:
+        """Stop taking work, finish in-flight writes, close. Idempotent."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.bus.stop_serving()
+        await self.dispatcher.stop()
+        await self.service.stop()
+        await self.relay.stop()
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+            self._flusher = None
+        with contextlib.suppress(GatewayError):
+            await self.store.put_nodes(self.nodes.take_dirty())
+        await self.bus.close()
+        await self.store.stop()
+        self._started = False
+
+    # -- helpers ---------------------------------------------------------------------------------
+    _outbox_backlog = 0
+
+    def _active_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for task in self.service._live.values():
+            counts[task.state] = counts.get(task.state, 0) + 1
+        return counts
+
+    def _announce_kinds(self, kinds: list[str]) -> None:
+        async def ensure() -> None:
+            try:
+                await self.bus.ensure_kinds(kinds)
+            except Exception as exc:
+                log.warning("could not create consumers for %s: %s", kinds, type(exc).__name__)
+
+        t = asyncio.create_task(ensure())
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def _refuse_message(self, operation: str, node_id: str, code: str, why: str) -> None:
+        await self.store.append_audit(
+            [
+                AuditEntry(
+                    id=idgen.new_id("aud"), at=time.time(), action=operation, object_type="message",
+                    object_id=node_id, result="refused", actor=ActorRef("node", node_id), node_id=node_id,
+                    error_code=code, details={"why": why},
+                )
+            ]
+        )
+        self.metrics.refused(operation, code)
+
+    async def _flush_nodes(self) -> None:
+        while True:
+            await asyncio.sleep(NODE_FLUSH_S)
+            try:
+                dirty = self.nodes.take_dirty()
+                if dirty:
+                    await self.store.put_nodes(dirty)
+                self._outbox_backlog = await self.store.outbox_size()
+            except GatewayError as exc:
+                log.warning("node registry flush failed: %s", exc.code)
+
+    async def readiness(self) -> dict[str, tuple[bool, str]]:
+        checks: dict[str, tuple[bool, str]] = {}
+        try:
+            await asyncio.wait_for(self.store.ping(), 2.0)
+            checks["store"] = (True, "writable")
+        except (GatewayError, TimeoutError) as exc:
+            checks["store"] = (False, getattr(exc, "code", "timeout"))
+        probe = self.settings.data_dir / ".ready-probe"
+        try:
+            probe.write_bytes(b"ok")
+            os.remove(probe)
+            checks["data_dir"] = (True, "writable")
+        except OSError as exc:
+            checks["data_dir"] = (False, exc.strerror or "not writable")
+        checks["nats"] = (self.bus.connected, "connected" if self.bus.connected else "disconnected")
+        if self.bus.connected:
+            for name, result in (await self.bus.stream_health()).items():
+                checks[f"stream:{name}"] = result
+        actors = {"dispatcher": self.dispatcher, "event-relay": self.relay, "lease-clock": self.service.lease_clock}
+        down = [name for name, a in actors.items() if not a.running]
+        checks["actors"] = (not down, "running" if not down else "stopped: " + ", ".join(down))
+        backlog = self._outbox_backlog
+        checks["events"] = (
+            self.relay.healthy,
+            f"relaying, backlog {backlog}" if self.relay.healthy else f"NATS unreachable, backlog {backlog}",
+        )
+        return checks

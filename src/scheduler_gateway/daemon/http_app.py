@@ -1,0 +1,374 @@
+"""The aiohttp sidecar: admin API (CONTRACT 2), health, readiness and metrics.
+
+It translates HTTP into calls on the task service and back: request ids, bearer auth with owner
+isolation (a foreign object answers 404 like a missing one), strict bodies, the error envelope.
+It holds no task state of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from scheduler_gateway.actors import idgen
+from scheduler_gateway.actors.model.records import AuditEntry, HistoryEntry, Task
+from scheduler_gateway.actors.nodes import NodeRegistry
+from scheduler_gateway.actors.ports import AuditQuery, TaskQuery, TaskStore
+from scheduler_gateway.actors.task_service import Caller, NewTask, TaskService
+from scheduler_gateway.wire import api
+from scheduler_gateway.wire.errors import Code, GatewayError, InvalidArgument, NotFound, PayloadTooLarge, Unauthenticated
+from scheduler_gateway.wire.ids import is_id
+from scheduler_gateway.wire.timefmt import fmt_ts, parse_ts
+
+from .http_errors import error_response
+from .metrics import PrometheusMetrics
+
+log = logging.getLogger(__name__)
+
+MAX_LIMIT = 500
+DEFAULT_LIMIT = 50
+BODY_HEADROOM = 64 * 1024
+TASK_STATES = ("waiting_approval", "queued", "running", "succeeded", "failed", "canceled", "dead")
+
+ReadinessProbe = Callable[[], Awaitable[dict[str, tuple[bool, str]]]]
+REQUEST_ID = web.AppKey("request_id", str)
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def canonical_hash(body: bytes) -> str:
+    """Hash of the JSON body with keys sorted, so the same request re-sent with other spacing matches."""
+    try:
+        value = msgspec.json.decode(body) if body.strip() else None
+    except msgspec.DecodeError:
+        return hashlib.sha256(body).hexdigest()
+    return hashlib.sha256(msgspec.json.encode(value, order="sorted")).hexdigest()
+
+
+def task_view(t: Task) -> api.TaskView:
+    return api.TaskView(
+        id=t.id, kind=t.kind, payload=t.payload, state=t.state, revision=t.revision, priority=t.priority,
+        attempt_no=t.attempt_no, max_attempts=t.max_attempts, attempt_id=t.attempt_id, lease_id=t.lease_id,
+        lease_expires_at=fmt_ts(t.lease_expires_at), node_id=t.node_id, run_id=t.run_id, parent_id=t.parent_id,
+        thread_id=t.thread_id, requires_approval=t.requires_approval, has_callback=t.callback_url is not None,
+        labels=t.labels, owner=t.owner, result=t.result,
+        error=api.ErrorView(t.error.code, t.error.message) if t.error else None,
+        not_before=fmt_ts(t.not_before), created_at=fmt_ts(t.created_at), updated_at=fmt_ts(t.updated_at),
+        started_at=fmt_ts(t.started_at), finished_at=fmt_ts(t.finished_at),
+    )
+
+
+def history_view(h: HistoryEntry) -> api.HistoryView:
+    return api.HistoryView(
+        from_=h.from_state, to=h.to_state, action=h.action, actor=api.ActorView(h.actor.type, h.actor.id),
+        reason=h.reason, at=fmt_ts(h.at), attempt_id=h.attempt_id, attempt_no=h.attempt_no, lease_id=h.lease_id,
+        node_id=h.node_id, request_id=h.request_id, revision=h.revision,
+    )
+
+
+def audit_view(a: AuditEntry) -> api.AuditView:
+    return api.AuditView(
+        id=a.id, at=fmt_ts(a.at), action=a.action, object_type=a.object_type, object_id=a.object_id,
+        result=a.result, actor=api.ActorView(a.actor.type, a.actor.id), request_id=a.request_id, run_id=a.run_id,
+        attempt_id=a.attempt_id, node_id=a.node_id, old_revision=a.old_revision, new_revision=a.new_revision,
+        error_code=a.error_code, details=a.details,
+    )
+
+
+class HttpSettings(msgspec.Struct, frozen=True, kw_only=True):
+    max_payload_bytes: int = 1048576
+    callback_secret_configured: bool = False
+    allow_private_networks: bool = True
+
+
+class AdminApi:
+    def __init__(
+        self,
+        service: TaskService,
+        store: TaskStore,
+        nodes: NodeRegistry,
+        metrics: PrometheusMetrics,
+        readiness: ReadinessProbe,
+        settings: HttpSettings,
+    ) -> None:
+        self.service = service
+        self.store = store
+        self.nodes = nodes
+        self.metrics = metrics
+        self.readiness = readiness
+        self.settings = settings
+        self._principals: dict[str, Caller] = {}
+        self._enc = msgspec.json.Encoder()
+
+    # -- app -----------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(
+            middlewares=[self._middleware], client_max_size=self.settings.max_payload_bytes + BODY_HEADROOM
+        )
+        r = app.router
+        r.add_get("/healthz", self.healthz)
+        r.add_get("/readyz", self.readyz)
+        r.add_get("/metrics", self.metrics_text)
+        r.add_post("/api/tasks", self.create_task)
+        r.add_get("/api/tasks", self.list_tasks)
+        r.add_get("/api/tasks/{id}", self.get_task)
+        r.add_get("/api/tasks/{id}/history", self.task_history)
+        for action in ("cancel", "approve", "amend", "retry", "rework"):
+            r.add_post(f"/api/tasks/{{id}}/{action}", self._action_handler(action))
+        r.add_get("/api/audit", self.list_audit)
+        r.add_get("/api/nodes", self.list_nodes)
+        r.add_post("/api/nodes/{id}/drain", self._drain_handler(True))
+        r.add_post("/api/nodes/{id}/undrain", self._drain_handler(False))
+        return app
+
+    @web.middleware
+    async def _middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        rid = request.headers.get("X-Request-Id") or ""
+        if not (0 < len(rid) <= 128 and rid.isascii() and rid.isprintable()):
+            rid = idgen.new_id("req")
+        request[REQUEST_ID] = rid
+        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
+        try:
+            if request.path.startswith("/api/"):
+                request["caller"] = await self._authenticate(request, rid)
+            response = await handler(request)
+        except GatewayError as exc:
+            response = error_response(exc.code, exc.message, rid, exc.details)
+        except web.HTTPRequestEntityTooLarge:
+            response = error_response(Code.PAYLOAD_TOO_LARGE, "request body too large", rid)
+        except web.HTTPNotFound:
+            response = error_response(Code.NOT_FOUND, f"no route {request.method} {request.path}", rid)
+        except web.HTTPMethodNotAllowed:
+            response = error_response(Code.NOT_FOUND, f"no route {request.method} {request.path}", rid)
+        except web.HTTPException as exc:
+            response = error_response(Code.INVALID_ARGUMENT, exc.reason, rid, status=exc.status)
+        except Exception:
+            log.exception("request %s failed", rid)
+            response = error_response(Code.INTERNAL, "internal error", rid)
+        response.headers["X-Request-Id"] = rid
+        self.metrics.http_requests.labels(route, f"{response.status // 100}xx").inc()
+        return response
+
+    async def _authenticate(self, request: web.Request, rid: str) -> Caller:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthenticated("missing bearer token")
+        digest = token_hash(token.strip())
+        caller = self._principals.get(digest)
+        if caller is None:
+            principal = await self.store.get_principal(digest)
+            if principal is None:
+                raise Unauthenticated("invalid token")
+            caller = Caller(principal.user, principal.role)
+            self._principals[digest] = caller
+        return msgspec.structs.replace(caller, request_id=rid)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _json(self, value: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+        return web.Response(body=self._enc.encode(value), status=status, content_type="application/json",
+                            headers=headers)
+
+    async def _body(self, request: web.Request) -> bytes:
+        body = await request.read()
+        if len(body) > self.settings.max_payload_bytes + BODY_HEADROOM:
+            raise PayloadTooLarge("request body too large")
+        return body
+
+    def _decode(self, body: bytes, typ: type[Any]) -> Any:
+        try:
+            return msgspec.json.decode(body if body.strip() else b"{}", type=typ)
+        except msgspec.ValidationError as exc:
+            raise InvalidArgument(f"invalid body: {exc}") from None
+        except msgspec.DecodeError as exc:
+            raise InvalidArgument(f"malformed JSON: {exc}") from None
+
+    def _check_payload(self, raw: msgspec.Raw | None) -> None:
+        if raw is not None and len(raw) > self.settings.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"payload is {len(raw)} bytes; the limit is {self.settings.max_payload_bytes}",
+                details={"limit": self.settings.max_payload_bytes},
+            )
+
+    @staticmethod
+    def _task_id(request: web.Request) -> str:
+        task_id = request.match_info["id"]
+        if not is_id(task_id, "tsk"):
+            raise NotFound(f"task {task_id[:80]} not found", code=Code.TASK_NOT_FOUND)
+        return task_id
+
+    @staticmethod
+    def _page_args(request: web.Request) -> tuple[int, str | None]:
+        raw = request.query.get("limit")
+        limit = DEFAULT_LIMIT
+        if raw is not None:
+            try:
+                limit = int(raw)
+            except ValueError:
+                raise InvalidArgument("limit must be an integer", details={"field": "limit"}) from None
+            if limit < 1:
+                raise InvalidArgument("limit must be at least 1", details={"field": "limit"})
+        return min(limit, MAX_LIMIT), request.query.get("cursor") or None
+
+    # -- operations ------------------------------------------------------------------------------
+    async def healthz(self, request: web.Request) -> web.Response:
+        return self._json({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        checks = await self.readiness()
+        ok = all(v[0] for v in checks.values())
+        body = {
+            "status": "ready" if ok else "not_ready",
+            "checks": {name: {"ok": v[0], "detail": v[1]} for name, v in checks.items()},
+        }
+        return self._json(body, status=200 if ok else 503)
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # -- tasks -------------------------------------------------------------------------------------
+    async def create_task(self, request: web.Request) -> web.Response:
+        caller: Caller = request["caller"]
+        body = await self._body(request)
+        req: api.CreateTaskBody = self._decode(body, api.CreateTaskBody)
+        self._check_payload(req.payload)
+        spec = self._new_task(req)
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and not (0 < len(key) <= 255):
+            raise InvalidArgument("Idempotency-Key must be 1 to 255 characters")
+        task, replayed = await self.service.create(caller, spec, key, canonical_hash(body) if key else "")
+        if replayed:
+            return self._json(task_view(task), 200, {"Idempotent-Replayed": "true"})
+        return self._json(task_view(task), 201)
+
+    def _new_task(self, req: api.CreateTaskBody) -> NewTask:
+        not_before = None
+        if req.not_before is not None:
+            try:
+                not_before = parse_ts(req.not_before)
+            except ValueError:
+                raise InvalidArgument(
+                    "notBefore must be an RFC 3339 timestamp with an offset", details={"field": "notBefore"}
+                ) from None
+        if req.parent_id is not None and not is_id(req.parent_id, "tsk"):
+            raise InvalidArgument("parentId is not a task id", details={"field": "parentId"})
+        if req.callback_secret is not None and req.callback_url is None:
+            raise InvalidArgument("callbackSecret needs a callbackUrl", details={"field": "callbackSecret"})
+        if req.callback_url is not None:
+            parts = urlsplit(req.callback_url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise InvalidArgument("callbackUrl must be an http or https URL", details={"field": "callbackUrl"})
+            if not req.callback_secret and not self.settings.callback_secret_configured:
+                raise InvalidArgument(
+                    "a callbackUrl needs a callbackSecret (no [callbacks] secret is configured)",
+                    details={"field": "callbackSecret"},
+                )
+        return NewTask(
+            kind=req.kind, payload=req.payload, priority=req.priority, max_attempts=req.max_attempts,
+            retry_backoff_s=req.retry_backoff_seconds, lease_s=req.lease_seconds, timeout_s=req.timeout_seconds,
+            not_before=not_before, parent_id=req.parent_id, thread_id=req.thread_id, run_id=req.run_id,
+            requires_approval=req.requires_approval, callback_url=req.callback_url,
+            callback_secret=req.callback_secret or None, labels=req.labels,
+        )
+
+    async def list_tasks(self, request: web.Request) -> web.Response:
+        caller: Caller = request["caller"]
+        limit, cursor = self._page_args(request)
+        q = request.query
+        state = q.get("state") or None
+        if state is not None and state not in TASK_STATES:
+            raise InvalidArgument(f"unknown state {state[:40]}", details={"field": "state"})
+        items, next_cursor = await self.service.list(
+            caller,
+            TaskQuery(state=state, kind=q.get("kind") or None, parent_id=q.get("parentId") or None,
+                      run_id=q.get("runId") or None, limit=limit, cursor=cursor),
+        )
+        return self._json(api.ListView([task_view(t) for t in items], next_cursor))
+
+    async def get_task(self, request: web.Request) -> web.Response:
+        task = await self.service.get(request["caller"], self._task_id(request))
+        return self._json(task_view(task))
+
+    async def task_history(self, request: web.Request) -> web.Response:
+        limit, cursor = self._page_args(request)
+        items, next_cursor = await self.service.history(request["caller"], self._task_id(request), limit, cursor)
+        return self._json(api.ListView([history_view(h) for h in items], next_cursor))
+
+    def _action_handler(self, action: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        body_type: type[Any] = {
+            "cancel": api.CancelBody, "approve": api.RevisionBody, "retry": api.RevisionBody,
+            "amend": api.AmendBody, "rework": api.ReworkBody,
+        }[action]
+
+        async def handle(request: web.Request) -> web.Response:
+            caller: Caller = request["caller"]
+            task_id = self._task_id(request)
+            body = await self._body(request)
+            req = self._decode(body, body_type)
+            payload = getattr(req, "payload", None)
+            self._check_payload(payload)
+            key = request.headers.get("Idempotency-Key") if action != "cancel" else None
+            task, repeated = await self.service.act(
+                caller, task_id, action, expected_revision=req.expected_revision,
+                reason=getattr(req, "reason", None), payload=payload, idem_key=key,
+                body_hash=canonical_hash(body) if key else "",
+            )
+            headers = {"Idempotent-Replayed": "true"} if repeated and key else None
+            return self._json(task_view(task), 200, headers)
+
+        return handle
+
+    # -- audit and nodes -----------------------------------------------------------------------------
+    async def list_audit(self, request: web.Request) -> web.Response:
+        caller: Caller = request["caller"]
+        limit, cursor = self._page_args(request)
+        q = request.query
+        page = await self.store.list_audit(
+            AuditQuery(owner=None if caller.is_admin else caller.user, object_id=q.get("objectId") or None,
+                       action=q.get("action") or None, request_id=q.get("requestId") or None, limit=limit,
+                       cursor=cursor)
+        )
+        return self._json(api.ListView([audit_view(a) for a in page.items], page.next_cursor))
+
+    async def list_nodes(self, request: web.Request) -> web.Response:
+        now = time.time()
+        items = [
+            api.NodeView(id=n.id, kinds=n.kinds, status=self.nodes.status(n, now),
+                         last_heartbeat_at=fmt_ts(n.last_heartbeat_at), active_leases=n.active_leases)
+            for n in self.nodes.all()
+        ]
+        return self._json(api.ListView(items, None))
+
+    def _drain_handler(self, draining: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            caller: Caller = request["caller"]
+            if not caller.is_admin:
+                raise NotFound("node not found")
+            node_id = request.match_info["id"]
+            rec = self.nodes.set_draining(node_id, draining)
+            if rec is None:
+                raise NotFound(f"node {node_id[:64]} not found")
+            await self.store.put_nodes([rec])
+            await self.store.append_audit([
+                AuditEntry(id=idgen.new_id("aud"), at=time.time(), action="drain" if draining else "undrain",
+                           object_type="node", object_id=node_id, result="ok", actor=caller.actor,
+                           request_id=caller.request_id, node_id=node_id)
+            ])
+            return self._json(api.NodeView(id=rec.id, kinds=rec.kinds, status=self.nodes.status(rec),
+                                           last_heartbeat_at=fmt_ts(rec.last_heartbeat_at),
+                                           active_leases=rec.active_leases))
+
+        return handle

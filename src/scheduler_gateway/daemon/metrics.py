@@ -1,0 +1,84 @@
+"""Prometheus metrics: the actors' ``Metrics`` port backed by prometheus_client, on a registry of our own.
+
+Label values stay bounded: kinds beyond the first ``MAX_KINDS`` seen are counted as ``other``; states,
+actions, operations and codes come from fixed sets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+MAX_KINDS = 100
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+class PrometheusMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self._kinds: set[str] = set()
+        self.transitions = Counter(
+            "gw_task_transitions_total", "Task state changes by kind, action and resulting state",
+            ["kind", "action", "state"], registry=r,
+        )
+        self.queue_latency_s = Histogram(
+            "gw_task_queue_latency_seconds", "Time from a task becoming due to its claim", ["kind"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.exec_latency_s = Histogram(
+            "gw_task_execution_latency_seconds", "Time from claim to settle", ["kind", "outcome"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.lease_expiries = Counter("gw_lease_expiries_total", "Leases that ran out", ["kind"], registry=r)
+        self.refusals = Counter(
+            "gw_refused_total", "Refused requests and node messages by operation and code", ["operation", "code"],
+            registry=r,
+        )
+        self.offers = Counter("gw_offers_published_total", "Offers published to GW_DISPATCH", ["kind"], registry=r)
+        self.cancels_propagated = Counter(
+            "gw_cancels_propagated_total", "Child tasks canceled with their parent", registry=r
+        )
+        self.http_requests = Counter(
+            "gw_http_requests_total", "Admin API requests by route and status class", ["route", "status"], registry=r
+        )
+        self.active_tasks = Gauge("gw_tasks_active", "Tasks in a non-terminal state, by state", ["state"], registry=r)
+        self.outbox_backlog = Gauge("gw_outbox_backlog", "Events written but not yet relayed to JetStream", registry=r)
+        self.events_relayed = Gauge("gw_events_relayed", "Events relayed since start", registry=r)
+        self.nats_connected = Gauge("gw_nats_connected", "1 while the NATS connection is up", registry=r)
+        self.leases_watched = Gauge("gw_leases_watched", "Running attempts whose lease is watched", registry=r)
+
+    def kind(self, kind: str) -> str:
+        if kind in self._kinds:
+            return kind
+        if len(self._kinds) < MAX_KINDS:
+            self._kinds.add(kind)
+            return kind
+        return "other"
+
+    def set_active(self, counts: Callable[[], dict[str, int]]) -> None:
+        for state in ("waiting_approval", "queued", "running"):
+            self.active_tasks.labels(state).set_function(lambda s=state: counts().get(s, 0))
+
+    # -- Metrics port ----------------------------------------------------------------------------
+    def transition(self, kind: str, action: str, to_state: str) -> None:
+        self.transitions.labels(self.kind(kind), action, to_state).inc()
+
+    def queue_latency(self, kind: str, seconds: float) -> None:
+        self.queue_latency_s.labels(self.kind(kind)).observe(seconds)
+
+    def exec_latency(self, kind: str, outcome: str, seconds: float) -> None:
+        self.exec_latency_s.labels(self.kind(kind), outcome).observe(seconds)
+
+    def lease_expired(self, kind: str) -> None:
+        self.lease_expiries.labels(self.kind(kind)).inc()
+
+    def refused(self, operation: str, code: str) -> None:
+        self.refusals.labels(operation, code).inc()
+
+    def offers_published(self, kind: str, count: int) -> None:
+        self.offers.labels(self.kind(kind)).inc(count)
+
+    def cancel_propagated(self, count: int) -> None:
+        self.cancels_propagated.inc(count)

@@ -1,0 +1,147 @@
+"""HTTP bodies of the admin API (CONTRACT 2): requests as strict msgspec Structs, responses as views.
+
+camelCase keys; unknown fields in a request are refused. ``payload`` and ``result`` are ``msgspec.Raw``
+so the gateway passes the client's JSON through without decoding it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from .messages import KIND_PATTERN, NULL
+
+Seconds = Annotated[float, Meta(gt=0, le=31_536_000)]
+IdText = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+Reason = Annotated[str, Meta(max_length=2000)]
+
+
+class _Body(msgspec.Struct, rename="camel", forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class CreateTaskBody(_Body):
+    kind: Annotated[str, Meta(pattern=KIND_PATTERN)]
+    payload: msgspec.Raw = NULL
+    priority: Annotated[int, Meta(ge=-1_000_000, le=1_000_000)] = 0
+    max_attempts: Annotated[int, Meta(ge=1, le=1000)] | None = None
+    retry_backoff_seconds: Annotated[float, Meta(ge=0, le=3600)] = 1.0
+    lease_seconds: Seconds | None = None
+    timeout_seconds: Seconds | None = None
+    not_before: str | None = None
+    parent_id: IdText | None = None
+    thread_id: IdText | None = None
+    run_id: IdText | None = None
+    requires_approval: bool = False
+    callback_url: Annotated[str, Meta(max_length=2048)] | None = None
+    callback_secret: Annotated[str, Meta(max_length=1024)] | None = None
+    labels: dict[Annotated[str, Meta(min_length=1, max_length=128)], Annotated[str, Meta(max_length=1024)]] = {}
+
+
+class CancelBody(_Body):
+    reason: Reason | None = None
+    expected_revision: int | None = None
+
+
+class RevisionBody(_Body):
+    """approve and retry."""
+
+    expected_revision: int | None = None
+
+
+class AmendBody(_Body):
+    payload: msgspec.Raw
+    expected_revision: int | None = None
+
+
+class ReworkBody(_Body):
+    reason: Reason
+    payload: msgspec.Raw | None = None
+    expected_revision: int | None = None
+
+
+class ErrorView(msgspec.Struct, rename="camel"):
+    code: str
+    message: str
+
+
+class TaskView(msgspec.Struct, rename="camel", kw_only=True):
+    id: str
+    kind: str
+    payload: msgspec.Raw
+    state: str
+    revision: int
+    priority: int
+    attempt_no: int
+    max_attempts: int
+    attempt_id: str
+    lease_id: str | None
+    lease_expires_at: str | None
+    node_id: str | None
+    run_id: str
+    parent_id: str | None
+    thread_id: str | None
+    requires_approval: bool
+    has_callback: bool
+    labels: dict[str, str]
+    owner: str
+    result: msgspec.Raw | None
+    error: ErrorView | None
+    not_before: str | None
+    created_at: str | None
+    updated_at: str | None
+    started_at: str | None
+    finished_at: str | None
+
+
+class ActorView(msgspec.Struct):
+    type: str
+    id: str
+
+
+class HistoryView(msgspec.Struct, rename="camel", kw_only=True):
+    from_: str | None = msgspec.field(name="from")
+    to: str
+    action: str
+    actor: ActorView
+    reason: str | None
+    at: str | None
+    attempt_id: str | None
+    attempt_no: int
+    lease_id: str | None
+    node_id: str | None
+    request_id: str | None
+    revision: int
+
+
+class AuditView(msgspec.Struct, rename="camel", kw_only=True):
+    id: str
+    at: str | None
+    action: str
+    object_type: str
+    object_id: str
+    result: str
+    actor: ActorView
+    request_id: str | None
+    run_id: str | None
+    attempt_id: str | None
+    node_id: str | None
+    old_revision: int | None
+    new_revision: int | None
+    error_code: str | None
+    details: dict[str, Any]
+
+
+class NodeView(msgspec.Struct, rename="camel", kw_only=True):
+    id: str
+    kinds: list[str]
+    status: str
+    last_heartbeat_at: str | None
+    active_leases: int
+
+
+class ListView(msgspec.Struct, rename="camel"):
+    items: list[Any]
+    next_cursor: str | None
