@@ -72,7 +72,7 @@ class LeaseClock(LoopActor):
         while True:
             now = self._clock()
             while self._heap and self._heap[0][0] <= now:
-                at, kind, task_id, ref = heapq.heappop(self._heap)
+                _, kind, task_id, ref = heapq.heappop(self._heap)
                 table = self._lease_due if kind == "lease" else self._timeout_due
                 current = table.get(task_id)
                 if current is None or current[0] != ref:

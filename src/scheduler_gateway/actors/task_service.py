@@ -175,7 +175,7 @@ class TaskService:
             raise task_not_found(task_id)
         return task
 
-    async def list(self, caller: Caller, query: TaskQuery) -> tuple[list[Task], str | None]:
+    async def list_tasks(self, caller: Caller, query: TaskQuery) -> tuple[list[Task], str | None]:
         if not caller.is_admin:
             query = msgspec.structs.replace(query, owner=caller.user)
         page = await self._store.list_tasks(query)
@@ -183,7 +183,9 @@ class TaskService:
         items = [self._live.get(t.id, t) for t in page.items]
         return items, page.next_cursor
 
-    async def history(self, caller: Caller, task_id: str, limit: int, cursor: str | None) -> tuple[list[Any], str | None]:
+    async def history(
+        self, caller: Caller, task_id: str, limit: int, cursor: str | None
+    ) -> tuple[list[Any], str | None]:
         await self.get(caller, task_id)
         page = await self._store.history(task_id, limit, cursor)
         return page.items, page.next_cursor
@@ -642,7 +644,9 @@ class TaskService:
                 self._live[task.id] = new
                 self.lease_clock.extend(task.id, lease.lease_id, new.lease_expires_at or now)
             extended.append(
-                ExtendedLease(task_id=task.id, lease_id=lease.lease_id, lease_expires_at=fmt_ts(new.lease_expires_at) or "")
+                ExtendedLease(
+                    task_id=task.id, lease_id=lease.lease_id, lease_expires_at=fmt_ts(new.lease_expires_at) or ""
+                )
             )
         return HeartbeatReply(extended=extended, revoked=revoked, draining=self._nodes.is_draining(node_id))
 
@@ -696,7 +700,7 @@ class TaskService:
                             details={"leaseId": msg.lease_id})
             )
             return SettleOutcome("repeat")
-        new = await self._commit(result, None, dead_letter=await self._dead_letter_for(result))
+        await self._commit(result, None, dead_letter=await self._dead_letter_for(result))
         if task.started_at is not None:
             self._metrics.exec_latency(task.kind, msg.outcome, max(0.0, now - task.started_at))
         return SettleOutcome("ok")

@@ -157,7 +157,7 @@ class NatsBus:
 
     def _spawn_cb(self, handler: Callable[[Msg], Awaitable[None]]) -> Callable[[Msg], Awaitable[None]]:
         async def cb(msg: Msg) -> None:
-            task = asyncio.create_task(handler(msg))
+            task: asyncio.Task[None] = asyncio.ensure_future(handler(msg))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 

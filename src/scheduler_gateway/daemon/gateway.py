@@ -107,10 +107,10 @@ class Gateway:
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.http_host, s.http_port)
         await site.start()
-        if s.http_port == 0:
-            server = site._server  # aiohttp keeps the bound socket here; port 0 is only used by tests
-            if server is not None and getattr(server, "sockets", None):
-                self.http_port = server.sockets[0].getsockname()[1]
+        if s.http_port == 0:  # tests: learn the port the OS picked
+            sockets = getattr(site._server, "sockets", None) or []
+            if sockets:
+                self.http_port = int(sockets[0].getsockname()[1])
         self._started = True
         log.info("gatewayd ready: http://%s:%d", s.http_host, self.http_port)
 

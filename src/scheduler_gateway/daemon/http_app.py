@@ -24,7 +24,14 @@ from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.ports import AuditQuery, TaskQuery, TaskStore
 from scheduler_gateway.actors.task_service import Caller, NewTask, TaskService
 from scheduler_gateway.wire import api
-from scheduler_gateway.wire.errors import Code, GatewayError, InvalidArgument, NotFound, PayloadTooLarge, Unauthenticated
+from scheduler_gateway.wire.errors import (
+    Code,
+    GatewayError,
+    InvalidArgument,
+    NotFound,
+    PayloadTooLarge,
+    Unauthenticated,
+)
 from scheduler_gateway.wire.ids import is_id
 from scheduler_gateway.wire.timefmt import fmt_ts, parse_ts
 
@@ -39,7 +46,7 @@ BODY_HEADROOM = 64 * 1024
 TASK_STATES = ("waiting_approval", "queued", "running", "succeeded", "failed", "canceled", "dead")
 
 ReadinessProbe = Callable[[], Awaitable[dict[str, tuple[bool, str]]]]
-REQUEST_ID = web.AppKey("request_id", str)
+REQUEST_ID = web.RequestKey("request_id", str)
 
 
 def token_hash(token: str) -> str:
@@ -291,7 +298,7 @@ class AdminApi:
         state = q.get("state") or None
         if state is not None and state not in TASK_STATES:
             raise InvalidArgument(f"unknown state {state[:40]}", details={"field": "state"})
-        items, next_cursor = await self.service.list(
+        items, next_cursor = await self.service.list_tasks(
             caller,
             TaskQuery(state=state, kind=q.get("kind") or None, parent_id=q.get("parentId") or None,
                       run_id=q.get("runId") or None, limit=limit, cursor=cursor),

@@ -59,7 +59,7 @@ class PrometheusMetrics:
 
     def set_active(self, counts: Callable[[], dict[str, int]]) -> None:
         for state in ("waiting_approval", "queued", "running"):
-            self.active_tasks.labels(state).set_function(lambda s=state: counts().get(s, 0))
+            self.active_tasks.labels(state).set_function(_count_of(counts, state))
 
     # -- Metrics port ----------------------------------------------------------------------------
     def transition(self, kind: str, action: str, to_state: str) -> None:
@@ -82,3 +82,7 @@ class PrometheusMetrics:
 
     def cancel_propagated(self, count: int) -> None:
         self.cancels_propagated.inc(count)
+
+
+def _count_of(counts: Callable[[], dict[str, int]], state: str) -> Callable[[], float]:
+    return lambda: float(counts().get(state, 0))

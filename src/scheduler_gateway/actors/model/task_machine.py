@@ -195,7 +195,9 @@ def claim(
         if task.node_id == node_id:
             return Repeat(task, "claim")
         raise Conflict(f"task {task.id} is leased by another node", code=Code.LEASE_CONFLICT)
-    if task.state != "queued" or task.not_before > now:
+    if task.state != "queued":
+        raise refuse(task, "claim")
+    if task.not_before > now:
         raise Conflict(f"task {task.id} is not due", code=Code.NOT_DUE)
     after = _bump(
         task,
