@@ -255,6 +255,8 @@ class TaskService:
             error_code=tr.history.reason if tr.history.reason in _ERROR_REASONS else None,
             details=audit_details,
         )
+        if tr.before is None:
+            audit = msgspec.structs.replace(audit, old_revision=None)
         event = EventRecord(
             id=idgen.new_id("evt"),
             type=tr.event_type,

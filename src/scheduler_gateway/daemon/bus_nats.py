@@ -75,6 +75,7 @@ class NatsBus:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._subs: list[Any] = []
         self.connected = False
+        self._closing = False
         self._claim_dec = msgspec.json.Decoder(ClaimRequest)
         self._hb_dec = msgspec.json.Decoder(HeartbeatRequest)
         self._settle_dec = msgspec.json.Decoder(Settle)
@@ -84,7 +85,8 @@ class NatsBus:
     async def connect(self) -> None:
         async def on_disconnect() -> None:
             self.connected = False
-            log.warning("NATS disconnected")
+            if not self._closing:
+                log.warning("NATS disconnected")
 
         async def on_reconnect() -> None:
             self.connected = True
@@ -149,6 +151,7 @@ class NatsBus:
             await asyncio.wait(list(self._tasks), timeout=10)
 
     async def close(self) -> None:
+        self._closing = True
         await self.stop_serving()
         nc, self.nc = self.nc, None
         if nc is not None and not nc.is_closed:

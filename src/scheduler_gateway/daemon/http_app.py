@@ -47,6 +47,7 @@ TASK_STATES = ("waiting_approval", "queued", "running", "succeeded", "failed", "
 
 ReadinessProbe = Callable[[], Awaitable[dict[str, tuple[bool, str]]]]
 REQUEST_ID = web.RequestKey("request_id", str)
+CALLER = web.RequestKey("caller", Caller)
 
 
 def token_hash(token: str) -> str:
@@ -149,7 +150,7 @@ class AdminApi:
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
         try:
             if request.path.startswith("/api/"):
-                request["caller"] = await self._authenticate(request, rid)
+                request[CALLER] = await self._authenticate(request, rid)
             response = await handler(request)
         except GatewayError as exc:
             response = error_response(exc.code, exc.message, rid, exc.details)
@@ -248,7 +249,7 @@ class AdminApi:
 
     # -- tasks -------------------------------------------------------------------------------------
     async def create_task(self, request: web.Request) -> web.Response:
-        caller: Caller = request["caller"]
+        caller: Caller = request[CALLER]
         body = await self._body(request)
         req: api.CreateTaskBody = self._decode(body, api.CreateTaskBody)
         self._check_payload(req.payload)
@@ -292,7 +293,7 @@ class AdminApi:
         )
 
     async def list_tasks(self, request: web.Request) -> web.Response:
-        caller: Caller = request["caller"]
+        caller: Caller = request[CALLER]
         limit, cursor = self._page_args(request)
         q = request.query
         state = q.get("state") or None
@@ -306,12 +307,12 @@ class AdminApi:
         return self._json(api.ListView([task_view(t) for t in items], next_cursor))
 
     async def get_task(self, request: web.Request) -> web.Response:
-        task = await self.service.get(request["caller"], self._task_id(request))
+        task = await self.service.get(request[CALLER], self._task_id(request))
         return self._json(task_view(task))
 
     async def task_history(self, request: web.Request) -> web.Response:
         limit, cursor = self._page_args(request)
-        items, next_cursor = await self.service.history(request["caller"], self._task_id(request), limit, cursor)
+        items, next_cursor = await self.service.history(request[CALLER], self._task_id(request), limit, cursor)
         return self._json(api.ListView([history_view(h) for h in items], next_cursor))
 
     def _action_handler(self, action: str) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -321,11 +322,13 @@ class AdminApi:
         }[action]
 
         async def handle(request: web.Request) -> web.Response:
-            caller: Caller = request["caller"]
+            caller: Caller = request[CALLER]
             task_id = self._task_id(request)
             body = await self._body(request)
             req = self._decode(body, body_type)
             payload = getattr(req, "payload", None)
+            if payload is not None and len(payload) == 0:  # api.ABSENT: not sent
+                payload = None
             self._check_payload(payload)
             key = request.headers.get("Idempotency-Key") if action != "cancel" else None
             task, repeated = await self.service.act(
@@ -340,7 +343,7 @@ class AdminApi:
 
     # -- audit and nodes -----------------------------------------------------------------------------
     async def list_audit(self, request: web.Request) -> web.Response:
-        caller: Caller = request["caller"]
+        caller: Caller = request[CALLER]
         limit, cursor = self._page_args(request)
         q = request.query
         page = await self.store.list_audit(
@@ -361,7 +364,7 @@ class AdminApi:
 
     def _drain_handler(self, draining: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
-            caller: Caller = request["caller"]
+            caller: Caller = request[CALLER]
             if not caller.is_admin:
                 raise NotFound("node not found")
             node_id = request.match_info["id"]

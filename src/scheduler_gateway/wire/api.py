@@ -56,9 +56,12 @@ class AmendBody(_Body):
     expected_revision: int | None = None
 
 
+ABSENT = msgspec.Raw(b"")  # a Raw field that was not sent (msgspec cannot decode Raw inside a union)
+
+
 class ReworkBody(_Body):
     reason: Reason
-    payload: msgspec.Raw | None = None
+    payload: msgspec.Raw = ABSENT
     expected_revision: int | None = None
 
 
@@ -87,7 +90,7 @@ class TaskView(msgspec.Struct, rename="camel", kw_only=True):
     has_callback: bool
     labels: dict[str, str]
     owner: str
-    result: msgspec.Raw | None
+    result: msgspec.Raw
     error: ErrorView | None
     not_before: str | None
     created_at: str | None

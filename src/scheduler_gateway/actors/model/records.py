@@ -63,7 +63,7 @@ class Task(msgspec.Struct, kw_only=True, frozen=True):
     callback_url: str | None = None
     callback_secret: str | None = None
     labels: dict[str, str] = {}
-    result: msgspec.Raw | None = None
+    result: msgspec.Raw = NULL  # JSON null until a settle brings a result
     error: TaskError | None = None
     not_before: float
     created_at: float

@@ -14,7 +14,7 @@ import msgspec
 
 from scheduler_gateway.wire.errors import Code, Conflict, Forbidden
 
-from .records import TERMINAL_STATES, ActorRef, HistoryEntry, SettleMark, Task, TaskError
+from .records import NULL, TERMINAL_STATES, ActorRef, HistoryEntry, SettleMark, Task, TaskError
 
 # (action) -> states it may start from. The target state is decided by the action's function.
 ALLOWED_FROM: dict[str, frozenset[str]] = {
@@ -350,7 +350,7 @@ def requeue(
         lease_id=None,
         lease_expires_at=None,
         node_id=None,
-        result=None,
+        result=NULL,
         error=None,
         finished_at=None,
         started_at=None,

@@ -1,0 +1,250 @@
+"""An in-memory ``TaskStore`` on plain dicts, for fast tests of the actors.
+
+It owns nothing durable: the data lives as long as the object (it survives ``stop()``/``start()``, like
+the SQLite file does). Semantics and error codes are the SQLite store's; the shared contract suite
+(``tests/test_store_contract.py``) holds both to them.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from scheduler_gateway.actors.model.records import ACTIVE_STATES, AuditEntry, DeadLetter, HistoryEntry, Task
+from scheduler_gateway.actors.ports import (
+    AuditQuery,
+    Change,
+    IdempotencyRecord,
+    NodeRecord,
+    OutboxRow,
+    Page,
+    Principal,
+    TaskQuery,
+)
+from scheduler_gateway.daemon.store_sqlite import clamp_limit, int_cursor
+from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, StorageError, task_not_found
+
+
+class MemoryStore:
+    """``TaskStore`` on dicts. Every method runs without awaiting, so each change is atomic."""
+
+    def __init__(self) -> None:
+        self._running = False
+        self._tasks: dict[str, Task] = {}
+        self._history: dict[tuple[str, int], HistoryEntry] = {}
+        self._audit: list[tuple[int, AuditEntry]] = []
+        self._audit_ids: set[str] = set()
+        self._idempotency: dict[tuple[str, str], IdempotencyRecord] = {}
+        self._outbox: dict[int, bytes] = {}
+        self._dead_letters: dict[str, DeadLetter] = {}  # by task id
+        self._principals: dict[str, Principal] = {}
+        self._nodes: dict[str, NodeRecord] = {}
+        self._seq = 0  # shared by audit and outbox: only "grows" matters, as with AUTOINCREMENT
+
+    async def start(self) -> None:
+        self._running = True
+
+    async def stop(self) -> None:
+        self._running = False
+
+    def _check_running(self) -> None:
+        if not self._running:
+            raise StorageError("the task store is not running")
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    # tasks
+
+    async def get_task(self, task_id: str) -> Task | None:
+        self._check_running()
+        return self._tasks.get(task_id)
+
+    async def apply(self, change: Change) -> None:
+        self._check_running()
+        self._apply_one(change)
+
+    async def apply_many(self, changes: list[Change]) -> list[BaseException | None]:
+        self._check_running()
+        results: list[BaseException | None] = []
+        for change in changes:
+            try:
+                self._apply_one(change)
+            except GatewayError as exc:
+                results.append(exc)
+            else:
+                results.append(None)
+        return results
+
+    def _apply_one(self, change: Change) -> None:
+        # every check first, then every write: a refused change leaves no trace
+        task = change.task
+        current = self._tasks.get(task.id)
+        if change.expected_revision is None:
+            if current is not None:
+                raise Conflict(
+                    f"task {task.id} already exists", code=Code.REVISION_CONFLICT, details={"taskId": task.id}
+                )
+        elif current is None:
+            raise task_not_found(task.id)
+        elif current.revision != change.expected_revision:
+            raise Conflict(
+                f"task {task.id} is at revision {current.revision}, not {change.expected_revision}",
+                code=Code.REVISION_CONFLICT,
+                details={
+                    "taskId": task.id,
+                    "expectedRevision": change.expected_revision,
+                    "revision": current.revision,
+                },
+            )
+        h = change.history
+        if h is not None and (h.task_id, h.revision) in self._history:
+            raise Conflict(
+                f"task {task.id} already has a history entry for revision {h.revision}",
+                code=Code.REVISION_CONFLICT,
+                details={"taskId": task.id, "revision": h.revision},
+            )
+        idem = change.idempotency
+        if idem is not None and (idem.owner, idem.key) in self._idempotency:
+            raise Conflict("this idempotency key was already used", code=Code.IDEMPOTENCY_CONFLICT)
+        dl = change.dead_letter
+        if dl is not None and any(
+            other.dead_letter_id == dl.dead_letter_id and tid != dl.task_id
+            for tid, other in self._dead_letters.items()
+        ):
+            raise StorageError(
+                f"dead letter {dl.dead_letter_id} already belongs to another task",
+                details={"deadLetterId": dl.dead_letter_id},
+            )
+
+        self._tasks[task.id] = task
+        if h is not None:
+            self._history[(h.task_id, h.revision)] = h
+        if change.audit is not None:
+            self._append_audit(change.audit)
+        if change.event is not None:
+            self._outbox[self._next_seq()] = msgspec.json.encode(change.event)
+        if idem is not None:
+            self._idempotency[(idem.owner, idem.key)] = idem
+        if dl is not None:
+            self._dead_letters[dl.task_id] = dl
+
+    async def list_tasks(self, query: TaskQuery) -> Page:
+        self._check_running()
+        limit = clamp_limit(query.limit)
+        matches = sorted(
+            (
+                t
+                for t in self._tasks.values()
+                if (query.owner is None or t.owner == query.owner)
+                and (query.state is None or t.state == query.state)
+                and (query.kind is None or t.kind == query.kind)
+                and (query.parent_id is None or t.parent_id == query.parent_id)
+                and (query.run_id is None or t.run_id == query.run_id)
+                and (not query.cursor or t.id > query.cursor)
+            ),
+            key=lambda t: t.id,
+        )
+        items = matches[:limit]
+        return Page(list(items), items[-1].id if len(matches) > limit else None)
+
+    async def history(self, task_id: str, limit: int = 500, cursor: str | None = None) -> Page:
+        self._check_running()
+        n = clamp_limit(limit)
+        after = int_cursor(cursor)
+        matches = sorted(
+            (h for (tid, rev), h in self._history.items() if tid == task_id and rev > after),
+            key=lambda h: h.revision,
+        )
+        items = matches[:n]
+        return Page(list(items), str(items[-1].revision) if len(matches) > n else None)
+
+    async def lease_seen(self, task_id: str, lease_id: str) -> bool:
+        self._check_running()
+        task = self._tasks.get(task_id)
+        if task is not None and task.lease_id == lease_id:
+            return True
+        return any(tid == task_id and h.lease_id == lease_id for (tid, _), h in self._history.items())
+
+    async def active_tasks(self) -> list[Task]:
+        self._check_running()
+        return sorted((t for t in self._tasks.values() if t.state in ACTIVE_STATES), key=lambda t: t.id)
+
+    # idempotency
+
+    async def get_idempotency(self, owner: str, key: str) -> IdempotencyRecord | None:
+        self._check_running()
+        return self._idempotency.get((owner, key))
+
+    # audit
+
+    def _append_audit(self, entry: AuditEntry) -> None:
+        if entry.id not in self._audit_ids:  # immutable and named by id: a repeat is a no-op
+            self._audit_ids.add(entry.id)
+            self._audit.append((self._next_seq(), entry))
+
+    async def append_audit(self, entries: list[AuditEntry]) -> None:
+        self._check_running()
+        for entry in entries:
+            self._append_audit(entry)
+
+    async def list_audit(self, query: AuditQuery) -> Page:
+        self._check_running()
+        limit = clamp_limit(query.limit)
+        after = int_cursor(query.cursor)
+        matches = [
+            (seq, a)
+            for seq, a in self._audit
+            if seq > after
+            and (query.owner is None or a.owner == query.owner)
+            and (query.object_id is None or a.object_id == query.object_id)
+            and (query.action is None or a.action == query.action)
+            and (query.request_id is None or a.request_id == query.request_id)
+        ]
+        items = matches[:limit]
+        return Page([a for _, a in items], str(items[-1][0]) if len(matches) > limit else None)
+
+    # events outbox
+
+    async def outbox_batch(self, limit: int) -> list[OutboxRow]:
+        self._check_running()
+        return [OutboxRow(seq, body) for seq, body in sorted(self._outbox.items())[: max(0, limit)]]
+
+    async def outbox_delete(self, seqs: list[int]) -> None:
+        self._check_running()
+        for seq in seqs:
+            self._outbox.pop(seq, None)
+
+    async def outbox_size(self) -> int:
+        self._check_running()
+        return len(self._outbox)
+
+    # dead letters
+
+    async def get_dead_letter_for_task(self, task_id: str) -> DeadLetter | None:
+        self._check_running()
+        return self._dead_letters.get(task_id)
+
+    # principals and nodes
+
+    async def get_principal(self, token_hash: str) -> Principal | None:
+        self._check_running()
+        return self._principals.get(token_hash)
+
+    async def put_principal(self, principal: Principal) -> None:
+        self._check_running()
+        self._principals[principal.token_hash] = principal
+
+    async def put_nodes(self, nodes: list[NodeRecord]) -> None:
+        self._check_running()
+        for node in nodes:
+            self._nodes[node.id] = node
+
+    async def list_nodes(self) -> list[NodeRecord]:
+        self._check_running()
+        return [self._nodes[k] for k in sorted(self._nodes)]
+
+    # health
+
+    async def ping(self) -> None:
+        self._check_running()

@@ -1,0 +1,252 @@
+"""The task lifecycle on a real nats-server and a real SQLite file, driven by a hand-written node."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import msgspec
+
+from scheduler_gateway.daemon.gateway import Gateway
+from scheduler_gateway.daemon.nats_server import NatsServerProcess
+from scheduler_gateway.wire.messages import WireError
+
+from .harness import Api, HandNode, api_client, running_gateway, wait_for
+
+
+async def claimed(api: Api, node: HandNode, body: dict | None = None) -> tuple[dict, str, str]:
+    """Create a task, pull its offer and claim it: (task, attempt id, lease id)."""
+    task = await api.create(body or {"kind": "echo", "payload": {"n": 1}})
+    offers = await node.pull(task["kind"])
+    offer, msg = offers[0]
+    assert offer.task_id == task["id"]
+    reply = await node.claim(offer.task_id, offer.attempt_id)
+    assert reply.ok and reply.lease_id, reply
+    await msg.ack()
+    return task, offer.attempt_id, reply.lease_id
+
+
+async def audit(api: Api, task_id: str) -> list[dict]:
+    status, body, _ = await api.call("GET", f"/api/audit?objectId={task_id}&limit=500")
+    assert status == 200
+    return body["items"]
+
+
+def terminal_entries(history: list[dict]) -> list[dict]:
+    return [h for h in history if h["to"] in {"succeeded", "failed", "dead", "canceled"}]
+
+
+async def test_echo_lifecycle_history_and_audit(api: Api, node: HandNode) -> None:
+    task, attempt, lease = await claimed(api, node)
+    running = await api.task(task["id"])
+    assert running["state"] == "running" and running["leaseId"] == lease and running["nodeId"] == "node-a"
+    assert running["attemptNo"] == 1 and running["revision"] == 2
+    await node.settle(task["id"], attempt, lease, result={"n": 1})
+    done = await api.wait_state(task["id"], {"succeeded"})
+    assert done["result"] == {"n": 1} and done["revision"] == 3 and done["finishedAt"].endswith("Z")
+    history = await api.history(task["id"])
+    assert [(h["action"], h["from"], h["to"]) for h in history] == [
+        ("create", None, "queued"), ("claim", "queued", "running"), ("settle", "running", "succeeded")]
+    assert history[1]["leaseId"] == lease and history[1]["nodeId"] == "node-a"
+    entries = await audit(api, task["id"])
+    assert [(a["action"], a["result"], a["oldRevision"], a["newRevision"]) for a in entries] == [
+        ("create", "ok", None, 1), ("claim", "ok", 1, 2), ("settle", "ok", 2, 3)]
+    assert entries[1]["actor"] == {"type": "node", "id": "node-a"}
+
+
+async def test_concurrent_settles_exactly_one_wins(api: Api, node: HandNode) -> None:
+    task, attempt, lease = await claimed(api, node)
+    await asyncio.gather(
+        node.settle(task["id"], attempt, lease, "succeeded", {"v": 1}),
+        node.settle(task["id"], attempt, lease, "failed", None, WireError(code="HANDLER_ERROR", message="x")),
+        node.settle(task["id"], attempt, lease, "succeeded", {"v": 2}),
+    )
+
+    async def settled() -> list[dict]:
+        entries = [a for a in await audit(api, task["id"]) if a["action"] == "settle"]
+        return entries if len(entries) == 3 else []
+
+    entries = await wait_for(settled)
+    assert sorted(a["result"] for a in entries) == ["ok", "refused", "refused"]
+    assert {a["errorCode"] for a in entries if a["result"] == "refused"} == {"IDEMPOTENCY_CONFLICT"}
+    history = await api.history(task["id"])
+    assert len(terminal_entries(history)) == 1
+
+
+async def test_stale_expected_revision_conflicts_and_changes_nothing(api: Api) -> None:
+    task = await api.create({"kind": "echo", "notBefore": "2099-01-01T00:00:00Z"})
+    status, body, _ = await api.call("POST", f"/api/tasks/{task['id']}/cancel", {"expectedRevision": 7})
+    assert status == 409 and body["error"]["code"] == "REVISION_CONFLICT"
+    after = await api.task(task["id"])
+    assert after["state"] == "queued" and after["revision"] == task["revision"]
+    status, body, _ = await api.call("POST", f"/api/tasks/{task['id']}/cancel",
+                                     {"expectedRevision": task["revision"], "reason": "no longer needed"})
+    assert status == 200 and body["state"] == "canceled"
+    status, again, _ = await api.call("POST", f"/api/tasks/{task['id']}/cancel", {})
+    assert status == 200 and again["revision"] == body["revision"]
+
+
+async def test_lease_expiry_reoffers_and_late_settles_are_refused(api: Api, node: HandNode) -> None:
+    task, attempt, lease = await claimed(api, node, {"kind": "echo", "leaseSeconds": 0.5,
+                                                      "retryBackoffSeconds": 0})
+    requeued = await api.wait_state(task["id"], {"queued"}, timeout_s=5)
+    assert requeued["attemptNo"] == 2 and requeued["attemptId"] != attempt and requeued["leaseId"] is None
+    history = await api.history(task["id"])
+    assert history[-1]["action"] == "attempt_failed" and history[-1]["reason"] == "LEASE_EXPIRED"
+    offers = await node.pull("echo")
+    assert offers[0][0].attempt_id == requeued["attemptId"]
+    # the heartbeat of the old lease is revoked
+    hb = await node.heartbeat([(task["id"], lease)])
+    assert [r.lease_id for r in hb.revoked] == [lease] and not hb.extended
+    # the late settle of the expired lease is refused, and the new attempt runs to the end
+    await node.settle(task["id"], attempt, lease, result={"late": True})
+    reply = await node.claim(task["id"], requeued["attemptId"])
+    assert reply.ok
+    await offers[0][1].ack()
+    await node.settle(task["id"], requeued["attemptId"], reply.lease_id or "", result={"ok": 1})
+    done = await api.wait_state(task["id"], {"succeeded"})
+    assert done["result"] == {"ok": 1}
+    entries = await audit(api, task["id"])
+    refused = [a for a in entries if a["action"] == "settle" and a["result"] == "refused"]
+    assert [a["errorCode"] for a in refused] == ["LEASE_EXPIRED"]
+    # the same settle again is a repeat; another result for the same lease is refused and audited
+    await node.settle(task["id"], requeued["attemptId"], reply.lease_id or "", result={"ok": 1})
+    await node.settle(task["id"], requeued["attemptId"], reply.lease_id or "", result={"ok": 2})
+
+    async def both_seen() -> list[dict]:
+        late = [a for a in await audit(api, task["id"]) if a["action"] == "settle"][-2:]
+        return late if {a["result"] for a in late} == {"repeat", "refused"} else []
+
+    late = await wait_for(both_seen)
+    assert [a["errorCode"] for a in late if a["result"] == "refused"] == ["IDEMPOTENCY_CONFLICT"]
+    final = await api.task(task["id"])
+    assert final["revision"] == done["revision"] and final["result"] == {"ok": 1}
+    assert len(terminal_entries(await api.history(task["id"]))) == 1
+
+
+async def test_claim_refusals(api: Api, node: HandNode) -> None:
+    task, attempt, lease = await claimed(api, node)
+    again = await node.claim(task["id"], attempt)
+    assert again.ok and again.lease_id == lease  # the same node gets its lease back
+    other = await node.claim(task["id"], attempt, node_id="node-b")
+    assert not other.ok and other.error and other.error.code == "LEASE_CONFLICT"
+    stale = await node.claim(task["id"], "att_01m8mgr6q9bwq5r3smttk75wzs")
+    assert stale.error and stale.error.code == "ATTEMPT_STALE"
+    missing = await node.claim("tsk_01m8mgr6q9bwq5r3smttk75wzs", attempt)
+    assert missing.error and missing.error.code == "TASK_NOT_FOUND"
+    later = await api.create({"kind": "echo", "notBefore": "2099-01-01T00:00:00Z"})
+    not_due = await node.claim(later["id"], later["attemptId"])
+    assert not_due.error and not_due.error.code == "NOT_DUE"
+    await node.settle(task["id"], attempt, lease, result=None)
+    await api.wait_state(task["id"], {"succeeded"})
+    terminal = await node.claim(task["id"], attempt)
+    assert terminal.error and terminal.error.code == "TASK_ALREADY_TERMINAL"
+
+
+async def test_forged_and_garbage_messages_are_refused_and_audited(
+    api: Api, node: HandNode, gateway: Gateway
+) -> None:
+    task, attempt, lease = await claimed(api, node)
+    # a settle from another node for this lease, one for an unknown lease, and garbage bytes
+    await node.settle(task["id"], attempt, lease, result=1, node_id="node-evil")
+    await node.settle(task["id"], attempt, "lse_01m8mgr6q9bwq5r3smttk75wzs", result=1)
+    await node.js.publish(node.subjects.settle("node-a"), b"\x00not json", headers={"Nats-Msg-Id": "garbage-1"})
+    reply = await node.nc.request(node.subjects.claim("node-a"), b"{oops", timeout=5)
+    assert msgspec.json.decode(reply.data)["error"]["code"] == "INVALID_ARGUMENT"
+    hb = await node.nc.request(node.subjects.heartbeat("node-a"), b"[]", timeout=5)
+    assert msgspec.json.decode(hb.data)["error"]["code"] == "INVALID_ARGUMENT"
+
+    async def refusals() -> list[dict]:
+        entries = [a for a in await audit(api, task["id"]) if a["result"] == "refused"]
+        return entries if len(entries) == 2 else []
+
+    entries = await wait_for(refusals)
+    assert sorted(a["errorCode"] for a in entries) == ["FORBIDDEN", "LEASE_NOT_FOUND"]
+    status, body, _ = await api.call("GET", "/api/audit?action=settle&limit=500")
+    assert any(a["objectType"] == "message" and a["errorCode"] == "INVALID_ARGUMENT" for a in body["items"])
+    # nothing crashed: the real settle still lands
+    await node.settle(task["id"], attempt, lease, result={"fine": True})
+    await api.wait_state(task["id"], {"succeeded"})
+    assert gateway.dispatcher.running and gateway.relay.running
+
+
+async def test_retryable_failures_end_dead_with_a_dead_letter(api: Api, node: HandNode, gateway: Gateway) -> None:
+    task = await api.create({"kind": "fail", "maxAttempts": 2, "retryBackoffSeconds": 0})
+    for attempt_no in (1, 2):
+        offers = await node.pull("fail")
+        offer, msg = offers[0]
+        assert offer.attempt_no == attempt_no
+        reply = await node.claim(offer.task_id, offer.attempt_id)
+        await msg.ack()
+        await node.settle(task["id"], offer.attempt_id, reply.lease_id or "", "failed", None,
+                          WireError(code="HANDLER_ERROR", message="boom", retryable=True))
+        await api.wait_state(task["id"], {"queued", "dead"})
+    dead = await api.wait_state(task["id"], {"dead"})
+    assert dead["error"] == {"code": "HANDLER_ERROR", "message": "boom"} and dead["attemptNo"] == 2
+    letter = await gateway.store.get_dead_letter_for_task(task["id"])
+    assert letter is not None and letter.original_task_id == task["id"] and letter.retry_count == 0
+    assert letter.dead_reason == "HANDLER_ERROR" and not letter.exhausted
+
+
+async def test_idempotent_create_survives_restart(tmp_path: Path, fresh_nats: NatsServerProcess) -> None:
+    body = {"kind": "echo", "payload": {"a": 1, "b": [1, 2]}}
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+        first = await api.create(body, key="k-1")
+        status, replay, headers = await api.call("POST", "/api/tasks", {"payload": {"b": [1, 2], "a": 1},
+                                                                          "kind": "echo"}, {"Idempotency-Key": "k-1"})
+        assert status == 200 and replay["id"] == first["id"] and headers.get("Idempotent-Replayed") == "true"
+        status, err, _ = await api.call("POST", "/api/tasks", {"kind": "echo", "payload": 2},
+                                        {"Idempotency-Key": "k-1"})
+        assert status == 409 and err["error"]["code"] == "IDEMPOTENCY_CONFLICT"
+        # keys are scoped to the owner: alice's k-1 is a new task
+        status, alice, _ = await api.as_user("alice-token-for-tests-0123456789").call(
+            "POST", "/api/tasks", body, {"Idempotency-Key": "k-1"})
+        assert status == 201 and alice["id"] != first["id"]
+        # concurrent creates with one new key make one task
+        results = await asyncio.gather(*(api.call("POST", "/api/tasks", body, {"Idempotency-Key": "k-2"})
+                                         for _ in range(5)))
+        assert sorted(r[0] for r in results) == [200, 200, 200, 200, 201]
+        assert len({r[1]["id"] for r in results}) == 1
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+        status, replay, headers = await api.call("POST", "/api/tasks", body, {"Idempotency-Key": "k-1"})
+        assert status == 200 and replay["id"] == first["id"] and headers.get("Idempotent-Replayed") == "true"
+        status, err, _ = await api.call("POST", "/api/tasks", {"kind": "other"}, {"Idempotency-Key": "k-1"})
+        assert status == 409 and err["error"]["code"] == "IDEMPOTENCY_CONFLICT"
+
+
+async def test_restart_recovers_queued_and_running_tasks(tmp_path: Path, fresh_nats: NatsServerProcess) -> None:
+    node = await HandNode.connect(fresh_nats.url, "node-a")
+    try:
+        async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+            task, attempt, lease = await claimed(api, node, {"kind": "echo", "leaseSeconds": 2})
+            waiting = await api.create({"kind": "echo", "priority": 5})
+        # the settle is published while the daemon is down: GW_SETTLE keeps it
+        await node.settle(task["id"], attempt, lease, result={"while": "down"})
+        async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+            done = await api.wait_state(task["id"], {"succeeded"})
+            assert done["result"] == {"while": "down"}
+            offers = await node.pull("echo")
+            assert offers and offers[0][0].task_id == waiting["id"]
+            reply = await node.claim(waiting["id"], offers[0][0].attempt_id)
+            assert reply.ok
+            await offers[0][1].ack()
+            history = await api.history(task["id"])
+            assert len(terminal_entries(history)) == 1
+    finally:
+        await node.close()
+
+
+async def test_running_lease_gets_grace_after_restart(tmp_path: Path, fresh_nats: NatsServerProcess) -> None:
+    node = await HandNode.connect(fresh_nats.url, "node-a")
+    try:
+        async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+            task, attempt, lease = await claimed(api, node, {"kind": "echo", "leaseSeconds": 1})
+        await asyncio.sleep(1.2)  # the stored lease has run out while the daemon was down
+        async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+            hb = await node.heartbeat([(task["id"], lease)])
+            assert [e.lease_id for e in hb.extended] == [lease]  # the live node heartbeats back in time
+            await node.settle(task["id"], attempt, lease, result=1)
+            done = await api.wait_state(task["id"], {"succeeded"})
+            assert done["attemptNo"] == 1
+    finally:
+        await node.close()

@@ -1,0 +1,832 @@
+"""Contract of the TaskStore port, run against every implementation (SQLite on a real file, memory).
+
+Each test asserts what the store answers, not how it stores it; the few SQLite-only tests (reopening
+the file, a corrupt row, migrations) say so in their names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from scheduler_gateway.actors.model.records import (
+    ActorRef,
+    AuditEntry,
+    DeadLetter,
+    EventRecord,
+    HistoryEntry,
+    Task,
+    TaskError,
+)
+from scheduler_gateway.actors.ports import (
+    AuditQuery,
+    Change,
+    IdempotencyRecord,
+    NodeRecord,
+    Principal,
+    TaskQuery,
+    TaskStore,
+)
+from scheduler_gateway.daemon.store_memory import MemoryStore
+from scheduler_gateway.daemon.store_sqlite import SqliteStore
+from scheduler_gateway.wire.errors import Code, Conflict, InvalidArgument, NotFound, StorageError
+
+USER = ActorRef("user", "alice")
+T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+
+
+def tid(n: int) -> str:
+    """Task ids that sort like real (time-sortable) ones."""
+    return f"tsk_{n:026d}"
+
+
+def make_task(n: int, *, revision: int = 1, **fields: Any) -> Task:
+    base: dict[str, Any] = {
+        "id": tid(n),
+        "owner": "alice",
+        "kind": "echo",
+        "state": "queued",
+        "revision": revision,
+        "attempt_id": f"att_{n:026d}",
+        "run_id": f"run_{n:026d}",
+        "not_before": T0,
+        "created_at": T0 + n,
+        "updated_at": T0 + n,
+    }
+    base.update(fields)
+    return Task(**base)
+
+
+def bump(task: Task, **fields: Any) -> Task:
+    return msgspec.structs.replace(task, revision=task.revision + 1, **fields)
+
+
+def history_for(task: Task, action: str = "create", lease_id: str | None = None) -> HistoryEntry:
+    return HistoryEntry(
+        task_id=task.id,
+        revision=task.revision,
+        from_state=None,
+        to_state=task.state,
+        action=action,
+        actor=USER,
+        reason=None,
+        at=task.updated_at,
+        attempt_id=task.attempt_id,
+        attempt_no=task.attempt_no,
+        lease_id=lease_id,
+        node_id=None,
+        request_id=None,
+    )
+
+
+_audit_n = 0
+
+
+def audit_for(
+    object_id: str, action: str = "create", *, owner: str | None = "alice", request_id: str | None = None
+) -> AuditEntry:
+    global _audit_n
+    _audit_n += 1
+    return AuditEntry(
+        id=f"aud_{_audit_n:026d}",
+        at=T0,
+        action=action,
+        object_type="task",
+        object_id=object_id,
+        result="ok",
+        actor=USER,
+        owner=owner,
+        request_id=request_id,
+    )
+
+
+def event_for(task: Task, type_: str = "task.created") -> EventRecord:
+    return EventRecord(
+        id=f"evt_{task.id[4:]}{task.revision}",
+        type=type_,
+        aggregate_type="task",
+        aggregate_id=task.id,
+        owner=task.owner,
+        revision=task.revision,
+        at=task.updated_at,
+        request_id=None,
+        data={"state": task.state},
+    )
+
+
+def create(task: Task, **extra: Any) -> Change:
+    """An insert with everything a real create writes."""
+    return Change(
+        task=task,
+        expected_revision=None,
+        history=history_for(task),
+        audit=audit_for(task.id),
+        event=event_for(task),
+        **extra,
+    )
+
+
+def update(old: Task, new: Task, action: str = "approve", *, lease_id: str | None = None) -> Change:
+    return Change(
+        task=new,
+        expected_revision=old.revision,
+        history=history_for(new, action, lease_id),
+        audit=audit_for(new.id, action),
+        event=event_for(new, f"task.{action}"),
+    )
+
+
+Reopen = Callable[[], Awaitable[TaskStore]]
+
+
+class Harness:
+    """A started store, and how to stop it and open the same data again."""
+
+    def __init__(self, name: str, tmp_path: Path) -> None:
+        self.name = name
+        self.path = tmp_path / "data" / "gateway.sqlite3"
+        self.store: Any = self._new()
+
+    def _new(self) -> Any:
+        return SqliteStore(self.path) if self.name == "sqlite" else MemoryStore()
+
+    async def reopen(self) -> Any:
+        await self.store.stop()
+        if self.name == "sqlite":
+            self.store = self._new()  # a new process would open the same file
+        await self.store.start()
+        return self.store
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
+    h = Harness(request.param, tmp_path)
+    await h.store.start()
+    try:
+        yield h
+    finally:
+        await h.store.stop()
+
+
+@pytest.fixture
+def store(harness: Harness) -> Any:
+    return harness.store
+
+
+@pytest.fixture
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "gateway.sqlite3")
+    await s.start()
+    try:
+        yield s
+    finally:
+        await s.stop()
+
+
+def assert_code(exc: BaseException | None, cls: type[BaseException], code: str) -> None:
+    assert isinstance(exc, cls), repr(exc)
+    assert getattr(exc, "code", None) == code
+
+
+# ---------------------------------------------------------------------- tasks
+
+
+async def test_insert_get_round_trip_keeps_payload_bytes(store: TaskStore) -> None:
+    payload = msgspec.Raw(b'{"b": [1, 2.50, "\\u00e9x"],   "a":null}')
+    task = make_task(1, payload=payload, labels={"team": "ops"}, parent_id=tid(0), thread_id="thr_x")
+    await store.apply(create(task))
+    got = await store.get_task(task.id)
+    assert got == task
+    assert got is not None and bytes(got.payload) == bytes(payload)
+    assert await store.get_task(tid(2)) is None
+
+
+async def test_result_bytes_and_error_round_trip(store: TaskStore) -> None:
+    task = make_task(1, state="succeeded", result=msgspec.Raw(b"[1,2 ,3]"), error=TaskError("X", "y"))
+    await store.apply(create(task))
+    got = await store.get_task(task.id)
+    assert got is not None and got.result is not None and bytes(got.result) == b"[1,2 ,3]"
+    assert got.error == TaskError("X", "y")
+
+
+async def test_cas_success_bumps_revision(store: TaskStore) -> None:
+    t1 = make_task(1)
+    await store.apply(create(t1))
+    t2 = bump(t1, state="running", lease_id="lse_1")
+    await store.apply(update(t1, t2, "claim"))
+    got = await store.get_task(t1.id)
+    assert got is not None and got.revision == 2 and got.state == "running"
+
+
+async def test_same_revision_rewrite_is_allowed(store: TaskStore) -> None:
+    """A lease extension rewrites the row at the revision it read (no history, no event)."""
+    t1 = make_task(1, state="running", lease_id="lse_1", lease_expires_at=T0 + 30)
+    await store.apply(create(t1))
+    extended = msgspec.structs.replace(t1, lease_expires_at=T0 + 60)
+    await store.apply(Change(task=extended, expected_revision=1))
+    got = await store.get_task(t1.id)
+    assert got is not None and got.revision == 1 and got.lease_expires_at == T0 + 60
+    assert await store.outbox_size() == 1  # only the create's event
+
+
+async def test_stale_revision_is_refused_and_row_unchanged(store: TaskStore) -> None:
+    t1 = make_task(1)
+    await store.apply(create(t1))
+    t2 = bump(t1, state="running")
+    await store.apply(update(t1, t2, "claim"))
+    before_outbox = await store.outbox_size()
+    before_audit = len((await store.list_audit(AuditQuery())).items)
+    stale = bump(t1, state="canceled")  # also revision 2, built from the old read
+    with pytest.raises(Conflict) as info:
+        await store.apply(update(t1, stale, "cancel"))
+    assert info.value.code == Code.REVISION_CONFLICT
+    assert await store.get_task(t1.id) == t2
+    # nothing that goes with the refused change was written either
+    assert await store.outbox_size() == before_outbox
+    assert len((await store.list_audit(AuditQuery())).items) == before_audit
+    assert [h.action for h in (await store.history(t1.id)).items] == ["create", "claim"]
+
+
+async def test_update_of_missing_task_is_task_not_found(store: TaskStore) -> None:
+    t = make_task(1, revision=2)
+    with pytest.raises(NotFound) as info:
+        await store.apply(Change(task=t, expected_revision=1))
+    assert info.value.code == Code.TASK_NOT_FOUND
+    assert await store.get_task(t.id) is None
+
+
+async def test_duplicate_insert_is_revision_conflict(store: TaskStore) -> None:
+    t = make_task(1)
+    await store.apply(create(t))
+    with pytest.raises(Conflict) as info:
+        await store.apply(create(make_task(1, kind="other")))
+    assert info.value.code == Code.REVISION_CONFLICT
+    assert await store.get_task(t.id) == t
+
+
+async def test_apply_many_one_stale_in_the_middle(store: TaskStore) -> None:
+    tasks = [make_task(i) for i in range(1, 4)]
+    assert await store.apply_many([create(t) for t in tasks]) == [None, None, None]
+    changes = [
+        update(tasks[0], bump(tasks[0], priority=5)),
+        Change(task=bump(bump(tasks[1])), expected_revision=2),  # stale: it is at 1
+        update(tasks[2], bump(tasks[2], priority=7)),
+    ]
+    results = await store.apply_many(changes)
+    assert results[0] is None and results[2] is None
+    assert_code(results[1], Conflict, Code.REVISION_CONFLICT)
+    got = [await store.get_task(t.id) for t in tasks]
+    assert [g.revision if g else None for g in got] == [2, 1, 2]
+    assert [g.priority if g else None for g in got] == [5, 0, 7]
+
+
+async def test_apply_many_mixes_refusals_of_every_kind(store: TaskStore) -> None:
+    existing = make_task(1)
+    await store.apply(create(existing))
+    fresh = make_task(2)
+    results = await store.apply_many(
+        [
+            create(make_task(1)),  # duplicate id
+            create(fresh),
+            Change(task=make_task(3, revision=2), expected_revision=1),  # missing
+            update(fresh, bump(fresh)),  # depends on the insert just before
+        ]
+    )
+    assert_code(results[0], Conflict, Code.REVISION_CONFLICT)
+    assert results[1] is None
+    assert_code(results[2], NotFound, Code.TASK_NOT_FOUND)
+    assert results[3] is None
+    got = await store.get_task(fresh.id)
+    assert got is not None and got.revision == 2
+    assert await store.get_task(tid(3)) is None
+
+
+async def test_apply_many_insert_then_update_same_task(store: TaskStore) -> None:
+    t1 = make_task(1)
+    t2 = bump(t1, state="running")
+    t3 = bump(t2, state="succeeded")
+    results = await store.apply_many([create(t1), update(t1, t2, "claim"), update(t2, t3, "settle")])
+    assert results == [None, None, None]
+    assert await store.get_task(t1.id) == t3
+    assert [h.revision for h in (await store.history(t1.id)).items] == [1, 2, 3]
+
+
+async def test_apply_many_update_before_its_insert_is_not_found(store: TaskStore) -> None:
+    """Changes apply in order: a CAS listed before the insert of its task sees no task."""
+    t1 = make_task(1)
+    results = await store.apply_many([update(t1, bump(t1)), create(t1)])
+    assert_code(results[0], NotFound, Code.TASK_NOT_FOUND)
+    assert results[1] is None
+    assert await store.get_task(t1.id) == t1
+
+
+async def test_apply_many_empty(store: TaskStore) -> None:
+    assert await store.apply_many([]) == []
+
+
+async def test_concurrent_cas_at_the_same_revision_exactly_one_wins(store: TaskStore) -> None:
+    t1 = make_task(1)
+    await store.apply(create(t1))
+    a = bump(t1, state="running", node_id="node-a")
+    b = bump(t1, state="canceled")
+    results = await asyncio.gather(
+        store.apply(update(t1, a, "claim")), store.apply(update(t1, b, "cancel")), return_exceptions=True
+    )
+    assert sorted(r is None for r in results) == [False, True]
+    loser = next(r for r in results if r is not None)
+    assert_code(loser, Conflict, Code.REVISION_CONFLICT)
+    winner = a if results[0] is None else b
+    assert await store.get_task(t1.id) == winner
+    assert len((await store.history(t1.id)).items) == 2
+
+
+async def test_many_concurrent_writers_all_land(store: TaskStore) -> None:
+    tasks = [make_task(i) for i in range(1, 301)]
+    await asyncio.gather(*(store.apply(create(t)) for t in tasks))
+    await asyncio.gather(*(store.apply(update(t, bump(t))) for t in tasks))
+    page = await store.list_tasks(TaskQuery(limit=500))
+    assert len(page.items) == 300 and all(t.revision == 2 for t in page.items)
+    assert await store.outbox_size() == 600
+
+
+async def test_idempotency_duplicate_is_refused_and_task_not_inserted(store: TaskStore) -> None:
+    rec = IdempotencyRecord(
+        owner="alice", key="k1", operation="create", body_hash="h1", task_id=tid(1), created_at=T0
+    )
+    await store.apply(create(make_task(1), idempotency=rec))
+    assert await store.get_idempotency("alice", "k1") == rec
+    assert await store.get_idempotency("bob", "k1") is None
+    outbox_before = await store.outbox_size()
+    dup = msgspec.structs.replace(rec, task_id=tid(2), body_hash="h2")
+    with pytest.raises(Conflict) as info:
+        await store.apply(create(make_task(2), idempotency=dup))
+    assert info.value.code == Code.IDEMPOTENCY_CONFLICT
+    assert await store.get_task(tid(2)) is None
+    assert (await store.history(tid(2))).items == []
+    assert await store.outbox_size() == outbox_before
+    assert await store.get_idempotency("alice", "k1") == rec
+    # the same key of another owner is another key
+    other = msgspec.structs.replace(rec, owner="bob", task_id=tid(3))
+    await store.apply(create(make_task(3, owner="bob"), idempotency=other))
+    assert await store.get_idempotency("bob", "k1") == other
+
+
+async def test_idempotency_duplicate_inside_one_batch(store: TaskStore) -> None:
+    rec = IdempotencyRecord(
+        owner="alice", key="k", operation="create", body_hash="h", task_id=tid(1), created_at=T0
+    )
+    results = await store.apply_many(
+        [create(make_task(1), idempotency=rec), create(make_task(2), idempotency=rec), create(make_task(3))]
+    )
+    assert results[0] is None and results[2] is None
+    assert_code(results[1], Conflict, Code.IDEMPOTENCY_CONFLICT)
+    assert await store.get_task(tid(2)) is None
+
+
+async def test_history_oldest_first_with_paging(store: TaskStore) -> None:
+    t = make_task(1)
+    await store.apply(create(t))
+    for _ in range(6):
+        nt = bump(t)
+        await store.apply(update(t, nt, "amend"))
+        t = nt
+    page1 = await store.history(t.id, limit=3)
+    assert [h.revision for h in page1.items] == [1, 2, 3]
+    assert page1.next_cursor == "3"
+    page2 = await store.history(t.id, limit=3, cursor=page1.next_cursor)
+    assert [h.revision for h in page2.items] == [4, 5, 6]
+    page3 = await store.history(t.id, limit=3, cursor=page2.next_cursor)
+    assert [h.revision for h in page3.items] == [7]
+    assert page3.next_cursor is None
+    assert page1.items[0] == history_for(make_task(1))
+    assert (await store.history(tid(99))).items == []
+    with pytest.raises(InvalidArgument):
+        await store.history(t.id, cursor="not-a-number")
+
+
+async def test_history_entry_at_an_existing_revision_is_refused(store: TaskStore) -> None:
+    t1 = make_task(1)
+    await store.apply(create(t1))
+    # a same-revision rewrite that (wrongly) carries a history entry for revision 1 again
+    change = Change(task=t1, expected_revision=1, history=history_for(t1, "amend"))
+    with pytest.raises(Conflict) as info:
+        await store.apply(change)
+    assert info.value.code == Code.REVISION_CONFLICT
+
+
+async def test_list_tasks_filters_cursor_and_limit_clamp(store: TaskStore) -> None:
+    changes = []
+    for i in range(1, 13):
+        changes.append(
+            create(
+                make_task(
+                    i,
+                    owner="alice" if i % 2 else "bob",
+                    state="queued" if i % 3 else "running",
+                    kind="echo" if i <= 6 else "sleep",
+                    parent_id=tid(1) if i in (4, 5) else None,
+                    run_id="run_shared" if i in (7, 8, 9) else f"run_{i}",
+                )
+            )
+        )
+    assert await store.apply_many(changes) == [None] * 12
+
+    async def ids(**q: Any) -> list[str]:
+        return [t.id for t in (await store.list_tasks(TaskQuery(**q))).items]
+
+    assert await ids() == [tid(i) for i in range(1, 13)]
+    assert await ids(owner="alice") == [tid(i) for i in (1, 3, 5, 7, 9, 11)]
+    assert await ids(state="running") == [tid(i) for i in (3, 6, 9, 12)]
+    assert await ids(kind="sleep", owner="bob") == [tid(i) for i in (8, 10, 12)]
+    assert await ids(parent_id=tid(1)) == [tid(4), tid(5)]
+    assert await ids(run_id="run_shared", state="queued") == [tid(7), tid(8)]
+    assert await ids(owner="carol") == []
+
+    seen: list[str] = []
+    cursor: str | None = None
+    pages = 0
+    while True:
+        page = await store.list_tasks(TaskQuery(owner="alice", limit=4, cursor=cursor))
+        seen += [t.id for t in page.items]
+        pages += 1
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert seen == [tid(i) for i in (1, 3, 5, 7, 9, 11)] and pages == 2
+
+    exact = await store.list_tasks(TaskQuery(limit=12))
+    assert len(exact.items) == 12 and exact.next_cursor is None
+    assert len((await store.list_tasks(TaskQuery(limit=0))).items) == 1  # clamped up to 1
+    assert len((await store.list_tasks(TaskQuery(limit=-5))).items) == 1
+
+
+async def test_list_tasks_limit_is_clamped_to_500(store: TaskStore) -> None:
+    assert (
+        await store.apply_many([Change(task=make_task(i), expected_revision=None) for i in range(510)])
+        == [None] * 510
+    )
+    page = await store.list_tasks(TaskQuery(limit=10_000))
+    assert len(page.items) == 500
+    assert page.next_cursor == tid(499)
+    rest = await store.list_tasks(TaskQuery(limit=10_000, cursor=page.next_cursor))
+    assert [t.id for t in rest.items] == [tid(i) for i in range(500, 510)] and rest.next_cursor is None
+
+
+async def test_lease_seen(store: TaskStore) -> None:
+    t1 = make_task(1)
+    await store.apply(create(t1))
+    t2 = bump(t1, state="running", lease_id="lse_a", node_id="n1")
+    await store.apply(update(t1, t2, "claim", lease_id="lse_a"))
+    t3 = bump(t2, state="queued", lease_id=None, node_id=None)
+    await store.apply(update(t2, t3, "attempt_failed", lease_id="lse_a"))
+    # a current lease with no history entry of its own (the row alone names it)
+    t4 = bump(t3, state="running", lease_id="lse_b")
+    await store.apply(Change(task=t4, expected_revision=3))
+    assert await store.lease_seen(t1.id, "lse_a") is True
+    assert await store.lease_seen(t1.id, "lse_b") is True
+    assert await store.lease_seen(t1.id, "lse_zzz") is False
+    assert await store.lease_seen(tid(99), "lse_a") is False
+
+
+async def test_active_tasks(store: TaskStore) -> None:
+    states = ["waiting_approval", "queued", "running", "succeeded", "failed", "canceled", "dead"]
+    await store.apply_many([create(make_task(i, state=s)) for i, s in enumerate(states, start=1)])
+    active = await store.active_tasks()
+    assert [t.state for t in active] == ["waiting_approval", "queued", "running"]
+    assert [t.id for t in active] == [tid(1), tid(2), tid(3)]
+
+
+# ---------------------------------------------------------------------- audit, outbox, dead letters
+
+
+async def test_audit_filters_and_paging(store: TaskStore) -> None:
+    t = make_task(1)
+    await store.apply(create(t))  # one entry from a change
+    entries = [
+        audit_for(tid(1), "cancel", request_id="req_1"),
+        audit_for(tid(2), "create", owner="bob", request_id="req_1"),
+        audit_for(tid(2), "cancel", owner="bob"),
+        audit_for("node-1", "drain", owner=None),
+    ]
+    await store.append_audit(entries)
+    await store.append_audit([entries[0]])  # a repeat of the same entry is a no-op
+    await store.append_audit([])
+
+    async def actions(**q: Any) -> list[tuple[str, str]]:
+        return [(a.object_id, a.action) for a in (await store.list_audit(AuditQuery(**q))).items]
+
+    assert await actions() == [(tid(1), "create"), (tid(1), "cancel"), (tid(2), "create"), (tid(2), "cancel"),
+                               ("node-1", "drain")]  # fmt: skip
+    assert await actions(object_id=tid(2)) == [(tid(2), "create"), (tid(2), "cancel")]
+    assert await actions(action="cancel") == [(tid(1), "cancel"), (tid(2), "cancel")]
+    assert await actions(request_id="req_1") == [(tid(1), "cancel"), (tid(2), "create")]
+    assert await actions(owner="bob", action="create") == [(tid(2), "create")]
+    assert await actions(owner="carol") == []
+
+    p1 = await store.list_audit(AuditQuery(limit=2))
+    assert len(p1.items) == 2 and p1.next_cursor is not None
+    p2 = await store.list_audit(AuditQuery(limit=2, cursor=p1.next_cursor))
+    p3 = await store.list_audit(AuditQuery(limit=2, cursor=p2.next_cursor))
+    assert [a.id for a in p1.items + p2.items + p3.items] == [
+        a.id for a in (await store.list_audit(AuditQuery())).items
+    ]
+    assert p3.next_cursor is None and len(p3.items) == 1
+    assert p2.items[0] == entries[1]
+    with pytest.raises(InvalidArgument):
+        await store.list_audit(AuditQuery(cursor="x"))
+
+
+async def test_outbox_order_and_delete(store: TaskStore) -> None:
+    tasks = [make_task(i) for i in range(1, 6)]
+    await store.apply_many([create(t) for t in tasks])
+    t6 = bump(tasks[0])
+    await store.apply(update(tasks[0], t6))
+    assert await store.outbox_size() == 6
+    rows = await store.outbox_batch(100)
+    seqs = [r.seq for r in rows]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 6
+    decoded = [msgspec.json.decode(r.body, type=EventRecord) for r in rows]
+    assert [(e.aggregate_id, e.revision) for e in decoded] == [(t.id, 1) for t in tasks] + [(t6.id, 2)]
+    assert decoded[0] == event_for(tasks[0])
+
+    first = await store.outbox_batch(2)
+    assert [r.seq for r in first] == seqs[:2]
+    await store.outbox_delete([r.seq for r in first])
+    await store.outbox_delete([])
+    await store.outbox_delete([seqs[0], 10**9])  # already gone / never there: no error
+    assert await store.outbox_size() == 4
+    assert [r.seq for r in await store.outbox_batch(100)] == seqs[2:]
+    assert await store.outbox_batch(0) == []
+    # sequences keep growing after deletes
+    await store.outbox_delete(seqs[2:])
+    await store.apply(create(make_task(7)))
+    (row,) = await store.outbox_batch(10)
+    assert row.seq > seqs[-1]
+
+
+async def test_dead_letter_upsert_by_task(store: TaskStore) -> None:
+    t1 = make_task(1, state="running")
+    await store.apply(create(t1))
+    dl = DeadLetter(
+        dead_letter_id="dlq_1",
+        task_id=t1.id,
+        original_task_id=t1.id,
+        owner="alice",
+        dead_reason="HANDLER_ERROR",
+        last_error=TaskError("HANDLER_ERROR", "boom"),
+        first_dead_at=T0,
+        last_dead_at=T0,
+    )
+    t2 = bump(t1, state="dead")
+    await store.apply(
+        Change(task=t2, expected_revision=1, history=history_for(t2, "attempt_failed"), dead_letter=dl)
+    )
+    assert await store.get_dead_letter_for_task(t1.id) == dl
+    assert await store.get_dead_letter_for_task(tid(2)) is None
+    # the task dies again after a redrive: the same letter, updated
+    t3 = bump(t2, state="queued")
+    t4 = bump(t3, state="dead")
+    dl2 = msgspec.structs.replace(dl, retry_count=1, exhausted=True, last_dead_at=T0 + 100)
+    results = await store.apply_many(
+        [update(t2, t3, "redrive"), Change(task=t4, expected_revision=3, dead_letter=dl2)]
+    )
+    assert results == [None, None]
+    assert await store.get_dead_letter_for_task(t1.id) == dl2
+
+
+async def test_dead_letter_id_of_another_task_is_refused(store: TaskStore) -> None:
+    t1, t2 = make_task(1, state="dead"), make_task(2, state="dead")
+    dl = DeadLetter(
+        dead_letter_id="dlq_1",
+        task_id=t1.id,
+        original_task_id=t1.id,
+        owner="alice",
+        dead_reason="x",
+        first_dead_at=T0,
+        last_dead_at=T0,
+    )
+    await store.apply(Change(task=t1, expected_revision=None, dead_letter=dl))
+    with pytest.raises(StorageError):
+        await store.apply(
+            Change(task=t2, expected_revision=None, dead_letter=msgspec.structs.replace(dl, task_id=t2.id))
+        )
+    assert await store.get_task(t2.id) is None
+    assert await store.get_dead_letter_for_task(t1.id) == dl
+
+
+# ---------------------------------------------------------------------- principals, nodes, health
+
+
+async def test_principals(store: TaskStore) -> None:
+    p = Principal(token_hash="h" * 64, user="alice", role="user", created_at=T0)
+    assert await store.get_principal(p.token_hash) is None
+    await store.put_principal(p)
+    assert await store.get_principal(p.token_hash) == p
+    admin = msgspec.structs.replace(p, role="admin")
+    await store.put_principal(admin)
+    assert await store.get_principal(p.token_hash) == admin
+
+
+async def test_nodes(store: TaskStore) -> None:
+    assert await store.list_nodes() == []
+    a = NodeRecord(id="node-b", kinds=["echo"], capacity=4, last_heartbeat_at=T0)
+    b = NodeRecord(id="node-a", kinds=["sleep", "fail"], draining=True)
+    await store.put_nodes([a, b])
+    await store.put_nodes([])
+    assert await store.list_nodes() == [b, a]
+    a2 = msgspec.structs.replace(a, running=2, active_leases=2)
+    await store.put_nodes([a2])
+    assert await store.list_nodes() == [b, a2]
+
+
+async def test_ping(store: TaskStore) -> None:
+    await store.ping()
+    await store.ping()
+
+
+# ---------------------------------------------------------------------- lifecycle
+
+
+async def test_data_survives_stop_and_start(harness: Harness) -> None:
+    store = harness.store
+    t1 = make_task(1)
+    rec = IdempotencyRecord(
+        owner="alice", key="k", operation="create", body_hash="h", task_id=t1.id, created_at=T0
+    )
+    await store.apply(create(t1, idempotency=rec))
+    t2 = bump(t1, state="running", lease_id="lse_1")
+    await store.apply(update(t1, t2, "claim", lease_id="lse_1"))
+    await store.put_principal(Principal(token_hash="th", user="alice", role="user", created_at=T0))
+    await store.put_nodes([NodeRecord(id="n1", kinds=["echo"])])
+    seqs = [r.seq for r in await store.outbox_batch(10)]
+
+    store = await harness.reopen()
+    assert await store.get_task(t1.id) == t2
+    assert [h.revision for h in (await store.history(t1.id)).items] == [1, 2]
+    assert await store.get_idempotency("alice", "k") == rec
+    assert len((await store.list_audit(AuditQuery())).items) == 2
+    assert [r.seq for r in await store.outbox_batch(10)] == seqs
+    assert (await store.get_principal("th")) is not None
+    assert [n.id for n in await store.list_nodes()] == ["n1"]
+    assert await store.lease_seen(t1.id, "lse_1")
+    # and it keeps working: a CAS on the reopened store
+    await store.apply(update(t2, bump(t2, state="succeeded"), "settle"))
+
+
+async def test_stop_is_idempotent_and_writes_after_stop_fail(harness: Harness) -> None:
+    store = harness.store
+    await store.stop()
+    await store.stop()
+    with pytest.raises(StorageError):
+        await store.apply(create(make_task(1)))
+    with pytest.raises(StorageError):
+        await store.ping()
+    with pytest.raises(StorageError):
+        await store.get_task(tid(1))
+    await store.start()  # the fixture stops it again
+
+
+@pytest.mark.parametrize("name", ["sqlite", "memory"])
+async def test_stop_before_start_is_fine(name: str, tmp_path: Path) -> None:
+    store: TaskStore = SqliteStore(tmp_path / "x" / "db.sqlite3") if name == "sqlite" else MemoryStore()
+    await store.stop()
+    await store.stop()
+    assert not (tmp_path / "x").exists()
+
+
+# ---------------------------------------------------------------------- SQLite only
+
+
+async def test_sqlite_start_creates_directory_wal_and_schema_version(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "gw.sqlite3"
+    s = SqliteStore(path)
+    await s.start()
+    await s.stop()
+    s = SqliteStore(path)
+    await s.start()  # a second start applies nothing again
+    await s.stop()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert [r[0] for r in db.execute("SELECT version FROM schema_version")] == [1]
+        indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    db.close()
+    assert {"tasks_state", "tasks_kind", "tasks_owner", "tasks_parent", "tasks_run"} <= indexes
+    assert {"audit_object", "audit_action", "audit_request"} <= indexes
+
+
+async def test_sqlite_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "gw.sqlite3"
+    s = SqliteStore(path)
+    await s.start()
+    await s.stop()
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO schema_version (version, applied_at) VALUES (99, 0)")
+    db.close()
+    with pytest.raises(StorageError) as info:
+        await SqliteStore(path).start()
+    assert "99" in info.value.message
+
+
+async def test_sqlite_corrupt_task_doc_is_skipped_in_lists(
+    sqlite_store: SqliteStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    await sqlite_store.apply_many([create(make_task(i)) for i in range(1, 4)])
+    await sqlite_store.append_audit([audit_for(tid(9), "cancel")])
+    with sqlite3.connect(sqlite_store.path) as db:
+        db.execute("UPDATE tasks SET doc = ? WHERE id = ?", (b"\x00garbage{", tid(2)))
+        db.execute("UPDATE tasks SET doc = ? WHERE id = ?", (b'{"id": 5}', tid(3)))  # JSON, wrong shape
+        db.execute("UPDATE audit SET doc = 'nope' WHERE object_id = ?", (tid(9),))
+    db.close()
+    with caplog.at_level(logging.WARNING, logger="scheduler_gateway.daemon.store_sqlite"):
+        page = await sqlite_store.list_tasks(TaskQuery())
+        assert [t.id for t in page.items] == [tid(1)]
+        assert [t.id for t in await sqlite_store.active_tasks()] == [tid(1)]
+        paged = await sqlite_store.list_tasks(TaskQuery(limit=2))
+        assert [t.id for t in paged.items] == [tid(1)] and paged.next_cursor == tid(2)
+        audit = await sqlite_store.list_audit(AuditQuery())
+        assert [a.object_id for a in audit.items] == [tid(1), tid(2), tid(3)]
+        with pytest.raises(StorageError) as info:
+            await sqlite_store.get_task(tid(2))
+        assert info.value.code == Code.STORAGE_ERROR
+    assert any(tid(2) in r.getMessage() for r in caplog.records)
+    assert not any("garbage" in r.getMessage() for r in caplog.records)
+
+
+async def test_sqlite_batches_larger_than_max_batch(tmp_path: Path) -> None:
+    s = SqliteStore(tmp_path / "gw.sqlite3", max_batch=8)
+    await s.start()
+    try:
+        tasks = [make_task(i) for i in range(40)]
+        changes = [create(t) for t in tasks]
+        changes[17] = create(make_task(3))  # a duplicate of an earlier change, in another chunk
+        results = await s.apply_many(changes)
+        assert [i for i, r in enumerate(results) if r is not None] == [17]
+        assert_code(results[17], Conflict, Code.REVISION_CONFLICT)
+        ups = await s.apply_many([update(t, bump(t)) for t in tasks if t.id != tid(17)])
+        assert ups == [None] * 39
+        assert len((await s.list_tasks(TaskQuery(state="queued", limit=100))).items) == 39
+        await s.append_audit([audit_for(tid(0), "x") for _ in range(30)])  # an op heavier than one batch
+    finally:
+        await s.stop()
+
+
+async def test_sqlite_stop_fails_queued_writes(tmp_path: Path) -> None:
+    s = SqliteStore(tmp_path / "gw.sqlite3", max_batch=1)
+    await s.start()
+    pending = [asyncio.ensure_future(s.apply(create(make_task(i)))) for i in range(50)]
+    await asyncio.sleep(0)  # let them queue
+    await s.stop()
+    results = await asyncio.gather(*pending, return_exceptions=True)
+    assert all(r is None or isinstance(r, StorageError) for r in results)
+    assert any(isinstance(r, StorageError) for r in results)
+    # what was reported applied is really there
+    applied = [i for i, r in enumerate(results) if r is None]
+    await s.start()
+    try:
+        page = await s.list_tasks(TaskQuery(limit=500))
+        assert [t.id for t in page.items] == [tid(i) for i in applied]
+    finally:
+        await s.stop()
+
+
+async def test_sqlite_stop_during_apply_many_reports_per_change(tmp_path: Path) -> None:
+    """Chunks that committed report None, the rest StorageError: nothing is raised, nothing is lost."""
+    s = SqliteStore(tmp_path / "gw.sqlite3", max_batch=2)
+    await s.start()
+    run = asyncio.ensure_future(s.apply_many([create(make_task(i)) for i in range(20)]))
+    await asyncio.sleep(0)  # queued, and the writer took its first batch
+    await s.stop()
+    results = await run
+    assert len(results) == 20
+    assert all(r is None or isinstance(r, StorageError) for r in results)
+    applied = [i for i, r in enumerate(results) if r is None]
+    assert applied == list(range(len(applied)))  # a prefix, in order
+    await s.start()
+    try:
+        page = await s.list_tasks(TaskQuery(limit=500))
+        assert [t.id for t in page.items] == [tid(i) for i in applied]
+    finally:
+        await s.stop()
+
+
+async def test_sqlite_error_message_has_no_parameters(tmp_path: Path) -> None:
+    s = SqliteStore(tmp_path / "gw.sqlite3")
+    await s.start()
+    try:
+        with sqlite3.connect(s.path) as db:
+            db.execute("DROP TABLE outbox")
+        db.close()
+        secret_payload = msgspec.Raw(b'{"password": "hunter2-very-secret"}')
+        with pytest.raises(StorageError) as info:
+            await s.apply(create(make_task(1, payload=secret_payload)))
+        assert "hunter2" not in str(info.value) and "hunter2" not in repr(info.value.details)
+        assert await s.get_task(tid(1)) is None  # the failed batch left nothing behind
+    finally:
+        await s.stop()
