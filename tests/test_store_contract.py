@@ -357,9 +357,7 @@ async def test_many_concurrent_writers_all_land(store: TaskStore) -> None:
 
 
 async def test_idempotency_duplicate_is_refused_and_task_not_inserted(store: TaskStore) -> None:
-    rec = IdempotencyRecord(
-        owner="alice", key="k1", operation="create", body_hash="h1", task_id=tid(1), created_at=T0
-    )
+    rec = IdempotencyRecord(owner="alice", key="k1", operation="create", body_hash="h1", task_id=tid(1), created_at=T0)
     await store.apply(create(make_task(1), idempotency=rec))
     assert await store.get_idempotency("alice", "k1") == rec
     assert await store.get_idempotency("bob", "k1") is None
@@ -379,9 +377,7 @@ async def test_idempotency_duplicate_is_refused_and_task_not_inserted(store: Tas
 
 
 async def test_idempotency_duplicate_inside_one_batch(store: TaskStore) -> None:
-    rec = IdempotencyRecord(
-        owner="alice", key="k", operation="create", body_hash="h", task_id=tid(1), created_at=T0
-    )
+    rec = IdempotencyRecord(owner="alice", key="k", operation="create", body_hash="h", task_id=tid(1), created_at=T0)
     results = await store.apply_many(
         [create(make_task(1), idempotency=rec), create(make_task(2), idempotency=rec), create(make_task(3))]
     )
@@ -469,8 +465,7 @@ async def test_list_tasks_filters_cursor_and_limit_clamp(store: TaskStore) -> No
 
 async def test_list_tasks_limit_is_clamped_to_500(store: TaskStore) -> None:
     assert (
-        await store.apply_many([Change(task=make_task(i), expected_revision=None) for i in range(510)])
-        == [None] * 510
+        await store.apply_many([Change(task=make_task(i), expected_revision=None) for i in range(510)]) == [None] * 510
     )
     page = await store.list_tasks(TaskQuery(limit=10_000))
     assert len(page.items) == 500
@@ -585,18 +580,14 @@ async def test_dead_letter_upsert_by_task(store: TaskStore) -> None:
         last_dead_at=T0,
     )
     t2 = bump(t1, state="dead")
-    await store.apply(
-        Change(task=t2, expected_revision=1, history=history_for(t2, "attempt_failed"), dead_letter=dl)
-    )
+    await store.apply(Change(task=t2, expected_revision=1, history=history_for(t2, "attempt_failed"), dead_letter=dl))
     assert await store.get_dead_letter_for_task(t1.id) == dl
     assert await store.get_dead_letter_for_task(tid(2)) is None
     # the task dies again after a redrive: the same letter, updated
     t3 = bump(t2, state="queued")
     t4 = bump(t3, state="dead")
     dl2 = msgspec.structs.replace(dl, retry_count=1, exhausted=True, last_dead_at=T0 + 100)
-    results = await store.apply_many(
-        [update(t2, t3, "redrive"), Change(task=t4, expected_revision=3, dead_letter=dl2)]
-    )
+    results = await store.apply_many([update(t2, t3, "redrive"), Change(task=t4, expected_revision=3, dead_letter=dl2)])
     assert results == [None, None]
     assert await store.get_dead_letter_for_task(t1.id) == dl2
 
@@ -657,9 +648,7 @@ async def test_ping(store: TaskStore) -> None:
 async def test_data_survives_stop_and_start(harness: Harness) -> None:
     store = harness.store
     t1 = make_task(1)
-    rec = IdempotencyRecord(
-        owner="alice", key="k", operation="create", body_hash="h", task_id=t1.id, created_at=T0
-    )
+    rec = IdempotencyRecord(owner="alice", key="k", operation="create", body_hash="h", task_id=t1.id, created_at=T0)
     await store.apply(create(t1, idempotency=rec))
     t2 = bump(t1, state="running", lease_id="lse_1")
     await store.apply(update(t1, t2, "claim", lease_id="lse_1"))

@@ -4,6 +4,7 @@ an HTTP client with tokens, and a minimal node speaking the wire protocol by han
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,6 +15,7 @@ import aiohttp
 import msgspec
 import nats
 import nats.js.errors
+from multidict import CIMultiDict
 
 from scheduler_gateway.actors.ports import Principal
 from scheduler_gateway.actors.task_service import TaskPolicy
@@ -44,10 +46,14 @@ def settings(data_dir: Path, nats_url: str, **kw: Any) -> GatewaySettings:
 
 
 async def add_tokens(gw: Gateway) -> None:
-    for token, user, role in ((ADMIN_TOKEN, "admin", "admin"), (ALICE_TOKEN, "alice", "user"),
-                              (BOB_TOKEN, "bob", "user")):
-        await gw.store.put_principal(Principal(token_hash=token_hash(token), user=user, role=role,
-                                               created_at=time.time()))
+    for token, user, role in (
+        (ADMIN_TOKEN, "admin", "admin"),
+        (ALICE_TOKEN, "alice", "user"),
+        (BOB_TOKEN, "bob", "user"),
+    ):
+        await gw.store.put_principal(
+            Principal(token_hash=token_hash(token), user=user, role=role, created_at=time.time())
+        )
 
 
 @asynccontextmanager
@@ -72,22 +78,23 @@ class Api:
     def as_user(self, token: str | None) -> Api:
         return Api(self.session, self.base, token)
 
-    async def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
-                   raw: bytes | None = None) -> tuple[int, Any, dict[str, str]]:
+    async def call(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, raw: bytes | None = None
+    ) -> tuple[int, Any, dict[str, str]]:
         h = dict(headers or {})
         if self.token:
             h["Authorization"] = f"Bearer {self.token}"
         data = raw if raw is not None else (msgspec.json.encode(body) if body is not None else None)
         if data is not None:
             h.setdefault("Content-Type", "application/json")
-        async with self.session.request(method, self.base + path, data=data, headers=h) as resp:
+        payload: Any = io.BytesIO(data) if data is not None and len(data) > 1_000_000 else data
+        async with self.session.request(method, self.base + path, data=payload, headers=h) as resp:
             text = await resp.read()
             parsed = msgspec.json.decode(text) if text and resp.content_type == "application/json" else text
-            return resp.status, parsed, dict(resp.headers)
+            return resp.status, parsed, CIMultiDict(resp.headers)  # type: ignore[return-value]
 
     async def create(self, body: dict[str, Any], key: str | None = None) -> dict[str, Any]:
-        status, task, _ = await self.call("POST", "/api/tasks", body,
-                                          {"Idempotency-Key": key} if key else None)
+        status, task, _ = await self.call("POST", "/api/tasks", body, {"Idempotency-Key": key} if key else None)
         assert status == 201, (status, task)
         return task  # type: ignore[no-any-return]
 
@@ -162,19 +169,41 @@ class HandNode:
         return msgspec.json.decode(reply.data, type=ClaimReply)
 
     async def heartbeat(self, leases: list[tuple[str, str]], kinds: list[str] | None = None) -> HeartbeatReply:
-        req = HeartbeatRequest(kinds=kinds or [], capacity=4, running=len(leases),
-                               leases=[LeaseReport(task_id=t, lease_id=lease) for t, lease in leases])
+        req = HeartbeatRequest(
+            kinds=kinds or [],
+            capacity=4,
+            running=len(leases),
+            leases=[LeaseReport(task_id=t, lease_id=lease) for t, lease in leases],
+        )
         reply = await self.nc.request(self.subjects.heartbeat(self.node_id), msgspec.json.encode(req), timeout=5)
         return msgspec.json.decode(reply.data, type=HeartbeatReply)
 
-    async def settle(self, task_id: str, attempt_id: str, lease_id: str, outcome: str = "succeeded",
-                     result: Any = None, error: WireError | None = None, node_id: str | None = None) -> None:
+    async def settle(
+        self,
+        task_id: str,
+        attempt_id: str,
+        lease_id: str,
+        outcome: str = "succeeded",
+        result: Any = None,
+        error: WireError | None = None,
+        node_id: str | None = None,
+    ) -> None:
         result_json = msgspec.json.encode(result)
-        body = msgspec.json.encode(Settle(task_id=task_id, attempt_id=attempt_id, lease_id=lease_id,
-                                          outcome=outcome, result=msgspec.Raw(result_json), error=error))
-        await self.js.publish(self.subjects.settle(node_id or self.node_id), body,
-                              headers={"Nats-Msg-Id": settle_msg_id(lease_id, outcome, result_json) + ":" +
-                                       str(time.monotonic_ns())})
+        body = msgspec.json.encode(
+            Settle(
+                task_id=task_id,
+                attempt_id=attempt_id,
+                lease_id=lease_id,
+                outcome=outcome,
+                result=msgspec.Raw(result_json),
+                error=error,
+            )
+        )
+        await self.js.publish(
+            self.subjects.settle(node_id or self.node_id),
+            body,
+            headers={"Nats-Msg-Id": settle_msg_id(lease_id, outcome, result_json) + ":" + str(time.monotonic_ns())},
+        )
 
 
 async def wait_for(predicate: Any, timeout_s: float = 10.0, interval_s: float = 0.05) -> Any:
@@ -186,4 +215,3 @@ async def wait_for(predicate: Any, timeout_s: float = 10.0, interval_s: float = 
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(interval_s)
-

@@ -46,11 +46,17 @@ async def test_echo_lifecycle_history_and_audit(api: Api, node: HandNode) -> Non
     assert done["result"] == {"n": 1} and done["revision"] == 3 and done["finishedAt"].endswith("Z")
     history = await api.history(task["id"])
     assert [(h["action"], h["from"], h["to"]) for h in history] == [
-        ("create", None, "queued"), ("claim", "queued", "running"), ("settle", "running", "succeeded")]
+        ("create", None, "queued"),
+        ("claim", "queued", "running"),
+        ("settle", "running", "succeeded"),
+    ]
     assert history[1]["leaseId"] == lease and history[1]["nodeId"] == "node-a"
     entries = await audit(api, task["id"])
     assert [(a["action"], a["result"], a["oldRevision"], a["newRevision"]) for a in entries] == [
-        ("create", "ok", None, 1), ("claim", "ok", 1, 2), ("settle", "ok", 2, 3)]
+        ("create", "ok", None, 1),
+        ("claim", "ok", 1, 2),
+        ("settle", "ok", 2, 3),
+    ]
     assert entries[1]["actor"] == {"type": "node", "id": "node-a"}
 
 
@@ -79,16 +85,16 @@ async def test_stale_expected_revision_conflicts_and_changes_nothing(api: Api) -
     assert status == 409 and body["error"]["code"] == "REVISION_CONFLICT"
     after = await api.task(task["id"])
     assert after["state"] == "queued" and after["revision"] == task["revision"]
-    status, body, _ = await api.call("POST", f"/api/tasks/{task['id']}/cancel",
-                                     {"expectedRevision": task["revision"], "reason": "no longer needed"})
+    status, body, _ = await api.call(
+        "POST", f"/api/tasks/{task['id']}/cancel", {"expectedRevision": task["revision"], "reason": "no longer needed"}
+    )
     assert status == 200 and body["state"] == "canceled"
     status, again, _ = await api.call("POST", f"/api/tasks/{task['id']}/cancel", {})
     assert status == 200 and again["revision"] == body["revision"]
 
 
 async def test_lease_expiry_reoffers_and_late_settles_are_refused(api: Api, node: HandNode) -> None:
-    task, attempt, lease = await claimed(api, node, {"kind": "echo", "leaseSeconds": 0.5,
-                                                      "retryBackoffSeconds": 0})
+    task, attempt, lease = await claimed(api, node, {"kind": "echo", "leaseSeconds": 0.5, "retryBackoffSeconds": 0})
     requeued = await api.wait_state(task["id"], {"queued"}, timeout_s=5)
     assert requeued["attemptNo"] == 2 and requeued["attemptId"] != attempt and requeued["leaseId"] is None
     history = await api.history(task["id"])
@@ -143,9 +149,7 @@ async def test_claim_refusals(api: Api, node: HandNode) -> None:
     assert terminal.error and terminal.error.code == "TASK_ALREADY_TERMINAL"
 
 
-async def test_forged_and_garbage_messages_are_refused_and_audited(
-    api: Api, node: HandNode, gateway: Gateway
-) -> None:
+async def test_forged_and_garbage_messages_are_refused_and_audited(api: Api, node: HandNode, gateway: Gateway) -> None:
     task, attempt, lease = await claimed(api, node)
     # a settle from another node for this lease, one for an unknown lease, and garbage bytes
     await node.settle(task["id"], attempt, lease, result=1, node_id="node-evil")
@@ -162,8 +166,12 @@ async def test_forged_and_garbage_messages_are_refused_and_audited(
 
     entries = await wait_for(refusals)
     assert sorted(a["errorCode"] for a in entries) == ["FORBIDDEN", "LEASE_NOT_FOUND"]
-    status, body, _ = await api.call("GET", "/api/audit?action=settle&limit=500")
-    assert any(a["objectType"] == "message" and a["errorCode"] == "INVALID_ARGUMENT" for a in body["items"])
+
+    async def garbage_refused() -> bool:
+        _, body, _ = await api.call("GET", "/api/audit?action=settle&limit=500")
+        return any(a["objectType"] == "message" and a["errorCode"] == "INVALID_ARGUMENT" for a in body["items"])
+
+    await wait_for(garbage_refused)
     # nothing crashed: the real settle still lands
     await node.settle(task["id"], attempt, lease, result={"fine": True})
     await api.wait_state(task["id"], {"succeeded"})
@@ -178,8 +186,14 @@ async def test_retryable_failures_end_dead_with_a_dead_letter(api: Api, node: Ha
         assert offer.attempt_no == attempt_no
         reply = await node.claim(offer.task_id, offer.attempt_id)
         await msg.ack()
-        await node.settle(task["id"], offer.attempt_id, reply.lease_id or "", "failed", None,
-                          WireError(code="HANDLER_ERROR", message="boom", retryable=True))
+        await node.settle(
+            task["id"],
+            offer.attempt_id,
+            reply.lease_id or "",
+            "failed",
+            None,
+            WireError(code="HANDLER_ERROR", message="boom", retryable=True),
+        )
         await api.wait_state(task["id"], {"queued", "dead"})
     dead = await api.wait_state(task["id"], {"dead"})
     assert dead["error"] == {"code": "HANDLER_ERROR", "message": "boom"} and dead["attemptNo"] == 2
@@ -192,19 +206,23 @@ async def test_idempotent_create_survives_restart(tmp_path: Path, fresh_nats: Na
     body = {"kind": "echo", "payload": {"a": 1, "b": [1, 2]}}
     async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
         first = await api.create(body, key="k-1")
-        status, replay, headers = await api.call("POST", "/api/tasks", {"payload": {"b": [1, 2], "a": 1},
-                                                                          "kind": "echo"}, {"Idempotency-Key": "k-1"})
+        status, replay, headers = await api.call(
+            "POST", "/api/tasks", {"payload": {"b": [1, 2], "a": 1}, "kind": "echo"}, {"Idempotency-Key": "k-1"}
+        )
         assert status == 200 and replay["id"] == first["id"] and headers.get("Idempotent-Replayed") == "true"
-        status, err, _ = await api.call("POST", "/api/tasks", {"kind": "echo", "payload": 2},
-                                        {"Idempotency-Key": "k-1"})
+        status, err, _ = await api.call(
+            "POST", "/api/tasks", {"kind": "echo", "payload": 2}, {"Idempotency-Key": "k-1"}
+        )
         assert status == 409 and err["error"]["code"] == "IDEMPOTENCY_CONFLICT"
         # keys are scoped to the owner: alice's k-1 is a new task
         status, alice, _ = await api.as_user("alice-token-for-tests-0123456789").call(
-            "POST", "/api/tasks", body, {"Idempotency-Key": "k-1"})
+            "POST", "/api/tasks", body, {"Idempotency-Key": "k-1"}
+        )
         assert status == 201 and alice["id"] != first["id"]
         # concurrent creates with one new key make one task
-        results = await asyncio.gather(*(api.call("POST", "/api/tasks", body, {"Idempotency-Key": "k-2"})
-                                         for _ in range(5)))
+        results = await asyncio.gather(
+            *(api.call("POST", "/api/tasks", body, {"Idempotency-Key": "k-2"}) for _ in range(5))
+        )
         assert sorted(r[0] for r in results) == [200, 200, 200, 200, 201]
         assert len({r[1]["id"] for r in results}) == 1
     async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:

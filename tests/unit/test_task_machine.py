@@ -15,8 +15,18 @@ from scheduler_gateway.wire.errors import Code, GatewayError
 NOW = 1_000_000.0
 USER = ActorRef("user", "alice")
 STATES = ("waiting_approval", "queued", "running", "succeeded", "failed", "canceled", "dead")
-ACTIONS = ("approve", "amend", "cancel", "claim", "settle", "attempt_failed", "retry", "redrive", "force_retry",
-           "rework")
+ACTIONS = (
+    "approve",
+    "amend",
+    "cancel",
+    "claim",
+    "settle",
+    "attempt_failed",
+    "retry",
+    "redrive",
+    "force_retry",
+    "rework",
+)
 TERMINAL = {"succeeded", "failed", "canceled", "dead"}
 
 # (state, action) -> resulting state; every pair not listed must be refused
@@ -51,8 +61,16 @@ SPECIAL = {
 
 def make_task(state: str, **kw: object) -> Task:
     base = dict(
-        id="tsk_1", owner="alice", kind="echo", state=state, revision=5, attempt_id="att_1", run_id="run_1",
-        not_before=NOW - 10, created_at=NOW - 100, updated_at=NOW - 10,
+        id="tsk_1",
+        owner="alice",
+        kind="echo",
+        state=state,
+        revision=5,
+        attempt_id="att_1",
+        run_id="run_1",
+        not_before=NOW - 10,
+        created_at=NOW - 100,
+        updated_at=NOW - 10,
         requires_approval=state == "waiting_approval",
     )
     if state == "running":
@@ -72,9 +90,19 @@ def run(task: Task, action: str) -> sm.Transition | sm.Repeat:
         return sm.claim(task, task.attempt_id, "n2" if task.state == "running" else "n1", "lse_new", NOW)
     if action == "settle":
         return sm.settle(
-            task, node_id="n1", lease_id="lse_1", attempt_id=task.attempt_id, outcome="succeeded",
-            result=msgspec.Raw(b"1"), digest="d", error=None, retryable=False, lease_known=False,
-            new_attempt_id="att_new", delay_s=1.0, now=NOW,
+            task,
+            node_id="n1",
+            lease_id="lse_1",
+            attempt_id=task.attempt_id,
+            outcome="succeeded",
+            result=msgspec.Raw(b"1"),
+            digest="d",
+            error=None,
+            retryable=False,
+            lease_known=False,
+            new_attempt_id="att_new",
+            delay_s=1.0,
+            now=NOW,
         )
     if action == "attempt_failed":
         return sm.attempt_failed(task, TaskError(Code.HANDLER_ERROR), USER, "att_new", 1.0, NOW)
@@ -144,9 +172,18 @@ def test_claim_rules() -> None:
 
 def _settle(task: Task, **kw: object) -> sm.Transition | sm.Repeat:
     args: dict[str, object] = dict(
-        node_id="n1", lease_id="lse_1", attempt_id=task.attempt_id, outcome="succeeded",
-        result=msgspec.Raw(b'{"ok":1}'), digest="d1", error=None, retryable=False, lease_known=False,
-        new_attempt_id="att_2", delay_s=2.0, now=NOW,
+        node_id="n1",
+        lease_id="lse_1",
+        attempt_id=task.attempt_id,
+        outcome="succeeded",
+        result=msgspec.Raw(b'{"ok":1}'),
+        digest="d1",
+        error=None,
+        retryable=False,
+        lease_known=False,
+        new_attempt_id="att_2",
+        delay_s=2.0,
+        now=NOW,
     )
     args.update(kw)
     return sm.settle(task, **args)  # type: ignore[arg-type]
@@ -184,8 +221,9 @@ def test_retryable_failure_requeues_then_dies() -> None:
     assert first.history.action == "attempt_failed" and first.history.reason == Code.HANDLER_ERROR
     claimed = sm.claim(first.task, "att_2", "n1", "lse_2", NOW + 3)
     assert isinstance(claimed, sm.Transition)
-    second = _settle(claimed.task, lease_id="lse_2", attempt_id="att_2", outcome="failed", error=err,
-                     retryable=True, now=NOW + 4)
+    second = _settle(
+        claimed.task, lease_id="lse_2", attempt_id="att_2", outcome="failed", error=err, retryable=True, now=NOW + 4
+    )
     assert isinstance(second, sm.Transition) and second.task.state == "dead"
     assert second.event_type == "task.dead"
     not_retryable = _settle(task, outcome="failed", error=err, retryable=False)

@@ -390,8 +390,13 @@ class TaskService:
         if record.operation != operation or record.body_hash != body_hash:
             await self._audit_only(
                 self._audit(
-                    operation.split(":")[0], task, record.task_id, caller.actor, "refused",
-                    request_id=caller.request_id, error_code=Code.IDEMPOTENCY_CONFLICT,
+                    operation.split(":")[0],
+                    task,
+                    record.task_id,
+                    caller.actor,
+                    "refused",
+                    request_id=caller.request_id,
+                    error_code=Code.IDEMPOTENCY_CONFLICT,
                     details={"idempotencyKey": key},
                 )
             )
@@ -405,8 +410,13 @@ class TaskService:
             raise task_not_found(record.task_id)
         await self._audit_only(
             self._audit(
-                operation.split(":")[0], task, task.id, caller.actor, "repeat",
-                request_id=caller.request_id, details={"idempotencyKey": key},
+                operation.split(":")[0],
+                task,
+                task.id,
+                caller.actor,
+                "repeat",
+                request_id=caller.request_id,
+                details={"idempotencyKey": key},
             )
         )
         return task
@@ -447,7 +457,11 @@ class TaskService:
         idem = None
         if idem_key is not None:
             idem = IdempotencyRecord(
-                owner=caller.user, key=idem_key, operation="create", body_hash=body_hash, task_id=task.id,
+                owner=caller.user,
+                key=idem_key,
+                operation="create",
+                body_hash=body_hash,
+                task_id=task.id,
                 created_at=now,
             )
         tr = sm.create(task, caller.actor, now, caller.request_id)
@@ -516,8 +530,16 @@ class TaskService:
                 raise InvalidArgument(f"unknown action {action}")
         except GatewayError as exc:
             await self._audit_only(
-                self._audit(action, task, task_id, actor, "refused", request_id=rid, error_code=exc.code,
-                            details={"reason": reason} if reason else None)
+                self._audit(
+                    action,
+                    task,
+                    task_id,
+                    actor,
+                    "refused",
+                    request_id=rid,
+                    error_code=exc.code,
+                    details={"reason": reason} if reason else None,
+                )
             )
             self._metrics.refused(action, exc.code)
             raise
@@ -527,8 +549,12 @@ class TaskService:
         idem = None
         if idem_key is not None:
             idem = IdempotencyRecord(
-                owner=caller.user, key=idem_key, operation=f"{action}:{task_id}", body_hash=body_hash,
-                task_id=task_id, created_at=now,
+                owner=caller.user,
+                key=idem_key,
+                operation=f"{action}:{task_id}",
+                body_hash=body_hash,
+                task_id=task_id,
+                created_at=now,
             )
         details: dict[str, Any] = {}
         if reason:
@@ -573,8 +599,9 @@ class TaskService:
             task = await self._current(child_id)
             if task is None or task.terminal:
                 return
-            tr = sm.cancel(task, ActorRef("system", "cancel-cascade"), self._clock(), request_id,
-                           f"parent {root_id} canceled")
+            tr = sm.cancel(
+                task, ActorRef("system", "cancel-cascade"), self._clock(), request_id, f"parent {root_id} canceled"
+            )
             if isinstance(tr, sm.Transition):
                 await self._commit(tr, request_id, audit_details={"cascadeFrom": root_id})
                 if task.state == "running":
@@ -590,8 +617,16 @@ class TaskService:
         if self._nodes.is_draining(node_id):
             task = await self._current(req.task_id)
             await self._audit_only(
-                self._audit("claim", task, req.task_id, ActorRef("node", node_id), "refused",
-                            error_code=Code.NODE_DRAINING, node_id=node_id, attempt_id=req.attempt_id)
+                self._audit(
+                    "claim",
+                    task,
+                    req.task_id,
+                    ActorRef("node", node_id),
+                    "refused",
+                    error_code=Code.NODE_DRAINING,
+                    node_id=node_id,
+                    attempt_id=req.attempt_id,
+                )
             )
             return _claim_error(Code.NODE_DRAINING, f"node {node_id} is draining")
         return await self._boxes.call(req.task_id, lambda: self._claim(node_id, req))
@@ -601,8 +636,16 @@ class TaskService:
         actor = ActorRef("node", node_id)
         if task is None:
             await self._audit_only(
-                self._audit("claim", None, req.task_id, actor, "refused", error_code=Code.TASK_NOT_FOUND,
-                            node_id=node_id, attempt_id=req.attempt_id)
+                self._audit(
+                    "claim",
+                    None,
+                    req.task_id,
+                    actor,
+                    "refused",
+                    error_code=Code.TASK_NOT_FOUND,
+                    node_id=node_id,
+                    attempt_id=req.attempt_id,
+                )
             )
             return _claim_error(Code.TASK_NOT_FOUND, f"task {req.task_id} not found")
         now = self._clock()
@@ -610,8 +653,16 @@ class TaskService:
             result = sm.claim(task, req.attempt_id, node_id, idgen.new_id("lse"), now)
         except GatewayError as exc:
             await self._audit_only(
-                self._audit("claim", task, task.id, actor, "refused", error_code=exc.code, node_id=node_id,
-                            attempt_id=req.attempt_id)
+                self._audit(
+                    "claim",
+                    task,
+                    task.id,
+                    actor,
+                    "refused",
+                    error_code=exc.code,
+                    node_id=node_id,
+                    attempt_id=req.attempt_id,
+                )
             )
             self._metrics.refused("claim", exc.code)
             return _claim_error(exc.code, exc.message)
@@ -660,8 +711,17 @@ class TaskService:
         task = await self._current(msg.task_id)
         if task is None:
             await self._audit_only(
-                self._audit("settle", None, msg.task_id, actor, "refused", error_code=Code.LEASE_NOT_FOUND,
-                            node_id=node_id, attempt_id=msg.attempt_id, details={"leaseId": msg.lease_id})
+                self._audit(
+                    "settle",
+                    None,
+                    msg.task_id,
+                    actor,
+                    "refused",
+                    error_code=Code.LEASE_NOT_FOUND,
+                    node_id=node_id,
+                    attempt_id=msg.attempt_id,
+                    details={"leaseId": msg.lease_id},
+                )
             )
             self._metrics.refused("settle", Code.LEASE_NOT_FOUND)
             return SettleOutcome("refused", Code.LEASE_NOT_FOUND)
@@ -690,16 +750,25 @@ class TaskService:
                 result = sm.settle(task, lease_known=True, **kwargs)
         except GatewayError as exc:
             await self._audit_only(
-                self._audit("settle", task, task.id, actor, "refused", error_code=exc.code, node_id=node_id,
-                            attempt_id=msg.attempt_id,
-                            details={"leaseId": msg.lease_id, "outcome": msg.outcome})
+                self._audit(
+                    "settle",
+                    task,
+                    task.id,
+                    actor,
+                    "refused",
+                    error_code=exc.code,
+                    node_id=node_id,
+                    attempt_id=msg.attempt_id,
+                    details={"leaseId": msg.lease_id, "outcome": msg.outcome},
+                )
             )
             self._metrics.refused("settle", exc.code)
             return SettleOutcome("refused", exc.code)
         if isinstance(result, sm.Repeat):
             await self._audit_only(
-                self._audit("settle", task, task.id, actor, "repeat", node_id=node_id,
-                            details={"leaseId": msg.lease_id})
+                self._audit(
+                    "settle", task, task.id, actor, "repeat", node_id=node_id, details={"leaseId": msg.lease_id}
+                )
             )
             return SettleOutcome("repeat")
         await self._commit(result, None, dead_letter=await self._dead_letter_for(result))
@@ -749,4 +818,3 @@ def _lease_reply(task: Task) -> ClaimReply:
         attempt_no=task.attempt_no,
         revision=task.revision,
     )
-

@@ -64,15 +64,26 @@ class Gateway:
         self.store = SqliteStore(s.data_dir / "gateway.db")
         self.subjects = Subjects(s.subject_prefix)
         self.bus = NatsBus(
-            s.nats_url, self.subjects, user=s.nats_user, password=s.nats_password, replicas=s.stream_replicas,
-            events_max_age_s=s.events_max_age_s, events_max_msgs=s.events_max_msgs,
+            s.nats_url,
+            self.subjects,
+            user=s.nats_user,
+            password=s.nats_password,
+            replicas=s.stream_replicas,
+            events_max_age_s=s.events_max_age_s,
+            events_max_msgs=s.events_max_msgs,
         )
         self.dispatcher = Dispatcher(self.bus, clock, s.max_offers_per_kind, self.metrics)
         self.nodes = NodeRegistry(clock, on_new_kinds=self._announce_kinds)
         self.relay = EventRelay(self.store, self.bus, self.subjects, clock)
         self.service = TaskService(
-            self.store, self.dispatcher, self.nodes, self.bus.publish_cancel, policy=s.policy, clock=clock,
-            metrics=self.metrics, on_committed=self.relay.notify,
+            self.store,
+            self.dispatcher,
+            self.nodes,
+            self.bus.publish_cancel,
+            policy=s.policy,
+            clock=clock,
+            metrics=self.metrics,
+            on_committed=self.relay.notify,
         )
         self.api = AdminApi(self.service, self.store, self.nodes, self.metrics, self.readiness, s.http)
         self._runner: web.AppRunner | None = None
@@ -93,7 +104,9 @@ class Gateway:
         await self.relay.start()
         await self.bus.serve(
             NodeInputs(
-                claim=self.service.claim, heartbeat=self.service.heartbeat, settle=self.service.settle,
+                claim=self.service.claim,
+                heartbeat=self.service.heartbeat,
+                settle=self.service.settle,
                 refuse=self._refuse_message,
             )
         )
@@ -158,9 +171,16 @@ class Gateway:
         await self.store.append_audit(
             [
                 AuditEntry(
-                    id=idgen.new_id("aud"), at=time.time(), action=operation, object_type="message",
-                    object_id=node_id, result="refused", actor=ActorRef("node", node_id), node_id=node_id,
-                    error_code=code, details={"why": why},
+                    id=idgen.new_id("aud"),
+                    at=time.time(),
+                    action=operation,
+                    object_type="message",
+                    object_id=node_id,
+                    result="refused",
+                    actor=ActorRef("node", node_id),
+                    node_id=node_id,
+                    error_code=code,
+                    details={"why": why},
                 )
             ]
         )

@@ -26,6 +26,7 @@ from scheduler_gateway.actors.task_service import Caller, NewTask, TaskService
 from scheduler_gateway.wire import api
 from scheduler_gateway.wire.errors import (
     Code,
+    Forbidden,
     GatewayError,
     InvalidArgument,
     NotFound,
@@ -65,31 +66,69 @@ def canonical_hash(body: bytes) -> str:
 
 def task_view(t: Task) -> api.TaskView:
     return api.TaskView(
-        id=t.id, kind=t.kind, payload=t.payload, state=t.state, revision=t.revision, priority=t.priority,
-        attempt_no=t.attempt_no, max_attempts=t.max_attempts, attempt_id=t.attempt_id, lease_id=t.lease_id,
-        lease_expires_at=fmt_ts(t.lease_expires_at), node_id=t.node_id, run_id=t.run_id, parent_id=t.parent_id,
-        thread_id=t.thread_id, requires_approval=t.requires_approval, has_callback=t.callback_url is not None,
-        labels=t.labels, owner=t.owner, result=t.result,
+        id=t.id,
+        kind=t.kind,
+        payload=t.payload,
+        state=t.state,
+        revision=t.revision,
+        priority=t.priority,
+        attempt_no=t.attempt_no,
+        max_attempts=t.max_attempts,
+        attempt_id=t.attempt_id,
+        lease_id=t.lease_id,
+        lease_expires_at=fmt_ts(t.lease_expires_at),
+        node_id=t.node_id,
+        run_id=t.run_id,
+        parent_id=t.parent_id,
+        thread_id=t.thread_id,
+        requires_approval=t.requires_approval,
+        has_callback=t.callback_url is not None,
+        labels=t.labels,
+        owner=t.owner,
+        result=t.result,
         error=api.ErrorView(t.error.code, t.error.message) if t.error else None,
-        not_before=fmt_ts(t.not_before), created_at=fmt_ts(t.created_at), updated_at=fmt_ts(t.updated_at),
-        started_at=fmt_ts(t.started_at), finished_at=fmt_ts(t.finished_at),
+        not_before=fmt_ts(t.not_before),
+        created_at=fmt_ts(t.created_at),
+        updated_at=fmt_ts(t.updated_at),
+        started_at=fmt_ts(t.started_at),
+        finished_at=fmt_ts(t.finished_at),
     )
 
 
 def history_view(h: HistoryEntry) -> api.HistoryView:
     return api.HistoryView(
-        from_=h.from_state, to=h.to_state, action=h.action, actor=api.ActorView(h.actor.type, h.actor.id),
-        reason=h.reason, at=fmt_ts(h.at), attempt_id=h.attempt_id, attempt_no=h.attempt_no, lease_id=h.lease_id,
-        node_id=h.node_id, request_id=h.request_id, revision=h.revision,
+        from_=h.from_state,
+        to=h.to_state,
+        action=h.action,
+        actor=api.ActorView(h.actor.type, h.actor.id),
+        reason=h.reason,
+        at=fmt_ts(h.at),
+        attempt_id=h.attempt_id,
+        attempt_no=h.attempt_no,
+        lease_id=h.lease_id,
+        node_id=h.node_id,
+        request_id=h.request_id,
+        revision=h.revision,
     )
 
 
 def audit_view(a: AuditEntry) -> api.AuditView:
     return api.AuditView(
-        id=a.id, at=fmt_ts(a.at), action=a.action, object_type=a.object_type, object_id=a.object_id,
-        result=a.result, actor=api.ActorView(a.actor.type, a.actor.id), request_id=a.request_id, run_id=a.run_id,
-        attempt_id=a.attempt_id, node_id=a.node_id, old_revision=a.old_revision, new_revision=a.new_revision,
-        error_code=a.error_code, details=a.details,
+        id=a.id,
+        at=fmt_ts(a.at),
+        action=a.action,
+        object_type=a.object_type,
+        object_id=a.object_id,
+        result=a.result,
+        actor=api.ActorView(a.actor.type, a.actor.id),
+        request_id=a.request_id,
+        run_id=a.run_id,
+        attempt_id=a.attempt_id,
+        node_id=a.node_id,
+        old_revision=a.old_revision,
+        new_revision=a.new_revision,
+        error_code=a.error_code,
+        details=a.details,
     )
 
 
@@ -186,8 +225,9 @@ class AdminApi:
 
     # -- helpers ---------------------------------------------------------------------------------
     def _json(self, value: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-        return web.Response(body=self._enc.encode(value), status=status, content_type="application/json",
-                            headers=headers)
+        return web.Response(
+            body=self._enc.encode(value), status=status, content_type="application/json", headers=headers
+        )
 
     async def _body(self, request: web.Request) -> bytes:
         body = await request.read()
@@ -285,11 +325,21 @@ class AdminApi:
                     details={"field": "callbackSecret"},
                 )
         return NewTask(
-            kind=req.kind, payload=req.payload, priority=req.priority, max_attempts=req.max_attempts,
-            retry_backoff_s=req.retry_backoff_seconds, lease_s=req.lease_seconds, timeout_s=req.timeout_seconds,
-            not_before=not_before, parent_id=req.parent_id, thread_id=req.thread_id, run_id=req.run_id,
-            requires_approval=req.requires_approval, callback_url=req.callback_url,
-            callback_secret=req.callback_secret or None, labels=req.labels,
+            kind=req.kind,
+            payload=req.payload,
+            priority=req.priority,
+            max_attempts=req.max_attempts,
+            retry_backoff_s=req.retry_backoff_seconds,
+            lease_s=req.lease_seconds,
+            timeout_s=req.timeout_seconds,
+            not_before=not_before,
+            parent_id=req.parent_id,
+            thread_id=req.thread_id,
+            run_id=req.run_id,
+            requires_approval=req.requires_approval,
+            callback_url=req.callback_url,
+            callback_secret=req.callback_secret or None,
+            labels=req.labels,
         )
 
     async def list_tasks(self, request: web.Request) -> web.Response:
@@ -301,8 +351,14 @@ class AdminApi:
             raise InvalidArgument(f"unknown state {state[:40]}", details={"field": "state"})
         items, next_cursor = await self.service.list_tasks(
             caller,
-            TaskQuery(state=state, kind=q.get("kind") or None, parent_id=q.get("parentId") or None,
-                      run_id=q.get("runId") or None, limit=limit, cursor=cursor),
+            TaskQuery(
+                state=state,
+                kind=q.get("kind") or None,
+                parent_id=q.get("parentId") or None,
+                run_id=q.get("runId") or None,
+                limit=limit,
+                cursor=cursor,
+            ),
         )
         return self._json(api.ListView([task_view(t) for t in items], next_cursor))
 
@@ -317,8 +373,11 @@ class AdminApi:
 
     def _action_handler(self, action: str) -> Callable[[web.Request], Awaitable[web.Response]]:
         body_type: type[Any] = {
-            "cancel": api.CancelBody, "approve": api.RevisionBody, "retry": api.RevisionBody,
-            "amend": api.AmendBody, "rework": api.ReworkBody,
+            "cancel": api.CancelBody,
+            "approve": api.RevisionBody,
+            "retry": api.RevisionBody,
+            "amend": api.AmendBody,
+            "rework": api.ReworkBody,
         }[action]
 
         async def handle(request: web.Request) -> web.Response:
@@ -332,8 +391,13 @@ class AdminApi:
             self._check_payload(payload)
             key = request.headers.get("Idempotency-Key") if action != "cancel" else None
             task, repeated = await self.service.act(
-                caller, task_id, action, expected_revision=req.expected_revision,
-                reason=getattr(req, "reason", None), payload=payload, idem_key=key,
+                caller,
+                task_id,
+                action,
+                expected_revision=req.expected_revision,
+                reason=getattr(req, "reason", None),
+                payload=payload,
+                idem_key=key,
                 body_hash=canonical_hash(body) if key else "",
             )
             headers = {"Idempotent-Replayed": "true"} if repeated and key else None
@@ -347,17 +411,27 @@ class AdminApi:
         limit, cursor = self._page_args(request)
         q = request.query
         page = await self.store.list_audit(
-            AuditQuery(owner=None if caller.is_admin else caller.user, object_id=q.get("objectId") or None,
-                       action=q.get("action") or None, request_id=q.get("requestId") or None, limit=limit,
-                       cursor=cursor)
+            AuditQuery(
+                owner=None if caller.is_admin else caller.user,
+                object_id=q.get("objectId") or None,
+                action=q.get("action") or None,
+                request_id=q.get("requestId") or None,
+                limit=limit,
+                cursor=cursor,
+            )
         )
         return self._json(api.ListView([audit_view(a) for a in page.items], page.next_cursor))
 
     async def list_nodes(self, request: web.Request) -> web.Response:
         now = time.time()
         items = [
-            api.NodeView(id=n.id, kinds=n.kinds, status=self.nodes.status(n, now),
-                         last_heartbeat_at=fmt_ts(n.last_heartbeat_at), active_leases=n.active_leases)
+            api.NodeView(
+                id=n.id,
+                kinds=n.kinds,
+                status=self.nodes.status(n, now),
+                last_heartbeat_at=fmt_ts(n.last_heartbeat_at),
+                active_leases=n.active_leases,
+            )
             for n in self.nodes.all()
         ]
         return self._json(api.ListView(items, None))
@@ -366,19 +440,35 @@ class AdminApi:
         async def handle(request: web.Request) -> web.Response:
             caller: Caller = request[CALLER]
             if not caller.is_admin:
-                raise NotFound("node not found")
+                raise Forbidden("only an admin can drain or undrain a node")
             node_id = request.match_info["id"]
             rec = self.nodes.set_draining(node_id, draining)
             if rec is None:
                 raise NotFound(f"node {node_id[:64]} not found")
             await self.store.put_nodes([rec])
-            await self.store.append_audit([
-                AuditEntry(id=idgen.new_id("aud"), at=time.time(), action="drain" if draining else "undrain",
-                           object_type="node", object_id=node_id, result="ok", actor=caller.actor,
-                           request_id=caller.request_id, node_id=node_id)
-            ])
-            return self._json(api.NodeView(id=rec.id, kinds=rec.kinds, status=self.nodes.status(rec),
-                                           last_heartbeat_at=fmt_ts(rec.last_heartbeat_at),
-                                           active_leases=rec.active_leases))
+            await self.store.append_audit(
+                [
+                    AuditEntry(
+                        id=idgen.new_id("aud"),
+                        at=time.time(),
+                        action="drain" if draining else "undrain",
+                        object_type="node",
+                        object_id=node_id,
+                        result="ok",
+                        actor=caller.actor,
+                        request_id=caller.request_id,
+                        node_id=node_id,
+                    )
+                ]
+            )
+            return self._json(
+                api.NodeView(
+                    id=rec.id,
+                    kinds=rec.kinds,
+                    status=self.nodes.status(rec),
+                    last_heartbeat_at=fmt_ts(rec.last_heartbeat_at),
+                    active_leases=rec.active_leases,
+                )
+            )
 
         return handle

@@ -20,20 +20,30 @@ class PrometheusMetrics:
         r = self.registry
         self._kinds: set[str] = set()
         self.transitions = Counter(
-            "gw_task_transitions_total", "Task state changes by kind, action and resulting state",
-            ["kind", "action", "state"], registry=r,
+            "gw_task_transitions_total",
+            "Task state changes by kind, action and resulting state",
+            ["kind", "action", "state"],
+            registry=r,
         )
         self.queue_latency_s = Histogram(
-            "gw_task_queue_latency_seconds", "Time from a task becoming due to its claim", ["kind"],
-            buckets=LATENCY_BUCKETS, registry=r,
+            "gw_task_queue_latency_seconds",
+            "Time from a task becoming due to its claim",
+            ["kind"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.exec_latency_s = Histogram(
-            "gw_task_execution_latency_seconds", "Time from claim to settle", ["kind", "outcome"],
-            buckets=LATENCY_BUCKETS, registry=r,
+            "gw_task_execution_latency_seconds",
+            "Time from claim to settle",
+            ["kind", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.lease_expiries = Counter("gw_lease_expiries_total", "Leases that ran out", ["kind"], registry=r)
         self.refusals = Counter(
-            "gw_refused_total", "Refused requests and node messages by operation and code", ["operation", "code"],
+            "gw_refused_total",
+            "Refused requests and node messages by operation and code",
+            ["operation", "code"],
             registry=r,
         )
         self.offers = Counter("gw_offers_published_total", "Offers published to GW_DISPATCH", ["kind"], registry=r)

@@ -109,8 +109,7 @@ class MemoryStore:
             raise Conflict("this idempotency key was already used", code=Code.IDEMPOTENCY_CONFLICT)
         dl = change.dead_letter
         if dl is not None and any(
-            other.dead_letter_id == dl.dead_letter_id and tid != dl.task_id
-            for tid, other in self._dead_letters.items()
+            other.dead_letter_id == dl.dead_letter_id and tid != dl.task_id for tid, other in self._dead_letters.items()
         ):
             raise StorageError(
                 f"dead letter {dl.dead_letter_id} already belongs to another task",

@@ -125,9 +125,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
 )
 
-_TASK_COLUMNS = (
-    "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
-)
+_TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
 _SQL_INSERT_TASK = f"INSERT INTO tasks (id, {_TASK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _SQL_UPDATE_TASK = (
     "UPDATE tasks SET owner = ?, kind = ?, state = ?, revision = ?, priority = ?, parent_id = ?, run_id = ?,"
@@ -136,8 +134,7 @@ _SQL_UPDATE_TASK = (
 _SQL_INSERT_HISTORY = "INSERT INTO task_history (task_id, revision, lease_id, doc) VALUES (?, ?, ?, ?)"
 # Audit entries are immutable and named by id: writing the same one twice (a retried append) is a no-op.
 _SQL_INSERT_AUDIT = (
-    "INSERT OR IGNORE INTO audit (id, at, action, object_id, request_id, owner, doc)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+    "INSERT OR IGNORE INTO audit (id, at, action, object_id, request_id, owner, doc) VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 _SQL_INSERT_OUTBOX = "INSERT INTO outbox (body) VALUES (?)"
 _SQL_INSERT_IDEMPOTENCY = "INSERT INTO idempotency (owner, key, doc, created_at) VALUES (?, ?, ?, ?)"
@@ -473,9 +470,7 @@ class SqliteStore:
                 # the loop is being torn down without stop(): nobody may wait forever on a future
                 self._fail_batch(
                     batch,
-                    StorageError(
-                        "the task store stopped during this write; it may or may not have committed"
-                    ),
+                    StorageError("the task store stopped during this write; it may or may not have committed"),
                 )
                 self._fail_queued()
                 raise
@@ -497,9 +492,7 @@ class SqliteStore:
         except sqlite3.Error as exc:
             await _rollback_quietly(conn)
             err = storage_error(exc)
-            log.warning(
-                "task store: a commit of %d writes failed (%s)", len(batch), err.details["sqliteError"]
-            )
+            log.warning("task store: a commit of %d writes failed (%s)", len(batch), err.details["sqliteError"])
             self._fail_batch(batch, err)
             return
         except Exception:
@@ -522,9 +515,7 @@ class SqliteStore:
                 own.__cause__ = err.__cause__
                 work.future.set_result([own] * (work.weight if isinstance(work, _ChangeWork) else 1))
 
-    async def _fast_path(
-        self, conn: aiosqlite.Connection, batch: list[_Work]
-    ) -> list[list[BaseException | None]]:
+    async def _fast_path(self, conn: aiosqlite.Connection, batch: list[_Work]) -> list[list[BaseException | None]]:
         """One statement per row type for the whole batch. Raises _Fallback when a change would be refused."""
         inserts: list[tuple[Any, ...]] = []
         updates: list[tuple[Any, ...]] = []
@@ -590,9 +581,7 @@ class SqliteStore:
         await conn.execute("COMMIT")
         return [[None] * work.weight if isinstance(work, _ChangeWork) else [None] for work in batch]
 
-    async def _slow_path(
-        self, conn: aiosqlite.Connection, batch: list[_Work]
-    ) -> list[list[BaseException | None]]:
+    async def _slow_path(self, conn: aiosqlite.Connection, batch: list[_Work]) -> list[list[BaseException | None]]:
         """Each change (and each other write) in its own savepoint, so each gets its own result."""
         await conn.execute("BEGIN IMMEDIATE")
         try:
@@ -663,8 +652,7 @@ class SqliteStore:
         n = clamp_limit(limit)
         after = int_cursor(cursor)
         rows = await self._fetchall(
-            "SELECT revision, doc FROM task_history WHERE task_id = ? AND revision > ?"
-            " ORDER BY revision LIMIT ?",
+            "SELECT revision, doc FROM task_history WHERE task_id = ? AND revision > ? ORDER BY revision LIMIT ?",
             (task_id, after, n + 1),
         )
         more = len(rows) > n
@@ -843,9 +831,7 @@ async def _migrate(conn: aiosqlite.Connection) -> None:
                 continue
             for sql in statements:
                 await conn.execute(sql)
-            await conn.execute(
-                "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (version, time.time())
-            )
+            await conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (version, time.time()))
         except BaseException:
             await _rollback_quietly(conn)
             raise
@@ -885,7 +871,5 @@ def _decode_rows(decode: Callable[[Any], T], rows: Iterable[sqlite3.Row], what: 
         try:
             out.append(decode(doc))
         except (msgspec.DecodeError, TypeError) as exc:
-            log.warning(
-                "task store: skipping stored %s %s: it does not decode (%s)", what, key, type(exc).__name__
-            )
+            log.warning("task store: skipping stored %s %s: it does not decode (%s)", what, key, type(exc).__name__)
     return out

@@ -264,15 +264,27 @@ def settle(
     actor = ActorRef("node", node_id)
     if outcome == "succeeded":
         after = _bump(
-            task, now, state="succeeded", result=result, error=None, finished_at=now,
-            lease_expires_at=None, last_settle=new_mark,
+            task,
+            now,
+            state="succeeded",
+            result=result,
+            error=None,
+            finished_at=now,
+            lease_expires_at=None,
+            last_settle=new_mark,
         )
         return _step(task, after, "settle", actor, now, None, None, "task.succeeded")
     err = error or TaskError(Code.HANDLER_ERROR, "")
     if not retryable:
         after = _bump(
-            task, now, state="failed", result=result, error=err, finished_at=now,
-            lease_expires_at=None, last_settle=new_mark,
+            task,
+            now,
+            state="failed",
+            result=result,
+            error=err,
+            finished_at=now,
+            lease_expires_at=None,
+            last_settle=new_mark,
         )
         return _step(task, after, "settle", actor, now, None, err.code, "task.failed")
     marked = msgspec.structs.replace(task, last_settle=new_mark)
