@@ -245,7 +245,7 @@ def test_requeue_gives_fresh_budget_and_attempt() -> None:
     dead = make_task("dead", attempt_no=3, budget_start_no=1, max_attempts=3)
     tr = sm.requeue(dead, "redrive", USER, "att_9", NOW, None)
     assert tr.task.attempt_no == 4 and tr.task.attempts_in_budget == 1 and tr.task.attempt_id == "att_9"
-    assert tr.task.result is None and tr.task.error is None and tr.task.lease_id is None
+    assert bytes(tr.task.result) == b"null" and tr.task.error is None and tr.task.lease_id is None
 
 
 def test_amend_of_queued_task_replaces_attempt_id() -> None:
