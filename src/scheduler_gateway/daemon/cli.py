@@ -1,0 +1,206 @@
+"""``gatewayd``: run the daemon, check a setup, create API tokens (CONTRACT 1).
+
+``run`` wires the config into the composition root, starts the embedded nats-server when no NATS URL
+is configured, and in dev mode writes a first admin token to ``<data_dir>/admin.token`` (0600) so a
+new user can call the API at once. SIGTERM/SIGINT stop taking work, finish in-flight writes, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+
+from scheduler_gateway.actors.ports import Principal
+from scheduler_gateway.actors.task_service import TaskPolicy
+
+from .check import check_main
+from .config import Config, ConfigError, load_config, production_problems
+from .embedded import DataDirInUse, EmbeddedNats
+from .gateway import Gateway, GatewaySettings
+from .http_app import HttpSettings, token_hash
+from .store_sqlite import SqliteStore
+from .systemd_notify import SystemdNotifier
+
+log = logging.getLogger("gatewayd")
+
+ADMIN_TOKEN_FILE = "admin.token"
+
+
+def settings_from_config(config: Config, nats_url: str, user: str | None, password: str | None) -> GatewaySettings:
+    t = config.tasks
+    return GatewaySettings(
+        data_dir=config.data_dir,
+        nats_url=nats_url,
+        nats_user=user,
+        nats_password=password,
+        http_host=config.http.host,
+        http_port=config.http.port,
+        subject_prefix=config.nats.subject_prefix,
+        stream_replicas=config.nats.stream_replicas,
+        events_max_age_s=config.events.max_age_s,
+        events_max_msgs=config.events.max_msgs,
+        max_offers_per_kind=config.dispatch.max_offers_per_kind,
+        policy=TaskPolicy(
+            default_lease_s=t.default_lease_s,
+            default_timeout_s=t.default_timeout_s,
+            default_max_attempts=t.default_max_attempts,
+            max_payload_bytes=t.max_payload_bytes,
+            max_dead_retries=config.deadletter.max_dead_retries,
+            recovery_grace_s=config.recovery.grace_s,
+        ),
+        http=HttpSettings(
+            max_payload_bytes=t.max_payload_bytes,
+            callback_secret_configured=bool(config.callbacks.secret),
+            allow_private_networks=config.callbacks.allow_private_networks,
+        ),
+    )
+
+
+def new_token() -> str:
+    return "gwt_" + secrets.token_urlsafe(32)
+
+
+async def create_principal(store: SqliteStore, user: str, role: str) -> str:
+    token = new_token()
+    await store.put_principal(Principal(token_hash=token_hash(token), user=user, role=role, created_at=time.time()))
+    return token
+
+
+def _load(path: Path | None) -> Config:
+    try:
+        return load_config(path, os.environ)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"config: {problem}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+async def _run(config: Config) -> int:
+    embedded: EmbeddedNats | None = None
+    if config.nats.url is None:
+        embedded = EmbeddedNats(config.data_dir, config.nats.embedded.port)
+        try:
+            creds = await asyncio.to_thread(embedded.start)
+        except DataDirInUse as exc:
+            print(f"gatewayd: {exc}", file=sys.stderr)
+            return 1
+        url: str = creds.url
+        user: str | None = creds.user
+        password: str | None = creds.password
+    else:
+        url, user, password = config.nats.url, config.nats.user, config.nats.password
+    gateway = Gateway(settings_from_config(config, url, user, password))
+    notifier = SystemdNotifier()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await gateway.start()
+        if config.mode == "dev":
+            await _ensure_dev_admin_token(gateway.store, config.data_dir)
+        print(f"gatewayd: admin API on http://{config.http.host}:{gateway.http_port}", flush=True)
+        if config.mode == "dev":
+            print(f"gatewayd: admin token in {config.data_dir / ADMIN_TOKEN_FILE}", flush=True)
+        if embedded is not None:
+            print(f"gatewayd: embedded NATS at {url}; worker credentials in {embedded.node_credentials_path}",
+                  flush=True)
+        notifier.ready()
+        await stop.wait()
+        log.info("stopping: no new work; finishing in-flight writes")
+        notifier.stopping()
+    finally:
+        await notifier.aclose()
+        await gateway.stop()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+    return 0
+
+
+async def _ensure_dev_admin_token(store: SqliteStore, data_dir: Path) -> None:
+    path = data_dir / ADMIN_TOKEN_FILE
+    if path.exists():
+        return
+    token = await create_principal(store, "admin", "admin")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    logging.basicConfig(level=config.log.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    problems = production_problems(config)
+    if problems and config.mode == "production":
+        for p in problems:
+            print(f"gatewayd: refusing to start in production: {p}", file=sys.stderr)
+        return 2
+    for p in problems:
+        log.warning("dev mode: %s", p)
+    _use_uvloop()
+    return asyncio.run(_run(config))
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+
+    async def create() -> str:
+        store = SqliteStore(config.data_dir / "gateway.db")
+        await store.start()
+        try:
+            return await create_principal(store, args.user, args.role)
+        finally:
+            await store.stop()
+
+    print(asyncio.run(create()))
+    return 0
+
+
+def _use_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gatewayd", description="Task gateway and scheduler on NATS JetStream")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the daemon")
+    run.add_argument("--config", type=Path)
+    check = sub.add_parser("check", help="validate the config and probe the data dir, the store and NATS")
+    check.add_argument("--config", type=Path)
+    token = sub.add_parser("token", help="API tokens")
+    token_sub = token.add_subparsers(dest="token_command", required=True)
+    create = token_sub.add_parser("create", help="create a token and print it")
+    create.add_argument("--user", required=True)
+    create.add_argument("--role", choices=("admin", "user"), default="user")
+    create.add_argument("--config", type=Path)
+    return parser
+
+
+def gatewayd_main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return cmd_run(args)
+    if args.command == "check":
+        return check_main(args.config)
+    if args.command == "token":
+        user = args.user.strip()
+        if not user or len(user) > 128:
+            print("gatewayd: --user must be 1 to 128 characters", file=sys.stderr)
+            return 2
+        return cmd_token_create(args)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(gatewayd_main())
