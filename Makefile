@@ -1,0 +1,39 @@
+# The README's two commands: `make run` (daemon + embedded NATS + demo worker) and `make test` (everything).
+# Both build .venv from a fresh clone with the pinned versions in constraints.txt.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint unit bench bench-quick soak clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	VENV=$(VENV) bash scripts/dev-run.sh
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/mypy
+
+test: lint
+	$(PY) -m pytest -q
+
+unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit tests/test_store_contract.py
+
+soak: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+bench: $(STAMP)
+	$(PY) bench/bench_gateway.py --n 20000
+
+bench-quick: $(STAMP)
+	$(PY) bench/bench_gateway.py --n 2000 --reps 1
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,44 @@
+"""End-to-end fixtures: a real gatewayd (embedded nats-server) and real workers, stopped by PID."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.integration.harness import Api
+
+from .procs import Daemon, Worker
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(data_dir=tmp_path / "var")
+    d.start()
+    try:
+        yield d
+    finally:
+        if d.proc is None:
+            d.kill_orphan_nats()
+        d.stop()
+        d.kill_orphan_nats()
+
+
+@pytest.fixture
+def workers(daemon: Daemon) -> Iterator[list[Worker]]:
+    ws = [Worker(daemon.data_dir, "node-1"), Worker(daemon.data_dir, "node-2")]
+    for w in ws:
+        w.start()
+    try:
+        yield ws
+    finally:
+        for w in ws:
+            w.stop()
+
+
+@pytest.fixture
+async def e2e_api(daemon: Daemon) -> AsyncIterator[Api]:
+    async with aiohttp.ClientSession() as session:
+        yield Api(session, daemon.base, daemon.token)

@@ -1,0 +1,150 @@
+"""Real processes for end-to-end tests: ``gatewayd run`` with its embedded nats-server and ``gateway-worker``s,
+each started on free ports and stopped by its PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scheduler_gateway.daemon.nats_server import free_port
+
+BIN = Path(sys.executable).parent
+
+
+def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"process exited with {proc.returncode}") from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(url) from None
+            time.sleep(0.05)
+
+
+@dataclass
+class Daemon:
+    data_dir: Path
+    http_port: int = field(default_factory=free_port)
+    nats_port: int = field(default_factory=free_port)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def token(self) -> str:
+        return (self.data_dir / "admin.token").read_text().strip()
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir.parent / "gatewayd.log"
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        env = dict(os.environ)
+        env.update(
+            GW_DATA_DIR=str(self.data_dir),
+            GW_HTTP_PORT=str(self.http_port),
+            GW_NATS_PORT=str(self.nats_port),
+            GW_MODE="dev",
+            **self.extra_env,
+        )
+        env.pop("GW_NATS_URL", None)
+        log = open(self.log_path, "ab")  # handed to the child
+        try:
+            self.proc = subprocess.Popen([str(BIN / "gatewayd"), "run"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        finally:
+            log.close()
+        _wait_http(self.base + "/readyz", timeout_s, self.proc)
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        return proc.returncode
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    def nats_pid(self) -> int | None:
+        path = self.data_dir / "nats-server.pid"
+        return int(path.read_text().strip()) if path.exists() else None
+
+    def kill_orphan_nats(self) -> None:
+        """After a kill -9 of the daemon, its nats-server (own session) lives on: stop it by its PID."""
+        pid = self.nats_pid()
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+@dataclass
+class Worker:
+    data_dir: Path
+    node_id: str
+    kinds: str = "echo,sleep,fail"
+    concurrency: int = 8
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.data_dir.parent / f"worker-{self.node_id}.log", "ab")
+        try:
+            self.proc = subprocess.Popen(
+                [
+                    str(BIN / "gateway-worker"),
+                    "--node-id",
+                    self.node_id,
+                    "--kinds",
+                    self.kinds,
+                    "--concurrency",
+                    str(self.concurrency),
+                    "--data-dir",
+                    str(self.data_dir),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        finally:
+            log.close()
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        return proc.returncode
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
