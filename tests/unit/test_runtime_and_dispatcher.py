@@ -1,0 +1,215 @@
+"""The actor runtime (restart on crash, serial mailboxes) and the dispatcher's offer window, on fakes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from scheduler_gateway.actors.dispatcher import Dispatcher
+from scheduler_gateway.actors.lease_clock import LeaseClock
+from scheduler_gateway.actors.model.records import Task
+from scheduler_gateway.actors.runtime import KeyedMailboxes, LoopActor
+from scheduler_gateway.wire.messages import Offer
+
+
+class FakeBus:
+    def __init__(self) -> None:
+        self.offers: list[Offer] = []
+        self.fail_next = 0
+
+    async def publish_offer(self, kind: str, attempt_id: str, body: bytes) -> None:
+        if self.fail_next:
+            self.fail_next -= 1
+            raise ConnectionError("nats down")
+        self.offers.append(msgspec.json.decode(body, type=Offer))
+
+    async def publish_cancel(self, node_id: str, body: bytes) -> None:
+        pass
+
+    async def publish_events(self, items: list[tuple[str, str, bytes]]) -> list[int | BaseException]:
+        return list(range(len(items)))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def task(n: int, **kw: object) -> Task:
+    base: dict[str, object] = dict(
+        id=f"tsk_{n:03d}",
+        owner="u",
+        kind="echo",
+        state="queued",
+        revision=1,
+        attempt_id=f"att_{n:03d}",
+        run_id="run",
+        not_before=0.0,
+        created_at=float(n),
+        updated_at=float(n),
+    )
+    base.update(kw)
+    return Task(**base)  # type: ignore[arg-type]
+
+
+async def settle_loop() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_loop_actor_restarts_after_crash() -> None:
+    runs: list[int] = []
+
+    class Flaky(LoopActor):
+        name = "flaky"
+
+        async def run(self) -> None:
+            runs.append(1)
+            if len(runs) == 1:
+                raise RuntimeError("boom")
+            await asyncio.Event().wait()
+
+    import scheduler_gateway.actors.runtime as rt
+
+    old, rt.RESTART_DELAY_S = rt.RESTART_DELAY_S, 0.01
+    try:
+        actor = Flaky()
+        await actor.stop()  # safe before start
+        await actor.start()
+        await asyncio.sleep(0.1)
+        assert len(runs) == 2 and actor.restarts == 1 and actor.running
+        await actor.stop()
+        await actor.stop()  # idempotent
+        assert not actor.running
+    finally:
+        rt.RESTART_DELAY_S = old
+
+
+async def test_keyed_mailboxes_serialise_per_key_and_parallelise_keys() -> None:
+    boxes = KeyedMailboxes()
+    log: list[str] = []
+    gate = asyncio.Event()
+
+    async def slow(tag: str) -> str:
+        log.append(f"start {tag}")
+        await gate.wait()
+        log.append(f"end {tag}")
+        return tag
+
+    async def fast(tag: str) -> str:
+        log.append(tag)
+        return tag
+
+    a1 = boxes.call("a", lambda: slow("a1"))
+    a2 = boxes.call("a", lambda: fast("a2"))
+    b1 = boxes.call("b", lambda: fast("b1"))
+    await settle_loop()
+    assert log == ["start a1", "b1"]  # b ran while a1 blocked; a2 waits behind a1
+    gate.set()
+    assert await asyncio.gather(a1, a2, b1) == ["a1", "a2", "b1"]
+    assert log == ["start a1", "b1", "end a1", "a2"]
+    assert len(boxes) == 0  # idle keys cost nothing
+
+    async def boom() -> None:
+        raise ValueError("x")
+
+    failed = boxes.call("c", boom)
+    after = boxes.call("c", lambda: fast("c2"))
+    try:
+        await failed
+    except ValueError:
+        pass
+    assert await after == "c2"  # one failure does not stop the mailbox
+
+
+async def test_dispatcher_keeps_window_by_priority_then_age() -> None:
+    bus, clock = FakeBus(), Clock()
+    d = Dispatcher(bus, clock, max_offers_per_kind=2)
+    for n, prio in ((1, 0), (2, 5), (3, 0), (4, 9)):
+        d.update(task(n, priority=prio))
+    await d.start()
+    await settle_loop()
+    assert [o.task_id for o in bus.offers] == ["tsk_004", "tsk_002"]
+    d.update(task(4, state="running", revision=2, lease_id="l", node_id="n"))  # claimed: a slot frees
+    await settle_loop()
+    assert [o.task_id for o in bus.offers][-1] == "tsk_001"
+    d.update(task(2, state="canceled", revision=2))  # canceled: its slot frees too
+    await settle_loop()
+    assert [o.task_id for o in bus.offers][-1] == "tsk_003"
+    assert d.offered_count("echo") == 2
+    await d.stop()
+
+
+async def test_dispatcher_waits_for_not_before_and_retries_failed_publishes() -> None:
+    bus, clock = FakeBus(), Clock()
+    d = Dispatcher(bus, clock)
+    await d.start()
+    d.update(task(1, not_before=clock.now + 0.05))
+    await settle_loop()
+    assert bus.offers == []
+    clock.now += 0.06
+    await asyncio.sleep(0.1)
+    assert [o.task_id for o in bus.offers] == ["tsk_001"]
+    import scheduler_gateway.actors.dispatcher as dm
+
+    old, dm.PUBLISH_RETRY_S = dm.PUBLISH_RETRY_S, 0.01
+    try:
+        bus.fail_next = 1
+        d.update(task(2))
+        await asyncio.sleep(0.1)
+        assert [o.task_id for o in bus.offers] == ["tsk_001", "tsk_002"]
+    finally:
+        dm.PUBLISH_RETRY_S = old
+        await d.stop()
+
+
+async def test_dispatcher_runs_a_thread_one_task_at_a_time_in_order() -> None:
+    bus, clock = FakeBus(), Clock()
+    d = Dispatcher(bus, clock)
+    for n in (1, 2, 3):
+        d.update(task(n, thread_id="thr"))
+    d.update(task(4))
+    await d.start()
+    await settle_loop()
+    assert sorted(o.task_id for o in bus.offers) == ["tsk_001", "tsk_004"]
+    d.update(task(1, thread_id="thr", state="running", revision=2, lease_id="l", node_id="n"))
+    await settle_loop()
+    assert len(bus.offers) == 2  # 2 waits while 1 runs
+    d.update(task(1, thread_id="thr", state="succeeded", revision=3))
+    await settle_loop()
+    assert bus.offers[-1].task_id == "tsk_002"
+    d.update(task(2, thread_id="thr", state="canceled", revision=2))
+    await settle_loop()
+    assert bus.offers[-1].task_id == "tsk_003"
+    await d.stop()
+
+
+async def test_lease_clock_fires_once_and_follows_extensions() -> None:
+    clock = Clock()
+    fired: list[tuple[str, str, str]] = []
+
+    async def on_lease(task_id: str, ref: str) -> None:
+        fired.append(("lease", task_id, ref))
+
+    async def on_timeout(task_id: str, ref: str) -> None:
+        fired.append(("timeout", task_id, ref))
+
+    lc = LeaseClock(clock, on_lease, on_timeout)
+    await lc.start()
+    lc.watch("t1", "l1", clock.now + 0.05, "a1", clock.now + 10)
+    lc.watch("t2", "l2", clock.now + 0.05, "a2", clock.now + 10)
+    lc.extend("t1", "l1", clock.now + 1)
+    lc.forget("t2")
+    clock.now += 0.06
+    await asyncio.sleep(0.1)
+    assert fired == []
+    clock.now += 1
+    await asyncio.sleep(0.05)
+    lc.watch("t3", "l3", clock.now - 1, "a3", clock.now + 10)
+    await asyncio.sleep(0.05)
+    assert sorted(fired) == [("lease", "t1", "l1"), ("lease", "t3", "l3")]  # t2 was forgotten
+    await lc.stop()
