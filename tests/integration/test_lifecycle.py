@@ -151,6 +151,15 @@ async def test_claim_refusals(api: Api, node: HandNode) -> None:
 
 async def test_forged_and_garbage_messages_are_refused_and_audited(api: Api, node: HandNode, gateway: Gateway) -> None:
     task, attempt, lease = await claimed(api, node)
+    # a heartbeat naming another node's lease is revoked for the forger only, and audited
+    forger = await HandNode.connect(node.nc.connected_url.geturl(), "node-evil")
+    try:
+        hb_forged = await forger.heartbeat([(task["id"], lease)])
+        assert [r.reason for r in hb_forged.revoked] == ["FORBIDDEN"] and not hb_forged.extended
+    finally:
+        await forger.close()
+    hb_real = await node.heartbeat([(task["id"], lease)])
+    assert [e.lease_id for e in hb_real.extended] == [lease]
     # a settle from another node for this lease, one for an unknown lease, and garbage bytes
     await node.settle(task["id"], attempt, lease, result=1, node_id="node-evil")
     await node.settle(task["id"], attempt, "lse_01m8mgr6q9bwq5r3smttk75wzs", result=1)
@@ -162,10 +171,14 @@ async def test_forged_and_garbage_messages_are_refused_and_audited(api: Api, nod
 
     async def refusals() -> list[dict]:
         entries = [a for a in await audit(api, task["id"]) if a["result"] == "refused"]
-        return entries if len(entries) == 2 else []
+        return entries if len(entries) == 3 else []
 
     entries = await wait_for(refusals)
-    assert sorted(a["errorCode"] for a in entries) == ["FORBIDDEN", "LEASE_NOT_FOUND"]
+    assert sorted((a["action"], a["errorCode"]) for a in entries) == [
+        ("heartbeat", "FORBIDDEN"),
+        ("settle", "FORBIDDEN"),
+        ("settle", "LEASE_NOT_FOUND"),
+    ]
 
     async def garbage_refused() -> bool:
         _, body, _ = await api.call("GET", "/api/audit?action=settle&limit=500")

@@ -690,6 +690,20 @@ class TaskService:
             except GatewayError as exc:
                 reason = task.state if task is not None and task.terminal else exc.code
                 revoked.append(RevokedLease(task_id=lease.task_id, lease_id=lease.lease_id, reason=reason))
+                if exc.code == Code.FORBIDDEN:  # a node naming another node's lease: forged, keep a record
+                    await self._audit_only(
+                        self._audit(
+                            "heartbeat",
+                            task,
+                            lease.task_id,
+                            ActorRef("node", node_id),
+                            "refused",
+                            error_code=exc.code,
+                            node_id=node_id,
+                            details={"leaseId": lease.lease_id},
+                        )
+                    )
+                    self._metrics.refused("heartbeat", exc.code)
                 continue
             # a heartbeat does not go through the mailbox: it touches only the live lease expiry, and a
             # racing transition simply replaces the live task (the clock re-checks against it)
