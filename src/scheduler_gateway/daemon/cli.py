@@ -110,8 +110,9 @@ async def _run(config: Config) -> int:
         if config.mode == "dev":
             print(f"gatewayd: admin token in {config.data_dir / ADMIN_TOKEN_FILE}", flush=True)
         if embedded is not None:
-            print(f"gatewayd: embedded NATS at {url}; worker credentials in {embedded.node_credentials_path}",
-                  flush=True)
+            print(
+                f"gatewayd: embedded NATS at {url}; worker credentials in {embedded.node_credentials_path}", flush=True
+            )
         notifier.ready()
         await stop.wait()
         log.info("stopping: no new work; finishing in-flight writes")
