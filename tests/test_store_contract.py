@@ -28,6 +28,7 @@ from scheduler_gateway.actors.model.records import (
 from scheduler_gateway.actors.ports import (
     AuditQuery,
     Change,
+    DeadLetterQuery,
     IdempotencyRecord,
     NodeRecord,
     Principal,
@@ -819,3 +820,42 @@ async def test_sqlite_error_message_has_no_parameters(tmp_path: Path) -> None:
         assert await s.get_task(tid(1)) is None  # the failed batch left nothing behind
     finally:
         await s.stop()
+
+
+async def test_dead_letter_get_list_filters_and_put(store: TaskStore) -> None:
+    letters = []
+    for n in range(5):
+        task = make_task(n, state="dead", owner="alice" if n % 2 else "bob")
+        letter = DeadLetter(
+            dead_letter_id=f"dlq_{n}",
+            task_id=task.id,
+            original_task_id=task.id,
+            owner=task.owner,
+            dead_reason="TIMEOUT" if n == 4 else "HANDLER_ERROR",
+            retry_count=n % 3,
+            exhausted=n == 3,
+            first_dead_at=T0,
+            last_dead_at=T0,
+        )
+        await store.apply(Change(task=task, expected_revision=None, dead_letter=letter))
+        letters.append(letter)
+    assert await store.get_dead_letter("dlq_2") == letters[2]
+    assert await store.get_dead_letter("dlq_9") is None
+
+    async def ids(**kw: Any) -> list[str]:
+        page = await store.list_dead_letters(DeadLetterQuery(**kw))
+        return [d.dead_letter_id for d in page.items]
+
+    assert await ids() == ["dlq_0", "dlq_1", "dlq_2", "dlq_3", "dlq_4"]
+    assert await ids(owner="alice") == ["dlq_1", "dlq_3"]
+    assert await ids(dead_reason="TIMEOUT") == ["dlq_4"]
+    assert await ids(retry_count=1) == ["dlq_1", "dlq_4"]
+    assert await ids(exhausted=True) == ["dlq_3"]
+    assert await ids(original_task_id=letters[0].original_task_id) == ["dlq_0"]
+    first = await store.list_dead_letters(DeadLetterQuery(limit=2))
+    assert first.next_cursor == "dlq_1"
+    assert await ids(limit=2, cursor=first.next_cursor) == ["dlq_2", "dlq_3"]
+    await store.put_dead_letter(msgspec.structs.replace(letters[3], archived=True))
+    assert await ids(exhausted=True) == []
+    assert await ids(archived=True) == ["dlq_3"]
+    assert (await store.get_dead_letter_for_task(letters[3].task_id)).archived  # type: ignore[union-attr]

@@ -60,6 +60,27 @@ class AuditQuery(msgspec.Struct, frozen=True, kw_only=True):
     cursor: str | None = None
 
 
+class DeadLetterQuery(msgspec.Struct, frozen=True, kw_only=True):
+    owner: str | None = None
+    dead_reason: str | None = None
+    retry_count: int | None = None
+    original_task_id: str | None = None
+    exhausted: bool | None = None
+    archived: bool = False  # the active list by default; archived letters only when asked
+    limit: int = 50
+    cursor: str | None = None  # the last dead letter id of the previous page
+
+    def matches(self, letter: DeadLetter) -> bool:
+        return (
+            (self.owner is None or letter.owner == self.owner)
+            and (self.dead_reason is None or letter.dead_reason == self.dead_reason)
+            and (self.retry_count is None or letter.retry_count == self.retry_count)
+            and (self.original_task_id is None or letter.original_task_id == self.original_task_id)
+            and (self.exhausted is None or letter.exhausted == self.exhausted)
+            and letter.archived == self.archived
+        )
+
+
 class Page(msgspec.Struct, frozen=True):
     items: list[Any]
     next_cursor: str | None
@@ -122,6 +143,14 @@ class TaskStore(Protocol):
 
     # dead letters
     async def get_dead_letter_for_task(self, task_id: str) -> DeadLetter | None: ...
+    async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None: ...
+    async def list_dead_letters(self, query: DeadLetterQuery) -> Page:
+        """Letters matching the query, ordered by id; cursor = the last id of the previous page."""
+        ...
+
+    async def put_dead_letter(self, letter: DeadLetter) -> None:
+        """Write a letter without a task change (archiving)."""
+        ...
 
     # principals and nodes
     async def get_principal(self, token_hash: str) -> Principal | None: ...
@@ -156,6 +185,7 @@ class Metrics(Protocol):
     def refused(self, operation: str, code: str) -> None: ...
     def offers_published(self, kind: str, count: int) -> None: ...
     def cancel_propagated(self, count: int) -> None: ...
+    def redriven(self, action: str) -> None: ...
 
 
 class NullMetrics:
@@ -178,4 +208,7 @@ class NullMetrics:
         pass
 
     def cancel_propagated(self, count: int) -> None:
+        pass
+
+    def redriven(self, action: str) -> None:
         pass

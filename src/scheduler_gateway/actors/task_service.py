@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidArgument, task_not_found
+from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidArgument, NotFound, task_not_found
 from scheduler_gateway.wire.messages import (
     CancelNotice,
     ClaimReply,
@@ -69,6 +69,7 @@ class Caller(msgspec.Struct, frozen=True):
     user: str
     role: str  # "admin" | "user"
     request_id: str | None = None
+    actor_type: str = "user"  # "system" for the daemon's own actors
 
     @property
     def is_admin(self) -> bool:
@@ -76,7 +77,7 @@ class Caller(msgspec.Struct, frozen=True):
 
     @property
     def actor(self) -> ActorRef:
-        return ActorRef("user", self.user)
+        return ActorRef("system" if self.actor_type == "system" else "user", self.user)
 
 
 class NewTask(msgspec.Struct, frozen=True, kw_only=True):
@@ -611,6 +612,89 @@ class TaskService:
             await self._boxes.call(child_id, run)
         except GatewayError as exc:
             log.warning("cascade cancel of %s from %s failed: %s", child_id, root_id, exc.code)
+
+    # -- dead letters ----------------------------------------------------------------------------------
+    async def get_dead_letter(self, caller: Caller, dead_letter_id: str) -> DeadLetter:
+        letter = await self._store.get_dead_letter(dead_letter_id)
+        if letter is None or not (caller.is_admin or letter.owner == caller.user):
+            raise NotFound(f"dead letter {dead_letter_id[:64]} not found", code=Code.DEAD_LETTER_NOT_FOUND)
+        return letter
+
+    async def redrive(
+        self, caller: Caller, dead_letter_id: str, *, force: bool = False, reason: str | None = None
+    ) -> tuple[DeadLetter, Task]:
+        """Requeue a dead letter's task with a fresh budget and a new attempt; ``force`` also takes
+        exhausted letters (``force_retry``, recorded with the caller and reason)."""
+        letter = await self.get_dead_letter(caller, dead_letter_id)
+        return await self._boxes.call(letter.task_id, lambda: self._redrive(caller, dead_letter_id, force, reason))
+
+    async def _redrive(
+        self, caller: Caller, dead_letter_id: str, force: bool, reason: str | None
+    ) -> tuple[DeadLetter, Task]:
+        action = "force_retry" if force else "redrive"
+        letter = await self.get_dead_letter(caller, dead_letter_id)
+        task = await self._current(letter.task_id)
+        if task is None:
+            raise task_not_found(letter.task_id)
+        now = self._clock()
+        details: dict[str, Any] = {"deadLetterId": letter.dead_letter_id, "retryCount": letter.retry_count + 1}
+        if reason:
+            details["reason"] = reason
+        try:
+            if letter.exhausted and not force:
+                raise Conflict(
+                    f"dead letter {letter.dead_letter_id} is exhausted; only force-retry requeues it",
+                    code=Code.DEAD_LETTER_EXHAUSTED,
+                    details={"retryCount": letter.retry_count},
+                )
+            tr = sm.requeue(task, action, caller.actor, idgen.new_id("att"), now, caller.request_id, reason)
+        except GatewayError as exc:
+            await self._audit_only(
+                self._audit(
+                    action,
+                    task,
+                    task.id,
+                    caller.actor,
+                    "refused",
+                    request_id=caller.request_id,
+                    error_code=exc.code,
+                    details=details,
+                )
+            )
+            self._metrics.refused(action, exc.code)
+            raise
+        new_letter = msgspec.structs.replace(letter, retry_count=letter.retry_count + 1, archived=False)
+        new_task = await self._commit(tr, caller.request_id, audit_details=details, dead_letter=new_letter)
+        self._metrics.redriven(action)
+        return new_letter, new_task
+
+    async def archive_dead_letter(self, dead_letter_id: str, now: float) -> bool:
+        """Archive an exhausted letter (in its task's mailbox, so a concurrent redrive cannot be lost)."""
+        letter = await self._store.get_dead_letter(dead_letter_id)
+        if letter is None:
+            return False
+
+        async def run() -> bool:
+            current = await self._store.get_dead_letter(dead_letter_id)
+            if current is None or current.archived or not current.exhausted:
+                return False
+            await self._store.put_dead_letter(msgspec.structs.replace(current, archived=True))
+            await self._audit_only(
+                AuditEntry(
+                    id=idgen.new_id("aud"),
+                    at=now,
+                    action="archive",
+                    object_type="dead_letter",
+                    object_id=current.dead_letter_id,
+                    result="ok",
+                    actor=ActorRef("system", "dead-letter-keeper"),
+                    owner=current.owner,
+                    details={"taskId": current.task_id},
+                )
+            )
+            return True
+
+        return await self._boxes.call(letter.task_id, run)
 
     # -- node protocol ----------------------------------------------------------------------------------
     async def claim(self, node_id: str, req: ClaimRequest) -> ClaimReply:

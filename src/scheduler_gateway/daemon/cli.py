@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from scheduler_gateway.actors.dead_letter_keeper import DeadLetterPolicy
 from scheduler_gateway.actors.ports import Principal
 from scheduler_gateway.actors.task_service import TaskPolicy
 
@@ -54,6 +55,12 @@ def settings_from_config(config: Config, nats_url: str, user: str | None, passwo
             max_payload_bytes=t.max_payload_bytes,
             max_dead_retries=config.deadletter.max_dead_retries,
             recovery_grace_s=config.recovery.grace_s,
+        ),
+        dead_letters=DeadLetterPolicy(
+            auto_redrive=config.deadletter.auto_redrive,
+            redrive_delay_s=config.deadletter.redrive_delay_s,
+            archive_after_s=config.deadletter.archive_after_s,
+            sweep_interval_s=config.deadletter.sweep_interval_s,
         ),
         http=HttpSettings(
             max_payload_bytes=t.max_payload_bytes,

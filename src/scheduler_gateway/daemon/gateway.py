@@ -21,6 +21,7 @@ import msgspec
 from aiohttp import web
 
 from scheduler_gateway.actors import idgen
+from scheduler_gateway.actors.dead_letter_keeper import DeadLetterKeeper, DeadLetterPolicy
 from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.event_relay import EventRelay
 from scheduler_gateway.actors.model.records import ActorRef, AuditEntry
@@ -52,6 +53,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     events_max_msgs: int = 10000
     max_offers_per_kind: int = 64
     policy: TaskPolicy = TaskPolicy()
+    dead_letters: DeadLetterPolicy = DeadLetterPolicy()
     http: HttpSettings = HttpSettings()
 
 
@@ -85,6 +87,9 @@ class Gateway:
             metrics=self.metrics,
             on_committed=self.relay.notify,
         )
+        self.dead_letter_keeper = DeadLetterKeeper(
+            self.store, self.service, s.dead_letters, clock, on_counts=self._dead_letter_counts
+        )
         self.api = AdminApi(self.service, self.store, self.nodes, self.metrics, self.readiness, s.http)
         self._runner: web.AppRunner | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -102,6 +107,7 @@ class Gateway:
         await self.service.start()
         await self.dispatcher.start()
         await self.relay.start()
+        await self.dead_letter_keeper.start()
         await self.bus.serve(
             NodeInputs(
                 claim=self.service.claim,
@@ -134,6 +140,7 @@ class Gateway:
             self._runner = None
         await self.bus.stop_serving()
         await self.dispatcher.stop()
+        await self.dead_letter_keeper.stop()
         await self.service.stop()
         await self.relay.stop()
         if self._flusher is not None:
@@ -155,6 +162,10 @@ class Gateway:
         for task in self.service._live.values():
             counts[task.state] = counts.get(task.state, 0) + 1
         return counts
+
+    def _dead_letter_counts(self, counts: dict[str, int]) -> None:
+        for state, n in counts.items():
+            self.metrics.dead_letters.labels(state).set(n)
 
     def _announce_kinds(self, kinds: list[str]) -> None:
         async def ensure() -> None:
@@ -215,7 +226,12 @@ class Gateway:
         if self.bus.connected:
             for name, result in (await self.bus.stream_health()).items():
                 checks[f"stream:{name}"] = result
-        actors = {"dispatcher": self.dispatcher, "event-relay": self.relay, "lease-clock": self.service.lease_clock}
+        actors = {
+            "dispatcher": self.dispatcher,
+            "event-relay": self.relay,
+            "lease-clock": self.service.lease_clock,
+            "dead-letter-keeper": self.dead_letter_keeper,
+        }
         down = [name for name, a in actors.items() if not a.running]
         checks["actors"] = (not down, "running" if not down else "stopped: " + ", ".join(down))
         backlog = self._outbox_backlog

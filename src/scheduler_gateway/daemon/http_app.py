@@ -19,9 +19,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from scheduler_gateway.actors import idgen
-from scheduler_gateway.actors.model.records import AuditEntry, HistoryEntry, Task
+from scheduler_gateway.actors.model.records import AuditEntry, DeadLetter, HistoryEntry, Task
 from scheduler_gateway.actors.nodes import NodeRegistry
-from scheduler_gateway.actors.ports import AuditQuery, TaskQuery, TaskStore
+from scheduler_gateway.actors.ports import AuditQuery, DeadLetterQuery, TaskQuery, TaskStore
 from scheduler_gateway.actors.task_service import Caller, NewTask, TaskService
 from scheduler_gateway.wire import api
 from scheduler_gateway.wire.errors import (
@@ -92,6 +92,21 @@ def task_view(t: Task) -> api.TaskView:
         updated_at=fmt_ts(t.updated_at),
         started_at=fmt_ts(t.started_at),
         finished_at=fmt_ts(t.finished_at),
+    )
+
+
+def dead_letter_fields(d: DeadLetter) -> dict[str, Any]:
+    return dict(
+        dead_letter_id=d.dead_letter_id,
+        task_id=d.task_id,
+        original_task_id=d.original_task_id,
+        dead_reason=d.dead_reason,
+        retry_count=d.retry_count,
+        exhausted=d.exhausted,
+        archived=d.archived,
+        last_error=api.ErrorView(d.last_error.code, d.last_error.message) if d.last_error else None,
+        first_dead_at=fmt_ts(d.first_dead_at),
+        last_dead_at=fmt_ts(d.last_dead_at),
     )
 
 
@@ -172,6 +187,10 @@ class AdminApi:
         r.add_get("/api/tasks/{id}/history", self.task_history)
         for action in ("cancel", "approve", "amend", "retry", "rework"):
             r.add_post(f"/api/tasks/{{id}}/{action}", self._action_handler(action))
+        r.add_get("/api/deadletter", self.list_dead_letters)
+        r.add_get("/api/deadletter/{id}", self.get_dead_letter)
+        r.add_post("/api/deadletter/{id}/retry", self._redrive_handler(force=False))
+        r.add_post("/api/deadletter/{id}/force-retry", self._redrive_handler(force=True))
         r.add_get("/api/audit", self.list_audit)
         r.add_get("/api/nodes", self.list_nodes)
         r.add_post("/api/nodes/{id}/drain", self._drain_handler(True))
@@ -405,6 +424,43 @@ class AdminApi:
 
         return handle
 
+    # -- dead letters ------------------------------------------------------------------------------
+    async def list_dead_letters(self, request: web.Request) -> web.Response:
+        caller: Caller = request[CALLER]
+        limit, cursor = self._page_args(request)
+        q = request.query
+        page = await self.store.list_dead_letters(
+            DeadLetterQuery(
+                owner=None if caller.is_admin else caller.user,
+                dead_reason=q.get("deadReason") or None,
+                retry_count=_int_arg(q.get("retryCount"), "retryCount"),
+                original_task_id=q.get("originalTaskId") or None,
+                exhausted=_bool_arg(q.get("exhausted"), "exhausted"),
+                archived=bool(_bool_arg(q.get("archived"), "archived")),
+                limit=limit,
+                cursor=cursor,
+            )
+        )
+        return self._json(
+            api.ListView([api.DeadLetterView(**dead_letter_fields(d)) for d in page.items], page.next_cursor)
+        )
+
+    async def get_dead_letter(self, request: web.Request) -> web.Response:
+        letter = await self.service.get_dead_letter(request[CALLER], request.match_info["id"])
+        return self._json(api.DeadLetterView(**dead_letter_fields(letter)))
+
+    def _redrive_handler(self, force: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            reason = None
+            if force:
+                reason = self._decode(await self._body(request), api.ForceRetryBody).reason
+            letter, task = await self.service.redrive(
+                request[CALLER], request.match_info["id"], force=force, reason=reason
+            )
+            return self._json(api.RedriveView(**dead_letter_fields(letter), task=task_view(task)))
+
+        return handle
+
     # -- audit and nodes -----------------------------------------------------------------------------
     async def list_audit(self, request: web.Request) -> web.Response:
         caller: Caller = request[CALLER]
@@ -472,3 +528,22 @@ class AdminApi:
             )
 
         return handle
+
+
+def _int_arg(raw: str | None, name: str) -> int | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidArgument(f"{name} must be an integer", details={"field": name}) from None
+
+
+def _bool_arg(raw: str | None, name: str) -> bool | None:
+    if raw is None or raw == "":
+        return None
+    if raw.lower() in ("true", "1"):
+        return True
+    if raw.lower() in ("false", "0"):
+        return False
+    raise InvalidArgument(f"{name} must be true or false", details={"field": name})

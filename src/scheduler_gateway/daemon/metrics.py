@@ -50,6 +50,15 @@ class PrometheusMetrics:
         self.cancels_propagated = Counter(
             "gw_cancels_propagated_total", "Child tasks canceled with their parent", registry=r
         )
+        self.redrives = Counter(
+            "gw_dead_letter_redrives_total", "Dead letters requeued, by redrive or force_retry", ["action"], registry=r
+        )
+        self.dead_letters = Gauge(
+            "gw_dead_letters",
+            "Dead letters by state (active, exhausted, archived), as of the last sweep",
+            ["state"],
+            registry=r,
+        )
         self.http_requests = Counter(
             "gw_http_requests_total", "Admin API requests by route and status class", ["route", "status"], registry=r
         )
@@ -92,6 +101,9 @@ class PrometheusMetrics:
 
     def cancel_propagated(self, count: int) -> None:
         self.cancels_propagated.inc(count)
+
+    def redriven(self, action: str) -> None:
+        self.redrives.labels(action).inc()
 
 
 def _count_of(counts: Callable[[], dict[str, int]], state: str) -> Callable[[], float]:

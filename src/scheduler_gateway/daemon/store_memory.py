@@ -13,6 +13,7 @@ from scheduler_gateway.actors.model.records import ACTIVE_STATES, AuditEntry, De
 from scheduler_gateway.actors.ports import (
     AuditQuery,
     Change,
+    DeadLetterQuery,
     IdempotencyRecord,
     NodeRecord,
     OutboxRow,
@@ -223,6 +224,25 @@ class MemoryStore:
     async def get_dead_letter_for_task(self, task_id: str) -> DeadLetter | None:
         self._check_running()
         return self._dead_letters.get(task_id)
+
+    async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
+        self._check_running()
+        return next((d for d in self._dead_letters.values() if d.dead_letter_id == dead_letter_id), None)
+
+    async def list_dead_letters(self, query: DeadLetterQuery) -> Page:
+        self._check_running()
+        limit = clamp_limit(query.limit)
+        found = sorted(
+            (d for d in self._dead_letters.values() if d.dead_letter_id > (query.cursor or "") and query.matches(d)),
+            key=lambda d: d.dead_letter_id,
+        )
+        more = len(found) > limit
+        found = found[:limit]
+        return Page(found, found[-1].dead_letter_id if more else None)
+
+    async def put_dead_letter(self, letter: DeadLetter) -> None:
+        self._check_running()
+        self._dead_letters[letter.task_id] = letter
 
     # principals and nodes
 

@@ -35,6 +35,7 @@ from scheduler_gateway.actors.model.records import (
 from scheduler_gateway.actors.ports import (
     AuditQuery,
     Change,
+    DeadLetterQuery,
     IdempotencyRecord,
     NodeRecord,
     OutboxRow,
@@ -717,6 +718,32 @@ class SqliteStore:
         if not rows:
             return None
         return _decode_or_raise(_decode_dead_letter, rows[0][0], "dead letter", task_id)
+
+    async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
+        rows = await self._fetchall("SELECT doc FROM dead_letters WHERE dead_letter_id = ?", (dead_letter_id,))
+        if not rows:
+            return None
+        return _decode_or_raise(_decode_dead_letter, rows[0][0], "dead letter", dead_letter_id)
+
+    async def list_dead_letters(self, query: DeadLetterQuery) -> Page:
+        # letters are few next to tasks: filter decoded rows here rather than index every field
+        limit = clamp_limit(query.limit)
+        rows = await self._fetchall(
+            "SELECT dead_letter_id, doc FROM dead_letters WHERE dead_letter_id > ? ORDER BY dead_letter_id",
+            (query.cursor or "",),
+        )
+        found = [d for d in _decode_rows(_decode_dead_letter, rows, "dead letter") if query.matches(d)]
+        more = len(found) > limit
+        found = found[:limit]
+        return Page(found, found[-1].dead_letter_id if more else None)
+
+    async def put_dead_letter(self, letter: DeadLetter) -> None:
+        row = (letter.dead_letter_id, letter.task_id, _encode(letter))
+
+        async def op(conn: aiosqlite.Connection) -> None:
+            await conn.execute(_SQL_UPSERT_DEAD_LETTER, row)
+
+        await self._submit_op(op)
 
     async def get_principal(self, token_hash: str) -> Principal | None:
         rows = await self._fetchall("SELECT doc FROM principals WHERE token_hash = ?", (token_hash,))

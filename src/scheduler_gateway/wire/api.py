@@ -137,6 +137,29 @@ class AuditView(msgspec.Struct, rename="camel", kw_only=True):
     details: dict[str, Any]
 
 
+class DeadLetterView(msgspec.Struct, rename="camel", kw_only=True):
+    dead_letter_id: str
+    task_id: str
+    original_task_id: str
+    dead_reason: str
+    retry_count: int
+    exhausted: bool
+    archived: bool
+    last_error: ErrorView | None
+    first_dead_at: str | None
+    last_dead_at: str | None
+
+
+class RedriveView(DeadLetterView, kw_only=True):
+    """The answer to a retry or force-retry: the letter as it is now, and the requeued task."""
+
+    task: TaskView
+
+
+class ForceRetryBody(_Body):
+    reason: Reason | None = None
+
+
 class NodeView(msgspec.Struct, rename="camel", kw_only=True):
     id: str
     kinds: list[str]

@@ -1,0 +1,117 @@
+"""Dead letters (CONTRACT 2.4): fields, redrive, exhaustion, force-retry, automatic redrive, archiving."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scheduler_gateway.actors.dead_letter_keeper import DeadLetterPolicy
+from scheduler_gateway.actors.task_service import TaskPolicy
+from scheduler_gateway.daemon.nats_server import NatsServerProcess
+from scheduler_gateway.wire.messages import WireError
+
+from .harness import ALICE_TOKEN, BOB_TOKEN, Api, HandNode, api_client, running_gateway, wait_for
+
+FAIL = WireError(code="HANDLER_ERROR", message="boom", retryable=True)
+
+
+async def run_and_fail(api: Api, node: HandNode, task_id: str) -> dict:
+    offers = await node.pull("fail")
+    offer, msg = offers[0]
+    assert offer.task_id == task_id
+    reply = await node.claim(offer.task_id, offer.attempt_id)
+    assert reply.ok, reply
+    await msg.ack()
+    await node.settle(task_id, offer.attempt_id, reply.lease_id or "", "failed", None, FAIL)
+    return await api.wait_state(task_id, {"dead", "queued"})
+
+
+async def letter_of(api: Api, task_id: str, archived: bool = False) -> dict:
+    status, body, _ = await api.call("GET", f"/api/deadletter?originalTaskId={task_id}&archived={archived}")
+    assert status == 200
+    (letter,) = body["items"]
+    return letter
+
+
+async def test_redrive_exhaust_force_retry(tmp_path: Path, fresh_nats: NatsServerProcess) -> None:
+    policy = TaskPolicy(max_dead_retries=1)
+    no_auto = DeadLetterPolicy(auto_redrive=False, sweep_interval_s=0.1)
+    async with running_gateway(tmp_path / "gw", fresh_nats.url, policy=policy, dead_letters=no_auto) as gw:
+        node = await HandNode.connect(fresh_nats.url, "node-a")
+        try:
+            async with api_client(gw) as admin:
+                api = admin.as_user(ALICE_TOKEN)
+                task = await api.create({"kind": "fail", "maxAttempts": 1, "payload": {"retryable": True}})
+                dead = await run_and_fail(api, node, task["id"])
+                assert dead["state"] == "dead"
+                letter = await letter_of(api, task["id"])
+                assert letter["taskId"] == task["id"] and letter["originalTaskId"] == task["id"]
+                assert letter["deadReason"] == "HANDLER_ERROR" and letter["retryCount"] == 0
+                assert letter["exhausted"] is False and letter["archived"] is False
+                assert letter["lastError"] == {"code": "HANDLER_ERROR", "message": "boom"}
+                assert letter["firstDeadAt"] == letter["lastDeadAt"]
+                status, one, _ = await api.call("GET", f"/api/deadletter/{letter['deadLetterId']}")
+                assert status == 200 and one == letter
+                # another user cannot see it
+                status, body, _ = await api.as_user(BOB_TOKEN).call("GET", f"/api/deadletter/{letter['deadLetterId']}")
+                assert status == 404 and body["error"]["code"] == "DEAD_LETTER_NOT_FOUND"
+                # redrive: a fresh budget, a new attempt id, and at claim a new lease
+                status, redriven, _ = await api.call("POST", f"/api/deadletter/{letter['deadLetterId']}/retry")
+                assert status == 200 and redriven["retryCount"] == 1
+                assert redriven["task"]["state"] == "queued" and redriven["task"]["attemptId"] != dead["attemptId"]
+                dead_again = await run_and_fail(api, node, task["id"])
+                assert dead_again["state"] == "dead" and dead_again["attemptNo"] == 2
+                leases = {h["leaseId"] for h in await api.history(task["id"]) if h["action"] == "claim"}
+                assert len(leases) == 2
+                letter = await letter_of(api, task["id"])
+                assert letter["exhausted"] is True and letter["retryCount"] == 1
+                assert letter["lastDeadAt"] > letter["firstDeadAt"]
+                status, err, _ = await api.call("POST", f"/api/deadletter/{letter['deadLetterId']}/retry")
+                assert status == 409 and err["error"]["code"] == "DEAD_LETTER_EXHAUSTED"
+                status, exhausted, _ = await api.call("GET", "/api/deadletter?exhausted=true")
+                assert [d["deadLetterId"] for d in exhausted["items"]] == [letter["deadLetterId"]]
+                status, forced, _ = await api.call(
+                    "POST", f"/api/deadletter/{letter['deadLetterId']}/force-retry", {"reason": "fixed the bug"}
+                )
+                assert status == 200 and forced["task"]["state"] == "queued" and forced["retryCount"] == 2
+                status, audit, _ = await api.call("GET", f"/api/audit?objectId={task['id']}&action=force_retry")
+                (entry,) = audit["items"]
+                assert entry["actor"] == {"type": "user", "id": "alice"}
+                assert entry["details"]["reason"] == "fixed the bug" and entry["result"] == "ok"
+                status, refused, _ = await api.call("GET", f"/api/audit?objectId={task['id']}&action=redrive")
+                assert [a["errorCode"] for a in refused["items"] if a["result"] == "refused"] == [
+                    "DEAD_LETTER_EXHAUSTED"
+                ]
+                history = await api.history(task["id"])
+                assert [h["action"] for h in history if h["to"] == "queued"] == ["create", "redrive", "force_retry"]
+        finally:
+            await node.close()
+
+
+async def test_automatic_redrive_and_archiving(tmp_path: Path, fresh_nats: NatsServerProcess) -> None:
+    fast = DeadLetterPolicy(auto_redrive=True, redrive_delay_s=0.2, archive_after_s=0.3, sweep_interval_s=0.05)
+    async with running_gateway(
+        tmp_path / "gw", fresh_nats.url, policy=TaskPolicy(max_dead_retries=1), dead_letters=fast
+    ) as gw:
+        node = await HandNode.connect(fresh_nats.url, "node-a")
+        try:
+            async with api_client(gw) as api:
+                task = await api.create({"kind": "fail", "maxAttempts": 1})
+                await run_and_fail(api, node, task["id"])
+                again = await api.wait_state(task["id"], {"queued"}, timeout_s=5)  # redriven by the keeper
+                assert again["attemptNo"] == 2
+                history = await api.history(task["id"])
+                assert history[-1]["action"] == "redrive" and history[-1]["actor"]["type"] == "system"
+                await run_and_fail(api, node, task["id"])
+                letter = await letter_of(api, task["id"])
+                assert letter["exhausted"] is True
+
+                async def archived() -> bool:
+                    _, body, _ = await api.call("GET", "/api/deadletter")
+                    return body["items"] == []
+
+                await wait_for(archived, timeout_s=5)
+                letter = await letter_of(api, task["id"], archived=True)
+                assert letter["archived"] is True
+                assert (await api.task(task["id"]))["state"] == "dead"  # exhausted letters are not redriven
+        finally:
+            await node.close()
