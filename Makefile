@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml constraints.txt
 run: $(STAMP)
 	VENV=$(VENV) bash scripts/dev-run.sh
 
+LINTED := src tests $(wildcard bench/*.py)
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/mypy
 
 test: lint
