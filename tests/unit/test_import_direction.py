@@ -44,12 +44,3 @@ def test_model_is_pure() -> None:
     for path, names in imports_of("actors/model").items():
         bad = {n for n in names if n.split(".")[0] in impure}
         assert not bad, f"{path} imports {bad}"
-
-
-def test_ids_made_in_one_process_are_strictly_increasing() -> None:
-    from scheduler_gateway.actors.idgen import new_id
-    from scheduler_gateway.wire.ids import is_id
-
-    ids = [new_id("tsk") for _ in range(5000)]
-    assert ids == sorted(ids) and len(set(ids)) == len(ids)
-    assert all(is_id(i, "tsk") for i in ids[:10])
