@@ -1,0 +1,908 @@
+"""Throughput and latency benchmark of scheduler-gateway, next to the raw JetStream floor it is built on.
+
+This script owns the project's performance measurement, nothing else: it starts its own processes on
+127.0.0.1 (fresh temp dir per repetition), drives them, stops every one of them by its PID, and appends
+one JSON line per repetition and system to ``--out``. It asserts nothing: it is a measuring tool, not a
+test, and prints a markdown table (median over repetitions) at the end.
+
+Per repetition:
+
+* **gateway**: ``gatewayd run`` (embedded nats-server) and ``--workers`` ``gateway-worker`` processes
+  (kind ``echo``); N echo tasks are created over HTTP (aiohttp, keep-alive, bounded concurrency), either
+  as fast as possible (burst) or paced at ``--rate`` tasks/s; completion is detected by polling the list
+  endpoint by state; every figure then comes from the tasks' own timestamps (createdAt, startedAt = claim,
+  finishedAt = settle applied), read back through the list endpoint, and duplicates from task histories.
+* **floor** (unless ``--skip-floor``): a fresh nats-server with two work-queue streams and no gateway logic;
+  this process publishes N ~200 B dispatch messages (``Nats-Msg-Id``), ``--workers`` worker processes
+  (this same file, ``--role floor-worker``) pull them, publish a settle to the second stream and ack, and
+  this process consumes the settles. That is the transport cost the gateway's own logic adds to.
+
+See bench/README.md for the columns and the method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import random
+import resource
+import secrets
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import nats
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
+
+SELF = Path(__file__).resolve()
+REPO = SELF.parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # the e2e tests' process helpers live in tests/e2e/procs.py
+
+from tests.e2e.procs import Daemon, Worker  # noqa: E402
+
+from scheduler_gateway.daemon.nats_server import NatsServerProcess  # noqa: E402
+
+T = TypeVar("T")
+TERMINAL = ("succeeded", "failed", "dead", "canceled")
+NON_TERMINAL = ("waiting_approval", "queued", "running")
+PAGE = 500  # the API's largest page
+HISTORY_SAMPLE_ALL = 5000  # up to this N every task's history is checked, above it a random sample
+HISTORY_SAMPLE = 2000
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# ------------------------------------------------------------------------------------------------ figures
+
+
+def pct(values: list[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100); the same definition the peer baselines used."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, round(p / 100.0 * len(s) + 0.5) - 1))
+    return s[k]
+
+
+def lat_ms(prefix: str, seconds: list[float]) -> dict[str, float]:
+    return {
+        f"{prefix}_p50_ms": pct(seconds, 50) * 1e3,
+        f"{prefix}_p95_ms": pct(seconds, 95) * 1e3,
+        f"{prefix}_p99_ms": pct(seconds, 99) * 1e3,
+        f"{prefix}_max_ms": max(seconds) * 1e3 if seconds else float("nan"),
+    }
+
+
+def machine_cpu() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine from /proc/stat; busy excludes idle and iowait."""
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    idle = vals[3] + vals[4]
+    return sum(vals) - idle, sum(vals)
+
+
+def busy_pct(start: tuple[int, int], end: tuple[int, int]) -> float:
+    """Whole-machine busy % between two samples (all cores = 100 %)."""
+    total = end[1] - start[1]
+    return 100.0 * (end[0] - start[0]) / total if total else float("nan")
+
+
+def proc_cpu_s(pid: int | None) -> float:
+    """utime + stime of one process (all its threads, not its children), seconds; NaN when it is gone."""
+    if pid is None:
+        return float("nan")
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def self_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+@dataclass
+class CpuProbe:
+    """CPU counters of the processes of one run, sampled at the start and at the end of the measured window."""
+
+    pids: dict[str, list[int | None]]
+    start: dict[str, Any] = field(default_factory=dict)
+
+    def _sample(self) -> dict[str, Any]:
+        out: dict[str, Any] = {name: sum(proc_cpu_s(p) for p in pids) for name, pids in self.pids.items()}
+        out["client"] = self_cpu_s()
+        out["machine"] = machine_cpu()
+        return out
+
+    def begin(self) -> None:
+        self.start = self._sample()
+
+    def end(self, n: int) -> dict[str, float]:
+        now = self._sample()
+        rec: dict[str, float] = {"machine_cpu_pct": busy_pct(self.start["machine"], now["machine"])}
+        total = 0.0
+        for name in [*self.pids, "client"]:
+            secs = now[name] - self.start[name]
+            rec[f"{name}_cpu_s"] = secs
+            rec[f"{name}_cpu_ms_per_task"] = 1e3 * secs / n if n else float("nan")
+            total += secs
+        rec["cpu_ms_per_task"] = 1e3 * total / n if n else float("nan")
+        # The box may be shared: busy time not spent by this run's processes is someone else's load.
+        busy_s = (now["machine"][0] - self.start["machine"][0]) / CLK_TCK
+        all_s = (now["machine"][1] - self.start["machine"][1]) / CLK_TCK
+        rec["other_cpu_pct"] = 100.0 * max(0.0, busy_s - total) / all_s if all_s else float("nan")
+        rec["loadavg_1m"] = float(Path("/proc/loadavg").read_text().split()[0])
+        return rec
+
+
+def parse_ts(text: str | None) -> float | None:
+    # Python 3.11 fromisoformat reads the API's "2026-11-29T20:53:49.123Z"
+    return None if text is None else dt.datetime.fromisoformat(text).timestamp()
+
+
+# ------------------------------------------------------------------------------------------------ gateway
+
+
+class Api:
+    """The few admin API calls the benchmark makes, on one keep-alive session."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.http = session
+
+    async def get(self, path: str, **params: Any) -> Any:
+        async with self.http.get(path, params={k: str(v) for k, v in params.items()}) as resp:
+            body = await resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"GET {path} {params} -> {resp.status}: {body[:200]!r}")
+            return json.loads(body)
+
+    async def any_in_state(self, state: str, run_id: str) -> bool:
+        page = await self.get("/api/tasks", state=state, runId=run_id, limit=1)
+        return bool(page["items"])
+
+    async def list_all(self, state: str, run_id: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"state": state, "runId": run_id, "limit": PAGE}
+            if cursor:
+                params["cursor"] = cursor
+            page = await self.get("/api/tasks", **params)
+            items.extend(page["items"])
+            cursor = page.get("nextCursor")
+            if not cursor:
+                return items
+
+
+@dataclass
+class Submission:
+    ids: list[str] = field(default_factory=list)
+    http_s: list[float] = field(default_factory=list)  # POST round trips
+    errors: dict[str, int] = field(default_factory=dict)
+    first_at: float = 0.0
+    last_at: float = 0.0
+
+
+async def submit(api: Api, run_id: str, n: int, rate: float, concurrency: int) -> Submission:
+    """Create n echo tasks: burst = `concurrency` senders back to back; paced = task i offered at t0 + i/rate.
+
+    No retries: a retried POST without an idempotency key could create a task twice, which would then look
+    like a gateway duplicate. A failed POST is counted in `errors` instead.
+    """
+    sub = Submission()
+    bodies = [json.dumps({"kind": "echo", "payload": {"i": i}, "runId": run_id}).encode() for i in range(n)]
+    hdrs = {"Content-Type": "application/json"}
+
+    async def post(i: int) -> None:
+        t = time.perf_counter()
+        try:
+            async with api.http.post("/api/tasks", data=bodies[i], headers=hdrs) as resp:
+                raw = await resp.read()
+                if resp.status == 201:
+                    sub.ids.append(json.loads(raw)["id"])
+                    sub.http_s.append(time.perf_counter() - t)
+                else:
+                    key = f"http {resp.status}"
+                    sub.errors[key] = sub.errors.get(key, 0) + 1
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            key = type(exc).__name__
+            sub.errors[key] = sub.errors.get(key, 0) + 1
+
+    loop = asyncio.get_running_loop()
+    sub.first_at = time.time()
+    if rate <= 0:
+        todo = iter(range(n))  # shared by the senders: one event loop, no lock needed
+
+        async def sender() -> None:
+            for i in todo:
+                await post(i)
+
+        await asyncio.gather(*(sender() for _ in range(concurrency)))
+    else:
+        # Open-loop pacing: the schedule does not wait for answers, only the in-flight bound can hold it
+        # back (then the achieved offered rate, recorded below, falls short of --rate).
+        sem = asyncio.Semaphore(concurrency)
+        pending: list[asyncio.Task[None]] = []
+
+        async def paced(i: int) -> None:
+            try:
+                await post(i)
+            finally:
+                sem.release()
+
+        t0 = loop.time()
+        for i in range(n):
+            delay = t0 + i / rate - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await sem.acquire()
+            pending.append(asyncio.create_task(paced(i)))
+        await asyncio.gather(*pending)
+    sub.last_at = time.time()
+    return sub
+
+
+async def wait_nodes(api: Api, count: int, timeout_s: float) -> None:
+    """Until `count` workers have heartbeated (the gateway then has created the echo consumer)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        nodes = (await api.get("/api/nodes"))["items"]
+        if sum(1 for x in nodes if x["status"] == "online") >= count:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(nodes)} of {count} workers online after {timeout_s} s")
+        await asyncio.sleep(0.1)
+
+
+async def wait_drained(api: Api, run_id: str, deadline: float, poll_s: float) -> bool:
+    """Poll the list endpoint by state until no task of the run is queued or running; False at the deadline.
+
+    Each task is in exactly one state at a time and a create is committed before its 201, so once every
+    POST has answered, "nothing queued, nothing running" means every task is terminal. Two limit=1 list
+    calls per poll (three at most: waiting_approval, queued, running) keep the poller's own load on the
+    gateway negligible. Call it only after every POST has answered.
+    """
+    while True:
+        await asyncio.sleep(poll_s)
+        busy = False
+        for state in NON_TERMINAL:
+            if await api.any_in_state(state, run_id):
+                busy = True
+                break
+        if not busy:
+            return True
+        if time.monotonic() > deadline:
+            return False
+
+
+async def check_histories(api: Api, ids: list[str], concurrency: int = 16) -> dict[str, Any]:
+    """Duplicate claims (same attemptId claimed twice) and double terminal transitions, from task histories."""
+    sem = asyncio.Semaphore(concurrency)
+    dup_claim: list[str] = []
+    dup_terminal: list[str] = []
+    errors = 0
+
+    async def one(task_id: str) -> None:
+        nonlocal errors
+        async with sem:
+            try:
+                hist = (await api.get(f"/api/tasks/{task_id}/history", limit=PAGE))["items"]
+            except (RuntimeError, aiohttp.ClientError, TimeoutError):
+                errors += 1
+                return
+        claims: dict[str, int] = {}
+        for h in hist:
+            if h["action"] == "claim":
+                claims[h["attemptId"]] = claims.get(h["attemptId"], 0) + 1
+        if any(c > 1 for c in claims.values()):
+            dup_claim.append(task_id)
+        if sum(1 for h in hist if h["to"] in TERMINAL) > 1:
+            dup_terminal.append(task_id)
+
+    await asyncio.gather(*(one(t) for t in ids))
+    dups = sorted(set(dup_claim) | set(dup_terminal))
+    return {
+        "history_sampled": len(ids),
+        "history_errors": errors,
+        "dup_claim_tasks": len(dup_claim),
+        "dup_terminal_tasks": len(dup_terminal),
+        "duplicates": len(dups),
+        "duplicate_ids": dups[:20],
+    }
+
+
+async def start_py_spy(pid: int, out: str, duration_s: int) -> asyncio.subprocess.Process | None:
+    exe = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    if exe is None:
+        print("py-spy not found; no profile", file=sys.stderr)
+        return None
+    # raw = collapsed stacks ("frame;frame;... count"), readable as text; --threads keeps the event loop
+    # apart from aiosqlite's threads.
+    return await asyncio.create_subprocess_exec(
+        exe,
+        "record",
+        "--pid",
+        str(pid),
+        "--duration",
+        str(duration_s),
+        "--rate",
+        "100",
+        "--threads",
+        "--format",
+        "raw",
+        "-o",
+        out,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+
+
+async def drive_gateway(args: argparse.Namespace, daemon: Daemon, probe: CpuProbe, profile: bool) -> dict[str, Any]:
+    timeout = aiohttp.ClientTimeout(total=60)
+    conn = aiohttp.TCPConnector(limit=args.http_concurrency + 8, keepalive_timeout=120)
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    async with aiohttp.ClientSession(daemon.base, headers=headers, connector=conn, timeout=timeout) as http:
+        api = Api(http)
+        await wait_nodes(api, args.workers, 30.0)
+        # Warm-up, outside the measurement: the first offers bind the workers' pull loops, open the HTTP
+        # connections and fault in the code paths; a fresh daemon otherwise pays that inside the window.
+        warm_id = "bench-warmup-" + secrets.token_hex(4)
+        warm = await submit(api, warm_id, max(50, 2 * args.workers * args.concurrency), 0, args.http_concurrency)
+        if not await wait_drained(api, warm_id, time.monotonic() + 60, 0.1):
+            raise RuntimeError("warm-up tasks did not finish within 60 s")
+        if warm.errors:
+            raise RuntimeError(f"warm-up POSTs failed: {warm.errors}")
+
+        run_id = "bench-" + secrets.token_hex(6)
+        spy = None
+        probe.begin()
+        t0 = time.monotonic()
+        submitting = asyncio.create_task(submit(api, run_id, args.n, args.rate, args.http_concurrency))
+        if profile:
+            spy = await start_py_spy(probe.pids["gatewayd"][0] or 0, args.py_spy_out, args.py_spy_duration)
+        # no completion polling while submitting; the deadline counts from the last POST's answer
+        await asyncio.wait({submitting})
+        complete = await wait_drained(api, run_id, time.monotonic() + args.timeout, args.poll)
+        window_s = time.monotonic() - t0
+        sub = submitting.result()
+        cpu = probe.end(args.n)
+        if spy is not None:
+            await spy.wait()
+
+        tasks: list[dict[str, Any]] = []
+        for state in TERMINAL + (() if complete else NON_TERMINAL):
+            tasks.extend(await api.list_all(state, run_id))
+        terminal = [t for t in tasks if t["state"] in TERMINAL]
+        created = set(sub.ids) | {t["id"] for t in tasks}
+        terminal_ids = {t["id"] for t in terminal}
+        ids = sorted(created)
+        sample = ids if len(ids) <= HISTORY_SAMPLE_ALL else random.sample(ids, HISTORY_SAMPLE)
+        dups = await check_histories(api, sample)
+
+    queue, execute, e2e, created_at, finished_at = [], [], [], [], []
+    for t in terminal:
+        c, s, f = parse_ts(t["createdAt"]), parse_ts(t["startedAt"]), parse_ts(t["finishedAt"])
+        if c is not None:
+            created_at.append(c)
+        if f is not None:
+            finished_at.append(f)
+        if c is not None and s is not None:
+            queue.append(s - c)
+        if s is not None and f is not None:
+            execute.append(f - s)
+        if c is not None and f is not None:
+            e2e.append(f - c)
+    span = (max(finished_at) - min(created_at)) if created_at and finished_at else float("nan")
+    states: dict[str, int] = {}
+    for t in tasks:
+        states[t["state"]] = states.get(t["state"], 0) + 1
+    rec: dict[str, Any] = {
+        "system": "gateway",
+        "n": args.n,
+        "created": len(created),
+        "terminal": len(terminal),
+        "states": states,
+        "lost": len(created - terminal_ids),
+        "lost_ids": sorted(created - terminal_ids)[:20],
+        "reattempted": sum(1 for t in terminal if (t.get("attemptNo") or 1) > 1),
+        "submit_errors": sub.errors,
+        "complete": complete,
+        "secs": span,
+        "tasks_per_s": len(terminal) / span if span and span == span else float("nan"),
+        "window_s": window_s,
+        "submit_s": sub.last_at - sub.first_at,
+        "offered_per_s": len(sub.ids) / (sub.last_at - sub.first_at) if sub.last_at > sub.first_at else float("nan"),
+        "profiled": profile,
+    }
+    rec.update(lat_ms("queue", queue))
+    rec.update(lat_ms("exec", execute))
+    rec.update(lat_ms("e2e", e2e))
+    rec.update(lat_ms("http_create", sub.http_s))
+    rec.update(dups)
+    rec.update(cpu)
+    return rec
+
+
+def run_gateway_rep(args: argparse.Namespace, scratch: Path, profile: bool) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="gw-", dir=scratch))
+    daemon = Daemon(tmp / "data")
+    workers: list[Worker] = []
+    ok = False
+    try:
+        daemon.start(timeout_s=60.0)
+        for i in range(args.workers):
+            w = Worker(daemon.data_dir, f"bench-w{i}", kinds="echo", concurrency=args.concurrency)
+            w.start()
+            workers.append(w)
+        assert daemon.proc is not None
+        probe = CpuProbe(
+            {
+                "gatewayd": [daemon.proc.pid],
+                "nats": [daemon.nats_pid()],
+                "workers": [w.proc.pid if w.proc else None for w in workers],
+            }
+        )
+        rec = run_async(args, drive_gateway(args, daemon, probe, profile))
+        rec["gatewayd_pid"] = daemon.proc.pid
+        ok = True
+        return rec
+    finally:
+        for w in workers:
+            w.stop()
+        if daemon.stop() not in (0, None):
+            # gatewayd stops its embedded nats-server itself; one it left behind is ours to end, by its pid
+            # and only if that pid still is the nats-server of this data dir (not a reused pid)
+            nats_pid = daemon.nats_pid()
+            with contextlib.suppress(OSError):
+                cmdline = Path(f"/proc/{nats_pid}/cmdline").read_bytes() if nats_pid else b""
+                if str(daemon.data_dir).encode() in cmdline:
+                    daemon.kill_orphan_nats()
+        if ok and not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"  (kept {tmp} with the logs)", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------------------ floor
+
+FLOOR_STOP = "bench.stop"
+FLOOR_DISPATCH = "DISPATCH"
+FLOOR_SETTLE = "SETTLE"
+FLOOR_CONSUMER = "workers"
+MSG_SIZE = 200
+
+
+class RawPuller:
+    """Pull requests sent by hand on ``$JS.API.CONSUMER.MSG.NEXT``, the way the gateway's worker pulls.
+
+    Not nats-py's ``fetch()``: ``fetch(batch > 1)`` keeps waiting for the whole batch until its timeout even
+    after a message arrived, which puts the fetch timeout into p99 at low load. Here a ``no_wait`` request
+    takes what is waiting (the server ends it with a 404 when it has fewer), and when nothing was waiting,
+    one lingering ``batch: 1`` request is answered the moment a message arrives.
+    """
+
+    def __init__(self, nc: Any, on_msg: Callable[[Msg], None]) -> None:
+        self.nc = nc
+        self.on_msg = on_msg
+        self.inbox = nc.new_inbox()
+        self.subject = f"$JS.API.CONSUMER.MSG.NEXT.{FLOOR_DISPATCH}.{FLOOR_CONSUMER}"
+        self.want = 0
+        self.got = 0
+        self.done = asyncio.Event()
+        self.seq = 0
+
+    async def start(self) -> None:
+        await self.nc.subscribe(self.inbox + ".*", cb=self._cb)
+
+    async def _cb(self, msg: Msg) -> None:
+        if msg.headers and msg.headers.get("Status"):
+            if msg.subject == f"{self.inbox}.{self.seq}":
+                self.done.set()  # 404 no messages / 408 expired: the current request is over
+            return
+        self.got += 1
+        if self.got >= self.want:
+            self.done.set()
+        self.on_msg(msg)
+
+    async def request(self, batch: int, linger_s: float | None) -> int:
+        self.seq += 1
+        self.want, self.got = batch, 0
+        self.done.clear()
+        body: dict[str, Any] = {"batch": batch}
+        if linger_s is None:
+            body["no_wait"] = True  # no "expires" with it, else the server lingers (the nats-py trap)
+        else:
+            body["expires"] = int(linger_s * 1e9)
+        await self.nc.publish(self.subject, json.dumps(body).encode(), reply=f"{self.inbox}.{self.seq}")
+        try:
+            await asyncio.wait_for(self.done.wait(), (linger_s or 0) + 5.0)
+        except TimeoutError:
+            pass
+        return self.got
+
+
+async def floor_worker(url: str, concurrency: int) -> None:
+    """One floor worker process: pull dispatch messages, publish a settle each, ack; at most `concurrency` at once."""
+    nc = await nats.connect(url, pending_size=64 * 1024 * 1024)
+    js = nc.jetstream(publish_async_max_pending=max(4000, 4 * concurrency))
+    stop = asyncio.Event()
+    slot = asyncio.Event()
+    busy = 0
+    running: set[asyncio.Task[None]] = set()
+
+    async def on_stop(msg: Msg) -> None:
+        stop.set()
+        slot.set()
+
+    async def handle(msg: Msg) -> None:
+        nonlocal busy
+        try:
+            got = time.time()
+            idx = msg.data[:8]
+            # settle body: index, when this worker received the message
+            body = idx + b" %.6f" % got
+            ack = await js.publish_async("settle.done", body, headers={"Nats-Msg-Id": "s" + idx.decode()})
+            await ack
+            await msg.ack()
+        finally:
+            busy -= 1
+            slot.set()
+
+    def on_msg(msg: Msg) -> None:
+        nonlocal busy
+        busy += 1
+        t = asyncio.ensure_future(handle(msg))
+        running.add(t)
+        t.add_done_callback(running.discard)
+
+    puller = RawPuller(nc, on_msg)
+    await puller.start()
+    await nc.subscribe(FLOOR_STOP, cb=on_stop)
+    await nc.flush()
+    while not stop.is_set():
+        free = min(concurrency - busy, 64)
+        if free <= 0:
+            slot.clear()
+            await slot.wait()
+            continue
+        if await puller.request(free, None):
+            continue
+        await puller.request(1, 1.0)
+    if running:
+        await asyncio.wait(running, timeout=5)
+    await nc.close()
+
+
+async def drive_floor(args: argparse.Namespace, url: str, server_pid: int | None) -> dict[str, Any]:
+    n = args.n
+    nc = await nats.connect(url, pending_size=64 * 1024 * 1024)
+    js = nc.jetstream(publish_async_max_pending=20000)
+    for name, subject in ((FLOOR_DISPATCH, "dispatch.>"), (FLOOR_SETTLE, "settle.>")):
+        await js.add_stream(
+            StreamConfig(
+                name=name,
+                subjects=[subject],
+                retention=RetentionPolicy.WORK_QUEUE,
+                storage=StorageType.FILE,
+                duplicate_window=120,
+            )
+        )
+    # the same consumer settings as the gateway's gw-kind-<kind>
+    await js.add_consumer(
+        FLOOR_DISPATCH,
+        ConsumerConfig(
+            durable_name=FLOOR_CONSUMER,
+            filter_subject="dispatch.echo",
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=30,
+            max_ack_pending=10000,
+        ),
+    )
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(SELF),
+            "--role",
+            "floor-worker",
+            "--url",
+            url,
+            "--concurrency",
+            str(args.concurrency),
+            *([] if args.uvloop else ["--no-uvloop"]),
+        )
+        for _ in range(args.workers)
+    ]
+    try:
+        # Ready when every worker has its lingering pull request in: the consumer then counts them waiting.
+        deadline = time.monotonic() + 30
+        while (await js.consumer_info(FLOOR_DISPATCH, FLOOR_CONSUMER)).num_waiting < args.workers:
+            if time.monotonic() > deadline or any(p.returncode is not None for p in procs):
+                raise RuntimeError("floor workers did not come up")
+            await asyncio.sleep(0.05)
+
+        send_wall = [0.0] * n
+        queue: list[float | None] = [None] * n
+        execute: list[float | None] = [None] * n
+        e2e: list[float | None] = [None] * n
+        dup = 0
+        got = 0
+        t_last = 0.0
+        all_in = asyncio.Event()
+
+        async def on_settle(msg: Msg) -> None:
+            nonlocal got, dup, t_last
+            now = time.time()
+            i = int(msg.data[:8])
+            if e2e[i] is None:
+                worker_got = float(msg.data[9:])
+                queue[i] = worker_got - send_wall[i]
+                execute[i] = now - worker_got
+                e2e[i] = now - send_wall[i]
+                got += 1
+                t_last = now
+                if got == n:
+                    all_in.set()
+            else:
+                dup += 1
+            await msg.ack()
+
+        # a push consumer with a deliver group and manual acks, like the gateway's settle consumer
+        await js.subscribe(
+            "settle.>",
+            queue="gw-settle",
+            stream=FLOOR_SETTLE,
+            cb=on_settle,
+            manual_ack=True,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_ack_pending=4096),
+            pending_msgs_limit=16384,
+        )
+        pad = b"p" * (MSG_SIZE - 8)
+        window = 1000
+        probe = CpuProbe({"nats": [server_pid], "workers": [p.pid for p in procs]})
+        probe.begin()
+        loop = asyncio.get_running_loop()
+        t0_wall = time.time()
+        t0 = loop.time()
+        futs: list[asyncio.Future[Any]] = []
+        for i in range(n):
+            if args.rate > 0:
+                delay = t0 + i / args.rate - loop.time()
+                if delay > 0 and futs:
+                    await asyncio.gather(*futs)  # collect publish acks in the idle time
+                    futs = []
+                    delay = t0 + i / args.rate - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            send_wall[i] = time.time()
+            futs.append(await js.publish_async("dispatch.echo", b"%08d" % i + pad, headers={"Nats-Msg-Id": f"d{i}"}))
+            if len(futs) >= window:
+                await asyncio.gather(*futs)
+                futs = []
+        await asyncio.gather(*futs)
+        submit_s = time.time() - t0_wall
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_in.wait(), args.timeout)
+        cpu = probe.end(n)
+        await nc.publish(FLOOR_STOP, b"")
+        await nc.flush()
+    finally:
+        for p in procs:
+            try:
+                await asyncio.wait_for(p.wait(), 10)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)
+                await p.wait()
+        await nc.close()
+    span = t_last - t0_wall if got else float("nan")
+    rec: dict[str, Any] = {
+        "system": "floor",
+        "n": n,
+        "created": n,
+        "terminal": got,
+        "lost": n - got,
+        "duplicates": dup,
+        "complete": got == n,
+        "secs": span,
+        "tasks_per_s": got / span if got else float("nan"),
+        "submit_s": submit_s,
+        "offered_per_s": n / submit_s if submit_s > 0 else float("nan"),
+    }
+    rec.update(lat_ms("queue", [x for x in queue if x is not None]))
+    rec.update(lat_ms("exec", [x for x in execute if x is not None]))
+    rec.update(lat_ms("e2e", [x for x in e2e if x is not None]))
+    rec.update(cpu)
+    return rec
+
+
+def run_floor_rep(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="floor-", dir=scratch))
+    server = NatsServerProcess(store_dir=tmp / "nats")
+    ok = False
+    try:
+        server.start()
+        rec = run_async(args, drive_floor(args, server.url, server.pid))
+        ok = True
+        return rec
+    finally:
+        server.stop()
+        if ok and not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"  (kept {tmp})", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def run_async(args: argparse.Namespace, coro: Coroutine[Any, Any, T]) -> T:
+    with asyncio.Runner(loop_factory=loop_factory(args)) as runner:  # 3.11: asyncio.run has no loop_factory
+        return runner.run(coro)
+
+
+def loop_factory(args: argparse.Namespace) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    # gatewayd and gateway-worker run on uvloop when it is installed; the client and the floor follow
+    # suit, so the floor is measured with the same event loop as the gateway.
+    if not args.uvloop:
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def fmt(x: float, digits: int = 1) -> str:
+    if x != x:  # NaN
+        return "-"
+    return f"{x:,.{digits}f}" if abs(x) < 100 else f"{x:,.0f}"
+
+
+def med(recs: list[dict[str, Any]], key: str) -> float:
+    vals = [r[key] for r in recs if isinstance(r.get(key), int | float) and r[key] == r[key]]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def lat_cell(recs: list[dict[str, Any]], prefix: str) -> str:
+    return " / ".join(fmt(med(recs, f"{prefix}_{p}_ms")) for p in ("p50", "p95", "p99"))
+
+
+def table(records: Iterable[dict[str, Any]]) -> str:
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in records:
+        key = (r["rate"], r["n"], r["workers"], r["concurrency"], r["system"])
+        groups.setdefault(key, []).append(r)
+    head = (
+        "| system | mode | N | reps | tasks/s median (min-max) | queue p50 / p95 / p99 ms | exec p50 / p95 / p99 ms"
+        " | end-to-end p50 / p95 / p99 ms | dup (checked) | lost | machine CPU % (of it not ours) | CPU ms/task: total"
+        " (gatewayd / nats / workers / client) | gateway / floor tasks/s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3], k[4] != "gateway")):
+        rate, n, workers, conc, system = key
+        recs = groups[key]
+        tps = [r["tasks_per_s"] for r in recs]
+        mode = f"paced {rate:g}/s" if rate else "burst"
+        floor = groups.get((rate, n, workers, conc, "floor"))
+        ratio = "-"
+        if system == "gateway" and floor:
+            ratio = f"{med(recs, 'tasks_per_s') / med(floor, 'tasks_per_s'):.3f}"
+        checked = sum(r.get("history_sampled", r["n"]) for r in recs)
+        split = " / ".join(
+            fmt(med(recs, f"{p}_cpu_ms_per_task"), 3) if f"{p}_cpu_ms_per_task" in recs[0] else "-"
+            for p in ("gatewayd", "nats", "workers", "client")
+        )
+        lines.append(
+            f"| {system} | {mode}, {workers} worker procs x {conc} | {n} | {len(recs)}"
+            f" | {fmt(statistics.median(tps), 0)} ({fmt(min(tps), 0)}-{fmt(max(tps), 0)})"
+            f" | {lat_cell(recs, 'queue')} | {lat_cell(recs, 'exec')} | {lat_cell(recs, 'e2e')}"
+            f" | {sum(r['duplicates'] for r in recs)} ({checked}) | {sum(r['lost'] for r in recs)}"
+            f" | {fmt(med(recs, 'machine_cpu_pct'), 0)} ({fmt(med(recs, 'other_cpu_pct'), 0)})"
+            f" | {fmt(med(recs, 'cpu_ms_per_task'), 3)} ({split}) | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def short(rec: dict[str, Any]) -> str:
+    return (
+        f"{rec['system']:7s} {rec['tasks_per_s']:8.0f} tasks/s ({rec['secs']:.2f} s)"
+        f" queue {rec['queue_p50_ms']:.1f}/{rec['queue_p95_ms']:.1f}/{rec['queue_p99_ms']:.1f}"
+        f" exec {rec['exec_p50_ms']:.1f}/{rec['exec_p95_ms']:.1f}/{rec['exec_p99_ms']:.1f} ms"
+        f" dup {rec['duplicates']} lost {rec['lost']} cpu {rec['machine_cpu_pct']:.0f}%"
+        f" ({rec['cpu_ms_per_task']:.3f} ms/task)"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--n", type=int, default=20000, help="tasks per repetition (default 20000)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions, each on fresh processes (default 3)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--concurrency", type=int, default=16, help="tasks in flight per worker process (default 16)")
+    p.add_argument("--rate", type=float, default=0, help="offered tasks/s, paced; 0 = burst (default)")
+    p.add_argument("--http-concurrency", type=int, default=32, help="POSTs in flight at once (default 32)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds after the last submit to wait (default 300)")
+    p.add_argument("--poll", type=float, default=0.2, help="completion poll interval, seconds (default 0.2)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="JSONL file to append to (default bench/results/<date>.jsonl)"
+    )
+    p.add_argument("--skip-floor", action="store_true", help="do not measure the raw JetStream floor")
+    p.add_argument("--skip-gateway", action="store_true", help="measure only the floor")
+    p.add_argument("--no-uvloop", dest="uvloop", action="store_false", help="client and floor on plain asyncio")
+    p.add_argument("--py-spy-out", default=None, help="profile gatewayd with py-spy (raw folded stacks) in rep 1")
+    p.add_argument("--py-spy-duration", type=int, default=10, help="seconds of py-spy recording (default 10)")
+    p.add_argument("--keep", action="store_true", help="keep the temp dirs (logs, databases)")
+    p.add_argument("--tag", default="", help="free text stored with each record")
+    p.add_argument("--role", default="main", choices=["main", "floor-worker"], help=argparse.SUPPRESS)
+    p.add_argument("--url", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.role == "floor-worker":
+        run_async(args, floor_worker(args.url, args.concurrency))
+        return 0
+    # SIGTERM unwinds like Ctrl-C, so the finally blocks stop every process this run started.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    out: Path = args.out or REPO / "bench" / "results" / f"{dt.datetime.now(dt.UTC):%Y-%m-%d}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="gwbench-"))
+    common = {
+        "n": args.n,
+        "rate": args.rate,
+        "workers": args.workers,
+        "concurrency": args.concurrency,
+        "http_concurrency": args.http_concurrency,
+        "uvloop": args.uvloop,
+        "tag": args.tag,
+        "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "host_cpus": os.cpu_count(),
+    }
+    records: list[dict[str, Any]] = []
+    mode = f"paced {args.rate:g}/s" if args.rate else "burst"
+    print(f"bench: N={args.n} {mode}, {args.workers} workers x {args.concurrency}, {args.reps} reps -> {out}")
+    try:
+        for rep in range(args.reps):
+            systems = [s for s, skip in (("gateway", args.skip_gateway), ("floor", args.skip_floor)) if not skip]
+            for system in systems:
+                if system == "gateway":
+                    result = run_gateway_rep(args, scratch, profile=bool(args.py_spy_out) and rep == 0)
+                else:
+                    result = run_floor_rep(args, scratch)
+                rec = {**result, **common, "rep": rep}
+                records.append(rec)
+                with out.open("a") as f:
+                    f.write(json.dumps(rec) + "\n")
+                print(f"  rep {rep + 1}/{args.reps} {short(rec)}", flush=True)
+    finally:
+        with contextlib.suppress(OSError):
+            scratch.rmdir()  # empty unless a failed (or --keep) repetition left its dir for inspection
+    if records:
+        print()
+        print(table(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
