@@ -18,11 +18,16 @@ class FakeBus:
         self.offers: list[Offer] = []
         self.fail_next = 0
 
-    async def publish_offer(self, kind: str, attempt_id: str, body: bytes) -> None:
-        if self.fail_next:
-            self.fail_next -= 1
-            raise ConnectionError("nats down")
-        self.offers.append(msgspec.json.decode(body, type=Offer))
+    async def publish_offers(self, items: list[tuple[str, str, bytes]]) -> list[BaseException | None]:
+        out: list[BaseException | None] = []
+        for _, _, body in items:
+            if self.fail_next:
+                self.fail_next -= 1
+                out.append(ConnectionError("nats down"))
+                continue
+            self.offers.append(msgspec.json.decode(body, type=Offer))
+            out.append(None)
+        return out
 
     async def publish_cancel(self, node_id: str, body: bytes) -> None:
         pass

@@ -188,10 +188,10 @@ class Dispatcher(LoopActor):
         )
 
     async def _publish(self, tasks: list[Task]) -> None:
-        results = await asyncio.gather(
-            *(self._bus.publish_offer(t.kind, t.attempt_id, self._encode(t)) for t in tasks),
-            return_exceptions=True,
-        )
+        try:
+            results = await self._bus.publish_offers([(t.kind, t.attempt_id, self._encode(t)) for t in tasks])
+        except Exception as exc:  # the consumer could not be created (NATS away): every offer failed
+            results = [exc] * len(tasks)
         failed = 0
         by_kind: dict[str, int] = {}
         for task, res in zip(tasks, results, strict=True):

@@ -167,7 +167,11 @@ class TaskStore(Protocol):
 class Bus(Protocol):
     """What actors need from NATS (the adapter owns streams, consumers and reconnects)."""
 
-    async def publish_offer(self, kind: str, attempt_id: str, body: bytes) -> None: ...
+    async def publish_offers(self, items: list[tuple[str, str, bytes]]) -> list[BaseException | None]:
+        """Publish ``(kind, attempt_id, body)`` offers to GW_DISPATCH (``Nats-Msg-Id`` = attempt id), acks
+        awaited together; one result (None, or the error) per offer."""
+        ...
+
     async def publish_cancel(self, node_id: str, body: bytes) -> None: ...
     async def publish_events(self, items: list[tuple[str, str, bytes]]) -> list[int | BaseException]:
         """Publish ``(subject, msg_id, body)`` to GW_EVENTS in order, acks awaited together; one stream

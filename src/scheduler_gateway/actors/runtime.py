@@ -135,8 +135,13 @@ class Wakeup:
         if timeout_s is not None and timeout_s <= 0:
             self._event.clear()
             return
-        try:
-            await asyncio.wait_for(self._event.wait(), timeout_s)
-        except TimeoutError:
-            pass
+        if timeout_s is None:
+            await self._event.wait()
+        else:
+            # a timer that sets the event is far cheaper than wait_for, which wraps the wait in a task
+            timer = asyncio.get_running_loop().call_later(timeout_s, self._event.set)
+            try:
+                await self._event.wait()
+            finally:
+                timer.cancel()
         self._event.clear()

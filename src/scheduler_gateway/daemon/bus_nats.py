@@ -36,6 +36,7 @@ from scheduler_gateway.wire.subjects import DISPATCH_STREAM, SETTLE_CONSUMER, SE
 from .streams import ensure_kind_consumer, ensure_streams
 
 log = logging.getLogger(__name__)
+PUBLISH_ACK_TIMEOUT_S = 5.0
 _NODE_RE = re.compile(NODE_ID_PATTERN)
 
 
@@ -247,14 +248,14 @@ class NatsBus:
             log.debug("ack failed: %s", type(exc).__name__)
 
     # -- Bus port ----------------------------------------------------------------------------------
-    async def publish_offer(self, kind: str, attempt_id: str, body: bytes) -> None:
+    async def publish_offers(self, items: list[tuple[str, str, bytes]]) -> list[BaseException | None]:
+        """Publish ``(kind, attempt_id, body)`` offers together; one result (None or the error) per offer."""
         assert self.js is not None
-        if kind not in self._kinds:
+        for kind in {k for k, _, _ in items} - self._kinds:
             await ensure_kind_consumer(self.js, self.subjects, kind)
             self._kinds.add(kind)
-        await self.js.publish(
-            self.subjects.dispatch(kind), body, stream=DISPATCH_STREAM, headers={"Nats-Msg-Id": attempt_id}
-        )
+        acks = await self._publish_all([(self.subjects.dispatch(kind), msg_id, body) for kind, msg_id, body in items])
+        return [ack if isinstance(ack, BaseException) else None for ack in acks]
 
     async def ensure_kinds(self, kinds: list[str]) -> None:
         """Create the pull consumers of kinds that nodes announce, so they can pull before any offer."""
@@ -269,6 +270,12 @@ class NatsBus:
         await self.nc.publish(self.subjects.cancel(node_id), body)
 
     async def publish_events(self, items: list[tuple[str, str, bytes]]) -> list[int | BaseException]:
+        acks = await self._publish_all(items)
+        return [ack if isinstance(ack, BaseException) else int(ack.seq) for ack in acks]
+
+    async def _publish_all(self, items: list[tuple[str, str, bytes]]) -> list[Any]:
+        """Publish ``(subject, msg_id, body)`` in order with async acks, awaited together (one wait for the
+        batch, not a wait_for per message); one PubAck or exception per item."""
         assert self.js is not None
         futures: list[asyncio.Future[Any] | BaseException] = []
         for subject, msg_id, body in items:
@@ -276,16 +283,20 @@ class NatsBus:
                 futures.append(await self.js.publish_async(subject, body, headers={"Nats-Msg-Id": msg_id}))
             except Exception as exc:
                 futures.append(exc)
-        out: list[int | BaseException] = []
+        pending = [f for f in futures if not isinstance(f, BaseException)]
+        if pending:
+            await asyncio.wait(pending, timeout=PUBLISH_ACK_TIMEOUT_S)
+        out: list[Any] = []
         for fut in futures:
             if isinstance(fut, BaseException):
                 out.append(fut)
-                continue
-            try:
-                ack = await asyncio.wait_for(fut, 5.0)
-                out.append(int(ack.seq))
-            except Exception as exc:
-                out.append(exc)
+            elif not fut.done():
+                fut.cancel()
+                out.append(TimeoutError("no publish ack from JetStream"))
+            elif fut.cancelled():
+                out.append(TimeoutError("publish cancelled"))
+            else:
+                out.append(fut.exception() or fut.result())
         return out
 
     async def stream_health(self) -> dict[str, tuple[bool, str]]:

@@ -7,6 +7,7 @@ actions, operations and codes come from fixed sets.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -19,6 +20,7 @@ class PrometheusMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self._kinds: set[str] = set()
+        self._transition_children: dict[tuple[str, str, str], Any] = {}
         self.transitions = Counter(
             "gw_task_transitions_total",
             "Task state changes by kind, action and resulting state",
@@ -82,7 +84,11 @@ class PrometheusMetrics:
 
     # -- Metrics port ----------------------------------------------------------------------------
     def transition(self, kind: str, action: str, to_state: str) -> None:
-        self.transitions.labels(self.kind(kind), action, to_state).inc()
+        key = (kind, action, to_state)
+        child = self._transition_children.get(key)
+        if child is None:  # labels() costs a lock and a tuple build per call: keep the children (hot path)
+            child = self._transition_children[key] = self.transitions.labels(self.kind(kind), action, to_state)
+        child.inc()
 
     def queue_latency(self, kind: str, seconds: float) -> None:
         self.queue_latency_s.labels(self.kind(kind)).observe(seconds)

@@ -7,6 +7,7 @@ the caller's (``actors.idgen``), so ``wire`` stays free of IO.
 
 from __future__ import annotations
 
+import base64
 import re
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
@@ -15,17 +16,17 @@ _ID_RE = re.compile(r"^[a-z]{2,4}_[0-9a-hjkmnp-tv-z]{26}$")
 PREFIXES = ("tsk", "att", "lse", "req", "run", "aud", "evt", "dlq", "cbd", "thr", "sch", "srn", "tok")
 
 
-def _b32(value: int, length: int) -> str:
-    out = []
-    for _ in range(length):
-        out.append(_ALPHABET[value & 31])
-        value >>= 5
-    return "".join(reversed(out))
+_FROM_RFC4648 = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _ALPHABET.encode())
 
 
 def format_id(prefix: str, ms: int, rand: bytes) -> str:
-    """The id for ``ms`` milliseconds since the epoch and 10 random bytes."""
-    return f"{prefix}_{_b32(ms, 10)}{_b32(int.from_bytes(rand[:10], 'big'), 16)}"
+    """The id for ``ms`` milliseconds since the epoch (48 bits) and 10 random bytes.
+
+    The 128 bits are base32-encoded most significant first (C speed via ``base64``) and mapped onto
+    an ascending alphabet, so ids sort as their numbers do: by time, then by the random part.
+    """
+    raw = (ms & 0xFFFF_FFFF_FFFF).to_bytes(6, "big") + rand[:10].rjust(10, b"\0")
+    return prefix + "_" + base64.b32encode(raw)[:26].translate(_FROM_RFC4648).decode()
 
 
 def is_id(value: str, prefix: str | None = None) -> bool:

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+_last_second: list[object] = [None, ""]  # the last whole second formatted, and its text (a hot path)
+
 
 def fmt_ts(epoch_s: float | None) -> str | None:
     if epoch_s is None:
         return None
-    dt = datetime.fromtimestamp(epoch_s, UTC)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+    ms_total = round(epoch_s * 1000)
+    second, ms = divmod(ms_total, 1000)
+    if _last_second[0] != second:
+        _last_second[0] = second
+        _last_second[1] = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+    return f"{_last_second[1]}{ms:03d}Z"
 
 
 def parse_ts(text: str) -> float:
