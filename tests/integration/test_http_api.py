@@ -44,7 +44,7 @@ async def test_owner_isolation_answers_404_like_missing(api: Api) -> None:
     assert_error(await bob.call("GET", f"/api/tasks/{task['id']}"), 404, "TASK_NOT_FOUND")
     assert_error(await bob.call("GET", f"/api/tasks/{task['id']}/history"), 404, "TASK_NOT_FOUND")
     assert_error(await bob.call("POST", f"/api/tasks/{task['id']}/cancel", {}), 404, "TASK_NOT_FOUND")
-    missing = "tsk_01m8mgr6q9tdny9gr3ynjaz7yp"
+    missing = "tsk_0000000000000000000000000000beef"
     assert_error(await bob.call("GET", f"/api/tasks/{missing}"), 404, "TASK_NOT_FOUND")
     status, listed, _ = await bob.call("GET", "/api/tasks")
     assert status == 200 and listed["items"] == []

@@ -136,9 +136,9 @@ async def test_claim_refusals(api: Api, node: HandNode) -> None:
     assert again.ok and again.lease_id == lease  # the same node gets its lease back
     other = await node.claim(task["id"], attempt, node_id="node-b")
     assert not other.ok and other.error and other.error.code == "LEASE_CONFLICT"
-    stale = await node.claim(task["id"], "att_01m8mgr6q9bwq5r3smttk75wzs")
+    stale = await node.claim(task["id"], "att_0000000000000000000000000000dead")
     assert stale.error and stale.error.code == "ATTEMPT_STALE"
-    missing = await node.claim("tsk_01m8mgr6q9bwq5r3smttk75wzs", attempt)
+    missing = await node.claim("tsk_0000000000000000000000000000dead", attempt)
     assert missing.error and missing.error.code == "TASK_NOT_FOUND"
     later = await api.create({"kind": "echo", "notBefore": "2099-01-01T00:00:00Z"})
     not_due = await node.claim(later["id"], later["attemptId"])
@@ -162,7 +162,7 @@ async def test_forged_and_garbage_messages_are_refused_and_audited(api: Api, nod
     assert [e.lease_id for e in hb_real.extended] == [lease]
     # a settle from another node for this lease, one for an unknown lease, and garbage bytes
     await node.settle(task["id"], attempt, lease, result=1, node_id="node-evil")
-    await node.settle(task["id"], attempt, "lse_01m8mgr6q9bwq5r3smttk75wzs", result=1)
+    await node.settle(task["id"], attempt, "lse_0000000000000000000000000000dead", result=1)
     await node.js.publish(node.subjects.settle("node-a"), b"\x00not json", headers={"Nats-Msg-Id": "garbage-1"})
     reply = await node.nc.request(node.subjects.claim("node-a"), b"{oops", timeout=5)
     assert msgspec.json.decode(reply.data)["error"]["code"] == "INVALID_ARGUMENT"

@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 import time
 
-from scheduler_gateway.wire.ids import format_id
+from scheduler_gateway.wire.ids import RAND_BITS, format_id
 
-_RAND_BITS = 80
 _last_ms = 0
 _last_rand = 0
 
@@ -19,10 +18,10 @@ _last_rand = 0
 def new_id(prefix: str) -> str:
     global _last_ms, _last_rand
     ms = int(time.time() * 1000)
-    if ms <= _last_ms and _last_rand + 1 < (1 << _RAND_BITS):
+    if ms <= _last_ms and _last_rand + 1 < (1 << RAND_BITS):
         ms = _last_ms  # the clock did not move (or stepped back): keep order by counting up
         rand = _last_rand + 1
     else:
         rand = int.from_bytes(os.urandom(10), "big")
     _last_ms, _last_rand = ms, rand
-    return format_id(prefix, ms, rand.to_bytes(10, "big"))
+    return format_id(prefix, ms, rand)

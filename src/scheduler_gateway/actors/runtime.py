@@ -72,17 +72,20 @@ class KeyedMailboxes:
     def __init__(self) -> None:
         self._boxes: dict[str, deque[tuple[Callable[[], Awaitable[Any]], asyncio.Future[Any]]]] = {}
         self._drains: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def __len__(self) -> int:
         return len(self._boxes)
 
     def call(self, key: str, fn: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
-        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        if self._loop is None:  # looked up once: 3.11's get_running_loop() makes a getpid() syscall
+            self._loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = self._loop.create_future()
         box = self._boxes.get(key)
         if box is None:
             box = self._boxes[key] = deque()
             box.append((fn, fut))
-            drain = asyncio.create_task(self._drain(key, box))
+            drain = self._loop.create_task(self._drain(key, box))
             self._drains.add(drain)
             drain.add_done_callback(self._drains.discard)
         else:

@@ -33,6 +33,7 @@ from scheduler_gateway.wire.messages import (
 )
 from scheduler_gateway.wire.subjects import DISPATCH_STREAM, SETTLE_CONSUMER, SETTLE_STREAM, Subjects
 
+from .js_publish import AckedPublisher
 from .streams import ensure_kind_consumer, ensure_streams
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class NatsBus:
         self._subs: list[Any] = []
         self.connected = False
         self._closing = False
+        self._publisher: AckedPublisher | None = None
         self._claim_dec = msgspec.json.Decoder(ClaimRequest)
         self._hb_dec = msgspec.json.Decoder(HeartbeatRequest)
         self._settle_dec = msgspec.json.Decoder(Settle)
@@ -109,7 +111,9 @@ class NatsBus:
             pending_size=64 * 1024 * 1024,
         )
         self.connected = True
-        self.js = self.nc.jetstream(publish_async_max_pending=20000)
+        self.js = self.nc.jetstream()
+        self._publisher = AckedPublisher(self.nc)
+        await self._publisher.start()
         await ensure_streams(
             self.js,
             self.subjects,
@@ -154,6 +158,9 @@ class NatsBus:
     async def close(self) -> None:
         self._closing = True
         await self.stop_serving()
+        if self._publisher is not None:
+            await self._publisher.stop()
+            self._publisher = None
         nc, self.nc = self.nc, None
         if nc is not None and not nc.is_closed:
             await nc.close()
@@ -277,10 +284,11 @@ class NatsBus:
         """Publish ``(subject, msg_id, body)`` in order with async acks, awaited together (one wait for the
         batch, not a wait_for per message); one PubAck or exception per item."""
         assert self.js is not None
+        assert self._publisher is not None
         futures: list[asyncio.Future[Any] | BaseException] = []
         for subject, msg_id, body in items:
             try:
-                futures.append(await self.js.publish_async(subject, body, headers={"Nats-Msg-Id": msg_id}))
+                futures.append(await self._publisher.publish(subject, body, {"Nats-Msg-Id": msg_id}))
             except Exception as exc:
                 futures.append(exc)
         pending = [f for f in futures if not isinstance(f, BaseException)]

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import os
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from .store_sqlite import SqliteStore
 log = logging.getLogger(__name__)
 
 NODE_FLUSH_S = 2.0
+STOP_STEP_TIMEOUT_S = 15.0
 
 
 class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -134,25 +137,38 @@ class Gateway:
         log.info("gatewayd ready: http://%s:%d", s.http_host, self.http_port)
 
     async def stop(self) -> None:
-        """Stop taking work, finish in-flight writes, close. Idempotent."""
+        """Stop taking work, finish in-flight writes, close. Idempotent. Each step is bounded, so one
+        that hangs is logged (with every task's stack) and cannot keep the process from exiting."""
         if self._runner is not None:
-            await self._runner.cleanup()
+            await self._bounded("http", self._runner.cleanup())
             self._runner = None
-        await self.bus.stop_serving()
-        await self.dispatcher.stop()
-        await self.dead_letter_keeper.stop()
-        await self.service.stop()
-        await self.relay.stop()
+        await self._bounded("node inputs", self.bus.stop_serving())
+        await self._bounded("dispatcher", self.dispatcher.stop())
+        await self._bounded("dead-letter keeper", self.dead_letter_keeper.stop())
+        await self._bounded("task service", self.service.stop())
+        await self._bounded("event relay", self.relay.stop())
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
             self._flusher = None
         with contextlib.suppress(GatewayError):
-            await self.store.put_nodes(self.nodes.take_dirty())
-        await self.bus.close()
-        await self.store.stop()
+            await self._bounded("node registry flush", self.store.put_nodes(self.nodes.take_dirty()))
+        await self._bounded("nats", self.bus.close())
+        await self._bounded("store", self.store.stop())
         self._started = False
+
+    @staticmethod
+    async def _bounded(step: str, coro: Coroutine[Any, Any, Any]) -> None:
+        try:
+            await asyncio.wait_for(coro, STOP_STEP_TIMEOUT_S)
+        except TimeoutError:
+            stacks = io.StringIO()
+            for task in asyncio.all_tasks():
+                task.print_stack(limit=8, file=stacks)
+            log.error(
+                "stop: %s did not finish in %.0f s; going on. Tasks:\n%s", step, STOP_STEP_TIMEOUT_S, stacks.getvalue()
+            )
 
     # -- helpers ---------------------------------------------------------------------------------
     _outbox_backlog = 0

@@ -277,6 +277,7 @@ class SqliteStore:
         self.max_batch = max_batch
         self._wconn: sqlite3.Connection | None = None
         self._wthread: ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._rconn: aiosqlite.Connection | None = None
         self._queue: collections.deque[_Work] = collections.deque()
         self._wakeup = asyncio.Event()
@@ -316,6 +317,8 @@ class SqliteStore:
                 raise
             raise storage_error(exc) from exc
         self._wthread = wthread
+        # looked up once: 3.11's get_running_loop() makes a getpid() syscall on every call (a hot path)
+        self._loop = asyncio.get_running_loop()
         self._wconn, self._rconn = wconn, rconn
         self._queue.clear()
         self._wakeup = asyncio.Event()
@@ -385,9 +388,9 @@ class SqliteStore:
             raise result
 
     def _new_future(self) -> asyncio.Future[list[BaseException | None]]:
-        if not self._running:
+        if not self._running or self._loop is None:
             raise StorageError("the task store is not running")
-        return asyncio.get_running_loop().create_future()
+        return self._loop.create_future()
 
     def _enqueue(self, work: _Work) -> None:
         self._queue.append(work)
