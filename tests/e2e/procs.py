@@ -31,8 +31,33 @@ def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> Non
             time.sleep(0.05)
 
 
+class _Process:
+    """Stop by PID: SIGTERM and a bounded wait (then SIGKILL), or SIGKILL at once for crash tests."""
+
+    proc: subprocess.Popen[bytes] | None
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        return proc.returncode
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+
 @dataclass
-class Daemon:
+class Daemon(_Process):
     data_dir: Path
     http_port: int = field(default_factory=free_port)
     nats_port: int = field(default_factory=free_port)
@@ -68,25 +93,6 @@ class Daemon:
             log.close()
         _wait_http(self.base + "/readyz", timeout_s, self.proc)
 
-    def stop(self, timeout_s: float = 20.0) -> int | None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        return proc.returncode
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-        self.proc = None
-
     def nats_pid(self) -> int | None:
         path = self.data_dir / "nats-server.pid"
         return int(path.read_text().strip()) if path.exists() else None
@@ -102,7 +108,7 @@ class Daemon:
 
 
 @dataclass
-class Worker:
+class Worker(_Process):
     data_dir: Path
     node_id: str
     kinds: str = "echo,sleep,fail"
@@ -129,22 +135,3 @@ class Worker:
             )
         finally:
             log.close()
-
-    def stop(self, timeout_s: float = 20.0) -> int | None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        return proc.returncode
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-        self.proc = None

@@ -233,6 +233,15 @@ class TaskService:
         except GatewayError:
             log.exception("could not write audit entry for %s %s", entry.action, entry.object_id)
 
+    async def _refused(self, action: str, task: Task | None, task_id: str, actor: ActorRef, **kw: Any) -> None:
+        """Audit (and count) a refusal; it changed nothing. ``error_code`` names the rule that refused."""
+        await self._audit_only(self._audit(action, task, task_id, actor, "refused", **kw))
+        self._metrics.refused(action, kw.get("error_code") or Code.INTERNAL)
+
+    async def _repeated(self, action: str, task: Task, task_id: str, actor: ActorRef, **kw: Any) -> None:
+        """Audit a repeat of something already applied; it changed nothing."""
+        await self._audit_only(self._audit(action, task, task_id, actor, "repeat", **kw))
+
     async def _commit(
         self,
         tr: sm.Transition,
@@ -389,19 +398,15 @@ class TaskService:
             return None
         task = await self._current(record.task_id)
         if record.operation != operation or record.body_hash != body_hash:
-            await self._audit_only(
-                self._audit(
-                    operation.split(":")[0],
-                    task,
-                    record.task_id,
-                    caller.actor,
-                    "refused",
-                    request_id=caller.request_id,
-                    error_code=Code.IDEMPOTENCY_CONFLICT,
-                    details={"idempotencyKey": key},
-                )
+            await self._refused(
+                operation.split(":")[0],
+                task,
+                record.task_id,
+                caller.actor,
+                request_id=caller.request_id,
+                error_code=Code.IDEMPOTENCY_CONFLICT,
+                details={"idempotencyKey": key},
             )
-            self._metrics.refused(operation.split(":")[0], Code.IDEMPOTENCY_CONFLICT)
             raise Conflict(
                 "this Idempotency-Key was used with another request",
                 code=Code.IDEMPOTENCY_CONFLICT,
@@ -409,16 +414,13 @@ class TaskService:
             )
         if task is None:
             raise task_not_found(record.task_id)
-        await self._audit_only(
-            self._audit(
-                operation.split(":")[0],
-                task,
-                task.id,
-                caller.actor,
-                "repeat",
-                request_id=caller.request_id,
-                details={"idempotencyKey": key},
-            )
+        await self._repeated(
+            operation.split(":")[0],
+            task,
+            task.id,
+            caller.actor,
+            request_id=caller.request_id,
+            details={"idempotencyKey": key},
         )
         return task
 
@@ -530,22 +532,18 @@ class TaskService:
             else:
                 raise InvalidArgument(f"unknown action {action}")
         except GatewayError as exc:
-            await self._audit_only(
-                self._audit(
-                    action,
-                    task,
-                    task_id,
-                    actor,
-                    "refused",
-                    request_id=rid,
-                    error_code=exc.code,
-                    details={"reason": reason} if reason else None,
-                )
+            await self._refused(
+                action,
+                task,
+                task_id,
+                actor,
+                request_id=rid,
+                error_code=exc.code,
+                details={"reason": reason} if reason else None,
             )
-            self._metrics.refused(action, exc.code)
             raise
         if isinstance(result, sm.Repeat):
-            await self._audit_only(self._audit(action, task, task_id, actor, "repeat", request_id=rid))
+            await self._repeated(action, task, task_id, actor, request_id=rid)
             return task, True
         idem = None
         if idem_key is not None:
@@ -649,19 +647,15 @@ class TaskService:
                 )
             tr = sm.requeue(task, action, caller.actor, idgen.new_id("att"), now, caller.request_id, reason)
         except GatewayError as exc:
-            await self._audit_only(
-                self._audit(
-                    action,
-                    task,
-                    task.id,
-                    caller.actor,
-                    "refused",
-                    request_id=caller.request_id,
-                    error_code=exc.code,
-                    details=details,
-                )
+            await self._refused(
+                action,
+                task,
+                task.id,
+                caller.actor,
+                request_id=caller.request_id,
+                error_code=exc.code,
+                details=details,
             )
-            self._metrics.refused(action, exc.code)
             raise
         new_letter = msgspec.structs.replace(letter, retry_count=letter.retry_count + 1, archived=False)
         new_task = await self._commit(tr, caller.request_id, audit_details=details, dead_letter=new_letter)
@@ -700,17 +694,14 @@ class TaskService:
     async def claim(self, node_id: str, req: ClaimRequest) -> ClaimReply:
         if self._nodes.is_draining(node_id):
             task = await self._current(req.task_id)
-            await self._audit_only(
-                self._audit(
-                    "claim",
-                    task,
-                    req.task_id,
-                    ActorRef("node", node_id),
-                    "refused",
-                    error_code=Code.NODE_DRAINING,
-                    node_id=node_id,
-                    attempt_id=req.attempt_id,
-                )
+            await self._refused(
+                "claim",
+                task,
+                req.task_id,
+                ActorRef("node", node_id),
+                error_code=Code.NODE_DRAINING,
+                node_id=node_id,
+                attempt_id=req.attempt_id,
             )
             return _claim_error(Code.NODE_DRAINING, f"node {node_id} is draining")
         return await self._boxes.call(req.task_id, lambda: self._claim(node_id, req))
@@ -719,39 +710,32 @@ class TaskService:
         task = await self._current(req.task_id)
         actor = ActorRef("node", node_id)
         if task is None:
-            await self._audit_only(
-                self._audit(
-                    "claim",
-                    None,
-                    req.task_id,
-                    actor,
-                    "refused",
-                    error_code=Code.TASK_NOT_FOUND,
-                    node_id=node_id,
-                    attempt_id=req.attempt_id,
-                )
+            await self._refused(
+                "claim",
+                None,
+                req.task_id,
+                actor,
+                error_code=Code.TASK_NOT_FOUND,
+                node_id=node_id,
+                attempt_id=req.attempt_id,
             )
             return _claim_error(Code.TASK_NOT_FOUND, f"task {req.task_id} not found")
         now = self._clock()
         try:
             result = sm.claim(task, req.attempt_id, node_id, idgen.new_id("lse"), now)
         except GatewayError as exc:
-            await self._audit_only(
-                self._audit(
-                    "claim",
-                    task,
-                    task.id,
-                    actor,
-                    "refused",
-                    error_code=exc.code,
-                    node_id=node_id,
-                    attempt_id=req.attempt_id,
-                )
+            await self._refused(
+                "claim",
+                task,
+                task.id,
+                actor,
+                error_code=exc.code,
+                node_id=node_id,
+                attempt_id=req.attempt_id,
             )
-            self._metrics.refused("claim", exc.code)
             return _claim_error(exc.code, exc.message)
         if isinstance(result, sm.Repeat):
-            await self._audit_only(self._audit("claim", task, task.id, actor, "repeat", node_id=node_id))
+            await self._repeated("claim", task, task.id, actor, node_id=node_id)
             return _lease_reply(task)
         new = await self._commit(result, None)
         self._metrics.queue_latency(new.kind, max(0.0, now - task.not_before))
@@ -775,19 +759,15 @@ class TaskService:
                 reason = task.state if task is not None and task.terminal else exc.code
                 revoked.append(RevokedLease(task_id=lease.task_id, lease_id=lease.lease_id, reason=reason))
                 if exc.code == Code.FORBIDDEN:  # a node naming another node's lease: forged, keep a record
-                    await self._audit_only(
-                        self._audit(
-                            "heartbeat",
-                            task,
-                            lease.task_id,
-                            ActorRef("node", node_id),
-                            "refused",
-                            error_code=exc.code,
-                            node_id=node_id,
-                            details={"leaseId": lease.lease_id},
-                        )
+                    await self._refused(
+                        "heartbeat",
+                        task,
+                        lease.task_id,
+                        ActorRef("node", node_id),
+                        error_code=exc.code,
+                        node_id=node_id,
+                        details={"leaseId": lease.lease_id},
                     )
-                    self._metrics.refused("heartbeat", exc.code)
                 continue
             # a heartbeat does not go through the mailbox: it touches only the live lease expiry, and a
             # racing transition simply replaces the live task (the clock re-checks against it)
@@ -808,20 +788,16 @@ class TaskService:
         actor = ActorRef("node", node_id)
         task = await self._current(msg.task_id)
         if task is None:
-            await self._audit_only(
-                self._audit(
-                    "settle",
-                    None,
-                    msg.task_id,
-                    actor,
-                    "refused",
-                    error_code=Code.LEASE_NOT_FOUND,
-                    node_id=node_id,
-                    attempt_id=msg.attempt_id,
-                    details={"leaseId": msg.lease_id},
-                )
+            await self._refused(
+                "settle",
+                None,
+                msg.task_id,
+                actor,
+                error_code=Code.LEASE_NOT_FOUND,
+                node_id=node_id,
+                attempt_id=msg.attempt_id,
+                details={"leaseId": msg.lease_id},
             )
-            self._metrics.refused("settle", Code.LEASE_NOT_FOUND)
             return SettleOutcome("refused", Code.LEASE_NOT_FOUND)
         now = self._clock()
         result_bytes = bytes(msg.result)
@@ -847,27 +823,19 @@ class TaskService:
                     raise
                 result = sm.settle(task, lease_known=True, **kwargs)
         except GatewayError as exc:
-            await self._audit_only(
-                self._audit(
-                    "settle",
-                    task,
-                    task.id,
-                    actor,
-                    "refused",
-                    error_code=exc.code,
-                    node_id=node_id,
-                    attempt_id=msg.attempt_id,
-                    details={"leaseId": msg.lease_id, "outcome": msg.outcome},
-                )
+            await self._refused(
+                "settle",
+                task,
+                task.id,
+                actor,
+                error_code=exc.code,
+                node_id=node_id,
+                attempt_id=msg.attempt_id,
+                details={"leaseId": msg.lease_id, "outcome": msg.outcome},
             )
-            self._metrics.refused("settle", exc.code)
             return SettleOutcome("refused", exc.code)
         if isinstance(result, sm.Repeat):
-            await self._audit_only(
-                self._audit(
-                    "settle", task, task.id, actor, "repeat", node_id=node_id, details={"leaseId": msg.lease_id}
-                )
-            )
+            await self._repeated("settle", task, task.id, actor, node_id=node_id, details={"leaseId": msg.lease_id})
             return SettleOutcome("repeat")
         await self._commit(result, None, dead_letter=await self._dead_letter_for(result))
         if task.started_at is not None:
