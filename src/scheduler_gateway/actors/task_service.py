@@ -135,6 +135,7 @@ class TaskService:
         self._inflight_keys: dict[tuple[str, str], asyncio.Future[Any]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self.lease_clock = LeaseClock(clock, self._lease_expired, self._timed_out)
+        self._listeners: list[Callable[[sm.Transition], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -156,6 +157,11 @@ class TaskService:
         await self._boxes.stop()
         for t in list(self._background):
             t.cancel()
+
+    def add_listener(self, listener: Callable[[sm.Transition], None]) -> None:
+        """Called after every committed transition (in the task's mailbox; keep it quick and non-blocking).
+        What must be durable with the change belongs in the Change itself, not in a listener."""
+        self._listeners.append(listener)
 
     def live_count(self) -> int:
         return len(self._live)
@@ -305,6 +311,11 @@ class TaskService:
         self._dispatcher.update(task)
         self._metrics.transition(task.kind, tr.action, task.state)
         self._on_committed()
+        for listener in self._listeners:
+            try:
+                listener(tr)
+            except Exception:  # a listener's bug must not undo or stall the task's own change
+                log.exception("transition listener failed for %s", task.id)
 
     def _watch(self, task: Task) -> None:
         assert task.lease_id is not None and task.lease_expires_at is not None

@@ -15,7 +15,7 @@ import io
 import logging
 import os
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,8 @@ class Gateway:
         self._flusher: asyncio.Task[None] | None = None
         self.http_port = s.http_port
         self._started = False
+        # more routes on the same app (same auth, request ids and error envelope): added before start()
+        self.http_extensions: list[Callable[[web.Application], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -125,7 +127,10 @@ class Gateway:
         self.metrics.events_relayed.set_function(lambda: self.relay.relayed)
         self.metrics.nats_connected.set_function(lambda: 1 if self.bus.connected else 0)
         self.metrics.leases_watched.set_function(self.service.lease_clock.watched)
-        self._runner = web.AppRunner(self.api.app(), access_log=None, handle_signals=False)
+        app = self.api.app()
+        for extend in self.http_extensions:
+            extend(app)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.http_host, s.http_port)
         await site.start()

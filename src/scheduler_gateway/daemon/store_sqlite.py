@@ -128,6 +128,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE nodes (id TEXT PRIMARY KEY, doc BLOB NOT NULL)",
         "CREATE TABLE health (id INTEGER PRIMARY KEY CHECK (id = 1), at REAL NOT NULL)",
     ),
+    # 2: callback deliveries and callback dead letters (events and callbacks)
+    (),
+    # 3: threads, scheduled tasks and their runs
+    (),
 )
 
 _TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
