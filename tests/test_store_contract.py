@@ -36,7 +36,7 @@ from scheduler_gateway.actors.ports import (
     TaskStore,
 )
 from scheduler_gateway.daemon.store_memory import MemoryStore
-from scheduler_gateway.daemon.store_sqlite import SqliteStore
+from scheduler_gateway.daemon.store_sqlite import MIGRATIONS, SqliteStore
 from scheduler_gateway.wire.errors import Code, Conflict, InvalidArgument, NotFound, StorageError
 
 USER = ActorRef("user", "alice")
@@ -704,7 +704,7 @@ async def test_sqlite_start_creates_directory_wal_and_schema_version(tmp_path: P
     await s.stop()
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert [r[0] for r in db.execute("SELECT version FROM schema_version")] == [1]
+        assert [r[0] for r in db.execute("SELECT version FROM schema_version")] == list(range(1, len(MIGRATIONS) + 1))
         indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     db.close()
     assert {"tasks_state", "tasks_kind", "tasks_owner", "tasks_parent", "tasks_run"} <= indexes
