@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint unit bench bench-quick soak clean
+.PHONY: run test lint ops-tools unit bench bench-quick soak clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/mypy
 
-test: lint
+test: lint ops-tools
 	$(PY) -m pytest -q
+
+# promtool, systemd-analyze and openssl for tests/ops: installed (as root, with apt-get) only when missing
+ops-tools:
+	sh scripts/ensure-ops-tools.sh
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit tests/test_store_contract.py

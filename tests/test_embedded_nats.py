@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 
@@ -68,6 +69,28 @@ def answers(creds: NatsCredentials) -> bool:
     return True
 
 
+def connects(creds: NatsCredentials) -> bool:
+    """The server takes these credentials. For the node user, which may not ask JetStream for account
+    info (only what a worker needs, see test_nats_security.py), this is what ``answers`` is to the gateway."""
+
+    async def connect() -> bool:
+        nc = NATS()
+
+        async def quiet(exc: Exception) -> None:
+            pass  # an authorization error is the answer here, reported by connect() itself
+
+        try:
+            await nc.connect(creds.url, user=creds.user, password=creds.password, allow_reconnect=False, error_cb=quiet)
+            await nc.flush(timeout=5)
+        except (OSError, TimeoutError, nats.errors.Error):
+            return False
+        finally:
+            await nc.close()
+        return True
+
+    return asyncio.run(connect())
+
+
 def mode_of(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
@@ -97,9 +120,9 @@ def test_start_writes_working_credentials(embedded: EmbeddedNats) -> None:
     assert gateway.password not in repr(gateway)
 
     node_creds = NatsCredentials(**node)
-    assert answers(node_creds) and answers(gateway)  # both reach JetStream
-    assert not answers(NatsCredentials(node["url"], node["user"], "wrong-password"))
-    assert not answers(NatsCredentials(node["url"], gateway.user, node["password"]))
+    assert connects(node_creds) and answers(gateway)  # the gateway reaches JetStream, the node user connects
+    assert not connects(NatsCredentials(node["url"], node["user"], "wrong-password"))
+    assert not connects(NatsCredentials(node["url"], gateway.user, node["password"]))
 
     # JetStream lives under <data_dir>/nats; the pid file names the server
     assert (data / "nats" / "jetstream").is_dir()
@@ -141,7 +164,7 @@ def test_restart_keeps_credentials_and_jetstream_data(tmp_path: Path) -> None:
     try:
         assert second.start() == gateway
         assert second.node_credentials == node
-        assert node is not None and answers(node)
+        assert node is not None and connects(node)
         assert asyncio.run(_stream_names(gateway)) == ["KEEP"]
     finally:
         second.stop()
@@ -158,7 +181,7 @@ def test_a_new_port_keeps_the_passwords(tmp_path: Path) -> None:
         after = second.start()
         assert after.password == before.password and after.url != before.url
         node = read_credentials(tmp_path / NODE_CREDENTIALS_FILE)
-        assert node is not None and node.url == after.url and answers(node)
+        assert node is not None and node.url == after.url and connects(node)
     finally:
         second.stop()
 
@@ -183,7 +206,7 @@ async def _stream_names(creds: NatsCredentials) -> list[str]:
 
 async def test_a_running_worker_reconnects_across_a_restart(tmp_path: Path) -> None:
     server = EmbeddedNats(tmp_path, port=free_port())
-    nc = NATS()
+    nc, gw = NATS(), NATS()
     reconnected = asyncio.Event()
 
     async def on_reconnect() -> None:
@@ -208,10 +231,16 @@ async def test_a_running_worker_reconnects_across_a_restart(tmp_path: Path) -> N
         server.stop()
         server.start()
         await asyncio.wait_for(reconnected.wait(), 10)
-        sub = await nc.subscribe("ping")
-        await nc.publish("ping", b"1")
+        # a subject the node user may read, sent by the gateway user (a node may not publish there)
+        sub = await nc.subscribe("gw.cancel.node-1")
+        await nc.flush()
+        gateway = read_credentials(tmp_path / GATEWAY_CREDENTIALS_FILE)
+        assert gateway is not None
+        await gw.connect(gateway.url, user=gateway.user, password=gateway.password)
+        await gw.publish("gw.cancel.node-1", b"1")
         assert (await sub.next_msg(timeout=5)).data == b"1"
     finally:
+        await gw.close()
         await nc.close()
         server.stop()
 
@@ -349,7 +378,7 @@ def test_damaged_credential_files_are_replaced(tmp_path: Path) -> None:
     try:
         gateway = server.start()
         node = read_credentials(tmp_path / NODE_CREDENTIALS_FILE)
-        assert node is not None and answers(node) and answers(gateway)
+        assert node is not None and connects(node) and answers(gateway)
     finally:
         server.stop()
 

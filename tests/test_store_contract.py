@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
 from scheduler_gateway.actors.model.records import (
     ActorRef,
     AuditEntry,
@@ -859,3 +860,138 @@ async def test_dead_letter_get_list_filters_and_put(store: TaskStore) -> None:
     assert await ids(exhausted=True) == []
     assert await ids(archived=True) == ["dlq_3"]
     assert (await store.get_dead_letter_for_task(letters[3].task_id)).archived  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------- callback deliveries and dead letters
+
+
+def delivery_for(task: Task, n: int, *, due_at: float = T0, attempts: int = 0) -> CallbackDelivery:
+    return CallbackDelivery(
+        id=f"cbd_{n:032x}",
+        task_id=task.id,
+        owner=task.owner,
+        revision=task.revision,
+        url="https://receiver.example/hook",
+        body=msgspec.Raw(msgspec.json.encode({"taskId": task.id, "revision": task.revision})),
+        attempts=attempts,
+        due_at=due_at,
+        created_at=T0,
+    )
+
+
+def finish(old: Task, n: int, *, due_at: float = T0) -> Change:
+    """A terminal change with its callback delivery."""
+    done = bump(old, state="succeeded", callback_url="https://receiver.example/hook")
+    return msgspec.structs.replace(update(old, done, "settle"), callback=delivery_for(done, n, due_at=due_at))
+
+
+async def test_callback_delivery_commits_with_its_change_and_is_listed_by_due_time(store: TaskStore) -> None:
+    tasks = [make_task(i) for i in range(1, 4)]
+    await store.apply_many([create(t) for t in tasks])
+    assert await store.pending_callbacks(10) == [] and await store.callback_backlog() == 0
+    await store.apply(finish(tasks[0], 1, due_at=T0 + 30))
+    results = await store.apply_many([finish(tasks[1], 2, due_at=T0 + 10), finish(tasks[2], 3, due_at=T0 + 20)])
+    assert results == [None, None]
+    pending = await store.pending_callbacks(10)
+    assert [d.task_id for d in pending] == [tasks[1].id, tasks[2].id, tasks[0].id]
+    assert pending[0] == delivery_for(bump(tasks[1], state="succeeded", callback_url=pending[0].url), 2, due_at=T0 + 10)
+    assert [d.id for d in await store.pending_callbacks(2)] == [pending[0].id, pending[1].id]
+    assert await store.pending_callbacks(0) == []
+    assert await store.callback_backlog() == 3
+
+
+async def test_a_refused_change_writes_no_callback_delivery(store: TaskStore) -> None:
+    t1, t2 = make_task(1), make_task(2)
+    await store.apply_many([create(t1), create(t2)])
+    stale = msgspec.structs.replace(finish(t1, 1), expected_revision=7)
+    with pytest.raises(Conflict):
+        await store.apply(stale)
+    results = await store.apply_many([stale, finish(t2, 2)])
+    assert_code(results[0], Conflict, Code.REVISION_CONFLICT)
+    assert results[1] is None
+    assert [d.task_id for d in await store.pending_callbacks(10)] == [t2.id]
+
+
+async def test_callback_reschedule_finish_and_dead_letter(store: TaskStore) -> None:
+    t1, t2 = make_task(1), make_task(2)
+    await store.apply_many([create(t1), create(t2), finish(t1, 1), finish(t2, 2, due_at=T0 + 5)])
+    d1, d2 = await store.pending_callbacks(10)
+    later = msgspec.structs.replace(d1, attempts=1, due_at=T0 + 60, last_error="HTTP 500")
+    await store.reschedule_callback(later)
+    assert await store.pending_callbacks(10) == [d2, later]
+    await store.finish_callback(d2.id)
+    await store.finish_callback(d2.id)  # already gone: no error
+    assert await store.pending_callbacks(10) == [later]
+
+    letter = CallbackDeadLetter(
+        id="cdl_1",
+        task_id=later.task_id,
+        owner=later.owner,
+        callback_url=later.url,
+        last_error="HTTP 500",
+        attempt_count=4,
+        created_at=T0 + 61,
+        delivery=later,
+    )
+    await store.dead_letter_callback(later.id, letter, audit_for("cdl_1", "callback_dead_letter"))
+    assert await store.pending_callbacks(10) == [] and await store.callback_backlog() == 0
+    assert await store.get_callback_dead_letter("cdl_1") == letter
+    assert await store.get_callback_dead_letter("cdl_2") is None
+    (entry,) = (await store.list_audit(AuditQuery(action="callback_dead_letter"))).items
+    assert entry.object_id == "cdl_1"
+
+
+async def test_callback_dead_letters_list_by_owner_and_task_with_paging(store: TaskStore) -> None:
+    letters = []
+    for n in range(5):
+        task = make_task(n, owner="alice" if n % 2 else "bob")
+        d = delivery_for(task, n)
+        letter = CallbackDeadLetter(
+            id=f"cdl_{n}",
+            task_id=task.id,
+            owner=task.owner,
+            callback_url=d.url,
+            last_error="timeout",
+            attempt_count=4,
+            created_at=T0,
+            delivery=d,
+        )
+        await store.dead_letter_callback(d.id, letter, audit_for(letter.id, "callback_dead_letter"))
+        letters.append(letter)
+
+    async def ids(**kw: Any) -> list[str]:
+        return [d.id for d in (await store.list_callback_dead_letters(CallbackDeadLetterQuery(**kw))).items]
+
+    assert await ids() == [f"cdl_{n}" for n in range(5)]
+    assert await ids(owner="alice") == ["cdl_1", "cdl_3"]
+    assert await ids(task_id=letters[4].task_id) == ["cdl_4"]
+    first = await store.list_callback_dead_letters(CallbackDeadLetterQuery(limit=2))
+    assert first.next_cursor == "cdl_1"
+    assert await ids(limit=2, cursor=first.next_cursor) == ["cdl_2", "cdl_3"]
+    assert (await store.list_callback_dead_letters(CallbackDeadLetterQuery(cursor="cdl_3"))).next_cursor is None
+
+
+async def test_redeliver_takes_the_letter_once(harness: Harness) -> None:
+    store = harness.store
+    task = make_task(1)
+    d = delivery_for(task, 1, attempts=3)
+    letter = CallbackDeadLetter(
+        id="cdl_1",
+        task_id=task.id,
+        owner=task.owner,
+        callback_url=d.url,
+        last_error="HTTP 502",
+        attempt_count=4,
+        created_at=T0,
+        delivery=d,
+    )
+    await store.dead_letter_callback(d.id, letter, audit_for("cdl_1", "callback_dead_letter"))
+    again = msgspec.structs.replace(d, id=f"cbd_{2:032x}", attempts=0, due_at=T0 + 100)
+    assert await store.redeliver_callback("cdl_1", again, audit_for("cdl_1", "callback_redeliver"))
+    other = msgspec.structs.replace(d, id=f"cbd_{3:032x}")
+    assert not await store.redeliver_callback("cdl_1", other, audit_for("cdl_1", "callback_redeliver"))
+    assert await store.get_callback_dead_letter("cdl_1") is None
+    assert await store.pending_callbacks(10) == [again]
+    assert len((await store.list_audit(AuditQuery(action="callback_redeliver"))).items) == 1  # the refused one: none
+    store = await harness.reopen()  # deliveries are durable
+    assert await store.pending_callbacks(10) == [again]

@@ -62,6 +62,7 @@ class Daemon(_Process):
     http_port: int = field(default_factory=free_port)
     nats_port: int = field(default_factory=free_port)
     extra_env: dict[str, str] = field(default_factory=dict)
+    config: Path | None = None  # a TOML file for ``gatewayd run --config`` (keys without an env variable)
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -88,7 +89,8 @@ class Daemon(_Process):
         env.pop("GW_NATS_URL", None)
         log = open(self.log_path, "ab")  # handed to the child
         try:
-            self.proc = subprocess.Popen([str(BIN / "gatewayd"), "run"], env=env, stdout=log, stderr=subprocess.STDOUT)
+            args = [str(BIN / "gatewayd"), "run", *(["--config", str(self.config)] if self.config else [])]
+            self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
         finally:
             log.close()
         _wait_http(self.base + "/readyz", timeout_s, self.proc)

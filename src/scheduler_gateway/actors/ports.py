@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from .model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
 from .model.records import AuditEntry, DeadLetter, EventRecord, HistoryEntry, Task
 
 
@@ -39,6 +40,7 @@ class Change(msgspec.Struct, frozen=True, kw_only=True):
     event: EventRecord | None = None
     idempotency: IdempotencyRecord | None = None
     dead_letter: DeadLetter | None = None
+    callback: CallbackDelivery | None = None  # a terminal change of a task with a callbackUrl: its delivery
 
 
 class TaskQuery(msgspec.Struct, frozen=True, kw_only=True):
@@ -163,6 +165,31 @@ class TaskStore(Protocol):
         """Raise StorageError unless the store can be written to."""
         ...
 
+    # callback deliveries and callback dead letters (written with the terminal change: ``Change.callback``)
+    async def pending_callbacks(self, limit: int) -> list[CallbackDelivery]:
+        """Deliveries not yet made, soonest ``due_at`` first (due or not)."""
+        ...
+
+    async def callback_backlog(self) -> int: ...
+    async def reschedule_callback(self, delivery: CallbackDelivery) -> None:
+        """Write a delivery's new attempt count, due time and last error (after a failed attempt)."""
+        ...
+
+    async def finish_callback(self, delivery_id: str) -> None:
+        """The delivery succeeded: forget it (no error when it is already gone)."""
+        ...
+
+    async def dead_letter_callback(self, delivery_id: str, letter: CallbackDeadLetter, audit: AuditEntry) -> None:
+        """In one transaction: drop the delivery, write the letter and its audit entry."""
+        ...
+
+    async def get_callback_dead_letter(self, letter_id: str) -> CallbackDeadLetter | None: ...
+    async def list_callback_dead_letters(self, query: CallbackDeadLetterQuery) -> Page: ...
+    async def redeliver_callback(self, letter_id: str, delivery: CallbackDelivery, audit: AuditEntry) -> bool:
+        """In one transaction: drop the letter, queue ``delivery`` and write the audit entry. False (and
+        nothing written) when the letter is gone, e.g. redelivered by someone else just before."""
+        ...
+
 
 class Bus(Protocol):
     """What actors need from NATS (the adapter owns streams, consumers and reconnects)."""
@@ -216,3 +243,21 @@ class NullMetrics:
 
     def redriven(self, action: str) -> None:
         pass
+
+
+class CallbackPost(msgspec.Struct, frozen=True):
+    """How one callback POST ended: ``status`` is the HTTP status, None when no answer came (refused target,
+    connection error, timeout); ``error`` says why in a few words, never with headers or the secret."""
+
+    status: int | None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+
+class CallbackPoster(Protocol):
+    """The HTTP client the callback sender POSTs through (the daemon's aiohttp adapter)."""
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> CallbackPost: ...

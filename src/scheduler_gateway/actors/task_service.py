@@ -14,7 +14,7 @@ import asyncio
 import hashlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -37,6 +37,7 @@ from . import idgen
 from .dispatcher import Dispatcher
 from .lease_clock import LeaseClock
 from .model import task_machine as sm
+from .model.callbacks import new_delivery, wants_callback
 from .model.records import (
     NULL,
     TERMINAL_STATES,
@@ -162,6 +163,12 @@ class TaskService:
         """Called after every committed transition (in the task's mailbox; keep it quick and non-blocking).
         What must be durable with the change belongs in the Change itself, not in a listener."""
         self._listeners.append(listener)
+
+    #: Checks a new task's threadId (the scheduler's threads: another user's thread answers as missing).
+    _thread_check: Callable[[Caller, str], Awaitable[None]] | None = None
+
+    def set_thread_check(self, check: Callable[[Caller, str], Awaitable[None]]) -> None:
+        self._thread_check = check
 
     def live_count(self) -> int:
         return len(self._live)
@@ -293,6 +300,8 @@ class TaskService:
                 event=event,
                 idempotency=idempotency,
                 dead_letter=dead_letter,
+                # durable with the terminal change itself: the callback cannot be lost between the two
+                callback=new_delivery(idgen.new_id("cbd"), task, now) if wants_callback(task) else None,
             )
         )
         self._after_commit(tr)
@@ -443,6 +452,8 @@ class TaskService:
             if parent is None or not (caller.is_admin or parent.owner == caller.user):
                 raise InvalidArgument(f"parentId {spec.parent_id} does not name a task", details={"field": "parentId"})
             run_id = run_id or parent.run_id
+        if spec.thread_id is not None and self._thread_check is not None:
+            await self._thread_check(caller, spec.thread_id)
         p = self.policy
         task = Task(
             id=idgen.new_id("tsk"),

@@ -99,7 +99,8 @@ class NatsBus:
             log.warning("NATS error: %s", type(exc).__name__)
 
         self.nc = await nats.connect(
-            self._url,
+            # [nats] url may list several servers of one cluster, comma-separated; nats-py wants a list
+            [u.strip() for u in self._url.split(",") if u.strip()],
             user=self._user,
             password=self._password,
             max_reconnect_attempts=-1,

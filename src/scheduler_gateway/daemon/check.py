@@ -270,13 +270,11 @@ def check_embedded_nats(config: Config) -> list[CheckResult]:
         results.append(_payload_check(config, MAX_PAYLOAD_BYTES, "embedded server"))
         return results
 
-    creds = read_credentials(config.data_dir / GATEWAY_CREDENTIALS_FILE) or read_credentials(
-        config.data_dir / NODE_CREDENTIALS_FILE
-    )
+    # the gateway's own credentials: the node user may not ask JetStream anything but its pulls (nats_auth)
+    creds = read_credentials(config.data_dir / GATEWAY_CREDENTIALS_FILE)
     if creds is None:
-        results.append(
-            CheckResult("nats", False, f"embedded server running (pid {pid}) but its credentials file is missing")
-        )
+        detail = f"embedded server running (pid {pid}) but {GATEWAY_CREDENTIALS_FILE} is missing or damaged"
+        results.append(CheckResult("nats", False, detail))
         return results
     try:
         probe = _probe([creds.url], creds.user, creds.password)

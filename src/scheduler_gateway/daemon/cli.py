@@ -19,9 +19,12 @@ import time
 from pathlib import Path
 
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterPolicy
+from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.ports import Principal
+from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.actors.task_service import TaskPolicy
 
+from .backup import backup_main
 from .check import check_main
 from .config import Config, ConfigError, load_config, production_problems
 from .embedded import DataDirInUse, EmbeddedNats
@@ -69,6 +72,17 @@ def settings_from_config(config: Config, nats_url: str, user: str | None, passwo
             callback_secret_configured=bool(config.callbacks.secret),
             allow_private_networks=config.callbacks.allow_private_networks,
         ),
+        callbacks=CallbackPolicy(
+            secret=config.callbacks.secret,
+            retry_delays_s=config.callbacks.retry_delays_s,
+            timeout_s=config.callbacks.timeout_s,
+        ),
+        scheduler=SchedulerSettings(
+            max_concurrent_runs=config.scheduler.max_concurrent_runs,
+            min_once_delay_s=config.scheduler.min_once_delay_s,
+            poll_interval_s=config.scheduler.poll_interval_s,
+            lease_s=config.scheduler.lease_s,
+        ),
     )
 
 
@@ -94,7 +108,7 @@ def _load(path: Path | None) -> Config:
 async def _run(config: Config) -> int:
     embedded: EmbeddedNats | None = None
     if config.nats.url is None:
-        embedded = EmbeddedNats(config.data_dir, config.nats.embedded.port)
+        embedded = EmbeddedNats(config.data_dir, config.nats.embedded.port, subject_prefix=config.nats.subject_prefix)
         try:
             creds = await asyncio.to_thread(embedded.start)
         except DataDirInUse as exc:
@@ -198,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--user", required=True)
     create.add_argument("--role", choices=("admin", "user"), default="user")
     create.add_argument("--config", type=Path)
+    backup = sub.add_parser("backup", help="copy the store consistently while the daemon runs (SQLite backup API)")
+    backup.add_argument("--to", type=Path, required=True, metavar="FILE", help="the backup file (replaced)")
+    backup.add_argument("--config", type=Path)
     return parser
 
 
@@ -207,6 +224,8 @@ def gatewayd_main(argv: list[str] | None = None) -> int:
         return cmd_run(args)
     if args.command == "check":
         return check_main(args.config)
+    if args.command == "backup":
+        return backup_main(args.config, args.to)
     if args.command == "token":
         user = args.user.strip()
         if not user or len(user) > 128:

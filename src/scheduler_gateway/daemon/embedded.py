@@ -17,9 +17,12 @@ Passwords are generated once (``secrets.token_urlsafe``) and reused on every sta
 workers that keep running across a restart of the daemon reconnect with what they have.
 The URL in the files is rewritten on each start (the configured port may have changed).
 
-Both users have full permissions for now; ``EmbeddedNats.users`` is the one place that
-builds them, so per-node permissions (CONTRACT 3: a node publishes only on its own
-subjects) slot in there as ``NatsPermissions``.
+``EmbeddedNats.users`` is the one place that builds the users: the gateway user has full
+permissions; the node user gets the per-node permissions of ``nats_auth`` with the node id
+``*`` (any node id, since one developer runs workers of several ids from the same
+``nats.json``), so even in dev a node cannot read ``GW_SETTLE``, publish offers or events, or
+touch streams and consumers: the shape production uses, one user per node
+(``ops/nats/nats-server.conf``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduler_gateway.daemon.nats_server import NatsPermissions, NatsServerProcess, NatsUser
+from scheduler_gateway.daemon.nats_auth import DEV_NODE_ID, node_permissions
+from scheduler_gateway.daemon.nats_server import NatsServerProcess, NatsUser
+from scheduler_gateway.wire.subjects import Subjects
 
 NATS_SUBDIR = "nats"
 NODE_CREDENTIALS_FILE = "nats.json"
@@ -202,10 +207,12 @@ class EmbeddedNats:
     port): call it before the event loop's work starts, or through ``asyncio.to_thread``.
     """
 
-    def __init__(self, data_dir: Path, port: int = 4222, host: str = "127.0.0.1") -> None:
+    def __init__(self, data_dir: Path, port: int = 4222, host: str = "127.0.0.1", subject_prefix: str = "gw") -> None:
         self.data_dir = data_dir.resolve()
         self.port = port
         self.host = host
+        #: The node user's permissions name the subjects under ``[nats] subject_prefix``.
+        self.subjects = Subjects(subject_prefix)
         self.server: NatsServerProcess | None = None
         self.gateway_credentials: NatsCredentials | None = None
         self.node_credentials: NatsCredentials | None = None
@@ -240,11 +247,11 @@ class EmbeddedNats:
         return secrets.token_urlsafe(_PASSWORD_BYTES)
 
     def users(self, gateway_password: str, node_password: str) -> list[NatsUser]:
-        """The server's users. Full permissions for both for now; per-node rules go here."""
-        node_permissions: NatsPermissions | None = None
+        """The server's users: the gateway (full permissions) and the dev node user (any node id, only
+        the node subjects and the JetStream calls a worker needs; see ``nats_auth``)."""
         return [
             NatsUser(GATEWAY_USER, gateway_password),
-            NatsUser(NODE_USER, node_password, permissions=node_permissions),
+            NatsUser(NODE_USER, node_password, permissions=node_permissions(DEV_NODE_ID, self.subjects)),
         ]
 
     def _lock(self) -> None:

@@ -23,18 +23,27 @@ import msgspec
 from aiohttp import web
 
 from scheduler_gateway.actors import idgen
+from scheduler_gateway.actors.callback_sender import CallbackSender
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterKeeper, DeadLetterPolicy
 from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.event_relay import EventRelay
+from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.records import ActorRef, AuditEntry
 from scheduler_gateway.actors.nodes import NodeRegistry
+from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
 from scheduler_gateway.wire.errors import GatewayError
 from scheduler_gateway.wire.subjects import Subjects
 
 from .bus_nats import NatsBus, NodeInputs
+from .callback_client import AiohttpCallbackPoster
+from .event_stream import EventHub, corrupt_event_auditor
 from .http_app import AdminApi, HttpSettings
+from .http_callbacks import CallbacksApi, callback_routes
+from .http_events import EventsApi, SseSettings, event_routes
 from .metrics import PrometheusMetrics
+from .metrics_events import EventCallbackMetrics
+from .scheduling import Scheduling
 from .store_sqlite import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -58,6 +67,9 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     policy: TaskPolicy = TaskPolicy()
     dead_letters: DeadLetterPolicy = DeadLetterPolicy()
     http: HttpSettings = HttpSettings()
+    callbacks: CallbackPolicy = CallbackPolicy()  # its secret is kept out of repr
+    sse: SseSettings = SseSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
 
 
 class Gateway:
@@ -101,6 +113,25 @@ class Gateway:
         self._started = False
         # more routes on the same app (same auth, request ids and error envelope): added before start()
         self.http_extensions: list[Callable[[web.Application], None]] = []
+        # events over SSE (the hub starts and stops with the HTTP app) and result callbacks
+        self.event_metrics = EventCallbackMetrics(self.metrics.registry)
+        self.event_hub = EventHub(
+            self.bus,
+            self.subjects,
+            on_corrupt=corrupt_event_auditor(self.store, clock),
+            on_disconnect=lambda reason: self.event_metrics.sse_disconnects.labels(reason).inc(),
+            window=min(s.sse.window_events, s.events_max_msgs),  # never more than the stream itself keeps
+        )
+        self.events_api = EventsApi(self.event_hub, self.event_metrics, s.sse)
+        self.callback_poster = AiohttpCallbackPoster(allow_private_networks=s.http.allow_private_networks)
+        self.callbacks = CallbackSender(self.store, self.callback_poster, s.callbacks, clock, self.event_metrics)
+        self.service.add_listener(self.callbacks.on_transition)
+        self.event_metrics.track(lambda: self.events_api.connected, lambda: self.callbacks.backlog)
+        self.http_extensions += [event_routes(self.events_api), callback_routes(CallbacksApi(self.callbacks))]
+        # scheduled tasks and threads: the poller, the completion hook, the thread check, their routes
+        self.scheduling = Scheduling(
+            s.scheduler, self.store, self.service, self.api, self.metrics, self.http_extensions, clock
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -113,6 +144,8 @@ class Gateway:
         await self.dispatcher.start()
         await self.relay.start()
         await self.dead_letter_keeper.start()
+        await self.callbacks.start()
+        await self.scheduling.start()
         await self.bus.serve(
             NodeInputs(
                 claim=self.service.claim,
@@ -150,6 +183,9 @@ class Gateway:
         await self._bounded("node inputs", self.bus.stop_serving())
         await self._bounded("dispatcher", self.dispatcher.stop())
         await self._bounded("dead-letter keeper", self.dead_letter_keeper.stop())
+        await self._bounded("callback sender", self.callbacks.stop())
+        await self._bounded("callback client", self.callback_poster.close())
+        await self._bounded("scheduler", self.scheduling.stop())
         await self._bounded("task service", self.service.stop())
         await self._bounded("event relay", self.relay.stop())
         if self._flusher is not None:
@@ -174,6 +210,10 @@ class Gateway:
             log.error(
                 "stop: %s did not finish in %.0f s; going on. Tasks:\n%s", step, STOP_STEP_TIMEOUT_S, stacks.getvalue()
             )
+        except Exception:
+            # e.g. nats-py's close() raises ConnectionResetError while the server is down: the later steps
+            # (the store above all) must still run, or the process cannot exit
+            log.exception("stop: %s failed; going on", step)
 
     # -- helpers ---------------------------------------------------------------------------------
     _outbox_backlog = 0
@@ -252,6 +292,8 @@ class Gateway:
             "event-relay": self.relay,
             "lease-clock": self.service.lease_clock,
             "dead-letter-keeper": self.dead_letter_keeper,
+            "callback-sender": self.callbacks,
+            "scheduler": self.scheduling.actor,
         }
         down = [name for name, a in actors.items() if not a.running]
         checks["actors"] = (not down, "running" if not down else "stopped: " + ", ".join(down))

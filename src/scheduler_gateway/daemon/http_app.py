@@ -36,6 +36,7 @@ from scheduler_gateway.wire.errors import (
 from scheduler_gateway.wire.ids import is_id
 from scheduler_gateway.wire.timefmt import fmt_ts, parse_ts
 
+from .callback_client import literal_ip_problem
 from .http_errors import error_response
 from .metrics import PrometheusMetrics
 
@@ -338,6 +339,10 @@ class AdminApi:
             parts = urlsplit(req.callback_url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise InvalidArgument("callbackUrl must be an http or https URL", details={"field": "callbackUrl"})
+            # a name is checked on its resolved address at each delivery; a literal IP can be refused now
+            problem = None if self.settings.allow_private_networks else literal_ip_problem(parts.hostname)
+            if problem is not None:
+                raise InvalidArgument(f"callbackUrl points at {problem}", details={"field": "callbackUrl"})
             if not req.callback_secret and not self.settings.callback_secret_configured:
                 raise InvalidArgument(
                     "a callbackUrl needs a callbackSecret (no [callbacks] secret is configured)",

@@ -114,3 +114,54 @@ class PrometheusMetrics:
 
 def _count_of(counts: Callable[[], dict[str, int]], state: str) -> Callable[[], float]:
     return lambda: float(counts().get(state, 0))
+
+
+class PrometheusScheduleMetrics:
+    """The scheduler's ``ScheduleMetrics`` port, on the daemon's registry: schedules by status, occurrences
+    by outcome (launched, skipped, failed), the global run budget in use, and firing lateness (from the time
+    an occurrence was due to the creation of its task)."""
+
+    STATUSES = ("enabled", "paused", "running", "completed", "failed", "cancelled")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.scheduled_tasks = Gauge(
+            "gw_scheduled_tasks", "Scheduled tasks by status, as of the last count", ["status"], registry=registry
+        )
+        self.occurrences = Counter(
+            "gw_schedule_occurrences_total",
+            "Occurrences dispatched by the scheduler or triggered by hand, by outcome",
+            ["outcome"],
+            registry=registry,
+        )
+        self.budget_in_use = Gauge(
+            "gw_scheduler_budget_in_use", "Scheduled runs active now (queued or running)", registry=registry
+        )
+        self.budget_limit = Gauge(
+            "gw_scheduler_budget_limit",
+            "[scheduler] max_concurrent_runs: active scheduled runs allowed",
+            registry=registry,
+        )
+        self.firing_lateness_s = Histogram(
+            "gw_schedule_firing_lateness_seconds",
+            "Time from an occurrence being due to its task being created",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        for outcome in ("launched", "skipped", "failed"):
+            self.occurrences.labels(outcome)
+        for status in self.STATUSES:
+            self.scheduled_tasks.labels(status)
+
+    def occurrence(self, outcome: str) -> None:
+        self.occurrences.labels(outcome).inc()
+
+    def firing_lateness(self, seconds: float) -> None:
+        self.firing_lateness_s.observe(seconds)
+
+    def budget(self, in_use: int, limit: int) -> None:
+        self.budget_in_use.set(in_use)
+        self.budget_limit.set(limit)
+
+    def schedules(self, counts: dict[str, int]) -> None:
+        for status in self.STATUSES:
+            self.scheduled_tasks.labels(status).set(counts.get(status, 0))

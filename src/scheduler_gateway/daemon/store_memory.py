@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
+from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
 from scheduler_gateway.actors.model.records import ACTIVE_STATES, AuditEntry, DeadLetter, HistoryEntry, Task
 from scheduler_gateway.actors.ports import (
     AuditQuery,
@@ -21,11 +22,12 @@ from scheduler_gateway.actors.ports import (
     Principal,
     TaskQuery,
 )
+from scheduler_gateway.daemon.schedule_store import MemoryScheduleStore
 from scheduler_gateway.daemon.store_sqlite import clamp_limit, int_cursor
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, StorageError, task_not_found
 
 
-class MemoryStore:
+class MemoryStore(MemoryScheduleStore):  # the ScheduleStore half is in schedule_store.py
     """``TaskStore`` on dicts. Every method runs without awaiting, so each change is atomic."""
 
     def __init__(self) -> None:
@@ -39,6 +41,8 @@ class MemoryStore:
         self._dead_letters: dict[str, DeadLetter] = {}  # by task id
         self._principals: dict[str, Principal] = {}
         self._nodes: dict[str, NodeRecord] = {}
+        self._callbacks: dict[str, CallbackDelivery] = {}
+        self._callback_letters: dict[str, CallbackDeadLetter] = {}
         self._seq = 0  # shared by audit and outbox: only "grows" matters, as with AUTOINCREMENT
 
     async def start(self) -> None:
@@ -128,6 +132,8 @@ class MemoryStore:
             self._idempotency[(idem.owner, idem.key)] = idem
         if dl is not None:
             self._dead_letters[dl.task_id] = dl
+        if change.callback is not None:
+            self._callbacks[change.callback.id] = change.callback
 
     async def list_tasks(self, query: TaskQuery) -> Page:
         self._check_running()
@@ -267,3 +273,59 @@ class MemoryStore:
 
     async def ping(self) -> None:
         self._check_running()
+
+    # callback deliveries and dead letters
+
+    async def pending_callbacks(self, limit: int) -> list[CallbackDelivery]:
+        self._check_running()
+        return sorted(self._callbacks.values(), key=lambda d: (d.due_at, d.id))[: max(0, limit)]
+
+    async def callback_backlog(self) -> int:
+        self._check_running()
+        return len(self._callbacks)
+
+    async def reschedule_callback(self, delivery: CallbackDelivery) -> None:
+        self._check_running()
+        if delivery.id in self._callbacks:
+            self._callbacks[delivery.id] = delivery
+
+    async def finish_callback(self, delivery_id: str) -> None:
+        self._check_running()
+        self._callbacks.pop(delivery_id, None)
+
+    async def dead_letter_callback(self, delivery_id: str, letter: CallbackDeadLetter, audit: AuditEntry) -> None:
+        self._check_running()
+        if letter.id in self._callback_letters:
+            raise StorageError(f"callback dead letter {letter.id} already exists")
+        self._callbacks.pop(delivery_id, None)
+        self._callback_letters[letter.id] = letter
+        self._append_audit(audit)
+
+    async def get_callback_dead_letter(self, letter_id: str) -> CallbackDeadLetter | None:
+        self._check_running()
+        return self._callback_letters.get(letter_id)
+
+    async def list_callback_dead_letters(self, query: CallbackDeadLetterQuery) -> Page:
+        self._check_running()
+        limit = clamp_limit(query.limit)
+        found = sorted(
+            (
+                d
+                for d in self._callback_letters.values()
+                if d.id > (query.cursor or "")
+                and (query.owner is None or d.owner == query.owner)
+                and (query.task_id is None or d.task_id == query.task_id)
+            ),
+            key=lambda d: d.id,
+        )
+        more = len(found) > limit
+        found = found[:limit]
+        return Page(found, found[-1].id if more else None)
+
+    async def redeliver_callback(self, letter_id: str, delivery: CallbackDelivery, audit: AuditEntry) -> bool:
+        self._check_running()
+        if self._callback_letters.pop(letter_id, None) is None:
+            return False
+        self._callbacks[delivery.id] = delivery
+        self._append_audit(audit)
+        return True

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import aiosqlite
 import msgspec
 
+from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
 from scheduler_gateway.actors.model.records import (
     ACTIVE_STATES,
     AuditEntry,
@@ -55,6 +56,8 @@ from scheduler_gateway.wire.errors import (
     StorageError,
     task_not_found,
 )
+
+from .schedule_store import SCHEDULE_MIGRATION, SqliteScheduleStore
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +132,27 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE health (id INTEGER PRIMARY KEY CHECK (id = 1), at REAL NOT NULL)",
     ),
     # 2: callback deliveries and callback dead letters (events and callbacks)
-    (),
-    # 3: threads, scheduled tasks and their runs
-    (),
+    (
+        # a delivery is written with its task's terminal change and deleted once delivered or dead-lettered;
+        # due_at leads the index: the sender reads the soonest first
+        """CREATE TABLE callback_deliveries (
+            id TEXT PRIMARY KEY,
+            task_id TEXT NOT NULL,
+            due_at REAL NOT NULL,
+            doc BLOB NOT NULL
+        )""",
+        "CREATE INDEX callback_deliveries_due ON callback_deliveries (due_at, id)",
+        """CREATE TABLE callback_dead_letters (
+            id TEXT PRIMARY KEY,
+            task_id TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            doc BLOB NOT NULL
+        )""",
+        "CREATE INDEX callback_dead_letters_owner ON callback_dead_letters (owner, id)",
+        "CREATE INDEX callback_dead_letters_task ON callback_dead_letters (task_id, id)",
+    ),
+    # 3: threads, scheduled tasks and their runs (the text lives in schedule_store.py, next to its queries)
+    SCHEDULE_MIGRATION,
 )
 
 _TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
@@ -202,6 +223,7 @@ class _ChangeRows:
     outbox: tuple[bytes] | None
     idempotency: tuple[Any, ...] | None
     dead_letter: tuple[Any, ...] | None
+    callback: tuple[Any, ...] | None = None
 
     @classmethod
     def of(cls, change: Change) -> _ChangeRows:
@@ -222,6 +244,7 @@ class _ChangeRows:
             outbox=None if change.event is None else (_encode(change.event),),
             idempotency=None if idem is None else (idem.owner, idem.key, _encode(idem), idem.created_at),
             dead_letter=None if dl is None else (dl.dead_letter_id, dl.task_id, _encode(dl)),
+            callback=None if change.callback is None else _callback_row(change.callback),
         )
 
     @property
@@ -267,7 +290,7 @@ class _Fallback(Exception):
     """The fast path cannot give every change its own result: redo the batch one change at a time."""
 
 
-class SqliteStore:
+class SqliteStore(SqliteScheduleStore):  # the ScheduleStore half is in schedule_store.py
     """``TaskStore`` on one SQLite file. ``start()`` opens and migrates it, ``stop()`` closes it.
 
     ``max_batch`` caps the changes one transaction commits: larger batches amortise the commit further
@@ -677,6 +700,98 @@ class SqliteStore:
         rows = await self._fetchall("SELECT id, doc FROM nodes ORDER BY id")
         return _decode_rows(_decode_node, rows, "node")
 
+    # ------------------------------------------------------------------ callback deliveries and dead letters
+
+    async def pending_callbacks(self, limit: int) -> list[CallbackDelivery]:
+        if limit < 1:
+            return []
+        rows = await self._fetchall("SELECT id, doc FROM callback_deliveries ORDER BY due_at, id LIMIT ?", (limit,))
+        return _decode_rows(_decode_callback, rows, "callback delivery")
+
+    async def callback_backlog(self) -> int:
+        rows = await self._fetchall("SELECT count(*) FROM callback_deliveries")
+        return int(rows[0][0])
+
+    async def reschedule_callback(self, delivery: CallbackDelivery) -> None:
+        row = (delivery.due_at, _encode(delivery), delivery.id)
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute("UPDATE callback_deliveries SET due_at = ?, doc = ? WHERE id = ?", row)
+
+        await self._submit_op(op)
+
+    async def finish_callback(self, delivery_id: str) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM callback_deliveries WHERE id = ?", (delivery_id,))
+
+        await self._submit_op(op)
+
+    async def dead_letter_callback(self, delivery_id: str, letter: CallbackDeadLetter, audit: AuditEntry) -> None:
+        letter_row = (letter.id, letter.task_id, letter.owner, _encode(letter))
+        audit_row = _audit_row(audit)
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM callback_deliveries WHERE id = ?", (delivery_id,))
+            conn.execute(_SQL_INSERT_CALLBACK_LETTER, letter_row)
+            conn.execute(_SQL_INSERT_AUDIT, audit_row)
+
+        await self._submit_op(op)
+
+    async def get_callback_dead_letter(self, letter_id: str) -> CallbackDeadLetter | None:
+        rows = await self._fetchall("SELECT doc FROM callback_dead_letters WHERE id = ?", (letter_id,))
+        if not rows:
+            return None
+        return _decode_or_raise(_decode_callback_letter, rows[0][0], "callback dead letter", letter_id)
+
+    async def list_callback_dead_letters(self, query: CallbackDeadLetterQuery) -> Page:
+        limit = clamp_limit(query.limit)
+        where = ["id > ?"]
+        params: list[Any] = [query.cursor or ""]
+        for column, value in (("owner", query.owner), ("task_id", query.task_id)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        params.append(limit + 1)
+        rows = await self._fetchall(
+            f"SELECT id, doc FROM callback_dead_letters WHERE {' AND '.join(where)} ORDER BY id LIMIT ?", params
+        )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return Page(_decode_rows(_decode_callback_letter, rows, "callback dead letter"), rows[-1][0] if more else None)
+
+    async def redeliver_callback(self, letter_id: str, delivery: CallbackDelivery, audit: AuditEntry) -> bool:
+        delivery_row = _callback_row(delivery)
+        audit_row = _audit_row(audit)
+        taken: list[bool] = [False]
+
+        def op(conn: sqlite3.Connection) -> None:
+            # Each write is conditional on the letter still being there, so two redeliveries racing for one
+            # letter queue one delivery. An op cannot refuse (a raise fails its whole batch): it reports.
+            exists = "WHERE EXISTS (SELECT 1 FROM callback_dead_letters WHERE id = ?)"
+            conn.execute(
+                f"INSERT INTO callback_deliveries (id, task_id, due_at, doc) SELECT ?, ?, ?, ? {exists}",
+                (*delivery_row, letter_id),
+            )
+            conn.execute(
+                "INSERT OR IGNORE INTO audit (id, at, action, object_id, request_id, owner, doc)"
+                f" SELECT ?, ?, ?, ?, ?, ?, ? {exists}",
+                (*audit_row, letter_id),
+            )
+            taken[0] = conn.execute("DELETE FROM callback_dead_letters WHERE id = ?", (letter_id,)).rowcount == 1
+
+        await self._submit_op(op)
+        return taken[0]
+
+
+_SQL_INSERT_CALLBACK = "INSERT INTO callback_deliveries (id, task_id, due_at, doc) VALUES (?, ?, ?, ?)"
+_SQL_INSERT_CALLBACK_LETTER = "INSERT INTO callback_dead_letters (id, task_id, owner, doc) VALUES (?, ?, ?, ?)"
+_decode_callback = doc_decoder(CallbackDelivery)
+_decode_callback_letter = doc_decoder(CallbackDeadLetter)
+
+
+def _callback_row(d: CallbackDelivery) -> tuple[Any, ...]:
+    return (d.id, d.task_id, d.due_at, _encode(d))
+
 
 # ---------------------------------------------------------------------- the writer thread
 
@@ -709,6 +824,7 @@ def _fast_path(conn: sqlite3.Connection, batch: list[_Work]) -> list[list[BaseEx
     outbox: list[tuple[bytes]] = []
     idempotency: list[tuple[Any, ...]] = []
     dead_letters: list[tuple[Any, ...]] = []
+    callbacks: list[tuple[Any, ...]] = []
     ops: list[_Op] = []
     updated_ids: set[str] = set()
     for work in batch:
@@ -735,6 +851,8 @@ def _fast_path(conn: sqlite3.Connection, batch: list[_Work]) -> list[list[BaseEx
                 idempotency.append(r.idempotency)
             if r.dead_letter is not None:
                 dead_letters.append(r.dead_letter)
+            if r.callback is not None:
+                callbacks.append(r.callback)
 
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -755,6 +873,8 @@ def _fast_path(conn: sqlite3.Connection, batch: list[_Work]) -> list[list[BaseEx
             conn.executemany(_SQL_INSERT_IDEMPOTENCY, idempotency)
         if dead_letters:
             conn.executemany(_SQL_UPSERT_DEAD_LETTER, dead_letters)
+        if callbacks:
+            conn.executemany(_SQL_INSERT_CALLBACK, callbacks)
         for op in ops:
             op(conn)
     except (_Fallback, sqlite3.IntegrityError):
@@ -830,6 +950,13 @@ def _write_change(conn: sqlite3.Connection, r: _ChangeRows) -> None:
             raise StorageError(
                 f"dead letter {r.dead_letter[0]} already belongs to another task",
                 details={"deadLetterId": r.dead_letter[0]},
+            ) from None
+    if r.callback is not None:
+        try:
+            conn.execute(_SQL_INSERT_CALLBACK, r.callback)
+        except sqlite3.IntegrityError:
+            raise StorageError(
+                f"callback delivery {r.callback[0]} already exists", details={"deliveryId": r.callback[0]}
             ) from None
 
 

@@ -39,6 +39,7 @@ from nats.js import JetStreamContext
 from nats.js.api import Header
 from nats.js.errors import NotFoundError
 
+from scheduler_gateway.daemon.nats_auth import node_inbox_prefix
 from scheduler_gateway.daemon.streams import consumer_name
 from scheduler_gateway.wire.errors import Code
 from scheduler_gateway.wire.messages import (
@@ -628,6 +629,9 @@ class Worker:
                 user=opts.user,
                 password=opts.password,
                 name=f"gateway-worker {self.node_id}",
+                # Replies (claims, heartbeats, pulls, settle acks) come back below the node's own inbox
+                # prefix, the only inboxes a node's NATS user may subscribe to (nats_auth).
+                inbox_prefix=node_inbox_prefix(self.node_id),
                 # Reconnect forever: a NATS restart must not end the worker (nor lose a settle).
                 # With -1 nats-py also keeps retrying the first connect, reporting through error_cb.
                 max_reconnect_attempts=-1,

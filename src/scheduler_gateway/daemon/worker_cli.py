@@ -34,6 +34,7 @@ log = logging.getLogger("scheduler_gateway.worker_cli")
 DEFAULT_CONCURRENCY = 4
 DEFAULT_GRACE_S = 30.0
 NATS_JSON = "nats.json"
+PASSWORD_ENV = "GW_NATS_PASSWORD"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     src.add_argument("--nats", metavar="URL", help="NATS server URL(s), comma-separated")
     p.add_argument("--user", help="NATS user (with --nats)")
-    p.add_argument("--password", help="NATS password (with --nats); never logged")
+    p.add_argument("--password", help=f"NATS password (with --nats; default ${PASSWORD_ENV}); never logged")
     p.add_argument(
         "--shutdown-grace",
         type=float,
@@ -128,7 +129,10 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[arg
         servers = _split(args.nats)
         if not servers:
             parser.error("--nats names no URL")
-        opts = NatsOptions(servers=servers, user=args.user or None, password=args.password or None)
+        # A password on the command line is visible to every local user (ps, /proc): a service passes it
+        # in the environment instead (ops/systemd/gateway-worker@.service).
+        password = args.password if args.password is not None else os.environ.get(PASSWORD_ENV)
+        opts = NatsOptions(servers=servers, user=args.user or None, password=password or None)
     else:
         data_dir = args.data_dir or Path(os.environ.get("GW_DATA_DIR") or "./var")
         try:

@@ -1,0 +1,555 @@
+"""Scheduled tasks (seed 000 sections 1 and 3, CONTRACT 2.7): the value objects, the two aggregates and
+their rules. Pure: ``now`` and the ``SchedulePolicy`` are always arguments, never read or held; new ids
+arrive as arguments too.
+
+- ``ScheduleSpec``: *when* (a 5-field cron or a once ``run_at``, in an IANA zone). Validated at
+  construction. ``next_after(now)`` is the plain calendar (used to reschedule after a dispatch);
+  ``ensure_launchable(now, policy)`` adds the rules that hold only when a user submits a schedule (a once
+  must be at least ``min_once_delay_s`` in the future). Using the second to reschedule would refuse a cron
+  that just ran normally.
+- ``ScheduledTask``: the rule itself and its status machine. ``running`` means "a dispatch holds this
+  schedule" (a claim by the poller, or a once waiting for its run), not "a task is executing". The four
+  ``status_after_*`` rules answer "what status next" for every exit of a dispatch; the order of their tests
+  is their meaning (two traps: ``status_after_launch`` asks ONCE before MANUAL, ``status_after_failure``
+  asks MANUAL before ONCE).
+- ``ScheduledRun``: one occurrence's record. Its two named factories are the point: a skipped occurrence
+  is born terminal (``skipped_tombstone``), because the active run it collided with still holds the one
+  active slot per schedule, and a tombstone created ``queued`` would collide with it too.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Final, Literal
+
+import msgspec
+
+from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, NotFound
+
+from . import cron as calendar
+from .records import NULL
+
+ScheduleType = Literal["cron", "once"]
+ScheduleStatus = Literal["enabled", "paused", "running", "completed", "failed", "cancelled"]
+ContextMode = Literal["fresh_thread_per_run", "reuse_thread"]
+OverlapPolicy = Literal["skip"]
+Trigger = Literal["scheduled", "manual"]
+RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "skipped", "interrupted"]
+RunOutcome = Literal["succeeded", "failed", "cancelled", "interrupted"]
+
+SCHEDULE_TYPES: Final = ("cron", "once")
+SCHEDULE_STATUSES: Final = ("enabled", "paused", "running", "completed", "failed", "cancelled")
+CONTEXT_MODES: Final = ("fresh_thread_per_run", "reuse_thread")
+OVERLAP_POLICIES: Final = ("skip",)
+RUN_STATUSES: Final = ("queued", "running", "succeeded", "failed", "cancelled", "skipped", "interrupted")
+#: One constant serves re-arming and protect_terminal: "terminal" is exactly what a new schedule re-arms.
+TERMINAL_SCHEDULE_STATUSES: Final = frozenset({"completed", "failed", "cancelled"})
+#: Must equal the predicate of the store's partial unique index (a test holds them together): this is the
+#: fast path's idea of "active", the index is the arbiter under concurrency; if they drift they disagree.
+ACTIVE_RUN_STATUSES: Final = ("queued", "running")
+TERMINAL_RUN_STATUSES: Final = frozenset(RUN_STATUSES) - frozenset(ACTIVE_RUN_STATUSES)
+
+MAX_TITLE = 200
+MAX_UPCOMING = 100
+
+
+# -- errors ---------------------------------------------------------------------------------------------
+class InvalidSchedule(GatewayError):
+    """What the client submitted cannot be a schedule (bad cron or zone, a once too soon...): 422."""
+
+    code = Code.INVALID_SCHEDULE
+
+
+class RunInProgress(Conflict):
+    """A run holds the schedule: editing or a manual trigger waits for it (409, never queued)."""
+
+    code = Code.RUN_IN_PROGRESS
+
+
+def schedule_not_found(schedule_id: str) -> NotFound:
+    return NotFound(f"scheduled task {schedule_id[:80]} not found", code=Code.SCHEDULE_NOT_FOUND)
+
+
+def thread_not_found(thread_id: str) -> NotFound:
+    return NotFound(f"thread {thread_id[:80]} not found", code=Code.THREAD_NOT_FOUND)
+
+
+# -- value objects ----------------------------------------------------------------------------------------
+class SchedulePolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """Operating thresholds, built by the composition root from ``[scheduler]``. The defaults are
+    deliberately permissive (no constraint): the real values can only come from the outside.
+    ``poll_interval_s`` is not here on purpose: how often to look is the poller's business, not a rule
+    any schedule is subject to."""
+
+    min_once_delay_s: float = 0.0
+    max_concurrent_runs: int = 1 << 30
+    lease_s: float = 60.0
+
+
+class ScheduleSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """When a schedule fires. ``run_at`` is an instant (epoch seconds); a naive wall time is turned into
+    one by ``from_primitives`` in the schedule's own zone. Construction validates everything."""
+
+    type: ScheduleType
+    timezone: str = "UTC"
+    cron: str | None = None
+    run_at: float | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            calendar.zone(self.timezone)
+        except calendar.CronError as exc:
+            raise InvalidSchedule(str(exc), details={"field": "schedule.timezone"}) from None
+        if self.type == "cron":
+            if not self.cron:
+                raise InvalidSchedule("a cron schedule needs a cron expression", details={"field": "schedule.cron"})
+            if self.run_at is not None:
+                raise InvalidSchedule("a cron schedule has no runAt", details={"field": "schedule.runAt"})
+            try:
+                calendar.parse_cron(self.cron)
+            except calendar.CronError as exc:
+                raise InvalidSchedule(str(exc), details={"field": "schedule.cron"}) from None
+        elif self.type == "once":
+            if self.run_at is None:
+                raise InvalidSchedule("a once schedule needs runAt", details={"field": "schedule.runAt"})
+            if self.cron is not None:
+                raise InvalidSchedule("a once schedule has no cron", details={"field": "schedule.cron"})
+        else:
+            raise InvalidSchedule(f"unknown schedule type {str(self.type)[:20]!r}", details={"field": "schedule.type"})
+
+    @classmethod
+    def from_primitives(
+        cls, type: str, timezone: str | None = None, cron: str | None = None, run_at: str | None = None
+    ) -> ScheduleSpec:
+        """The one inward parsing surface: wire primitives -> a validated spec. A ``run_at`` without an
+        offset is local to ``timezone`` (a repeated local time means its first occurrence, one inside a
+        jump the instant of the jump: the fixed-time cron rule)."""
+        tz = timezone or "UTC"
+        instant: float | None = None
+        if run_at is not None:
+            try:
+                parsed = datetime.fromisoformat(run_at.replace("z", "Z"))
+            except ValueError:
+                raise InvalidSchedule(
+                    "runAt must be an ISO 8601 date and time", details={"field": "schedule.runAt"}
+                ) from None
+            if parsed.tzinfo is not None:
+                instant = parsed.timestamp()
+            else:
+                try:
+                    calendar.zone(tz)
+                except calendar.CronError as exc:
+                    raise InvalidSchedule(str(exc), details={"field": "schedule.timezone"}) from None
+                instant = calendar.local_to_instant(tz, parsed)
+        if type not in SCHEDULE_TYPES:
+            raise InvalidSchedule(f"unknown schedule type {type[:20]!r}", details={"field": "schedule.type"})
+        norm = " ".join(cron.split()) if cron is not None else None
+        return cls(type=type, timezone=tz, cron=norm, run_at=instant)  # type: ignore[arg-type]
+
+    @property
+    def fixed_time(self) -> bool:
+        return self.cron is not None and calendar.parse_cron(self.cron).fixed_time
+
+    def next_after(self, now: float) -> float | None:
+        """The next fire time strictly after ``now``; a once only while it has not passed."""
+        if self.type == "once":
+            assert self.run_at is not None
+            return self.run_at if self.run_at > now else None
+        assert self.cron is not None
+        return calendar.next_fire(calendar.parse_cron(self.cron), self.timezone, now)
+
+    def upcoming(self, after: float, count: int) -> list[float]:
+        """The next ``count`` fire times strictly after ``after``, as the scheduler fires them."""
+        count = max(0, min(count, MAX_UPCOMING))
+        if self.type == "once":
+            nxt = self.next_after(after)
+            return [nxt] if nxt is not None and count else []
+        assert self.cron is not None
+        return calendar.upcoming(calendar.parse_cron(self.cron), self.timezone, after, count)
+
+    def ensure_launchable(self, now: float, policy: SchedulePolicy) -> float:
+        """``next_after`` plus the rules of a submission; returns the first fire time."""
+        if self.type == "once":
+            assert self.run_at is not None
+            if self.run_at <= now or self.run_at - now < policy.min_once_delay_s:
+                raise InvalidSchedule(
+                    f"runAt must be at least {policy.min_once_delay_s:g} s in the future",
+                    details={"field": "schedule.runAt", "minOnceDelaySeconds": policy.min_once_delay_s},
+                )
+            return self.run_at
+        nxt = self.next_after(now)
+        if nxt is None:
+            raise InvalidSchedule("the cron never fires", details={"field": "schedule.cron"})
+        return nxt
+
+
+class TaskTemplate(msgspec.Struct, frozen=True, kw_only=True):
+    """What an occurrence submits: a gateway task (CONTRACT 2.1) built from these fields."""
+
+    kind: str
+    payload: msgspec.Raw = NULL
+    priority: int = 0
+    max_attempts: int | None = None
+    timeout_s: float | None = None
+    lease_s: float | None = None
+
+
+class RunError(msgspec.Struct, frozen=True):
+    code: str
+    message: str = ""
+
+
+class Thread(msgspec.Struct, frozen=True, kw_only=True):
+    """A serial lane owned by a user: the tasks of one thread run one at a time, in creation order."""
+
+    id: str
+    owner: str
+    title: str = ""
+    created_at: float
+
+
+class Keep:
+    """The ``next_run_at_after_*`` answer that means "leave the cursor as it is"."""
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP: Final = Keep()
+
+
+# -- the schedule aggregate ---------------------------------------------------------------------------
+class ScheduledTask(msgspec.Struct, frozen=True, kw_only=True):
+    """The rule and its state. ``next_run_at`` is the claim's only input: None or in the future means no
+    dispatch. ``last_run_at``/``last_run_status`` are read from the latest run (never written here);
+    ``updated_at`` and ``version`` belong to the store's write path."""
+
+    id: str
+    owner: str
+    title: str = ""
+    template: TaskTemplate
+    schedule: ScheduleSpec
+    context_mode: ContextMode = "fresh_thread_per_run"
+    thread_id: str | None = None
+    overlap_policy: OverlapPolicy = "skip"
+    status: ScheduleStatus = "enabled"
+    next_run_at: float | None = None
+    lease_until: float | None = None
+    last_error: RunError | None = None
+    run_count: int = 0
+    last_run_at: float | None = None
+    last_run_status: RunStatus | None = None
+    version: int = 1
+    created_at: float
+    updated_at: float
+
+    def __post_init__(self) -> None:
+        if self.context_mode not in CONTEXT_MODES:
+            raise InvalidSchedule(
+                f"unknown contextMode {str(self.context_mode)[:40]!r}", details={"field": "contextMode"}
+            )
+        if self.overlap_policy not in OVERLAP_POLICIES:
+            raise InvalidSchedule(
+                f"unknown overlapPolicy {str(self.overlap_policy)[:40]!r}", details={"field": "overlapPolicy"}
+            )
+        if self.context_mode == "reuse_thread" and not self.thread_id:
+            raise InvalidSchedule("contextMode reuse_thread needs a threadId", details={"field": "threadId"})
+        if self.context_mode == "fresh_thread_per_run" and self.thread_id is not None:
+            raise InvalidSchedule(
+                "a threadId needs contextMode reuse_thread (fresh_thread_per_run makes a thread per run)",
+                details={"field": "threadId"},
+            )
+        if self.status not in SCHEDULE_STATUSES:
+            raise InvalidSchedule(f"unknown status {str(self.status)[:40]!r}", details={"field": "status"})
+        if len(self.title) > MAX_TITLE:
+            raise InvalidSchedule(f"title is longer than {MAX_TITLE} characters", details={"field": "title"})
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        id: str,
+        owner: str,
+        title: str,
+        template: TaskTemplate,
+        schedule: ScheduleSpec,
+        context_mode: str,
+        thread_id: str | None,
+        overlap_policy: str,
+        now: float,
+        policy: SchedulePolicy,
+    ) -> ScheduledTask:
+        first = schedule.ensure_launchable(now, policy)
+        return cls(
+            id=id,
+            owner=owner,
+            title=title,
+            template=template,
+            schedule=schedule,
+            context_mode=context_mode,  # type: ignore[arg-type]
+            thread_id=thread_id,
+            overlap_policy=overlap_policy,  # type: ignore[arg-type]
+            status="enabled",
+            next_run_at=first,
+            created_at=now,
+            updated_at=now,
+        )
+
+    # -- facts ---------------------------------------------------------------------------------------
+    @property
+    def is_once(self) -> bool:
+        return self.schedule.type == "once"
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_SCHEDULE_STATUSES
+
+    @property
+    def skips_on_overlap(self) -> bool:
+        return self.overlap_policy == "skip"
+
+    def resolve_execution_thread(self, fresh_thread_id: str) -> str:
+        """The thread an occurrence runs in. NOT idempotent in spirit: fresh mode answers the new id it is
+        given, so a dispatch resolves once and uses the answer everywhere (run, thread row, task)."""
+        if self.context_mode == "reuse_thread":
+            assert self.thread_id is not None
+            return self.thread_id
+        return fresh_thread_id
+
+    def ensure_mutable(self) -> None:
+        if self.status == "running":
+            raise RunInProgress(
+                f"scheduled task {self.id} is held by a run; try again when it is done",
+                details={"status": self.status},
+            )
+
+    # -- the four rules (the order of the tests is the meaning; see the module doc) ------------------
+    def status_after_launch(self, trigger: Trigger) -> ScheduleStatus:
+        if self.is_once:  # first: a paused once triggered by hand still waits for its run
+            return "running"
+        elif trigger == "manual" and self.status == "paused":
+            return "paused"
+        else:
+            return "enabled"
+
+    def status_after_failure(self, trigger: Trigger) -> ScheduleStatus:
+        if trigger == "manual":  # first: a failed manual trigger must not eat the schedule's own future
+            return self.status
+        elif self.is_once:
+            return "failed"
+        else:
+            return "enabled"
+
+    def status_after_skip(self) -> ScheduleStatus:
+        # no trigger: only the automatic path skips (a manual overlap is refused, nothing recorded); a once
+        # that lost its only chance has failed, saying "completed" would claim it ran
+        if self.is_once:
+            return "failed"
+        else:
+            return "enabled"
+
+    def status_after_completion(self, outcome: RunOutcome) -> ScheduleStatus | None:
+        """None: the schedule keeps its status (a cron). A cancel is the user's act, not a failure."""
+        if not self.is_once:
+            return None
+        if outcome == "succeeded":
+            return "completed"
+        elif outcome in ("cancelled", "interrupted"):
+            return "cancelled"
+        else:
+            return "failed"
+
+    # -- where the cursor goes after each exit (KEEP: this exit leaves it alone) ----------------------
+    def next_run_at_after_launch(self, trigger: Trigger, now: float) -> float | Keep | None:
+        """A once is spent; a scheduled cron counts on from ``now`` (no catch-up of missed periods); a manual
+        trigger leaves a cron's own rhythm alone."""
+        if self.is_once:
+            return None
+        elif trigger == "scheduled":
+            return self.schedule.next_after(now)
+        else:
+            return KEEP
+
+    def next_run_at_after_failure(self, trigger: Trigger, now: float) -> float | Keep | None:
+        """Same order trap as ``status_after_failure``: a failed manual trigger keeps the schedule's future."""
+        if trigger == "manual":
+            return KEEP
+        elif self.is_once:
+            return None
+        else:
+            return self.schedule.next_after(now)
+
+    def next_run_at_after_skip(self, now: float) -> float | None:
+        if self.is_once:
+            return None
+        else:
+            return self.schedule.next_after(now)
+
+    # -- edits (each returns a new aggregate; the caller has checked ensure_mutable) -------------------
+    def with_schedule(self, schedule: ScheduleSpec, now: float, policy: SchedulePolicy) -> ScheduledTask:
+        """A new schedule. A terminal schedule moved to the future is re-armed: without that it would answer
+        200, show a nextRunAt and never fire."""
+        first = schedule.ensure_launchable(now, policy)
+        status = "enabled" if self.terminal else self.status
+        return msgspec.structs.replace(self, schedule=schedule, next_run_at=first, status=status)
+
+    def with_context(self, context_mode: str, thread_id: str | None) -> ScheduledTask:
+        return msgspec.structs.replace(self, context_mode=context_mode, thread_id=thread_id)
+
+    def with_fields(self, **changes: Any) -> ScheduledTask:
+        """Title, template, overlap policy: plain replacements (validated by construction)."""
+        return msgspec.structs.replace(self, **changes)
+
+    def paused(self) -> ScheduledTask:
+        self.ensure_mutable()
+        if self.status == "paused":
+            return self
+        if self.status != "enabled":
+            raise Conflict(
+                f"scheduled task {self.id} is {self.status}; only an enabled one can be paused",
+                code=Code.INVALID_STATE_TRANSITION,
+                details={"status": self.status},
+            )
+        return msgspec.structs.replace(self, status="paused")
+
+    def resumed(self, now: float) -> ScheduledTask:
+        """Back to enabled. A cron whose fire time passed while paused counts on from ``now`` (no catch-up);
+        a once whose time passed fires at once: it is its only chance."""
+        self.ensure_mutable()
+        if self.status == "enabled":
+            return self
+        if self.status != "paused":
+            raise Conflict(
+                f"scheduled task {self.id} is {self.status}; only a paused one can be resumed"
+                " (give a finished one a new schedule to re-arm it)",
+                code=Code.INVALID_STATE_TRANSITION,
+                details={"status": self.status},
+            )
+        next_run_at = self.next_run_at
+        if not self.is_once and (next_run_at is None or next_run_at <= now):
+            next_run_at = self.schedule.next_after(now)
+        return msgspec.structs.replace(self, status="enabled", next_run_at=next_run_at)
+
+
+# -- the run aggregate ------------------------------------------------------------------------------
+class ScheduledRun(msgspec.Struct, frozen=True, kw_only=True):
+    """One occurrence. ``task_id`` is the gateway task it launched (None until launched, or never)."""
+
+    id: str
+    scheduled_task_id: str
+    owner: str
+    task_id: str | None = None
+    thread_id: str | None = None
+    trigger: Trigger
+    status: RunStatus
+    scheduled_for: float | None = None
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: RunError | None = None
+
+    @classmethod
+    def queued(
+        cls, *, id: str, task: ScheduledTask, thread_id: str, trigger: Trigger, scheduled_for: float, now: float
+    ) -> ScheduledRun:
+        return cls(
+            id=id,
+            scheduled_task_id=task.id,
+            owner=task.owner,
+            thread_id=thread_id,
+            trigger=trigger,
+            status="queued",
+            scheduled_for=scheduled_for,
+            created_at=now,
+        )
+
+    @classmethod
+    def skipped_tombstone(
+        cls,
+        *,
+        id: str,
+        task: ScheduledTask,
+        thread_id: str | None,
+        scheduled_for: float,
+        now: float,
+        error: RunError,
+    ) -> ScheduledRun:
+        """Born terminal: the run it collided with still holds the schedule's one active slot."""
+        return cls(
+            id=id,
+            scheduled_task_id=task.id,
+            owner=task.owner,
+            thread_id=thread_id,
+            trigger="scheduled",
+            status="skipped",
+            scheduled_for=scheduled_for,
+            created_at=now,
+            finished_at=now,
+            error=error,
+        )
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE_RUN_STATUSES
+
+
+def outcome_of_task_state(state: str) -> RunOutcome | None:
+    """A gateway task's terminal state as a run outcome (None while it is not terminal): ``failed`` and
+    ``dead`` are one thing for a schedule; a canceled task is the user's act."""
+    if state == "succeeded":
+        return "succeeded"
+    if state in ("failed", "dead"):
+        return "failed"
+    if state == "canceled":
+        return "cancelled"
+    return None
+
+
+#: Error codes recorded on runs and schedules by the scheduler itself.
+SKIPPED_OVERLAP = RunError(Code.RUN_IN_PROGRESS, "skipped: the previous run of this schedule was still active")
+OVERLAP_REFUSED = RunError(Code.RUN_IN_PROGRESS, "a run of this scheduled task is still active; not queued")
+INTERRUPTED = RunError("INTERRUPTED", "the run's task was lost or never created (gateway restarted)")
+
+
+# -- partial edits: a composite field sent in part is completed from the current value -------------------
+def merge_spec(
+    current: ScheduleSpec | None,
+    *,
+    type: str | None = None,
+    timezone: str | None = None,
+    cron: str | None = None,
+    run_at: str | None = None,
+) -> ScheduleSpec:
+    """The schedule after a PATCH that sent these sub-fields (None: not sent). ``current`` None is a stored
+    schedule that cannot be read: then the PATCH must send a complete one."""
+    new_type = type or (current.type if current is not None else None)
+    if new_type is None:
+        raise InvalidSchedule("schedule.type is required", details={"field": "schedule.type"})
+    tz = timezone or (current.timezone if current is not None else "UTC")
+    if new_type == "cron":
+        if run_at is not None:
+            raise InvalidSchedule("a cron schedule has no runAt", details={"field": "schedule.runAt"})
+        expr = cron or (current.cron if current is not None and current.type == "cron" else None)
+        return ScheduleSpec.from_primitives("cron", tz, expr, None)
+    if cron is not None:
+        raise InvalidSchedule("a once schedule has no cron", details={"field": "schedule.cron"})
+    if run_at is not None:
+        return ScheduleSpec.from_primitives(new_type, tz, None, run_at)
+    kept = current.run_at if current is not None and current.type == "once" else None
+    if kept is None:
+        raise InvalidSchedule("a once schedule needs runAt", details={"field": "schedule.runAt"})
+    return ScheduleSpec(type="once", timezone=tz, run_at=kept)
+
+
+def merge_context(
+    current_mode: str | None, current_thread: str | None, mode: str | None, thread_id: str | None
+) -> tuple[str | None, str | None]:
+    """contextMode and threadId change together: switching to fresh_thread_per_run unbinds the thread;
+    a threadId alone rebinds a reuse_thread schedule (on a fresh one it is refused by construction)."""
+    if mode is None and thread_id is None:
+        return current_mode, current_thread
+    if mode == "fresh_thread_per_run":
+        return mode, thread_id  # a threadId sent with it is refused by construction
+    if mode is None:
+        return current_mode, thread_id
+    return mode, thread_id if thread_id is not None else current_thread

@@ -1,0 +1,567 @@
+"""Reading ``GW_EVENTS`` for Server-Sent Events clients (CONTRACT 2.6): one live tail fanned out to every
+subscriber, a window of recent events for quick resumes, and JetStream replay for older ones.
+
+This module owns the gateway's read side of the event stream; the write side is the outbox relay
+(``actors/event_relay.py``). The tail is ONE ordered consumer for the whole daemon, not one per client:
+each stream message is decoded and framed once, and a client costs a filter check and a list append
+per event, so a hundred clients do not mean a hundred consumers parsed in Python.
+
+A ``Subscriber`` is one client's position (the next ``seq`` it wants), its filters (owner, types,
+aggregate id) and its bounded buffer of frames waiting to be written. The tail appends to every
+subscriber without waiting; a subscriber whose buffer is full is closed with ``SLOW_CONSUMER`` and its
+buffer dropped, so a slow client can neither stall the others nor grow memory. It reconnects with
+``Last-Event-ID`` and resumes.
+
+A client resuming from ``seq`` is attached to the tail at once when ``seq`` is still in the window (the
+backlog is copied from the window and the subscriber joins the tail in the same step, so nothing is
+missed or sent twice); otherwise a ``Replay`` (an ephemeral pull consumer) reads the stream from ``seq``
+in batches, at the pace the client takes them, until it is caught up and can join the tail the same way.
+
+A stream message that does not decode is skipped, logged and audited once; it never stops the tail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from scheduler_gateway.actors import idgen
+from scheduler_gateway.actors.model.records import SYSTEM, AuditEntry
+from scheduler_gateway.actors.ports import TaskStore
+from scheduler_gateway.wire.errors import Unavailable
+from scheduler_gateway.wire.messages import NULL
+from scheduler_gateway.wire.subjects import EVENTS_STREAM, Subjects
+
+from .bus_nats import NatsBus
+
+log = logging.getLogger(__name__)
+
+# Event types become the ``event:`` line of a frame: nothing that could break the framing gets through.
+_TYPE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+# The tail yields to the event loop after this many messages, so the writers of fast clients drain their
+# buffers while a burst is read (nats-py hands a subscription its whole backlog without yielding).
+YIELD_EVERY = 32
+REPLAY_BATCH = 1000
+REPLAY_REQUEST_S = 5.0
+REPLAY_IDLE_S = 30.0  # the server drops a replay consumer its client abandoned after this long
+WATCH_S = 5.0
+CORRUPT_MEMORY = 1024
+
+SLOW_CONSUMER = "SLOW_CONSUMER"
+SHUTTING_DOWN = "SHUTTING_DOWN"
+STREAM_RESET = "STREAM_RESET"
+UNAVAILABLE = "UNAVAILABLE"
+CLIENT_GONE = "CLIENT_GONE"  # not sent: the client is not there to read it
+
+
+class _StreamBody(msgspec.Struct, rename="camel"):
+    """A GW_EVENTS message as the relay writes it (``WireEvent``); ``data`` passes through undecoded."""
+
+    type: str
+    aggregate_type: str
+    aggregate_id: str
+    at: str
+    revision: int | None = None
+    request_id: str | None = None
+    data: msgspec.Raw = NULL
+    owner: str | None = None
+
+
+class _SseData(msgspec.Struct, rename="camel"):
+    """The ``data:`` of an SSE event (CONTRACT 2.6): the event without its owner, with its stream seq."""
+
+    seq: int
+    type: str
+    aggregate_type: str
+    aggregate_id: str
+    revision: int | None
+    at: str
+    request_id: str | None
+    data: msgspec.Raw
+
+
+_decode_body = msgspec.json.Decoder(_StreamBody).decode
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclass(slots=True, frozen=True)
+class StreamEvent:
+    seq: int
+    type: str
+    aggregate_id: str
+    owner: str | None
+    frame: bytes  # the whole SSE frame, shared by every client that gets it
+
+
+def frame(event: str, data: bytes, event_id: int | None = None) -> bytes:
+    """One SSE frame, byte for byte what aiohttp-sse's ``send(data, id=, event=)`` writes with ``sep="\\n"``
+    (``data`` is one line of JSON)."""
+    head = b"id: %d\n" % event_id if event_id is not None else b""
+    return head + b"event: " + event.encode() + b"\ndata: " + data + b"\n\n"
+
+
+def gap_frame(requested_after: int, first_available: int) -> bytes:
+    return frame("gap", _encode({"requestedAfter": requested_after, "firstAvailableSeq": first_available}))
+
+
+def disconnect_frame(reason: str, message: str) -> bytes:
+    return frame("disconnect", _encode({"reason": reason, "message": message}))
+
+
+def decode_event(seq: int, body: bytes) -> StreamEvent:
+    """Raises ValueError (or a msgspec error) when the message is not an event the gateway wrote."""
+    b = _decode_body(body)
+    if not _TYPE_RE.match(b.type):
+        raise ValueError("the event type is not a plain name")
+    data = _SseData(
+        seq=seq,
+        type=b.type,
+        aggregate_type=b.aggregate_type,
+        aggregate_id=b.aggregate_id,
+        revision=b.revision,
+        at=b.at,
+        request_id=b.request_id,
+        data=b.data,
+    )
+    return StreamEvent(seq, b.type, b.aggregate_id, b.owner, frame(b.type, _encode(data), seq))
+
+
+def corrupt_event_auditor(store: TaskStore, clock: Callable[[], float]) -> Callable[[int, str], Awaitable[None]]:
+    """The hub's ``on_corrupt``: an audit entry for a stream message it skipped (the relay audits the
+    outbox rows it skips the same way)."""
+
+    async def audit(seq: int, why: str) -> None:
+        await store.append_audit(
+            [
+                AuditEntry(
+                    id=idgen.new_id("aud"),
+                    at=clock(),
+                    action="event_skipped",
+                    object_type="stream_event",
+                    object_id=str(seq),
+                    result="refused",
+                    actor=SYSTEM,
+                    error_code="CORRUPT_EVENT",
+                    details={"why": why, "stream": EVENTS_STREAM},
+                )
+            ]
+        )
+
+    return audit
+
+
+class Subscriber:
+    """One SSE client: position, filters and a bounded buffer. Only the hub and the client's handler touch it,
+    both in the event loop."""
+
+    __slots__ = ("aggregate_id", "closed", "frames", "max_buffer", "owner", "position", "types", "wake")
+
+    def __init__(
+        self, owner: str | None, types: frozenset[str] | None, aggregate_id: str | None, max_buffer: int
+    ) -> None:
+        self.owner = owner  # None: an admin, who sees every event
+        self.types = types
+        self.aggregate_id = aggregate_id
+        self.max_buffer = max_buffer
+        self.position = 0  # the next seq this client wants; lower ones were sent or skipped
+        self.frames: list[bytes] = []
+        self.wake = asyncio.Event()
+        self.closed: tuple[str, str] | None = None  # (reason, message) once the stream must end
+
+    def wants(self, ev: StreamEvent) -> bool:
+        return (
+            (self.owner is None or ev.owner == self.owner)
+            and (self.types is None or ev.type in self.types)
+            and (self.aggregate_id is None or ev.aggregate_id == self.aggregate_id)
+        )
+
+    def offer(self, ev: StreamEvent) -> None:
+        if self.closed is not None or ev.seq < self.position:
+            return
+        self.position = ev.seq + 1
+        if not self.wants(ev):
+            return
+        if len(self.frames) >= self.max_buffer:
+            self.close(
+                SLOW_CONSUMER,
+                f"this client fell {self.max_buffer} events behind; reconnect with Last-Event-ID to resume",
+            )
+            return
+        self.frames.append(ev.frame)
+        self.wake.set()
+
+    def gap(self, first_available: int) -> None:
+        """The events from ``position`` to ``first_available - 1`` are gone: say so, and go on after them."""
+        if self.closed is not None or first_available <= self.position:
+            return
+        self.frames.append(gap_frame(self.position - 1, first_available))
+        self.position = first_available
+        self.wake.set()
+
+    def take(self) -> list[bytes]:
+        frames, self.frames = self.frames, []
+        self.wake.clear()
+        return frames
+
+    def close(self, reason: str, message: str) -> None:
+        if self.closed is None:
+            self.closed = (reason, message)
+            self.frames = []  # a slow client's backlog is released now, not when its socket drains
+            self.wake.set()
+
+
+class Replay:
+    """An ephemeral pull consumer on GW_EVENTS from ``start``, read in batches with ``no_wait`` requests on
+    an inbox of its own (nats-py's ``fetch()`` reads message by message and lingers when caught up)."""
+
+    def __init__(self, bus: NatsBus, start: int, batch: int = REPLAY_BATCH) -> None:
+        self._bus = bus
+        self.start = start
+        self._batch = batch
+        self._consumer: str | None = None
+        self._sub: Subscription | None = None
+        self._inbox = ""
+        self._items: list[tuple[int, bytes, int]] = []
+        self._done: asyncio.Event = asyncio.Event()
+        self._status: str | None = None
+
+    async def open(self) -> None:
+        js, nc = self._bus.js, self._bus.nc
+        if js is None or nc is None or not self._bus.connected:
+            raise Unavailable("the event stream is unavailable (NATS is not connected)")
+        try:
+            info = await js.add_consumer(
+                EVENTS_STREAM,
+                ConsumerConfig(
+                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                    opt_start_seq=self.start,
+                    ack_policy=AckPolicy.NONE,
+                    mem_storage=True,
+                    num_replicas=1,
+                    inactive_threshold=REPLAY_IDLE_S,
+                ),
+            )
+            self._consumer = info.name
+            self._inbox = nc.new_inbox()
+            self._sub = await nc.subscribe(self._inbox, cb=self._on_msg)
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+            await self.close()
+            raise Unavailable(f"the event stream is unavailable ({type(exc).__name__})") from None
+
+    async def next_batch(self) -> tuple[list[tuple[int, bytes]], bool]:
+        """The next events ``(seq, body)`` in order, and whether that was all the stream had."""
+        nc = self._bus.nc
+        assert nc is not None and self._consumer is not None
+        self._items, self._status = [], None
+        self._done = asyncio.Event()
+        request = json.dumps({"batch": self._batch, "no_wait": True}).encode()
+        try:
+            await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{EVENTS_STREAM}.{self._consumer}", request, reply=self._inbox)
+            await asyncio.wait_for(self._done.wait(), REPLAY_REQUEST_S)
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise Unavailable(f"the event stream did not answer ({type(exc).__name__})") from None
+        items = self._items
+        if self._status not in (None, "404", "408"):
+            raise Unavailable(f"the event stream refused the replay (status {self._status})")
+        caught_up = self._status is not None or (bool(items) and items[-1][2] == 0)
+        return [(seq, body) for seq, body, _ in items], caught_up
+
+    async def _on_msg(self, msg: Msg) -> None:
+        status = msg.headers.get("Status") if msg.headers else None
+        if status:
+            if status != "100":  # 100: a heartbeat, not an answer
+                self._status = status
+                self._done.set()
+            return
+        md = msg.metadata
+        self._items.append((md.sequence.stream, msg.data, md.num_pending or 0))
+        if len(self._items) >= self._batch:
+            self._done.set()
+
+    async def close(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        name, self._consumer = self._consumer, None
+        js = self._bus.js
+        if name is not None and js is not None and self._bus.connected:
+            # best effort: the inactive threshold removes it anyway
+            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, TimeoutError):
+                await js.delete_consumer(EVENTS_STREAM, name)
+
+
+class EventHub:
+    """The live tail of GW_EVENTS and its subscribers. ``start()`` after NATS is connected, ``stop()`` before
+    it closes; ``close_all()`` ends every client's stream (shutdown)."""
+
+    def __init__(
+        self,
+        bus: NatsBus,
+        subjects: Subjects,
+        *,
+        on_corrupt: Callable[[int, str], Awaitable[None]] | None = None,
+        on_disconnect: Callable[[str], None] | None = None,
+        window: int = 1024,
+        heartbeat_s: float = 1.0,
+    ) -> None:
+        self._bus = bus
+        self._subjects = subjects
+        self._on_corrupt = on_corrupt
+        self._on_disconnect = on_disconnect or (lambda reason: None)
+        self._window: deque[StreamEvent] = deque(maxlen=window)
+        self._subs: set[Subscriber] = set()
+        self._sub: Subscription | None = None
+        self._heartbeat_s = heartbeat_s
+        self._since_yield = 0
+        self._corrupt_seen: deque[int] = deque(maxlen=CORRUPT_MEMORY)
+        self._background: set[asyncio.Task[None]] = set()
+        self._watcher: asyncio.Task[None] | None = None
+        self.last_seq = 0  # the last seq the tail has seen (or the stream's last at start)
+        self.received = 0
+        self._closing: tuple[str, str] | None = None  # set by stop(): new subscribers are ended at once
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._sub is None:
+            await self._follow_from_end()
+            self._watcher = asyncio.create_task(self._watch(), name="event-hub-watch")
+
+    async def _follow_from_end(self) -> None:
+        js = self._bus.js
+        assert js is not None, "connect the bus first"
+        info = await js.stream_info(EVENTS_STREAM)
+        self.last_seq = int(info.state.last_seq)
+        # An ordered consumer: nats-py recreates it from the last seq it delivered when heartbeats stop
+        # (a NATS restart), so the tail neither skips nor repeats. Short heartbeats make that quick.
+        self._sub = await js.subscribe(
+            f"{self._subjects.prefix}.evt.>",
+            stream=EVENTS_STREAM,
+            cb=self._on_msg,
+            ordered_consumer=True,
+            idle_heartbeat=self._heartbeat_s,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            config=ConsumerConfig(opt_start_seq=self.last_seq + 1),
+        )
+
+    def shutting_down(self) -> None:
+        """End every client's stream, and each one that joins from now on (a replay that finishes)."""
+        self._closing = (SHUTTING_DOWN, "the gateway is shutting down; reconnect with Last-Event-ID to resume")
+        self.close_all(*self._closing)
+
+    async def stop(self) -> None:
+        self.shutting_down()
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        await self._unsubscribe()
+        for t in list(self._background):
+            t.cancel()
+
+    async def _unsubscribe(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+
+    def close_all(self, reason: str, message: str) -> None:
+        for s in list(self._subs):
+            s.close(reason, message)
+            self._on_disconnect(reason)
+        self._subs.clear()
+
+    @property
+    def clients(self) -> int:
+        return len(self._subs)
+
+    async def _watch(self) -> None:
+        """A stream that lost its messages (its NATS store was wiped) starts again at seq 1, below what the
+        tail waits for: notice it, end every client's stream, and follow the new stream from its end."""
+        while True:
+            await asyncio.sleep(WATCH_S)
+            js = self._bus.js
+            if js is None or not self._bus.connected:
+                continue
+            try:
+                info = await js.stream_info(EVENTS_STREAM)
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError):
+                continue
+            # what retention dropped from the stream (max_age_s) is dropped from the window too, so a
+            # resume from before it gets its gap event whether or not this daemon still remembers
+            while self._window and self._window[0].seq < int(info.state.first_seq):
+                self._window.popleft()
+            if int(info.state.last_seq) < self.last_seq:
+                log.warning(
+                    "event stream: GW_EVENTS restarted at seq %d (the tail was at %d); following it anew",
+                    info.state.last_seq,
+                    self.last_seq,
+                )
+                self.close_all(STREAM_RESET, "the event stream was reset; reconnect to follow it from its end")
+                self._window.clear()
+                await self._unsubscribe()
+                try:
+                    await self._follow_from_end()
+                except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+                    log.warning("event stream: cannot follow GW_EVENTS yet (%s)", type(exc).__name__)
+
+    # -- the tail ----------------------------------------------------------------------------------
+    async def _on_msg(self, msg: Msg) -> None:
+        try:
+            seq = msg.metadata.sequence.stream
+        except (ValueError, IndexError, TypeError):
+            log.warning("event stream: a message without stream metadata on %s; skipped", msg.subject)
+            return
+        self.feed(seq, msg.data)
+        self._since_yield += 1
+        if self._since_yield >= YIELD_EVERY:
+            self._since_yield = 0
+            await asyncio.sleep(0)
+
+    def feed(self, seq: int, body: bytes) -> None:
+        """One stream message, in stream order: into the window and to every subscriber."""
+        if seq <= self.last_seq:
+            return  # already seen (a consumer recreated from an older point)
+        if seq != self.last_seq + 1:
+            # the tail skipped (retention outran it): whoever waited for the missing ones hears of it
+            log.warning("event stream: the tail jumped from seq %d to %d", self.last_seq, seq)
+            self._window.clear()
+            for s in self._subs:
+                s.gap(seq)
+        self.last_seq = seq
+        self.received += 1
+        ev = self.decode(seq, body)
+        if ev is None:
+            for s in self._subs:  # skipped for everyone: a later gap starts after it
+                s.position = max(s.position, seq + 1)
+            return
+        self._window.append(ev)
+        cut: list[Subscriber] = []
+        for s in self._subs:
+            s.offer(ev)
+            if s.closed is not None:
+                cut.append(s)
+        for s in cut:  # overflowed (SLOW_CONSUMER): gone from the tail now, its handler says goodbye
+            self._subs.discard(s)
+            self._on_disconnect(s.closed[0] if s.closed else SLOW_CONSUMER)
+
+    def decode(self, seq: int, body: bytes) -> StreamEvent | None:
+        try:
+            return decode_event(seq, body)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            self._corrupt(seq, str(exc))
+            return None
+
+    def _corrupt(self, seq: int, why: str) -> None:
+        if seq in self._corrupt_seen:  # a replay meets it again: logged and audited once
+            return
+        self._corrupt_seen.append(seq)
+        log.error("event stream: message seq %d cannot be decoded; skipped", seq)
+        if self._on_corrupt is not None:
+            task = asyncio.create_task(self._audit_corrupt(seq, why[:200]))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _audit_corrupt(self, seq: int, why: str) -> None:
+        assert self._on_corrupt is not None
+        try:
+            await self._on_corrupt(seq, why)
+        except Exception as exc:  # the audit is best effort; the skip itself is logged above
+            log.warning("event stream: audit of skipped message %d failed (%s)", seq, type(exc).__name__)
+
+    # -- subscribers -------------------------------------------------------------------------------
+    def attach(self, sub: Subscriber, start: int) -> bool:
+        """Join the tail at ``start`` if the window (or the future) covers it; False: replay first.
+
+        Synchronous on purpose: the backlog copy and the joining happen with no event in between."""
+        if self._closing is not None:
+            sub.close(*self._closing)
+            self._on_disconnect(self._closing[0])
+            return True
+        if start <= self.last_seq:
+            first = self._window[0].seq if self._window else self.last_seq + 1
+            if start < first:
+                return False
+        sub.position = start
+        for ev in self._window:
+            if ev.seq >= start:
+                sub.offer(ev)
+        if sub.closed is not None:  # the backlog alone overflowed its buffer
+            self._on_disconnect(sub.closed[0])
+        else:
+            self._subs.add(sub)
+        return True
+
+    def attach_live(self, sub: Subscriber) -> None:
+        """Join at the next new event."""
+        sub.position = self.last_seq + 1
+        if self._closing is not None:
+            sub.close(*self._closing)
+            self._on_disconnect(self._closing[0])
+            return
+        self._subs.add(sub)
+
+    def detach(self, sub: Subscriber) -> None:
+        self._subs.discard(sub)
+
+    async def resume(self, sub: Subscriber, last_id: int) -> Replay | None:
+        """Place a client that saw ``last_id`` (its ``Last-Event-ID``): attached to the tail when the window
+        covers what it missed, else a ``Replay`` to read first (the caller closes it). When retention dropped
+        some of what it missed, a ``gap`` frame is queued first and it goes on at the first seq kept."""
+        start = last_id + 1
+        if start <= self.last_seq + 1 and self.attach(sub, start):
+            return None
+        js = self._bus.js
+        if js is None or not self._bus.connected:
+            raise Unavailable("the event stream is unavailable (NATS is not connected)")
+        try:
+            info = await js.stream_info(EVENTS_STREAM)
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+            raise Unavailable(f"the event stream is unavailable ({type(exc).__name__})") from None
+        first, last = int(info.state.first_seq), int(info.state.last_seq)
+        if last_id > last:
+            # an id the stream never reached: it comes from before the stream was reset; start at the end
+            self.attach_live(sub)
+            return None
+        if start < first:
+            sub.frames.append(gap_frame(last_id, first))
+            start = first
+        if self.attach(sub, start):  # the tail may have moved on while we asked
+            return None
+        sub.position = start
+        replay = Replay(self._bus, start)
+        await replay.open()
+        return replay
+
+    async def replay_into(self, sub: Subscriber, replay: Replay, write: Callable[[bytes], Awaitable[None]]) -> None:
+        """Write what ``replay`` reads, filtered for ``sub``, batch by batch at the client's pace, until the
+        client is caught up and joins the tail."""
+        frames = sub.take()
+        while sub.closed is None:
+            items, caught_up = await replay.next_batch()
+            for seq, body in items:
+                if seq > sub.position:  # retention dropped some while we read
+                    frames.append(gap_frame(sub.position - 1, seq))
+                sub.position = seq + 1
+                ev = self.decode(seq, body)
+                if ev is not None and sub.wants(ev):
+                    frames.append(ev.frame)
+            if frames:
+                await write(b"".join(frames))
+                frames = []
+            if (caught_up or not items) and self.attach(sub, sub.position):
+                return

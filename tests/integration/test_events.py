@@ -1,0 +1,342 @@
+"""The event stream (CONTRACT 2.6) end to end in one process: the outbox relay, GW_EVENTS on a real
+nats-server, and ``GET /api/events`` over real HTTP, with a real SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from scheduler_gateway.daemon.gateway import Gateway
+from scheduler_gateway.daemon.http_events import SseSettings
+from scheduler_gateway.daemon.nats_server import NatsServerProcess
+from scheduler_gateway.wire.subjects import EVENTS_STREAM
+
+from .harness import ADMIN_TOKEN, ALICE_TOKEN, BOB_TOKEN, Api, HandNode, api_client, running_gateway, wait_for
+from .sse import Frame, sse
+
+EVENT_KEYS = {"seq", "type", "aggregateType", "aggregateId", "revision", "at", "requestId", "data"}
+
+
+def of_task(task_id: str) -> Any:
+    return lambda f: f.event != "gap" and f.data["aggregateId"] == task_id
+
+
+async def test_sse_receives_task_events_in_the_contract_format(api: Api, node: HandNode) -> None:
+    async with sse(api) as stream:
+        status, task, headers = await api.call("POST", "/api/tasks", {"kind": "echo", "payload": {"n": 1}})
+        assert status == 201
+        ((offer, msg),) = await node.pull("echo")
+        await msg.ack()
+        claim = await node.claim(offer.task_id, offer.attempt_id)
+        assert claim.ok and claim.lease_id is not None
+        await node.settle(offer.task_id, offer.attempt_id, claim.lease_id, result={"ok": True})
+        frames = await stream.take(3, where=of_task(task["id"]))
+    assert [f.event for f in frames] == ["task.created", "task.claimed", "task.succeeded"]
+    for f in frames:
+        assert set(f.data) == EVENT_KEYS  # the owner is the gateway's business: never sent
+        assert f.id == str(f.data["seq"]) and f.event == f.data["type"]
+        assert f.data["aggregateType"] == "task" and f.data["at"].endswith("Z")
+    assert [f.data["revision"] for f in frames] == [1, 2, 3]
+    seqs = [f.seq for f in frames]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 3
+    assert frames[0].data["requestId"] == headers["X-Request-Id"]
+    assert frames[0].data["data"]["to"] == "queued" and frames[2].data["data"]["to"] == "succeeded"
+
+
+async def test_without_last_event_id_only_new_events(api: Api) -> None:
+    old = await api.create({"kind": "echo"})
+    await asyncio.sleep(0.3)  # relayed before the client connects
+    async with sse(api) as stream:
+        new = await api.create({"kind": "echo"})
+        (frame,) = await stream.take(1)
+    assert frame.data["aggregateId"] == new["id"] != old["id"]
+
+
+@pytest.mark.parametrize("window", [1024, 2], ids=["from-memory", "replayed-from-jetstream"])
+@pytest.mark.parametrize("how", ["header", "query"])
+async def test_reconnect_with_last_event_id_gets_exactly_the_missed_events(
+    tmp_path: Path, fresh_nats: NatsServerProcess, window: int, how: str
+) -> None:
+    settings = SseSettings(window_events=window)
+    async with running_gateway(tmp_path / "gw", fresh_nats.url, sse=settings) as gw, api_client(gw) as api:
+        async with sse(api) as observer:
+            async with sse(api, "types=task.created") as client:
+                first = [await api.create({"kind": "echo", "payload": i}) for i in range(3)]
+                seen = await client.take(2)  # it read two of the three, then dropped
+            # the client is gone; five more tasks are created and canceled (10 events) while it is away
+            missed_tasks = [await api.create({"kind": "echo"}) for _ in range(5)]
+            for t in missed_tasks:
+                await api.call("POST", f"/api/tasks/{t['id']}/cancel", {})
+            everything = await observer.take(3 + 10)
+        assert [f.data["aggregateId"] for f in everything[:3]] == [t["id"] for t in first]
+        last = seen[-1].seq
+        kwargs: dict[str, Any] = {"last_event_id": last} if how == "header" else {}
+        query = "types=task.created,task.canceled" + (f"&lastEventId={last}" if how == "query" else "")
+        async with sse(api, query, **kwargs) as client:
+            expected = [f for f in everything if f.seq > last]
+            resumed = await client.take(len(expected))
+            assert await client.quiet(0.3) == []  # and nothing twice
+        assert [f.seq for f in resumed] == [f.seq for f in expected]
+        assert [(f.event, f.data) for f in resumed] == [(f.event, f.data) for f in expected]
+
+
+async def test_seq_keeps_growing_across_a_daemon_restart(tmp_path: Path, fresh_nats: NatsServerProcess) -> None:
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+        async with sse(api) as stream:
+            await api.create({"kind": "echo"})
+            (before,) = await stream.take(1)
+            await gw.stop()  # the stream is ended, with the reason
+            bye = await stream.next()
+            assert bye is not None and bye.event == "disconnect" and bye.data["reason"] == "SHUTTING_DOWN"
+            assert await stream.next() is None
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+        async with sse(api) as stream:
+            task = await api.create({"kind": "echo"})
+            (after,) = await stream.take(1)
+        assert after.seq > before.seq and after.data["aggregateId"] == task["id"]
+        # the new daemon remembers nothing in memory: a resume from before the restart is replayed
+        async with sse(api, last_event_id=before.seq) as stream:
+            (replayed,) = await stream.take(1)
+        assert replayed.seq == after.seq
+
+
+async def test_200_concurrent_creates_give_unique_increasing_seqs(api: Api) -> None:
+    async with sse(api, "types=task.created") as stream:
+        sem = asyncio.Semaphore(50)
+
+        async def one(i: int) -> str:
+            async with sem:
+                return str((await api.create({"kind": "echo", "payload": i}))["id"])
+
+        ids = await asyncio.gather(*(one(i) for i in range(200)))
+        frames = await stream.take(200, timeout_s=20)
+    seqs = [f.seq for f in frames]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 200
+    assert sorted(f.data["aggregateId"] for f in frames) == sorted(ids)
+
+
+async def test_a_user_sees_only_events_of_what_it_owns(api: Api) -> None:
+    alice, bob = api.as_user(ALICE_TOKEN), api.as_user(BOB_TOKEN)
+    async with sse(alice) as a_stream, sse(bob) as b_stream, sse(api) as admin_stream:
+        a_task = await alice.create({"kind": "echo"})
+        b_task = await bob.create({"kind": "echo"})
+        await bob.call("POST", f"/api/tasks/{b_task['id']}/cancel", {})
+        admin_seen = await admin_stream.take(3)
+        (a_seen,) = await a_stream.take(1)
+        b_seen = await b_stream.take(2)
+        assert await a_stream.quiet(0.3) == []
+    assert {f.data["aggregateId"] for f in admin_seen} == {a_task["id"], b_task["id"]}
+    assert a_seen.data["aggregateId"] == a_task["id"]
+    assert [f.data["aggregateId"] for f in b_seen] == [b_task["id"]] * 2
+    # filtering by another user's task id shows nothing either, live or replayed
+    async with sse(alice, f"aggregateId={b_task['id']}", last_event_id=0) as stream:
+        assert await stream.quiet(0.5) == []
+    async with sse(alice, last_event_id=0) as stream:
+        frames = await stream.quiet(0.5)
+    assert [f.data["aggregateId"] for f in frames] == [a_task["id"]]
+
+
+async def test_filters_by_type_and_aggregate_id(api: Api) -> None:
+    one = await api.create({"kind": "echo"})
+    two = await api.create({"kind": "echo"})
+    await api.call("POST", f"/api/tasks/{one['id']}/cancel", {})
+    await api.call("POST", f"/api/tasks/{two['id']}/cancel", {})
+    async with sse(api, f"aggregateId={two['id']}", last_event_id=0) as stream:
+        frames = await stream.take(2)
+    assert [(f.event, f.data["aggregateId"]) for f in frames] == [
+        ("task.created", two["id"]),
+        ("task.canceled", two["id"]),
+    ]
+    async with sse(api, "types=task.canceled", last_event_id=0) as stream:
+        frames = await stream.take(2)
+        assert await stream.quiet(0.3) == []
+    assert [f.data["aggregateId"] for f in frames] == [one["id"], two["id"]]
+
+
+async def test_gap_event_when_retention_dropped_what_was_asked_for(
+    tmp_path: Path, fresh_nats: NatsServerProcess
+) -> None:
+    async with running_gateway(tmp_path / "gw", fresh_nats.url, events_max_msgs=5) as gw, api_client(gw) as api:
+        async with sse(api) as stream:
+            for _ in range(8):
+                await api.create({"kind": "echo"})
+            frames = await stream.take(8)
+        kept = frames[-5:]
+        async with sse(api, last_event_id=frames[0].seq) as stream:
+            gap = await stream.next()
+            rest = await stream.take(5)
+    assert gap is not None and gap.event == "gap" and gap.id is None
+    assert gap.data == {"requestedAfter": frames[0].seq, "firstAvailableSeq": kept[0].seq}
+    assert [f.seq for f in rest] == [f.seq for f in kept]
+
+
+async def test_events_wait_out_a_nats_outage_and_arrive_in_order(tmp_path: Path, fresh_nats: NatsServerProcess) -> None:
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+        async with sse(api) as stream:
+            before = await api.create({"kind": "echo"})
+            (first,) = await stream.take(1)
+            fresh_nats.stop()
+            await wait_for(lambda: _not(gw.bus.connected), timeout_s=5)
+            # tasks still change state while NATS is down: the events wait in the outbox
+            during = [await api.create({"kind": "echo", "requiresApproval": True}) for _ in range(3)]
+            for t in during:
+                status, body, _ = await api.call("POST", f"/api/tasks/{t['id']}/cancel", {"reason": "outage"})
+                assert status == 200 and body["state"] == "canceled"
+
+            async def events_not_ready() -> bool:
+                status, ready, _ = await api.call("GET", "/readyz")
+                return status == 503 and ready["checks"]["events"]["ok"] is False
+
+            await wait_for(events_not_ready, timeout_s=10)  # the relay notices at its first failed publish
+            assert await gw.store.outbox_size() >= 6
+            restarted = NatsServerProcess(store_dir=fresh_nats.store_dir, port=fresh_nats.port)
+            restarted.start()
+            try:
+                frames = await stream.take(6, timeout_s=20)
+                status, _, _ = await api.call("POST", f"/api/tasks/{before['id']}/cancel", {})
+                (last,) = await stream.take(1, timeout_s=10)
+            finally:
+                await gw.stop()
+                restarted.stop()
+    assert [(f.event, f.data["aggregateId"]) for f in frames] == [
+        (kind, t["id"]) for kind in ("task.created", "task.canceled") for t in during
+    ]
+    seqs = [first.seq] + [f.seq for f in frames] + [last.seq]
+    assert seqs == list(range(first.seq, first.seq + 8))  # in order, none lost, none twice
+
+
+async def _not(value: bool) -> bool:
+    return not value
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_corrupt_outbox_row_and_stream_message_are_skipped_and_audited(gateway: Gateway, api: Api) -> None:
+    async with sse(api) as stream:
+        # a row nobody can decode, written behind the store's back
+        with sqlite3.connect(gateway.settings.data_dir / "gateway.db", timeout=5) as db:
+            db.execute("INSERT INTO outbox (body) VALUES (?)", (b"{not json",))
+        gateway.relay.notify()
+        # and a message in the stream that is not an event
+        nc = await nats.connect(gateway.settings.nats_url)
+        try:
+            await nc.jetstream().publish("gw.evt.task.bogus", b"\x00\x01 not an event", stream=EVENTS_STREAM)
+        finally:
+            await nc.close()
+        task = await api.create({"kind": "echo"})
+        (frame,) = await stream.take(1)
+    assert frame.data["aggregateId"] == task["id"]
+    status, audit, _ = await api.call("GET", "/api/audit?action=event_skipped")
+    assert status == 200
+    kinds = {(a["objectType"], a["errorCode"]) for a in audit["items"]}
+    assert kinds == {("outbox", "CORRUPT_EVENT"), ("stream_event", "CORRUPT_EVENT")}
+
+
+async def test_keepalive_comment(tmp_path: Path, fresh_nats: NatsServerProcess) -> None:
+    settings = SseSettings(keepalive_s=0.2)
+    async with running_gateway(tmp_path / "gw", fresh_nats.url, sse=settings) as gw, api_client(gw) as api:
+        async with sse(api) as stream:
+            assert await stream.quiet(0.7) == []
+            assert stream.comments and set(stream.comments) == {"ping"}
+
+
+async def test_refusals_before_the_stream_starts(api: Api) -> None:
+    status, body, _ = await api.as_user(None).call("GET", "/api/events")
+    assert status == 401 and body["error"]["code"] == "UNAUTHENTICATED"
+    for query, headers in (("lastEventId=abc", {}), ("", {"Last-Event-ID": "-1"}), ("types=a%0Ab", {})):
+        status, body, resp_headers = await api.call("GET", f"/api/events?{query}", headers=headers)
+        assert status == 400 and body["error"]["code"] == "INVALID_ARGUMENT", (query, body)
+        assert resp_headers["X-Request-Id"] == body["error"]["requestId"]
+
+
+async def test_a_slow_client_is_cut_off_without_stalling_the_others(
+    tmp_path: Path, fresh_nats: NatsServerProcess
+) -> None:
+    settings = SseSettings(buffer_events=64, send_timeout_s=30)
+    async with running_gateway(tmp_path / "gw", fresh_nats.url, sse=settings) as gw, api_client(gw) as api:
+        slow = await _stalled_client(gw.http_port)
+        _shrink_server_send_buffer(gw, slow)
+        try:
+            async with sse(api) as fast:
+                fast_frames: list[Frame] = []
+
+                async def read_fast() -> None:
+                    while (frame := await fast.next(30)) is not None:
+                        fast_frames.append(frame)
+
+                reader = asyncio.create_task(read_fast())
+                ids: list[str] = []
+                reason = "x" * 2000  # the reason is in the cancel event: fat events fill the slow socket quickly
+                while len(ids) < 500 and not (len(ids) % 10 == 0 and _slow_client_cut(gw)):
+                    task = await api.create({"kind": "echo", "requiresApproval": True})
+                    await api.call("POST", f"/api/tasks/{task['id']}/cancel", {"reason": reason})
+                    ids.append(task["id"])
+                assert _slow_client_cut(gw), f"the slow client was never cut off ({len(ids)} tasks)"
+                await wait_for(lambda: _true(len(fast_frames) >= 2 * len(ids)), timeout_s=10)
+                reader.cancel()
+                # the fast client got everything, in order, while the slow one was stuck
+                assert [f.data["aggregateId"] for f in fast_frames if f.event == "task.canceled"] == ids
+                assert all(f.event != "disconnect" for f in fast_frames)
+            # once it reads again, its stream ends with the reason
+            tail = await _drain(slow)
+            assert b"event: disconnect" in tail and b"SLOW_CONSUMER" in tail
+        finally:
+            slow.close()
+
+
+def _slow_client_cut(gw: Gateway) -> bool:
+    cut = gw.metrics.registry.get_sample_value("gw_sse_disconnects_total", {"reason": "SLOW_CONSUMER"})
+    return cut == 1
+
+
+async def _stalled_client(port: int) -> socket.socket:
+    """An SSE client with a tiny receive window that reads the headers, then nothing."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(f"GET /api/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n\r\n".encode())
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += await loop.sock_recv(sock, 1)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return sock
+
+
+def _shrink_server_send_buffer(gw: Gateway, client: socket.socket) -> None:
+    """Loopback's huge MSS lets the kernel buffer megabytes for a client that reads nothing; a small send
+    buffer on the gateway's side of this one connection makes it stall after kilobytes, as a slow remote
+    client over a real network would."""
+    runner = gw._runner
+    assert runner is not None and runner.server is not None
+    for handler in runner.server.connections:
+        sock = handler.transport.get_extra_info("socket") if handler.transport else None
+        if sock is not None and sock.getpeername() == client.getsockname():
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            return
+    raise AssertionError("the stalled client's connection was not found")
+
+
+async def _drain(sock: socket.socket) -> bytes:
+    loop = asyncio.get_running_loop()
+    got = b""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            chunk = await asyncio.wait_for(loop.sock_recv(sock, 65536), 2.0)
+        except TimeoutError:
+            break
+        if not chunk:
+            break
+        got += chunk
+    return got[-4096:]
