@@ -7,8 +7,10 @@ import asyncio
 import hashlib
 import hmac
 import ipaddress
+import re
 import socket
 import time
+from pathlib import Path
 from typing import Any, cast
 
 import msgspec
@@ -373,3 +375,57 @@ async def test_the_sender_without_any_secret_fails_the_attempt_without_posting()
     assert poster.calls == []
     (pending,) = await store.pending_callbacks(10)
     assert pending.last_error is not None and "no secret" in pending.last_error
+
+
+class SlowReadStore(MemoryStore):
+    """Reads take a while and return what was there when they began, like a read connection's snapshot."""
+
+    async def pending_callbacks(self, limit: int) -> list[Any]:
+        rows = await super().pending_callbacks(limit)
+        await asyncio.sleep(0.012)
+        return rows
+
+
+class SlowPoster(Poster):
+    started = 0
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> CallbackPost:
+        self.started += 1
+        await asyncio.sleep(0.005 * (1 + self.started % 4))  # attempts end at different moments
+        return await super().post(url, body, headers, timeout_s)
+
+
+async def test_an_attempt_that_ends_during_a_read_is_not_started_again() -> None:
+    # found by the benchmark: a read begun before an attempt recorded its outcome listed the delivered row
+    # again once the attempt had left the in-flight set, and it was POSTed twice
+    store = SlowReadStore()
+    await store.start()
+    for n in range(40):
+        task = terminal_task(id=f"tsk_{n:032x}")
+        await store.apply(
+            Change(task=task, expected_revision=None, callback=new_delivery(f"cbd_{n}", task, time.time()))
+        )
+    poster = SlowPoster([CallbackPost(200)])
+    sender = CallbackSender(store, poster, CallbackPolicy(max_in_flight=4), time.time)
+    await sender.start()
+    try:
+        await _until(lambda: sender.delivered == 40)
+        await asyncio.sleep(0.1)
+    finally:
+        await sender.stop()
+    ids = [headers["X-Callback-Id"] for _, _, headers, _ in poster.calls]
+    assert len(ids) == 40 == len(set(ids))
+
+
+def test_the_readme_receiver_snippet_verifies_what_the_gateway_signs() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    match = re.search(r"```python\n(import hashlib, hmac, time\n.*?)```", readme, re.S)
+    assert match is not None, "the README lost its signature snippet"
+    namespace: dict[str, Any] = {}
+    exec(match.group(1), namespace)  # the snippet as a reader would copy it
+    verify = namespace["verify"]
+    body = b'{"taskId":"tsk_1","state":"succeeded"}'
+    header = signature("receiver-secret-0123456789", int(time.time()), body)
+    assert verify("receiver-secret-0123456789", header, body)
+    assert not verify("another-secret-0123456789", header, body)
+    assert not verify("receiver-secret-0123456789", header, body + b" ")

@@ -99,6 +99,9 @@ class CallbackSender(LoopActor):
         self._metrics = metrics or NullCallbackMetrics()
         self._wake = Wakeup()
         self._in_flight: dict[str, asyncio.Task[None]] = {}
+        # attempts that ended while the store was being read: that read may predate their outcome (a
+        # delivered row still listed, a retried one with its old due time), so it must not start them
+        self._ended_during_read: set[str] = set()
         self.delivered = 0
         self.backlog = 0  # deliveries pending, as of the last count
         self._backlog_at = float("-inf")
@@ -142,6 +145,7 @@ class CallbackSender(LoopActor):
         cap = self.policy.max_in_flight
         # the rows of attempts in flight are still listed (soonest first): look past them
         limit = cap * 2
+        self._ended_during_read.clear()
         rows = await self._store.pending_callbacks(limit)
         now = self._clock()
         if len(rows) < limit:
@@ -150,7 +154,7 @@ class CallbackSender(LoopActor):
             self.backlog = await self._store.callback_backlog()
             self._backlog_at = now
         for d in rows:
-            if d.id in self._in_flight:
+            if d.id in self._in_flight or d.id in self._ended_during_read:
                 continue
             if d.due_at > now:
                 return min(d.due_at - now, IDLE_POLL_S)
@@ -177,6 +181,7 @@ class CallbackSender(LoopActor):
                 )
         finally:
             self._in_flight.pop(d.id, None)
+            self._ended_during_read.add(d.id)
             self._wake.set()
 
     async def _post(self, d: CallbackDelivery) -> CallbackPost:
