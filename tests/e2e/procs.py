@@ -64,6 +64,7 @@ class Daemon(_Process):
     extra_env: dict[str, str] = field(default_factory=dict)
     config: Path | None = None  # a TOML file for ``gatewayd run --config`` (keys without an env variable)
     proc: subprocess.Popen[bytes] | None = None
+    started_once: bool = field(default=False, init=False)
 
     @property
     def base(self) -> str:
@@ -77,7 +78,21 @@ class Daemon(_Process):
     def log_path(self) -> Path:
         return self.data_dir.parent / "gatewayd.log"
 
-    def start(self, timeout_s: float = 30.0) -> None:
+    def start(self, timeout_s: float = 30.0, attempts: int = 3) -> None:
+        """Start and wait for /readyz. A free port can be taken by another process between our probe and
+        the daemon's bind (parallel suites on 2 cores): a start that exits early retries on new ports."""
+        for attempt in range(attempts):
+            try:
+                self._start_once(timeout_s)
+                self.started_once = True
+                return
+            except RuntimeError:
+                # a restart keeps its ports: running workers know the NATS URL from the first start
+                if attempt == attempts - 1 or self.started_once:
+                    raise
+                self.http_port, self.nats_port = free_port(), free_port()
+
+    def _start_once(self, timeout_s: float) -> None:
         env = dict(os.environ)
         env.update(
             GW_DATA_DIR=str(self.data_dir),
