@@ -165,6 +165,8 @@ async def _ensure_dev_admin_token(store: SqliteStore, data_dir: Path) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args.config)
     logging.basicConfig(level=config.log.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # aiosqlite logs every query with its parameters at DEBUG (token hashes, payloads): never let it
+    logging.getLogger("aiosqlite").setLevel(max(logging.INFO, logging.getLogger().getEffectiveLevel()))
     problems = production_problems(config)
     if problems and config.mode == "production":
         for p in problems:

@@ -414,6 +414,7 @@ class EventHub:
                 self.close_all(STREAM_RESET, "the event stream was reset; reconnect to follow it from its end")
                 self._window.clear()
                 await self._unsubscribe()
+            if self._sub is None:  # just reset, or an earlier attempt to follow it failed
                 try:
                     await self._follow_from_end()
                 except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
