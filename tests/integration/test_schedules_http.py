@@ -182,6 +182,8 @@ async def test_trigger_runs_through_the_task_lifecycle(api: Api, node: HandNode)
     assert done["finishedAt"] and done["taskId"] == run["taskId"]
     got = (await alice.call("GET", f"/api/scheduled-tasks/{s['id']}"))[1]
     assert (got["status"], got["runCount"], got["lastRunStatus"], got["lastError"]) == ("enabled", 1, "succeeded", None)
+    status, patched, _ = await alice.call("PATCH", f"/api/scheduled-tasks/{s['id']}", {"title": "after a run"})
+    assert status == 200 and (patched["lastRunStatus"], patched["lastRunAt"]) == ("succeeded", got["lastRunAt"])
 
 
 async def test_a_once_fires_completes_and_patch_waits_for_it(api: Api, node: HandNode) -> None:

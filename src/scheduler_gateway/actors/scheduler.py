@@ -353,6 +353,8 @@ class ScheduleService:
                 lease_until=None,
                 last_error=record.last_error,
                 run_count=record.run_count,
+                last_run_at=record.last_run_at,
+                last_run_status=record.last_run_status,  # type: ignore[arg-type]
                 version=record.version,
                 created_at=record.created_at,
                 updated_at=now,
