@@ -565,33 +565,14 @@ class SqliteStore(SqliteScheduleStore):  # the ScheduleStore half is in schedule
         return _decode_or_raise(_decode_task, rows[0][0], "task", task_id)
 
     async def list_tasks(self, query: TaskQuery) -> Page:
-        limit = clamp_limit(query.limit)
-        where: list[str] = []
-        params: list[Any] = []
-        for column, value in (
+        filters = (
             ("owner", query.owner),
             ("state", query.state),
             ("kind", query.kind),
             ("parent_id", query.parent_id),
             ("run_id", query.run_id),
-        ):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        if query.cursor:
-            where.append("id > ?")
-            params.append(query.cursor)
-        sql = "SELECT id, doc FROM tasks"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY id LIMIT ?"
-        params.append(limit + 1)
-        rows = await self._fetchall(sql, params)
-        more = len(rows) > limit
-        rows = rows[:limit]
-        items = _decode_rows(_decode_task, rows, "task")
-        # the cursor is the last row's id even when that row was skipped as corrupt
-        return Page(items, rows[-1][0] if more else None)
+        )
+        return await self._page("tasks", "id", filters, query.cursor or "", query.limit, _decode_task, "task")
 
     async def history(self, task_id: str, limit: int = 500, cursor: str | None = None) -> Page:
         n = clamp_limit(limit)
@@ -626,25 +607,42 @@ class SqliteStore(SqliteScheduleStore):  # the ScheduleStore half is in schedule
         return _decode_or_raise(_decode_idempotency, rows[0][0], "idempotency record of", owner)
 
     async def list_audit(self, query: AuditQuery) -> Page:
-        limit = clamp_limit(query.limit)
-        where = ["seq > ?"]
-        params: list[Any] = [int_cursor(query.cursor)]
-        for column, value in (
+        filters = (
             ("owner", query.owner),
             ("object_id", query.object_id),
             ("action", query.action),
             ("request_id", query.request_id),
-        ):
+        )
+        return await self._page(
+            "audit", "seq", filters, int_cursor(query.cursor), query.limit, _decode_audit, "audit entry"
+        )
+
+    async def _page(
+        self,
+        table: str,
+        key: str,
+        filters: Iterable[tuple[str, Any]],
+        after: Any,
+        limit: int,
+        decode: Callable[[Any], T],
+        what: str,
+    ) -> Page:
+        """One page of ``table`` ordered by ``key`` after the cursor value ``after``, with equality filters
+        (None = no filter). The next cursor is the last row's key even when that row was skipped as corrupt."""
+        n = clamp_limit(limit)
+        where = [f"{key} > ?"]
+        params: list[Any] = [after]
+        for column, value in filters:
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
-        params.append(limit + 1)
+        params.append(n + 1)
         rows = await self._fetchall(
-            f"SELECT seq, doc FROM audit WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?", params
+            f"SELECT {key}, doc FROM {table} WHERE {' AND '.join(where)} ORDER BY {key} LIMIT ?", params
         )
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return Page(_decode_rows(_decode_audit, rows, "audit entry"), str(rows[-1][0]) if more else None)
+        more = len(rows) > n
+        rows = rows[:n]
+        return Page(_decode_rows(decode, rows, what), str(rows[-1][0]) if more else None)
 
     async def outbox_batch(self, limit: int) -> list[OutboxRow]:
         if limit < 1:
@@ -744,20 +742,16 @@ class SqliteStore(SqliteScheduleStore):  # the ScheduleStore half is in schedule
         return _decode_or_raise(_decode_callback_letter, rows[0][0], "callback dead letter", letter_id)
 
     async def list_callback_dead_letters(self, query: CallbackDeadLetterQuery) -> Page:
-        limit = clamp_limit(query.limit)
-        where = ["id > ?"]
-        params: list[Any] = [query.cursor or ""]
-        for column, value in (("owner", query.owner), ("task_id", query.task_id)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        params.append(limit + 1)
-        rows = await self._fetchall(
-            f"SELECT id, doc FROM callback_dead_letters WHERE {' AND '.join(where)} ORDER BY id LIMIT ?", params
+        filters = (("owner", query.owner), ("task_id", query.task_id))
+        return await self._page(
+            "callback_dead_letters",
+            "id",
+            filters,
+            query.cursor or "",
+            query.limit,
+            _decode_callback_letter,
+            "callback dead letter",
         )
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return Page(_decode_rows(_decode_callback_letter, rows, "callback dead letter"), rows[-1][0] if more else None)
 
     async def redeliver_callback(self, letter_id: str, delivery: CallbackDelivery, audit: AuditEntry) -> bool:
         delivery_row = _callback_row(delivery)
