@@ -509,14 +509,7 @@ class ScheduleService:
         await self._store.insert_run(tomb)
         await self._store.record_launch(
             task.id,
-            LaunchRecord(
-                status=task.status_after_skip(),
-                expected_status="running",
-                holds_lease=True,
-                at=now,
-                next_run_at=task.next_run_at_after_skip(now),
-                last_error=SKIPPED_OVERLAP,
-            ),
+            _skip_record(task, now, SKIPPED_OVERLAP),
         )
         self._metrics.occurrence("skipped")
         return DispatchResult("skipped", tomb, SKIPPED_OVERLAP)
@@ -525,14 +518,7 @@ class ScheduleService:
         """The execution thread was busy on the scheduled path: the same as an overlap, a skip."""
         await self._store.record_launch(
             task.id,
-            LaunchRecord(
-                status=task.status_after_skip(),
-                expected_status="running",
-                holds_lease=True,
-                at=now,
-                next_run_at=task.next_run_at_after_skip(now),
-                last_error=err,
-            ),
+            _skip_record(task, now, err),
             RunUpdate(run.id, "skipped", finished_at=now, error=err),
         )
         self._metrics.occurrence("skipped")
@@ -874,3 +860,15 @@ class TaskServiceLauncher:
             return None
         err = RunError(task.error.code, task.error.message) if task.error is not None else None
         return LaunchedTask(task.id, task.state, err)
+
+
+def _skip_record(task: ScheduledTask, now: float, err: RunError) -> LaunchRecord:
+    """The schedule's side of a skip (overlap or busy thread): release the lease, move to the next time."""
+    return LaunchRecord(
+        status=task.status_after_skip(),
+        expected_status="running",
+        holds_lease=True,
+        at=now,
+        next_run_at=task.next_run_at_after_skip(now),
+        last_error=err,
+    )

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.model.records import AuditEntry, DeadLetter, HistoryEntry, Task
 from scheduler_gateway.actors.nodes import NodeRegistry
-from scheduler_gateway.actors.ports import AuditQuery, DeadLetterQuery, TaskQuery, TaskStore
+from scheduler_gateway.actors.ports import AuditQuery, DeadLetterQuery, NodeRecord, TaskQuery, TaskStore
 from scheduler_gateway.actors.task_service import Caller, NewTask, TaskService
 from scheduler_gateway.wire import api
 from scheduler_gateway.wire.errors import (
@@ -485,17 +485,17 @@ class AdminApi:
 
     async def list_nodes(self, request: web.Request) -> web.Response:
         now = time.time()
-        items = [
-            api.NodeView(
-                id=n.id,
-                kinds=n.kinds,
-                status=self.nodes.status(n, now),
-                last_heartbeat_at=fmt_ts(n.last_heartbeat_at),
-                active_leases=n.active_leases,
-            )
-            for n in self.nodes.all()
-        ]
+        items = [self._node_view(n, now) for n in self.nodes.all()]
         return self._json(api.ListView(items, None))
+
+    def _node_view(self, n: NodeRecord, now: float) -> api.NodeView:
+        return api.NodeView(
+            id=n.id,
+            kinds=n.kinds,
+            status=self.nodes.status(n, now),
+            last_heartbeat_at=fmt_ts(n.last_heartbeat_at),
+            active_leases=n.active_leases,
+        )
 
     def _drain_handler(self, draining: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
@@ -522,15 +522,7 @@ class AdminApi:
                     )
                 ]
             )
-            return self._json(
-                api.NodeView(
-                    id=rec.id,
-                    kinds=rec.kinds,
-                    status=self.nodes.status(rec),
-                    last_heartbeat_at=fmt_ts(rec.last_heartbeat_at),
-                    active_leases=rec.active_leases,
-                )
-            )
+            return self._json(self._node_view(rec, time.time()))
 
         return handle
 
