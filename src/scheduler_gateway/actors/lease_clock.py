@@ -1,9 +1,12 @@
 """The lease clock: one timer heap for every running attempt's lease expiry and attempt timeout.
 
 It only tells the task service that a deadline passed; the task's supervisor re-checks the task
-against ``now`` before failing the attempt, so a heartbeat that raced the timer wins. Lease extensions
-update a dict instead of pushing a heap entry per heartbeat; a popped entry whose lease moved later is
-pushed again at its new time.
+against ``now`` before failing the attempt. Lease extensions update a dict instead of pushing a heap
+entry per heartbeat; a popped entry whose lease moved later is pushed again at its new time.
+
+A deadline stays watched until the task service forgets it (the attempt left ``running``), not until
+its handler was called: a handler that failed, or one still queued behind other work for that task, is
+called again every ``recheck_s``, so a running attempt can never drop out of the watch.
 """
 
 from __future__ import annotations
@@ -23,9 +26,13 @@ Expire = Callable[[str, str], Awaitable[None]]
 class LeaseClock(LoopActor):
     name = "lease-clock"
 
-    def __init__(self, clock: Callable[[], float], on_lease_expired: Expire, on_timeout: Expire) -> None:
+    def __init__(
+        self, clock: Callable[[], float], on_lease_expired: Expire, on_timeout: Expire, *, recheck_s: float = 1.0
+    ) -> None:
         super().__init__()
         self._clock = clock
+        self._recheck_s = recheck_s
+        self._firing: set[tuple[str, str]] = set()  # (kind, task id) whose handler runs now
         self._on_lease_expired = on_lease_expired
         self._on_timeout = on_timeout
         self._heap: list[tuple[float, str, str, str]] = []  # (at, kind, task id, lease or attempt id)
@@ -57,12 +64,14 @@ class LeaseClock(LoopActor):
             self._wake.set()
         heapq.heappush(self._heap, (at, kind, task_id, ref))
 
-    def _fire(self, coro: Awaitable[None]) -> None:
+    def _fire(self, key: tuple[str, str], coro: Awaitable[None]) -> None:
         async def guarded() -> None:
             try:
                 await coro
             except Exception:
-                log.exception("lease clock: handling a deadline failed")
+                log.exception("lease clock: handling a deadline failed; it is tried again")
+            finally:
+                self._firing.discard(key)
 
         task = asyncio.create_task(guarded())
         self._pending.add(task)
@@ -80,9 +89,14 @@ class LeaseClock(LoopActor):
                 if current[1] > now:
                     heapq.heappush(self._heap, (current[1], kind, task_id, ref))
                     continue
-                del table[task_id]
+                # still watched until forget(): look again later in case the handler does not end it
+                heapq.heappush(self._heap, (now + self._recheck_s, kind, task_id, ref))
+                key = (kind, task_id)
+                if key in self._firing:
+                    continue
+                self._firing.add(key)
                 handler = self._on_lease_expired if kind == "lease" else self._on_timeout
-                self._fire(handler(task_id, ref))
+                self._fire(key, handler(task_id, ref))
             timeout = self._heap[0][0] - now if self._heap else None
             await self._wake.wait(timeout)
 

@@ -121,7 +121,19 @@ class TaskStore(Protocol):
     async def apply(self, change: Change) -> None: ...
     async def apply_many(self, changes: list[Change]) -> list[BaseException | None]:
         """Apply each change in order; one result per change (None = applied), one refusal never
-        undoes the others. Implementations commit them together when they can (group commit)."""
+        undoes the others. Implementations commit them together when they can (group commit).
+
+        Every write (here and in ``apply``/``apply_group``) keeps the parent rule: a task is never
+        inserted under a terminal parent, nor made non-terminal again under a canceled one
+        (TASK_ALREADY_TERMINAL with ``details.parentId``)."""
+        ...
+
+    async def apply_group(self, changes: list[Change], *, subtree_root: str | None = None) -> None:
+        """Apply every change or none, in one transaction (a cancel and its cascade).
+
+        With ``subtree_root``, the group is also refused (REVISION_CONFLICT) when, after it, a task below
+        that root is still not terminal: a child created or requeued after the caller read the subtree
+        makes the caller read again instead of being left running under a canceled parent."""
         ...
 
     async def list_tasks(self, query: TaskQuery) -> Page: ...

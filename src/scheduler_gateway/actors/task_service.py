@@ -15,7 +15,7 @@ import hashlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -55,6 +55,7 @@ from .ports import Change, IdempotencyRecord, Metrics, NullMetrics, TaskQuery, T
 from .runtime import KeyedMailboxes
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class TaskPolicy(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,6 +65,7 @@ class TaskPolicy(msgspec.Struct, frozen=True, kw_only=True):
     max_payload_bytes: int = 1048576
     max_dead_retries: int = 3
     recovery_grace_s: float | None = None  # None: each task's own lease seconds
+    lease_recheck_s: float = 1.0  # how soon a passed deadline whose handler did not end it is handled again
 
 
 class Caller(msgspec.Struct, frozen=True):
@@ -135,7 +137,9 @@ class TaskService:
         self._live: dict[str, Task] = {}
         self._inflight_keys: dict[tuple[str, str], asyncio.Future[Any]] = {}
         self._background: set[asyncio.Task[Any]] = set()
-        self.lease_clock = LeaseClock(clock, self._lease_expired, self._timed_out)
+        self.lease_clock = LeaseClock(
+            clock, self._lease_expired, self._timed_out, recheck_s=self.policy.lease_recheck_s
+        )
         self._listeners: list[Callable[[sm.Transition], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -264,6 +268,42 @@ class TaskService:
         idempotency: IdempotencyRecord | None = None,
         dead_letter: DeadLetter | None = None,
     ) -> Task:
+        change = self._change(tr, request_id, audit_details, idempotency, dead_letter)
+        try:
+            await self._store.apply(change)
+        except Conflict as exc:
+            raise _stale_or(exc) from None
+        self._after_commit(tr)
+        return tr.task
+
+    async def _commit_group(
+        self,
+        parts: list[tuple[sm.Transition, dict[str, Any]]],
+        request_id: str | None,
+        subtree_root: str,
+        idempotency: IdempotencyRecord | None,
+    ) -> None:
+        """Commit several transitions whole or not at all (a cancel with its cascade); the first one carries
+        the request's idempotency record."""
+        changes = [
+            self._change(tr, request_id, details, idempotency if n == 0 else None, None)
+            for n, (tr, details) in enumerate(parts)
+        ]
+        try:
+            await self._store.apply_group(changes, subtree_root=subtree_root)
+        except Conflict as exc:
+            raise _stale_or(exc) from None
+        for tr, _ in parts:
+            self._after_commit(tr)
+
+    def _change(
+        self,
+        tr: sm.Transition,
+        request_id: str | None,
+        audit_details: dict[str, Any] | None,
+        idempotency: IdempotencyRecord | None,
+        dead_letter: DeadLetter | None,
+    ) -> Change:
         task = tr.task
         now = task.updated_at
         audit = self._audit(
@@ -291,21 +331,17 @@ class TaskService:
             request_id=request_id,
             data=tr.event_data,
         )
-        await self._store.apply(
-            Change(
-                task=task,
-                expected_revision=tr.before.revision if tr.before else None,
-                history=msgspec.structs.replace(tr.history, request_id=request_id),
-                audit=audit,
-                event=event,
-                idempotency=idempotency,
-                dead_letter=dead_letter,
-                # durable with the terminal change itself: the callback cannot be lost between the two
-                callback=new_delivery(idgen.new_id("cbd"), task, now) if wants_callback(task) else None,
-            )
+        return Change(
+            task=task,
+            expected_revision=tr.before.revision if tr.before else None,
+            history=msgspec.structs.replace(tr.history, request_id=request_id),
+            audit=audit,
+            event=event,
+            idempotency=idempotency,
+            dead_letter=dead_letter,
+            # durable with the terminal change itself: the callback cannot be lost between the two
+            callback=new_delivery(idgen.new_id("cbd"), task, now) if wants_callback(task) else None,
         )
-        self._after_commit(tr)
-        return task
 
     def _after_commit(self, tr: sm.Transition) -> None:
         task = tr.task
@@ -330,6 +366,31 @@ class TaskService:
         assert task.lease_id is not None and task.lease_expires_at is not None
         deadline = (task.started_at or task.updated_at) + task.timeout_s
         self.lease_clock.watch(task.id, task.lease_id, task.lease_expires_at, task.attempt_id, deadline)
+
+    async def _serial(self, task_id: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """Run ``fn`` in the task's mailbox; a write that lost its compare-and-set re-runs on the fresh task."""
+
+        async def run() -> T:
+            for _ in range(_STALE_RETRIES):
+                try:
+                    return await fn()
+                except _StaleWrite as stale:
+                    await self._refresh(stale.task_id or task_id)
+            raise Conflict(f"task {task_id} keeps changing; try again", code=Code.REVISION_CONFLICT)
+
+        return await self._boxes.call(task_id, run)
+
+    async def _refresh(self, task_id: str) -> None:
+        """Take a newer stored revision into the live copy (another writer committed it; its own bookkeeping
+        follows when that writer resumes)."""
+        stored = await self._store.get_task(task_id)
+        live = self._live.get(task_id)
+        if stored is None or live is None or stored.revision <= live.revision:
+            return
+        if stored.terminal:
+            del self._live[task_id]
+        else:
+            self._live[task_id] = stored
 
     def _spawn(self, coro: Any) -> None:
         t = asyncio.create_task(coro)
@@ -390,21 +451,40 @@ class TaskService:
         """Create a task; returns (task, replayed). The same key and body replays; another body conflicts."""
         if idem_key is None:
             return await self._create(caller, spec, None, body_hash), False
-        slot = (caller.user, idem_key)
-        while slot in self._inflight_keys:  # the same key in flight: wait, then answer from the record
+        return await self._once_per_key(
+            caller, idem_key, "create", body_hash, lambda: self._fresh(self._create(caller, spec, idem_key, body_hash))
+        )
+
+    @staticmethod
+    async def _fresh(created: Awaitable[Task]) -> tuple[Task, bool]:
+        return await created, False
+
+    async def _once_per_key(
+        self,
+        caller: Caller,
+        key: str,
+        operation: str,
+        body_hash: str,
+        first: Callable[[], Awaitable[tuple[Task, bool]]],
+    ) -> tuple[Task, bool]:
+        """Run ``first`` unless the key has a record; a request whose key is still in flight waits for it and
+        then answers from its record, so two requests with one key never both act (or one fail)."""
+        slot = (caller.user, key)
+        while slot in self._inflight_keys:
             await asyncio.shield(self._inflight_keys[slot])
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._inflight_keys[slot] = fut
         try:
-            replay = await self._replay(caller, idem_key, "create", body_hash)
+            replay = await self._replay(caller, key, operation, body_hash)
             if replay is not None:
                 return replay, True
             try:
-                return await self._create(caller, spec, idem_key, body_hash), False
+                return await first()
             except Conflict as exc:
                 if exc.code != Code.IDEMPOTENCY_CONFLICT:
                     raise
-                replay = await self._replay(caller, idem_key, "create", body_hash)
+                # the store's unique key is the arbiter beyond this process: the other writer's record answers
+                replay = await self._replay(caller, key, operation, body_hash)
                 if replay is None:
                     raise
                 return replay, True
@@ -489,6 +569,7 @@ class TaskService:
                 task_id=task.id,
                 created_at=now,
             )
+        await self._check_parent(task, inserting=True)
         tr = sm.create(task, caller.actor, now, caller.request_id)
         return await self._commit(tr, caller.request_id, idempotency=idem)
 
@@ -510,14 +591,16 @@ class TaskService:
         Returns (task, repeated): ``repeated`` when nothing changed because the request was a repeat.
         """
         await self.get(caller, task_id)  # 404 for missing and foreign tasks alike
-        if idem_key is not None:
-            replay = await self._replay(caller, idem_key, f"{action}:{task_id}", body_hash)
-            if replay is not None:
-                return replay, True
-        return await self._boxes.call(
-            task_id,
-            lambda: self._act(caller, task_id, action, expected_revision, reason, payload, idem_key, body_hash),
-        )
+
+        def first() -> Awaitable[tuple[Task, bool]]:
+            return self._serial(
+                task_id,
+                lambda: self._act(caller, task_id, action, expected_revision, reason, payload, idem_key, body_hash),
+            )
+
+        if idem_key is None:
+            return await first()
+        return await self._once_per_key(caller, idem_key, f"{action}:{task_id}", body_hash, first)
 
     async def _act(
         self,
@@ -536,12 +619,9 @@ class TaskService:
         now = self._clock()
         actor = caller.actor
         rid = caller.request_id
-        cascade: list[Task] = []
         try:
             if action == "cancel":
                 result: sm.Transition | sm.Repeat = sm.cancel(task, actor, now, rid, reason, expected_revision)
-                if isinstance(result, sm.Transition):
-                    cascade = await self._descendants(task.id)
             elif action == "approve":
                 result = sm.approve(task, actor, now, rid, expected_revision)
             elif action == "amend":
@@ -551,6 +631,7 @@ class TaskService:
                 result = sm.requeue(
                     task, action, actor, idgen.new_id("att"), now, rid, reason, payload, expected_revision
                 )
+                await self._check_parent(result.task, inserting=False)
             else:
                 raise InvalidArgument(f"unknown action {action}")
         except GatewayError as exc:
@@ -580,17 +661,55 @@ class TaskService:
         details: dict[str, Any] = {}
         if reason:
             details["reason"] = reason
-        if cascade:
-            details["cascadeTo"] = [c.id for c in cascade]
-        new = await self._commit(result, rid, audit_details=details, idempotency=idem)
         if action == "cancel":
-            if task.state == "running":
-                self._send_cancel(task, reason or "canceled")
+            await self._cancel_tree(result, rid, details, idem)
+            return result.task, False
+        return await self._commit(result, rid, audit_details=details, idempotency=idem), False
+
+    async def _check_parent(self, task: Task, *, inserting: bool) -> None:
+        """The parent rule's quick answer (the store enforces it in the write too)."""
+        if task.parent_id is None:
+            return
+        parent = await self._current(task.parent_id)
+        refusal = None if parent is None else sm.parent_refusal(task, parent.state, inserting)
+        if refusal is not None:
+            raise refusal
+
+    async def _cancel_tree(
+        self, tr: sm.Transition, rid: str | None, details: dict[str, Any], idem: IdempotencyRecord | None
+    ) -> None:
+        """Cancel a task and every active descendant in one transaction: once the cancel is answered, no
+        descendant it names can be claimed, settled or left queued, even if the daemon dies the next moment.
+
+        The descendants are read outside the transaction; the store refuses the group when one of them
+        changed or a new one appeared below the root meanwhile, and the read is simply done again."""
+        root = tr.task
+        cascade_actor = ActorRef("system", "cancel-cascade")
+        for _ in range(_STALE_RETRIES):
+            cascade = await self._descendants(root.id)
+            parts: list[tuple[sm.Transition, dict[str, Any]]] = [
+                (tr, {**details, "cascadeTo": [c.id for c in cascade]} if cascade else details)
+            ]
             for child in cascade:
-                self._spawn(self._cascade_cancel(child.id, task.id, rid))
-            if cascade:
-                self._metrics.cancel_propagated(len(cascade))
-        return new, False
+                child_tr = sm.cancel(child, cascade_actor, root.updated_at, rid, f"parent {root.id} canceled")
+                assert isinstance(child_tr, sm.Transition)  # descendants are read active
+                parts.append((child_tr, {"cascadeFrom": root.id}))
+            try:
+                await self._commit_group(parts, rid, root.id, idem)
+            except _StaleWrite as stale:
+                if stale.task_id == root.id:
+                    raise  # the root itself changed: the mailbox re-runs the whole action
+                await self._refresh(stale.task_id)
+                continue
+            break
+        else:
+            raise Conflict(f"the tasks below {root.id} keep changing; try again", code=Code.REVISION_CONFLICT)
+        for part, _ in parts:
+            before = part.before
+            if before is not None and before.state == "running":
+                self._send_cancel(before, reason=part.history.reason or "canceled")
+        if cascade:
+            self._metrics.cancel_propagated(len(cascade))
 
     async def _descendants(self, task_id: str) -> list[Task]:
         """Every non-terminal task below ``task_id`` through parentId, breadth first."""
@@ -607,31 +726,16 @@ class TaskService:
                         continue
                     seen.add(child.id)
                     frontier.append(child.id)
-                    live = self._live.get(child.id, child)
-                    if live.state not in TERMINAL_STATES:
-                        found.append(live)
+                    live = self._live.get(child.id)
+                    # the live copy carries lease extensions; a stored row that is newer was written by a
+                    # writer whose bookkeeping has not run yet
+                    current = live if live is not None and live.revision >= child.revision else child
+                    if current.state not in TERMINAL_STATES:
+                        found.append(current)
                 cursor = page.next_cursor
                 if cursor is None:
                     break
         return found
-
-    async def _cascade_cancel(self, child_id: str, root_id: str, request_id: str | None) -> None:
-        async def run() -> None:
-            task = await self._current(child_id)
-            if task is None or task.terminal:
-                return
-            tr = sm.cancel(
-                task, ActorRef("system", "cancel-cascade"), self._clock(), request_id, f"parent {root_id} canceled"
-            )
-            if isinstance(tr, sm.Transition):
-                await self._commit(tr, request_id, audit_details={"cascadeFrom": root_id})
-                if task.state == "running":
-                    self._send_cancel(task, f"parent {root_id} canceled")
-
-        try:
-            await self._boxes.call(child_id, run)
-        except GatewayError as exc:
-            log.warning("cascade cancel of %s from %s failed: %s", child_id, root_id, exc.code)
 
     # -- dead letters ----------------------------------------------------------------------------------
     async def get_dead_letter(self, caller: Caller, dead_letter_id: str) -> DeadLetter:
@@ -646,7 +750,7 @@ class TaskService:
         """Requeue a dead letter's task with a fresh budget and a new attempt; ``force`` also takes
         exhausted letters (``force_retry``, recorded with the caller and reason)."""
         letter = await self.get_dead_letter(caller, dead_letter_id)
-        return await self._boxes.call(letter.task_id, lambda: self._redrive(caller, dead_letter_id, force, reason))
+        return await self._serial(letter.task_id, lambda: self._redrive(caller, dead_letter_id, force, reason))
 
     async def _redrive(
         self, caller: Caller, dead_letter_id: str, force: bool, reason: str | None
@@ -710,7 +814,7 @@ class TaskService:
             )
             return True
 
-        return await self._boxes.call(letter.task_id, run)
+        return await self._serial(letter.task_id, run)
 
     # -- node protocol ----------------------------------------------------------------------------------
     async def claim(self, node_id: str, req: ClaimRequest) -> ClaimReply:
@@ -726,7 +830,7 @@ class TaskService:
                 attempt_id=req.attempt_id,
             )
             return _claim_error(Code.NODE_DRAINING, f"node {node_id} is draining")
-        return await self._boxes.call(req.task_id, lambda: self._claim(node_id, req))
+        return await self._serial(req.task_id, lambda: self._claim(node_id, req))
 
     async def _claim(self, node_id: str, req: ClaimRequest) -> ClaimReply:
         task = await self._current(req.task_id)
@@ -804,7 +908,7 @@ class TaskService:
         return HeartbeatReply(extended=extended, revoked=revoked, draining=self._nodes.is_draining(node_id))
 
     async def settle(self, node_id: str, msg: Settle) -> SettleOutcome:
-        return await self._boxes.call(msg.task_id, lambda: self._settle(node_id, msg))
+        return await self._serial(msg.task_id, lambda: self._settle(node_id, msg))
 
     async def _settle(self, node_id: str, msg: Settle) -> SettleOutcome:
         actor = ActorRef("node", node_id)
@@ -877,7 +981,7 @@ class TaskService:
             await self._commit(tr, None, dead_letter=await self._dead_letter_for(tr))
             self._metrics.lease_expired(task.kind)
 
-        await self._boxes.call(task_id, run)
+        await self._serial(task_id, run)
 
     async def _timed_out(self, task_id: str, attempt_id: str) -> None:
         async def run() -> None:
@@ -888,10 +992,29 @@ class TaskService:
             await self._commit(tr, None, dead_letter=await self._dead_letter_for(tr))
             self._send_cancel(task, Code.TIMEOUT)
 
-        await self._boxes.call(task_id, run)
+        await self._serial(task_id, run)
 
 
 _ERROR_REASONS = frozenset({Code.LEASE_EXPIRED, Code.TIMEOUT, Code.HANDLER_ERROR})
+
+#: How often one mailbox message is re-run after its write lost a compare-and-set to another writer.
+_STALE_RETRIES = 8
+
+
+class _StaleWrite(Exception):
+    """A write's compare-and-set lost: another writer (a cancel cascade, another instance) changed the task
+    after this message read it. The mailbox re-runs the message on the fresh task; callers never see it."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(task_id)
+        self.task_id = task_id
+
+
+def _stale_or(exc: Conflict) -> Exception:
+    """The store's REVISION_CONFLICT means stale input here (the model already checked expectedRevision)."""
+    if exc.code == Code.REVISION_CONFLICT:
+        return _StaleWrite(str(exc.details.get("taskId", "")))
+    return exc
 
 
 def _claim_error(code: str, message: str) -> ClaimReply:

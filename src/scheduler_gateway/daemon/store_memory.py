@@ -10,7 +10,15 @@ from __future__ import annotations
 import msgspec
 
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
-from scheduler_gateway.actors.model.records import ACTIVE_STATES, AuditEntry, DeadLetter, HistoryEntry, Task
+from scheduler_gateway.actors.model.records import (
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    AuditEntry,
+    DeadLetter,
+    HistoryEntry,
+    Task,
+)
+from scheduler_gateway.actors.model.task_machine import parent_refusal
 from scheduler_gateway.actors.ports import (
     AuditQuery,
     Change,
@@ -81,8 +89,39 @@ class MemoryStore(MemoryScheduleStore):  # the ScheduleStore half is in schedule
                 results.append(None)
         return results
 
+    async def apply_group(self, changes: list[Change], *, subtree_root: str | None = None) -> None:
+        self._check_running()
+        # every check first (a group names each task once, so each checks against the stored row)
+        for change in changes:
+            self._check(change)
+        after = {c.task.id: c.task for c in changes}
+        if subtree_root is not None:
+            self._check_subtree_closed(subtree_root, after)
+        for change in changes:
+            self._write(change)
+
+    def _check_subtree_closed(self, root: str, after: dict[str, Task]) -> None:
+        children: dict[str, list[Task]] = {}
+        for t in self._tasks.values():
+            if t.parent_id is not None:
+                children.setdefault(t.parent_id, []).append(after.get(t.id, t))
+        frontier = [root]
+        while frontier:
+            for child in children.get(frontier.pop(), []):
+                if child.state not in TERMINAL_STATES:
+                    raise Conflict(
+                        f"task {child.id} below {root} is {child.state}",
+                        code=Code.REVISION_CONFLICT,
+                        details={"taskId": child.id},
+                    )
+                frontier.append(child.id)
+
     def _apply_one(self, change: Change) -> None:
         # every check first, then every write: a refused change leaves no trace
+        self._check(change)
+        self._write(change)
+
+    def _check(self, change: Change) -> None:
         task = change.task
         current = self._tasks.get(task.id)
         if change.expected_revision is None:
@@ -120,7 +159,17 @@ class MemoryStore(MemoryScheduleStore):  # the ScheduleStore half is in schedule
                 f"dead letter {dl.dead_letter_id} already belongs to another task",
                 details={"deadLetterId": dl.dead_letter_id},
             )
+        parent = self._tasks.get(task.parent_id) if task.parent_id is not None else None
+        if parent is not None:
+            refusal = parent_refusal(task, parent.state, inserting=change.expected_revision is None)
+            if refusal is not None:
+                raise refusal
 
+    def _write(self, change: Change) -> None:
+        task = change.task
+        h = change.history
+        idem = change.idempotency
+        dl = change.dead_letter
         self._tasks[task.id] = task
         if h is not None:
             self._history[(h.task_id, h.revision)] = h

@@ -32,11 +32,13 @@ import msgspec
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
 from scheduler_gateway.actors.model.records import (
     ACTIVE_STATES,
+    TERMINAL_STATES,
     AuditEntry,
     DeadLetter,
     HistoryEntry,
     Task,
 )
+from scheduler_gateway.actors.model.task_machine import parent_refusal
 from scheduler_gateway.actors.ports import (
     AuditQuery,
     Change,
@@ -224,6 +226,11 @@ class _ChangeRows:
     idempotency: tuple[Any, ...] | None
     dead_letter: tuple[Any, ...] | None
     callback: tuple[Any, ...] | None = None
+    task: Task | None = None  # kept only when the parent rule needs it (an active task with a parent)
+
+    @property
+    def parent_id(self) -> str | None:
+        return None if self.task is None else self.task.parent_id
 
     @classmethod
     def of(cls, change: Change) -> _ChangeRows:
@@ -245,6 +252,7 @@ class _ChangeRows:
             idempotency=None if idem is None else (idem.owner, idem.key, _encode(idem), idem.created_at),
             dead_letter=None if dl is None else (dl.dead_letter_id, dl.task_id, _encode(dl)),
             callback=None if change.callback is None else _callback_row(change.callback),
+            task=t if t.parent_id is not None and t.state not in TERMINAL_STATES else None,
         )
 
     @property
@@ -268,6 +276,8 @@ _Op = Callable[[sqlite3.Connection], None]  # runs in the writer thread
 class _ChangeWork:
     rows: list[_ChangeRows]
     future: asyncio.Future[list[BaseException | None]]
+    atomic: bool = False  # all rows or none (apply_group)
+    subtree_root: str | None = None  # atomic only: no task below it may stay active
 
     @property
     def weight(self) -> int:
@@ -401,6 +411,15 @@ class SqliteStore(SqliteScheduleStore):  # the ScheduleStore half is in schedule
         # a chunk that failed reports StorageError per change (not raised), so the caller still learns
         # which of the earlier chunks did commit
         return [result for chunk_results in await asyncio.gather(*futures) for result in chunk_results]
+
+    async def apply_group(self, changes: list[Change], *, subtree_root: str | None = None) -> None:
+        if not changes:
+            return
+        fut = self._new_future()
+        self._enqueue(_ChangeWork([_ChangeRows.of(c) for c in changes], fut, True, subtree_root))
+        for result in await fut:
+            if result is not None:
+                raise result
 
     def _enqueue_changes(self, rows: list[_ChangeRows]) -> asyncio.Future[list[BaseException | None]]:
         fut = self._new_future()
@@ -871,6 +890,12 @@ def _fast_path(conn: sqlite3.Connection, batch: list[_Work]) -> list[list[BaseEx
             conn.executemany(_SQL_INSERT_CALLBACK, callbacks)
         for op in ops:
             op(conn)
+        # the rules that need a read: checked after every write, so a refusal sends the batch to the slow
+        # path, which checks them in order
+        if any(_parent_refusal(conn, r) for w in batch if isinstance(w, _ChangeWork) for r in w.rows):
+            raise _Fallback
+        if any(_subtree_open(conn, w) for w in batch if isinstance(w, _ChangeWork)):
+            raise _Fallback
     except (_Fallback, sqlite3.IntegrityError):
         conn.execute("ROLLBACK")
         raise _Fallback from None
@@ -889,6 +914,8 @@ def _slow_path(conn: sqlite3.Connection, batch: list[_Work]) -> list[list[BaseEx
         for work in batch:
             if isinstance(work, _OpWork):
                 results.append([_in_savepoint(conn, _op_with_errors, work.op)])
+            elif work.atomic:
+                results.append([_in_savepoint(conn, _write_group, work)] * work.weight)
             else:
                 results.append([_in_savepoint(conn, _write_change, r) for r in work.rows])
     except BaseException:
@@ -896,6 +923,40 @@ def _slow_path(conn: sqlite3.Connection, batch: list[_Work]) -> list[list[BaseEx
         raise
     conn.execute("COMMIT")
     return results
+
+
+def _parent_refusal(conn: sqlite3.Connection, r: _ChangeRows) -> Conflict | None:
+    if r.task is None or r.parent_id is None:
+        return None
+    row = _fetch_one(conn, "SELECT state FROM tasks WHERE id = ?", (r.parent_id,))
+    return None if row is None else parent_refusal(r.task, row[0], inserting=r.expected_revision is None)
+
+
+_SQL_ACTIVE_BELOW = (
+    "WITH RECURSIVE below(id) AS (SELECT id FROM tasks WHERE parent_id = ?"
+    " UNION ALL SELECT t.id FROM tasks t JOIN below b ON t.parent_id = b.id)"
+    " SELECT t.id, t.state FROM tasks t JOIN below b ON t.id = b.id"
+    " WHERE t.state NOT IN ('succeeded', 'failed', 'canceled', 'dead') LIMIT 1"
+)
+
+
+def _subtree_open(conn: sqlite3.Connection, work: _ChangeWork) -> Conflict | None:
+    if work.subtree_root is None:
+        return None
+    row = _fetch_one(conn, _SQL_ACTIVE_BELOW, (work.subtree_root,))
+    if row is None:
+        return None
+    return Conflict(
+        f"task {row[0]} below {work.subtree_root} is {row[1]}", code=Code.REVISION_CONFLICT, details={"taskId": row[0]}
+    )
+
+
+def _write_group(conn: sqlite3.Connection, work: _ChangeWork) -> None:
+    for r in work.rows:
+        _write_change(conn, r)
+    refusal = _subtree_open(conn, work)
+    if refusal is not None:
+        raise refusal
 
 
 def _write_change(conn: sqlite3.Connection, r: _ChangeRows) -> None:
@@ -918,6 +979,9 @@ def _write_change(conn: sqlite3.Connection, r: _ChangeRows) -> None:
                 code=Code.REVISION_CONFLICT,
                 details={"taskId": r.task_id, "expectedRevision": r.expected_revision, "revision": found[0]},
             )
+    refusal = _parent_refusal(conn, r)
+    if refusal is not None:
+        raise refusal
     if r.history is not None:
         try:
             conn.execute(_SQL_INSERT_HISTORY, r.history)

@@ -75,6 +75,20 @@ def refuse(task: Task, action: str) -> Conflict:
     )
 
 
+def parent_refusal(task: Task, parent_state: str, inserting: bool) -> Conflict | None:
+    """The parent rule, which every store write keeps: no task is created under a terminal parent, and none
+    becomes active again under a canceled one (its cancel named every active descendant)."""
+    if task.state in TERMINAL_STATES:
+        return None
+    if parent_state == "canceled" or (inserting and parent_state in TERMINAL_STATES):
+        return Conflict(
+            f"parent task {task.parent_id} is {parent_state}",
+            code=Code.TASK_ALREADY_TERMINAL,
+            details={"parentId": task.parent_id, "parentState": parent_state},
+        )
+    return None
+
+
 def check_allowed(task: Task, action: str, expected_revision: int | None) -> None:
     if expected_revision is not None and expected_revision != task.revision:
         raise Conflict(
@@ -221,6 +235,9 @@ def extend_lease(task: Task, lease_id: str, node_id: str, now: float) -> Task:
         raise Conflict(f"lease {lease_id} is not current", code=code, details={"state": task.state})
     if task.node_id != node_id:
         raise Forbidden(f"lease {lease_id} belongs to another node")
+    if task.lease_expires_at is not None and task.lease_expires_at <= now:
+        # ran out: its expiry may be waiting behind other work in the mailbox, and must not be undone
+        raise Conflict(f"lease {lease_id} expired", code=Code.LEASE_EXPIRED, details={"state": task.state})
     return msgspec.structs.replace(task, lease_expires_at=now + task.lease_s)
 
 

@@ -1,0 +1,220 @@
+"""Races and crash windows of the task service found by an outside review, each pinned by the interleaving
+that broke it: a heartbeat reviving an expired lease, a lease expiry that failed once, a cancel cascade that
+lived in memory, a settle or a child create slipping past a parent's cancel, and one Idempotency-Key sent
+twice at once. Run on the memory store and on a real SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from scheduler_gateway.actors.ports import AuditQuery, Change, TaskQuery
+from scheduler_gateway.actors.task_service import TaskPolicy
+from scheduler_gateway.daemon.store_memory import MemoryStore
+from scheduler_gateway.daemon.store_sqlite import SqliteStore
+from scheduler_gateway.wire.errors import Code, Conflict, StorageError
+from scheduler_gateway.wire.messages import HeartbeatRequest, LeaseReport
+
+from .service_kit import ALICE, Kit, service_kit
+
+FAST = TaskPolicy(lease_recheck_s=0.05)
+
+
+def _gated(base: type) -> type:
+    """A store whose writes can be held at the door, after the writer read what it writes from."""
+
+    class Gated(base):  # type: ignore[misc, valid-type]
+        hold: Callable[[Change], bool] | None = None
+        gate: asyncio.Event | None = None
+        held: asyncio.Event | None = None
+        fail_next: Callable[[Change], bool] | None = None
+
+        async def apply(self, change: Change) -> None:
+            if self.fail_next is not None and self.fail_next(change):
+                self.fail_next = None
+                raise StorageError("the disk is full")
+            if self.hold is not None and self.hold(change):
+                self.hold = None
+                assert self.gate is not None and self.held is not None
+                self.held.set()
+                await self.gate.wait()
+            await super().apply(change)
+
+    return Gated
+
+
+GatedMemory = _gated(MemoryStore)
+GatedSqlite = _gated(SqliteStore)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Any]:
+    return lambda: GatedSqlite(tmp_path / "gw.db") if request.param == "sqlite" else GatedMemory()
+
+
+@asynccontextmanager
+async def kit_on(new_store: Callable[[], Any], policy: TaskPolicy = FAST) -> AsyncIterator[Kit]:
+    async with service_kit(new_store(), policy=policy) as kit:
+        yield kit
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def hold_writes(store: Any, which: Callable[[Change], bool]) -> asyncio.Event:
+    store.gate, store.held, store.hold = asyncio.Event(), asyncio.Event(), which
+    return store.gate  # type: ignore[no-any-return]
+
+
+def action_of(change: Change) -> str | None:
+    return change.history.action if change.history else None
+
+
+async def stored_state(kit: Kit, task_id: str) -> str:
+    task = await kit.store.get_task(task_id)
+    assert task is not None
+    return str(task.state)
+
+
+# ---------------------------------------------------------------------- leases
+
+
+async def test_a_heartbeat_does_not_revive_a_lease_whose_expiry_waits_behind_other_work(
+    new_store: Callable[[], Any],
+) -> None:
+    async with kit_on(new_store) as kit:
+        tid = await kit.create(lease_s=0.2, retry_backoff_s=0.0)
+        lease = (await kit.claim(tid)).lease_id or ""
+        gate = asyncio.Event()
+        blocker = kit.service._boxes.call(tid, gate.wait)  # the task's mailbox is busy, as with a slow write
+        await asyncio.sleep(0.35)  # the lease ran out; its expiry waits behind the blocker
+        beat = HeartbeatRequest(
+            kinds=["echo"], capacity=1, running=1, leases=[LeaseReport(task_id=tid, lease_id=lease)]
+        )
+        reply = await kit.service.heartbeat("node-a", beat)
+        assert reply.extended == [] and [r.reason for r in reply.revoked] == [Code.LEASE_EXPIRED]
+        gate.set()
+        await blocker
+        # the expiry still happens: the attempt fails and the task is offered again
+        await until(lambda: _is(kit, tid, "queued"))
+        task = await kit.store.get_task(tid)
+        assert task.attempt_no == 2 and task.error.code == Code.LEASE_EXPIRED
+
+
+async def test_a_lease_expiry_that_failed_is_tried_again(new_store: Callable[[], Any]) -> None:
+    async with kit_on(new_store) as kit:
+        tid = await kit.create(lease_s=0.1, retry_backoff_s=0.0)
+        await kit.claim(tid)
+        kit.store.fail_next = lambda change: action_of(change) == "attempt_failed"
+        await until(lambda: _is(kit, tid, "queued"))
+        assert kit.store.fail_next is None  # the first try did fail
+        assert kit.service.lease_clock.watched() == 0
+
+
+async def _is(kit: Kit, task_id: str, state: str) -> bool:
+    return await stored_state(kit, task_id) == state
+
+
+# ---------------------------------------------------------------------- cancel cascade
+
+
+async def test_the_cascade_commits_with_the_parents_cancel(new_store: Callable[[], Any]) -> None:
+    async with kit_on(new_store) as kit:
+        parent = await kit.create()
+        children = [await kit.create(parent_id=parent) for _ in range(300)]
+        grandchild = await kit.create(parent_id=children[0])
+        running = children[1]
+        await kit.claim(running)
+        await kit.service.act(ALICE, parent, "cancel")
+        # read at once, before anything else runs: a crash now must find nothing left to do
+        states = {await stored_state(kit, t) for t in [*children, grandchild]}
+        assert states == {"canceled"}
+        audit = (await kit.store.list_audit(AuditQuery(object_id=parent, action="cancel"))).items
+        assert set(audit[0].details["cascadeTo"]) == {*children, grandchild}
+        await until(lambda: _sent(kit, running))
+
+
+async def _sent(kit: Kit, task_id: str) -> bool:
+    return any(body["taskId"] == task_id for _, body in kit.bus.cancels)
+
+
+async def test_a_running_child_cannot_settle_after_the_cancel_that_named_it(new_store: Callable[[], Any]) -> None:
+    async with kit_on(new_store) as kit:
+        parent = await kit.create()
+        child = await kit.create(parent_id=parent)
+        lease = (await kit.claim(child)).lease_id or ""
+        gate = hold_writes(kit.store, lambda c: action_of(c) == "settle")
+        settling = asyncio.create_task(kit.settle_ok(child, lease))
+        await kit.store.held.wait()  # the settle read the running child and is about to write
+        await kit.service.act(ALICE, parent, "cancel")
+        gate.set()
+        assert await settling == Code.TASK_ALREADY_TERMINAL
+        assert await stored_state(kit, child) == "canceled"
+        history = await kit.store.history(child)
+        assert [h.action for h in history.items] == ["create", "claim", "cancel"]
+
+
+async def test_no_child_is_created_under_a_canceled_parent(new_store: Callable[[], Any]) -> None:
+    async with kit_on(new_store) as kit:
+        parent = await kit.create()
+        await kit.service.act(ALICE, parent, "cancel")
+        with pytest.raises(Conflict) as info:
+            await kit.create(parent_id=parent)
+        assert info.value.code == Code.TASK_ALREADY_TERMINAL and info.value.details["parentId"] == parent
+        assert (await kit.store.list_tasks(TaskQuery(parent_id=parent))).items == []
+
+
+async def test_a_child_create_racing_the_parents_cancel_is_refused_or_canceled(new_store: Callable[[], Any]) -> None:
+    async with kit_on(new_store) as kit:
+        parent = await kit.create()
+        gate = hold_writes(kit.store, lambda c: c.expected_revision is None)
+        creating = asyncio.create_task(kit.create(parent_id=parent))
+        await kit.store.held.wait()  # the create checked the parent and is about to insert
+        await kit.service.act(ALICE, parent, "cancel")
+        gate.set()
+        with pytest.raises(Conflict) as info:
+            await creating
+        assert info.value.code == Code.TASK_ALREADY_TERMINAL
+        assert (await kit.store.list_tasks(TaskQuery(parent_id=parent))).items == []
+
+
+async def test_a_canceled_child_is_not_retried_under_its_canceled_parent(new_store: Callable[[], Any]) -> None:
+    async with kit_on(new_store) as kit:
+        parent = await kit.create()
+        child = await kit.create(parent_id=parent)
+        await kit.service.act(ALICE, parent, "cancel")
+        with pytest.raises(Conflict) as info:
+            await kit.service.act(ALICE, child, "retry")
+        assert info.value.code == Code.TASK_ALREADY_TERMINAL and info.value.details["parentId"] == parent
+        assert await stored_state(kit, child) == "canceled"
+
+
+# ---------------------------------------------------------------------- idempotency keys
+
+
+@pytest.mark.parametrize("action", ["amend", "retry"])
+async def test_one_key_sent_twice_at_once_acts_once_and_replays(new_store: Callable[[], Any], action: str) -> None:
+    async with kit_on(new_store) as kit:
+        tid = await kit.create()
+        if action == "retry":
+            await kit.service.act(ALICE, tid, "cancel")
+        payload = msgspec.Raw(b'{"v":2}') if action == "amend" else None
+        results = await asyncio.gather(
+            *(kit.service.act(ALICE, tid, action, payload=payload, idem_key="k-1", body_hash="same") for _ in range(2))
+        )
+        assert sorted(repeated for _, repeated in results) == [False, True]
+        assert results[0][0].id == results[1][0].id == tid
+        assert results[0][0].revision == results[1][0].revision
+        history = (await kit.store.history(tid)).items
+        assert [h.action for h in history].count(action) == 1
