@@ -356,6 +356,7 @@ class ScheduleService:
                 last_run_at=record.last_run_at,
                 last_run_status=record.last_run_status,  # type: ignore[arg-type]
                 version=record.version,
+                generation=record.generation,
                 created_at=record.created_at,
                 updated_at=now,
             )
@@ -387,7 +388,10 @@ class ScheduleService:
                 return record.to_task()  # a repeat (pause of a paused schedule): nothing to write
             if await self._store.save_schedule(updated, record.version, now):
                 self._on_change()
-                return msgspec.structs.replace(updated, version=record.version + 1, updated_at=now)
+                # an edit makes another schedule: a run launched before it no longer decides its status
+                return msgspec.structs.replace(
+                    updated, version=record.version + 1, generation=record.generation + 1, updated_at=now
+                )
         raise Conflict(
             f"scheduled task {schedule_id} kept changing; try again", code=Code.REVISION_CONFLICT, details={}
         )
@@ -480,6 +484,7 @@ class ScheduleService:
                 at=launched_at,
                 next_run_at=task.next_run_at_after_launch(trigger, now),
                 run_count_inc=1,
+                generation=task.generation,
             ),
             RunUpdate(run.id, "running", task_id=task_id, started_at=launched_at),
         )
@@ -544,6 +549,7 @@ class ScheduleService:
                 at=now,
                 next_run_at=task.next_run_at_after_failure(trigger, now),
                 last_error=err,
+                generation=task.generation,
             ),
             RunUpdate(run.id, "failed", finished_at=now, error=err),
         )
@@ -555,25 +561,38 @@ class ScheduleService:
         self, run_id: str, outcome: RunOutcome, error: RunError | None, now: float, task_id: str | None = None
     ) -> bool:
         """A run reached its end: the run's status, then the verdict the model gives for this outcome (a
-        once ends; a cron keeps its status) and lastError, always (a cron reports its last problem). A
+        once ends; a cron keeps its status) and lastError, always (a cron reports its last problem), both
+        only while the schedule is still the one that launched the run (``ScheduledTask.decides_for``). A
         schedule deleted meanwhile is not an error: the run is closed and nothing else is written."""
         run = await self._store.get_run(run_id)
         if run is None or not run.is_active:
             return False  # unknown, or already closed: a repeat
         update = RunUpdate(run_id, outcome, task_id=task_id, finished_at=now, error=error)
-        record = await self._store.get_schedule_record(run.scheduled_task_id)
-        if record is None:
-            return await self._store.update_run(update)
-        verdict = None
-        try:
-            verdict = record.to_task().status_after_completion(outcome)
-        except CorruptStoredSchedule as exc:
-            log.error("run %s ended but its schedule cannot be read (%s); only the run is closed", run_id, exc.message)
-            return await self._store.update_run(update)
-        done = await self._store.record_completion(record.id, verdict, error, update, now)
+        done = await self._close(run, outcome, error, update, now)
         if done:
             self._on_change()  # an active run fewer: budget is free again
         return done
+
+    async def _close(
+        self, run: ScheduledRun, outcome: RunOutcome, error: RunError | None, update: RunUpdate, now: float
+    ) -> bool:
+        record = await self._store.get_schedule_record(run.scheduled_task_id)
+        if record is None:
+            return await self._store.update_run(update)
+        try:
+            schedule = record.to_task()
+        except CorruptStoredSchedule as exc:
+            log.error("run %s ended but its schedule cannot be read (%s); only the run is closed", run.id, exc.message)
+            return await self._store.update_run(update)
+        if not schedule.decides_for(run):
+            # edited (or taken over by a skip) since this run's launch: the run's end is its own, not the
+            # schedule's (CONTRACT 2.7); the store's generation guard would refuse the verdict anyway
+            log.info("run %s ended after its scheduled task %s changed; only the run is closed", run.id, record.id)
+            return await self._store.update_run(update)
+        verdict = schedule.status_after_completion(outcome)
+        return await self._store.record_completion(
+            record.id, verdict, error, update, now, generation=run.schedule_generation
+        )
 
     async def handle_task_finished(self, finished: FinishedTask, now: float) -> bool:
         outcome = outcome_of_task_state(finished.state)
@@ -651,6 +670,7 @@ class ScheduleService:
                 at=now,
                 next_run_at=task.next_run_at_after_launch(run.trigger, now),
                 run_count_inc=1,
+                generation=run.schedule_generation,
             ),
             update,
         )
@@ -863,7 +883,10 @@ class TaskServiceLauncher:
 
 
 def _skip_record(task: ScheduledTask, now: float, err: RunError) -> LaunchRecord:
-    """The schedule's side of a skip (overlap or busy thread): release the lease, move to the next time."""
+    """The schedule's side of a skip (overlap or busy thread): release the lease, move to the next time.
+    A once's skip decides its end (failed: its only chance is lost), so a run still active takes no verdict
+    after it; a cron's skip decides nothing that run's end would (a cron keeps its status either way, and
+    its lastError reports the latest problem)."""
     return LaunchRecord(
         status=task.status_after_skip(),
         expected_status="running",
@@ -871,4 +894,6 @@ def _skip_record(task: ScheduledTask, now: float, err: RunError) -> LaunchRecord
         at=now,
         next_run_at=task.next_run_at_after_skip(now),
         last_error=err,
+        generation=task.generation,
+        takes_over=task.is_once,
     )

@@ -1,0 +1,151 @@
+"""ScheduleService on both stores (SQLite on a real file, memory): which run's end may decide a schedule's
+status (CONTRACT 2.7: only while the schedule is still the one that launched it), which task's end is a
+run's end at all (CONTRACT 2.1: the reserved labels are the gateway's; a completion applies only to the
+run's own task, of the schedule's owner), and start-up reconcile finishing a launch a crash cut short
+(seed 000: never two runs of one schedule for one occurrence)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler_gateway.actors.model.records import TaskError
+from scheduler_gateway.actors.model.schedule import (
+    ScheduledRun,
+    ScheduledTask,
+    SchedulePolicy,
+    ScheduleSpec,
+    TaskTemplate,
+)
+from scheduler_gateway.actors.scheduler import (
+    FinishedTask,
+    NewSchedule,
+    SchedulePatch,
+    ScheduleService,
+    SpecPatch,
+)
+from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.daemon.store_memory import MemoryStore
+from scheduler_gateway.daemon.store_sqlite import SqliteStore
+from scheduler_gateway.wire.timefmt import fmt_ts
+
+from .unit.test_schedule_service import T0, Clock, FakeLauncher, ids
+
+ALICE = Caller("alice", "user")
+EVERY_5 = ScheduleSpec(type="cron", cron="*/5 * * * *")
+
+
+class World:
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.clock = Clock()
+        self.launcher = FakeLauncher()
+        self.service = ScheduleService(
+            store, self.launcher, SchedulePolicy(min_once_delay_s=60), self.clock, new_id=ids()
+        )
+
+    async def create(self, spec: ScheduleSpec = EVERY_5) -> ScheduledTask:
+        cmd = NewSchedule(title="t", template=TaskTemplate(kind="echo"), schedule=spec)
+        return await self.service.create_scheduled_task(ALICE, cmd)
+
+    async def get(self, task: ScheduledTask) -> ScheduledTask:
+        return await self.service.get_task(ALICE, task.id)
+
+    async def runs(self, task: ScheduledTask) -> list[ScheduledRun]:
+        return (await self.service.list_task_runs(ALICE, task.id, 100, None))[0]
+
+    async def tick(self, t: float) -> None:
+        self.clock.t = t
+        await self.service.run_once(t)
+
+    async def finish(self, run: ScheduledRun, state: str = "succeeded", error: TaskError | None = None) -> bool:
+        task_id = run.task_id or self.launcher.tasks[run.id].task_id
+        finished = FinishedTask(run.id, task_id, state, error)
+        return await self.service.handle_task_finished(finished, self.clock.t)
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+async def world(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[World]:
+    store: Any = SqliteStore(tmp_path / "gw.db") if request.param == "sqlite" else MemoryStore()
+    await store.start()
+    try:
+        yield World(store)
+    finally:
+        await store.stop()
+
+
+# -- case 1: a run's end decides the status only of the schedule that launched it ------------------------------
+async def test_a_cron_run_cancelled_after_the_schedule_became_a_once_does_not_cancel_the_once(world: World) -> None:
+    s = await world.create()
+    manual = await world.service.trigger_task(ALICE, s.id)
+    assert (await world.get(s)).status == "enabled"  # a manual run of a cron leaves the schedule enabled
+    run_at = T0 + 3600
+    patched = await world.service.update_scheduled_task(
+        ALICE, s.id, SchedulePatch(schedule=SpecPatch(type="once", run_at=fmt_ts(T0 + 3600)))
+    )
+    assert (patched.schedule.type, patched.next_run_at) == ("once", run_at)
+    assert await world.finish(manual, "canceled", TaskError("CANCELED", "by user")) is True
+    got = await world.get(s)
+    (old,) = await world.runs(s)
+    assert old.status == "cancelled" and got.last_run_status == "cancelled"  # the run's own end is recorded
+    assert (got.status, got.next_run_at) == ("enabled", run_at)  # the once is not cancelled
+    await world.tick(run_at + 1)
+    runs = await world.runs(s)
+    assert [(r.trigger, r.status, r.scheduled_for) for r in runs[1:]] == [("scheduled", "running", run_at)]
+
+
+async def test_a_manual_run_ending_after_its_once_was_re_armed_does_not_complete_it(world: World) -> None:
+    s = await world.create(ScheduleSpec(type="once", run_at=T0 + 120))
+    world.clock.t = T0 + 121
+
+    async def poller_meanwhile(run: ScheduledRun, task_id: str) -> None:
+        # the poller claims the due once while the manual run holds the one active slot: skipped, failed
+        world.launcher.on_launch = None
+        await world.service.run_once(world.clock.t)
+
+    world.launcher.on_launch = poller_meanwhile
+    manual = await world.service.trigger_task(ALICE, s.id)
+    got = await world.get(s)
+    assert got.status == "failed"
+    assert sorted(r.status for r in await world.runs(s)) == ["running", "skipped"]
+    re_armed = await world.service.update_scheduled_task(
+        ALICE, s.id, SchedulePatch(schedule=SpecPatch(run_at=fmt_ts(T0 + 3600)))
+    )
+    assert (re_armed.status, re_armed.next_run_at) == ("enabled", T0 + 3600)
+    assert await world.finish(manual) is True
+    got = await world.get(s)
+    assert (await world.store.get_run(manual.id)).status == "succeeded"
+    assert (got.status, got.next_run_at) == ("enabled", T0 + 3600)  # not completed: it still fires
+    await world.tick(T0 + 3601)
+    assert (await world.get(s)).status == "running"
+    assert [r.scheduled_for for r in await world.runs(s) if r.trigger == "scheduled" and r.status == "running"] == [
+        T0 + 3600
+    ]
+
+
+async def test_a_run_that_a_skip_took_over_from_does_not_decide_the_once(world: World) -> None:
+    """No edit at all: the skip decided the once (failed, its only chance lost); the manual run that held the
+    slot ends later and records its own status only."""
+    s = await world.create(ScheduleSpec(type="once", run_at=T0 + 120))
+    world.clock.t = T0 + 121
+
+    async def poller_meanwhile(run: ScheduledRun, task_id: str) -> None:
+        world.launcher.on_launch = None
+        await world.service.run_once(world.clock.t)
+
+    world.launcher.on_launch = poller_meanwhile
+    manual = await world.service.trigger_task(ALICE, s.id)
+    assert await world.finish(manual) is True
+    assert (await world.store.get_run(manual.id)).status == "succeeded"
+    assert (await world.get(s)).status == "failed"
+
+
+async def test_the_run_of_the_unedited_schedule_still_decides_it(world: World) -> None:
+    s = await world.create(ScheduleSpec(type="once", run_at=T0 + 120))
+    await world.tick(T0 + 121)
+    (run,) = await world.runs(s)
+    assert await world.finish(run, "canceled", TaskError("CANCELED", "x")) is True
+    assert (await world.get(s)).status == "cancelled"
