@@ -6,13 +6,17 @@ run's own task, of the schedule's owner), and start-up reconcile finishing a lau
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
-from scheduler_gateway.actors.model.records import TaskError
+from scheduler_gateway.actors.model import task_machine as sm
+from scheduler_gateway.actors.model.records import SYSTEM, Task, TaskError
 from scheduler_gateway.actors.model.schedule import (
     ScheduledRun,
     ScheduledTask,
@@ -20,10 +24,12 @@ from scheduler_gateway.actors.model.schedule import (
     ScheduleSpec,
     TaskTemplate,
 )
+from scheduler_gateway.actors.schedule_ports import RunUpdate
 from scheduler_gateway.actors.scheduler import (
     FinishedTask,
     NewSchedule,
     SchedulePatch,
+    Scheduler,
     ScheduleService,
     SpecPatch,
 )
@@ -63,7 +69,7 @@ class World:
 
     async def finish(self, run: ScheduledRun, state: str = "succeeded", error: TaskError | None = None) -> bool:
         task_id = run.task_id or self.launcher.tasks[run.id].task_id
-        finished = FinishedTask(run.id, task_id, state, error)
+        finished = FinishedTask(run.id, task_id, state, error, owner=run.owner, thread_id=run.thread_id)
         return await self.service.handle_task_finished(finished, self.clock.t)
 
 
@@ -148,4 +154,90 @@ async def test_the_run_of_the_unedited_schedule_still_decides_it(world: World) -
     await world.tick(T0 + 121)
     (run,) = await world.runs(s)
     assert await world.finish(run, "canceled", TaskError("CANCELED", "x")) is True
+    assert (await world.get(s)).status == "cancelled"
+
+
+# -- case 2: only the run's own task, of the schedule's owner, ends a run -----------------------------------------
+def _task(world: World, run: ScheduledRun, task_id: str, owner: str, thread_id: str | None) -> Task:
+    return Task(
+        id=task_id,
+        owner=owner,
+        kind="echo",
+        state="running",
+        revision=3,
+        attempt_id="att_1",
+        run_id="run_1",
+        thread_id=thread_id,
+        labels={"scheduledTaskId": run.scheduled_task_id, "scheduledRunId": run.id},
+        not_before=T0,
+        created_at=T0,
+        updated_at=T0,
+    )
+
+
+async def _deliver(world: World, *tasks: Task) -> None:
+    """Each task is canceled and its transition goes through the scheduler's completion hook, as the task
+    service's listener delivers it."""
+    actor = Scheduler(world.service, world.clock, poll_interval_s=30.0)
+    actor.reconciled = True  # the hook alone: no start-up reconcile of the window these tests set up
+    for task in tasks:
+        tr = sm.cancel(task, SYSTEM, world.clock.t, None, "stop")
+        assert isinstance(tr, sm.Transition)
+        actor.on_transition(tr)
+    await actor.start()
+    try:
+        for _ in range(200):
+            if not actor.pending_completions():
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # the last batch is written
+    finally:
+        await actor.stop()
+
+
+async def test_a_task_that_is_not_the_runs_own_does_not_end_it(world: World) -> None:
+    s = await world.create(ScheduleSpec(type="once", run_at=T0 + 120))
+    await world.tick(T0 + 121)
+    (run,) = await world.runs(s)
+    assert run.task_id is not None
+    # another task naming the run (a forged label, or any other task): neither the run nor the once ends
+    assert (
+        await world.service.handle_task_finished(FinishedTask(run.id, "tsk_forged", "canceled", None), T0 + 130)
+        is False
+    )
+    await _deliver(world, _task(world, run, "tsk_bobs", "bob", "thr_bobs"))
+    got_run = await world.store.get_run(run.id)
+    assert (got_run.status, got_run.task_id) == ("running", run.task_id)
+    assert (await world.get(s)).status == "running"
+    # its own task does
+    await _deliver(world, _task(world, run, run.task_id, "alice", run.thread_id))
+    assert (await world.store.get_run(run.id)).status == "cancelled"
+    assert (await world.get(s)).status == "cancelled"
+
+
+async def test_before_the_launch_record_only_a_task_launched_for_the_run_ends_it(world: World) -> None:
+    """The crash (or fast completion) window: the task exists, the run has not learned its id yet. A task of
+    another owner, or outside the run's thread, is not the run's, whatever its labels say."""
+    s = await world.create(ScheduleSpec(type="once", run_at=T0 + 120))
+    await world.tick(T0 + 121)
+    (run,) = await world.runs(s)
+    # what the window leaves: the run inserted, its task created, no launch record yet
+    await world.store.update_run(RunUpdate(run.id, "queued", protect_terminal=False))
+    if isinstance(world.store, MemoryStore):
+        world.store._ss.runs[run.id] = msgspec.structs.replace(run, status="queued", task_id=None)
+    else:
+        with sqlite3.connect(world.store.path) as conn:
+            conn.execute("UPDATE scheduled_runs SET task_id = NULL WHERE id = ?", (run.id,))
+    assert (await world.store.get_run(run.id)).task_id is None  # type: ignore[union-attr]
+    await _deliver(
+        world,
+        _task(world, run, "tsk_bobs", "bob", run.thread_id),  # another owner
+        _task(world, run, "tsk_elsewhere", "alice", "thr_other"),  # not in the run's thread
+    )
+    got_run = await world.store.get_run(run.id)
+    assert (got_run.status, got_run.task_id) == ("queued", None)
+    assert (await world.get(s)).status == "running"
+    await _deliver(world, _task(world, run, "tsk_real", "alice", run.thread_id))
+    got_run = await world.store.get_run(run.id)
+    assert (got_run.status, got_run.task_id) == ("cancelled", "tsk_real")
     assert (await world.get(s)).status == "cancelled"

@@ -74,12 +74,10 @@ from .schedule_ports import (
     ThreadBusy,
     describe,
 )
-from .task_service import Caller, NewTask, TaskService
+from .task_service import RUN_LABEL, SCHEDULE_LABEL, Caller, NewTask, TaskService
 
 log = logging.getLogger(__name__)
 
-SCHEDULE_LABEL = "scheduledTaskId"
-RUN_LABEL = "scheduledRunId"
 EDIT_RETRIES = 8
 COMPLETION_BATCH = 256
 COMPLETION_ATTEMPTS = 10
@@ -169,11 +167,29 @@ class RoundResult(msgspec.Struct, frozen=True):
 
 
 class FinishedTask(msgspec.Struct, frozen=True):
+    """A labelled task reached a terminal state. ``owner``, ``thread_id`` and ``schedule_id`` (its
+    ``scheduledTaskId`` label) let the completion check that the task is the run's own (``_launched_for``)."""
+
     run_id: str
     task_id: str
     state: str
     error: TaskError | None
     attempts: int = 0
+    owner: str | None = None
+    thread_id: str | None = None
+    schedule_id: str | None = None
+
+    @classmethod
+    def of(cls, task: Task, run_id: str) -> FinishedTask:
+        return cls(
+            run_id,
+            task.id,
+            task.state,
+            task.error,
+            owner=task.owner,
+            thread_id=task.thread_id,
+            schedule_id=task.labels.get(SCHEDULE_LABEL),
+        )
 
 
 def _visible(caller: Caller, owner: str) -> bool:
@@ -595,8 +611,19 @@ class ScheduleService:
         )
 
     async def handle_task_finished(self, finished: FinishedTask, now: float) -> bool:
+        """The completion hook. A task's labels are only a hint of which run it ends: the run must be one
+        this task was launched for (``_launched_for``), else nothing is written (a task that is not the
+        run's own must not close it, write its id into it or end the schedule)."""
         outcome = outcome_of_task_state(finished.state)
         if outcome is None:
+            return False
+        run = await self._store.get_run(finished.run_id)
+        if run is None or not run.is_active:
+            return False  # unknown, or already closed: a repeat
+        if not _launched_for(run, finished):
+            log.warning(
+                "scheduler: task %s names run %s but is not its task; ignored", finished.task_id, finished.run_id
+            )
             return False
         err = None
         if outcome != "succeeded":
@@ -735,7 +762,7 @@ class Scheduler(LoopActor):
         run_id = task.labels.get(RUN_LABEL)
         if run_id is None:
             return
-        self._finished.append(FinishedTask(run_id, task.id, task.state, task.error))
+        self._finished.append(FinishedTask.of(task, run_id))
         self._finished_wake.set()
 
     async def run(self) -> None:
@@ -874,12 +901,35 @@ class TaskServiceLauncher:
             task = await self._task_store.get_task(run.task_id)
         elif run.thread_id is not None:
             task = next(
-                (t for t in await self._store.tasks_in_thread(run.thread_id) if t.labels.get(RUN_LABEL) == run.id), None
+                (
+                    t
+                    for t in await self._store.tasks_in_thread(run.thread_id)
+                    if t.labels.get(RUN_LABEL) == run.id and t.labels.get(SCHEDULE_LABEL) == run.scheduled_task_id
+                ),
+                None,
             )
-        if task is None:
-            return None
+        if task is None or task.owner != run.owner:
+            return None  # a task of another owner is never a schedule's occurrence
         err = RunError(task.error.code, task.error.message) if task.error is not None else None
         return LaunchedTask(task.id, task.state, err)
+
+
+def _launched_for(run: ScheduledRun, finished: FinishedTask) -> bool:
+    """Whether ``finished`` is the task ``run`` launched. Once the run recorded its task id, only that task.
+    Before (a fast completion, or a crash between the task's creation and the launch record), the task the
+    launcher made for it: of the schedule's owner (the run's), in the run's thread (resolved once per
+    dispatch; a fresh thread is made for the run, a reused one is the owner's), labelled with the run's
+    schedule. A finished task that does not say its owner and thread is not trusted there."""
+    if finished.owner is not None and finished.owner != run.owner:
+        return False
+    if run.task_id is not None:
+        return run.task_id == finished.task_id
+    return (
+        finished.owner is not None
+        and run.thread_id is not None
+        and finished.thread_id == run.thread_id
+        and finished.schedule_id in (None, run.scheduled_task_id)
+    )
 
 
 def _skip_record(task: ScheduledTask, now: float, err: RunError) -> LaunchRecord:
