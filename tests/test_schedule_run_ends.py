@@ -24,7 +24,7 @@ from scheduler_gateway.actors.model.schedule import (
     ScheduleSpec,
     TaskTemplate,
 )
-from scheduler_gateway.actors.schedule_ports import RunUpdate
+from scheduler_gateway.actors.schedule_ports import LaunchedTask, RunUpdate
 from scheduler_gateway.actors.scheduler import (
     FinishedTask,
     NewSchedule,
@@ -241,3 +241,67 @@ async def test_before_the_launch_record_only_a_task_launched_for_the_run_ends_it
     got_run = await world.store.get_run(run.id)
     assert (got_run.status, got_run.task_id) == ("cancelled", "tsk_real")
     assert (await world.get(s)).status == "cancelled"
+
+
+# -- case 4: reconcile finishes a launch a crash cut short, and never fires that occurrence again ------------------
+class Crash(Exception):
+    """The process died here."""
+
+
+@pytest.mark.parametrize("spec", [EVERY_5, ScheduleSpec(type="once", run_at=T0 + 120)], ids=["cron", "once"])
+async def test_reconcile_records_the_launch_a_crash_lost_and_the_occurrence_does_not_fire_twice(
+    world: World, spec: ScheduleSpec
+) -> None:
+    s = await world.create(spec)
+    assert s.next_run_at is not None
+    due = s.next_run_at
+    real = world.store.record_launch
+
+    async def crash(*args: Any, **kwargs: Any) -> None:
+        raise Crash  # between the task's creation and the launch record
+
+    world.store.record_launch = crash
+    await world.tick(due + 1)
+    world.store.record_launch = real
+    (run,) = await world.runs(s)
+    assert (run.status, run.task_id, run.scheduled_for) == ("queued", None, due)
+    task_id = world.launcher.tasks[run.id].task_id
+    # the task ran to its end while the gateway was down
+    world.launcher.tasks[run.id] = LaunchedTask(task_id, "succeeded")
+    restart = due + 30
+    world.clock.t = restart
+    report = await world.service.reconcile_on_startup(restart)
+    assert report.get("completed") == 1
+    await world.service.run_once(restart)  # the poller starts right away: nothing is due again
+    runs = await world.runs(s)
+    assert [(r.scheduled_for, r.status, r.task_id) for r in runs] == [(due, "succeeded", task_id)]
+    assert len(world.launcher.launched) == 1
+    got = await world.get(s)
+    assert got.run_count == 1 and got.lease_until is None and got.last_run_at is not None
+    if spec.type == "cron":
+        assert (got.status, got.next_run_at) == ("enabled", due + 300)
+    else:
+        assert (got.status, got.next_run_at) == ("completed", None)
+
+
+async def test_reconcile_does_not_fire_again_an_occurrence_whose_task_never_came_to_exist(world: World) -> None:
+    s = await world.create()
+    assert s.next_run_at is not None
+    due = s.next_run_at
+    world.launcher.on_launch = _die  # the crash comes before the task exists
+    await world.tick(due + 1)
+    world.launcher.on_launch = None
+    world.launcher.tasks.clear()
+    (run,) = await world.runs(s)
+    assert run.status == "queued"
+    restart = due + 30
+    world.clock.t = restart
+    assert (await world.service.reconcile_on_startup(restart)).get("interrupted") == 1
+    await world.service.run_once(restart)
+    assert [(r.scheduled_for, r.status) for r in await world.runs(s)] == [(due, "interrupted")]
+    got = await world.get(s)
+    assert (got.status, got.next_run_at, got.lease_until, got.run_count) == ("enabled", due + 300, None, 0)
+
+
+async def _die(run: ScheduledRun, task_id: str) -> None:
+    raise Crash

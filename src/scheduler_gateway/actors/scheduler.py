@@ -36,6 +36,7 @@ from .model import task_machine as sm
 from .model.records import TERMINAL_STATES, Task, TaskError
 from .model.schedule import (
     INTERRUPTED,
+    KEEP,
     OVERLAP_REFUSED,
     SCHEDULE_STATUSES,
     SKIPPED_OVERLAP,
@@ -634,22 +635,33 @@ class ScheduleService:
     async def reconcile_on_startup(self, now: float) -> dict[str, int]:
         """Bring runs and schedules in line with the tasks after a restart (DESIGN rule 7):
 
-        - an active run whose task finished while we were down is completed from the task's real state;
-        - an active run whose task never came to exist is ``interrupted`` (a once: ``cancelled``);
+        - an active run whose task finished while we were down is completed from the task's real state,
+          after its launch is recorded if the crash came between the task's creation and the launch record
+          (run count, cursor past the occurrence, the run's task id): else the claim would be given back
+          with the old cursor and the same occurrence would fire twice;
+        - an active run whose task never came to exist is ``interrupted`` (a once: ``cancelled``); a cron's
+          claim is given back with its cursor past that occurrence (one run per occurrence, no catch-up);
         - an active run whose task is alive simply goes on (its launch is recorded if the crash came first);
         - a schedule claimed but never dispatched is given back at once instead of waiting for its lease.
 
         It does not swallow errors: whether a partial failure blocks scheduling is the caller's call.
         """
         report: Counter[str] = Counter()
+        fired: dict[str, float] = {}  # schedule id -> the occurrence an interrupted scheduled run was for
         for run in await self._store.active_runs():
             found = await self._launcher.find(run)
             if found is None:
                 await self.handle_run_completion(run.id, "interrupted", INTERRUPTED, now)
+                if run.trigger == "scheduled" and run.scheduled_for is not None:
+                    fired[run.scheduled_task_id] = run.scheduled_for
                 report["interrupted"] += 1
                 continue
             outcome = outcome_of_task_state(found.state)
             if outcome is not None:
+                if run.task_id is None:
+                    # launched, then the crash took the launch record: write it first, as the dispatch would
+                    # have, so the completion below finds the schedule where a recorded launch leaves it
+                    await self._record_late_launch(run, found, now)
                 err = None if outcome == "succeeded" else found.error or RunError(found.state.upper(), "")
                 await self.handle_run_completion(run.id, outcome, err, now, found.task_id)
                 report["completed"] += 1
@@ -662,8 +674,17 @@ class ScheduleService:
             if await self._store.has_active_run(task.id):
                 continue
             if task.lease_until is not None:
+                # never dispatched keeps its cursor (it fires now); an occurrence that got a run never again
+                spent = task.next_run_at is not None and fired.get(task.id) == task.next_run_at
                 await self._store.record_launch(
-                    task.id, LaunchRecord(status="enabled", expected_status="running", holds_lease=True, at=now)
+                    task.id,
+                    LaunchRecord(
+                        status="enabled",
+                        expected_status="running",
+                        holds_lease=True,
+                        at=now,
+                        next_run_at=task.next_run_at_after_failure("scheduled", now) if spent else KEEP,
+                    ),
                 )
                 report["released"] += 1
             else:
