@@ -391,3 +391,39 @@ async def test_sqlite_a_corrupt_row_is_named_skipped_in_lists_and_raised_on_a_si
         assert sid(1) in caplog.text and "Mars" not in caplog.text
     finally:
         await store.stop()
+
+
+async def test_the_generation_names_the_schedule_a_run_was_launched_for(store: Any) -> None:
+    """CONTRACT 2.7: an edit raises the generation; a run's end (or a manual launch record) made for an older
+    generation closes the run only, and leaves the edited schedule's status, cursor and lastError alone."""
+    await store.insert_schedule(schedule(1, spec=ONCE, status="failed", last_error=SKIPPED_OVERLAP))
+    await store.insert_run(run(1, 1, "running", task_id="tsk_1", trigger="manual", schedule_generation=0))
+    assert (await store.get_run(rid(1))).schedule_generation == 0
+    before = await record(store, 1)
+    assert before.generation == 0
+    re_armed = msgspec.structs.replace(before, status="enabled", next_run_at=T0 + 900)
+    assert await store.save_schedule(re_armed, before.version, T0 + 1) is True
+    t = await record(store, 1)
+    assert (t.status, t.generation) == ("enabled", 1)
+    # the manual trigger's late launch record: made for generation 0, it moves neither status nor cursor
+    await store.record_launch(
+        sid(1),
+        LaunchRecord(status="running", expected_status="enabled", holds_lease=False, at=T0 + 2, next_run_at=None,
+                     run_count_inc=1, generation=0),
+    )  # fmt: skip
+    t = await record(store, 1)
+    assert (t.status, t.next_run_at, t.run_count) == ("enabled", T0 + 900, 1)
+    update = RunUpdate(rid(1), "succeeded", finished_at=T0 + 5)
+    assert await store.record_completion(sid(1), "completed", None, update, T0 + 5, generation=0) is True
+    t = await record(store, 1)
+    assert (t.status, t.next_run_at, t.last_error, t.last_run_status) == (
+        "enabled",
+        T0 + 900,
+        SKIPPED_OVERLAP,
+        "succeeded",
+    )
+    # a skip that takes the status over raises the generation too
+    await store.record_launch(
+        sid(1), LaunchRecord(status="failed", expected_status="running", holds_lease=True, at=T0 + 6, takes_over=True)
+    )
+    assert (await record(store, 1)).generation == 2

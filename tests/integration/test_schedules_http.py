@@ -314,3 +314,73 @@ async def test_an_occurrence_survives_a_gateway_restart(tmp_path: Path, fresh_na
     finally:
         await node.close()
     await asyncio.sleep(0)
+
+
+async def test_a_run_ending_after_a_patch_does_not_end_the_edited_schedule(api: Api) -> None:
+    """CONTRACT 2.7: a cron's manual run is cancelled after the schedule was PATCHed into a once; the run
+    records its own end, the once stays enabled and fires."""
+    alice = api.as_user(ALICE_TOKEN)
+    s = await created(alice, body())
+    status, run, _ = await alice.call("POST", f"/api/scheduled-tasks/{s['id']}/trigger")
+    assert status == 200 and (await alice.call("GET", f"/api/scheduled-tasks/{s['id']}"))[1]["status"] == "enabled"
+    status, p, _ = await alice.call(
+        "PATCH", f"/api/scheduled-tasks/{s['id']}", {"schedule": {"type": "once", "runAt": "2027-01-01T09:00:00Z"}}
+    )
+    assert status == 200 and p["schedule"]["type"] == "once"
+    assert (await alice.call("POST", f"/api/tasks/{run['taskId']}/cancel", {"reason": "not needed"}))[0] == 200
+
+    async def closed() -> Any:
+        runs = (await alice.call("GET", f"/api/scheduled-tasks/{s['id']}/runs"))[1]["items"]
+        return runs if runs[0]["status"] != "running" else None
+
+    (old,) = await wait_for(closed)
+    assert old["status"] == "cancelled"
+    got = (await alice.call("GET", f"/api/scheduled-tasks/{s['id']}"))[1]
+    assert (got["status"], got["nextRunAt"], got["lastRunStatus"]) == (
+        "enabled",
+        "2027-01-01T09:00:00.000Z",
+        "cancelled",
+    )
+    # still armed: moved near, it fires
+    status, p, _ = await alice.call("PATCH", f"/api/scheduled-tasks/{s['id']}", {"schedule": {"runAt": soon(0.3)}})
+    assert status == 200 and p["status"] == "enabled"
+
+    async def fired() -> Any:
+        runs = (await alice.call("GET", f"/api/scheduled-tasks/{s['id']}/runs"))[1]["items"]
+        return runs if len(runs) == 2 else None
+
+    runs = await wait_for(fired)
+    assert (runs[1]["trigger"], runs[1]["status"]) == ("scheduled", "running")
+
+
+async def test_reserved_labels_cannot_be_forged(api: Api, node: HandNode) -> None:
+    """CONTRACT 2.1: bob cannot create a task that poses as alice's scheduled run; alice's run and once stay
+    hers, and end with her own task."""
+    alice, bob = api.as_user(ALICE_TOKEN), api.as_user(BOB_TOKEN)
+    s = await created(alice, body({"type": "once", "runAt": "2027-01-01T09:00:00Z"}))
+    status, run, _ = await alice.call("POST", f"/api/scheduled-tasks/{s['id']}/trigger")
+    assert status == 200
+    for labels in (
+        {"scheduledRunId": run["id"], "scheduledTaskId": s["id"]},
+        {"scheduledRunId": run["id"]},
+        {"scheduledTaskId": s["id"]},
+        {"gw.run": run["id"]},
+    ):
+        for user in (bob, alice):  # not even the owner sets them by hand
+            status, err, _ = await user.call("POST", "/api/tasks", {"kind": "echo", "labels": labels})
+            assert (status, err["error"]["code"]) == (400, "INVALID_ARGUMENT"), labels
+            assert err["error"]["details"]["field"] == "labels"
+    assert [t["id"] for t in (await api.call("GET", "/api/tasks"))[1]["items"]] == [run["taskId"]]
+    assert (await alice.create({"kind": "other", "labels": {"scheduled": "no", "gwx": "ok"}}))["labels"] == {
+        "scheduled": "no",
+        "gwx": "ok",
+    }
+    await run_done(node)
+
+    async def completed() -> Any:
+        got = (await alice.call("GET", f"/api/scheduled-tasks/{s['id']}"))[1]
+        return got if got["status"] == "completed" else None
+
+    await wait_for(completed)
+    runs = (await alice.call("GET", f"/api/scheduled-tasks/{s['id']}/runs"))[1]["items"]
+    assert [(r["status"], r["taskId"]) for r in runs] == [("succeeded", run["taskId"])]

@@ -319,9 +319,11 @@ async def test_a_fast_completion_is_not_overwritten_by_the_late_launch_record(wo
     s = await world.create(ScheduleSpec(type="once", run_at=T0 + 120))
 
     async def fail_at_once(run: ScheduledRun, task_id: str) -> None:
-        await world.service.handle_task_finished(
-            FinishedTask(run.id, task_id, "failed", TaskError("HANDLER_ERROR", "fast")), world.clock.t
+        # the run has not learned its task id yet: the hook knows the task by its owner and thread
+        finished = FinishedTask(
+            run.id, task_id, "failed", TaskError("HANDLER_ERROR", "fast"), owner=run.owner, thread_id=run.thread_id
         )
+        await world.service.handle_task_finished(finished, world.clock.t)
 
     world.launcher.on_launch = fail_at_once
     await world.tick(T0 + 121)

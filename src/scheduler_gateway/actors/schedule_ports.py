@@ -87,6 +87,7 @@ class ScheduleRecord(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: float
     last_run_at: float | None = None
     last_run_status: str | None = None
+    generation: int = 0
     title: str | None = None
     template: TaskTemplate | None = None
     schedule: ScheduleSpec | None = None
@@ -110,6 +111,7 @@ class ScheduleRecord(msgspec.Struct, frozen=True, kw_only=True):
             updated_at=task.updated_at,
             last_run_at=task.last_run_at,
             last_run_status=task.last_run_status,
+            generation=task.generation,
             title=task.title,
             template=task.template,
             schedule=task.schedule,
@@ -143,6 +145,7 @@ class ScheduleRecord(msgspec.Struct, frozen=True, kw_only=True):
                 last_run_at=self.last_run_at,
                 last_run_status=self.last_run_status,  # type: ignore[arg-type]
                 version=self.version,
+                generation=self.generation,
                 created_at=self.created_at,
                 updated_at=self.updated_at,
             )
@@ -176,6 +179,12 @@ class LaunchRecord:
     The status is a compare-and-set (``protect_terminal``): the scheduled path holds the claim, so it
     expects ``running``; a manual trigger expects the status it read and that no claim is held. Either
     way a verdict written meanwhile (a fast-failing run's completion) is not overwritten.
+
+    ``generation`` (when set: the generation the occurrence was dispatched under) also guards the status
+    and the cursor: an edit that landed between a manual trigger's read and this write made another
+    schedule, whose status and next time are not this occurrence's to move. ``takes_over`` raises the
+    generation: this occurrence decided the status while another run was still active (a skip), so that
+    run's end no longer decides it (CONTRACT 2.7).
     """
 
     status: str
@@ -186,6 +195,8 @@ class LaunchRecord:
     run_count_inc: int = 0
     last_error: RunError | Keep | None = KEEP
     protect_terminal: bool = True
+    generation: int | None = None
+    takes_over: bool = False
 
 
 class ClaimedSchedule(msgspec.Struct, frozen=True):
@@ -234,7 +245,8 @@ class ScheduleStore(Protocol):
 
     async def save_schedule(self, task: ScheduledTask, expected_version: int, now: float) -> bool:
         """A user's edit: the whole definition, CAS on ``version`` and on the row not being ``running``.
-        False when either changed (the caller re-reads)."""
+        False when either changed (the caller re-reads). It raises ``generation``: a run launched before
+        the edit no longer decides the schedule's status."""
         ...
 
     async def delete_schedule(self, schedule_id: str) -> bool: ...
@@ -252,11 +264,20 @@ class ScheduleStore(Protocol):
         ...
 
     async def record_completion(
-        self, schedule_id: str, status: str | None, last_error: RunError | None, run: RunUpdate, now: float
+        self,
+        schedule_id: str,
+        status: str | None,
+        last_error: RunError | None,
+        run: RunUpdate,
+        now: float,
+        generation: int | None = None,
     ) -> bool:
         """A run reached its end: the run's final status, then (only when that changed the run) the
         schedule's verdict (``status`` None keeps it) and lastError. One transaction; False when the run
-        was already final (a repeat) and nothing was written."""
+        was already final (a repeat) and nothing was written. With ``generation`` (the run's) the verdict
+        and lastError are written only while the schedule's generation still equals it (the arbiter of
+        the service's ``decides_for`` read, against an edit landing in between); otherwise only the run is
+        closed: lastError explains the status of the schedule as it is, not of one edited away."""
         ...
 
     async def schedule_counts(self) -> dict[str, int]: ...

@@ -36,6 +36,7 @@ from .model import task_machine as sm
 from .model.records import TERMINAL_STATES, Task, TaskError
 from .model.schedule import (
     INTERRUPTED,
+    KEEP,
     OVERLAP_REFUSED,
     SCHEDULE_STATUSES,
     SKIPPED_OVERLAP,
@@ -74,12 +75,10 @@ from .schedule_ports import (
     ThreadBusy,
     describe,
 )
-from .task_service import Caller, NewTask, TaskService
+from .task_service import RUN_LABEL, SCHEDULE_LABEL, Caller, NewTask, TaskService
 
 log = logging.getLogger(__name__)
 
-SCHEDULE_LABEL = "scheduledTaskId"
-RUN_LABEL = "scheduledRunId"
 EDIT_RETRIES = 8
 COMPLETION_BATCH = 256
 COMPLETION_ATTEMPTS = 10
@@ -169,11 +168,29 @@ class RoundResult(msgspec.Struct, frozen=True):
 
 
 class FinishedTask(msgspec.Struct, frozen=True):
+    """A labelled task reached a terminal state. ``owner``, ``thread_id`` and ``schedule_id`` (its
+    ``scheduledTaskId`` label) let the completion check that the task is the run's own (``_launched_for``)."""
+
     run_id: str
     task_id: str
     state: str
     error: TaskError | None
     attempts: int = 0
+    owner: str | None = None
+    thread_id: str | None = None
+    schedule_id: str | None = None
+
+    @classmethod
+    def of(cls, task: Task, run_id: str) -> FinishedTask:
+        return cls(
+            run_id,
+            task.id,
+            task.state,
+            task.error,
+            owner=task.owner,
+            thread_id=task.thread_id,
+            schedule_id=task.labels.get(SCHEDULE_LABEL),
+        )
 
 
 def _visible(caller: Caller, owner: str) -> bool:
@@ -356,6 +373,7 @@ class ScheduleService:
                 last_run_at=record.last_run_at,
                 last_run_status=record.last_run_status,  # type: ignore[arg-type]
                 version=record.version,
+                generation=record.generation,
                 created_at=record.created_at,
                 updated_at=now,
             )
@@ -387,7 +405,10 @@ class ScheduleService:
                 return record.to_task()  # a repeat (pause of a paused schedule): nothing to write
             if await self._store.save_schedule(updated, record.version, now):
                 self._on_change()
-                return msgspec.structs.replace(updated, version=record.version + 1, updated_at=now)
+                # an edit makes another schedule: a run launched before it no longer decides its status
+                return msgspec.structs.replace(
+                    updated, version=record.version + 1, generation=record.generation + 1, updated_at=now
+                )
         raise Conflict(
             f"scheduled task {schedule_id} kept changing; try again", code=Code.REVISION_CONFLICT, details={}
         )
@@ -480,6 +501,7 @@ class ScheduleService:
                 at=launched_at,
                 next_run_at=task.next_run_at_after_launch(trigger, now),
                 run_count_inc=1,
+                generation=task.generation,
             ),
             RunUpdate(run.id, "running", task_id=task_id, started_at=launched_at),
         )
@@ -544,6 +566,7 @@ class ScheduleService:
                 at=now,
                 next_run_at=task.next_run_at_after_failure(trigger, now),
                 last_error=err,
+                generation=task.generation,
             ),
             RunUpdate(run.id, "failed", finished_at=now, error=err),
         )
@@ -555,29 +578,53 @@ class ScheduleService:
         self, run_id: str, outcome: RunOutcome, error: RunError | None, now: float, task_id: str | None = None
     ) -> bool:
         """A run reached its end: the run's status, then the verdict the model gives for this outcome (a
-        once ends; a cron keeps its status) and lastError, always (a cron reports its last problem). A
+        once ends; a cron keeps its status) and lastError, always (a cron reports its last problem), both
+        only while the schedule is still the one that launched the run (``ScheduledTask.decides_for``). A
         schedule deleted meanwhile is not an error: the run is closed and nothing else is written."""
         run = await self._store.get_run(run_id)
         if run is None or not run.is_active:
             return False  # unknown, or already closed: a repeat
         update = RunUpdate(run_id, outcome, task_id=task_id, finished_at=now, error=error)
-        record = await self._store.get_schedule_record(run.scheduled_task_id)
-        if record is None:
-            return await self._store.update_run(update)
-        verdict = None
-        try:
-            verdict = record.to_task().status_after_completion(outcome)
-        except CorruptStoredSchedule as exc:
-            log.error("run %s ended but its schedule cannot be read (%s); only the run is closed", run_id, exc.message)
-            return await self._store.update_run(update)
-        done = await self._store.record_completion(record.id, verdict, error, update, now)
+        done = await self._close(run, outcome, error, update, now)
         if done:
             self._on_change()  # an active run fewer: budget is free again
         return done
 
+    async def _close(
+        self, run: ScheduledRun, outcome: RunOutcome, error: RunError | None, update: RunUpdate, now: float
+    ) -> bool:
+        record = await self._store.get_schedule_record(run.scheduled_task_id)
+        if record is None:
+            return await self._store.update_run(update)
+        try:
+            schedule = record.to_task()
+        except CorruptStoredSchedule as exc:
+            log.error("run %s ended but its schedule cannot be read (%s); only the run is closed", run.id, exc.message)
+            return await self._store.update_run(update)
+        if not schedule.decides_for(run):
+            # edited (or taken over by a skip) since this run's launch: the run's end is its own, not the
+            # schedule's (CONTRACT 2.7); the store's generation guard would refuse the verdict anyway
+            log.info("run %s ended after its scheduled task %s changed; only the run is closed", run.id, record.id)
+            return await self._store.update_run(update)
+        verdict = schedule.status_after_completion(outcome)
+        return await self._store.record_completion(
+            record.id, verdict, error, update, now, generation=run.schedule_generation
+        )
+
     async def handle_task_finished(self, finished: FinishedTask, now: float) -> bool:
+        """The completion hook. A task's labels are only a hint of which run it ends: the run must be one
+        this task was launched for (``_launched_for``), else nothing is written (a task that is not the
+        run's own must not close it, write its id into it or end the schedule)."""
         outcome = outcome_of_task_state(finished.state)
         if outcome is None:
+            return False
+        run = await self._store.get_run(finished.run_id)
+        if run is None or not run.is_active:
+            return False  # unknown, or already closed: a repeat
+        if not _launched_for(run, finished):
+            log.warning(
+                "scheduler: task %s names run %s but is not its task; ignored", finished.task_id, finished.run_id
+            )
             return False
         err = None
         if outcome != "succeeded":
@@ -588,22 +635,33 @@ class ScheduleService:
     async def reconcile_on_startup(self, now: float) -> dict[str, int]:
         """Bring runs and schedules in line with the tasks after a restart (DESIGN rule 7):
 
-        - an active run whose task finished while we were down is completed from the task's real state;
-        - an active run whose task never came to exist is ``interrupted`` (a once: ``cancelled``);
+        - an active run whose task finished while we were down is completed from the task's real state,
+          after its launch is recorded if the crash came between the task's creation and the launch record
+          (run count, cursor past the occurrence, the run's task id): else the claim would be given back
+          with the old cursor and the same occurrence would fire twice;
+        - an active run whose task never came to exist is ``interrupted`` (a once: ``cancelled``); a cron's
+          claim is given back with its cursor past that occurrence (one run per occurrence, no catch-up);
         - an active run whose task is alive simply goes on (its launch is recorded if the crash came first);
         - a schedule claimed but never dispatched is given back at once instead of waiting for its lease.
 
         It does not swallow errors: whether a partial failure blocks scheduling is the caller's call.
         """
         report: Counter[str] = Counter()
+        fired: dict[str, float] = {}  # schedule id -> the occurrence an interrupted scheduled run was for
         for run in await self._store.active_runs():
             found = await self._launcher.find(run)
             if found is None:
                 await self.handle_run_completion(run.id, "interrupted", INTERRUPTED, now)
+                if run.trigger == "scheduled" and run.scheduled_for is not None:
+                    fired[run.scheduled_task_id] = run.scheduled_for
                 report["interrupted"] += 1
                 continue
             outcome = outcome_of_task_state(found.state)
             if outcome is not None:
+                if run.task_id is None:
+                    # launched, then the crash took the launch record: write it first, as the dispatch would
+                    # have, so the completion below finds the schedule where a recorded launch leaves it
+                    await self._record_late_launch(run, found, now)
                 err = None if outcome == "succeeded" else found.error or RunError(found.state.upper(), "")
                 await self.handle_run_completion(run.id, outcome, err, now, found.task_id)
                 report["completed"] += 1
@@ -616,8 +674,17 @@ class ScheduleService:
             if await self._store.has_active_run(task.id):
                 continue
             if task.lease_until is not None:
+                # never dispatched keeps its cursor (it fires now); an occurrence that got a run never again
+                spent = task.next_run_at is not None and fired.get(task.id) == task.next_run_at
                 await self._store.record_launch(
-                    task.id, LaunchRecord(status="enabled", expected_status="running", holds_lease=True, at=now)
+                    task.id,
+                    LaunchRecord(
+                        status="enabled",
+                        expected_status="running",
+                        holds_lease=True,
+                        at=now,
+                        next_run_at=task.next_run_at_after_failure("scheduled", now) if spent else KEEP,
+                    ),
                 )
                 report["released"] += 1
             else:
@@ -651,6 +718,7 @@ class ScheduleService:
                 at=now,
                 next_run_at=task.next_run_at_after_launch(run.trigger, now),
                 run_count_inc=1,
+                generation=run.schedule_generation,
             ),
             update,
         )
@@ -715,7 +783,7 @@ class Scheduler(LoopActor):
         run_id = task.labels.get(RUN_LABEL)
         if run_id is None:
             return
-        self._finished.append(FinishedTask(run_id, task.id, task.state, task.error))
+        self._finished.append(FinishedTask.of(task, run_id))
         self._finished_wake.set()
 
     async def run(self) -> None:
@@ -854,16 +922,42 @@ class TaskServiceLauncher:
             task = await self._task_store.get_task(run.task_id)
         elif run.thread_id is not None:
             task = next(
-                (t for t in await self._store.tasks_in_thread(run.thread_id) if t.labels.get(RUN_LABEL) == run.id), None
+                (
+                    t
+                    for t in await self._store.tasks_in_thread(run.thread_id)
+                    if t.labels.get(RUN_LABEL) == run.id and t.labels.get(SCHEDULE_LABEL) == run.scheduled_task_id
+                ),
+                None,
             )
-        if task is None:
-            return None
+        if task is None or task.owner != run.owner:
+            return None  # a task of another owner is never a schedule's occurrence
         err = RunError(task.error.code, task.error.message) if task.error is not None else None
         return LaunchedTask(task.id, task.state, err)
 
 
+def _launched_for(run: ScheduledRun, finished: FinishedTask) -> bool:
+    """Whether ``finished`` is the task ``run`` launched. Once the run recorded its task id, only that task.
+    Before (a fast completion, or a crash between the task's creation and the launch record), the task the
+    launcher made for it: of the schedule's owner (the run's), in the run's thread (resolved once per
+    dispatch; a fresh thread is made for the run, a reused one is the owner's), labelled with the run's
+    schedule. A finished task that does not say its owner and thread is not trusted there."""
+    if finished.owner is not None and finished.owner != run.owner:
+        return False
+    if run.task_id is not None:
+        return run.task_id == finished.task_id
+    return (
+        finished.owner is not None
+        and run.thread_id is not None
+        and finished.thread_id == run.thread_id
+        and finished.schedule_id in (None, run.scheduled_task_id)
+    )
+
+
 def _skip_record(task: ScheduledTask, now: float, err: RunError) -> LaunchRecord:
-    """The schedule's side of a skip (overlap or busy thread): release the lease, move to the next time."""
+    """The schedule's side of a skip (overlap or busy thread): release the lease, move to the next time.
+    A once's skip decides its end (failed: its only chance is lost), so a run still active takes no verdict
+    after it; a cron's skip decides nothing that run's end would (a cron keeps its status either way, and
+    its lastError reports the latest problem)."""
     return LaunchRecord(
         status=task.status_after_skip(),
         expected_status="running",
@@ -871,4 +965,6 @@ def _skip_record(task: ScheduledTask, now: float, err: RunError) -> LaunchRecord
         at=now,
         next_run_at=task.next_run_at_after_skip(now),
         last_error=err,
+        generation=task.generation,
+        takes_over=task.is_once,
     )

@@ -83,6 +83,29 @@ class Caller(msgspec.Struct, frozen=True):
         return ActorRef("system" if self.actor_type == "system" else "user", self.user)
 
 
+#: Label keys that are the gateway's own (CONTRACT 2.1). The scheduler's launcher writes the first two on an
+#: occurrence's task, and the completion hook and start-up reconcile find a run's task by them: a user who
+#: could set them could pose as another user's run. Only a system caller (the daemon's own actors) sets them.
+SCHEDULE_LABEL = "scheduledTaskId"
+RUN_LABEL = "scheduledRunId"
+RESERVED_LABELS = frozenset({SCHEDULE_LABEL, RUN_LABEL})
+RESERVED_LABEL_PREFIX = "gw."
+
+
+def check_labels(caller: Caller, labels: dict[str, str]) -> None:
+    """Refuse a user's create that sets a reserved label key (400 INVALID_ARGUMENT). Called by
+    ``TaskService.create``, the one way every route (single or batch) creates a task, so no route can
+    forget it; the daemon's own actors (``actor_type`` system) are exempt."""
+    if caller.actor_type == "system":
+        return
+    reserved = sorted(k for k in labels if k in RESERVED_LABELS or k.startswith(RESERVED_LABEL_PREFIX))
+    if reserved:
+        raise InvalidArgument(
+            f"label {reserved[0][:64]!r} is reserved for the gateway (scheduledTaskId, scheduledRunId, gw.*)",
+            details={"field": "labels", "labels": [k[:64] for k in reserved[:10]]},
+        )
+
+
 class NewTask(msgspec.Struct, frozen=True, kw_only=True):
     kind: str
     payload: msgspec.Raw = NULL
@@ -448,7 +471,9 @@ class TaskService:
     async def create(
         self, caller: Caller, spec: NewTask, idem_key: str | None = None, body_hash: str = ""
     ) -> tuple[Task, bool]:
-        """Create a task; returns (task, replayed). The same key and body replays; another body conflicts."""
+        """Create a task; returns (task, replayed). The same key and body replays; another body conflicts.
+        Reserved labels are refused before anything else, a replay included (the body is invalid)."""
+        check_labels(caller, spec.labels)
         if idem_key is None:
             return await self._create(caller, spec, None, body_hash), False
         return await self._once_per_key(

@@ -1,13 +1,15 @@
 """The ``ScheduleStore`` half of the two stores (``actors.schedule_ports``): threads, scheduled tasks and
-their runs. ``SqliteStore`` and ``MemoryStore`` inherit these mixins; the SQLite schema is migration 3 in
-``store_sqlite.MIGRATIONS`` (``SCHEDULE_MIGRATION`` here, so the text lives next to the code that
-depends on it).
+their runs. ``SqliteStore`` and ``MemoryStore`` inherit these mixins; the SQLite schema is migrations 3
+and 4 in ``store_sqlite.MIGRATIONS`` (``SCHEDULE_MIGRATION`` and ``SCHEDULE_GENERATION_MIGRATION`` here,
+so the text lives next to the code that depends on it).
 
 SQLite: every write is one op through the store's single writer (group commit with the task writes); the
 claim (select the due rows, stamp the lease, read them back) is one transaction. Two writes own disjoint
 fields of a schedule row (seed 000 section 7.1): ``record_launch`` (status by compare-and-set, cursor,
 lease, run count, lastError) and ``record_completion`` (the verdict and lastError, only together with the
 run's own final status). Users' edits are a compare-and-set on ``version``, which every write raises.
+A run's end writes the verdict only while the schedule's ``generation`` (raised by users' edits and by
+skips) is still the one the run was launched under (CONTRACT 2.7).
 The one-active-run-per-schedule rule is the partial unique index ``uq_scheduled_run_active``: its
 predicate is ``ACTIVE_RUN_STATUSES`` (a test holds the two together). A row whose stored parts do not
 decode becomes a ``ScheduleRecord`` naming the bad parts, never an exception from the store itself.
@@ -113,11 +115,19 @@ SCHEDULE_MIGRATION: tuple[str, ...] = (
     "CREATE INDEX tasks_thread ON tasks (thread_id, state) WHERE thread_id IS NOT NULL",
 )
 
+#: Migration 4: which schedule a run was launched for (CONTRACT 2.7: a run's end decides the status only of
+#: that one). Existing rows start at generation 0 on both sides, so a run active across the upgrade still
+#: decides its schedule. Never edit once released.
+SCHEDULE_GENERATION_MIGRATION: tuple[str, ...] = (
+    "ALTER TABLE scheduled_tasks ADD COLUMN generation INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE scheduled_runs ADD COLUMN schedule_generation INTEGER NOT NULL DEFAULT 0",
+)
+
 _ACTIVE_SQL = "('queued', 'running')"
 _SCHED_COLS = (
     "s.id, s.owner, s.status, s.version, s.next_run_at, s.lease_until, s.run_count, s.last_error, s.created_at,"
     " s.updated_at, s.title, s.template, s.schedule, s.context_mode, s.thread_id, s.overlap_policy,"
-    " r.status, coalesce(r.started_at, r.created_at)"
+    " r.status, coalesce(r.started_at, r.created_at), s.generation"
 )
 # the latest run of each schedule gives lastRunAt / lastRunStatus: derived on read, never written twice
 _SCHED_FROM = (
@@ -126,7 +136,7 @@ _SCHED_FROM = (
 )
 _RUN_COLS = (
     "id, scheduled_task_id, owner, status, task_id, thread_id, run_trigger, scheduled_for, created_at, started_at,"
-    " finished_at, error"
+    " finished_at, error, schedule_generation"
 )
 
 _encode = msgspec.json.Encoder().encode
@@ -156,7 +166,7 @@ def _maybe_error(blob: Any) -> RunError | None:
 
 def _record_from_row(row: Sequence[Any]) -> ScheduleRecord:
     (sid, owner, status, version, next_run_at, lease_until, run_count, last_error, created_at, updated_at, title,
-     template, schedule, context_mode, thread_id, overlap, last_status, last_at) = row  # fmt: skip
+     template, schedule, context_mode, thread_id, overlap, last_status, last_at, generation) = row  # fmt: skip
     corrupt: list[str] = []
     tmpl: TaskTemplate | None = None
     spec: ScheduleSpec | None = None
@@ -190,6 +200,7 @@ def _record_from_row(row: Sequence[Any]) -> ScheduleRecord:
         updated_at=updated_at,
         last_run_at=last_at,
         last_run_status=last_status,
+        generation=generation,
         title=title,
         template=tmpl,
         schedule=spec,
@@ -213,11 +224,12 @@ def _tasks_of(rows: Sequence[Sequence[Any]], what: str) -> list[ScheduledTask]:
 
 def _run_from_row(row: Sequence[Any]) -> ScheduledRun:
     (rid, sid, owner, status, task_id, thread_id, trigger, scheduled_for, created_at, started_at, finished_at,
-     error) = row  # fmt: skip
+     error, generation) = row  # fmt: skip
     return ScheduledRun(
         id=rid,
         scheduled_task_id=sid,
         owner=owner,
+        schedule_generation=generation,
         status=status,
         task_id=task_id,
         thread_id=thread_id,
@@ -245,27 +257,29 @@ def _schedule_values(t: ScheduledTask) -> tuple[Any, ...]:
     return (
         t.owner, t.status, t.schedule.type, t.next_run_at, t.lease_until, t.version, t.run_count,
         _error_blob(t.last_error), t.title, _encode(t.template), _encode(t.schedule), t.context_mode, t.thread_id,
-        t.overlap_policy, t.created_at, t.updated_at,
+        t.overlap_policy, t.created_at, t.updated_at, t.generation,
     )  # fmt: skip
 
 
 _SQL_INSERT_SCHEDULE = (
     "INSERT INTO scheduled_tasks (id, owner, status, schedule_type, next_run_at, lease_until, version, run_count,"
-    " last_error, title, template, schedule, context_mode, thread_id, overlap_policy, created_at, updated_at)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " last_error, title, template, schedule, context_mode, thread_id, overlap_policy, created_at, updated_at,"
+    " generation) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _SQL_SAVE_SCHEDULE = (
     "UPDATE scheduled_tasks SET status = ?, schedule_type = ?, next_run_at = ?, lease_until = NULL,"
-    " version = version + 1, title = ?, template = ?, schedule = ?, context_mode = ?, thread_id = ?,"
+    " version = version + 1, generation = generation + 1, title = ?, template = ?, schedule = ?,"
+    " context_mode = ?, thread_id = ?,"
     " overlap_policy = ?, updated_at = ? WHERE id = ? AND version = ? AND status != 'running'"
 )
-_SQL_INSERT_RUN = f"INSERT INTO scheduled_runs ({_RUN_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_SQL_INSERT_RUN = f"INSERT INTO scheduled_runs ({_RUN_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 
 def _run_values(run: ScheduledRun) -> tuple[Any, ...]:
     return (
         run.id, run.scheduled_task_id, run.owner, run.status, run.task_id, run.thread_id, run.trigger,
         run.scheduled_for, run.created_at, run.started_at, run.finished_at, _error_blob(run.error),
+        run.schedule_generation,
     )  # fmt: skip
 
 
@@ -279,26 +293,33 @@ def _update_run_sql(u: RunUpdate) -> tuple[str, tuple[Any, ...]]:
 
 
 def _launch_sql(schedule_id: str, rec: LaunchRecord) -> tuple[str, tuple[Any, ...]]:
-    """record_launch as one UPDATE: each field it owns, nothing else."""
+    """record_launch as one UPDATE: each field it owns, nothing else. Every SET reads the row as it was
+    before the UPDATE, so the generation guard and ``takes_over`` do not see each other."""
     sets: list[str] = []
     params: list[Any] = []
+    # the schedule is still the one the occurrence was dispatched for (no guard: reconcile's own writes)
+    same = "generation = ?" if rec.generation is not None else "1"
+    same_params: list[Any] = [rec.generation] if rec.generation is not None else []
     if not rec.protect_terminal:
         sets.append("status = ?")
         params.append(rec.status)
     elif rec.holds_lease:
         # we hold the claim: the status is ours while it still says running (a verdict written by a fast
         # completion in between wins)
-        sets.append("status = CASE WHEN status = 'running' THEN ? ELSE status END")
-        params.append(rec.status)
+        sets.append(f"status = CASE WHEN status = 'running' AND {same} THEN ? ELSE status END")
+        params.extend((*same_params, rec.status))
     else:
         # a manual trigger: only if the status is still what it read and no claim holds the row
         sets.append(
-            "status = CASE WHEN status = ? AND (lease_until IS NULL OR lease_until <= ?) THEN ? ELSE status END"
+            "status = CASE WHEN status = ? AND (lease_until IS NULL OR lease_until <= ?)"
+            f" AND {same} THEN ? ELSE status END"
         )
-        params.extend((rec.expected_status, rec.at, rec.status))
+        params.extend((rec.expected_status, rec.at, *same_params, rec.status))
     if not isinstance(rec.next_run_at, Keep):
-        sets.append("next_run_at = ?")
-        params.append(rec.next_run_at)
+        sets.append(f"next_run_at = CASE WHEN {same} THEN ? ELSE next_run_at END")
+        params.extend((*same_params, rec.next_run_at))
+    if rec.takes_over:
+        sets.append("generation = generation + 1")
     if rec.holds_lease:
         sets.append("lease_until = NULL")
     if rec.run_count_inc:
@@ -499,17 +520,24 @@ class SqliteScheduleStore:
         await self._op(fn)
 
     async def record_completion(
-        self, schedule_id: str, status: str | None, last_error: RunError | None, run: RunUpdate, now: float
+        self,
+        schedule_id: str,
+        status: str | None,
+        last_error: RunError | None,
+        run: RunUpdate,
+        now: float,
+        generation: int | None = None,
     ) -> bool:
         run_sql = _update_run_sql(run)
-        params = (status, _error_blob(last_error), now, schedule_id)
+        params = (status, _error_blob(last_error), now, schedule_id, generation, generation)
 
         def fn(c: sqlite3.Connection) -> bool:
             if c.execute(*run_sql).rowcount != 1:
                 return False  # the run was already final: a repeat writes nothing
+            # a schedule edited (or taken over) since the run's launch is another schedule: only the run closes
             c.execute(
                 "UPDATE scheduled_tasks SET status = coalesce(?, status), last_error = ?, version = version + 1,"
-                " updated_at = ? WHERE id = ?",
+                " updated_at = ? WHERE id = ? AND (? IS NULL OR generation = ?)",
                 params,
             )
             return True
@@ -679,6 +707,7 @@ class MemoryScheduleStore:
             next_run_at=task.next_run_at,
             lease_until=None,
             version=current.version + 1,
+            generation=current.generation + 1,
             title=task.title,
             template=task.template,
             schedule=task.schedule,
@@ -744,17 +773,19 @@ class MemoryScheduleStore:
         if t is None:
             return
         rec = launch
+        same = rec.generation is None or rec.generation == t.generation
         status: str = t.status
         if not rec.protect_terminal:
             status = rec.status
         elif rec.holds_lease:
-            status = rec.status if t.status == "running" else t.status
-        elif t.status == rec.expected_status and (t.lease_until is None or t.lease_until <= rec.at):
+            status = rec.status if t.status == "running" and same else t.status
+        elif same and t.status == rec.expected_status and (t.lease_until is None or t.lease_until <= rec.at):
             status = rec.status
         ss.schedules[schedule_id] = msgspec.structs.replace(
             t,
             status=status,
-            next_run_at=t.next_run_at if isinstance(rec.next_run_at, Keep) else rec.next_run_at,
+            next_run_at=t.next_run_at if isinstance(rec.next_run_at, Keep) or not same else rec.next_run_at,
+            generation=t.generation + 1 if rec.takes_over else t.generation,
             lease_until=None if rec.holds_lease else t.lease_until,
             run_count=t.run_count + rec.run_count_inc,
             last_error=t.last_error if isinstance(rec.last_error, Keep) else rec.last_error,
@@ -763,12 +794,18 @@ class MemoryScheduleStore:
         )
 
     async def record_completion(
-        self, schedule_id: str, status: str | None, last_error: RunError | None, run: RunUpdate, now: float
+        self,
+        schedule_id: str,
+        status: str | None,
+        last_error: RunError | None,
+        run: RunUpdate,
+        now: float,
+        generation: int | None = None,
     ) -> bool:
         if not self._apply_run(run):
             return False
         t = self._ss.schedules.get(schedule_id)
-        if t is not None:
+        if t is not None and (generation is None or generation == t.generation):
             self._ss.schedules[schedule_id] = msgspec.structs.replace(
                 t,
                 status=status if status is not None else t.status,

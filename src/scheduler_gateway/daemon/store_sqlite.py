@@ -59,7 +59,7 @@ from scheduler_gateway.wire.errors import (
     task_not_found,
 )
 
-from .schedule_store import SCHEDULE_MIGRATION, SqliteScheduleStore
+from .schedule_store import SCHEDULE_GENERATION_MIGRATION, SCHEDULE_MIGRATION, SqliteScheduleStore
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +155,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # 3: threads, scheduled tasks and their runs (the text lives in schedule_store.py, next to its queries)
     SCHEDULE_MIGRATION,
+    # 4: the schedule generation a run was launched under (CONTRACT 2.7; text in schedule_store.py)
+    SCHEDULE_GENERATION_MIGRATION,
 )
 
 _TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"

@@ -222,7 +222,14 @@ KEEP: Final = Keep()
 class ScheduledTask(msgspec.Struct, frozen=True, kw_only=True):
     """The rule and its state. ``next_run_at`` is the claim's only input: None or in the future means no
     dispatch. ``last_run_at``/``last_run_status`` are read from the latest run (never written here);
-    ``updated_at`` and ``version`` belong to the store's write path."""
+    ``updated_at``, ``version`` and ``generation`` belong to the store's write path.
+
+    ``generation`` names the schedule a run is launched for (CONTRACT 2.7). ``version`` moves with every
+    write (a claim, a launch record, a verdict), so it cannot tell "the same schedule, later" from "another
+    schedule"; ``generation`` moves only when the schedule stops being the one its active run was launched
+    for: a user's edit, or an occurrence that decided the status while that run was still active (a skip).
+    A run records the generation it was launched under; its end decides the status only while it is
+    unchanged (``decides_for``)."""
 
     id: str
     owner: str
@@ -240,6 +247,7 @@ class ScheduledTask(msgspec.Struct, frozen=True, kw_only=True):
     last_run_at: float | None = None
     last_run_status: RunStatus | None = None
     version: int = 1
+    generation: int = 0
     created_at: float
     updated_at: float
 
@@ -348,6 +356,12 @@ class ScheduledTask(msgspec.Struct, frozen=True, kw_only=True):
         else:
             return "enabled"
 
+    def decides_for(self, run: ScheduledRun) -> bool:
+        """Whether ``run``'s end may decide this schedule's status: only while the schedule is still the one
+        that launched it (no edit since, no newer occurrence took the status over). A run that ends later
+        records its own status and nothing of the schedule's."""
+        return run.schedule_generation == self.generation
+
     def status_after_completion(self, outcome: RunOutcome) -> ScheduleStatus | None:
         """None: the schedule keeps its status (a cron). A cancel is the user's act, not a failure."""
         if not self.is_once:
@@ -433,11 +447,13 @@ class ScheduledTask(msgspec.Struct, frozen=True, kw_only=True):
 
 # -- the run aggregate ------------------------------------------------------------------------------
 class ScheduledRun(msgspec.Struct, frozen=True, kw_only=True):
-    """One occurrence. ``task_id`` is the gateway task it launched (None until launched, or never)."""
+    """One occurrence. ``task_id`` is the gateway task it launched (None until launched, or never).
+    ``schedule_generation`` is the schedule's ``generation`` it was launched under (see ``ScheduledTask``)."""
 
     id: str
     scheduled_task_id: str
     owner: str
+    schedule_generation: int = 0
     task_id: str | None = None
     thread_id: str | None = None
     trigger: Trigger
@@ -456,6 +472,7 @@ class ScheduledRun(msgspec.Struct, frozen=True, kw_only=True):
             id=id,
             scheduled_task_id=task.id,
             owner=task.owner,
+            schedule_generation=task.generation,
             thread_id=thread_id,
             trigger=trigger,
             status="queued",
@@ -479,6 +496,7 @@ class ScheduledRun(msgspec.Struct, frozen=True, kw_only=True):
             id=id,
             scheduled_task_id=task.id,
             owner=task.owner,
+            schedule_generation=task.generation,
             thread_id=thread_id,
             trigger="scheduled",
             status="skipped",
