@@ -537,6 +537,10 @@ class TaskService:
         actor = caller.actor
         rid = caller.request_id
         cascade: list[Task] = []
+        letter: DeadLetter | None = None  # a retry of a task with a dead letter: the letter it rewrites
+        details: dict[str, Any] = {}
+        if reason:
+            details["reason"] = reason
         try:
             if action == "cancel":
                 result: sm.Transition | sm.Repeat = sm.cancel(task, actor, now, rid, reason, expected_revision)
@@ -551,6 +555,12 @@ class TaskService:
                 result = sm.requeue(
                     task, action, actor, idgen.new_id("att"), now, rid, reason, payload, expected_revision
                 )
+                if action == "retry":
+                    # a user's retry must not bypass the dead-letter rules: it is a redrive of the letter
+                    found = await self._store.get_dead_letter_for_task(task_id)
+                    if found is not None:
+                        details.update(deadLetterId=found.dead_letter_id, retryCount=found.retry_count + 1)
+                        letter = _redriven(found, force=False)
             else:
                 raise InvalidArgument(f"unknown action {action}")
         except GatewayError as exc:
@@ -561,7 +571,7 @@ class TaskService:
                 actor,
                 request_id=rid,
                 error_code=exc.code,
-                details={"reason": reason} if reason else None,
+                details=details or None,
             )
             raise
         if isinstance(result, sm.Repeat):
@@ -577,12 +587,11 @@ class TaskService:
                 task_id=task_id,
                 created_at=now,
             )
-        details: dict[str, Any] = {}
-        if reason:
-            details["reason"] = reason
         if cascade:
             details["cascadeTo"] = [c.id for c in cascade]
-        new = await self._commit(result, rid, audit_details=details, idempotency=idem)
+        new = await self._commit(result, rid, audit_details=details, idempotency=idem, dead_letter=letter)
+        if letter is not None:
+            self._metrics.redriven(action)
         if action == "cancel":
             if task.state == "running":
                 self._send_cancel(task, reason or "canceled")
@@ -661,12 +670,7 @@ class TaskService:
         if reason:
             details["reason"] = reason
         try:
-            if letter.exhausted and not force:
-                raise Conflict(
-                    f"dead letter {letter.dead_letter_id} is exhausted; only force-retry requeues it",
-                    code=Code.DEAD_LETTER_EXHAUSTED,
-                    details={"retryCount": letter.retry_count},
-                )
+            new_letter = _redriven(letter, force)
             tr = sm.requeue(task, action, caller.actor, idgen.new_id("att"), now, caller.request_id, reason)
         except GatewayError as exc:
             await self._refused(
@@ -679,7 +683,6 @@ class TaskService:
                 details=details,
             )
             raise
-        new_letter = msgspec.structs.replace(letter, retry_count=letter.retry_count + 1, archived=False)
         new_task = await self._commit(tr, caller.request_id, audit_details=details, dead_letter=new_letter)
         self._metrics.redriven(action)
         return new_letter, new_task
@@ -892,6 +895,21 @@ class TaskService:
 
 
 _ERROR_REASONS = frozenset({Code.LEASE_EXPIRED, Code.TIMEOUT, Code.HANDLER_ERROR})
+
+
+def _redriven(letter: DeadLetter, force: bool) -> DeadLetter:
+    """The letter after a requeue of its task (redrive, force-retry, or a user's retry of the task).
+
+    An exhausted letter refuses all but force-retry. The requeue counts in ``retry_count`` and brings an
+    archived letter back: its task is live again.
+    """
+    if letter.exhausted and not force:
+        raise Conflict(
+            f"dead letter {letter.dead_letter_id} is exhausted; only force-retry requeues it",
+            code=Code.DEAD_LETTER_EXHAUSTED,
+            details={"deadLetterId": letter.dead_letter_id, "retryCount": letter.retry_count},
+        )
+    return msgspec.structs.replace(letter, retry_count=letter.retry_count + 1, archived=False)
 
 
 def _claim_error(code: str, message: str) -> ClaimReply:
