@@ -180,3 +180,76 @@ async def test_task_retry_races_automatic_redrive(tmp_path: Path, fresh_nats: Na
                 assert (await api.task(task["id"]))["state"] == "queued"
         finally:
             await node.close()
+
+
+async def exhaust(api: Api, node: HandNode, task_id: str) -> dict:
+    """Die, redrive, die again: with max_dead_retries=1 the letter is then exhausted. Returns the dead task."""
+    await run_and_fail(api, node, task_id)
+    letter = await letter_of(api, task_id)
+    status, _, _ = await api.call("POST", f"/api/deadletter/{letter['deadLetterId']}/retry")
+    assert status == 200
+    dead = await run_and_fail(api, node, task_id)
+    assert dead["state"] == "dead" and (await letter_of(api, task_id))["exhausted"] is True
+    return dead
+
+
+async def active_letters(api: Api) -> list[str]:
+    _, body, _ = await api.call("GET", "/api/deadletter")
+    return [d["deadLetterId"] for d in body["items"]]
+
+
+async def test_archived_letter_whose_task_dies_again_is_active(tmp_path: Path, fresh_nats: NatsServerProcess) -> None:
+    """A letter archived while its task runs again (force-retry) is active again when the task dies, and its
+    archive age counts from that death (lastDeadAt), not from the first exhaustion."""
+    archive_after_s = 2.0
+    policy = DeadLetterPolicy(auto_redrive=False, archive_after_s=archive_after_s, sweep_interval_s=0.05)
+    async with running_gateway(
+        tmp_path / "gw", fresh_nats.url, policy=TaskPolicy(max_dead_retries=1), dead_letters=policy
+    ) as gw:
+        node = await HandNode.connect(fresh_nats.url, "node-a")
+        try:
+            async with api_client(gw) as api:
+                task = await api.create({"kind": "fail", "maxAttempts": 1})
+                await exhaust(api, node, task["id"])
+                dl_id = (await letter_of(api, task["id"]))["deadLetterId"]
+
+                async def archived() -> bool:
+                    return dl_id not in await active_letters(api)
+
+                await wait_for(archived, timeout_s=10)
+                status, forced, _ = await api.call("POST", f"/api/deadletter/{dl_id}/force-retry")
+                assert status == 200 and forced["archived"] is False
+                # exhausted and its last death is old: the sweep archives it again while the task is queued
+                await wait_for(archived, timeout_s=10)
+                assert (await api.task(task["id"]))["state"] == "queued"
+                await run_and_fail(api, node, task["id"])
+                letter = await letter_of(api, task["id"])
+                assert letter["archived"] is False and letter["exhausted"] is True
+                await asyncio.sleep(0.5)  # ten sweeps: a fresh death is not archived before archive_after_s
+                assert dl_id in await active_letters(api)
+                await wait_for(archived, timeout_s=10)
+        finally:
+            await node.close()
+
+
+async def test_task_retry_while_the_sweep_archives(tmp_path: Path, fresh_nats: NatsServerProcess) -> None:
+    """A retry of an exhausted letter's task racing the sweep that archives the letter: the retry is refused,
+    the letter is archived, the task stays dead."""
+    policy = DeadLetterPolicy(auto_redrive=False, archive_after_s=0.0, sweep_interval_s=3600)
+    async with running_gateway(
+        tmp_path / "gw", fresh_nats.url, policy=TaskPolicy(max_dead_retries=1), dead_letters=policy
+    ) as gw:
+        node = await HandNode.connect(fresh_nats.url, "node-a")
+        try:
+            async with api_client(gw) as api:
+                task = await api.create({"kind": "fail", "maxAttempts": 1})
+                dead = await exhaust(api, node, task["id"])
+                _, (status, body, _) = await asyncio.gather(
+                    gw.dead_letter_keeper.sweep(), api.call("POST", f"/api/tasks/{task['id']}/retry")
+                )
+                assert status == 409 and body["error"]["code"] == "DEAD_LETTER_EXHAUSTED", body
+                letter = await letter_of(api, task["id"], archived=True)
+                assert letter["retryCount"] == 1
+                assert await api.task(task["id"]) == dead
+        finally:
+            await node.close()

@@ -2,7 +2,7 @@
 
 Every ``sweep_interval_s`` it walks the active letters: a letter that is not exhausted, whose task is
 still dead and whose last death is ``redrive_delay_s`` old is redriven (a new attempt, a fresh budget,
-``retryCount`` + 1); an exhausted letter older than ``archive_after_s`` is archived. The work itself
+``retryCount`` + 1); an exhausted letter whose last death is ``archive_after_s`` old is archived. The work itself
 goes through the task service, in the task's mailbox, like every other change of that task.
 """
 
@@ -72,8 +72,10 @@ class DeadLetterKeeper(LoopActor):
         for letter in await self._all(archived=False):
             counts["exhausted" if letter.exhausted else "active"] += 1
             if letter.exhausted:
-                if now - (letter.exhausted_at or letter.last_dead_at) >= self._policy.archive_after_s:
-                    if await self._service.archive_dead_letter(letter.dead_letter_id, now):
+                # age counts from the last death: a letter that died again is fresh work
+                dead_before = now - self._policy.archive_after_s
+                if letter.last_dead_at <= dead_before:
+                    if await self._service.archive_dead_letter(letter.dead_letter_id, dead_before, now):
                         counts["exhausted"] -= 1
                         counts["archived"] += 1
             elif self._policy.auto_redrive and now - letter.last_dead_at >= self._policy.redrive_delay_s:

@@ -379,6 +379,8 @@ class TaskService:
             dead_reason=err.code if err else existing.dead_reason,
             last_error=err,
             last_dead_at=now,
+            # a fresh death is active work again, even if the letter was archived while its task ran
+            archived=False,
             exhausted=exhausted,
             exhausted_at=now if exhausted and not existing.exhausted else existing.exhausted_at,
         )
@@ -687,15 +689,19 @@ class TaskService:
         self._metrics.redriven(action)
         return new_letter, new_task
 
-    async def archive_dead_letter(self, dead_letter_id: str, now: float) -> bool:
-        """Archive an exhausted letter (in its task's mailbox, so a concurrent redrive cannot be lost)."""
+    async def archive_dead_letter(self, dead_letter_id: str, dead_before: float, now: float) -> bool:
+        """Archive an exhausted letter whose last death is at or before ``dead_before``.
+
+        In its task's mailbox, so a concurrent redrive cannot be lost; the rule is checked again there
+        because the task may have died again since the sweep read the letter.
+        """
         letter = await self._store.get_dead_letter(dead_letter_id)
         if letter is None:
             return False
 
         async def run() -> bool:
             current = await self._store.get_dead_letter(dead_letter_id)
-            if current is None or current.archived or not current.exhausted:
+            if current is None or current.archived or not current.exhausted or current.last_dead_at > dead_before:
                 return False
             await self._store.put_dead_letter(msgspec.structs.replace(current, archived=True))
             await self._audit_only(
