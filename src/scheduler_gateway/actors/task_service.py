@@ -381,6 +381,7 @@ class TaskService:
             last_dead_at=now,
             # a fresh death is active work again, even if the letter was archived while its task ran
             archived=False,
+            requeued=False,
             exhausted=exhausted,
             exhausted_at=now if exhausted and not existing.exhausted else existing.exhausted_at,
         )
@@ -689,6 +690,30 @@ class TaskService:
         self._metrics.redriven(action)
         return new_letter, new_task
 
+    async def redrive_due(self, caller: Caller, seen: DeadLetter, reason: str) -> bool:
+        """The keeper's automatic redrive of a letter it found due; True when it changed something.
+
+        In the task's mailbox the letter must still be the one the sweep read: a user's retry or redrive
+        that got there first, or a new death since, make this one moot (no second redrive, no redrive of
+        a death younger than the delay). A letter whose task was requeued without it being marked (written
+        before ``requeued`` existed) is marked now, so it is not due again.
+        """
+
+        async def run() -> bool:
+            current = await self._store.get_dead_letter(seen.dead_letter_id)
+            if current is None or current != seen:
+                return False
+            task = await self._current(current.task_id)
+            if task is None:
+                return False
+            if task.state != "dead":
+                await self._store.put_dead_letter(msgspec.structs.replace(current, requeued=True))
+                return True
+            await self._redrive(caller, current.dead_letter_id, False, reason)
+            return True
+
+        return await self._boxes.call(seen.task_id, run)
+
     async def archive_dead_letter(self, dead_letter_id: str, dead_before: float, now: float) -> bool:
         """Archive an exhausted letter whose last death is at or before ``dead_before``.
 
@@ -915,7 +940,7 @@ def _redriven(letter: DeadLetter, force: bool) -> DeadLetter:
             code=Code.DEAD_LETTER_EXHAUSTED,
             details={"deadLetterId": letter.dead_letter_id, "retryCount": letter.retry_count},
         )
-    return msgspec.structs.replace(letter, retry_count=letter.retry_count + 1, archived=False)
+    return msgspec.structs.replace(letter, retry_count=letter.retry_count + 1, archived=False, requeued=True)
 
 
 def _claim_error(code: str, message: str) -> ClaimReply:
