@@ -712,6 +712,50 @@ async def test_sqlite_start_creates_directory_wal_and_schema_version(tmp_path: P
     assert {"audit_object", "audit_action", "audit_request"} <= indexes
 
 
+async def test_sqlite_dead_letter_sweep_queries_use_their_indexes(sqlite_store: SqliteStore) -> None:
+    from scheduler_gateway.daemon.store_sqlite import SQL_ARCHIVABLE_DEAD_LETTERS, SQL_DUE_DEAD_LETTERS
+
+    with sqlite3.connect(sqlite_store.path) as db:
+        for sql, index in (
+            (SQL_DUE_DEAD_LETTERS, "dead_letters_due"),
+            (SQL_ARCHIVABLE_DEAD_LETTERS, "dead_letters_archivable"),
+        ):
+            plan = " ".join(str(r[-1]) for r in db.execute(f"EXPLAIN QUERY PLAN {sql}", (T0, 10)))
+            assert f"USING INDEX {index}" in plan, plan
+            assert "TEMP B-TREE" not in plan, plan  # the index gives the order: the LIMIT stops the scan
+    db.close()
+
+
+async def test_sqlite_migration_fills_the_dead_letter_columns(tmp_path: Path) -> None:
+    path = tmp_path / "gw.sqlite3"
+    s = SqliteStore(path)
+    await s.start()
+    await s.stop()
+    _, old = sweep_letter(1, last_dead_at=T0, exhausted=True)
+    doc = msgspec.json.encode(old).replace(b',"requeued":false', b"")  # written before the field existed
+    with sqlite3.connect(path) as db:
+        dl_version = len(MIGRATIONS)
+        db.execute("DELETE FROM schema_version WHERE version = ?", (dl_version,))
+        db.execute("DROP INDEX dead_letters_due")
+        db.execute("DROP INDEX dead_letters_archivable")
+        db.execute("DROP INDEX dead_letters_state")
+        for column in ("requeued", "exhausted", "archived", "last_dead_at"):
+            db.execute(f"ALTER TABLE dead_letters DROP COLUMN {column}")
+        db.execute(
+            "INSERT INTO dead_letters (dead_letter_id, task_id, doc) VALUES (?, ?, ?)",
+            (old.dead_letter_id, old.task_id, doc),
+        )
+    db.close()
+    s = SqliteStore(path)
+    await s.start()
+    try:
+        assert [d.dead_letter_id for d in await s.archivable_dead_letters(T0, 10)] == [old.dead_letter_id]
+        assert await s.due_dead_letters(T0, 10) == []
+        assert await s.dead_letter_counts() == {"active": 0, "exhausted": 1, "archived": 0}
+    finally:
+        await s.stop()
+
+
 async def test_sqlite_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "gw.sqlite3"
     s = SqliteStore(path)
@@ -860,6 +904,65 @@ async def test_dead_letter_get_list_filters_and_put(store: TaskStore) -> None:
     assert await ids(exhausted=True) == []
     assert await ids(archived=True) == ["dlq_3"]
     assert (await store.get_dead_letter_for_task(letters[3].task_id)).archived  # type: ignore[union-attr]
+
+
+def sweep_letter(n: int, *, last_dead_at: float, **fields: Any) -> tuple[Task, DeadLetter]:
+    task = make_task(n, state="dead")
+    letter = DeadLetter(
+        dead_letter_id=f"dlq_{n:04d}",
+        task_id=task.id,
+        original_task_id=task.id,
+        owner=task.owner,
+        dead_reason="HANDLER_ERROR",
+        first_dead_at=last_dead_at,
+        last_dead_at=last_dead_at,
+        **fields,
+    )
+    return task, letter
+
+
+async def test_dead_letter_sweep_queries_never_return_archived_and_are_bounded(store: TaskStore) -> None:
+    cutoff = T0 + 100
+    cases: dict[int, tuple[float, dict[str, Any]]] = {
+        0: (T0 + 50, {}),  # due
+        1: (T0 + 10, {}),  # due, older
+        2: (T0 + 100, {}),  # due: exactly at the cutoff
+        3: (T0 + 101, {}),  # dead too recently
+        4: (T0 + 10, {"requeued": True}),  # its task runs again: nothing to redrive
+        5: (T0 + 10, {"archived": True}),  # archived (not exhausted: an old archive)
+        6: (T0 + 20, {"exhausted": True}),  # to archive
+        7: (T0 + 5, {"exhausted": True, "requeued": True}),  # to archive: force-retried long ago
+        8: (T0 + 200, {"exhausted": True}),  # exhausted, died too recently
+        9: (T0 + 1, {"exhausted": True, "archived": True}),  # archived
+    }
+    for n, (at, fields) in cases.items():
+        task, letter = sweep_letter(n, last_dead_at=at, **fields)
+        await store.apply(Change(task=task, expected_revision=None, dead_letter=letter))
+    for n in range(10, 40):  # an archive much larger than the page
+        task, letter = sweep_letter(n, last_dead_at=T0, exhausted=True, archived=True)
+        await store.apply(Change(task=task, expected_revision=None, dead_letter=letter))
+
+    async def due(limit: int) -> list[str]:
+        return [d.dead_letter_id for d in await store.due_dead_letters(cutoff, limit)]
+
+    async def archivable(limit: int) -> list[str]:
+        return [d.dead_letter_id for d in await store.archivable_dead_letters(cutoff, limit)]
+
+    assert await due(10) == ["dlq_0001", "dlq_0000", "dlq_0002"]  # oldest death first
+    assert await due(2) == ["dlq_0001", "dlq_0000"]
+    assert await archivable(10) == ["dlq_0007", "dlq_0006"]
+    assert await archivable(1) == ["dlq_0007"]
+    assert await store.dead_letter_counts() == {"active": 5, "exhausted": 3, "archived": 32}
+    # archiving one and a new death of another move them between the queries
+    _, six = sweep_letter(6, last_dead_at=T0 + 20, exhausted=True)
+    await store.put_dead_letter(msgspec.structs.replace(six, archived=True))
+    _, nine = sweep_letter(9, last_dead_at=T0 + 90, exhausted=True)
+    await store.put_dead_letter(nine)  # died again: active, age from this death
+    _, four = sweep_letter(4, last_dead_at=T0 + 10)
+    await store.put_dead_letter(four)  # its task died again: due
+    assert await due(10) == ["dlq_0001", "dlq_0004", "dlq_0000", "dlq_0002"]
+    assert await archivable(10) == ["dlq_0007", "dlq_0009"]
+    assert await store.dead_letter_counts() == {"active": 5, "exhausted": 3, "archived": 32}
 
 
 # ---------------------------------------------------------------------- callback deliveries and dead letters

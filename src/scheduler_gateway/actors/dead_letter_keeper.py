@@ -1,8 +1,8 @@
 """The dead-letter keeper: redrives dead letters after a delay and archives exhausted ones.
 
-Every ``sweep_interval_s`` it walks the active letters: a letter that is not exhausted, whose task is
-still dead and whose last death is ``redrive_delay_s`` old is redriven (a new attempt, a fresh budget,
-``retryCount`` + 1); an exhausted letter older than ``archive_after_s`` is archived. The work itself
+Every ``sweep_interval_s`` it asks the store for due letters: a letter that is not exhausted, whose task
+is still dead and whose last death is ``redrive_delay_s`` old is redriven (a new attempt, a fresh budget,
+``retryCount`` + 1); an exhausted letter whose last death is ``archive_after_s`` old is archived. The work itself
 goes through the task service, in the task's mailbox, like every other change of that task.
 """
 
@@ -16,7 +16,7 @@ import msgspec
 from scheduler_gateway.wire.errors import GatewayError
 
 from .model.records import DeadLetter
-from .ports import DeadLetterQuery, TaskStore
+from .ports import TaskStore
 from .runtime import LoopActor, Wakeup
 from .task_service import Caller, TaskService
 
@@ -44,6 +44,7 @@ class DeadLetterKeeper(LoopActor):
         policy: DeadLetterPolicy,
         clock: Callable[[], float],
         on_counts: Callable[[dict[str, int]], None] | None = None,
+        page: int = 500,
     ) -> None:
         super().__init__()
         self._store = store
@@ -51,6 +52,7 @@ class DeadLetterKeeper(LoopActor):
         self._policy = policy
         self._clock = clock
         self._on_counts = on_counts or (lambda counts: None)
+        self._page = page
         self._wake = Wakeup()
         self.sweeps = 0
 
@@ -67,36 +69,29 @@ class DeadLetterKeeper(LoopActor):
             await self._wake.wait(self._policy.sweep_interval_s)
 
     async def sweep(self) -> None:
+        """One round. It asks the store only for what is due (through an index, a page at a time), so its
+        cost follows the work, not the number of letters ever archived; a full page wakes the next round
+        at once, when this one changed something."""
         now = self._clock()
-        counts = {"active": 0, "exhausted": 0, "archived": 0}
-        for letter in await self._all(archived=False):
-            counts["exhausted" if letter.exhausted else "active"] += 1
-            if letter.exhausted:
-                if now - (letter.exhausted_at or letter.last_dead_at) >= self._policy.archive_after_s:
-                    if await self._service.archive_dead_letter(letter.dead_letter_id, now):
-                        counts["exhausted"] -= 1
-                        counts["archived"] += 1
-            elif self._policy.auto_redrive and now - letter.last_dead_at >= self._policy.redrive_delay_s:
-                await self._redrive(letter)
-        counts["archived"] += len(await self._all(archived=True))
-        self._on_counts(counts)
+        full = changed = False
+        if self._policy.auto_redrive:
+            due = await self._store.due_dead_letters(now - self._policy.redrive_delay_s, self._page)
+            for letter in due:
+                changed |= await self._redrive(letter)
+            full = len(due) >= self._page
+        dead_before = now - self._policy.archive_after_s  # age counts from the last death
+        old = await self._store.archivable_dead_letters(dead_before, self._page)
+        for letter in old:
+            changed |= await self._service.archive_dead_letter(letter.dead_letter_id, dead_before, now)
+        full = full or len(old) >= self._page
+        self._on_counts(await self._store.dead_letter_counts())
         self.sweeps += 1
+        if full and changed:
+            self._wake.set()
 
-    async def _redrive(self, letter: DeadLetter) -> None:
-        task = await self._store.get_task(letter.task_id)
-        if task is None or task.state != "dead":
-            return  # already requeued by someone, or running again
+    async def _redrive(self, letter: DeadLetter) -> bool:
         try:
-            await self._service.redrive(SYSTEM_CALLER, letter.dead_letter_id, reason="automatic redrive")
+            return await self._service.redrive_due(SYSTEM_CALLER, letter, reason="automatic redrive")
         except GatewayError as exc:
             log.info("automatic redrive of %s refused: %s", letter.dead_letter_id, exc.code)
-
-    async def _all(self, *, archived: bool) -> list[DeadLetter]:
-        out: list[DeadLetter] = []
-        cursor: str | None = None
-        while True:
-            page = await self._store.list_dead_letters(DeadLetterQuery(archived=archived, limit=500, cursor=cursor))
-            out.extend(page.items)
-            cursor = page.next_cursor
-            if cursor is None:
-                return out
+            return False

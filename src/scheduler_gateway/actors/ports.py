@@ -166,6 +166,23 @@ class TaskStore(Protocol):
         """Write a letter without a task change (archiving)."""
         ...
 
+    # the dead-letter sweep: each query reads through an index and at most ``limit`` letters, so a sweep
+    # costs what it has to do, never what the archive holds
+    async def due_dead_letters(self, dead_before: float, limit: int) -> list[DeadLetter]:
+        """Letters to redrive: not exhausted, not archived, not requeued since the last death, and that
+        death at or before ``dead_before``; oldest death first (then id), at most ``limit``."""
+        ...
+
+    async def archivable_dead_letters(self, dead_before: float, limit: int) -> list[DeadLetter]:
+        """Letters to archive: exhausted, not archived, last death at or before ``dead_before``; oldest
+        death first (then id), at most ``limit``."""
+        ...
+
+    async def dead_letter_counts(self) -> dict[str, int]:
+        """``active`` (neither exhausted nor archived), ``exhausted`` (not archived), ``archived``: counted,
+        not read."""
+        ...
+
     # principals and nodes
     async def get_principal(self, token_hash: str) -> Principal | None: ...
     async def put_principal(self, principal: Principal) -> None: ...

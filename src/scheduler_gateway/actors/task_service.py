@@ -463,6 +463,9 @@ class TaskService:
             dead_reason=err.code if err else existing.dead_reason,
             last_error=err,
             last_dead_at=now,
+            # a fresh death is active work again, even if the letter was archived while its task ran
+            archived=False,
+            requeued=False,
             exhausted=exhausted,
             exhausted_at=now if exhausted and not existing.exhausted else existing.exhausted_at,
         )
@@ -644,6 +647,10 @@ class TaskService:
         now = self._clock()
         actor = caller.actor
         rid = caller.request_id
+        letter: DeadLetter | None = None  # a retry of a task with a dead letter: the letter it rewrites
+        details: dict[str, Any] = {}
+        if reason:
+            details["reason"] = reason
         try:
             if action == "cancel":
                 result: sm.Transition | sm.Repeat = sm.cancel(task, actor, now, rid, reason, expected_revision)
@@ -657,6 +664,12 @@ class TaskService:
                     task, action, actor, idgen.new_id("att"), now, rid, reason, payload, expected_revision
                 )
                 await self._check_parent(result.task, inserting=False)
+                if action == "retry":
+                    # a user's retry must not bypass the dead-letter rules: it is a redrive of the letter
+                    found = await self._store.get_dead_letter_for_task(task_id)
+                    if found is not None:
+                        details.update(deadLetterId=found.dead_letter_id, retryCount=found.retry_count + 1)
+                        letter = _redriven(found, force=False)
             else:
                 raise InvalidArgument(f"unknown action {action}")
         except GatewayError as exc:
@@ -667,7 +680,7 @@ class TaskService:
                 actor,
                 request_id=rid,
                 error_code=exc.code,
-                details={"reason": reason} if reason else None,
+                details=details or None,
             )
             raise
         if isinstance(result, sm.Repeat):
@@ -683,13 +696,13 @@ class TaskService:
                 task_id=task_id,
                 created_at=now,
             )
-        details: dict[str, Any] = {}
-        if reason:
-            details["reason"] = reason
         if action == "cancel":
             await self._cancel_tree(result, rid, details, idem)
             return result.task, False
-        return await self._commit(result, rid, audit_details=details, idempotency=idem), False
+        new = await self._commit(result, rid, audit_details=details, idempotency=idem, dead_letter=letter)
+        if letter is not None:
+            self._metrics.redriven(action)
+        return new, False
 
     async def _check_parent(self, task: Task, *, inserting: bool) -> None:
         """The parent rule's quick answer (the store enforces it in the write too)."""
@@ -790,13 +803,9 @@ class TaskService:
         if reason:
             details["reason"] = reason
         try:
-            if letter.exhausted and not force:
-                raise Conflict(
-                    f"dead letter {letter.dead_letter_id} is exhausted; only force-retry requeues it",
-                    code=Code.DEAD_LETTER_EXHAUSTED,
-                    details={"retryCount": letter.retry_count},
-                )
+            new_letter = _redriven(letter, force)
             tr = sm.requeue(task, action, caller.actor, idgen.new_id("att"), now, caller.request_id, reason)
+            await self._check_parent(tr.task, inserting=False)
         except GatewayError as exc:
             await self._refused(
                 action,
@@ -808,20 +817,53 @@ class TaskService:
                 details=details,
             )
             raise
-        new_letter = msgspec.structs.replace(letter, retry_count=letter.retry_count + 1, archived=False)
         new_task = await self._commit(tr, caller.request_id, audit_details=details, dead_letter=new_letter)
         self._metrics.redriven(action)
         return new_letter, new_task
 
-    async def archive_dead_letter(self, dead_letter_id: str, now: float) -> bool:
-        """Archive an exhausted letter (in its task's mailbox, so a concurrent redrive cannot be lost)."""
+    async def redrive_due(self, caller: Caller, seen: DeadLetter, reason: str) -> bool:
+        """The keeper's automatic redrive of a letter it found due; True when it changed something.
+
+        In the task's mailbox the letter must still be the one the sweep read: a user's retry or redrive
+        that got there first, or a new death since, make this one moot (no second redrive, no redrive of
+        a death younger than the delay). A letter whose task was requeued without it being marked (written
+        before ``requeued`` existed) is marked now, so it is not due again.
+        """
+
+        async def run() -> bool:
+            current = await self._store.get_dead_letter(seen.dead_letter_id)
+            if current is None or current != seen:
+                return False
+            task = await self._current(current.task_id)
+            if task is None:
+                return False
+            if task.state != "dead":
+                await self._store.put_dead_letter(msgspec.structs.replace(current, requeued=True))
+                return True
+            try:
+                await self._redrive(caller, current.dead_letter_id, False, reason)
+            except Conflict as exc:
+                if exc.code != Code.TASK_ALREADY_TERMINAL:
+                    raise
+                # its parent was canceled: it never runs again, so it must not stay due for every sweep
+                await self._store.put_dead_letter(msgspec.structs.replace(current, requeued=True))
+            return True
+
+        return await self._serial(seen.task_id, run)
+
+    async def archive_dead_letter(self, dead_letter_id: str, dead_before: float, now: float) -> bool:
+        """Archive an exhausted letter whose last death is at or before ``dead_before``.
+
+        In its task's mailbox, so a concurrent redrive cannot be lost; the rule is checked again there
+        because the task may have died again since the sweep read the letter.
+        """
         letter = await self._store.get_dead_letter(dead_letter_id)
         if letter is None:
             return False
 
         async def run() -> bool:
             current = await self._store.get_dead_letter(dead_letter_id)
-            if current is None or current.archived or not current.exhausted:
+            if current is None or current.archived or not current.exhausted or current.last_dead_at > dead_before:
                 return False
             await self._store.put_dead_letter(msgspec.structs.replace(current, archived=True))
             await self._audit_only(
@@ -1040,6 +1082,21 @@ def _stale_or(exc: Conflict) -> Exception:
     if exc.code == Code.REVISION_CONFLICT:
         return _StaleWrite(str(exc.details.get("taskId", "")))
     return exc
+
+
+def _redriven(letter: DeadLetter, force: bool) -> DeadLetter:
+    """The letter after a requeue of its task (redrive, force-retry, or a user's retry of the task).
+
+    An exhausted letter refuses all but force-retry. The requeue counts in ``retry_count`` and brings an
+    archived letter back: its task is live again.
+    """
+    if letter.exhausted and not force:
+        raise Conflict(
+            f"dead letter {letter.dead_letter_id} is exhausted; only force-retry requeues it",
+            code=Code.DEAD_LETTER_EXHAUSTED,
+            details={"deadLetterId": letter.dead_letter_id, "retryCount": letter.retry_count},
+        )
+    return msgspec.structs.replace(letter, retry_count=letter.retry_count + 1, archived=False, requeued=True)
 
 
 def _claim_error(code: str, message: str) -> ClaimReply:

@@ -53,7 +53,10 @@ class PrometheusMetrics:
             "gw_cancels_propagated_total", "Child tasks canceled with their parent", registry=r
         )
         self.redrives = Counter(
-            "gw_dead_letter_redrives_total", "Dead letters requeued, by redrive or force_retry", ["action"], registry=r
+            "gw_dead_letter_redrives_total",
+            "Dead letters requeued, by redrive, force_retry or a retry of the task",
+            ["action"],
+            registry=r,
         )
         self.dead_letters = Gauge(
             "gw_dead_letters",

@@ -7,6 +7,8 @@ the SQLite file does). Semantics and error codes are the SQLite store's; the sha
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
@@ -294,6 +296,29 @@ class MemoryStore(MemoryScheduleStore):  # the ScheduleStore half is in schedule
         more = len(found) > limit
         found = found[:limit]
         return Page(found, found[-1].dead_letter_id if more else None)
+
+    async def due_dead_letters(self, dead_before: float, limit: int) -> list[DeadLetter]:
+        self._check_running()
+        return self._oldest_deaths(
+            lambda d: not d.exhausted and not d.archived and not d.requeued and d.last_dead_at <= dead_before, limit
+        )
+
+    async def archivable_dead_letters(self, dead_before: float, limit: int) -> list[DeadLetter]:
+        self._check_running()
+        return self._oldest_deaths(lambda d: d.exhausted and not d.archived and d.last_dead_at <= dead_before, limit)
+
+    def _oldest_deaths(self, keep: Callable[[DeadLetter], bool], limit: int) -> list[DeadLetter]:
+        found = sorted(
+            (d for d in self._dead_letters.values() if keep(d)), key=lambda d: (d.last_dead_at, d.dead_letter_id)
+        )
+        return found[: clamp_limit(limit)]
+
+    async def dead_letter_counts(self) -> dict[str, int]:
+        self._check_running()
+        counts = {"active": 0, "exhausted": 0, "archived": 0}
+        for d in self._dead_letters.values():
+            counts["archived" if d.archived else "exhausted" if d.exhausted else "active"] += 1
+        return counts
 
     async def put_dead_letter(self, letter: DeadLetter) -> None:
         self._check_running()

@@ -157,6 +157,27 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     SCHEDULE_MIGRATION,
     # 4: the schedule generation a run was launched under (CONTRACT 2.7; text in schedule_store.py)
     SCHEDULE_GENERATION_MIGRATION,
+    # 5: what the dead-letter sweep asks for, as columns (copied from the letter on every write) with a
+    # partial index per question: the sweep reads due and archivable letters only, never the archive
+    (
+        "ALTER TABLE dead_letters ADD COLUMN requeued INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE dead_letters ADD COLUMN exhausted INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE dead_letters ADD COLUMN archived INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE dead_letters ADD COLUMN last_dead_at REAL NOT NULL DEFAULT 0",
+        # docs are JSON text stored as BLOB: cast for json_extract; a letter from before ``requeued`` decodes
+        # as false, and so reads 0 here (the keeper marks it when it finds its task requeued)
+        """UPDATE dead_letters SET
+            requeued = coalesce(json_extract(CAST(doc AS TEXT), '$.requeued'), 0),
+            exhausted = coalesce(json_extract(CAST(doc AS TEXT), '$.exhausted'), 0),
+            archived = coalesce(json_extract(CAST(doc AS TEXT), '$.archived'), 0),
+            last_dead_at = coalesce(json_extract(CAST(doc AS TEXT), '$.last_dead_at'), 0)""",
+        "CREATE INDEX dead_letters_due ON dead_letters (last_dead_at, dead_letter_id)"
+        " WHERE exhausted = 0 AND archived = 0 AND requeued = 0",
+        "CREATE INDEX dead_letters_archivable ON dead_letters (last_dead_at, dead_letter_id)"
+        " WHERE exhausted = 1 AND archived = 0",
+        # the gauges count by state from this small index, without reading a letter
+        "CREATE INDEX dead_letters_state ON dead_letters (archived, exhausted)",
+    ),
 )
 
 _TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
@@ -173,8 +194,23 @@ _SQL_INSERT_AUDIT = (
 _SQL_INSERT_OUTBOX = "INSERT INTO outbox (body) VALUES (?)"
 _SQL_INSERT_IDEMPOTENCY = "INSERT INTO idempotency (owner, key, doc, created_at) VALUES (?, ?, ?, ?)"
 _SQL_UPSERT_DEAD_LETTER = (
-    "INSERT INTO dead_letters (dead_letter_id, task_id, doc) VALUES (?, ?, ?)"
-    " ON CONFLICT (task_id) DO UPDATE SET dead_letter_id = excluded.dead_letter_id, doc = excluded.doc"
+    "INSERT INTO dead_letters (dead_letter_id, task_id, requeued, exhausted, archived, last_dead_at, doc)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (task_id) DO UPDATE SET dead_letter_id = excluded.dead_letter_id, requeued = excluded.requeued,"
+    " exhausted = excluded.exhausted, archived = excluded.archived, last_dead_at = excluded.last_dead_at,"
+    " doc = excluded.doc"
+)
+# The sweep's two questions; the WHERE repeats each partial index's own, so SQLite can use it, and the index
+# order is the ORDER BY, so LIMIT ends the scan.
+SQL_DUE_DEAD_LETTERS = (
+    "SELECT dead_letter_id, doc FROM dead_letters INDEXED BY dead_letters_due"
+    " WHERE exhausted = 0 AND archived = 0 AND requeued = 0 AND last_dead_at <= ?"
+    " ORDER BY last_dead_at, dead_letter_id LIMIT ?"
+)
+SQL_ARCHIVABLE_DEAD_LETTERS = (
+    "SELECT dead_letter_id, doc FROM dead_letters INDEXED BY dead_letters_archivable"
+    " WHERE exhausted = 1 AND archived = 0 AND last_dead_at <= ?"
+    " ORDER BY last_dead_at, dead_letter_id LIMIT ?"
 )
 
 _encode = msgspec.json.Encoder().encode
@@ -252,7 +288,7 @@ class _ChangeRows:
             audit=None if change.audit is None else _audit_row(change.audit),
             outbox=None if change.event is None else (_encode(change.event),),
             idempotency=None if idem is None else (idem.owner, idem.key, _encode(idem), idem.created_at),
-            dead_letter=None if dl is None else (dl.dead_letter_id, dl.task_id, _encode(dl)),
+            dead_letter=None if dl is None else _dead_letter_row(dl),
             callback=None if change.callback is None else _callback_row(change.callback),
             task=t if t.parent_id is not None and t.state not in TERMINAL_STATES else None,
         )
@@ -265,6 +301,11 @@ class _ChangeRows:
     @property
     def update_row(self) -> tuple[Any, ...]:
         return (*self.task_values, self.expected_revision)
+
+
+def _dead_letter_row(d: DeadLetter) -> tuple[Any, ...]:
+    """The _SQL_UPSERT_DEAD_LETTER values: the sweep's columns beside the letter they are copied from."""
+    return (d.dead_letter_id, d.task_id, d.requeued, d.exhausted, d.archived, d.last_dead_at, _encode(d))
 
 
 def _audit_row(a: AuditEntry) -> tuple[Any, ...]:
@@ -700,8 +741,26 @@ class SqliteStore(SqliteScheduleStore):  # the ScheduleStore half is in schedule
         found = found[:limit]
         return Page(found, found[-1].dead_letter_id if more else None)
 
+    async def due_dead_letters(self, dead_before: float, limit: int) -> list[DeadLetter]:
+        rows = await self._fetchall(SQL_DUE_DEAD_LETTERS, (dead_before, clamp_limit(limit)))
+        return _decode_rows(_decode_dead_letter, rows, "dead letter")
+
+    async def archivable_dead_letters(self, dead_before: float, limit: int) -> list[DeadLetter]:
+        rows = await self._fetchall(SQL_ARCHIVABLE_DEAD_LETTERS, (dead_before, clamp_limit(limit)))
+        return _decode_rows(_decode_dead_letter, rows, "dead letter")
+
+    async def dead_letter_counts(self) -> dict[str, int]:
+        rows = await self._fetchall(
+            "SELECT archived, exhausted, count(*) FROM dead_letters INDEXED BY dead_letters_state"
+            " GROUP BY archived, exhausted"
+        )
+        counts = {"active": 0, "exhausted": 0, "archived": 0}
+        for archived, exhausted, n in rows:
+            counts["archived" if archived else "exhausted" if exhausted else "active"] += int(n)
+        return counts
+
     async def put_dead_letter(self, letter: DeadLetter) -> None:
-        row = (letter.dead_letter_id, letter.task_id, _encode(letter))
+        row = _dead_letter_row(letter)
 
         def op(conn: sqlite3.Connection) -> None:
             conn.execute(_SQL_UPSERT_DEAD_LETTER, row)

@@ -143,6 +143,9 @@ class DeadLetter(msgspec.Struct, kw_only=True, frozen=True):
     retry_count: int = 0
     exhausted: bool = False
     archived: bool = False
+    # the task was requeued (redrive, retry, force-retry) since its last death: nothing left to redrive;
+    # lets the sweep ask the store for due letters only, instead of reading every letter's task
+    requeued: bool = False
     last_error: TaskError | None = None
     first_dead_at: float
     last_dead_at: float
