@@ -33,7 +33,7 @@ from scheduler_gateway.wire.messages import (
 )
 from scheduler_gateway.wire.timefmt import fmt_ts
 
-from . import idgen
+from . import failpoints, idgen
 from .dispatcher import Dispatcher
 from .lease_clock import LeaseClock
 from .model import task_machine as sm
@@ -617,6 +617,7 @@ class TaskService:
 
     async def _cascade_cancel(self, child_id: str, root_id: str, request_id: str | None) -> None:
         async def run() -> None:
+            failpoints.hit("task.cancel_cascade")  # the parent's cancel is committed; this descendant's is not
             task = await self._current(child_id)
             if task is None or task.terminal:
                 return
@@ -760,6 +761,7 @@ class TaskService:
             await self._repeated("claim", task, task.id, actor, node_id=node_id)
             return _lease_reply(task)
         new = await self._commit(result, None)
+        failpoints.hit("claim.after_commit")  # the task is running in the store; the node has no reply yet
         self._metrics.queue_latency(new.kind, max(0.0, now - task.not_before))
         return _lease_reply(new)
 
