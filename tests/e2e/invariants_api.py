@@ -9,6 +9,7 @@ restarting (connection errors count as "not yet").
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -32,7 +33,7 @@ async def poll(what: str, check: Callable[[], Awaitable[T | None]], timeout_s: f
     while True:
         try:
             value = await check()
-        except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError) as exc:  # restarting
+        except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:  # restarting
             value, last = None, exc
         if value:
             return value
@@ -50,8 +51,9 @@ def assert_history_consistent(task: dict[str, Any], history: list[dict[str, Any]
     revisions = [h["revision"] for h in history]
     assert revisions == list(range(1, len(history) + 1)), f"{tid}: revisions not +1 each: {revisions}\n{history}"
     assert history[0]["action"] == "create" and history[0]["from"] is None, f"{tid}: first entry {history[0]}"
-    for before, after in zip(history, history[1:], strict=False):
-        assert after["from"] == before["to"], f"{tid}: r{after['revision']} starts at {after['from']}, not {before['to']}"
+    for before, after in itertools.pairwise(history):
+        r = after["revision"]
+        assert after["from"] == before["to"], f"{tid}: r{r} starts at {after['from']}, not {before['to']}"
     assert task["revision"] == history[-1]["revision"], f"{tid}: task r{task['revision']} but history ends {revisions}"
     assert task["state"] == history[-1]["to"], f"{tid}: task {task['state']} but history ends in {history[-1]['to']}"
 

@@ -98,7 +98,7 @@ def api_of(c: Crashable, session: aiohttp.ClientSession) -> Api:
 
 async def call_dropped(api: Api, method: str, path: str, body: Any, headers: dict[str, str] | None = None) -> None:
     """A request the daemon dies answering: the connection drops, no status comes back."""
-    with pytest.raises((aiohttp.ClientError, asyncio.TimeoutError)):
+    with pytest.raises((aiohttp.ClientError, TimeoutError)):
         status, got, _ = await api.call(method, path, body, headers)
         pytest.fail(f"the request was answered {status}: {got}")
 
@@ -216,7 +216,7 @@ async def test_task_cancel_cascade_every_descendant_ends_canceled(
     try:
         status, answered, _ = await api.call("POST", f"/api/tasks/{parent['id']}/cancel", {"reason": "cascade"})
         assert status == 200, answered
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (aiohttp.ClientError, TimeoutError):
         answered = None  # died before the answer: the parent's cancel is committed all the same
     await crashable.crashed_at("task.cancel_cascade")
     crashable.restart()
