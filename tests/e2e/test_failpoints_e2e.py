@@ -231,11 +231,13 @@ async def test_task_cancel_cascade_every_descendant_ends_canceled(
         await inv.check_task(api, tid, expected="canceled")
 
 
+@pytest.mark.parametrize("down_s", [0.0, 4.0], ids=["restart-at-once", "down-past-the-claim-lease"])
 async def test_schedule_after_task_create_one_run_per_occurrence(
-    crashable: Crashable, session: aiohttp.ClientSession
+    crashable: Crashable, session: aiohttp.ClientSession, down_s: float
 ) -> None:
     """The run's task exists, its launch record does not: reconcile adopts the task; the occurrence does not
-    fire again when the schedule's claim lease (3 s here) runs out. Known to fail until the reconcile fix."""
+    fire again, neither when the schedule's claim lease (3 s here) runs out after the restart nor when the
+    daemon stayed down longer than that lease."""
     crashable.start("schedule.after_task_create")
     api = api_of(crashable, session)
     body = {
@@ -246,6 +248,7 @@ async def test_schedule_after_task_create_one_run_per_occurrence(
     status, sched, _ = await api.call("POST", "/api/scheduled-tasks", body)
     assert status == 201, sched
     await crashable.crashed_at("schedule.after_task_create")
+    await asyncio.sleep(down_s)
     crashable.restart()
 
     async def completed() -> dict[str, Any] | None:
@@ -260,3 +263,34 @@ async def test_schedule_after_task_create_one_run_per_occurrence(
     assert (run["status"], run["trigger"]) == ("succeeded", "scheduled"), runs
     await inv.check_task(api, run["taskId"], expected="succeeded")
     assert (await inv.scheduled(api, sched["id"]))["runCount"] == 1
+
+
+async def test_schedule_after_task_create_manual_trigger_is_adopted(
+    crashable: Crashable, session: aiohttp.ClientSession
+) -> None:
+    """A manual trigger dies between its task and its launch record: the trigger is never answered, the run
+    and its task are adopted at the restart, and the schedule itself keeps its status and next time."""
+    crashable.start("schedule.after_task_create")
+    api = api_of(crashable, session)
+    body = {
+        "title": "failpoint trigger",
+        "task": {"kind": "echo", "payload": {"manual": True}, "leaseSeconds": 2},
+        "schedule": {"type": "cron", "cron": "0 0 1 1 *", "timezone": "UTC"},
+    }
+    status, sched, _ = await api.call("POST", "/api/scheduled-tasks", body)
+    assert status == 201, sched
+    await call_dropped(api, "POST", f"/api/scheduled-tasks/{sched['id']}/trigger", None)
+    await crashable.crashed_at("schedule.after_task_create")
+    crashable.restart()
+
+    async def finished() -> list[dict[str, Any]] | None:
+        runs = await inv.schedule_runs(api, sched["id"])
+        return runs if runs and all(r["status"] in inv.RUN_TERMINAL for r in runs) else None
+
+    (run,) = await inv.poll("the triggered run never finished", finished, timeout_s=20)
+    assert (run["status"], run["trigger"]) == ("succeeded", "manual"), run
+    await inv.assert_schedule_consistent(api, sched["id"], "echo")
+    await inv.check_task(api, run["taskId"], expected="succeeded")
+    after = await inv.scheduled(api, sched["id"])
+    assert (after["status"], after["nextRunAt"], after["runCount"]) == ("enabled", sched["nextRunAt"], 1), after
+    assert after["lastRunStatus"] == "succeeded", after
