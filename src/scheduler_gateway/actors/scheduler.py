@@ -31,7 +31,7 @@ import msgspec
 
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidArgument
 
-from . import idgen
+from . import failpoints, idgen
 from .model import task_machine as sm
 from .model.records import TERMINAL_STATES, Task, TaskError
 from .model.schedule import (
@@ -491,6 +491,7 @@ class ScheduleService:
             return await self._failed(task, run, trigger, now, err, "conflict")
         except LaunchFailed as exc:
             return await self._failed(task, run, trigger, now, RunError(Code.LAUNCH_FAILED, exc.message), "failed")
+        failpoints.hit("schedule.after_task_create")  # the run's task exists; its launch record does not yet
         launched_at = self._clock()
         await self._store.record_launch(
             task.id,

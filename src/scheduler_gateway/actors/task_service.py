@@ -33,7 +33,7 @@ from scheduler_gateway.wire.messages import (
 )
 from scheduler_gateway.wire.timefmt import fmt_ts
 
-from . import idgen
+from . import failpoints, idgen
 from .dispatcher import Dispatcher
 from .lease_clock import LeaseClock
 from .model import task_machine as sm
@@ -742,6 +742,7 @@ class TaskService:
             break
         else:
             raise Conflict(f"the tasks below {root.id} keep changing; try again", code=Code.REVISION_CONFLICT)
+        failpoints.hit("task.cancel_cascade")  # the cancel and its cascade are committed; no node was told yet
         for part, _ in parts:
             before = part.before
             if before is not None and before.state == "running":
@@ -931,6 +932,7 @@ class TaskService:
             await self._repeated("claim", task, task.id, actor, node_id=node_id)
             return _lease_reply(task)
         new = await self._commit(result, None)
+        failpoints.hit("claim.after_commit")  # the task is running in the store; the node has no reply yet
         self._metrics.queue_latency(new.kind, max(0.0, now - task.not_before))
         return _lease_reply(new)
 

@@ -21,6 +21,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from scheduler_gateway.actors import failpoints
 from scheduler_gateway.wire.errors import Code, GatewayError
 from scheduler_gateway.wire.messages import (
     NODE_ID_PATTERN,
@@ -235,6 +236,7 @@ class NatsBus:
                     await self._inputs.refuse("settle", node, Code.INVALID_ARGUMENT, str(exc)[:200])
                 else:
                     await self._inputs.settle(node, settle)
+                    failpoints.hit("settle.after_apply")  # handled and committed, not yet acked
         except GatewayError as exc:
             # the store failed: leave the settle in the stream and try again shortly
             log.warning("settle not applied (%s); redelivering", exc.code)

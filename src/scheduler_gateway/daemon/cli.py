@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from scheduler_gateway.actors import failpoints
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterPolicy
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.ports import Principal
@@ -174,8 +175,28 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     for p in problems:
         log.warning("dev mode: %s", p)
+    if not _arm_failpoints(config):
+        return 2
     _use_uvloop()
     return asyncio.run(_run(config))
+
+
+def _arm_failpoints(config: Config) -> bool:
+    """Tests kill the daemon at named commit edges (docs/FAILPOINTS.md); armed once, here, from the environment.
+    A production daemon refuses them: a stray variable must never turn into a crash in service."""
+    spec = os.environ.get(failpoints.ENV, "").strip()
+    if not spec:
+        return True
+    if config.mode == "production":
+        print(f"gatewayd: refusing to start in production: {failpoints.ENV} is set (tests only)", file=sys.stderr)
+        return False
+    try:
+        armed = failpoints.configure(spec)
+    except failpoints.FailpointSpecError as exc:
+        print(f"gatewayd: {failpoints.ENV}: {exc}", file=sys.stderr)
+        return False
+    log.warning("failpoints armed (tests only): %s", ", ".join(f"{k}@{n}" for k, n in sorted(armed.items())))
+    return True
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:

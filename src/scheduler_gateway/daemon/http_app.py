@@ -18,7 +18,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from scheduler_gateway.actors import idgen
+from scheduler_gateway.actors import failpoints, idgen
 from scheduler_gateway.actors.model.records import AuditEntry, DeadLetter, HistoryEntry, Task
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.ports import AuditQuery, DeadLetterQuery, NodeRecord, TaskQuery, TaskStore
@@ -320,6 +320,7 @@ class AdminApi:
         task, replayed = await self.service.create(caller, spec, key, canonical_hash(body) if key else "")
         if replayed:
             return self._json(task_view(task), 200, {"Idempotent-Replayed": "true"})
+        failpoints.hit("http.after_commit")  # committed, not answered
         return self._json(task_view(task), 201)
 
     def _new_task(self, req: api.CreateTaskBody) -> NewTask:
@@ -424,6 +425,8 @@ class AdminApi:
                 idem_key=key,
                 body_hash=canonical_hash(body) if key else "",
             )
+            if not repeated:
+                failpoints.hit("http.after_commit")  # committed, not answered
             headers = {"Idempotent-Replayed": "true"} if repeated and key else None
             return self._json(task_view(task), 200, headers)
 

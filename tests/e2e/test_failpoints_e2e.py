@@ -1,0 +1,296 @@
+"""Failpoints end to end (docs/FAILPOINTS.md): a real gatewayd with its embedded nats-server and a real
+gateway-worker; ``GW_FAILPOINTS`` kills the daemon at one named commit edge; the test sees it exit 137 with
+the failpoint's stderr line, restarts it on the same data dir without failpoints, lets the worker reconnect
+and checks the invariants through the API (tests/e2e/invariants_api.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from scheduler_gateway.actors.failpoints import EXIT_CODE
+from scheduler_gateway.wire.timefmt import fmt_ts
+from tests.integration.harness import Api
+
+from . import invariants_api as inv
+from .procs import Daemon, Worker
+
+#: short leases and grace so a lost claim or a dead node is over in seconds; a fast scheduler with a short
+#: claim lease so a schedule that would fire twice after a crash does so inside the test's window
+CONFIG = """\
+[recovery]
+grace_s = 1
+
+[scheduler]
+min_once_delay_s = 0
+poll_interval_s = 0.2
+lease_s = 3
+"""
+
+
+class Crashable:
+    """A daemon that starts with failpoints armed and restarts without them on the same data dir and ports."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        config = tmp_path / "gatewayd.toml"
+        config.write_text(CONFIG)
+        self.daemon = Daemon(data_dir=tmp_path / "var", config=config)
+        self.worker: Worker | None = None
+
+    def start(self, failpoints: str, worker: bool = True) -> None:
+        self.daemon.extra_env["GW_FAILPOINTS"] = failpoints
+        self.daemon.start()
+        if worker:
+            self.worker = Worker(self.daemon.data_dir, "node-f", kinds="echo,sleep,fail", concurrency=8)
+            self.worker.start()
+
+    async def crashed_at(self, point: str, timeout_s: float = 20.0) -> None:
+        """The daemon exits on its own with 137 and names ``point`` on stderr."""
+        proc = self.daemon.proc
+        assert proc is not None
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, f"gatewayd did not hit failpoint {point} within {timeout_s} s"
+            await asyncio.sleep(0.05)
+        assert proc.returncode == EXIT_CODE, f"gatewayd exited {proc.returncode}, not {EXIT_CODE}"
+        self.daemon.proc = None
+        log = self.daemon.log_path.read_text(errors="replace")
+        assert f"failpoint {point} hit: exiting with {EXIT_CODE}" in log, log[-2000:]
+
+    def restart(self) -> None:
+        """Without failpoints; stops the nats-server the killed daemon left behind; the worker reconnects."""
+        self.daemon.extra_env.pop("GW_FAILPOINTS", None)
+        self.daemon.start()
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.kill9()  # a graceful stop would wait for its sleeping handlers
+        if self.daemon.proc is None:
+            self.daemon.kill_orphan_nats()
+        self.daemon.stop()
+        self.daemon.kill_orphan_nats()
+
+
+@pytest.fixture
+def crashable(tmp_path: Path) -> Iterator[Crashable]:
+    c = Crashable(tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+        yield s
+
+
+def api_of(c: Crashable, session: aiohttp.ClientSession) -> Api:
+    return Api(session, c.daemon.base, c.daemon.token)
+
+
+async def call_dropped(api: Api, method: str, path: str, body: Any, headers: dict[str, str] | None = None) -> None:
+    """A request the daemon dies answering: the connection drops, no status comes back."""
+    with pytest.raises((aiohttp.ClientError, TimeoutError)):
+        status, got, _ = await api.call(method, path, body, headers)
+        pytest.fail(f"the request was answered {status}: {got}")
+
+
+ECHO = {"kind": "echo", "payload": {"n": 1}, "leaseSeconds": 2, "retryBackoffSeconds": 0}
+
+
+async def test_http_after_commit_create_is_found_by_its_idempotency_key(
+    crashable: Crashable, session: aiohttp.ClientSession
+) -> None:
+    crashable.start("http.after_commit")
+    api = api_of(crashable, session)
+    await call_dropped(api, "POST", "/api/tasks", ECHO, {"Idempotency-Key": "fp-create-1"})
+    await crashable.crashed_at("http.after_commit")
+    crashable.restart()
+    # the client never heard of its task; its retry with the same key finds it instead of making another
+    status, task, headers = await api.call("POST", "/api/tasks", ECHO, {"Idempotency-Key": "fp-create-1"})
+    assert status == 200 and headers.get("Idempotent-Replayed") == "true", (status, task)
+    _, listed, _ = await api.call("GET", "/api/tasks?kind=echo")
+    assert [t["id"] for t in listed["items"]] == [task["id"]]
+    await inv.wait_terminal(api, [task["id"]], timeout_s=20)
+    done = await inv.check_task(api, task["id"], expected="succeeded")
+    assert done["result"] == {"n": 1}
+
+
+async def test_http_after_commit_cancel_stands_after_the_restart(
+    crashable: Crashable, session: aiohttp.ClientSession
+) -> None:
+    crashable.start("http.after_commit@2")  # the create passes, the cancel kills
+    api = api_of(crashable, session)
+    task = await api.create({"kind": "sleep", "payload": {"seconds": 30}, "leaseSeconds": 2})
+    await api.wait_state(task["id"], {"running"}, timeout_s=15)
+    await call_dropped(api, "POST", f"/api/tasks/{task['id']}/cancel", {"reason": "crash test"})
+    await crashable.crashed_at("http.after_commit")
+    crashable.restart()
+    canceled = await inv.check_task(api, task["id"], expected="canceled")
+    # the node hears of it in its next heartbeat reply, its late settle (if any) is refused: nothing changes
+    await inv.assert_stays(api, canceled, 4.0)
+    status, again, _ = await api.call("POST", f"/api/tasks/{task['id']}/cancel", {"reason": "again"})
+    assert status == 200 and again["revision"] == canceled["revision"]
+    await inv.check_task(api, task["id"], expected="canceled")
+
+
+async def test_claim_after_commit_the_lost_lease_is_retried(
+    crashable: Crashable, session: aiohttp.ClientSession
+) -> None:
+    crashable.start("claim.after_commit")
+    api = api_of(crashable, session)
+    task = await api.create(ECHO)
+    await crashable.crashed_at("claim.after_commit")
+    crashable.restart()
+    await inv.wait_terminal(api, [task["id"]], timeout_s=25)
+    done = await inv.check_task(api, task["id"], expected="succeeded")
+    history = await api.history(task["id"])
+    # either the node claimed the same attempt again (same lease, one claim) or the lease ran out after the
+    # recovery grace and a new attempt ran: both are one claim per attempt, checked above
+    assert done["attemptNo"] == len([h for h in history if h["action"] == "claim"])
+    await inv.assert_settle_applied_once(api, task["id"])
+
+
+async def test_settle_after_apply_the_redelivered_settle_is_a_repeat(
+    crashable: Crashable, session: aiohttp.ClientSession
+) -> None:
+    crashable.start("settle.after_apply")
+    api = api_of(crashable, session)
+    task = await api.create(ECHO)
+    await crashable.crashed_at("settle.after_apply")
+    crashable.restart()
+    done = await inv.check_task(api, task["id"], expected="succeeded")  # committed before the kill
+    assert done["result"] == {"n": 1}
+    # the unacked settle is still in GW_SETTLE; whenever it comes back it is a repeat that changes nothing
+    await inv.assert_stays(api, done, 3.0)
+    await inv.assert_settle_applied_once(api, task["id"])
+    await inv.check_task(api, task["id"], expected="succeeded")
+
+
+@pytest.mark.slow
+async def test_settle_after_apply_redelivery_is_audited_as_a_repeat(
+    crashable: Crashable, session: aiohttp.ClientSession
+) -> None:
+    """The same crash, waiting for JetStream to redeliver the unacked settle (AckWait 30 s) to see it handled."""
+    crashable.start("settle.after_apply")
+    api = api_of(crashable, session)
+    task = await api.create(ECHO)
+    await crashable.crashed_at("settle.after_apply")
+    crashable.restart()
+    done = await inv.check_task(api, task["id"], expected="succeeded")
+
+    async def redelivered() -> list[dict[str, Any]] | None:
+        entries = await inv.audit(api, task["id"], "settle")
+        return entries if len(entries) >= 2 else None
+
+    entries = await inv.poll("the unacked settle never came back", redelivered, timeout_s=45, every_s=0.5)
+    assert sorted(e["result"] for e in entries) == ["ok"] + ["repeat"] * (len(entries) - 1), entries
+    await inv.assert_stays(api, done, 0.5)
+    await inv.check_task(api, task["id"], expected="succeeded")
+
+
+async def test_task_cancel_cascade_every_descendant_ends_canceled(
+    crashable: Crashable, session: aiohttp.ClientSession
+) -> None:
+    """CONTRACT 2.3: the cascade is durable. Known to fail until the cascade is made durable: the current
+    cascade is a set of in-memory tasks spawned after the parent's commit, and a crash loses them."""
+    crashable.start("task.cancel_cascade")
+    api = api_of(crashable, session)
+    sleep = {"kind": "sleep", "payload": {"seconds": 30}, "leaseSeconds": 2}
+    parent = await api.create(sleep)
+    running_child = await api.create({**sleep, "parentId": parent["id"]})
+    grandchild = await api.create({**sleep, "parentId": running_child["id"]})
+    queued_child = await api.create({"kind": "nobody.serves.this", "parentId": parent["id"]})
+    waiting_child = await api.create({"kind": "echo", "parentId": parent["id"], "requiresApproval": True})
+    for t in (parent, running_child, grandchild):
+        await api.wait_state(t["id"], {"running"}, timeout_s=15)
+    answered: dict[str, Any] | None = None
+    try:
+        status, answered, _ = await api.call("POST", f"/api/tasks/{parent['id']}/cancel", {"reason": "cascade"})
+        assert status == 200, answered
+    except (aiohttp.ClientError, TimeoutError):
+        answered = None  # died before the answer: the parent's cancel is committed all the same
+    await crashable.crashed_at("task.cancel_cascade")
+    crashable.restart()
+    await inv.check_task(api, parent["id"], expected="canceled")
+    try:
+        below = await inv.wait_all_canceled(api, parent["id"], timeout_s=10)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc} (the cancel was {'answered' if answered else 'not answered'})") from None
+    ids = {running_child["id"], grandchild["id"], queued_child["id"], waiting_child["id"]}
+    assert {t["id"] for t in below} == ids
+    for tid in ids:
+        await inv.check_task(api, tid, expected="canceled")
+
+
+@pytest.mark.parametrize("down_s", [0.0, 4.0], ids=["restart-at-once", "down-past-the-claim-lease"])
+async def test_schedule_after_task_create_one_run_per_occurrence(
+    crashable: Crashable, session: aiohttp.ClientSession, down_s: float
+) -> None:
+    """The run's task exists, its launch record does not: reconcile adopts the task; the occurrence does not
+    fire again, neither when the schedule's claim lease (3 s here) runs out after the restart nor when the
+    daemon stayed down longer than that lease."""
+    crashable.start("schedule.after_task_create")
+    api = api_of(crashable, session)
+    body = {
+        "title": "failpoint once",
+        "task": {"kind": "echo", "payload": {"once": True}, "leaseSeconds": 2},
+        "schedule": {"type": "once", "runAt": fmt_ts(time.time() + 1.0)},
+    }
+    status, sched, _ = await api.call("POST", "/api/scheduled-tasks", body)
+    assert status == 201, sched
+    await crashable.crashed_at("schedule.after_task_create")
+    await asyncio.sleep(down_s)
+    crashable.restart()
+
+    async def completed() -> dict[str, Any] | None:
+        got = await inv.scheduled(api, sched["id"])
+        return got if got["status"] in ("completed", "failed", "cancelled") else None
+
+    final = await inv.poll("the once schedule never finished", completed, timeout_s=20)
+    await asyncio.sleep(4.0)  # past the claim lease: a second firing of the occurrence would show now
+    runs = await inv.assert_schedule_consistent(api, sched["id"], "echo")
+    assert final["status"] == "completed" and final["lastRunStatus"] == "succeeded", (final, runs)
+    (run,) = runs
+    assert (run["status"], run["trigger"]) == ("succeeded", "scheduled"), runs
+    await inv.check_task(api, run["taskId"], expected="succeeded")
+    assert (await inv.scheduled(api, sched["id"]))["runCount"] == 1
+
+
+async def test_schedule_after_task_create_manual_trigger_is_adopted(
+    crashable: Crashable, session: aiohttp.ClientSession
+) -> None:
+    """A manual trigger dies between its task and its launch record: the trigger is never answered, the run
+    and its task are adopted at the restart, and the schedule itself keeps its status and next time."""
+    crashable.start("schedule.after_task_create")
+    api = api_of(crashable, session)
+    body = {
+        "title": "failpoint trigger",
+        "task": {"kind": "echo", "payload": {"manual": True}, "leaseSeconds": 2},
+        "schedule": {"type": "cron", "cron": "0 0 1 1 *", "timezone": "UTC"},
+    }
+    status, sched, _ = await api.call("POST", "/api/scheduled-tasks", body)
+    assert status == 201, sched
+    await call_dropped(api, "POST", f"/api/scheduled-tasks/{sched['id']}/trigger", None)
+    await crashable.crashed_at("schedule.after_task_create")
+    crashable.restart()
+
+    async def finished() -> list[dict[str, Any]] | None:
+        runs = await inv.schedule_runs(api, sched["id"])
+        return runs if runs and all(r["status"] in inv.RUN_TERMINAL for r in runs) else None
+
+    (run,) = await inv.poll("the triggered run never finished", finished, timeout_s=20)
+    assert (run["status"], run["trigger"]) == ("succeeded", "manual"), run
+    await inv.assert_schedule_consistent(api, sched["id"], "echo")
+    await inv.check_task(api, run["taskId"], expected="succeeded")
+    after = await inv.scheduled(api, sched["id"])
+    assert (after["status"], after["nextRunAt"], after["runCount"]) == ("enabled", sched["nextRunAt"], 1), after
+    assert after["lastRunStatus"] == "succeeded", after
