@@ -1,4 +1,4 @@
-"""Configuration (CONTRACT 1): defaults, TOML + environment precedence, validation, redaction,
+"""Configuration (docs/CONFIG.md): defaults, TOML + environment precedence, validation, redaction,
 production refusal of weak secrets, and the config lines of ``gatewayd check``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The embedded nats-server of dev mode (CONTRACT 1) and the NATS, data dir and store lines of
+"""The embedded nats-server of dev mode (docs/CONFIG.md) and the NATS, data dir and store lines of
 ``gatewayd check``. Every server and helper process started here is stopped by its PID."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Composition: ``[scheduler]`` reaches the scheduler as configured (seed 000 section 7.3: production gets
+"""Composition: ``[scheduler]`` reaches the scheduler as configured (docs/SCHEDULES.md, budget: production gets
 the configured thresholds, never the model's permissive defaults), and the gateway wires the scheduler in
 (routes, completion listener, thread check, readiness)."""
 

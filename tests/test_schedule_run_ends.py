@@ -1,8 +1,8 @@
 """ScheduleService on both stores (SQLite on a real file, memory): which run's end may decide a schedule's
-status (CONTRACT 2.7: only while the schedule is still the one that launched it), which task's end is a
-run's end at all (CONTRACT 2.1: the reserved labels are the gateway's; a completion applies only to the
+status (docs/SCHEDULES.md: only while the schedule is still the one that launched it), which task's end is a
+run's end at all (docs/API.md, Tasks: the reserved labels are the gateway's; a completion applies only to the
 run's own task, of the schedule's owner), and start-up reconcile finishing a launch a crash cut short
-(seed 000: never two runs of one schedule for one occurrence)."""
+(docs/SCHEDULES.md, Start-up reconcile: never two runs of one schedule for one occurrence)."""
 
 from __future__ import annotations
 

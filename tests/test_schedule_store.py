@@ -394,7 +394,7 @@ async def test_sqlite_a_corrupt_row_is_named_skipped_in_lists_and_raised_on_a_si
 
 
 async def test_the_generation_names_the_schedule_a_run_was_launched_for(store: Any) -> None:
-    """CONTRACT 2.7: an edit raises the generation; a run's end (or a manual launch record) made for an older
+    """docs/SCHEDULES.md: an edit raises the generation; a run's end (or a manual launch record) made for an older
     generation closes the run only, and leaves the edited schedule's status, cursor and lastError alone."""
     await store.insert_schedule(schedule(1, spec=ONCE, status="failed", last_error=SKIPPED_OVERLAP))
     await store.insert_run(run(1, 1, "running", task_id="tsk_1", trigger="manual", schedule_generation=0))

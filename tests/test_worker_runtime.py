@@ -1,6 +1,6 @@
 """The node worker runtime against a real nats-server and a small fake gateway written with nats-py.
 
-The fake gateway does what the real one does on the wire (CONTRACT 3): creates the streams and the kind
+The fake gateway does what the real one does on the wire (docs/WIRE.md): creates the streams and the kind
 consumers, publishes offers with ``Nats-Msg-Id: <attemptId>``, answers claims and heartbeats, sends
 cancels and reads settles from ``GW_SETTLE``. Each test uses its own node id and kinds, so tests sharing
 the session's server do not see each other's offers; settles of other nodes are acked and skipped.

@@ -1,4 +1,4 @@
-"""The invariants of docs/INVARIANTS (CONTRACT 2.2, 2.3, 2.7), checked from the outside through the admin API.
+"""The invariants of docs/INVARIANTS (docs/API.md, docs/SCHEDULES.md), checked from the outside through the admin API.
 
 Reusable by any end-to-end test that crashes something and wants to know that nothing was lost, nothing
 finished twice and every record still tells one consistent story. Each ``assert_*`` raises AssertionError
@@ -171,7 +171,7 @@ async def descendants(api: Api, root_id: str) -> list[dict[str, Any]]:
 
 
 async def wait_all_canceled(api: Api, root_id: str, timeout_s: float) -> list[dict[str, Any]]:
-    """CONTRACT 2.3: a canceled task has no non-terminal descendant once the cascade had time to run; every
+    """docs/API.md, Cancel: a canceled task has no non-terminal descendant once the cascade had time to run; every
     descendant that was not already finished ends ``canceled``. Returns the descendants as last read."""
     last: list[dict[str, Any]] = []
 

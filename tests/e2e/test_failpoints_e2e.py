@@ -200,7 +200,7 @@ async def test_settle_after_apply_redelivery_is_audited_as_a_repeat(
 async def test_task_cancel_cascade_every_descendant_ends_canceled(
     crashable: Crashable, session: aiohttp.ClientSession
 ) -> None:
-    """CONTRACT 2.3: the cascade is durable. Known to fail until the cascade is made durable: the current
+    """docs/API.md, Cancel: the cascade is durable. Known to fail until the cascade is made durable: the current
     cascade is a set of in-memory tasks spawned after the parent's commit, and a crash loses them."""
     crashable.start("task.cancel_cascade")
     api = api_of(crashable, session)

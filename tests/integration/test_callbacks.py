@@ -1,4 +1,4 @@
-"""Result callbacks (CONTRACT 2.5) against a real aiohttp receiver on 127.0.0.1: signature and payload,
+"""Result callbacks (docs/API.md, Callbacks) against a real aiohttp receiver on 127.0.0.1: signature and payload,
 retries at the configured spacing, the callback dead-letter queue and redelivery, restarts, and the
 production rule on private targets. Real nats-server, real SQLite file."""
 

@@ -1,4 +1,4 @@
-"""Dead letters (CONTRACT 2.4): fields, redrive, exhaustion, force-retry, automatic redrive, archiving."""
+"""Dead letters (docs/API.md, Dead letters): fields, redrive, exhaustion, force-retry, automatic redrive, archiving."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ async def test_automatic_redrive_and_archiving(tmp_path: Path, fresh_nats: NatsS
 
 
 async def test_task_retry_of_a_dead_letter_is_a_redrive(tmp_path: Path, fresh_nats: NatsServerProcess) -> None:
-    """CONTRACT 2.4: POST /api/tasks/{id}/retry of a task with a dead letter counts in retryCount, and an
+    """docs/API.md, Dead letters: POST /api/tasks/{id}/retry of a task with a dead letter counts in retryCount, and an
     exhausted letter refuses it (409 DEAD_LETTER_EXHAUSTED, audited, task unchanged)."""
     no_auto = DeadLetterPolicy(auto_redrive=False, sweep_interval_s=0.1)
     async with running_gateway(

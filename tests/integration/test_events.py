@@ -1,4 +1,4 @@
-"""The event stream (CONTRACT 2.6) end to end in one process: the outbox relay, GW_EVENTS on a real
+"""The event stream (docs/API.md, Events) end to end in one process: the outbox relay, GW_EVENTS on a real
 nats-server, and ``GET /api/events`` over real HTTP, with a real SQLite file."""
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ async def test_owner_isolation_answers_404_like_missing(api: Api) -> None:
         (b'{"kind": "echo", "notBefore": "2026-12-01T09:00:00"}', "INVALID_ARGUMENT", 400),  # no offset
         (b'{"kind": "echo", "parentId": "nope"}', "INVALID_ARGUMENT", 400),
         (b'{"kind": "echo", "labels": {"a": 1}}', "INVALID_ARGUMENT", 400),
-        # the gateway's own label keys (CONTRACT 2.1)
+        # the gateway's own label keys (docs/API.md, Tasks)
         (b'{"kind": "echo", "labels": {"scheduledTaskId": "sch_x"}}', "INVALID_ARGUMENT", 400),
         (b'{"kind": "echo", "labels": {"team": "a", "scheduledRunId": "srn_x"}}', "INVALID_ARGUMENT", 400),
         (b'{"kind": "echo", "labels": {"gw.origin": "x"}}', "INVALID_ARGUMENT", 400),

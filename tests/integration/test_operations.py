@@ -1,4 +1,4 @@
-"""Operator actions (CONTRACT 2.1, 2.3): cancel that reaches running code and children, approve, amend,
+"""Operator actions (docs/API.md, Actions and Cancel): cancel that reaches running code and children, approve, amend,
 retry, rework with revisions and idempotency keys, attempt timeout, and the audit of a whole journey."""
 
 from __future__ import annotations

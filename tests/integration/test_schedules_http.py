@@ -1,4 +1,4 @@
-"""Threads and scheduled tasks over HTTP (CONTRACT 2.7) on an in-process gateway (real nats-server, real
+"""Threads and scheduled tasks over HTTP (docs/SCHEDULES.md) on an in-process gateway (real nats-server, real
 SQLite file): routes, codes, partial PATCH, per-user isolation, the corrupt-row contract, the completion
 hook through the real task lifecycle, metrics, and an occurrence surviving a restart of the gateway."""
 
@@ -317,7 +317,7 @@ async def test_an_occurrence_survives_a_gateway_restart(tmp_path: Path, fresh_na
 
 
 async def test_a_run_ending_after_a_patch_does_not_end_the_edited_schedule(api: Api) -> None:
-    """CONTRACT 2.7: a cron's manual run is cancelled after the schedule was PATCHed into a once; the run
+    """docs/SCHEDULES.md: a cron's manual run is cancelled after the schedule was PATCHed into a once; the run
     records its own end, the once stays enabled and fires."""
     alice = api.as_user(ALICE_TOKEN)
     s = await created(alice, body())
@@ -354,7 +354,7 @@ async def test_a_run_ending_after_a_patch_does_not_end_the_edited_schedule(api: 
 
 
 async def test_reserved_labels_cannot_be_forged(api: Api, node: HandNode) -> None:
-    """CONTRACT 2.1: bob cannot create a task that poses as alice's scheduled run; alice's run and once stay
+    """docs/API.md, Tasks: bob cannot create a task that poses as alice's scheduled run; alice's run and once stay
     hers, and end with her own task."""
     alice, bob = api.as_user(ALICE_TOKEN), api.as_user(BOB_TOKEN)
     s = await created(alice, body({"type": "once", "runAt": "2027-01-01T09:00:00Z"}))

@@ -1,4 +1,4 @@
-"""``gatewayd check`` and the production refusal as an operator meets them (issue 6, CONTRACT 1): the real
+"""``gatewayd check`` and the production refusal as an operator meets them (issue 6, docs/CONFIG.md): the real
 command, green on a good config and red with the right line on each bad one; ``gatewayd run`` in
 production refuses weak secrets naming the key; no secret ever in the output."""
 

@@ -1,4 +1,4 @@
-"""NATS security (issue 6, CONTRACT 3): a node's NATS user may act only as that node.
+"""NATS security (issue 6, docs/WIRE.md): a node's NATS user may act only as that node.
 
 The production file ``ops/nats/nats-server.conf`` runs as shipped on a real three-server JetStream
 cluster (TLS for clients, mutual TLS on the routes) with a real ``gatewayd`` in production mode (R3

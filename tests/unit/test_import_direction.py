@@ -41,7 +41,7 @@ def test_actors_import_no_adapters() -> None:
 
 def test_model_is_pure() -> None:
     # datetime is allowed for calendar arithmetic (cron in a time zone is the schedule model's own domain
-    # knowledge, seed 000 section 2); reading the clock through it is not: see the next test.
+    # knowledge, docs/DECISIONS.md, Model purity); reading the clock through it is not: see the next test.
     impure = ("time", "random", "os", "asyncio", "uuid", "secrets")
     for path, names in imports_of("actors/model").items():
         bad = {n for n in names if n.split(".")[0] in impure}

@@ -1,4 +1,4 @@
-"""The schedule model (seed 000 section 3): the four status rules cell by cell, their two order traps, the
+"""The schedule model (docs/SCHEDULES.md, Status): the four status rules cell by cell, their two order traps, the
 cursor after each exit, the spec's validation, re-arming, pause/resume and the run factories."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The daylight-saving rule of CONTRACT 2.7, proved against a brute-force reference.
+"""The daylight-saving rule of docs/SCHEDULES.md, proved against a brute-force reference.
 
 The reference knows nothing of the implementation's segments or transition cache: it walks real minutes
 (UTC instants, one by one) through zoneinfo and asks, for each, whether its local wall time matches the

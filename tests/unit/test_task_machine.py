@@ -1,4 +1,4 @@
-"""Every (state, action) pair of CONTRACT 2.2: allowed with the right target, or refused with the right code."""
+"""Every (state, action) pair of docs/API.md, Task states: allowed with the right target, or refused with its code."""
 
 from __future__ import annotations
 

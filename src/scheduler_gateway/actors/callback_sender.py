@@ -1,4 +1,4 @@
-"""The callback sender: makes the durable callback deliveries (CONTRACT 2.5), retries them, dead-letters them.
+"""The callback sender: makes the durable callback deliveries (docs/API.md, Callbacks), retries them, dead-letters them.
 
 This actor owns every delivery attempt. Deliveries are written by the task service in the same
 transaction as the terminal change they report (``Change.callback``); the store is the schedule (each

@@ -1,4 +1,4 @@
-"""Failpoints: named places in the daemon where a test kills the process on the spot (DESIGN "Proving it").
+"""Failpoints: named places in the daemon where a test kills the process on the spot (docs/FAILPOINTS.md).
 
 For tests only. The composition root arms them once from ``GW_FAILPOINTS`` (``configure``); the code calls
 ``hit(name)`` at each commit edge. Off (the default), ``hit`` is one test of a module global against None:

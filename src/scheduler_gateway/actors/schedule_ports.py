@@ -1,4 +1,4 @@
-"""The ports the scheduler sees the outside through (seed 000 section 5), and what crosses them.
+"""The ports the scheduler sees the outside through (docs/ARCHITECTURE.md, Scheduled tasks), and what crosses them.
 
 - ``ScheduleStore``: threads, scheduled tasks and their runs. Implemented next to ``TaskStore`` by the
   SQLite and memory stores (``tests/test_schedule_store.py`` holds both to this contract). Atomicity is
@@ -172,7 +172,7 @@ class RunUpdate:
 
 @dataclass(frozen=True, slots=True)
 class LaunchRecord:
-    """What the dispatch path writes on a schedule row, and only that (seed 000 section 7.1: field-owning
+    """What the dispatch path writes on a schedule row, and only that (docs/ARCHITECTURE.md, Store: field-owning
     CAS writes, never a read-modify-write of the whole row): the status, the cursor, the claim's lease,
     the run count and lastError. The completion path owns the verdict (``record_completion``).
 
@@ -184,7 +184,7 @@ class LaunchRecord:
     and the cursor: an edit that landed between a manual trigger's read and this write made another
     schedule, whose status and next time are not this occurrence's to move. ``takes_over`` raises the
     generation: this occurrence decided the status while another run was still active (a skip), so that
-    run's end no longer decides it (CONTRACT 2.7).
+    run's end no longer decides it (docs/SCHEDULES.md).
     """
 
     status: str

@@ -1,13 +1,13 @@
 """The scheduler: the schedule use cases (``ScheduleService``), the poller actor (``Scheduler``) and the
 launcher that turns an occurrence into a gateway task (``TaskServiceLauncher``).
 
-Three drivers meet in ``ScheduleService`` (seed 000 section 8): HTTP (users manage schedules and trigger
+Three drivers meet in ``ScheduleService`` (docs/SCHEDULES.md): HTTP (users manage schedules and trigger
 them), the clock (the poller claims due schedules and dispatches them) and the task lifecycle (a task an
 occurrence launched reaches a terminal state: the completion hook writes the verdict). The service holds
 no rule of its own: every "what next" is asked of the model (``actors.model.schedule``); the service
 orders the reads and writes.
 
-``dispatch_task`` has exactly four exits (seed 000 section 6.1): launched, skipped (a tombstone run),
+``dispatch_task`` has exactly four exits (docs/SCHEDULES.md, Overlap): launched, skipped (a tombstone run),
 conflict (a manual trigger refused, no record; or a busy thread, a failed record) and failed. The fast
 path (``has_active``) and the store's arbiter (the partial unique index, ``ActiveRunConflict``) end in
 the same result, so a caller cannot tell which one stopped it. Only the launch is inside a try: a
@@ -113,7 +113,7 @@ class NewSchedule(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TemplatePatch(msgspec.Struct, frozen=True, kw_only=True):
-    """None: not sent (CONTRACT 2.7: ``null`` means not sent)."""
+    """None: not sent (docs/SCHEDULES.md: ``null`` means not sent)."""
 
     kind: str | None = None
     payload: msgspec.Raw | None = None
@@ -604,7 +604,7 @@ class ScheduleService:
             return await self._store.update_run(update)
         if not schedule.decides_for(run):
             # edited (or taken over by a skip) since this run's launch: the run's end is its own, not the
-            # schedule's (CONTRACT 2.7); the store's generation guard would refuse the verdict anyway
+            # schedule's (docs/SCHEDULES.md); the store's generation guard would refuse the verdict anyway
             log.info("run %s ended after its scheduled task %s changed; only the run is closed", run.id, record.id)
             return await self._store.update_run(update)
         verdict = schedule.status_after_completion(outcome)
@@ -634,7 +634,7 @@ class ScheduleService:
         return await self.handle_run_completion(finished.run_id, outcome, err, now, finished.task_id)
 
     async def reconcile_on_startup(self, now: float) -> dict[str, int]:
-        """Bring runs and schedules in line with the tasks after a restart (DESIGN rule 7):
+        """Bring runs and schedules in line with the tasks after a restart (docs/SCHEDULES.md, Start-up reconcile):
 
         - an active run whose task finished while we were down is completed from the task's real state,
           after its launch is recorded if the crash came between the task's creation and the launch record

@@ -5,7 +5,7 @@ messages to the task's mailbox, handled one at a time: read the live task, let t
 decide, commit the change (row + history + audit + outbox event in one transaction), then tell the
 dispatcher, the lease clock and the node. Active tasks are kept live in memory (they are what the
 supervisors own); lease extensions live only there, and a restart gives every running lease a grace
-period instead (DESIGN rule 7).
+period instead (docs/SCHEDULES.md, Start-up reconcile).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Caller(msgspec.Struct, frozen=True):
         return ActorRef("system" if self.actor_type == "system" else "user", self.user)
 
 
-#: Label keys that are the gateway's own (CONTRACT 2.1). The scheduler's launcher writes the first two on an
+#: Label keys that are the gateway's own (docs/API.md, Tasks). The scheduler's launcher writes the first two on an
 #: occurrence's task, and the completion hook and start-up reconcile find a run's task by them: a user who
 #: could set them could pose as another user's run. Only a system caller (the daemon's own actors) sets them.
 SCHEDULE_LABEL = "scheduledTaskId"

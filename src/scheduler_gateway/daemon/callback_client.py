@@ -2,7 +2,7 @@
 
 This module owns the one client session callbacks go out through (pooled connections, no cookies, no
 proxy from the environment, no redirects: a 3xx is a failed attempt, so a receiver cannot bounce a
-delivery to another host) and the rule of CONTRACT 2.5 that in production (``allow_private_networks``
+delivery to another host) and the rule of docs/API.md, Callbacks that in production (``allow_private_networks``
 false) private, loopback and link-local targets are refused. The rule is checked on the address the
 connection is actually made to: names go through a resolver that refuses any non-public answer, and
 aiohttp connects to exactly what that resolver returned, so a name cannot be re-pointed between the

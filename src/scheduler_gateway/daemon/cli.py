@@ -1,4 +1,4 @@
-"""``gatewayd``: run the daemon, check a setup, create API tokens (CONTRACT 1).
+"""``gatewayd``: run the daemon, check a setup, create API tokens (docs/CONFIG.md).
 
 ``run`` wires the config into the composition root, starts the embedded nats-server when no NATS URL
 is configured, and in dev mode writes a first admin token to ``<data_dir>/admin.token`` (0600) so a

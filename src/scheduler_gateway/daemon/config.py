@@ -1,6 +1,6 @@
 """The daemon's configuration: one frozen dataclass tree, loaded from TOML plus environment overrides.
 
-This module owns the pinned keys and environment variables of CONTRACT section 1, their
+This module owns the pinned keys and environment variables of docs/CONFIG.md, their
 defaults, their validation, the redacted view for printing, and the production rules for
 weak secrets. It reads no clock and starts nothing; the composition root turns the values
 into policy objects for the actors.

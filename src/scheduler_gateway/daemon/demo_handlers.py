@@ -1,4 +1,4 @@
-"""The built-in demo kinds of ``gateway-worker`` (CONTRACT 1): ``echo``, ``sleep`` and ``fail``.
+"""The built-in demo kinds of ``gateway-worker`` (docs/CONFIG.md): ``echo``, ``sleep`` and ``fail``.
 
 Always registered by the CLI, and what the end-to-end tests run. They double as the smallest examples of
 the handler API: return a JSON-able result, heartbeat while working, raise ``TaskFailed`` to fail.

@@ -4,7 +4,7 @@ This module owns what lives in ``<data_dir>`` for the embedded server:
 
 - ``nats/``: the server's generated config, its log and the JetStream store (``nats/jetstream``);
 - ``nats.json`` = ``{"url", "user", "password"}``, mode 0600: the node user's credentials,
-  which ``gateway-worker --data-dir`` reads (CONTRACT 1);
+  which ``gateway-worker --data-dir`` reads (docs/CONFIG.md);
 - ``nats-gateway.json``, same shape, 0600: the gateway's own credentials;
 - ``nats-server.pid``: the pid of the running server, so that a start after a crash of
   the daemon can find its orphaned server and stop it;

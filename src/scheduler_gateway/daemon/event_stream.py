@@ -1,4 +1,4 @@
-"""Reading ``GW_EVENTS`` for Server-Sent Events clients (CONTRACT 2.6): one live tail fanned out to every
+"""Reading ``GW_EVENTS`` for Server-Sent Events clients (docs/API.md, Events): one live tail fanned out to every
 subscriber, a window of recent events for quick resumes, and JetStream replay for older ones.
 
 This module owns the gateway's read side of the event stream; the write side is the outbox relay
@@ -81,7 +81,7 @@ class _StreamBody(msgspec.Struct, rename="camel"):
 
 
 class _SseData(msgspec.Struct, rename="camel"):
-    """The ``data:`` of an SSE event (CONTRACT 2.6): the event without its owner, with its stream seq."""
+    """The ``data:`` of an SSE event (docs/API.md, Events): the event without its owner, with its stream seq."""
 
     seq: int
     type: str

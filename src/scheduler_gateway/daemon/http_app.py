@@ -1,4 +1,4 @@
-"""The aiohttp sidecar: admin API (CONTRACT 2), health, readiness and metrics.
+"""The aiohttp sidecar: admin API (docs/API.md), health, readiness and metrics.
 
 It translates HTTP into calls on the task service and back: request ids, bearer auth with owner
 isolation (a foreign object answers 404 like a missing one), strict bodies, the error envelope.

@@ -1,4 +1,4 @@
-"""The callback dead-letter queue on the admin API (CONTRACT 2.5), kept apart from task dead letters.
+"""The callback dead-letter queue on the admin API (docs/API.md, Callbacks), kept apart from task dead letters.
 
 ``GET /api/callbacks/deadletter[?taskId=]``, ``GET /api/callbacks/deadletter/{id}`` and
 ``POST /api/callbacks/deadletter/{id}/redeliver``. A user sees its own letters only (another user's

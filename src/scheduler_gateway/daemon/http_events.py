@@ -1,4 +1,4 @@
-"""``GET /api/events``: the event stream as Server-Sent Events (CONTRACT 2.6), on the admin API's app.
+"""``GET /api/events``: the event stream as Server-Sent Events (docs/API.md, Events), on the admin API's app.
 
 This module owns the HTTP side of one SSE connection: its arguments (``Last-Event-ID`` header or
 ``?lastEventId=``, ``?types=``, ``?aggregateId=``), subscribing before the headers go out, writing, and

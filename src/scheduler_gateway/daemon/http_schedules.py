@@ -1,4 +1,4 @@
-"""HTTP routes of threads and scheduled tasks (CONTRACT 2.7), on the admin API's app.
+"""HTTP routes of threads and scheduled tasks (docs/SCHEDULES.md), on the admin API's app.
 
 It translates requests into ``ScheduleService`` calls and answers into views; it holds no state and no
 rule. Auth, request ids and the error envelope come from ``AdminApi``'s middleware (these routes are

@@ -1,4 +1,4 @@
-"""Who may do what on NATS: the per-node permissions of CONTRACT 3, in one place.
+"""Who may do what on NATS: the per-node permissions of docs/WIRE.md, in one place.
 
 A node user may only act as its own node. It may publish:
 

@@ -5,11 +5,11 @@ so the text lives next to the code that depends on it).
 
 SQLite: every write is one op through the store's single writer (group commit with the task writes); the
 claim (select the due rows, stamp the lease, read them back) is one transaction. Two writes own disjoint
-fields of a schedule row (seed 000 section 7.1): ``record_launch`` (status by compare-and-set, cursor,
+fields of a schedule row (docs/ARCHITECTURE.md, Scheduled tasks): ``record_launch`` (status by compare-and-set, cursor,
 lease, run count, lastError) and ``record_completion`` (the verdict and lastError, only together with the
 run's own final status). Users' edits are a compare-and-set on ``version``, which every write raises.
 A run's end writes the verdict only while the schedule's ``generation`` (raised by users' edits and by
-skips) is still the one the run was launched under (CONTRACT 2.7).
+skips) is still the one the run was launched under (docs/SCHEDULES.md).
 The one-active-run-per-schedule rule is the partial unique index ``uq_scheduled_run_active``: its
 predicate is ``ACTIVE_RUN_STATUSES`` (a test holds the two together). A row whose stored parts do not
 decode becomes a ``ScheduleRecord`` naming the bad parts, never an exception from the store itself.
@@ -115,7 +115,7 @@ SCHEDULE_MIGRATION: tuple[str, ...] = (
     "CREATE INDEX tasks_thread ON tasks (thread_id, state) WHERE thread_id IS NOT NULL",
 )
 
-#: Migration 4: which schedule a run was launched for (CONTRACT 2.7: a run's end decides the status only of
+#: Migration 4: which schedule a run was launched for (docs/SCHEDULES.md: a run's end decides the status only of
 #: that one). Existing rows start at generation 0 on both sides, so a run active across the upgrade still
 #: decides its schedule. Never edit once released.
 SCHEDULE_GENERATION_MIGRATION: tuple[str, ...] = (

@@ -2,15 +2,15 @@
 the event outbox, dead letters, principals, nodes), implementing ``actors.ports.TaskStore``.
 
 This module owns the database file, its schema and migrations, and the only write connection. Writes go
-through one writer coroutine that commits everything queued in one transaction (group commit, DESIGN rule
-6), so throughput is bounded by the CPU rather than by one fsync per task. The write connection lives in a
+through one writer coroutine that commits everything queued in one transaction (group commit, docs/ARCHITECTURE.md,
+Store), so throughput is bounded by the CPU rather than by one fsync per task. The write connection lives in a
 thread of its own and a whole batch is ONE call into that thread: statement by statement (as aiosqlite
 does) would cost an event-loop turn per statement, which under load is most of a commit's latency. Reads
 use a second connection through aiosqlite: in WAL mode it reads the last committed state while the writer
 writes.
 
 Every task write is a compare-and-set on ``revision``; the row, its history entry, audit entry, outbox
-event, idempotency key and dead letter commit together or not at all (DESIGN rules 3 and 4).
+event, idempotency key and dead letter commit together or not at all (docs/ARCHITECTURE.md, Inside gatewayd).
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # 3: threads, scheduled tasks and their runs (the text lives in schedule_store.py, next to its queries)
     SCHEDULE_MIGRATION,
-    # 4: the schedule generation a run was launched under (CONTRACT 2.7; text in schedule_store.py)
+    # 4: the schedule generation a run was launched under (docs/SCHEDULES.md; text in schedule_store.py)
     SCHEDULE_GENERATION_MIGRATION,
     # 5: what the dead-letter sweep asks for, as columns (copied from the letter on every write) with a
     # partial index per question: the sweep reads due and archivable letters only, never the archive

@@ -1,4 +1,4 @@
-"""JetStream streams and consumers of the wire protocol (CONTRACT 3), created idempotently.
+"""JetStream streams and consumers of the wire protocol (docs/WIRE.md), created idempotently.
 
 The gateway's own settle consumer (a durable push consumer with a deliver group, so settles arrive
 as they are published) is created by the gateway's bus adapter, not here.

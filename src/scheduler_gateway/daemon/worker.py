@@ -1,6 +1,6 @@
 """The node worker runtime: pulls offers over NATS JetStream, claims them, runs handlers, settles them.
 
-This module owns the worker side of the wire protocol (CONTRACT 3) and the public handler API:
+This module owns the worker side of the wire protocol (docs/WIRE.md) and the public handler API:
 
 - ``TaskContext``, ``TaskFailed``, ``HandlerRegistry``, the ``handler(kind)`` decorator and its
   ``default_registry`` (the one documented module-level registry, filled by decorated handler modules);
@@ -67,7 +67,7 @@ STUBBORN_HANDLER_WAIT_S: Final = 5.0  # on stop(), after cancelling the handlers
 _NODE_ID_RE: Final = re.compile(NODE_ID_PATTERN)
 _KIND_RE: Final = re.compile(KIND_PATTERN)
 
-# Claim refusals after which the offer is dead: ack it so it is not redelivered (CONTRACT 3).
+# Claim refusals after which the offer is dead: ack it so it is not redelivered (docs/WIRE.md).
 _DEAD_OFFER_CODES: Final = frozenset(
     {Code.ATTEMPT_STALE, Code.LEASE_CONFLICT, Code.TASK_ALREADY_TERMINAL, Code.TASK_NOT_FOUND}
 )

@@ -1,4 +1,4 @@
-"""``gateway-worker``: the command line of the node worker (CONTRACT 1).
+"""``gateway-worker``: the command line of the node worker (docs/CONFIG.md).
 
 Owns argument parsing and validation, where the NATS credentials come from (``--data-dir`` reads the
 ``nats.json`` the daemon writes; ``--nats/--user/--password`` name them directly), loading ``--handlers``

@@ -1,4 +1,4 @@
-"""HTTP bodies of the admin API (CONTRACT 2): requests as strict msgspec Structs, responses as views.
+"""HTTP bodies of the admin API (docs/API.md): requests as strict msgspec Structs, responses as views.
 
 camelCase keys; unknown fields in a request are refused. ``payload`` and ``result`` are ``msgspec.Raw``
 so the gateway passes the client's JSON through without decoding it.

@@ -1,4 +1,4 @@
-"""Result callbacks on the wire (CONTRACT 2.5): the body the gateway POSTs, its headers and its signature.
+"""Result callbacks on the wire (docs/API.md, Callbacks): the body the gateway POSTs, its headers and its signature.
 
 A receiver checks ``X-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>`` over the
 exact bytes it received, and deduplicates on ``X-Callback-Id: <taskId>:<revision>`` (delivery is at least

@@ -1,6 +1,6 @@
 """Stable error codes and the one error hierarchy that carries them.
 
-Codes are the contract's (CONTRACT.md section 2 and 3). Only the HTTP layer maps them to status codes.
+Codes are the contract's (docs/API.md, Errors and docs/WIRE.md, Claim). Only the HTTP layer maps them to status codes.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Code:
     STORAGE_ERROR: Final = "STORAGE_ERROR"
     SERVICE_UNAVAILABLE: Final = "SERVICE_UNAVAILABLE"
     INTERNAL: Final = "INTERNAL"
-    # claim refusals on the wire (CONTRACT 3)
+    # claim refusals on the wire (docs/WIRE.md)
     ATTEMPT_STALE: Final = "ATTEMPT_STALE"
     LEASE_CONFLICT: Final = "LEASE_CONFLICT"
     NODE_DRAINING: Final = "NODE_DRAINING"

@@ -1,4 +1,4 @@
-"""Messages between the gateway and node workers over NATS (CONTRACT 3), as msgspec Structs.
+"""Messages between the gateway and node workers over NATS (docs/WIRE.md), as msgspec Structs.
 
 camelCase on the wire. ``payload`` and ``result`` stay ``msgspec.Raw`` on the gateway side: the gateway
 stores and forwards those bytes without decoding them, and compares results by their bytes.
@@ -113,7 +113,7 @@ class CancelNotice(_Wire, kw_only=True):
 
 
 class Event(_Wire, kw_only=True):
-    """An event on ``gw.evt.<aggregateType>.<type>`` (CONTRACT 2.6); ``seq`` is the stream's sequence."""
+    """An event on ``gw.evt.<aggregateType>.<type>`` (docs/API.md, Events); ``seq`` is the stream's sequence."""
 
     type: str
     aggregate_type: str

@@ -1,4 +1,4 @@
-"""HTTP bodies of threads and scheduled tasks (CONTRACT 2.7): strict requests, plain views.
+"""HTTP bodies of threads and scheduled tasks (docs/SCHEDULES.md): strict requests, plain views.
 
 camelCase keys; unknown request fields are refused. In a PATCH body ``null`` (or leaving a field out)
 means "not sent"; ``schedule`` and ``task`` may be sent in part and are completed from the current value.

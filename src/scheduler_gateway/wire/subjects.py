@@ -1,4 +1,4 @@
-"""NATS subject names and JetStream stream / consumer names (CONTRACT 3)."""
+"""NATS subject names and JetStream stream / consumer names (docs/WIRE.md)."""
 
 from __future__ import annotations
 

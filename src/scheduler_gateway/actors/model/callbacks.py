@@ -1,4 +1,4 @@
-"""The callback model (CONTRACT 2.5): durable deliveries, callback dead letters, the retry schedule.
+"""The callback model (docs/API.md, Callbacks): durable deliveries, callback dead letters, the retry schedule.
 
 A delivery is written in the same transaction as the terminal change of its task, with the body fixed at
 that moment: every attempt (and a redelivery from the dead-letter queue) POSTs the same bytes under the

@@ -1,11 +1,11 @@
-"""Cron expressions evaluated in an IANA time zone, with the daylight-saving rule of CONTRACT 2.7.
+"""Cron expressions evaluated in an IANA time zone, with the daylight-saving rule of docs/SCHEDULES.md.
 
 This module owns the calendar: parsing a 5-field cron (with croniter, which also validates ranges and
 names), finding the next matching local wall time, and turning wall times into real instants through
 zoneinfo. It is pure: every function takes the instant it reasons about; nothing reads a clock. Instants
 are float epoch seconds (UTC), wall times are naive ``datetime`` values in the schedule's zone.
 
-The DST rule (Vixie cron's, as CONTRACT 2.7 pins it):
+The DST rule (Vixie cron's, as docs/SCHEDULES.md pins it):
 
 - a *fixed-time* cron (minute and hour are both a single number, ``30 2 * * *``) fires once on every local
   day it matches, at the first instant whose wall time is at or after HH:MM that day: a wall time that
@@ -232,7 +232,7 @@ def first_instant_at_or_after(key: str, wall: datetime) -> float:
 
 
 def next_fire(cron: CronExpr, key: str, now: float) -> float | None:
-    """The first instant strictly after ``now`` at which ``cron`` fires in zone ``key`` (CONTRACT 2.7)."""
+    """The first instant strictly after ``now`` at which ``cron`` fires in zone ``key`` (docs/SCHEDULES.md)."""
     if cron.fixed_time:
         return _next_fixed(cron, key, now)
     return _next_wildcard(cron, key, now)

@@ -1,4 +1,4 @@
-"""Scheduled tasks (seed 000 sections 1 and 3, CONTRACT 2.7): the value objects, the two aggregates and
+"""Scheduled tasks (docs/SCHEDULES.md, Status): the value objects, the two aggregates and
 their rules. Pure: ``now`` and the ``SchedulePolicy`` are always arguments, never read or held; new ids
 arrive as arguments too.
 
@@ -184,7 +184,7 @@ class ScheduleSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TaskTemplate(msgspec.Struct, frozen=True, kw_only=True):
-    """What an occurrence submits: a gateway task (CONTRACT 2.1) built from these fields."""
+    """What an occurrence submits: a gateway task (docs/API.md, Tasks) built from these fields."""
 
     kind: str
     payload: msgspec.Raw = NULL
@@ -224,7 +224,7 @@ class ScheduledTask(msgspec.Struct, frozen=True, kw_only=True):
     dispatch. ``last_run_at``/``last_run_status`` are read from the latest run (never written here);
     ``updated_at``, ``version`` and ``generation`` belong to the store's write path.
 
-    ``generation`` names the schedule a run is launched for (CONTRACT 2.7). ``version`` moves with every
+    ``generation`` names the schedule a run is launched for (docs/SCHEDULES.md). ``version`` moves with every
     write (a claim, a launch record, a verdict), so it cannot tell "the same schedule, later" from "another
     schedule"; ``generation`` moves only when the schedule stops being the one its active run was launched
     for: a user's edit, or an occurrence that decided the status while that run was still active (a skip).

@@ -1,4 +1,4 @@
-"""The task state machine of CONTRACT 2.2: one table, one way to change a task.
+"""The task state machine of docs/API.md, Task states: one table, one way to change a task.
 
 Every function takes the task, ``now`` and the facts of the request, and returns either a
 ``Transition`` (the new task, its history entry and the event to emit) or a ``Repeat`` (the request was
