@@ -37,9 +37,9 @@ from scheduler_gateway.daemon.event_stream import (
     decode_event,
     frame,
 )
-from scheduler_gateway.daemon.http_callbacks import redact_userinfo
 from scheduler_gateway.daemon.store_memory import MemoryStore
 from scheduler_gateway.wire.callbacks import signature, verify_signature
+from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.subjects import Subjects
 
 T0 = 1_767_225_600.0
@@ -134,8 +134,8 @@ def test_the_policy_repr_hides_the_secret() -> None:
 
 def test_logs_and_views_show_no_path_query_or_password() -> None:
     assert url_host("https://u:pw@hooks.example.com:8443/p?token=t") == "https://hooks.example.com:8443"
-    assert redact_userinfo("https://u:pw@h.example/p?q=1") == "https://u:***@h.example/p?q=1"
-    assert redact_userinfo("https://h.example/p") == "https://h.example/p"
+    assert redact_url("https://u:pw@h.example/p?q=1") == "https://u:***@h.example/p?q=1"
+    assert redact_url("https://h.example/p") == "https://h.example/p"
 
 
 # ---------------------------------------------------------------------- the address policy

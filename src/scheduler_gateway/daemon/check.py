@@ -29,7 +29,7 @@ from typing import Any
 import nats.errors
 from nats.aio.client import Client as NATS
 
-from scheduler_gateway.daemon.config import Config, ConfigError, load_config, production_problems, redact_url
+from scheduler_gateway.daemon.config import Config, ConfigError, load_config, production_problems
 from scheduler_gateway.daemon.embedded import (
     GATEWAY_CREDENTIALS_FILE,
     NODE_CREDENTIALS_FILE,
@@ -37,6 +37,7 @@ from scheduler_gateway.daemon.embedded import (
     running_server_pid,
 )
 from scheduler_gateway.daemon.nats_server import MAX_PAYLOAD_BYTES, find_binary, port_in_use
+from scheduler_gateway.wire.redact import redact_url
 
 #: What a task message needs above its payload: the offer's other fields and headers.
 PAYLOAD_HEADROOM_BYTES = 64 * 1024

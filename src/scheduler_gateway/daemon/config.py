@@ -36,7 +36,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import SplitResult, urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit
+
+from scheduler_gateway.wire.redact import REDACTED, redact_url
 
 Mode = Literal["dev", "production"]
 
@@ -49,7 +51,6 @@ SECRET_KEYS = frozenset({"callbacks.secret", "nats.password"})
 #: Secrets that ship in examples and docs: refused in production whatever their length.
 WELL_KNOWN_SECRETS = frozenset({"dev-token-change-me", "changeme", "secret", "password"})
 MIN_SECRET_LEN = 16
-REDACTED = "***"
 
 #: Environment variable -> dotted key it overrides. The first seven are pinned by the contract.
 ENV_VARS: dict[str, str] = {
@@ -237,24 +238,6 @@ def _split_url_password(url: str) -> tuple[SplitResult, str | None]:
     if ":" in userinfo:
         return parts, userinfo.split(":", 1)[1]
     return parts, userinfo
-
-
-def redact_url(url: str) -> str:
-    """``url`` (one or a comma-separated list) with any password or token in it replaced by ``***``."""
-    out = []
-    for one in url.split(","):
-        one = one.strip()
-        parts = urlsplit(one)
-        userinfo, at, hostport = parts.netloc.rpartition("@")
-        if not at:
-            out.append(one)
-            continue
-        if ":" in userinfo:
-            netloc = f"{userinfo.split(':', 1)[0]}:{REDACTED}@{hostport}"
-        else:
-            netloc = f"{REDACTED}@{hostport}"
-        out.append(urlunsplit(parts._replace(netloc=netloc)))
-    return ",".join(out)
 
 
 def production_problems(config: Config) -> list[str]:

@@ -10,7 +10,6 @@ createdAt``; the task's callback secret is in no letter, so in no answer.
 from __future__ import annotations
 
 from collections.abc import Callable
-from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 from aiohttp import web
@@ -19,6 +18,7 @@ from scheduler_gateway.actors.callback_sender import CallbackSender
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery
 from scheduler_gateway.actors.task_service import Caller
 from scheduler_gateway.wire.api import ListView
+from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.timefmt import fmt_ts
 
 from .http_app import CALLER, AdminApi
@@ -33,21 +33,11 @@ class CallbackDeadLetterView(msgspec.Struct, rename="camel", kw_only=True):
     created_at: str | None
 
 
-def redact_userinfo(url: str) -> str:
-    """A password inside the URL (``https://user:pw@host/``) is shown as ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 def letter_view(d: CallbackDeadLetter) -> CallbackDeadLetterView:
     return CallbackDeadLetterView(
         id=d.id,
         task_id=d.task_id,
-        callback_url=redact_userinfo(d.callback_url),
+        callback_url=redact_url(d.callback_url),
         last_error=d.last_error,
         attempt_count=d.attempt_count,
         created_at=fmt_ts(d.created_at),

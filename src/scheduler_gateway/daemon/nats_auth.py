@@ -32,20 +32,14 @@ spells out the production shape, one user per node.
 
 from __future__ import annotations
 
-from scheduler_gateway.wire.subjects import DISPATCH_STREAM, Subjects
+from scheduler_gateway.wire.subjects import DISPATCH_STREAM, Subjects, node_inbox_prefix
 
 from .nats_server import NatsPermissions
 
-#: The first token of every node inbox; the second is the node id.
-NODE_INBOX_ROOT = "_GW_INBOX"
+__all__ = ["DEV_NODE_ID", "node_inbox_prefix", "node_permissions"]
 
 #: The node id of the embedded dev server's one node user: any node (a whole-token wildcard).
 DEV_NODE_ID = "*"
-
-
-def node_inbox_prefix(node_id: str) -> str:
-    """``_GW_INBOX.<id>``: the inbox prefix a worker connects with (replies to it land below it)."""
-    return f"{NODE_INBOX_ROOT}.{node_id}"
 
 
 def node_permissions(node_id: str, subjects: Subjects = Subjects()) -> NatsPermissions:

@@ -3,7 +3,8 @@
 The gateway's own settle consumer (a durable push consumer with a deliver group, so settles arrive
 as they are published) is created by the gateway's bus adapter, not here.
 
-Shared by the gateway's bus adapter, the worker runtime and the tests, so every side agrees on them.
+Shared by the gateway's bus adapter and the tests; the consumer names are ``wire.subjects.consumer_name``,
+which the worker SDK uses too, so every side agrees on them.
 """
 
 from __future__ import annotations
@@ -26,16 +27,11 @@ from scheduler_gateway.wire.subjects import (
     EVENTS_STREAM,
     SETTLE_STREAM,
     Subjects,
-    kind_consumer,
+    consumer_name,
 )
 
 OFFER_ACK_WAIT_S = 30.0
 DUPLICATE_WINDOW_S = 120.0
-
-
-def consumer_name(kind: str) -> str:
-    """``gw-kind-<kind>``; a dot is not allowed in a consumer name, so it becomes ``_``."""
-    return kind_consumer(kind).replace(".", "_")
 
 
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:

@@ -10,8 +10,23 @@ EVENTS_STREAM = "GW_EVENTS"
 SETTLE_CONSUMER = "gw-settle"
 
 
+#: The first token of every node inbox; the second is the node id.
+NODE_INBOX_ROOT = "_GW_INBOX"
+
+
 def kind_consumer(kind: str) -> str:
     return f"gw-kind-{kind}"
+
+
+def consumer_name(kind: str) -> str:
+    """``gw-kind-<kind>``, the durable pull consumer of a kind; a dot is not allowed in a consumer name, so it
+    becomes ``_``."""
+    return kind_consumer(kind).replace(".", "_")
+
+
+def node_inbox_prefix(node_id: str) -> str:
+    """``_GW_INBOX.<id>``: the inbox prefix a worker connects with (replies to it land below it)."""
+    return f"{NODE_INBOX_ROOT}.{node_id}"
 
 
 @dataclass(frozen=True, slots=True)
