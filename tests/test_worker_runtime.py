@@ -31,22 +31,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from scheduler_gateway.daemon import demo_handlers
 from scheduler_gateway.daemon.nats_server import NatsServerProcess, NatsUser, free_port
-from scheduler_gateway.daemon.streams import consumer_name, ensure_kind_consumer, ensure_streams
-from scheduler_gateway.daemon.worker import (
-    HandlerRegistry,
-    NatsOptions,
-    TaskContext,
-    TaskFailed,
-    Worker,
-    WorkerTimings,
-    default_registry,
-    handler,
-    load_handler_module,
-    redact_url,
-)
-from scheduler_gateway.daemon.worker_cli import worker_main
+from scheduler_gateway.daemon.streams import ensure_kind_consumer, ensure_streams
 from scheduler_gateway.wire.messages import (
     CancelNotice,
     ClaimReply,
@@ -60,8 +46,22 @@ from scheduler_gateway.wire.messages import (
     WireError,
     settle_msg_id,
 )
-from scheduler_gateway.wire.subjects import DISPATCH_STREAM, SETTLE_CONSUMER, SETTLE_STREAM, Subjects
+from scheduler_gateway.wire.redact import redact_url
+from scheduler_gateway.wire.subjects import DISPATCH_STREAM, SETTLE_CONSUMER, SETTLE_STREAM, Subjects, consumer_name
 from scheduler_gateway.wire.timefmt import fmt_ts, parse_ts
+from scheduler_gateway.worker import (
+    HandlerRegistry,
+    NatsOptions,
+    TaskContext,
+    TaskFailed,
+    Worker,
+    WorkerTimings,
+    default_registry,
+    handler,
+    load_handler_module,
+)
+from scheduler_gateway.worker import _demo as demo_handlers
+from scheduler_gateway.worker._cli import worker_main
 
 log = logging.getLogger(__name__)
 SUBJECTS = Subjects()
@@ -911,7 +911,7 @@ async def test_gateway_worker_process_runs_offers_and_exits_0_on_sigterm(tmp_pat
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",
-                    "scheduler_gateway.daemon.worker_cli",
+                    "scheduler_gateway.worker",
                     "--node-id",
                     node,
                     "--kinds",

@@ -21,7 +21,6 @@ from scheduler_gateway.actors.ports import Principal
 from scheduler_gateway.actors.task_service import TaskPolicy
 from scheduler_gateway.daemon.gateway import Gateway, GatewaySettings
 from scheduler_gateway.daemon.http_app import token_hash
-from scheduler_gateway.daemon.streams import consumer_name
 from scheduler_gateway.wire.messages import (
     ClaimReply,
     ClaimRequest,
@@ -33,7 +32,7 @@ from scheduler_gateway.wire.messages import (
     WireError,
     settle_msg_id,
 )
-from scheduler_gateway.wire.subjects import DISPATCH_STREAM, Subjects
+from scheduler_gateway.wire.subjects import DISPATCH_STREAM, Subjects, consumer_name
 
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
 ALICE_TOKEN = "alice-token-for-tests-0123456789"

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from scheduler_gateway.daemon.demo_handlers import register_demo_handlers
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.nats_server import NatsServerProcess
-from scheduler_gateway.daemon.worker import HandlerRegistry, NatsOptions, TaskContext, Worker
+from scheduler_gateway.worker import HandlerRegistry, NatsOptions, TaskContext, Worker
+from scheduler_gateway.worker._demo import register_demo_handlers
 
 from .harness import Api, HandNode, wait_for
 

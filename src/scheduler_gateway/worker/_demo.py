@@ -13,7 +13,8 @@ from typing import Any
 
 from scheduler_gateway.wire.errors import Code
 
-from .worker import Handler, HandlerRegistry, TaskContext, TaskFailed
+from ._context import Handler, TaskContext, TaskFailed
+from ._registry import HandlerRegistry
 
 # Step of the sleep handler: a heartbeat (progress) per step. Cancellation itself is immediate,
 # the step only bounds how stale the reported progress gets.

@@ -1,0 +1,99 @@
+"""What a handler sees: ``TaskContext`` (the attempt it runs, progress, cancellation), ``TaskFailed`` and the
+``Handler`` signature."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from scheduler_gateway.wire.errors import Code
+
+_encode = msgspec.json.Encoder().encode
+_decode_any = msgspec.json.Decoder().decode
+
+
+class TaskFailed(Exception):
+    """Raised by a handler to fail the attempt on purpose.
+
+    ``retryable=False`` (the default) fails the task for good; ``retryable=True`` lets the gateway retry
+    it while attempts are left. ``code`` ends up in the task's ``error.code``.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False, code: str = Code.HANDLER_ERROR) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+        self.code = code
+
+
+class TaskContext:
+    """What a handler knows about the attempt it runs, and its two ways to talk back.
+
+    ``await ctx.heartbeat(progress)`` records the progress for the runtime's next heartbeat (the runtime
+    sends one request per interval for all leases, so calling it often is cheap) and is a cancellation
+    point. ``ctx.cancelled`` turns true when the gateway cancels the task or revokes the lease, just
+    before the handler's asyncio task is cancelled.
+    """
+
+    __slots__ = (
+        "_cancelled",
+        "_progress",
+        "attempt_id",
+        "attempt_no",
+        "kind",
+        "lease_id",
+        "request_id",
+        "run_id",
+        "task_id",
+        "thread_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        task_id: str,
+        attempt_id: str,
+        attempt_no: int,
+        lease_id: str,
+        kind: str,
+        run_id: str | None = None,
+        thread_id: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        self.task_id = task_id
+        self.attempt_id = attempt_id
+        self.attempt_no = attempt_no
+        self.lease_id = lease_id
+        self.kind = kind
+        self.run_id = run_id
+        self.thread_id = thread_id
+        self.request_id = request_id
+        self._progress: msgspec.Raw | None = None
+        self._cancelled = False
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    @property
+    def progress(self) -> Any:
+        """The last progress recorded by ``heartbeat``, decoded (None if none)."""
+        return None if self._progress is None else _decode_any(self._progress)
+
+    async def heartbeat(self, progress: Any = None) -> None:
+        """Record ``progress`` (JSON-able; None keeps the previous value) for the next heartbeat."""
+        if progress is not None:
+            # Encode now, so a value that is not JSON-able fails in the handler that passed it,
+            # not later inside the heartbeat of every lease this node holds.
+            self._progress = msgspec.Raw(_encode(progress))
+        # Yield once: a tight handler loop that only calls heartbeat() still sees a cancel.
+        await asyncio.sleep(0)
+
+    def __repr__(self) -> str:
+        return f"TaskContext(task_id={self.task_id!r}, attempt_id={self.attempt_id!r}, kind={self.kind!r})"
+
+
+Handler = Callable[[TaskContext, Any], Awaitable[Any]]

@@ -1,0 +1,86 @@
+"""Running one handler and turning how it ended into the settle's outcome, result and error (docs/WIRE.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Final
+
+import msgspec
+
+from scheduler_gateway.wire.errors import Code
+from scheduler_gateway.wire.messages import Offer, Outcome, WireError
+
+from ._context import Handler, TaskContext, TaskFailed, _decode_any, _encode
+
+log = logging.getLogger("scheduler_gateway.worker")
+
+MAX_ERROR_MESSAGE: Final = 500
+
+
+@dataclass
+class _Running:
+    offer: Offer
+    ctx: TaskContext
+    kind: str
+    task: asyncio.Task[None] | None = None
+    cancel_reason: str | None = None  # set when the gateway cancelled / revoked: no settle
+    shutdown: bool = False  # cancelled by stop() after the grace period: settles failed, retryable
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """How a handler ended, as its settle says it."""
+
+    outcome: Outcome
+    result_json: bytes
+    error: WireError | None
+
+
+async def execute(run: _Running, fn: Handler) -> _Ending | None:
+    """Run ``fn`` for ``run`` under the offer's timeout; None when the gateway cancelled it (no settle).
+
+    ``TaskFailed`` keeps its ``retryable``; any other exception, a timeout and a stop() after the grace
+    period are retryable failures; a result that is not JSON fails for good.
+    """
+    offer, ctx = run.offer, run.ctx
+    try:
+        payload = _decode_any(offer.payload)
+        timeout_s = offer.timeout_seconds if offer.timeout_seconds > 0 else None
+        timer = asyncio.timeout(timeout_s)
+        try:
+            async with timer:
+                result = await fn(ctx, payload)
+        except TimeoutError:
+            if not timer.expired():
+                raise  # the handler's own TimeoutError: a handler error like any other
+            return _failed(Code.TIMEOUT, f"handler ran longer than {timeout_s} s", retryable=True)
+        try:
+            return _Ending("succeeded", _encode(result), None)
+        except (TypeError, msgspec.EncodeError) as exc:
+            return _failed(Code.HANDLER_ERROR, f"result is not JSON: {exc}", retryable=False)
+    except TaskFailed as exc:
+        return _failed(exc.code, exc.message, retryable=exc.retryable)
+    except asyncio.CancelledError as exc:
+        current = asyncio.current_task()
+        if run.cancel_reason is not None:
+            log.info("task %s cancelled (%s); no settle", offer.task_id, run.cancel_reason)
+            return None
+        if run.shutdown:
+            return _failed(Code.HANDLER_ERROR, "worker stopped before the handler finished", retryable=True)
+        if current is not None and current.cancelling():
+            raise  # cancelled from outside the runtime (the loop is shutting down): not ours to swallow
+        # The handler's own code let a CancelledError escape: a handler error like any other.
+        return _failed(Code.HANDLER_ERROR, f"handler raised CancelledError {exc}", retryable=True)
+    except Exception as exc:
+        log.warning("handler of task %s (%s) raised", offer.task_id, run.kind, exc_info=True)
+        return _failed(Code.HANDLER_ERROR, str(exc) or type(exc).__name__, retryable=True)
+
+
+def _failed(code: str, message: str, *, retryable: bool) -> _Ending:
+    return _Ending("failed", b"null", WireError(code=code, message=_truncate(message), retryable=retryable))
+
+
+def _truncate(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_MESSAGE else text[: MAX_ERROR_MESSAGE - 1] + "…"
