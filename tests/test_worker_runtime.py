@@ -831,6 +831,52 @@ def test_registry_and_decorator() -> None:
         Worker(NatsOptions(servers=["nats://x"]), node_id="n1", kinds=["nope"], concurrency=1, registry=reg)
 
 
+WORKERS_MD = Path(__file__).resolve().parents[1] / "docs" / "WORKERS.md"
+
+
+def workers_md_module() -> str:
+    """The first Python block of docs/WORKERS.md: the complete handler module users copy."""
+    text = WORKERS_MD.read_text(encoding="utf-8")
+    start = text.index("```python\n") + len("```python\n")
+    return text[start : text.index("```", start)]
+
+
+async def test_the_workers_md_module_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nats_server: NatsServerProcess
+) -> None:
+    """docs/WORKERS.md's handler module, copied as is into a file, loads with --handlers and runs its kinds."""
+    # A registry of its own for the module's @handler decorators, so other tests' kinds stay out of it.
+    monkeypatch.setattr("scheduler_gateway.worker._registry.default_registry", HandlerRegistry())
+    name = f"wt_thumbnails_{uid()}"
+    (tmp_path / f"{name}.py").write_text(workers_md_module())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded = HandlerRegistry()
+    assert load_handler_module(name, loaded) == ["checksum", "thumbnail"]
+    s = Setup()
+    checksum, thumbnail = s.kind("checksum"), s.kind("thumbnail")
+    fns = {checksum: loaded.get("checksum"), thumbnail: loaded.get("thumbnail")}
+    async with (
+        gateway(nats_server.url, [checksum, thumbnail]) as gw,
+        worker(nats_server.url, s.node, registry_of(**{k: fn for k, fn in fns.items() if fn is not None})),
+    ):
+        good = await gw.offer(checksum, {"text": "hi"})
+        bad = await gw.offer(checksum, {"nope": 1})
+        pages = await gw.offer(thumbnail, {"pages": 3})
+        settles: dict[str, Settle] = {}
+        for _ in range(3):
+            got = await gw.next_settle(s.node)
+            assert got is not None
+            settles[got[0].attempt_id] = got[0]
+        assert msgspec.json.decode(settles[good.attempt_id].result) == {
+            "sha256": "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4"
+        }
+        failed = settles[bad.attempt_id]
+        assert failed.outcome == "failed" and failed.error is not None and not failed.error.retryable
+        assert msgspec.json.decode(settles[pages.attempt_id].result) == {"pages": 3, "attempt": 1}
+        progress = [lease.progress for hb, _ in gw.heartbeats_of(s.node) for lease in hb.leases if lease.progress]
+        assert all(msgspec.json.decode(p)["of"] == 3 for p in progress)
+
+
 def test_load_handler_module_reads_handlers_dict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     name = f"wt_handlers_{uid()}"
     (tmp_path / f"{name}.py").write_text(
