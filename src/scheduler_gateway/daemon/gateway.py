@@ -163,7 +163,9 @@ class Gateway:
         app = self.api.app()
         for extend in self.http_extensions:
             extend(app)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # bodies are decoded from their Content-Encoding by the API itself (http_input.decode_content), so a body
+        # that is not what its header says is a 400 in the envelope, not aiohttp's zlib.error or plain-text 400
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, auto_decompress=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.http_host, s.http_port)
         await site.start()

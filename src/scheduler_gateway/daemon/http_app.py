@@ -38,6 +38,7 @@ from scheduler_gateway.wire.timefmt import fmt_ts, parse_ts
 
 from .callback_client import literal_ip_problem
 from .http_errors import error_response
+from .http_input import check_json_depth, decode_content
 from .metrics import PrometheusMetrics
 
 log = logging.getLogger(__name__)
@@ -250,9 +251,13 @@ class AdminApi:
         )
 
     async def _body(self, request: web.Request) -> bytes:
-        body = await request.read()
-        if len(body) > self.settings.max_payload_bytes + BODY_HEADROOM:
-            raise PayloadTooLarge("request body too large")
+        """The request body, decoded from its Content-Encoding, within the size and depth limits (http_input)."""
+        limit = self.settings.max_payload_bytes + BODY_HEADROOM
+        body = await request.read()  # aiohttp refuses more than client_max_size bytes on the wire (413)
+        body = decode_content(body, request.headers.get("Content-Encoding", ""), limit)
+        if len(body) > limit:
+            raise PayloadTooLarge("request body too large", details={"limit": limit})
+        check_json_depth(body)
         return body
 
     def _decode(self, body: bytes, typ: type[Any]) -> Any:

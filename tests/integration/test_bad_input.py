@@ -1,0 +1,98 @@
+"""Zero 5xx on bad input (issue 10, point 3): every malformed request answers a 4xx in the error envelope
+with an X-Request-Id, and stores nothing. Requests go out as exact bytes (``rawhttp``) where aiohttp's
+client would refuse or fix them."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from scheduler_gateway.daemon.gateway import Gateway
+
+from .harness import Api
+from .rawhttp import assert_envelope, raw_request, send_raw
+
+SCHEDULE = {
+    "title": "nightly",
+    "task": {"kind": "echo", "payload": {"n": 1}},
+    "schedule": {"type": "cron", "cron": "0 9 * * *", "timezone": "America/New_York"},
+}
+
+
+async def nothing_stored(api: Api) -> None:
+    for path in ("/api/tasks", "/api/scheduled-tasks", "/api/threads"):
+        status, listed, _ = await api.call("GET", path)
+        assert status == 200 and listed["items"] == [], (path, listed)
+
+
+# -- Content-Encoding ----------------------------------------------------------------------------------------
+PLAIN = b'{"kind": "echo", "payload": {"n": 1}}'
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body"),
+    [
+        ("gzip", PLAIN),  # was 500 (zlib.error)
+        ("deflate", PLAIN),  # was a plain-text 400 without envelope or X-Request-Id
+        ("gzip", gzip.compress(PLAIN)[:-6]),  # truncated
+        ("br", PLAIN),
+        ("zstd", PLAIN),
+        ("bogus", PLAIN),  # unknown: was aiohttp's plain-text 400
+        ("gzip, gzip", gzip.compress(PLAIN)),
+    ],
+    ids=["gzip-plain", "deflate-plain", "gzip-truncated", "br", "zstd", "unknown", "gzip-twice"],
+)
+async def test_body_that_does_not_match_its_content_encoding(
+    api: Api, gateway: Gateway, encoding: str, body: bytes
+) -> None:
+    req = raw_request("POST", "/api/tasks", body, headers=[("Content-Encoding", encoding)])
+    err = assert_envelope(await send_raw(gateway.http_port, req), 400, "INVALID_ARGUMENT")
+    assert "Content-Encoding" in err["message"]
+    await nothing_stored(api)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "identity"])
+async def test_a_body_in_a_supported_content_encoding_is_accepted(gateway: Gateway, encoding: str) -> None:
+    body = {"gzip": gzip.compress, "deflate": zlib.compress, "identity": bytes}[encoding](PLAIN)
+    req = raw_request("POST", "/api/tasks", body, headers=[("Content-Encoding", encoding)])
+    answer = await send_raw(gateway.http_port, req)
+    assert answer.status == 201, answer.body
+    assert answer.json()["payload"] == {"n": 1}
+
+
+async def test_a_compressed_body_over_the_limit_is_413(api: Api, gateway: Gateway) -> None:
+    limit = gateway.settings.http.max_payload_bytes
+    bomb = gzip.compress(b'{"kind": "echo", "payload": "' + b"x" * (limit + 200_000) + b'"}')
+    assert len(bomb) < limit // 10
+    req = raw_request("POST", "/api/tasks", bomb, headers=[("Content-Encoding", "gzip")])
+    assert_envelope(await send_raw(gateway.http_port, req), 413, "PAYLOAD_TOO_LARGE")
+    await nothing_stored(api)
+
+
+# -- nesting -------------------------------------------------------------------------------------------------
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+@pytest.mark.parametrize("depth", [65, 1_000, 10_000, 500_000])
+async def test_payload_nested_too_deep_is_400(api: Api, gateway: Gateway, depth: int) -> None:
+    body = b'{"kind": "echo", "payload": ' + nested(depth) + b"}"
+    answer = await send_raw(gateway.http_port, raw_request("POST", "/api/tasks", body))
+    err = assert_envelope(answer, 400, "INVALID_ARGUMENT")  # was 500 (RecursionError)
+    assert err["details"] == {"maxDepth": 64}
+    await nothing_stored(api)
+
+
+async def test_payload_at_the_depth_limit_is_accepted(api: Api) -> None:
+    payload: Any = []
+    for _ in range(62):  # the body's object is level 1, the innermost list level 64
+        payload = [payload]
+    task = await api.create({"kind": "echo", "payload": payload})
+    assert task["payload"] == payload
+    # brackets inside strings are text, not nesting
+    task = await api.create({"kind": "echo", "payload": {"s": "[" * 10_000, "t": '\\"{' * 100}})
+    assert task["payload"]["s"] == "[" * 10_000
