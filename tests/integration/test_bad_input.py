@@ -96,3 +96,40 @@ async def test_payload_at_the_depth_limit_is_accepted(api: Api) -> None:
     # brackets inside strings are text, not nesting
     task = await api.create({"kind": "echo", "payload": {"s": "[" * 10_000, "t": '\\"{' * 100}})
     assert task["payload"]["s"] == "[" * 10_000
+
+
+# -- headers -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", ["/api/tasks", "/api/events", "/api/scheduled-tasks"])
+async def test_a_bearer_token_that_is_not_utf8_is_401(gateway: Gateway, path: str) -> None:
+    req = raw_request("GET", path, token=b"\xff\xfe")  # was 500 (UnicodeEncodeError in the token hash)
+    assert_envelope(await send_raw(gateway.http_port, req), 401, "UNAUTHENTICATED")
+
+
+@pytest.mark.parametrize(
+    "key",
+    [b"k" * 256, b"\xff\xfe", b"caf\xc3\xa9", b""],
+    ids=["256-chars", "not-utf8", "non-ascii", "empty"],
+)
+@pytest.mark.parametrize("action", ["create", "approve", "retry", "amend", "rework"])
+async def test_bad_idempotency_key_is_400_and_changes_nothing(
+    api: Api, gateway: Gateway, key: bytes, action: str
+) -> None:
+    headers = [("Idempotency-Key", key)]
+    if action == "create":
+        req = raw_request("POST", "/api/tasks", PLAIN, headers=headers)
+        assert_envelope(await send_raw(gateway.http_port, req), 400, "INVALID_ARGUMENT")
+        await nothing_stored(api)
+        return
+    task = await api.create({"kind": "echo", "requiresApproval": True})
+    body = {"amend": b'{"payload": 2}', "rework": b'{"reason": "again"}'}.get(action, b"{}")
+    req = raw_request("POST", f"/api/tasks/{task['id']}/{action}", body, headers=headers)
+    err = assert_envelope(await send_raw(gateway.http_port, req), 400, "INVALID_ARGUMENT")
+    assert err["details"] == {"header": "Idempotency-Key", "maxLength": 255}
+    assert (await api.task(task["id"]))["revision"] == task["revision"]
+
+
+async def test_idempotency_key_of_255_characters_is_kept(api: Api) -> None:
+    key = "k" * 255
+    first = await api.create({"kind": "echo"}, key=key)
+    status, again, headers = await api.call("POST", "/api/tasks", {"kind": "echo"}, {"Idempotency-Key": key})
+    assert status == 200 and again["id"] == first["id"] and headers["Idempotent-Replayed"] == "true"

@@ -38,7 +38,7 @@ from scheduler_gateway.wire.timefmt import fmt_ts, parse_ts
 
 from .callback_client import literal_ip_problem
 from .http_errors import error_response
-from .http_input import check_json_depth, decode_content
+from .http_input import bearer_token_text, check_json_depth, decode_content, idempotency_key
 from .metrics import PrometheusMetrics
 
 log = logging.getLogger(__name__)
@@ -234,6 +234,8 @@ class AdminApi:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthenticated("missing bearer token")
+        if not bearer_token_text(token.strip()):
+            raise Unauthenticated("invalid token")
         digest = token_hash(token.strip())
         caller = self._principals.get(digest)
         if caller is None:
@@ -319,9 +321,7 @@ class AdminApi:
         req: api.CreateTaskBody = self._decode(body, api.CreateTaskBody)
         self._check_payload(req.payload)
         spec = self._new_task(req)
-        key = request.headers.get("Idempotency-Key")
-        if key is not None and not (0 < len(key) <= 255):
-            raise InvalidArgument("Idempotency-Key must be 1 to 255 characters")
+        key = idempotency_key(request.headers.get("Idempotency-Key"))
         task, replayed = await self.service.create(caller, spec, key, canonical_hash(body) if key else "")
         if replayed:
             return self._json(task_view(task), 200, {"Idempotent-Replayed": "true"})
@@ -419,7 +419,7 @@ class AdminApi:
             if payload is not None and len(payload) == 0:  # api.ABSENT: not sent
                 payload = None
             self._check_payload(payload)
-            key = request.headers.get("Idempotency-Key") if action != "cancel" else None
+            key = idempotency_key(request.headers.get("Idempotency-Key")) if action != "cancel" else None
             task, repeated = await self.service.act(
                 caller,
                 task_id,

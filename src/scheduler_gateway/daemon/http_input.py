@@ -1,7 +1,8 @@
 """What the admin API accepts on the way in, checked before anything parses it (docs/CONFIG.md, "HTTP input
-limits"): the body's ``Content-Encoding``, its size once decoded, its JSON nesting depth.
+limits"): the body's ``Content-Encoding``, its size once decoded, its JSON nesting depth, and the request
+headers the API reads (the bearer token, ``Idempotency-Key``).
 
-Each check raises a ``GatewayError`` (400 INVALID_ARGUMENT, 413 PAYLOAD_TOO_LARGE), so a
+Each check raises a ``GatewayError`` (400 INVALID_ARGUMENT, 413 PAYLOAD_TOO_LARGE, 401 UNAUTHENTICATED), so a
 malformed request gets the error envelope like any other refusal, never a 500.
 """
 
@@ -17,6 +18,7 @@ from scheduler_gateway.wire.errors import InvalidArgument, PayloadTooLarge
 # recursion limit (about 1000 levels, less the handler's own stack): a limit of our own keeps the answer
 # the same wherever the request lands, and far from that edge.
 MAX_JSON_DEPTH = 64
+MAX_IDEMPOTENCY_KEY = 255
 CONTENT_CODINGS = ("gzip", "x-gzip", "deflate")
 
 # A JSON string (with its escapes), whose brackets are text, not nesting.
@@ -94,3 +96,20 @@ def check_json_depth(body: bytes, limit: int = MAX_JSON_DEPTH) -> None:
             f"the body is nested deeper than {limit} levels of arrays and objects", details={"maxDepth": limit}
         )
 
+
+def idempotency_key(raw: str | None) -> str | None:
+    """The ``Idempotency-Key`` header: absent, or 1 to 255 printable ASCII characters (else 400)."""
+    if raw is None:
+        return None
+    if not (0 < len(raw) <= MAX_IDEMPOTENCY_KEY and raw.isascii() and raw.isprintable()):
+        raise InvalidArgument(
+            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters",
+            details={"header": "Idempotency-Key", "maxLength": MAX_IDEMPOTENCY_KEY},
+        )
+    return raw
+
+
+def bearer_token_text(token: str) -> bool:
+    """Whether ``token`` can be a token at all. aiohttp hands header bytes that are not UTF-8 over as lone
+    surrogates, which ``str.encode()`` refuses: such a token is simply not valid (401), never hashed."""
+    return token.isascii() and token.isprintable()
