@@ -133,3 +133,61 @@ async def test_idempotency_key_of_255_characters_is_kept(api: Api) -> None:
     first = await api.create({"kind": "echo"}, key=key)
     status, again, headers = await api.call("POST", "/api/tasks", {"kind": "echo"}, {"Idempotency-Key": key})
     assert status == 200 and again["id"] == first["id"] and headers["Idempotent-Replayed"] == "true"
+
+
+# -- timestamps ----------------------------------------------------------------------------------------------
+BAD_TIMESTAMPS = [
+    "2026-12-01T09:00:00Z\u0000",  # was accepted: fromisoformat stops at the NUL
+    "2026-12-01T09:00:00Z\u0000junk",
+    "2026-12-01T09:00:00Z ",
+    "20261201T090000Z",  # ISO 8601 basic format, not RFC 3339
+    "2026-W48-2T09:00:00Z",
+    "2026-12-01T09Z",
+    "2026-12-01",
+    "2026-12-01T09:00:00+2400",
+    "0001-01-01T00:00:00Z",  # was 500 in upcoming (OverflowError)
+    "9999-12-31T23:59:59Z",  # was 500 in upcoming (OverflowError)
+    "1969-12-31T23:59:59Z",
+    "2026-02-30T00:00:00Z",
+    "\u0662\u0660\u0662\u0666-12-01T09:00:00Z",
+]
+
+
+@pytest.mark.parametrize("value", BAD_TIMESTAMPS)
+async def test_bad_not_before_is_400_and_stores_nothing(api: Api, value: str) -> None:
+    status, body, headers = await api.call("POST", "/api/tasks", {"kind": "echo", "notBefore": value})
+    assert status == 400 and body["error"]["code"] == "INVALID_ARGUMENT", body
+    assert body["error"]["details"] == {"field": "notBefore"} and headers["X-Request-Id"]
+    await nothing_stored(api)
+
+
+@pytest.mark.parametrize("value", BAD_TIMESTAMPS)
+async def test_bad_upcoming_after_is_400(api: Api, value: str) -> None:
+    status, sched, _ = await api.call("POST", "/api/scheduled-tasks", SCHEDULE)
+    assert status == 201, sched
+    status, body, headers = await api.call("GET", f"/api/scheduled-tasks/{sched['id']}/upcoming?after={quote(value)}")
+    assert status == 400 and body["error"]["code"] == "INVALID_ARGUMENT", body
+    assert body["error"]["details"] == {"field": "after"} and headers["X-Request-Id"]
+
+
+@pytest.mark.parametrize(
+    "run_at", ["0001-01-01T00:00:00", "9999-12-31T23:59:59", "9999-12-31T23:59:59Z", "2030-01-01T00:00:00\u0000"]
+)
+@pytest.mark.parametrize("timezone", ["Asia/Tokyo", "America/New_York"])
+async def test_once_run_at_out_of_range_is_422(api: Api, run_at: str, timezone: str) -> None:
+    body = dict(SCHEDULE, schedule={"type": "once", "runAt": run_at, "timezone": timezone})
+    status, got, headers = await api.call("POST", "/api/scheduled-tasks", body)
+    assert status == 422 and got["error"]["code"] == "INVALID_SCHEDULE", got
+    assert headers["X-Request-Id"]
+    await nothing_stored(api)
+
+
+async def test_upcoming_at_the_end_of_the_calendar_is_not_a_crash(api: Api) -> None:
+    every_leap_day = dict(SCHEDULE, schedule={"type": "cron", "cron": "0 0 29 2 *", "timezone": "Pacific/Kiritimati"})
+    status, sched, _ = await api.call("POST", "/api/scheduled-tasks", every_leap_day)
+    assert status == 201, sched
+    status, body, _ = await api.call(
+        "GET", f"/api/scheduled-tasks/{sched['id']}/upcoming?after=8999-12-31T23:59:59Z&count=100"
+    )
+    assert status == 200, body
+    assert all(t.endswith("Z") for t in body["items"])

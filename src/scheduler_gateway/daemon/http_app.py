@@ -34,7 +34,7 @@ from scheduler_gateway.wire.errors import (
     Unauthenticated,
 )
 from scheduler_gateway.wire.ids import is_id
-from scheduler_gateway.wire.timefmt import fmt_ts, parse_ts
+from scheduler_gateway.wire.timefmt import RANGE_TEXT, fmt_ts, parse_ts
 
 from .callback_client import literal_ip_problem
 from .http_errors import error_response
@@ -335,7 +335,8 @@ class AdminApi:
                 not_before = parse_ts(req.not_before)
             except ValueError:
                 raise InvalidArgument(
-                    "notBefore must be an RFC 3339 timestamp with an offset", details={"field": "notBefore"}
+                    f"notBefore must be an RFC 3339 timestamp with an offset, from {RANGE_TEXT}",
+                    details={"field": "notBefore"},
                 ) from None
         if req.parent_id is not None and not is_id(req.parent_id, "tsk"):
             raise InvalidArgument("parentId is not a task id", details={"field": "parentId"})
