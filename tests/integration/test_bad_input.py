@@ -191,3 +191,30 @@ async def test_upcoming_at_the_end_of_the_calendar_is_not_a_crash(api: Api) -> N
     )
     assert status == 200, body
     assert all(t.endswith("Z") for t in body["items"])
+
+
+# -- the event stream -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "value",
+    ["\u00b2", "\u0661\u0662", "1\u00b2", "18446744073709551616", "99999999999999999999", "-1", "+1", "1_0", "0x10"],
+    ids=["superscript", "arabic-indic", "mixed", "over-uint64", "20-digits", "negative", "plus", "underscore", "hex"],
+)
+@pytest.mark.parametrize("how", ["header", "query"])
+async def test_last_event_id_that_is_not_a_seq_is_400(gateway: Gateway, value: str, how: str) -> None:
+    if how == "header":
+        req = raw_request("GET", "/api/events", headers=[("Last-Event-ID", value.encode())])
+    else:
+        req = raw_request("GET", f"/api/events?lastEventId={quote(value)}")
+    assert_envelope(await send_raw(gateway.http_port, req), 400, "INVALID_ARGUMENT")
+
+
+async def test_head_of_the_event_stream_answers(gateway: Gateway) -> None:
+    # was: the connection closed with no answer
+    answer = await send_raw(gateway.http_port, raw_request("HEAD", "/api/events"), head=True)
+    assert answer.status == 200 and answer.headers["X-Request-Id"]
+    assert answer.headers["Content-Type"].startswith("text/event-stream")
+    answer = await send_raw(gateway.http_port, raw_request("HEAD", "/api/events", token=None), head=True)
+    assert answer.status == 401 and answer.headers["X-Request-Id"]
+    bad = raw_request("HEAD", "/api/events", headers=[("Last-Event-ID", "x")])
+    answer = await send_raw(gateway.http_port, bad, head=True)
+    assert answer.status == 400 and answer.headers["X-Request-Id"]
