@@ -47,12 +47,19 @@ def raw_request(
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-async def send_raw(port: int, request: bytes, *, head: bool = False, timeout_s: float = 10.0) -> RawAnswer:
-    """Send ``request`` and read one answer. A connection closed with no answer raises IncompleteReadError."""
+async def send_raw(
+    port: int, request: bytes, *, then: bytes = b"", head: bool = False, timeout_s: float = 10.0
+) -> RawAnswer:
+    """Send ``request`` (and ``then`` a moment later, once the handler is reading the body) and read one answer.
+    A connection closed with no answer raises IncompleteReadError."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(request)
         await writer.drain()
+        if then:
+            await asyncio.sleep(0.2)
+            writer.write(then)
+            await writer.drain()
         async with asyncio.timeout(timeout_s):
             head_bytes = await reader.readuntil(b"\r\n\r\n")
             status_line, *header_lines = head_bytes.decode("latin-1").rstrip("\r\n").split("\r\n")

@@ -41,6 +41,7 @@ from .event_stream import EventHub, corrupt_event_auditor
 from .http_app import AdminApi, HttpSettings
 from .http_callbacks import CallbacksApi, callback_routes
 from .http_events import EventsApi, SseSettings, event_routes
+from .http_server import AdminRunner
 from .metrics import PrometheusMetrics
 from .metrics_events import EventCallbackMetrics
 from .scheduling import Scheduling
@@ -163,9 +164,8 @@ class Gateway:
         app = self.api.app()
         for extend in self.http_extensions:
             extend(app)
-        # bodies are decoded from their Content-Encoding by the API itself (http_input.decode_content), so a body
-        # that is not what its header says is a 400 in the envelope, not aiohttp's zlib.error or plain-text 400
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, auto_decompress=False)
+        # the input limits (http_server.SERVER_SETTINGS) and the error envelope for what aiohttp's parser refuses
+        self._runner = AdminRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.http_host, s.http_port)
         await site.start()
