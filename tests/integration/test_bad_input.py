@@ -284,3 +284,149 @@ async def test_broken_chunked_body_is_400(api: Api, gateway: Gateway, chunks: by
     answer = await send_raw(gateway.http_port, req + chunks)
     assert_envelope(answer, 400, "INVALID_ARGUMENT")
     await nothing_stored(api)
+
+
+# -- every parameter the API parses, against the same bad values --------------------------------------------
+BAD_INTS = ["\u00b2", "\u0661", "1e3", "0x10", "-1", "99999999999999999999", "18446744073709551616", "1" * 5000, "%00"]
+BAD_TEXT = ["%FF%FE", "%00", "%ED%A0%80", "x" * 4000, "%E2%80%AE", "..%2F..%2F"]
+# (path template, query parameter): every query parameter a route reads
+QUERY_PARAMS = [
+    ("/api/tasks", "limit"),
+    ("/api/tasks", "cursor"),
+    ("/api/tasks", "state"),
+    ("/api/tasks", "kind"),
+    ("/api/tasks", "parentId"),
+    ("/api/tasks", "runId"),
+    ("/api/tasks/{task}/history", "limit"),
+    ("/api/tasks/{task}/history", "cursor"),
+    ("/api/deadletter", "retryCount"),
+    ("/api/deadletter", "exhausted"),
+    ("/api/deadletter", "archived"),
+    ("/api/deadletter", "deadReason"),
+    ("/api/deadletter", "originalTaskId"),
+    ("/api/deadletter", "cursor"),
+    ("/api/audit", "cursor"),
+    ("/api/audit", "limit"),
+    ("/api/audit", "objectId"),
+    ("/api/audit", "requestId"),
+    ("/api/audit", "action"),
+    ("/api/callbacks/deadletter", "taskId"),
+    ("/api/callbacks/deadletter", "cursor"),
+    ("/api/threads", "cursor"),
+    ("/api/threads/{thread}/scheduled-tasks", "cursor"),
+    ("/api/scheduled-tasks", "status"),
+    ("/api/scheduled-tasks", "cursor"),
+    ("/api/scheduled-tasks/{schedule}/runs", "cursor"),
+    ("/api/scheduled-tasks/{schedule}/upcoming", "after"),
+    ("/api/scheduled-tasks/{schedule}/upcoming", "count"),
+    ("/api/events", "types"),
+    ("/api/events", "aggregateId"),
+]
+# every route with an id in its path
+ID_ROUTES = [
+    ("GET", "/api/tasks/{}"),
+    ("GET", "/api/tasks/{}/history"),
+    ("POST", "/api/tasks/{}/cancel"),
+    ("GET", "/api/deadletter/{}"),
+    ("POST", "/api/deadletter/{}/retry"),
+    ("POST", "/api/deadletter/{}/force-retry"),
+    ("POST", "/api/nodes/{}/drain"),
+    ("GET", "/api/callbacks/deadletter/{}"),
+    ("POST", "/api/callbacks/deadletter/{}/redeliver"),
+    ("GET", "/api/threads/{}"),
+    ("DELETE", "/api/threads/{}"),
+    ("GET", "/api/scheduled-tasks/{}"),
+    ("PATCH", "/api/scheduled-tasks/{}"),
+    ("POST", "/api/scheduled-tasks/{}/trigger"),
+]
+# every route that reads a JSON body, with a body it accepts
+BODY_ROUTES = [
+    ("POST", "/api/tasks", {"kind": "echo"}),
+    ("POST", "/api/tasks/{task}/cancel", {}),
+    ("POST", "/api/tasks/{task}/approve", {}),
+    ("POST", "/api/tasks/{task}/amend", {"payload": 1}),
+    ("POST", "/api/tasks/{task}/retry", {}),
+    ("POST", "/api/tasks/{task}/rework", {"reason": "r"}),
+    ("POST", "/api/deadletter/{dead}/force-retry", {}),
+    ("POST", "/api/threads", {}),
+    ("POST", "/api/scheduled-tasks", SCHEDULE),
+    ("PATCH", "/api/scheduled-tasks/{schedule}", {"title": "t"}),
+]
+
+
+async def objects(api: Api) -> dict[str, str]:
+    task = await api.create({"kind": "echo", "requiresApproval": True})
+    status, thread, _ = await api.call("POST", "/api/threads", {})
+    assert status == 201
+    status, sched, _ = await api.call("POST", "/api/scheduled-tasks", SCHEDULE)
+    assert status == 201
+    return {"task": task["id"], "thread": thread["id"], "schedule": sched["id"], "dead": "dlq_0"}
+
+
+def answered_4xx_or_ok(answer: Any, where: str) -> None:
+    assert answer.status < 500, (where, answer.status, answer.body[:300])
+    assert answer.headers.get("X-Request-Id"), where
+    if answer.status >= 400 and answer.body:
+        err = answer.json()["error"]
+        assert err["requestId"] == answer.headers["X-Request-Id"] and err["code"], where
+
+
+async def test_every_query_parameter_survives_bad_values(api: Api, gateway: Gateway) -> None:
+    ids = await objects(api)
+    for path, param in QUERY_PARAMS:
+        for value in BAD_INTS + BAD_TEXT + BAD_TIMESTAMPS[:3]:
+            target = path.format(**ids) + f"?{param}={quote(value, safe='%')}"
+            answer = await send_raw(gateway.http_port, raw_request("GET", target))
+            answered_4xx_or_ok(answer, target)
+
+
+async def test_every_path_id_survives_bad_values(api: Api, gateway: Gateway) -> None:
+    for method, path in ID_ROUTES:
+        for value in [*BAD_TEXT, "%20", "tsk_" + "0" * 200, "%2E%2E"]:
+            target = path.format(value)
+            answer = await send_raw(gateway.http_port, raw_request(method, target, b"{}" if method != "GET" else b""))
+            answered_4xx_or_ok(answer, f"{method} {target}")
+    await nothing_stored(api)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"expectedRevision": 99999999999999999999}',
+        b'{"expectedRevision": -99999999999999999999}',
+        b'{"expectedRevision": 1e400}',
+        b"\xff\xfe{}",
+        b'{"reason": "\\ud800"}',
+        b'{"title": "' + b"\\u0000" * 10 + b'"}',
+        b"[" * 65 + b"]" * 65,
+        b'{"payload": ' + b"{" * 100 + b"}" * 100 + b"}",
+        b'{"a": 1, "a": 2}',
+        b"null",
+        b'"text"',
+        b"{}" + b" " * 10 + b"{}",
+    ],
+)
+async def test_every_json_body_survives_bad_bodies(api: Api, gateway: Gateway, body: bytes) -> None:
+    ids = await objects(api)
+    for method, path, _ in BODY_ROUTES:
+        target = path.format(**ids)
+        answer = await send_raw(gateway.http_port, raw_request(method, target, body))
+        answered_4xx_or_ok(answer, f"{method} {target} {body[:40]!r}")
+
+
+async def test_every_get_route_answers_head(api: Api, gateway: Gateway) -> None:
+    ids = await objects(api)
+    routes = {path for path, _ in QUERY_PARAMS} | {"/healthz", "/readyz", "/metrics", "/api/nodes"}
+    routes |= {p.format(ids["task"]) for m, p in ID_ROUTES if m == "GET"}
+    for path in sorted(routes):
+        target = path.format(**ids)
+        answer = await send_raw(gateway.http_port, raw_request("HEAD", target), head=True)
+        assert answer.status < 500 and answer.headers.get("X-Request-Id"), (target, answer.status)
+
+
+@pytest.mark.parametrize("value", [b"\xff\xfe", b"r" * 129, b"req\x1bid", b"caf\xc3\xa9"])
+async def test_a_bad_x_request_id_is_replaced_not_echoed(gateway: Gateway, value: bytes) -> None:
+    req = raw_request("GET", "/api/tasks?limit=x", headers=[("X-Request-Id", value)])
+    answer = await send_raw(gateway.http_port, req)
+    err = assert_envelope(answer, 400, "INVALID_ARGUMENT")
+    assert err["requestId"].startswith("req_")

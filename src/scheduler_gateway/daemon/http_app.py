@@ -537,12 +537,13 @@ class AdminApi:
 
 
 def _int_arg(raw: str | None, name: str) -> int | None:
+    """A non-negative integer query argument, in ASCII digits and within SQLite's INTEGER (a larger one reached
+    SQLite as an int it cannot bind: OverflowError, 500)."""
     if raw is None or raw == "":
         return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidArgument(f"{name} must be an integer", details={"field": name}) from None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+        raise InvalidArgument(f"{name} must be a non-negative integer", details={"field": name})
+    return int(raw)
 
 
 def _bool_arg(raw: str | None, name: str) -> bool | None:
