@@ -41,6 +41,7 @@ from .event_stream import EventHub, corrupt_event_auditor
 from .http_app import AdminApi, HttpSettings
 from .http_callbacks import CallbacksApi, callback_routes
 from .http_events import EventsApi, SseSettings, event_routes
+from .http_server import AdminRunner
 from .metrics import PrometheusMetrics
 from .metrics_events import EventCallbackMetrics
 from .scheduling import Scheduling
@@ -163,7 +164,8 @@ class Gateway:
         app = self.api.app()
         for extend in self.http_extensions:
             extend(app)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # the input limits (http_server.SERVER_SETTINGS) and the error envelope for what aiohttp's parser refuses
+        self._runner = AdminRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.http_host, s.http_port)
         await site.start()

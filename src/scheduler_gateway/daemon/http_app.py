@@ -34,10 +34,11 @@ from scheduler_gateway.wire.errors import (
     Unauthenticated,
 )
 from scheduler_gateway.wire.ids import is_id
-from scheduler_gateway.wire.timefmt import fmt_ts, parse_ts
+from scheduler_gateway.wire.timefmt import RANGE_TEXT, fmt_ts, parse_ts
 
 from .callback_client import literal_ip_problem
 from .http_errors import error_response
+from .http_input import bearer_token_text, check_json_depth, decode_content, idempotency_key
 from .metrics import PrometheusMetrics
 
 log = logging.getLogger(__name__)
@@ -233,6 +234,8 @@ class AdminApi:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthenticated("missing bearer token")
+        if not bearer_token_text(token.strip()):
+            raise Unauthenticated("invalid token")
         digest = token_hash(token.strip())
         caller = self._principals.get(digest)
         if caller is None:
@@ -250,9 +253,13 @@ class AdminApi:
         )
 
     async def _body(self, request: web.Request) -> bytes:
-        body = await request.read()
-        if len(body) > self.settings.max_payload_bytes + BODY_HEADROOM:
-            raise PayloadTooLarge("request body too large")
+        """The request body, decoded from its Content-Encoding, within the size and depth limits (http_input)."""
+        limit = self.settings.max_payload_bytes + BODY_HEADROOM
+        body = await request.read()  # aiohttp refuses more than client_max_size bytes on the wire (413)
+        body = decode_content(body, request.headers.get("Content-Encoding", ""), limit)
+        if len(body) > limit:
+            raise PayloadTooLarge("request body too large", details={"limit": limit})
+        check_json_depth(body)
         return body
 
     def _decode(self, body: bytes, typ: type[Any]) -> Any:
@@ -314,9 +321,7 @@ class AdminApi:
         req: api.CreateTaskBody = self._decode(body, api.CreateTaskBody)
         self._check_payload(req.payload)
         spec = self._new_task(req)
-        key = request.headers.get("Idempotency-Key")
-        if key is not None and not (0 < len(key) <= 255):
-            raise InvalidArgument("Idempotency-Key must be 1 to 255 characters")
+        key = idempotency_key(request.headers.get("Idempotency-Key"))
         task, replayed = await self.service.create(caller, spec, key, canonical_hash(body) if key else "")
         if replayed:
             return self._json(task_view(task), 200, {"Idempotent-Replayed": "true"})
@@ -330,7 +335,8 @@ class AdminApi:
                 not_before = parse_ts(req.not_before)
             except ValueError:
                 raise InvalidArgument(
-                    "notBefore must be an RFC 3339 timestamp with an offset", details={"field": "notBefore"}
+                    f"notBefore must be an RFC 3339 timestamp with an offset, from {RANGE_TEXT}",
+                    details={"field": "notBefore"},
                 ) from None
         if req.parent_id is not None and not is_id(req.parent_id, "tsk"):
             raise InvalidArgument("parentId is not a task id", details={"field": "parentId"})
@@ -414,7 +420,7 @@ class AdminApi:
             if payload is not None and len(payload) == 0:  # api.ABSENT: not sent
                 payload = None
             self._check_payload(payload)
-            key = request.headers.get("Idempotency-Key") if action != "cancel" else None
+            key = idempotency_key(request.headers.get("Idempotency-Key")) if action != "cancel" else None
             task, repeated = await self.service.act(
                 caller,
                 task_id,
@@ -531,12 +537,13 @@ class AdminApi:
 
 
 def _int_arg(raw: str | None, name: str) -> int | None:
+    """A non-negative integer query argument, in ASCII digits and within SQLite's INTEGER (a larger one reached
+    SQLite as an int it cannot bind: OverflowError, 500)."""
     if raw is None or raw == "":
         return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidArgument(f"{name} must be an integer", details={"field": name}) from None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+        raise InvalidArgument(f"{name} must be a non-negative integer", details={"field": name})
+    return int(raw)
 
 
 def _bool_arg(raw: str | None, name: str) -> bool | None:

@@ -44,7 +44,9 @@ from .metrics_events import EventCallbackMetrics
 log = logging.getLogger(__name__)
 
 _TYPE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_SEQ_RE = re.compile(r"[0-9]{1,20}", re.ASCII)
 MAX_TYPES = 50
+MAX_SEQ = 2**64 - 1  # JetStream sequences are unsigned 64-bit
 
 
 class SseSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,8 +62,11 @@ def last_event_id(request: web.Request) -> int | None:
     if raw is None or raw.strip() == "":
         return None
     raw = raw.strip()
-    if not raw.isdigit() or len(raw) > 19:
-        raise InvalidArgument("Last-Event-ID must be an event seq (a non-negative integer)")
+    # ASCII digits only: str.isdigit() also takes "²" or "١", which int() then refuses (that was a 500)
+    if not _SEQ_RE.fullmatch(raw) or int(raw) > MAX_SEQ:
+        raise InvalidArgument(
+            "Last-Event-ID must be an event seq (a non-negative integer below 2^64)", details={"field": "lastEventId"}
+        )
     return int(raw)
 
 
@@ -107,6 +112,13 @@ class EventsApi:
         aggregate_id = request.query.get("aggregateId") or None
         if aggregate_id is not None and len(aggregate_id) > 128:
             raise InvalidArgument("aggregateId is too long", details={"field": "aggregateId"})
+        if request.method == "HEAD":
+            # the stream's headers without the stream (a HEAD answer has no body to stream into); before this,
+            # the SSE response was prepared for a HEAD request and the connection closed with no answer at all
+            return web.Response(
+                headers={"X-Request-Id": request[REQUEST_ID], "Cache-Control": "no-cache"},
+                content_type="text/event-stream",
+            )
         sub = Subscriber(None if caller.is_admin else caller.user, types, aggregate_id, self.settings.buffer_events)
         # Subscribed before the headers go out: every event after this point reaches the client.
         replay: Replay | None = None

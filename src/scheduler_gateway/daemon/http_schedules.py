@@ -33,7 +33,7 @@ from scheduler_gateway.actors.task_service import Caller
 from scheduler_gateway.wire import schedule_api as sa
 from scheduler_gateway.wire.errors import InvalidArgument
 from scheduler_gateway.wire.ids import is_id
-from scheduler_gateway.wire.timefmt import fmt_ts, parse_ts
+from scheduler_gateway.wire.timefmt import RANGE_TEXT, fmt_ts, parse_ts
 
 from .http_app import CALLER, AdminApi
 
@@ -254,7 +254,7 @@ class _Routes:
                 after = parse_ts(q["after"])
             except ValueError:
                 raise InvalidArgument(
-                    "after must be an RFC 3339 timestamp with an offset", details={"field": "after"}
+                    f"after must be an RFC 3339 timestamp with an offset, from {RANGE_TEXT}", details={"field": "after"}
                 ) from None
         count = DEFAULT_UPCOMING
         if q.get("count"):

@@ -245,10 +245,11 @@ def int_cursor(cursor: str | None) -> int:
     """A numeric cursor (history revision, audit seq); 0 means from the start."""
     if cursor is None or cursor == "":
         return 0
-    try:
-        return int(cursor)
-    except ValueError:
-        raise InvalidArgument("cursor is not valid", details={"cursor": cursor[:64]}) from None
+    # ASCII digits within SQLite's INTEGER: int() alone took "-1", "1_0" or " 7", and a 20-digit cursor reached
+    # SQLite as an int it cannot bind (OverflowError, 500)
+    if not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 18):
+        raise InvalidArgument("cursor is not valid", details={"cursor": cursor[:64]})
+    return int(cursor)
 
 
 @dataclass(slots=True)

@@ -40,6 +40,9 @@ _PROBE_S = 6 * 3600
 # A cron that matches some date matches one within 8 years (Feb 29 skips at most 8 years, 2096 -> 2104).
 _SEARCH_DAYS = 366 * 9
 _MAX_SEGMENTS = 64
+# No fire time is searched for after this (the API takes instants before 9000-01-01 only): a search from here
+# reaches at most _SEARCH_DAYS plus a day further, well inside datetime's year 9999.
+_CALENDAR_END = datetime(9900, 1, 1, tzinfo=UTC).timestamp()
 _FIELD_RE = re.compile(r"^[0-9A-Za-z*?,/-]+$")
 _SINGLE_NUMBER_RE = re.compile(r"^[0-9]{1,2}$")
 _DAYS_IN_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # the most each month can have
@@ -232,7 +235,10 @@ def first_instant_at_or_after(key: str, wall: datetime) -> float:
 
 
 def next_fire(cron: CronExpr, key: str, now: float) -> float | None:
-    """The first instant strictly after ``now`` at which ``cron`` fires in zone ``key`` (docs/SCHEDULES.md)."""
+    """The first instant strictly after ``now`` at which ``cron`` fires in zone ``key`` (docs/SCHEDULES.md);
+    None from ``_CALENDAR_END`` on: the search runs years ahead and must stay inside ``datetime``'s year 9999."""
+    if now >= _CALENDAR_END:
+        return None
     if cron.fixed_time:
         return _next_fixed(cron, key, now)
     return _next_wildcard(cron, key, now)

@@ -19,12 +19,12 @@ arrive as arguments too.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Final, Literal
 
 import msgspec
 
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, NotFound
+from scheduler_gateway.wire.timefmt import RANGE_TEXT, parse_rfc3339, ts_in_range
 
 from . import cron as calendar
 from .records import NULL
@@ -127,11 +127,14 @@ class ScheduleSpec(msgspec.Struct, frozen=True, kw_only=True):
         tz = timezone or "UTC"
         instant: float | None = None
         if run_at is not None:
+            # strict RFC 3339 with an optional offset, years 1970..8999: fromisoformat alone stops at an embedded
+            # NUL, and a year-1 or year-9999 local time overflowed once shifted by the zone (500)
             try:
-                parsed = datetime.fromisoformat(run_at.replace("z", "Z"))
+                parsed = parse_rfc3339(run_at, offset_required=False)
             except ValueError:
                 raise InvalidSchedule(
-                    "runAt must be an ISO 8601 date and time", details={"field": "schedule.runAt"}
+                    f"runAt must be an RFC 3339 date and time (offset optional), from {RANGE_TEXT}",
+                    details={"field": "schedule.runAt"},
                 ) from None
             if parsed.tzinfo is not None:
                 instant = parsed.timestamp()
@@ -141,6 +144,8 @@ class ScheduleSpec(msgspec.Struct, frozen=True, kw_only=True):
                 except calendar.CronError as exc:
                     raise InvalidSchedule(str(exc), details={"field": "schedule.timezone"}) from None
                 instant = calendar.local_to_instant(tz, parsed)
+            if not ts_in_range(instant):
+                raise InvalidSchedule(f"runAt must lie from {RANGE_TEXT}", details={"field": "schedule.runAt"})
         if type not in SCHEDULE_TYPES:
             raise InvalidSchedule(f"unknown schedule type {type[:20]!r}", details={"field": "schedule.type"})
         norm = " ".join(cron.split()) if cron is not None else None
