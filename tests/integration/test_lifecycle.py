@@ -281,3 +281,39 @@ async def test_running_lease_gets_grace_after_restart(tmp_path: Path, fresh_nats
             assert done["attemptNo"] == 1
     finally:
         await node.close()
+
+
+async def test_node_messages_nested_too_deep_are_refused_not_redelivered(api: Api, node: HandNode) -> None:
+    # msgspec recurses per nesting level: a result or progress nested 100,000 deep raised RecursionError,
+    # which the settle consumer took for a store failure and redelivered every second, forever
+    task, attempt, lease = await claimed(api, node)
+    deep = b"[" * 100_000 + b"]" * 100_000
+    head = f'{{"taskId":"{task["id"]}","attemptId":"{attempt}","leaseId":"{lease}"'.encode()
+    beat = (
+        b'{"kinds":["echo"],"capacity":1,"running":1,"leases":[{"taskId":"'
+        + task["id"].encode()
+        + b'","leaseId":"'
+        + lease.encode()
+        + b'","progress":'
+        + deep
+        + b"}]}"
+    )
+    reply = await node.nc.request(node.subjects.heartbeat(node.node_id), beat, timeout=5)
+    assert msgspec.json.decode(reply.data)["error"]["code"] == "INVALID_ARGUMENT"
+    await node.js.publish(
+        node.subjects.settle(node.node_id),
+        head + b',"outcome":"succeeded","result":' + deep + b"}",
+        headers={"Nats-Msg-Id": f"{lease}:deep"},
+    )
+
+    async def refused_once() -> bool:
+        # a message that cannot be decoded is audited against the node that sent it
+        entries = [e for e in await audit(api, node.node_id) if e["action"] == "settle"]
+        return len(entries) == 1 and entries[0]["result"] == "refused"
+
+    await wait_for(refused_once)
+    await asyncio.sleep(1.5)  # a redelivery would add another refusal
+    assert await refused_once()
+    assert (await api.task(task["id"]))["state"] == "running"  # nothing changed; a good settle still lands
+    await node.settle(task["id"], attempt, lease, result={"ok": True})
+    assert (await api.wait_state(task["id"], {"succeeded"}))["result"] == {"ok": True}

@@ -40,6 +40,9 @@ from .streams import ensure_kind_consumer, ensure_streams
 log = logging.getLogger(__name__)
 PUBLISH_ACK_TIMEOUT_S = 5.0
 _NODE_RE = re.compile(NODE_ID_PATTERN)
+# what a node's message can be that the decoder refuses; msgspec recurses per nesting level, so a body
+# nested a few thousand deep is as malformed as a syntax error (it must be refused, never redelivered)
+_MALFORMED = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
 class NodeInputs(msgspec.Struct):
@@ -188,7 +191,7 @@ class NatsBus:
                 raise GatewayError("bad node id in subject", code=Code.INVALID_ARGUMENT)
             req = self._claim_dec.decode(msg.data)
             reply = await self._inputs.claim(node, req)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except _MALFORMED as exc:
             await self._inputs.refuse("claim", node or "?", Code.INVALID_ARGUMENT, str(exc)[:200])
             reply = ClaimReply(ok=False, error=WireError(code=Code.INVALID_ARGUMENT, message="malformed claim"))
         except GatewayError as exc:
@@ -207,7 +210,7 @@ class NatsBus:
                 raise GatewayError("bad node id in subject", code=Code.INVALID_ARGUMENT)
             req = self._hb_dec.decode(msg.data)
             body = self._enc.encode(await self._inputs.heartbeat(node, req))
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except _MALFORMED as exc:
             await self._inputs.refuse("heartbeat", node or "?", Code.INVALID_ARGUMENT, str(exc)[:200])
             body = self._enc.encode({"error": {"code": Code.INVALID_ARGUMENT, "message": "malformed heartbeat"}})
         except GatewayError as exc:
@@ -232,7 +235,7 @@ class NatsBus:
             else:
                 try:
                     settle = self._settle_dec.decode(msg.data)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                except _MALFORMED as exc:
                     await self._inputs.refuse("settle", node, Code.INVALID_ARGUMENT, str(exc)[:200])
                 else:
                     await self._inputs.settle(node, settle)
