@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 50
 BODY_HEADROOM = 64 * 1024
+OPENAPI_PATH = "/api/openapi.json"  # the one /api route without auth (CONTRACT 2.9)
 TASK_STATES = ("waiting_approval", "queued", "running", "succeeded", "failed", "canceled", "dead")
 
 ReadinessProbe = Callable[[], Awaitable[dict[str, tuple[bool, str]]]]
@@ -183,6 +184,7 @@ class AdminApi:
         r.add_get("/healthz", self.healthz)
         r.add_get("/readyz", self.readyz)
         r.add_get("/metrics", self.metrics_text)
+        r.add_get(OPENAPI_PATH, self.openapi_json)
         r.add_post("/api/tasks", self.create_task)
         r.add_get("/api/tasks", self.list_tasks)
         r.add_get("/api/tasks/{id}", self.get_task)
@@ -209,7 +211,7 @@ class AdminApi:
         request[REQUEST_ID] = rid
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
         try:
-            if request.path.startswith("/api/"):
+            if request.path.startswith("/api/") and request.path != OPENAPI_PATH:
                 request[CALLER] = await self._authenticate(request, rid)
             response = await handler(request)
         except GatewayError as exc:
@@ -309,6 +311,12 @@ class AdminApi:
             "checks": {name: {"ok": v[0], "detail": v[1]} for name, v in checks.items()},
         }
         return self._json(body, status=200 if ok else 503)
+
+    async def openapi_json(self, request: web.Request) -> web.Response:
+        """The OpenAPI 3.1 document of every /api route (no auth), built once."""
+        from .openapi import document_bytes  # it describes this module's routes: imported late
+
+        return web.Response(body=document_bytes(), content_type="application/json")
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         body = generate_latest(self.metrics.registry)

@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from scheduler_gateway.wire.api import ErrorBody, ErrorEnvelope
 from scheduler_gateway.wire.errors import Code
 
 STATUS_OF_CODE: dict[str, int] = {
@@ -39,7 +40,7 @@ STATUS_OF_CODE: dict[str, int] = {
 def error_response(
     code: str, message: str, request_id: str, details: dict[str, Any] | None = None, status: int | None = None
 ) -> web.Response:
-    body = {"error": {"code": code, "message": message, "requestId": request_id, "details": details or {}}}
+    body = ErrorEnvelope(ErrorBody(code=code, message=message, request_id=request_id, details=details or {}))
     return web.Response(
         body=msgspec.json.encode(body),
         status=status or STATUS_OF_CODE.get(code, 500),

@@ -6,7 +6,7 @@ so the gateway passes the client's JSON through without decoding it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
 from msgspec import Meta
@@ -16,6 +16,13 @@ from .messages import KIND_PATTERN, NULL
 Seconds = Annotated[float, Meta(gt=0, le=31_536_000)]
 IdText = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
 Reason = Annotated[str, Meta(max_length=2000)]
+T = TypeVar("T")
+
+
+def _raw(value: msgspec.Raw) -> Any:
+    """A ``msgspec.Raw`` default as a factory: same decoding, and the JSON Schema generator (which cannot
+    encode a Raw default) leaves the default out instead of failing (``GET /api/openapi.json``)."""
+    return msgspec.field(default_factory=lambda: value)
 
 
 class _Body(msgspec.Struct, rename="camel", forbid_unknown_fields=True, kw_only=True):
@@ -24,7 +31,7 @@ class _Body(msgspec.Struct, rename="camel", forbid_unknown_fields=True, kw_only=
 
 class CreateTaskBody(_Body):
     kind: Annotated[str, Meta(pattern=KIND_PATTERN)]
-    payload: msgspec.Raw = NULL
+    payload: msgspec.Raw = _raw(NULL)
     priority: Annotated[int, Meta(ge=-1_000_000, le=1_000_000)] = 0
     max_attempts: Annotated[int, Meta(ge=1, le=1000)] | None = None
     retry_backoff_seconds: Annotated[float, Meta(ge=0, le=3600)] = 1.0
@@ -61,7 +68,7 @@ ABSENT = msgspec.Raw(b"")  # a Raw field that was not sent (msgspec cannot decod
 
 class ReworkBody(_Body):
     reason: Reason
-    payload: msgspec.Raw = ABSENT
+    payload: msgspec.Raw = _raw(ABSENT)
     expected_revision: int | None = None
 
 
@@ -171,3 +178,23 @@ class NodeView(msgspec.Struct, rename="camel", kw_only=True):
 class ListView(msgspec.Struct, rename="camel"):
     items: list[Any]
     next_cursor: str | None
+
+
+class Page(msgspec.Struct, Generic[T], rename="camel"):
+    """What a ``ListView`` of ``T`` looks like: the typed form the OpenAPI document describes."""
+
+    items: list[T]
+    next_cursor: str | None
+
+
+class ErrorBody(msgspec.Struct, rename="camel", kw_only=True):
+    code: str
+    message: str
+    request_id: str
+    details: dict[str, Any]
+
+
+class ErrorEnvelope(msgspec.Struct):
+    """Every error answer, whatever the route: ``{"error": {code, message, requestId, details}}``."""
+
+    error: ErrorBody

@@ -8,11 +8,15 @@ their validation is the model's (422 INVALID_SCHEDULE), not the decoder's (400).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 from msgspec import Meta
 
+# one ErrorView and one ListView for both modules: one schema each in the OpenAPI document
+from .api import ErrorView as ErrorView
+from .api import ListView as ListView
+from .api import _raw
 from .messages import KIND_PATTERN, NULL
 
 Seconds = Annotated[float, Meta(gt=0, le=31_536_000)]
@@ -29,7 +33,7 @@ class _Body(msgspec.Struct, rename="camel", forbid_unknown_fields=True, kw_only=
 
 class TemplateBody(_Body):
     kind: Annotated[str, Meta(pattern=KIND_PATTERN)]
-    payload: msgspec.Raw = NULL
+    payload: msgspec.Raw = _raw(NULL)
     priority: Annotated[int, Meta(ge=-1_000_000, le=1_000_000)] = 0
     max_attempts: Annotated[int, Meta(ge=1, le=1000)] | None = None
     timeout_seconds: Seconds | None = None
@@ -38,7 +42,7 @@ class TemplateBody(_Body):
 
 class TemplatePatchBody(_Body):
     kind: Annotated[str, Meta(pattern=KIND_PATTERN)] | None = None
-    payload: msgspec.Raw = ABSENT
+    payload: msgspec.Raw = _raw(ABSENT)
     priority: Annotated[int, Meta(ge=-1_000_000, le=1_000_000)] | None = None
     max_attempts: Annotated[int, Meta(ge=1, le=1000)] | None = None
     timeout_seconds: Seconds | None = None
@@ -72,11 +76,6 @@ class UpdateScheduledTaskBody(_Body):
 
 class CreateThreadBody(_Body):
     title: Title | None = None
-
-
-class ErrorView(msgspec.Struct, rename="camel"):
-    code: str
-    message: str
 
 
 class ScheduleView(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):
@@ -137,8 +136,3 @@ class ThreadView(msgspec.Struct, rename="camel", kw_only=True):
 
 class TimesView(msgspec.Struct):
     items: list[str]
-
-
-class ListView(msgspec.Struct, rename="camel"):
-    items: list[Any]
-    next_cursor: str | None
