@@ -77,6 +77,7 @@ class Facts:
     max_dead_retries: int = 3
     events_published: list[tuple[int, str]] = field(default_factory=list)  # (seq, event id) as in the stream
     callback_ids_posted: list[str] = field(default_factory=list)
+    admins: frozenset[str] = frozenset({"root"})  # users with role admin: they act on everyone's objects
 
 
 def history_matches_revision(f: Facts) -> list[str]:
@@ -169,7 +170,7 @@ def no_task_under_a_terminal_or_foreign_parent(f: Facts) -> list[str]:
         parent = f.tasks.get(task.parent_id)
         if parent is None:
             out.append(f"task {tid}: parent {task.parent_id} does not exist")
-        elif parent.owner != task.owner:
+        elif parent.owner != task.owner and task.owner not in f.admins:
             out.append(f"task {tid} of {task.owner}: parent {parent.id} belongs to {parent.owner}")
     return out
 
@@ -227,8 +228,9 @@ def one_firing_per_occurrence(f: Facts) -> list[str]:
     per_run: dict[str, list[str]] = defaultdict(list)
     for tid, task in f.tasks.items():
         run_id = task.labels.get(RUN_LABEL)
-        if run_id is None or task.owner.startswith("mallory"):
-            continue
+        first = f.history.get(tid, [None])[0]
+        if run_id is None or first is None or first.actor.type != "system":
+            continue  # a forged label is reserved_labels_only_from_the_gateway's finding, not a firing
         per_run[run_id].append(tid)
         run = f.runs.get(run_id)
         if run is not None and run.trigger == "scheduled":
@@ -354,7 +356,7 @@ class ChangeLog:
                     "no_child_under_terminal_parent",
                     f"task {task.id} created under {parent.id}, which is {parent.state}",
                 )
-            if parent is not None and parent.owner != task.owner:
+            if parent is not None and parent.owner != task.owner and task.owner not in self.admins:
                 self._bad("own_objects_only", f"task {task.id} of {task.owner} under {parent.id} of {parent.owner}")
             if task.parent_id in self.must_cancel:  # its parent's cancel is still on the way down
                 self.must_cancel[task.id] = self.must_cancel[task.parent_id]

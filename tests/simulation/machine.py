@@ -37,6 +37,10 @@ DST_LOCAL_TIMES = ("2026-03-08T02:30:00", "2026-11-01T01:30:00", "2026-03-29T02:
 ADVANCES = (0.5, 3.0, 12.0, 31.0, 61.0, 301.0, 601.0, 3600.0, 4 * 3600.0)
 KEYS = ("k1", "k2", "k3")
 
+# Exploration aid while known bugs are being fixed: SIM_IGNORE=name,name skips violations whose text names
+# one of these (an invariant's name or a word of its message). Never set in CI.
+IGNORED = tuple(x for x in os.environ.get("SIM_IGNORE", "").split(",") if x)
+
 STATS = {"steps": 0, "examples": 0, "crashes": 0, "violations": 0}
 
 
@@ -285,7 +289,7 @@ class SimMachine(RuleBasedStateMachine):
         if user not in (owner, "root"):
             if out.ok:
                 self.problem(f"user {user} did {action} on {tid} of {owner}")
-            elif not out.lost and out.code != Code.TASK_NOT_FOUND:
+            elif not out.lost and out.code not in (Code.TASK_NOT_FOUND, Code.STORAGE_ERROR):
                 self.problem(f"user {user} {action} on foreign {tid}: {out.code}, expected TASK_NOT_FOUND")
             return
         if out.code in (Code.REVISION_CONFLICT, Code.INVALID_STATE_TRANSITION, Code.TASK_ALREADY_TERMINAL):
@@ -451,7 +455,7 @@ class SimMachine(RuleBasedStateMachine):
         if user != owner:
             if out.ok:
                 self.problem(f"user {user} did {op} on schedule {sid} of {owner}")
-            elif not out.lost and out.code not in (Code.SCHEDULE_NOT_FOUND,):
+            elif not out.lost and out.code not in (Code.SCHEDULE_NOT_FOUND, Code.STORAGE_ERROR):
                 self.problem(f"user {user} {op} on foreign schedule {sid}: {out.code}, expected SCHEDULE_NOT_FOUND")
 
     # -- nodes ------------------------------------------------------------------------------------------
@@ -572,23 +576,20 @@ class SimMachine(RuleBasedStateMachine):
             return
         self.do(_idle, advance=max(0.0, min(due) - self.sim.now()) + 0.001)
 
-    @rule(k=st.integers(1, 40))
-    def arm_crash(self, k: int) -> None:
-        """The next step stops after k loop iterations (any await) and the process crash-restarts there."""
-        self.cut_next = k
-
-    @rule()
-    def crash_now(self) -> None:
+    @rule(what=st.sampled_from(["cut", "cut", "crash", "fault"]), k=st.integers(1, 40))
+    def chaos(self, what: str, k: int) -> None:
+        """cut: the next step stops after k loop iterations (any await) and the process crash-restarts there;
+        crash: crash-restart now, at a quiet moment; fault: the next 1-3 store calls fail (StorageError)."""
         assert self.sim is not None
-        self.sim.steps += 1
-        STATS["steps"] += 1
-        self.sim.crash()
-
-    @rule(n=st.integers(1, 3))
-    def store_fault(self, n: int) -> None:
-        """The next n store calls fail (a transient StorageError)."""
-        self.w.store.fail_ops = n
-        self.faulted = True
+        if what == "cut":
+            self.cut_next = k
+        elif what == "crash":
+            self.sim.steps += 1
+            STATS["steps"] += 1
+            self.sim.crash()
+        else:
+            self.w.store.fail_ops = 1 + k % 3
+            self.faulted = True
 
     @rule(user=st.sampled_from(("alice", "bob")), i=st.integers(0, 50))
     def reads(self, user: str, i: int) -> None:
@@ -625,6 +626,9 @@ class SimMachine(RuleBasedStateMachine):
         if liveness and self.sim.durable._outbox and not self.sim.bus.down:
             found.append("events_reach_the_stream: the outbox kept events after time passed")
         found += [f"loop_error: {e}" for e in self.sim.loop_errors]
+        if self.sim.loop.livelock is not None:
+            found.append(f"no_livelock: the loop never got quiet at t={self.sim.now()}: {self.sim.loop.livelock}")
+        found = [v for v in found if not any(name in v for name in IGNORED)]
         if found:
             STATS["violations"] += 1
             raise Violation(

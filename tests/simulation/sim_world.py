@@ -68,6 +68,7 @@ DEAD_LETTER_POLICY = DeadLetterPolicy(
 )
 SCHEDULE_POLICY = SchedulePolicy(min_once_delay_s=60.0, max_concurrent_runs=4, lease_s=60.0)
 SCHEDULER_POLL_S = 30.0
+MAX_ITERATIONS_PER_STEP = 200_000
 CALLBACK_POLICY = CallbackPolicy(secret="sim-callback-secret-0123456789", retry_delays_s=(1.0, 5.0), timeout_s=5.0)
 
 
@@ -95,12 +96,27 @@ class SimLoop(asyncio.SelectorEventLoop):
         self.cut_at: int | None = None
         self.was_cut = False
         self.io_pending: Callable[[], bool] = lambda: False
+        self._settle_start = 0
+        self.livelock: str | None = None
+
+    def _describe_tasks(self) -> str:
+        lines = []
+        for t in asyncio.all_tasks(self):
+            frames = t.get_stack(limit=3)
+            where = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in frames) or "?"
+            lines.append(f"{t.get_name()}: {where}")
+        return "; ".join(sorted(lines)[:20])
 
     def time(self) -> float:
         return self.vt
 
     def _sim_select(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
         self.iterations += 1
+        if self.iterations - self._settle_start > MAX_ITERATIONS_PER_STEP:
+            # the loop never gets quiet: a busy loop at one instant (or a loop spinning on tiny timers)
+            self.livelock = self._describe_tasks()
+            self.stop()
+            return []
         if self.cut_at is not None and self.iterations >= self.cut_at:
             self.cut_at = None
             self.was_cut = True
@@ -124,6 +140,7 @@ class SimLoop(asyncio.SelectorEventLoop):
     def settle(self, advance: float = 0.0, cut_after: int | None = None) -> bool:
         """Run until quiescent at ``now + advance`` (or until cut); returns True when cut."""
         self.limit = self.vt + max(0.0, advance)
+        self._settle_start = self.iterations
         self.was_cut = False
         self.cut_at = None if cut_after is None else self.iterations + max(1, cut_after)
         self.run_forever()
@@ -422,6 +439,7 @@ class Sim:
     def run(self, coro: Awaitable[Any], advance: float = 0.0, cut_after: int | None = None) -> Any:
         """Run one operation to quiescence. Returns its result, or raises its error; ``Cut`` when cut."""
         task = self.loop.create_task(_as_coro(coro))
+        task.add_done_callback(_retrieve)  # the client's answer: read by the caller, or lost with the process
         cut = self.loop.settle(advance, cut_after)
         if cut:
             return Cut(task)
@@ -487,6 +505,11 @@ class Pending:
 
     def __init__(self, task: asyncio.Task[Any]) -> None:
         self.task = task
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def _as_coro(aw: Awaitable[Any]) -> Any:

@@ -9,6 +9,7 @@ actions, node messages, clock jumps and crash-restarts, every invariant checked 
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import time
@@ -45,6 +46,9 @@ def run_simulation(seed: int, examples: int, steps: int, shrink_s: float) -> dic
     hypothesis_seed(seed)(machine)
     saved = hypothesis_engine.MAX_SHRINKING_SECONDS
     hypothesis_engine.MAX_SHRINKING_SECONDS = int(shrink_s)
+    quiet = logging.getLogger("scheduler_gateway")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # injected faults and crashes log by the thousand; the invariants judge
     started = time.perf_counter()
     try:
         run_state_machine_as_test(machine, settings=_settings(examples, steps))
@@ -56,6 +60,7 @@ def run_simulation(seed: int, examples: int, steps: int, shrink_s: float) -> dic
         raise
     finally:
         hypothesis_engine.MAX_SHRINKING_SECONDS = saved
+        quiet.setLevel(level)
         elapsed = time.perf_counter() - started
         print(
             f"\nsimulation seed {seed}: {STATS['steps']} steps in {STATS['examples']} examples, "
