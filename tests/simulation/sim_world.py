@@ -67,7 +67,7 @@ DEAD_LETTER_POLICY = DeadLetterPolicy(
     auto_redrive=True, redrive_delay_s=300.0, archive_after_s=3600.0, sweep_interval_s=120.0
 )
 SCHEDULE_POLICY = SchedulePolicy(min_once_delay_s=60.0, max_concurrent_runs=4, lease_s=60.0)
-SCHEDULER_POLL_S = 30.0
+SCHEDULER_POLL_S = 120.0
 MAX_ITERATIONS_PER_STEP = 200_000
 CALLBACK_POLICY = CallbackPolicy(secret="sim-callback-secret-0123456789", retry_delays_s=(1.0, 5.0), timeout_s=5.0)
 
