@@ -36,6 +36,17 @@ ZONES = ("America/New_York", "Europe/Berlin", "UTC")
 DST_LOCAL_TIMES = ("2026-03-08T02:30:00", "2026-11-01T01:30:00", "2026-03-29T02:30:00", "2026-10-25T02:30:00")
 ADVANCES = (0.5, 3.0, 12.0, 31.0, 61.0, 301.0, 601.0, 3600.0, 4 * 3600.0)
 KEYS = ("k1", "k2", "k3")
+SCHEDULE_OPS = (
+    "patch_title",
+    "patch_to_once",
+    "patch_to_cron",
+    "patch_kind",
+    "pause",
+    "resume",
+    "trigger",
+    "trigger",
+    "delete",
+)
 
 # Exploration aid while known bugs are being fixed: SIM_IGNORE=name,name skips violations whose text names
 # one of these (an invariant's name or a word of its message). Never set in CI.
@@ -417,8 +428,7 @@ class SimMachine(RuleBasedStateMachine):
 
     @rule(
         i=st.integers(0, 20),
-        op=st.sampled_from(["patch_title", "patch_to_once", "patch_to_cron", "patch_kind", "pause", "resume",
-                            "trigger", "trigger", "delete"]),  # fmt: skip
+        op=st.sampled_from(SCHEDULE_OPS),
         cron=st.sampled_from(CRONS),
         zone=st.sampled_from(ZONES),
         as_owner=st.booleans(),
@@ -555,11 +565,64 @@ class SimMachine(RuleBasedStateMachine):
         if out.ok and variant == "conflicting" and out.value.result == "ok":
             self.problem(f"a conflicting settle of lease {lease.lease_id} was accepted")
 
+    @rule(n=st.integers(0, 2), i=st.integers(0, 50), outcome=st.sampled_from(["succeeded", "failed"]))
+    def cancel_while_settling(self, n: int, i: int, outcome: str) -> None:
+        """A user cancels a task while a node settles one of its running descendants, in one instant."""
+        import asyncio
+
+        tid = self.pick_task(i)
+        node = self.nodes[n]
+        if tid is None or not node.leases:
+            return
+        lease = next(iter(node.leases.values()))
+        msg = Settle(
+            task_id=lease.task_id,
+            attempt_id=lease.attempt_id,
+            lease_id=lease.lease_id,
+            outcome=outcome,  # type: ignore[arg-type]
+            result=msgspec.Raw(b'{"r":2}' if outcome == "succeeded" else b"null"),
+            error=None if outcome == "succeeded" else WireError(code="HANDLER_ERROR", message="x", retryable=True),
+        )
+        owner = self.owner_of[tid]
+
+        async def both() -> list[Any]:
+            return await asyncio.gather(
+                self.w.service.act(caller(owner, self.next_rid()), tid, "cancel", reason="stop"),
+                self.w.service.settle(node.id, msg),
+                return_exceptions=True,
+            )
+
+        self.do(both)
+        node.leases.pop(lease.task_id, None)
+        node.old_leases.append(lease)
+        node.settled.setdefault(lease.lease_id, (outcome, bytes(msg.result)))
+
+    @rule(n=st.integers(0, 2), offset=st.sampled_from([0.0, 0.0, 0.001, -0.001]))
+    def heartbeat_at_expiry(self, n: int, offset: float) -> None:
+        """A node heartbeats right at its lease's expiry: the clock's deadline and the heartbeat race."""
+        import asyncio
+
+        assert self.sim is not None
+        node = self.nodes[n]
+        if not node.leases:
+            return
+        lease = next(iter(node.leases.values()))
+        live = self.w.service._live.get(lease.task_id)
+        if live is None or live.lease_expires_at is None:
+            return
+        wait = max(0.0, live.lease_expires_at - self.sim.now() + offset)
+        report = LeaseReport(task_id=lease.task_id, lease_id=lease.lease_id)
+        req = HeartbeatRequest(kinds=node.kinds, capacity=4, running=1, leases=[report])
+
+        async def later() -> Any:
+            await asyncio.sleep(wait)
+            return await self.w.service.heartbeat(node.id, req)
+
+        self.do(later, advance=wait + 0.01)
+
     def _changed_by_settle(self, task_id: str, since: int) -> bool:
         assert self.sim is not None
-        hist: list[HistoryEntry] = [
-            h for (t, r), h in self.sim.durable._history.items() if t == task_id and r > since
-        ]
+        hist: list[HistoryEntry] = [h for (t, r), h in self.sim.durable._history.items() if t == task_id and r > since]
         return any(h.action in ("settle", "attempt_failed") and h.actor.type == "node" for h in hist)
 
     # -- the clock, crashes and faults -------------------------------------------------------------------

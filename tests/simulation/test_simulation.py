@@ -71,7 +71,7 @@ def run_simulation(seed: int, examples: int, steps: int, shrink_s: float) -> dic
 
 def test_simulation_default_budget() -> None:
     seed = int(os.environ.get("SIM_SEED", DEFAULT_SEED))
-    examples = int(os.environ.get("SIM_EXAMPLES", 260))
+    examples = int(os.environ.get("SIM_EXAMPLES", 420))
     steps = int(os.environ.get("SIM_STEPS", 100))
     stats = run_simulation(seed, examples, steps, shrink_s=float(os.environ.get("SIM_SHRINK_SECONDS", 45)))
     if examples * steps >= MIN_STEPS:
