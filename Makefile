@@ -32,8 +32,11 @@ ops-tools:
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit tests/test_store_contract.py
 
+# the slow tests, then the deterministic simulation with fresh seeds for SIM_SOAK_SECONDS (default 10 minutes)
+SIM_SOAK_SECONDS ?= 600
 soak: $(STAMP)
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow --deselect tests/simulation/test_simulation.py::test_simulation_soak
+	SIM_SOAK_SECONDS=$(SIM_SOAK_SECONDS) $(PY) -m pytest -q -s -m slow tests/simulation
 
 bench: $(STAMP)
 	$(PY) bench/bench_gateway.py --n 20000

@@ -1,0 +1,732 @@
+"""The hypothesis state machine of the simulation: users, nodes, the clock and crashes as rules; the
+invariants (``invariants.py``) after every step.
+
+A step is one rule: it starts one operation (or none, for a pure clock jump), runs the loop until it is
+quiet, and checks. ``arm_crash(k)`` makes the next step's operation stop after ``k`` loop iterations, at
+whatever await it reached, and the process crash-restarts there. A failure names the violated invariants,
+the simulation seed and the step count; hypothesis prints the shrunk steps that replay it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from scheduler_gateway.actors.model.records import TERMINAL_STATES, HistoryEntry
+from scheduler_gateway.actors.model.schedule import ScheduleSpec, TaskTemplate
+from scheduler_gateway.actors.scheduler import NewSchedule, SchedulePatch, SpecPatch, TemplatePatch
+from scheduler_gateway.actors.task_service import Caller, NewTask
+from scheduler_gateway.daemon.store_memory import MemoryStore
+from scheduler_gateway.wire.errors import Code, GatewayError
+from scheduler_gateway.wire.messages import ClaimRequest, HeartbeatRequest, LeaseReport, Settle, WireError
+
+from .invariants import ChangeLog, Facts, LiveView, snapshot_violations, summarize
+from .sim_world import EPOCHS, TASK_POLICY, Cut, NodeLease, Pending, Sim, SimNode
+
+USERS = ("alice", "bob", "root")  # root is an admin
+KINDS = ("echo", "work")
+CRONS = ("*/15 * * * *", "30 2 * * *", "0 * * * *", "0 3 * * *", "*/5 * * * *", "59 1 * * *", "0 2 * * *")
+ZONES = ("America/New_York", "Europe/Berlin", "UTC")
+DST_LOCAL_TIMES = ("2026-03-08T02:30:00", "2026-11-01T01:30:00", "2026-03-29T02:30:00", "2026-10-25T02:30:00")
+ADVANCES = (0.5, 3.0, 12.0, 31.0, 61.0, 301.0, 601.0, 3600.0, 4 * 3600.0)
+KEYS = ("k1", "k2", "k3")
+SCHEDULE_OPS = (
+    "patch_title",
+    "patch_to_once",
+    "patch_to_cron",
+    "patch_kind",
+    "pause",
+    "resume",
+    "trigger",
+    "trigger",
+    "delete",
+)
+
+# Exploration aid while known bugs are being fixed: SIM_IGNORE=name,name skips violations whose text names
+# one of these (an invariant's name or a word of its message). Never set in CI.
+IGNORED = tuple(x for x in os.environ.get("SIM_IGNORE", "").split(",") if x)
+
+STATS = {"steps": 0, "examples": 0, "crashes": 0, "violations": 0}
+
+
+class Violation(AssertionError):
+    pass
+
+
+def caller(user: str, rid: str | None = None) -> Caller:
+    return Caller(user, "admin" if user == "root" else "user", rid)
+
+
+def digest(*parts: Any) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
+
+
+class Outcome:
+    """What a client saw: a value, an error code, or nothing (the process died under it)."""
+
+    def __init__(self, value: Any = None, code: str | None = None, lost: bool = False) -> None:
+        self.value = value
+        self.code = code
+        self.lost = lost
+
+    @property
+    def ok(self) -> bool:
+        return self.code is None and not self.lost
+
+
+class SimMachine(RuleBasedStateMachine):
+    store_factory: Callable[[], Any] = MemoryStore
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sim: Sim | None = None
+        self.log = ChangeLog(max_dead_retries=TASK_POLICY.max_dead_retries)
+        self.task_ids: list[str] = []
+        self.owner_of: dict[str, str] = {}
+        self.threads: list[tuple[str, str]] = []
+        self.schedule_ids: list[str] = []
+        self.idem: dict[tuple[str, str], tuple[str, str, str] | None] = {}  # -> (operation, body, task id)
+        self.nodes = [SimNode("n1", ["echo", "work"]), SimNode("n2", ["echo"]), SimNode("n3", ["work"])]
+        self.cut_next: int | None = None
+        self.problems: list[str] = []
+        self.advanced = 0.0
+        self.faulted = False
+        self.rid = 0
+
+    # -- plumbing ------------------------------------------------------------------------------------
+    @initialize(seed=st.integers(0, 2**20), epoch=st.sampled_from(sorted(EPOCHS)))
+    def boot(self, seed: int, epoch: str) -> None:
+        env_seed = os.environ.get("SIM_INNER_SEED")
+        self.seed = int(env_seed) if env_seed else seed
+        self.sim = Sim(self.seed, self.store_factory(), EPOCHS[epoch])
+        self.sim.write_hooks.append(self._on_store_call)
+        self.sim.boot()
+        STATS["examples"] += 1
+
+    def teardown(self) -> None:
+        if self.sim is not None:
+            STATS["crashes"] += self.sim.crashes
+            self.sim.close()
+
+    def _on_store_call(self, name: str, args: tuple[Any, ...], result: Any) -> None:
+        if name == "apply":
+            self.log.feed(args[0])
+        elif name == "put_dead_letter":
+            self.log.put_letter(args[0])
+        elif name in ("insert_schedule", "save_schedule", "record_launch", "record_completion", "delete_schedule"):
+            sid = args[0] if isinstance(args[0], str) else args[0].id
+            self._schedule_written(sid, name)
+        elif name == "claim_due":
+            for c in result:
+                self._schedule_written(c.task.id, name)
+
+    def _schedule_written(self, sid: str, why: str) -> None:
+        assert self.sim is not None
+        s = self.sim.durable._ss.schedules.get(sid)
+        self.log.schedule_written(sid, None if s is None else s.status, why)
+
+    @property
+    def w(self) -> Any:
+        assert self.sim is not None and self.sim.world is not None
+        return self.sim.world
+
+    def next_rid(self) -> str:
+        self.rid += 1
+        return f"req_{self.rid}"
+
+    def do(self, make: Callable[[], Awaitable[Any]], advance: float = 0.0) -> Outcome:
+        """Run one operation as a step: to quiescence, or cut by an armed crash (then crash-restart)."""
+        assert self.sim is not None
+        cut, self.cut_next = self.cut_next, None
+        self.sim.steps += 1
+        STATS["steps"] += 1
+        self.advanced = advance
+        try:
+            result = self.sim.run(make(), advance, cut)
+        except GatewayError as exc:
+            return Outcome(code=exc.code)
+        if isinstance(result, Cut):
+            self.sim.crash()
+            return Outcome(lost=True)
+        if isinstance(result, Pending):
+            return Outcome(lost=True)
+        return Outcome(result)
+
+    def problem(self, text: str) -> None:
+        self.problems.append(text)
+
+    def pick_task(self, i: int) -> str | None:
+        return self.task_ids[i % len(self.task_ids)] if self.task_ids else None
+
+    # -- users: tasks --------------------------------------------------------------------------------
+    @rule(
+        user=st.sampled_from(USERS),
+        kind=st.sampled_from(KINDS),
+        parent=st.none() | st.integers(0, 50),
+        thread=st.none() | st.integers(0, 20),
+        key=st.none() | st.sampled_from(KEYS),
+        labels=st.sampled_from(["none", "plain", "reserved_run", "reserved_gw"]),
+        approval=st.booleans(),
+        callback=st.sampled_from([None, "ok", "fail"]),
+        max_attempts=st.integers(1, 3),
+        delay=st.sampled_from([None, 0.0, 20.0, 400.0]),
+        lease=st.sampled_from([None, 10.0, 60.0]),
+        timeout=st.sampled_from([None, 45.0, 200.0]),
+    )
+    def create_task(
+        self,
+        user: str,
+        kind: str,
+        parent: int | None,
+        thread: int | None,
+        key: str | None,
+        labels: str,
+        approval: bool,
+        callback: str | None,
+        max_attempts: int,
+        delay: float | None,
+        lease: float | None,
+        timeout: float | None,
+    ) -> None:
+        assert self.sim is not None
+        parent_id = self.pick_task(parent) if parent is not None else None
+        thread_id = self.threads[thread % len(self.threads)][0] if thread is not None and self.threads else None
+        label_map = {
+            "none": {},
+            "plain": {"team": "x"},
+            "reserved_run": {"scheduledRunId": "srn_forged"},
+            "reserved_gw": {"gw.owner": "me"},
+        }[labels]
+        spec = NewTask(
+            kind=kind,
+            payload=msgspec.Raw(b'{"n":%d}' % (len(self.task_ids) % 3)),
+            max_attempts=max_attempts,
+            parent_id=parent_id,
+            thread_id=thread_id,
+            requires_approval=approval,
+            labels=label_map,
+            callback_url=None if callback is None else f"https://cb.example/{callback}",
+            callback_secret=None,
+            not_before=None if delay is None else self.sim.now() + delay,
+            lease_s=lease,
+            timeout_s=timeout,
+            retry_backoff_s=5.0,
+        )
+        body = digest("create", kind, parent_id, thread_id, labels, approval, callback, max_attempts, delay, lease,
+                      timeout, spec.payload)  # fmt: skip
+        parent_state = self._stored_state(parent_id) if parent_id else None
+        out = self.do(lambda: self.w.service.create(caller(user, self.next_rid()), spec, key, body))
+        if out.ok:
+            task, replayed = out.value
+            if not replayed:
+                self.task_ids.append(task.id)
+                self.owner_of[task.id] = task.owner
+            if parent_state in TERMINAL_STATES and not replayed:
+                self.problem(f"create under {parent_state} parent {parent_id} answered 201 (expected 409)")
+            if labels.startswith("reserved") and not replayed:
+                self.problem(f"create with reserved labels {label_map} answered 201 (expected 400)")
+        self._idem_check(user, key, "create", body, out)
+
+    def _stored_state(self, task_id: str | None) -> str | None:
+        assert self.sim is not None
+        t = self.sim.durable._tasks.get(task_id)
+        return None if t is None else t.state
+
+    def _idem_check(self, user: str, key: str | None, operation: str, body: str, out: Outcome) -> None:
+        """An idempotent replay equals the first answer; the key with another request conflicts."""
+        if key is None:
+            return
+        slot = (user, key)
+        first = self.idem.get(slot, "absent")
+        if out.lost:
+            if first == "absent":
+                self.idem[slot] = None  # unknown: the first answer was lost with the process
+            return
+        if first == "absent" or first is None:
+            if out.ok:
+                self.idem[slot] = (operation, body, out.value[0].id)
+            return
+        assert isinstance(first, tuple)
+        op0, body0, tid0 = first
+        if (op0, body0) == (operation, body):
+            if not out.ok:
+                self.problem(f"replay of {operation} with key {key} by {user} answered {out.code}, first {tid0}")
+            elif out.value[0].id != tid0:
+                self.problem(f"replay of {operation} with key {key} answered {out.value[0].id}, first {tid0}")
+        elif out.ok:
+            self.problem(f"key {key} of {user} reused for {operation} (first {op0}) and accepted")
+
+    @rule(
+        who=st.sampled_from(["owner", "owner", "owner", "other", "root"]),
+        i=st.integers(0, 50),
+        action=st.sampled_from(["cancel", "cancel", "approve", "amend", "retry", "rework"]),
+        revision=st.sampled_from(["none", "none", "current", "stale"]),
+        key=st.none() | st.sampled_from(KEYS),
+    )
+    def act(self, who: str, i: int, action: str, revision: str, key: str | None) -> None:
+        tid = self.pick_task(i)
+        if tid is None:
+            return
+        owner = self.owner_of[tid]
+        user = {"owner": owner, "root": "root", "other": "bob" if owner != "bob" else "alice"}[who]
+        stored = self.sim.durable._tasks.get(tid) if self.sim else None
+        rev = None
+        if revision != "none" and stored is not None:
+            rev = stored.revision if revision == "current" else stored.revision - 1
+        payload = msgspec.Raw(b'{"amended":%d}' % i) if action in ("amend", "rework") else None
+        reason = "again" if action == "rework" else ("stop" if action == "cancel" else None)
+        key = None if action == "cancel" else key
+        body = digest(action, rev, reason, payload)
+        before = stored
+
+        out = self.do(
+            lambda: self.w.service.act(
+                caller(user, self.next_rid()),
+                tid,
+                action,
+                expected_revision=rev,
+                reason=reason,
+                payload=payload,
+                idem_key=key,
+                body_hash=body if key else "",
+            )
+        )
+        if user not in (owner, "root"):
+            if out.ok:
+                self.problem(f"user {user} did {action} on {tid} of {owner}")
+            elif not out.lost and out.code not in (Code.TASK_NOT_FOUND, Code.STORAGE_ERROR):
+                self.problem(f"user {user} {action} on foreign {tid}: {out.code}, expected TASK_NOT_FOUND")
+            return
+        if out.code in (Code.REVISION_CONFLICT, Code.INVALID_STATE_TRANSITION, Code.TASK_ALREADY_TERMINAL):
+            after = self.sim.durable._tasks.get(tid) if self.sim else None
+            if before is not None and after is not None and after.revision != before.revision:
+                if not key:
+                    self.problem(f"refused {action} ({out.code}) of {tid} changed it")
+        self._idem_check(user, key, f"{action}:{tid}", body, out)
+
+    @rule(
+        i=st.integers(0, 50),
+        action=st.sampled_from(["amend", "retry", "approve", "rework"]),
+        key=st.sampled_from(KEYS),
+    )
+    def concurrent_same_key(self, i: int, action: str, key: str) -> None:
+        """Two requests with one Idempotency-Key at once: the second waits and replays the first."""
+        import asyncio
+
+        tid = self.pick_task(i)
+        if tid is None:
+            return
+        user = self.owner_of[tid]
+        payload = msgspec.Raw(b'{"amended":%d}' % i) if action in ("amend", "rework") else None
+        reason = "again" if action == "rework" else None
+        body = digest(action, None, reason, payload)
+
+        def one() -> Awaitable[Any]:
+            return self.w.service.act(
+                caller(user, self.next_rid()), tid, action, reason=reason, payload=payload, idem_key=key, body_hash=body
+            )
+
+        async def both() -> list[Any]:
+            return await asyncio.gather(one(), one(), return_exceptions=True)
+
+        out = self.do(both)
+        if not out.ok:
+            if not out.lost:
+                self._idem_check(user, key, f"{action}:{tid}", body, out)
+            else:
+                self._idem_check(user, key, f"{action}:{tid}", body, out)
+            return
+        a, b = out.value
+        codes = [getattr(x, "code", None) if isinstance(x, BaseException) else None for x in (a, b)]
+        for x in (a, b):
+            if isinstance(x, BaseException) and not isinstance(x, GatewayError):
+                raise x
+        if not isinstance(a, BaseException):
+            if isinstance(b, BaseException):
+                self.problem(f"concurrent {action} of {tid} with key {key}: first ok, second {codes[1]}")
+            elif b[0].id != a[0].id:
+                self.problem(f"concurrent {action} with key {key}: two different answers")
+            self._idem_check(user, key, f"{action}:{tid}", body, Outcome(a))
+        else:
+            self._idem_check(user, key, f"{action}:{tid}", body, Outcome(code=codes[0]))
+
+    @rule(i=st.integers(0, 50), force=st.booleans(), as_owner=st.booleans())
+    def dead_letter_retry(self, i: int, force: bool, as_owner: bool) -> None:
+        assert self.sim is not None
+        tid = self.pick_task(i)
+        if tid is None:
+            return
+        letter = self.sim.durable._dead_letters.get(tid)
+        if letter is None:
+            return
+        owner = self.owner_of[tid]
+        user = owner if as_owner else ("root" if force else ("bob" if owner != "bob" else "alice"))
+        out = self.do(
+            lambda: self.w.service.redrive(
+                caller(user, self.next_rid()), letter.dead_letter_id, force=force, reason="sim"
+            )
+        )
+        if out.ok and user not in (owner, "root"):
+            self.problem(f"user {user} redrove letter {letter.dead_letter_id} of {owner}")
+        if out.ok and letter.exhausted and not force:
+            self.problem(f"redrive of exhausted letter {letter.dead_letter_id} accepted")
+
+    # -- threads and schedules --------------------------------------------------------------------------
+    @rule(user=st.sampled_from(USERS))
+    def create_thread(self, user: str) -> None:
+        out = self.do(lambda: self.w.schedules.create_thread(caller(user), "t"))
+        if out.ok:
+            self.threads.append((out.value.id, user))
+
+    @rule(
+        user=st.sampled_from(USERS),
+        kind=st.sampled_from(KINDS),
+        cron=st.none() | st.sampled_from(CRONS),
+        zone=st.sampled_from(ZONES),
+        once=st.sampled_from(["+61", "+3600", "+7200", "dst0", "dst1", "dst2", "dst3"]),
+        reuse=st.none() | st.integers(0, 20),
+        max_attempts=st.integers(1, 2),
+    )
+    def create_schedule(
+        self, user: str, kind: str, cron: str | None, zone: str, once: str, reuse: int | None, max_attempts: int
+    ) -> None:
+        spec = self._spec(cron, zone, once)
+        if spec is None:
+            return
+        thread_id = None
+        if reuse is not None and self.threads:
+            thread_id = self.threads[reuse % len(self.threads)][0]
+        cmd = NewSchedule(
+            title="s",
+            template=TaskTemplate(kind=kind, payload=msgspec.Raw(b"{}"), max_attempts=max_attempts, lease_s=30.0),
+            schedule=spec,
+            context_mode="reuse_thread" if thread_id else "fresh_thread_per_run",
+            thread_id=thread_id,
+        )
+        out = self.do(lambda: self.w.schedules.create_scheduled_task(caller(user), cmd))
+        if out.ok:
+            self.schedule_ids.append(out.value.id)
+            self.owner_of[out.value.id] = user
+
+    def _spec(self, cron: str | None, zone: str, once: str) -> ScheduleSpec | None:
+        assert self.sim is not None
+        try:
+            if cron is not None:
+                return ScheduleSpec.from_primitives("cron", zone, cron=cron)
+            if once.startswith("+"):
+                at = self.sim.now() + float(once[1:])
+                return ScheduleSpec(type="once", timezone=zone, run_at=at)
+            return ScheduleSpec.from_primitives("once", zone, run_at=DST_LOCAL_TIMES[int(once[3:])])
+        except GatewayError:
+            return None
+
+    @rule(
+        i=st.integers(0, 20),
+        op=st.sampled_from(SCHEDULE_OPS),
+        cron=st.sampled_from(CRONS),
+        zone=st.sampled_from(ZONES),
+        as_owner=st.booleans(),
+    )
+    def schedule_op(self, i: int, op: str, cron: str, zone: str, as_owner: bool) -> None:
+        assert self.sim is not None
+        if not self.schedule_ids:
+            return
+        sid = self.schedule_ids[i % len(self.schedule_ids)]
+        owner = self.owner_of[sid]
+        user = owner if as_owner else ("bob" if owner != "bob" else "alice")
+        c = caller(user, self.next_rid())
+        svc = self.w.schedules
+        make: Callable[[], Awaitable[Any]]
+        if op.startswith("patch"):
+            if op == "patch_title":
+                patch = SchedulePatch(title=f"t{i}")
+            elif op == "patch_kind":
+                patch = SchedulePatch(template=TemplatePatch(kind="work"))
+            elif op == "patch_to_once":
+                patch = SchedulePatch(schedule=SpecPatch(type="once", run_at=_iso(self.sim.now() + 120.0)))
+            else:
+                patch = SchedulePatch(schedule=SpecPatch(type="cron", cron=cron, timezone=zone))
+            make = lambda: svc.update_scheduled_task(c, sid, patch)  # noqa: E731
+        elif op == "pause":
+            make = lambda: svc.pause_task(c, sid)  # noqa: E731
+        elif op == "resume":
+            make = lambda: svc.resume_task(c, sid)  # noqa: E731
+        elif op == "trigger":
+            make = lambda: svc.trigger_task(c, sid)  # noqa: E731
+        else:
+            make = lambda: svc.delete_task(c, sid)  # noqa: E731
+        out = self.do(make)
+        if user != owner:
+            if out.ok:
+                self.problem(f"user {user} did {op} on schedule {sid} of {owner}")
+            elif not out.lost and out.code not in (Code.SCHEDULE_NOT_FOUND, Code.STORAGE_ERROR):
+                self.problem(f"user {user} {op} on foreign schedule {sid}: {out.code}, expected SCHEDULE_NOT_FOUND")
+
+    # -- nodes ------------------------------------------------------------------------------------------
+    @rule(n=st.integers(0, 2), i=st.integers(0, 10), again=st.booleans())
+    def claim(self, n: int, i: int, again: bool) -> None:
+        assert self.sim is not None
+        node = self.nodes[n]
+        bus = self.sim.bus
+        mine = [a for a in bus.offer_order if bus.offers[a].kind in node.kinds]
+        if not mine:
+            return
+        attempt_id = mine[i % len(mine)]
+        bus.offer_order.remove(attempt_id)
+        offer = bus.offers.pop(attempt_id)
+        req = ClaimRequest(task_id=offer.task_id, attempt_id=offer.attempt_id)
+        out = self.do(lambda: self.w.service.claim(node.id, req))
+        if not out.ok:
+            return
+        reply = out.value
+        if reply.ok:
+            node.leases[offer.task_id] = NodeLease(offer.task_id, offer.attempt_id, reply.lease_id)
+            if again:  # a redelivered offer: the same node gets the same lease back
+                out2 = self.do(lambda: self.w.service.claim(node.id, req))
+                if out2.ok and (not out2.value.ok or out2.value.lease_id != reply.lease_id):
+                    self.problem(f"second claim of {offer.attempt_id} by {node.id} answered {out2.value}")
+        elif reply.error is not None and reply.error.code in (Code.NOT_DUE, Code.NODE_DRAINING):
+            bus.offers[attempt_id] = offer  # nak: redelivered later
+            bus.offer_order.append(attempt_id)
+
+    @rule(n=st.integers(0, 2), stale=st.booleans(), forged=st.booleans())
+    def heartbeat(self, n: int, stale: bool, forged: bool) -> None:
+        node = self.nodes[n]
+        reports = [LeaseReport(task_id=lease.task_id, lease_id=lease.lease_id) for lease in node.leases.values()]
+        if stale and node.old_leases:
+            old = node.old_leases[-1]
+            reports.append(LeaseReport(task_id=old.task_id, lease_id=old.lease_id))
+        if forged:  # another node's lease, as if this node named it
+            other = self.nodes[(n + 1) % len(self.nodes)]
+            reports += [LeaseReport(task_id=x.task_id, lease_id=x.lease_id) for x in list(other.leases.values())[:1]]
+        req = HeartbeatRequest(kinds=node.kinds, capacity=4, running=len(node.leases), leases=reports)
+        out = self.do(lambda: self.w.service.heartbeat(node.id, req))
+        if out.ok:
+            for r in out.value.revoked:
+                lease = node.leases.get(r.task_id)
+                if lease is not None and lease.lease_id == r.lease_id:
+                    node.old_leases.append(node.leases.pop(r.task_id))
+            if forged:
+                other_ids = {x.lease_id for m in self.nodes if m is not node for x in m.leases.values()}
+                bad = [e for e in out.value.extended if e.lease_id in other_ids]
+                if bad:
+                    self.problem(f"node {node.id} extended another node's lease {bad[0].lease_id}")
+
+    @rule(
+        n=st.integers(0, 2),
+        i=st.integers(0, 10),
+        outcome=st.sampled_from(["succeeded", "succeeded", "failed"]),
+        retryable=st.booleans(),
+        variant=st.sampled_from(["normal", "normal", "normal", "duplicate", "conflicting"]),
+    )
+    def settle(self, n: int, i: int, outcome: str, retryable: bool, variant: str) -> None:
+        assert self.sim is not None
+        node = self.nodes[n]
+        if variant == "normal":
+            if not node.leases:
+                return
+            lease = list(node.leases.values())[i % len(node.leases)]
+        else:
+            done = [x for x in node.old_leases if x.lease_id in node.settled]
+            if not done:
+                return
+            lease = done[i % len(done)]
+            prev_outcome, _ = node.settled[lease.lease_id]
+            if variant == "duplicate":
+                outcome = prev_outcome
+            else:
+                outcome = "failed" if prev_outcome == "succeeded" else "succeeded"
+        result = b'{"r":1}' if outcome == "succeeded" else b"null"
+        msg = Settle(
+            task_id=lease.task_id,
+            attempt_id=lease.attempt_id,
+            lease_id=lease.lease_id,
+            outcome=outcome,  # type: ignore[arg-type]
+            result=msgspec.Raw(result),
+            error=None if outcome == "succeeded" else WireError(code="HANDLER_ERROR", message="x", retryable=retryable),
+        )
+        before = self.sim.durable._tasks.get(lease.task_id)
+        out = self.do(lambda: self.w.service.settle(node.id, msg))
+        if variant == "normal":
+            node.leases.pop(lease.task_id, None)
+            node.old_leases.append(lease)
+            node.settled.setdefault(lease.lease_id, (outcome, result))
+        if out.ok and out.value.result in ("refused", "repeat"):
+            after = self.sim.durable._tasks.get(lease.task_id)
+            if before is not None and after is not None and after.revision != before.revision:
+                if self._changed_by_settle(lease.task_id, before.revision):
+                    self.problem(f"a {out.value.result} settle of {lease.task_id} changed the task")
+        if out.ok and variant == "conflicting" and out.value.result == "ok":
+            self.problem(f"a conflicting settle of lease {lease.lease_id} was accepted")
+
+    @rule(n=st.integers(0, 2), i=st.integers(0, 50), outcome=st.sampled_from(["succeeded", "failed"]))
+    def cancel_while_settling(self, n: int, i: int, outcome: str) -> None:
+        """A user cancels a task while a node settles one of its running descendants, in one instant."""
+        import asyncio
+
+        tid = self.pick_task(i)
+        node = self.nodes[n]
+        if tid is None or not node.leases:
+            return
+        lease = next(iter(node.leases.values()))
+        msg = Settle(
+            task_id=lease.task_id,
+            attempt_id=lease.attempt_id,
+            lease_id=lease.lease_id,
+            outcome=outcome,  # type: ignore[arg-type]
+            result=msgspec.Raw(b'{"r":2}' if outcome == "succeeded" else b"null"),
+            error=None if outcome == "succeeded" else WireError(code="HANDLER_ERROR", message="x", retryable=True),
+        )
+        owner = self.owner_of[tid]
+
+        async def both() -> list[Any]:
+            return await asyncio.gather(
+                self.w.service.act(caller(owner, self.next_rid()), tid, "cancel", reason="stop"),
+                self.w.service.settle(node.id, msg),
+                return_exceptions=True,
+            )
+
+        self.do(both)
+        node.leases.pop(lease.task_id, None)
+        node.old_leases.append(lease)
+        node.settled.setdefault(lease.lease_id, (outcome, bytes(msg.result)))
+
+    @rule(n=st.integers(0, 2), offset=st.sampled_from([0.0, 0.0, 0.001, -0.001]))
+    def heartbeat_at_expiry(self, n: int, offset: float) -> None:
+        """A node heartbeats right at its lease's expiry: the clock's deadline and the heartbeat race."""
+        import asyncio
+
+        assert self.sim is not None
+        node = self.nodes[n]
+        if not node.leases:
+            return
+        lease = next(iter(node.leases.values()))
+        live = self.w.service._live.get(lease.task_id)
+        if live is None or live.lease_expires_at is None:
+            return
+        wait = max(0.0, live.lease_expires_at - self.sim.now() + offset)
+        report = LeaseReport(task_id=lease.task_id, lease_id=lease.lease_id)
+        req = HeartbeatRequest(kinds=node.kinds, capacity=4, running=1, leases=[report])
+
+        async def later() -> Any:
+            await asyncio.sleep(wait)
+            return await self.w.service.heartbeat(node.id, req)
+
+        self.do(later, advance=wait + 0.01)
+
+    def _changed_by_settle(self, task_id: str, since: int) -> bool:
+        assert self.sim is not None
+        hist: list[HistoryEntry] = [h for (t, r), h in self.sim.durable._history.items() if t == task_id and r > since]
+        return any(h.action in ("settle", "attempt_failed") and h.actor.type == "node" for h in hist)
+
+    # -- the clock, crashes and faults -------------------------------------------------------------------
+    @rule(seconds=st.sampled_from(ADVANCES))
+    def advance(self, seconds: float) -> None:
+        self.do(_idle, advance=seconds)
+
+    @precondition(lambda self: bool(self.schedule_ids))
+    @rule()
+    def advance_to_next_fire(self) -> None:
+        assert self.sim is not None
+        due = [s.next_run_at for s in self.sim.durable._ss.schedules.values() if s.next_run_at is not None]
+        if not due:
+            return
+        wait = max(0.0, min(due) - self.sim.now()) + 0.001
+        if wait <= 2 * 86400:  # months ahead (a once at another season's DST change): not worth the rounds
+            self.do(_idle, advance=wait)
+
+    @rule(what=st.sampled_from(["cut", "cut", "crash", "fault"]), k=st.integers(1, 40))
+    def chaos(self, what: str, k: int) -> None:
+        """cut: the next step stops after k loop iterations (any await) and the process crash-restarts there;
+        crash: crash-restart now, at a quiet moment; fault: the next 1-3 store calls fail (StorageError)."""
+        assert self.sim is not None
+        if what == "cut":
+            self.cut_next = k
+        elif what == "crash":
+            self.sim.steps += 1
+            STATS["steps"] += 1
+            self.sim.crash()
+        else:
+            self.w.store.fail_ops = 1 + k % 3
+            self.faulted = True
+
+    @rule(user=st.sampled_from(("alice", "bob")), i=st.integers(0, 50))
+    def reads(self, user: str, i: int) -> None:
+        """A user's reads stay inside what it owns: lists and foreign ids."""
+        from scheduler_gateway.actors.ports import TaskQuery
+
+        out = self.do(lambda: self.w.service.list_tasks(caller(user), TaskQuery(limit=500)))
+        if out.ok:
+            foreign = [t.id for t in out.value[0] if t.owner != user]
+            if foreign:
+                self.problem(f"user {user} listed foreign tasks {foreign[:3]}")
+        tid = self.pick_task(i)
+        if tid is not None and self.owner_of[tid] != user:
+            got = self.do(lambda: self.w.service.get(caller(user), tid))
+            if got.ok:
+                self.problem(f"user {user} read foreign task {tid}")
+        sout = self.do(lambda: self.w.schedules.list_tasks(caller(user), limit=500))
+        if sout.ok:
+            foreign = [s.id for s in sout.value[0] if s.owner != user]
+            if foreign:
+                self.problem(f"user {user} listed foreign schedules {foreign[:3]}")
+
+    # -- invariants --------------------------------------------------------------------------------------
+    @invariant()
+    def holds(self) -> None:
+        if self.sim is None or self.sim.world is None:
+            return
+        facts = self.facts()
+        liveness = self.advanced >= 60.0 and not self.faulted and self.w.store.fail_ops == 0
+        found = snapshot_violations(facts, liveness=liveness)
+        if self.w.store.fail_ops == 0:
+            self.faulted = False if self.advanced >= 60.0 else self.faulted
+        found += self.log.violations + self.log.pending_cascades() + self.problems
+        if liveness and self.sim.durable._outbox and not self.sim.bus.down:
+            found.append("events_reach_the_stream: the outbox kept events after time passed")
+        found += [f"loop_error: {e}" for e in self.sim.loop_errors]
+        if self.sim.loop.livelock is not None:
+            found.append(f"no_livelock: the loop never got quiet at t={self.sim.now()}: {self.sim.loop.livelock}")
+        found = [v for v in found if not any(name in v for name in IGNORED)]
+        if found:
+            STATS["violations"] += 1
+            raise Violation(
+                f"{len(found)} invariant violation(s) after step {self.sim.steps} (simulation seed {self.seed}, "
+                f"{self.sim.crashes} crashes so far):\n{summarize(dict.fromkeys(found))}"
+            )
+
+    def facts(self) -> Facts:
+        assert self.sim is not None
+        d = self.sim.durable
+        history: dict[str, list[HistoryEntry]] = {}
+        for (tid, _rev), h in sorted(d._history.items()):
+            history.setdefault(tid, []).append(h)
+        svc = self.w.service
+        return Facts(
+            now=self.sim.now(),
+            tasks=dict(d._tasks),
+            history=history,
+            letters=dict(d._dead_letters),
+            schedules=dict(d._ss.schedules),
+            runs=dict(d._ss.runs),
+            live=LiveView(dict(svc._live), dict(svc.lease_clock._lease_due), dict(svc.lease_clock._timeout_due)),
+            max_dead_retries=TASK_POLICY.max_dead_retries,
+            events_published=[(e.seq, e.msg_id) for e in self.sim.bus.events],
+            callback_ids_posted=[h.get("X-Callback-Id", "") for _, h, _ in self.w.poster.posts],
+        )
+
+
+async def _idle() -> None:
+    return None
+
+
+def _iso(ts: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,516 @@
+"""The simulated world: a virtual-time event loop, the real services composed over a durable store, a
+simulated bus, simulated nodes and a simulated callback receiver, and crash-restarts.
+
+Time: ``SimLoop`` is an asyncio selector loop whose ``time()`` is virtual. Its selector never sleeps: when
+nothing is ready it either jumps virtual time to the next timer (while the step allows time to pass) or
+stops the loop (the step is *quiescent*: no ready callback, no pending store work, the next timer later than
+the step's time limit). Every service gets ``clock=sim.wall`` (``EPOCH + virtual time``), so asyncio timers
+and the services' own clocks agree.
+
+Crash: a step may be cut after ``k`` loop iterations (any await point). The world of that incarnation is
+then killed: its store and bus handles are closed first (a dead process writes nothing more), its tasks are
+cancelled and unwound, and a fresh world is built on the same durable store and bus and started the way the
+daemon starts (``TaskService.start`` recovery, the scheduler's start-up reconcile, relay and callback sender).
+
+Determinism: ids come from a counter on the virtual clock (``SimIds``), every random choice of the services
+from ``random.Random(seed)``, and the store is either the memory store or a SQLite file whose writer thread
+the loop waits for (real time, but no virtual time passes meanwhile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import selectors
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from scheduler_gateway.actors import callback_sender as callback_sender_mod
+from scheduler_gateway.actors import event_relay as event_relay_mod
+from scheduler_gateway.actors import idgen
+from scheduler_gateway.actors.callback_sender import CallbackSender
+from scheduler_gateway.actors.dead_letter_keeper import DeadLetterKeeper, DeadLetterPolicy
+from scheduler_gateway.actors.dispatcher import Dispatcher
+from scheduler_gateway.actors.event_relay import EventRelay
+from scheduler_gateway.actors.model.callbacks import CallbackPolicy
+from scheduler_gateway.actors.model.schedule import SchedulePolicy
+from scheduler_gateway.actors.nodes import NodeRegistry
+from scheduler_gateway.actors.ports import CallbackPost
+from scheduler_gateway.actors.scheduler import Scheduler, ScheduleService, TaskServiceLauncher
+from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
+from scheduler_gateway.wire.errors import StorageError
+from scheduler_gateway.wire.ids import RAND_BITS, format_id
+from scheduler_gateway.wire.messages import Offer
+from scheduler_gateway.wire.subjects import Subjects
+
+# Start instants just before a daylight-saving change (the schedules use these zones).
+EPOCHS = {
+    "ny-spring": 1_772_949_600.0,  # 2026-03-08T06:00:00Z, 01:00 EST; clocks jump at 07:00Z
+    "ny-fall": 1_793_506_800.0,  # 2026-11-01T04:20:00Z, 00:20 EDT; clocks fall back at 06:00Z
+    "berlin-spring": 1_774_742_400.0,  # 2026-03-29T00:00:00Z, 01:00 CET; clocks jump at 01:00Z
+    "berlin-fall": 1_792_886_400.0,  # 2026-10-25T00:00:00Z, 02:00 CEST; clocks fall back at 01:00Z
+}
+
+TASK_POLICY = TaskPolicy(
+    default_lease_s=30.0,
+    default_timeout_s=600.0,
+    default_max_attempts=2,
+    max_payload_bytes=4096,
+    max_dead_retries=2,
+)
+DEAD_LETTER_POLICY = DeadLetterPolicy(
+    auto_redrive=True, redrive_delay_s=300.0, archive_after_s=3600.0, sweep_interval_s=120.0
+)
+SCHEDULE_POLICY = SchedulePolicy(min_once_delay_s=60.0, max_concurrent_runs=4, lease_s=60.0)
+SCHEDULER_POLL_S = 120.0
+MAX_ITERATIONS_PER_STEP = 200_000
+CALLBACK_POLICY = CallbackPolicy(secret="sim-callback-secret-0123456789", retry_delays_s=(1.0, 5.0), timeout_s=5.0)
+
+
+class _SimSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    loop: SimLoop
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        return self.loop._sim_select(timeout)
+
+    def real_select(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
+        return super().select(timeout)
+
+
+class SimLoop(asyncio.SelectorEventLoop):
+    """An event loop on virtual time; see the module doc."""
+
+    def __init__(self) -> None:
+        sel = _SimSelector()
+        super().__init__(sel)
+        sel.loop = self
+        self._sel = sel
+        self.vt = 0.0
+        self.limit = 0.0
+        self.iterations = 0
+        self.cut_at: int | None = None
+        self.was_cut = False
+        self.io_pending: Callable[[], bool] = lambda: False
+        self._settle_start = 0
+        self.livelock: str | None = None
+
+    def _describe_tasks(self) -> str:
+        lines = []
+        for t in asyncio.all_tasks(self):
+            frames = t.get_stack(limit=3)
+            where = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in frames) or "?"
+            lines.append(f"{t.get_name()}: {where}")
+        return "; ".join(sorted(lines)[:20])
+
+    def time(self) -> float:
+        return self.vt
+
+    def _sim_select(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
+        self.iterations += 1
+        if self.iterations - self._settle_start > MAX_ITERATIONS_PER_STEP:
+            # the loop never gets quiet: a busy loop at one instant (or a loop spinning on tiny timers)
+            self.livelock = self._describe_tasks()
+            self.stop()
+            return []
+        if self.cut_at is not None and self.iterations >= self.cut_at:
+            self.cut_at = None
+            self.was_cut = True
+            self.stop()
+            return self._sel.real_select(0)
+        if timeout is not None and timeout <= 0:
+            return self._sel.real_select(0)
+        # nothing is ready now
+        if self.io_pending():  # a store thread is working: wait for it in real time, virtual time stands
+            return self._sel.real_select(0.5)
+        events = self._sel.real_select(0)
+        if events:
+            return events
+        if timeout is None or self.vt + timeout > self.limit:
+            self.vt = max(self.vt, self.limit)
+            self.stop()
+            return []
+        self.vt += timeout
+        return []
+
+    def settle(self, advance: float = 0.0, cut_after: int | None = None) -> bool:
+        """Run until quiescent at ``now + advance`` (or until cut); returns True when cut."""
+        self.limit = self.vt + max(0.0, advance)
+        self._settle_start = self.iterations
+        self.was_cut = False
+        self.cut_at = None if cut_after is None else self.iterations + max(1, cut_after)
+        self.run_forever()
+        self.cut_at = None
+        return self.was_cut
+
+
+class SimIds:
+    """Sortable ids on the virtual clock: strictly increasing, like ``idgen`` within one process."""
+
+    def __init__(self, wall: Callable[[], float]) -> None:
+        self._wall = wall
+        self._last_ms = 0
+        self._n = 0
+
+    def __call__(self, prefix: str) -> str:
+        ms = max(int(self._wall() * 1000), self._last_ms)
+        if ms == self._last_ms:
+            self._n += 1
+        else:
+            self._n = 1
+        self._last_ms = ms
+        return format_id(prefix, ms, self._n % (1 << RAND_BITS))
+
+
+# -- gates: what one incarnation of the process holds; closed when it dies ---------------------------------
+class StoreGate:
+    """Forwards to the durable store while its process lives. After the kill every call raises, so nothing the
+    dead process still runs (a ``finally``, a cancelled task unwinding) reaches the store: a kill -9.
+
+    ``fail_ops``: the next that many store calls fail with StorageError (a transient store fault)."""
+
+    def __init__(self, store: Any, on_write: Callable[[str, tuple[Any, ...], Any], None]) -> None:
+        self._store = store
+        self._on_write = on_write
+        self.alive = True
+        self.fail_ops = 0
+        self.ops = 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+        on_write = self._on_write
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if not self.alive:
+                raise StorageError("the process is dead (simulated crash)")
+            self.ops += 1
+            if self.fail_ops > 0 and name not in ("start", "stop"):
+                self.fail_ops -= 1
+                raise StorageError("simulated store fault")
+            result = await attr(*args, **kwargs)
+            on_write(name, args, result)
+            return result
+
+        call.__name__ = name
+        setattr(self, name, call)
+        return call
+
+
+@dataclass
+class PublishedEvent:
+    seq: int
+    msg_id: str
+    subject: str
+    body: bytes
+
+
+class SimBus:
+    """NATS and JetStream as the nodes and the gateway see them; it outlives gateway crashes.
+
+    GW_DISPATCH: offers by attempt id (``Nats-Msg-Id`` dedup), taken by a node's claim. GW_EVENTS: a stream
+    with a growing ``seq``; a re-publish of an event id is deduplicated (and counted). Cancel notices are
+    kept per node."""
+
+    def __init__(self) -> None:
+        self.offers: dict[str, Offer] = {}  # attempt id -> offer not yet taken
+        self.offer_order: list[str] = []
+        self.events: list[PublishedEvent] = []
+        self.event_ids: set[str] = set()
+        self.duplicate_event_publishes = 0
+        self.cancels: list[tuple[str, bytes]] = []
+        self.down = False  # NATS unreachable: every publish fails
+
+    def take_offer(self, index: int) -> Offer | None:
+        if not self.offer_order:
+            return None
+        attempt_id = self.offer_order.pop(index % len(self.offer_order))
+        return self.offers.pop(attempt_id, None)
+
+
+class BusGate:
+    """The ``Bus`` port for one incarnation."""
+
+    def __init__(self, bus: SimBus) -> None:
+        self._bus = bus
+        self.alive = True
+        self._decode = msgspec.json.Decoder(Offer).decode
+
+    def _check(self) -> None:
+        if not self.alive or self._bus.down:
+            raise ConnectionError("NATS unreachable (simulated)")
+
+    async def publish_offers(self, items: list[tuple[str, str, bytes]]) -> list[BaseException | None]:
+        await asyncio.sleep(0)  # a publish is an await point
+        out: list[BaseException | None] = []
+        for _kind, attempt_id, body in items:
+            try:
+                self._check()
+            except ConnectionError as exc:
+                out.append(exc)
+                continue
+            if attempt_id not in self._bus.offers:
+                self._bus.offers[attempt_id] = self._decode(body)
+                self._bus.offer_order.append(attempt_id)
+            out.append(None)
+        return out
+
+    async def publish_cancel(self, node_id: str, body: bytes) -> None:
+        await asyncio.sleep(0)
+        self._check()
+        self._bus.cancels.append((node_id, body))
+
+    async def publish_events(self, items: list[tuple[str, str, bytes]]) -> list[int | BaseException]:
+        await asyncio.sleep(0)
+        out: list[int | BaseException] = []
+        for subject, msg_id, body in items:
+            try:
+                self._check()
+            except ConnectionError as exc:
+                out.append(exc)
+                continue
+            if msg_id in self._bus.event_ids:
+                self._bus.duplicate_event_publishes += 1
+                seq = next(e.seq for e in self._bus.events if e.msg_id == msg_id)
+            else:
+                seq = len(self._bus.events) + 1
+                self._bus.events.append(PublishedEvent(seq, msg_id, subject, body))
+                self._bus.event_ids.add(msg_id)
+            out.append(seq)
+        return out
+
+
+class SimPoster:
+    """The callback receivers: answers 2xx or a failure, by a seeded coin."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.posts: list[tuple[str, dict[str, str], bytes]] = []
+        self.alive = True
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> CallbackPost:
+        await asyncio.sleep(0)
+        if not self.alive:
+            return CallbackPost(None, "dead process")
+        self.posts.append((url, headers, body))
+        if "fail" in url or self.rng.random() < 0.3:
+            return CallbackPost(503, "HTTP 503")
+        return CallbackPost(200)
+
+
+@dataclass
+class NodeLease:
+    task_id: str
+    attempt_id: str
+    lease_id: str
+
+
+@dataclass
+class SimNode:
+    id: str
+    kinds: list[str]
+    leases: dict[str, NodeLease] = field(default_factory=dict)  # by task id
+    old_leases: list[NodeLease] = field(default_factory=list)  # lost or settled: for late and stale messages
+    settled: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # lease id -> (outcome, result)
+
+
+# -- one incarnation of the daemon ---------------------------------------------------------------------
+class World:
+    """The services of one process, composed as ``daemon/gateway.py`` and ``daemon/scheduling.py`` do."""
+
+    def __init__(self, sim: Sim, incarnation: int) -> None:
+        clock = sim.wall
+        self.store = StoreGate(sim.durable, sim.on_store_call)
+        self.bus = BusGate(sim.bus)
+        self.poster = SimPoster(random.Random(sim.seed * 1000 + incarnation + 1))
+        self.dispatcher = Dispatcher(self.bus, clock, max_offers_per_kind=6)  # type: ignore[arg-type]
+        self.nodes = NodeRegistry(clock)
+        self.relay = EventRelay(self.store, self.bus, Subjects("gw"), clock)  # type: ignore[arg-type]
+        self.service = TaskService(
+            self.store,  # type: ignore[arg-type]
+            self.dispatcher,
+            self.nodes,
+            self.bus.publish_cancel,
+            policy=TASK_POLICY,
+            clock=clock,
+            on_committed=self.relay.notify,
+            rng=random.Random(sim.seed * 7919 + incarnation),
+        )
+        self.keeper = DeadLetterKeeper(self.store, self.service, DEAD_LETTER_POLICY, clock)  # type: ignore[arg-type]
+        self.callbacks = CallbackSender(self.store, self.poster, CALLBACK_POLICY, clock)  # type: ignore[arg-type]
+        self.service.add_listener(self.callbacks.on_transition)
+        self.launcher = TaskServiceLauncher(self.service, self.store, self.store)  # type: ignore[arg-type]
+        self.schedules = ScheduleService(
+            self.store,  # type: ignore[arg-type]
+            self.launcher,
+            SCHEDULE_POLICY,
+            clock,
+            new_id=sim.ids,
+        )
+        self.scheduler = Scheduler(self.schedules, clock, SCHEDULER_POLL_S, counts_interval_s=86400.0)
+        self.service.add_listener(self.scheduler.on_transition)
+        self.service.set_thread_check(self.schedules.check_thread)
+
+    async def start(self) -> None:
+        """The daemon's start order (``Gateway.start``): store, node records, task recovery, then the actors."""
+        await self.store.start()
+        self.nodes.load(await self.store.list_nodes())
+        await self.service.start()
+        await self.dispatcher.start()
+        await self.relay.start()
+        await self.keeper.start()
+        await self.callbacks.start()
+        await self.scheduler.start()
+
+    def close_handles(self) -> None:
+        self.store.alive = False
+        self.bus.alive = False
+        self.poster.alive = False
+
+
+class Sim:
+    """The durable parts (store, bus, node processes) and the current world on one virtual loop."""
+
+    def __init__(self, seed: int, durable: Any, epoch: float, *, sqlite_path: Path | None = None) -> None:
+        self.seed = seed
+        self.epoch = epoch
+        self.loop = SimLoop()
+        self.durable = durable
+        self.sqlite_path = sqlite_path
+        self.bus = SimBus()
+        self.ids = SimIds(self.wall)
+        self.incarnation = 0
+        self.crashes = 0
+        self.steps = 0
+        self.loop_errors: list[str] = []
+        self.write_hooks: list[Callable[[str, tuple[Any, ...], Any], None]] = []
+        self.loop.set_exception_handler(self._on_loop_error)
+        self._saved_new_id = idgen.new_id
+        self._saved_relay_idle = event_relay_mod.IDLE_POLL_S
+        self._saved_cb_idle = callback_sender_mod.IDLE_POLL_S
+        idgen.new_id = self.ids
+        # woken by notify(); a long idle poll makes a missed wake-up visible instead of hiding it
+        event_relay_mod.IDLE_POLL_S = 600.0
+        callback_sender_mod.IDLE_POLL_S = 600.0
+        if sqlite_path is not None:
+            self.loop.io_pending = self._sqlite_busy
+        self.world: World | None = None
+
+    # time
+    def wall(self) -> float:
+        return self.epoch + self.loop.vt
+
+    def now(self) -> float:
+        return self.wall()
+
+    def on_store_call(self, name: str, args: tuple[Any, ...], result: Any) -> None:
+        for hook in self.write_hooks:
+            hook(name, args, result)
+
+    def _on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, StorageError | ConnectionError):
+            return  # a dead incarnation's leftovers, or an injected fault
+        self.loop_errors.append(f"{context.get('message')}: {exc!r}")
+
+    def _sqlite_busy(self) -> bool:
+        store = self.durable
+        conn = getattr(store, "_conn", None) or getattr(store, "_db", None)
+        if conn is None:
+            return False
+        tx = getattr(conn, "_tx", None)
+        pending = getattr(store, "sim_pending", None)
+        busy = bool(tx is not None and not tx.empty())
+        if pending is not None:
+            busy = busy or pending() > 0
+        return busy
+
+    # lifecycle
+    def boot(self) -> None:
+        self.incarnation += 1
+        self.world = World(self, self.incarnation)
+        self.run(self.world.start())
+
+    def run(self, coro: Awaitable[Any], advance: float = 0.0, cut_after: int | None = None) -> Any:
+        """Run one operation to quiescence. Returns its result, or raises its error; ``Cut`` when cut."""
+        task = self.loop.create_task(_as_coro(coro))
+        task.add_done_callback(_retrieve)  # the client's answer: read by the caller, or lost with the process
+        cut = self.loop.settle(advance, cut_after)
+        if cut:
+            return Cut(task)
+        if not task.done():
+            return Pending(task)
+        return task.result()
+
+    def crash(self) -> None:
+        """Kill the current incarnation (nothing it still runs reaches the store) and boot a new one."""
+        assert self.world is not None
+        self.world.close_handles()
+        self._unwind()
+        self.crashes += 1
+        if self.sqlite_path is not None:
+            self._reopen_sqlite()
+        self.boot()
+
+    def _unwind(self) -> None:
+        tasks = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+        for t in tasks:
+            t.cancel()
+        for _ in range(100):
+            if all(t.done() for t in tasks):
+                break
+            self.loop.settle(0.0)
+        for t in tasks:
+            if t.done() and not t.cancelled():
+                t.exception()  # retrieved: a dead process's errors are nobody's
+
+    def _reopen_sqlite(self) -> None:
+        from scheduler_gateway.daemon.store_sqlite import SqliteStore
+
+        old = self.durable
+        with contextlib.suppress(Exception):
+            self.loop.run_until_complete(old.stop())
+        assert self.sqlite_path is not None
+        self.durable = SqliteStore(self.sqlite_path)
+
+    def close(self) -> None:
+        try:
+            if self.world is not None:
+                self.world.close_handles()
+            self._unwind()
+            with contextlib.suppress(Exception):
+                self.loop.run_until_complete(self.durable.stop())
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        finally:
+            self.loop.close()
+            idgen.new_id = self._saved_new_id
+            event_relay_mod.IDLE_POLL_S = self._saved_relay_idle
+            callback_sender_mod.IDLE_POLL_S = self._saved_cb_idle
+
+
+class Cut:
+    """The step was cut by a crash before the operation finished."""
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+
+
+class Pending:
+    """The operation was still waiting when the loop became quiet."""
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def _as_coro(aw: Awaitable[Any]) -> Any:
+    return await aw

@@ -1,0 +1,90 @@
+"""The deterministic simulation of the core (docs/INVARIANTS.md): hypothesis stateful testing over user
+actions, node messages, clock jumps and crash-restarts, every invariant checked after every step.
+
+- default run: a fixed seed (``SIM_SEED`` to choose another), ``SIM_EXAMPLES`` examples of up to
+  ``SIM_STEPS`` steps each; at least 20 000 steps within the per-test timeout;
+- ``make soak`` (``-m slow``): fresh seeds for ``SIM_SOAK_SECONDS`` (default 600);
+- a failure prints the violated invariants, the seed to replay with (``SIM_SEED=<n>``), and the shrunk steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis.internal.conjecture import engine as hypothesis_engine
+from hypothesis.stateful import run_state_machine_as_test
+
+from .machine import STATS, SimMachine
+
+DEFAULT_SEED = 20_260_308
+MIN_STEPS = 20_000
+
+
+def _settings(examples: int, steps: int) -> settings:
+    return settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        database=None,
+        print_blob=True,
+        phases=(Phase.explicit, Phase.generate, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+    )
+
+
+def run_simulation(seed: int, examples: int, steps: int, shrink_s: float) -> dict[str, int]:
+    """Run the machine under ``seed``; returns the step counts (raises with the shrunk steps on a failure)."""
+    for key in STATS:
+        STATS[key] = 0
+    machine = type("SimMachineSeeded", (SimMachine,), {})
+    hypothesis_seed(seed)(machine)
+    saved = hypothesis_engine.MAX_SHRINKING_SECONDS
+    hypothesis_engine.MAX_SHRINKING_SECONDS = int(shrink_s)
+    quiet = logging.getLogger("scheduler_gateway")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # injected faults and crashes log by the thousand; the invariants judge
+    started = time.perf_counter()
+    try:
+        run_state_machine_as_test(machine, settings=_settings(examples, steps))
+    except BaseException as exc:
+        exc.add_note(
+            f"simulation: hypothesis seed {seed} (replay: SIM_SEED={seed} pytest tests/simulation -k default); "
+            f"{STATS['steps']} steps, {STATS['examples']} examples, {STATS['crashes']} crashes before it"
+        )
+        raise
+    finally:
+        hypothesis_engine.MAX_SHRINKING_SECONDS = saved
+        quiet.setLevel(level)
+        elapsed = time.perf_counter() - started
+        print(
+            f"\nsimulation seed {seed}: {STATS['steps']} steps in {STATS['examples']} examples, "
+            f"{STATS['crashes']} crash-restarts, {elapsed:.1f} s ({STATS['steps'] / max(elapsed, 1e-9):.0f} steps/s)"
+        )
+    return dict(STATS)
+
+
+def test_simulation_default_budget() -> None:
+    seed = int(os.environ.get("SIM_SEED", DEFAULT_SEED))
+    examples = int(os.environ.get("SIM_EXAMPLES", 420))
+    steps = int(os.environ.get("SIM_STEPS", 100))
+    stats = run_simulation(seed, examples, steps, shrink_s=float(os.environ.get("SIM_SHRINK_SECONDS", 45)))
+    if examples * steps >= MIN_STEPS:
+        assert stats["steps"] >= MIN_STEPS, f"explored only {stats['steps']} steps"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(0)
+def test_simulation_soak() -> None:
+    """Fresh seeds until the time is up; each failing seed is printed by ``run_simulation``."""
+    deadline = time.monotonic() + float(os.environ.get("SIM_SOAK_SECONDS", 600))
+    total = 0
+    while time.monotonic() < deadline:
+        seed = random.SystemRandom().randrange(2**32)
+        total += run_simulation(seed, examples=100, steps=150, shrink_s=120)["steps"]
+    print(f"soak: {total} steps")
