@@ -117,6 +117,13 @@ class SimMachine(RuleBasedStateMachine):
     def _on_store_call(self, name: str, args: tuple[Any, ...], result: Any) -> None:
         if name == "apply":
             self.log.feed(args[0])
+        elif name == "apply_group":  # whole or not at all: it returned, so every change is written
+            for change in args[0]:
+                self.log.feed(change)
+        elif name == "apply_many":
+            for change, refused in zip(args[0], result, strict=True):
+                if refused is None:
+                    self.log.feed(change)
         elif name == "put_dead_letter":
             self.log.put_letter(args[0])
         elif name in ("insert_schedule", "save_schedule", "record_launch", "record_completion", "delete_schedule"):
