@@ -1,4 +1,4 @@
-"""``GET /api/openapi.json`` against a live gateway (CONTRACT 2.9, issue 10).
+"""``GET /api/openapi.json`` against a live gateway (docs/API.md).
 
 The served document validates as OpenAPI 3.1 (openapi-spec-validator), and schemathesis runs its default
 checks on every operation, positive and negative data, as the admin: no server error, every status and
@@ -35,7 +35,7 @@ MAX_EXAMPLES = 25
 FUZZ_EXCLUDED = {"GET /api/events"}  # streams until the client leaves
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 EXCLUDED_CHECKS = [
-    # CONTRACT 2 / docs/API.md: a known path with a method it does not have answers 404 NOT_FOUND (no 405)
+    # docs/API.md: a known path with a method it does not have answers 404 NOT_FOUND (no 405)
     unsupported_method,
     # schema-valid is not always acceptable, by contract: a parentId or threadId that names no visible
     # object (400/404), a callbackUrl without a secret to sign with (400), an opaque cursor that is not one

@@ -31,7 +31,7 @@ RUN_LABEL = "scheduledRunId"
 SCHEDULE_LABEL = "scheduledTaskId"
 ACTIVE_RUN = ("queued", "running")
 
-# seed 000 section 3.2 (and CONTRACT 2.7): every status change a schedule may make
+# docs/SCHEDULES.md (Status; What a run's end may change): every status change a schedule may make
 SCHEDULE_EDGES: frozenset[tuple[str, str]] = frozenset(
     {
         ("enabled", "paused"),  # pause

@@ -1,4 +1,4 @@
-"""The OpenAPI document (CONTRACT 2.9) names exactly the /api routes the app registers, with every
+"""The OpenAPI document (docs/API.md) names exactly the /api routes the app registers, with every
 method, and it is a valid OpenAPI 3.1 document; the error envelope it describes is what errors carry."""
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 50
 BODY_HEADROOM = 64 * 1024
-OPENAPI_PATH = "/api/openapi.json"  # the one /api route without auth (CONTRACT 2.9)
+OPENAPI_PATH = "/api/openapi.json"  # the one /api route without auth (docs/API.md)
 TASK_STATES = ("waiting_approval", "queued", "running", "succeeded", "failed", "canceled", "dead")
 
 ReadinessProbe = Callable[[], Awaitable[dict[str, tuple[bool, str]]]]

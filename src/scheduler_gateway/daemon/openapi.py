@@ -1,4 +1,4 @@
-"""``GET /api/openapi.json`` (CONTRACT 2.9): the OpenAPI 3.1 description of every ``/api`` route.
+"""``GET /api/openapi.json`` (docs/API.md): the OpenAPI 3.1 description of every ``/api`` route.
 
 Bodies are described by the msgspec Structs that decode the requests and encode the answers
 (``msgspec.json.schema_components``), so the document cannot drift from what the handlers accept and
