@@ -26,6 +26,8 @@ from scheduler_gateway.actors.model.records import TERMINAL_STATES, DeadLetter, 
 from scheduler_gateway.actors.model.schedule import ScheduledRun, ScheduledTask
 from scheduler_gateway.actors.ports import Change
 
+from .sim_world import TASK_POLICY
+
 RESERVED_LABELS = ("scheduledTaskId", "scheduledRunId")
 RUN_LABEL = "scheduledRunId"
 SCHEDULE_LABEL = "scheduledTaskId"
@@ -117,6 +119,9 @@ def one_claim_and_one_end_per_attempt(f: Facts) -> list[str]:
     return out
 
 
+RECHECK_S = TASK_POLICY.lease_recheck_s
+
+
 def running_tasks_are_watched(f: Facts) -> list[str]:
     """Every running task is live, its lease and its attempt's deadline are on the lease clock, and no
     deadline has passed unnoticed (the clock fires at the deadline, so at a quiet moment none is overdue)."""
@@ -133,7 +138,9 @@ def running_tasks_are_watched(f: Facts) -> list[str]:
         lease = f.live.lease_due.get(tid)
         if lease is None or lease[0] != task.lease_id:
             out.append(f"task {tid}: running with lease {task.lease_id} but the lease clock watches {lease}")
-        elif live.lease_expires_at is not None and live.lease_expires_at <= f.now:
+        elif live.lease_expires_at is not None and live.lease_expires_at + RECHECK_S < f.now:
+            # at the deadline the clock fires; a handler that failed (a store fault) is tried again within
+            # recheck_s, so only a lease overdue by more than that went unnoticed
             out.append(f"task {tid}: lease expired at {live.lease_expires_at} (now {f.now}) and the task still runs")
         timeout = f.live.timeout_due.get(tid)
         if timeout is None or timeout[0] != task.attempt_id:

@@ -218,3 +218,19 @@ async def test_one_key_sent_twice_at_once_acts_once_and_replays(new_store: Calla
         assert results[0][0].revision == results[1][0].revision
         history = (await kit.store.history(tid)).items
         assert [h.action for h in history].count(action) == 1
+
+
+async def test_a_repeat_takes_its_key_so_the_key_cannot_act_again(new_store: Callable[[], Any]) -> None:
+    # found by the simulation: an approve that changed nothing (already approved) stored no record of its key,
+    # so a later amend with that key was accepted instead of answering 409 IDEMPOTENCY_CONFLICT
+    async with kit_on(new_store) as kit:
+        tid = await kit.create(requires_approval=True)
+        await kit.service.act(ALICE, tid, "approve")
+        _, repeated = await kit.service.act(ALICE, tid, "approve", idem_key="k-2", body_hash="a")
+        assert repeated
+        _, replayed = await kit.service.act(ALICE, tid, "approve", idem_key="k-2", body_hash="a")
+        assert replayed
+        with pytest.raises(Conflict) as info:
+            await kit.service.act(ALICE, tid, "amend", payload=msgspec.Raw(b"1"), idem_key="k-2", body_hash="b")
+        assert info.value.code == Code.IDEMPOTENCY_CONFLICT
+        assert [h.action for h in (await kit.store.history(tid)).items] == ["create", "approve"]

@@ -64,10 +64,11 @@ class LeaseClock(LoopActor):
             self._wake.set()
         heapq.heappush(self._heap, (at, kind, task_id, ref))
 
-    def _fire(self, key: tuple[str, str], coro: Awaitable[None]) -> None:
+    def _fire(self, key: tuple[str, str], handler: Expire, task_id: str, ref: str) -> None:
         async def guarded() -> None:
             try:
-                await coro
+                # the handler's coroutine is made here: a task cancelled before it ran leaves none unawaited
+                await handler(task_id, ref)
             except Exception:
                 log.exception("lease clock: handling a deadline failed; it is tried again")
             finally:
@@ -96,7 +97,7 @@ class LeaseClock(LoopActor):
                     continue
                 self._firing.add(key)
                 handler = self._on_lease_expired if kind == "lease" else self._on_timeout
-                self._fire(key, handler(task_id, ref))
+                self._fire(key, handler, task_id, ref)
             timeout = self._heap[0][0] - now if self._heap else None
             await self._wake.wait(timeout)
 

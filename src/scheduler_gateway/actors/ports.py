@@ -145,6 +145,10 @@ class TaskStore(Protocol):
 
     # idempotency
     async def get_idempotency(self, owner: str, key: str) -> IdempotencyRecord | None: ...
+    async def put_idempotency(self, record: IdempotencyRecord) -> bool:
+        """Remember a keyed request that changed nothing (a repeat); False, and nothing written, when the key
+        is already taken. (A request that changes a task records its key in that change.)"""
+        ...
 
     # audit
     async def append_audit(self, entries: list[AuditEntry]) -> None: ...

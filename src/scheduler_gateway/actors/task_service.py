@@ -683,9 +683,6 @@ class TaskService:
                 details=details or None,
             )
             raise
-        if isinstance(result, sm.Repeat):
-            await self._repeated(action, task, task_id, actor, request_id=rid)
-            return task, True
         idem = None
         if idem_key is not None:
             idem = IdempotencyRecord(
@@ -696,6 +693,12 @@ class TaskService:
                 task_id=task_id,
                 created_at=now,
             )
+        if isinstance(result, sm.Repeat):
+            await self._repeated(action, task, task_id, actor, request_id=rid)
+            # a repeat takes its key too: the same key with another request later must conflict, not act
+            if idem is not None and not await self._store.put_idempotency(idem):
+                raise Conflict("this idempotency key was already used", code=Code.IDEMPOTENCY_CONFLICT)
+            return task, True
         if action == "cancel":
             await self._cancel_tree(result, rid, details, idem)
             return result.task, False

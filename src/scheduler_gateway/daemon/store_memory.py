@@ -233,6 +233,10 @@ class MemoryStore(MemoryScheduleStore):  # the ScheduleStore half is in schedule
         self._check_running()
         return self._idempotency.get((owner, key))
 
+    async def put_idempotency(self, record: IdempotencyRecord) -> bool:
+        self._check_running()
+        return self._idempotency.setdefault((record.owner, record.key), record) is record
+
     # audit
 
     def _append_audit(self, entry: AuditEntry) -> None:

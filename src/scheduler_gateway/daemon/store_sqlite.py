@@ -669,6 +669,16 @@ class SqliteStore(SqliteScheduleStore):  # the ScheduleStore half is in schedule
             return None
         return _decode_or_raise(_decode_idempotency, rows[0][0], "idempotency record of", owner)
 
+    async def put_idempotency(self, record: IdempotencyRecord) -> bool:
+        row = (record.owner, record.key, _encode(record), record.created_at)
+        taken: list[bool] = [False]
+
+        def op(conn: sqlite3.Connection) -> None:  # an op cannot refuse (that fails its batch): it reports
+            taken[0] = conn.execute(_SQL_INSERT_IDEMPOTENCY.replace("INSERT", "INSERT OR IGNORE", 1), row).rowcount == 1
+
+        await self._submit_op(op)
+        return taken[0]
+
     async def list_audit(self, query: AuditQuery) -> Page:
         filters = (
             ("owner", query.owner),
