@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import tempfile
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -23,9 +26,11 @@ from scheduler_gateway.actors.model.schedule import ScheduleSpec, TaskTemplate
 from scheduler_gateway.actors.scheduler import NewSchedule, SchedulePatch, SpecPatch, TemplatePatch
 from scheduler_gateway.actors.task_service import Caller, NewTask
 from scheduler_gateway.daemon.store_memory import MemoryStore
+from scheduler_gateway.daemon.store_sqlite import SqliteStore
 from scheduler_gateway.wire.errors import Code, GatewayError
 from scheduler_gateway.wire.messages import ClaimRequest, HeartbeatRequest, LeaseReport, Settle, WireError
 
+from .durable_view import MemoryView, SqliteView
 from .invariants import ChangeLog, Facts, LiveView, snapshot_violations, summarize
 from .sim_world import EPOCHS, TASK_POLICY, Cut, NodeLease, Pending, Sim, SimNode
 
@@ -82,6 +87,7 @@ class Outcome:
 
 class SimMachine(RuleBasedStateMachine):
     store_factory: Callable[[], Any] = MemoryStore
+    on_sqlite = False  # True: a SqliteStore on a fresh file per example (store_factory unused)
 
     def __init__(self) -> None:
         super().__init__()
@@ -98,13 +104,21 @@ class SimMachine(RuleBasedStateMachine):
         self.advanced = 0.0
         self.faulted = False
         self.rid = 0
+        self.tmpdir: Path | None = None
 
     # -- plumbing ------------------------------------------------------------------------------------
     @initialize(seed=st.integers(0, 2**20), epoch=st.sampled_from(sorted(EPOCHS)))
     def boot(self, seed: int, epoch: str) -> None:
         env_seed = os.environ.get("SIM_INNER_SEED")
         self.seed = int(env_seed) if env_seed else seed
-        self.sim = Sim(self.seed, self.store_factory(), EPOCHS[epoch])
+        if self.on_sqlite:
+            self.tmpdir = Path(tempfile.mkdtemp(prefix="sim-sqlite-"))
+            path = self.tmpdir / "gateway.db"
+            self.sim = Sim(self.seed, SqliteStore(path), EPOCHS[epoch], sqlite_path=path)
+            self.view: MemoryView | SqliteView = SqliteView(path)
+        else:
+            self.sim = Sim(self.seed, self.store_factory(), EPOCHS[epoch])
+            self.view = MemoryView(self.sim.durable)
         self.sim.write_hooks.append(self._on_store_call)
         self.sim.boot()
         STATS["examples"] += 1
@@ -113,6 +127,8 @@ class SimMachine(RuleBasedStateMachine):
         if self.sim is not None:
             STATS["crashes"] += self.sim.crashes
             self.sim.close()
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def _on_store_call(self, name: str, args: tuple[Any, ...], result: Any) -> None:
         if name == "apply":
@@ -135,7 +151,7 @@ class SimMachine(RuleBasedStateMachine):
 
     def _schedule_written(self, sid: str, why: str) -> None:
         assert self.sim is not None
-        s = self.sim.durable._ss.schedules.get(sid)
+        s = self.view.schedule(sid)
         self.log.schedule_written(sid, None if s is None else s.status, why)
 
     @property
@@ -242,7 +258,7 @@ class SimMachine(RuleBasedStateMachine):
 
     def _stored_state(self, task_id: str | None) -> str | None:
         assert self.sim is not None
-        t = self.sim.durable._tasks.get(task_id)
+        t = self.view.task(task_id)
         return None if t is None else t.state
 
     def _idem_check(self, user: str, key: str | None, operation: str, body: str, out: Outcome) -> None:
@@ -282,7 +298,7 @@ class SimMachine(RuleBasedStateMachine):
             return
         owner = self.owner_of[tid]
         user = {"owner": owner, "root": "root", "other": "bob" if owner != "bob" else "alice"}[who]
-        stored = self.sim.durable._tasks.get(tid) if self.sim else None
+        stored = self.view.task(tid) if self.sim else None
         rev = None
         if revision != "none" and stored is not None:
             rev = stored.revision if revision == "current" else stored.revision - 1
@@ -311,7 +327,7 @@ class SimMachine(RuleBasedStateMachine):
                 self.problem(f"user {user} {action} on foreign {tid}: {out.code}, expected TASK_NOT_FOUND")
             return
         if out.code in (Code.REVISION_CONFLICT, Code.INVALID_STATE_TRANSITION, Code.TASK_ALREADY_TERMINAL):
-            after = self.sim.durable._tasks.get(tid) if self.sim else None
+            after = self.view.task(tid) if self.sim else None
             if before is not None and after is not None and after.revision != before.revision:
                 if not key:
                     self.problem(f"refused {action} ({out.code}) of {tid} changed it")
@@ -369,7 +385,7 @@ class SimMachine(RuleBasedStateMachine):
         tid = self.pick_task(i)
         if tid is None:
             return
-        letter = self.sim.durable._dead_letters.get(tid)
+        letter = self.view.letter(tid)
         if letter is None:
             return
         owner = self.owner_of[tid]
@@ -558,14 +574,14 @@ class SimMachine(RuleBasedStateMachine):
             result=msgspec.Raw(result),
             error=None if outcome == "succeeded" else WireError(code="HANDLER_ERROR", message="x", retryable=retryable),
         )
-        before = self.sim.durable._tasks.get(lease.task_id)
+        before = self.view.task(lease.task_id)
         out = self.do(lambda: self.w.service.settle(node.id, msg))
         if variant == "normal":
             node.leases.pop(lease.task_id, None)
             node.old_leases.append(lease)
             node.settled.setdefault(lease.lease_id, (outcome, result))
         if out.ok and out.value.result in ("refused", "repeat"):
-            after = self.sim.durable._tasks.get(lease.task_id)
+            after = self.view.task(lease.task_id)
             if before is not None and after is not None and after.revision != before.revision:
                 if self._changed_by_settle(lease.task_id, before.revision):
                     self.problem(f"a {out.value.result} settle of {lease.task_id} changed the task")
@@ -629,7 +645,7 @@ class SimMachine(RuleBasedStateMachine):
 
     def _changed_by_settle(self, task_id: str, since: int) -> bool:
         assert self.sim is not None
-        hist: list[HistoryEntry] = [h for (t, r), h in self.sim.durable._history.items() if t == task_id and r > since]
+        hist: list[HistoryEntry] = self.view.history_after(task_id, since)
         return any(h.action in ("settle", "attempt_failed") and h.actor.type == "node" for h in hist)
 
     # -- the clock, crashes and faults -------------------------------------------------------------------
@@ -641,7 +657,7 @@ class SimMachine(RuleBasedStateMachine):
     @rule()
     def advance_to_next_fire(self) -> None:
         assert self.sim is not None
-        due = [s.next_run_at for s in self.sim.durable._ss.schedules.values() if s.next_run_at is not None]
+        due = [s.next_run_at for s in self.view.schedules().values() if s.next_run_at is not None]
         if not due:
             return
         wait = max(0.0, min(due) - self.sim.now()) + 0.001
@@ -695,7 +711,7 @@ class SimMachine(RuleBasedStateMachine):
         if self.w.store.fail_ops == 0:
             self.faulted = False if self.advanced >= 60.0 else self.faulted
         found += self.log.violations + self.log.pending_cascades() + self.problems
-        if liveness and self.sim.durable._outbox and not self.sim.bus.down:
+        if liveness and not self.sim.bus.down and self.view.outbox_size():
             found.append("events_reach_the_stream: the outbox kept events after time passed")
         found += [f"loop_error: {e}" for e in self.sim.loop_errors]
         if self.sim.loop.livelock is not None:
@@ -710,18 +726,15 @@ class SimMachine(RuleBasedStateMachine):
 
     def facts(self) -> Facts:
         assert self.sim is not None
-        d = self.sim.durable
-        history: dict[str, list[HistoryEntry]] = {}
-        for (tid, _rev), h in sorted(d._history.items()):
-            history.setdefault(tid, []).append(h)
+        v = self.view
         svc = self.w.service
         return Facts(
             now=self.sim.now(),
-            tasks=dict(d._tasks),
-            history=history,
-            letters=dict(d._dead_letters),
-            schedules=dict(d._ss.schedules),
-            runs=dict(d._ss.runs),
+            tasks=v.tasks(),
+            history=v.history(),
+            letters=v.letters(),
+            schedules=v.schedules(),
+            runs=v.runs(),
             live=LiveView(dict(svc._live), dict(svc.lease_clock._lease_due), dict(svc.lease_clock._timeout_due)),
             max_dead_retries=TASK_POLICY.max_dead_retries,
             events_published=[(e.seq, e.msg_id) for e in self.sim.bus.events],

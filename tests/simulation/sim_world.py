@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import random
 import selectors
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,7 @@ class SimLoop(asyncio.SelectorEventLoop):
         self.cut_at: int | None = None
         self.was_cut = False
         self.io_pending: Callable[[], bool] = lambda: False
+        self.io_inflight = 0  # store calls running in another thread (executor jobs, aiosqlite requests)
         self._settle_start = 0
         self.livelock: str | None = None
 
@@ -109,6 +111,17 @@ class SimLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self.vt
+
+    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """Counted until the loop has the result (a done callback, run in this thread): while one is out, the
+        loop waits in real time instead of moving virtual time past a commit that is still running."""
+        fut = super().run_in_executor(executor, func, *args)
+        self.io_inflight += 1
+        fut.add_done_callback(self._io_done)
+        return fut
+
+    def _io_done(self, _fut: Any) -> None:
+        self.io_inflight -= 1
 
     def _sim_select(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
         self.iterations += 1
@@ -397,8 +410,11 @@ class Sim:
         # woken by notify(); a long idle poll makes a missed wake-up visible instead of hiding it
         event_relay_mod.IDLE_POLL_S = 600.0
         callback_sender_mod.IDLE_POLL_S = 600.0
+        self._aiosqlite_saved: tuple[Any, Any, Any] | None = None
+        self._sqlite_threads: list[threading.Thread] = []
         if sqlite_path is not None:
             self.loop.io_pending = self._sqlite_busy
+            self._count_aiosqlite()
         self.world: World | None = None
 
     # time
@@ -419,16 +435,43 @@ class Sim:
         self.loop_errors.append(f"{context.get('message')}: {exc!r}")
 
     def _sqlite_busy(self) -> bool:
-        store = self.durable
-        conn = getattr(store, "_conn", None) or getattr(store, "_db", None)
-        if conn is None:
-            return False
-        tx = getattr(conn, "_tx", None)
-        pending = getattr(store, "sim_pending", None)
-        busy = bool(tx is not None and not tx.empty())
-        if pending is not None:
-            busy = busy or pending() > 0
-        return busy
+        return self.loop.io_inflight > 0
+
+    def _count_aiosqlite(self) -> None:
+        """aiosqlite answers from its own thread (call_soon_threadsafe): count each request until it is back."""
+        import aiosqlite.core
+
+        conn_cls = aiosqlite.core.Connection
+        saved = (conn_cls._execute, conn_cls._connect, conn_cls.close)
+        self._aiosqlite_saved = saved
+        loop = self.loop
+        threads = self._sqlite_threads
+
+        async def _execute(conn: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            loop.io_inflight += 1
+            try:
+                return await saved[0](conn, fn, *args, **kwargs)
+            finally:
+                loop.io_inflight -= 1
+
+        async def _connect(conn: Any) -> Any:
+            threads.append(conn._thread)
+            loop.io_inflight += 1
+            try:
+                return await saved[1](conn)
+            finally:
+                loop.io_inflight -= 1
+
+        async def close(conn: Any) -> None:  # its last request (stop) bypasses _execute
+            loop.io_inflight += 1
+            try:
+                await saved[2](conn)
+            finally:
+                loop.io_inflight -= 1
+
+        conn_cls._execute = _execute  # type: ignore[method-assign]
+        conn_cls._connect = _connect  # type: ignore[method-assign]
+        conn_cls.close = close  # type: ignore[method-assign]
 
     # lifecycle
     def boot(self) -> None:
@@ -486,9 +529,17 @@ class Sim:
             with contextlib.suppress(Exception):
                 self.loop.run_until_complete(self.durable.stop())
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            for thread in self._sqlite_threads:  # their last answer must reach the loop before it closes
+                thread.join(timeout=5.0)
+            self.loop.run_until_complete(asyncio.sleep(0))
         finally:
             self.loop.close()
             idgen.new_id = self._saved_new_id
+            if self._aiosqlite_saved is not None:
+                import aiosqlite.core
+
+                conn_cls = aiosqlite.core.Connection
+                conn_cls._execute, conn_cls._connect, conn_cls.close = self._aiosqlite_saved  # type: ignore[method-assign]
             event_relay_mod.IDLE_POLL_S = self._saved_relay_idle
             callback_sender_mod.IDLE_POLL_S = self._saved_cb_idle
 

@@ -38,11 +38,11 @@ def _settings(examples: int, steps: int) -> settings:
     )
 
 
-def run_simulation(seed: int, examples: int, steps: int, shrink_s: float) -> dict[str, int]:
+def run_simulation(seed: int, examples: int, steps: int, shrink_s: float, *, on_sqlite: bool = False) -> dict[str, int]:
     """Run the machine under ``seed``; returns the step counts (raises with the shrunk steps on a failure)."""
     for key in STATS:
         STATS[key] = 0
-    machine = type("SimMachineSeeded", (SimMachine,), {})
+    machine = type("SimMachineSeeded", (SimMachine,), {"on_sqlite": on_sqlite})
     hypothesis_seed(seed)(machine)
     saved = hypothesis_engine.MAX_SHRINKING_SECONDS
     hypothesis_engine.MAX_SHRINKING_SECONDS = int(shrink_s)
@@ -54,7 +54,8 @@ def run_simulation(seed: int, examples: int, steps: int, shrink_s: float) -> dic
         run_state_machine_as_test(machine, settings=_settings(examples, steps))
     except BaseException as exc:
         exc.add_note(
-            f"simulation: hypothesis seed {seed} (replay: SIM_SEED={seed} pytest tests/simulation -k default); "
+            f"simulation: hypothesis seed {seed} (replay: SIM_SEED={seed} pytest tests/simulation "
+            f"-k {'sqlite' if on_sqlite else 'default'}); "
             f"{STATS['steps']} steps, {STATS['examples']} examples, {STATS['crashes']} crashes before it"
         )
         raise
@@ -63,7 +64,8 @@ def run_simulation(seed: int, examples: int, steps: int, shrink_s: float) -> dic
         quiet.setLevel(level)
         elapsed = time.perf_counter() - started
         print(
-            f"\nsimulation seed {seed}: {STATS['steps']} steps in {STATS['examples']} examples, "
+            f"\nsimulation{' on sqlite' if on_sqlite else ''} seed {seed}: {STATS['steps']} steps in "
+            f"{STATS['examples']} examples, "
             f"{STATS['crashes']} crash-restarts, {elapsed:.1f} s ({STATS['steps'] / max(elapsed, 1e-9):.0f} steps/s)"
         )
     return dict(STATS)
@@ -76,6 +78,18 @@ def test_simulation_default_budget() -> None:
     stats = run_simulation(seed, examples, steps, shrink_s=float(os.environ.get("SIM_SHRINK_SECONDS", 45)))
     if examples * steps >= MIN_STEPS:
         assert stats["steps"] >= MIN_STEPS, f"explored only {stats['steps']} steps"
+
+
+def test_simulation_on_sqlite() -> None:
+    """The same machine on a SqliteStore (a fresh file per example; a crash closes the store and the next
+    process opens the file again); a smaller budget: every store call is a real thread round trip."""
+    seed = int(os.environ.get("SIM_SEED", DEFAULT_SEED))
+    examples = int(os.environ.get("SIM_SQLITE_EXAMPLES", 40))
+    steps = int(os.environ.get("SIM_SQLITE_STEPS", 40))
+    stats = run_simulation(
+        seed, examples, steps, shrink_s=float(os.environ.get("SIM_SHRINK_SECONDS", 45)), on_sqlite=True
+    )
+    assert stats["examples"] >= min(examples, 10), f"ran only {stats['examples']} examples"
 
 
 @pytest.mark.slow
