@@ -277,6 +277,10 @@ async def test_production_refuses_private_loopback_and_link_local_targets(
             "https://192.168.0.10/hook",
             "http://169.254.169.254/latest",
             "http://[::ffff:127.0.0.1]/hook",
+            # spellings the HTTP client folds into an IP literal (full-width and circled digits)
+            f"http://１２７.0.0.1:{r.port}/internal-admin",
+            f"http://①②⑦.0.0.1:{r.port}/internal-admin",
+            "http://１６９.２５４.１６９.２５４/latest",
         ):
             status, body, _ = await api.call(
                 "POST", "/api/tasks", {"kind": "echo", "callbackUrl": url, "callbackSecret": SECRET}

@@ -6,7 +6,11 @@ delivery to another host) and the rule of docs/API.md, Callbacks that in product
 false) private, loopback and link-local targets are refused. The rule is checked on the address the
 connection is actually made to: names go through a resolver that refuses any non-public answer, and
 aiohttp connects to exactly what that resolver returned, so a name cannot be re-pointed between the
-check and the connect. Literal IPs never reach a resolver and are checked before the request.
+check and the connect. Literal IPs never reach a resolver and are checked before the request, on the host
+as aiohttp's own URL parser (yarl) reads it: it folds full-width and circled digits into ASCII, so
+``http://１２７.0.0.1/`` is the IP literal 127.0.0.1 to the client and must be to the check too. Last, every
+socket is made by ``public_socket``, which sees the very address the connection goes to and refuses a
+non-public one: whatever parsing or resolving path led there, nothing private is ever connected to.
 
 Errors come back as short values (``CallbackPost.error``) built here from the failure's kind: never the
 request headers (the signature), the body, or the URL's path and query.
@@ -18,9 +22,11 @@ import asyncio
 import ipaddress
 import logging
 import socket
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+import yarl
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
@@ -60,6 +66,35 @@ def literal_ip_problem(host: str) -> str | None:
     return address_problem(ip)
 
 
+def target_host(url: str) -> str | None:
+    """The host a request to ``url`` goes to, as aiohttp will read it; None when it is not an http(s) URL."""
+    try:
+        parsed = yarl.URL(url)
+    except (ValueError, TypeError):
+        return None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        return None
+    return parsed.host
+
+
+def target_problem(url: str) -> str | None:
+    """Why ``url`` is refused before any connection in production, or None (names are checked on connect)."""
+    host = target_host(url)
+    if host is None:
+        return "not an http or https URL"
+    problem = literal_ip_problem(host)
+    return None if problem is None else f"{host} is {problem}"
+
+
+def public_socket(addr_info: tuple[Any, ...]) -> socket.socket:
+    """The connector's socket factory: the last word, on the address actually connected to."""
+    family, type_, proto, _, sockaddr = addr_info
+    problem = address_problem(ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0]))
+    if problem is not None:
+        raise TargetRefused(f"refused: {sockaddr[0]} is {problem}")
+    return socket.socket(family=family, type=type_, proto=proto)
+
+
 class PublicOnlyResolver(AbstractResolver):
     """Resolves as usual, then refuses the name when any of its addresses is not public."""
 
@@ -91,8 +126,12 @@ class AiohttpCallbackPoster:
 
     async def start(self) -> None:
         if self._session is None:
-            resolver = None if self.allow_private_networks else PublicOnlyResolver()
-            connector = aiohttp.TCPConnector(limit=self._max_connections, resolver=resolver)
+            if self.allow_private_networks:
+                connector = aiohttp.TCPConnector(limit=self._max_connections)
+            else:
+                connector = aiohttp.TCPConnector(
+                    limit=self._max_connections, resolver=PublicOnlyResolver(), socket_factory=public_socket
+                )
             self._session = aiohttp.ClientSession(
                 connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False
             )
@@ -104,13 +143,13 @@ class AiohttpCallbackPoster:
 
     async def post(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> CallbackPost:
         parts = urlsplit(url)
-        host = parts.hostname
-        if parts.scheme not in ("http", "https") or not host:
+        host = target_host(url)
+        if host is None:
             return CallbackPost(None, "not an http or https URL")
         if not self.allow_private_networks:
-            problem = literal_ip_problem(host)
+            problem = target_problem(url)
             if problem is not None:
-                return CallbackPost(None, f"refused: {host} is {problem}")
+                return CallbackPost(None, f"refused: {problem}")
         await self.start()
         assert self._session is not None
         try:
@@ -126,9 +165,12 @@ class AiohttpCallbackPoster:
                 return CallbackPost(resp.status, None if ok else f"HTTP {resp.status}")
         except TimeoutError:
             return CallbackPost(None, f"no answer within {timeout_s:g} s")
+        except TargetRefused as exc:
+            return CallbackPost(None, str(exc))
         except aiohttp.ClientConnectorError as exc:
-            if isinstance(exc.os_error, TargetRefused):
-                return CallbackPost(None, str(exc.os_error))
+            refused = _refusal_in(exc.os_error)
+            if refused is not None:
+                return CallbackPost(None, str(refused))
             why = exc.os_error.strerror or type(exc.os_error).__name__
             return CallbackPost(None, f"cannot connect to {host}:{parts.port or exc.port} ({why})")
         except aiohttp.InvalidURL:
@@ -136,3 +178,17 @@ class AiohttpCallbackPoster:
         except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as exc:
             # the kind only: some messages quote the request line, which includes the URL's query
             return CallbackPost(None, f"request failed ({type(exc).__name__})")
+
+
+def _refusal_in(error: BaseException | None) -> TargetRefused | None:
+    """The refusal behind a connect error: direct, or one of the attempts happy eyeballs gathered."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, TargetRefused):
+            return error
+        for inner in getattr(error, "exceptions", ()) or ():
+            if isinstance(inner, TargetRefused):
+                return inner
+        error = error.__cause__ or error.__context__
+    return None

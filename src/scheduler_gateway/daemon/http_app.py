@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 import msgspec
 from aiohttp import web
@@ -36,7 +35,7 @@ from scheduler_gateway.wire.errors import (
 from scheduler_gateway.wire.ids import is_id
 from scheduler_gateway.wire.timefmt import RANGE_TEXT, fmt_ts, parse_ts
 
-from .callback_client import literal_ip_problem
+from .callback_client import target_host, target_problem
 from .http_errors import error_response
 from .http_input import bearer_token_text, check_json_depth, decode_content, idempotency_key
 from .metrics import PrometheusMetrics
@@ -351,11 +350,11 @@ class AdminApi:
         if req.callback_secret is not None and req.callback_url is None:
             raise InvalidArgument("callbackSecret needs a callbackUrl", details={"field": "callbackSecret"})
         if req.callback_url is not None:
-            parts = urlsplit(req.callback_url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
+            if target_host(req.callback_url) is None:
                 raise InvalidArgument("callbackUrl must be an http or https URL", details={"field": "callbackUrl"})
-            # a name is checked on its resolved address at each delivery; a literal IP can be refused now
-            problem = None if self.settings.allow_private_networks else literal_ip_problem(parts.hostname)
+            # a name is checked on its resolved address at each delivery; a literal IP (as the HTTP client reads
+            # the host, full-width digits folded) can be refused now
+            problem = None if self.settings.allow_private_networks else target_problem(req.callback_url)
             if problem is not None:
                 raise InvalidArgument(f"callbackUrl points at {problem}", details={"field": "callbackUrl"})
             if not req.callback_secret and not self.settings.callback_secret_configured:
