@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -312,3 +313,34 @@ async def _has(items: list[Any], n: int) -> bool:
 
 async def _delivered(gw: Gateway, n: int) -> bool:
     return gw.callbacks.delivered >= n
+
+
+async def test_a_redelivery_signs_with_the_tasks_secret_after_the_task_row_is_gone(
+    tmp_path: Path, fresh_nats: NatsServerProcess
+) -> None:
+    # retention purges terminal tasks; a dead letter redelivered later must still sign with the task's own
+    # secret, which therefore travels with the delivery (and stays out of every answer and audit entry)
+    async with (
+        running_gateway(tmp_path / "gw", fresh_nats.url, callbacks=FAST) as gw,
+        api_client(gw) as api,
+        receiver([500, 500, 500, 500, 200]) as r,
+    ):
+        task = await api.create(
+            {"kind": "echo", "requiresApproval": True, "callbackUrl": r.url, "callbackSecret": SECRET}
+        )
+        await api.call("POST", f"/api/tasks/{task['id']}/cancel", {})
+
+        async def letters() -> list[dict[str, Any]]:
+            _, body, _ = await api.call("GET", "/api/callbacks/deadletter")
+            return body["items"]  # type: ignore[no-any-return]
+
+        (letter,) = await wait_for(letters)
+        with sqlite3.connect(gw.settings.data_dir / "gateway.db", timeout=10) as db:  # what retention will do
+            db.execute("DELETE FROM tasks WHERE id = ?", (task["id"],))
+        status, _, _ = await api.call("POST", f"/api/callbacks/deadletter/{letter['id']}/redeliver", {})
+        assert status == 200
+        await wait_for(lambda: _has(r.got, 5))
+        _, audit, _ = await api.call("GET", f"/api/audit?objectId={letter['id']}")
+        _, shown, _ = await api.call("GET", f"/api/callbacks/deadletter/{letter['id']}")
+    assert signed_by(SECRET, r.got[-1])
+    assert SECRET not in msgspec.json.encode([letter, shown, audit]).decode()

@@ -9,8 +9,8 @@ after ``retry_delays_s``; the last one failed -> a callback dead letter and an a
 transaction. Delivery is at least once: a crash between a receiver's 2xx and the record repeats the
 POST with the same ``X-Callback-Id``.
 
-The secret is read when an attempt is signed and goes nowhere else: not into a record, an error, an
-audit entry or a log line.
+The secret (the delivery's own copy of the task's ``callbackSecret``, else the configured one) is used
+to sign and goes nowhere else: not into an error, an audit entry, a view or a log line.
 """
 
 from __future__ import annotations
@@ -185,8 +185,7 @@ class CallbackSender(LoopActor):
             self._wake.set()
 
     async def _post(self, d: CallbackDelivery) -> CallbackPost:
-        task = await self._store.get_task(d.task_id)
-        secret = (task.callback_secret if task is not None else None) or self.policy.secret
+        secret = d.secret or await self._secret_of_task(d) or self.policy.secret
         if not secret:
             return CallbackPost(None, "no secret to sign with: the task has none and [callbacks] secret is not set")
         body = bytes(d.body)
@@ -201,6 +200,11 @@ class CallbackSender(LoopActor):
         except Exception as exc:  # an adapter bug must not lose the delivery: it counts as a failed attempt
             log.error("callback %s: the HTTP client failed unexpectedly (%s)", d.callback_id, type(exc).__name__)
             return CallbackPost(None, f"internal error ({type(exc).__name__})")
+
+    async def _secret_of_task(self, d: CallbackDelivery) -> str | None:
+        """Deliveries written before they carried the secret read it from their task (if it still exists)."""
+        task = await self._store.get_task(d.task_id)
+        return task.callback_secret if task is not None else None
 
     async def _record(self, d: CallbackDelivery, outcome: CallbackPost) -> None:
         now = self._clock()

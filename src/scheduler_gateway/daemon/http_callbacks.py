@@ -4,7 +4,7 @@
 ``POST /api/callbacks/deadletter/{id}/redeliver``. A user sees its own letters only (another user's
 answers 404 DEAD_LETTER_NOT_FOUND, like a missing one); an admin sees all. The rules live in the callback
 sender; this module translates HTTP. A letter shows ``id, taskId, callbackUrl, lastError, attemptCount,
-createdAt``; the task's callback secret is in no letter, so in no answer.
+createdAt``; a letter's delivery keeps the task's callback secret for redelivery, and no view shows it.
 """
 
 from __future__ import annotations

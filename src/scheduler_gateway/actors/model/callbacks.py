@@ -2,8 +2,9 @@
 
 A delivery is written in the same transaction as the terminal change of its task, with the body fixed at
 that moment: every attempt (and a redelivery from the dead-letter queue) POSTs the same bytes under the
-same ``X-Callback-Id``, even when the task is retried later. The secret is never copied here: it stays
-on the task row (or in the configuration) and is looked up when an attempt is signed.
+same ``X-Callback-Id``, even when the task is retried later. The task's own ``callbackSecret`` travels with
+its delivery (and a dead letter's delivery), because the task row may be purged by retention before a
+redelivery; it is write-only like on the task: never in a view, an audit entry, an error or a ``repr``.
 
 Pure: no clock, no IO; ``now`` comes in as an argument.
 """
@@ -33,10 +34,14 @@ class CallbackDelivery(msgspec.Struct, frozen=True, kw_only=True):
     due_at: float  # when the next attempt is due (kept in the store: survives a restart)
     created_at: float  # the terminal change; delivery latency counts from here
     last_error: str | None = None
+    secret: str | None = None  # the task's own callbackSecret (None: the configured one signs)
 
     @property
     def callback_id(self) -> str:
         return callback_id(self.task_id, self.revision)
+
+    def __repr__(self) -> str:  # the secret stays out of every log line that shows a delivery
+        return f"CallbackDelivery(id={self.id!r}, task_id={self.task_id!r}, revision={self.revision}, secret=***)"
 
 
 class CallbackDeadLetter(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,6 +105,7 @@ def new_delivery(delivery_id: str, task: Task, now: float) -> CallbackDelivery:
         body=msgspec.Raw(msgspec.json.encode(body)),
         due_at=now,
         created_at=now,
+        secret=task.callback_secret,
     )
 
 
