@@ -12,12 +12,13 @@ import asyncio
 import itertools
 import logging
 import os
+import re
 import secrets
 import signal
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ from scheduler_gateway.wire.messages import (
     ExtendedLease,
     HeartbeatReply,
     HeartbeatRequest,
+    LeaseReport,
     Offer,
     RevokedLease,
     Settle,
@@ -50,8 +52,10 @@ from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.subjects import DISPATCH_STREAM, SETTLE_CONSUMER, SETTLE_STREAM, Subjects, consumer_name
 from scheduler_gateway.wire.timefmt import fmt_ts, parse_ts
 from scheduler_gateway.worker import (
+    MAX_PROGRESS_BYTES,
     HandlerRegistry,
     NatsOptions,
+    ProgressTooLarge,
     TaskContext,
     TaskFailed,
     Worker,
@@ -673,6 +677,89 @@ async def test_node_draining_claim_refusal_naks_and_pauses(nats_server: NatsServ
         assert got is not None and got[0].attempt_id == offer.attempt_id
 
 
+class SmallPayloadNats(NatsServerProcess):
+    """A nats-server whose ``max_payload`` is 64 KiB instead of the embedded server's 8 MiB."""
+
+    def config_text(self) -> str:
+        return re.sub(r"(?m)^max_payload: .*$", f"max_payload: {SMALL_MAX_PAYLOAD}", super().config_text())
+
+
+SMALL_MAX_PAYLOAD = 64 * 1024
+
+
+@pytest.fixture
+def small_payload_nats(tmp_path: Path) -> Iterator[NatsServerProcess]:
+    server = SmallPayloadNats(store_dir=tmp_path / "nats")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_huge_progress_of_one_task_never_costs_another_its_lease(
+    small_payload_nats: NatsServerProcess,
+) -> None:
+    """Issue 14, point 2: a handler's oversized progress is refused to it, and the node's other leases keep
+    being extended, even when the sum of all progress exceeds the server's max_payload (heartbeats split)."""
+    s = Setup()
+    kind = s.kind("progress")
+    errors: dict[str, BaseException] = {}
+    reported: dict[str, bool] = {}
+
+    async def report(ctx: TaskContext, payload: Any) -> Any:
+        if payload["huge"]:
+            try:
+                await ctx.heartbeat(progress="x" * 1_200_000)  # 1.2 MB: refused to this handler
+            except ValueError as exc:
+                errors[ctx.task_id] = exc
+        if payload.get("at_cap"):
+            # within the cap, but too big for a heartbeat on this server: the lease goes without its progress
+            await ctx.heartbeat(progress="z" * (MAX_PROGRESS_BYTES - 2))
+        else:
+            await ctx.heartbeat(progress={"pad": "y" * 60_000})  # below the cap; two exceed max_payload
+        reported[ctx.task_id] = True
+        await asyncio.sleep(payload["seconds"])
+        return "done"
+
+    async with (
+        gateway(small_payload_nats.url, [kind]) as gw,
+        worker(small_payload_nats.url, s.node, registry_of(**{kind: report})) as w,
+    ):
+        assert w.nc.max_payload == SMALL_MAX_PAYLOAD
+        huge = await gw.offer(kind, {"huge": True, "seconds": 2.5}, lease_s=0.9)
+        other = await gw.offer(kind, {"huge": False, "seconds": 2.5}, lease_s=0.9)
+        at_cap = await gw.offer(kind, {"huge": False, "at_cap": True, "seconds": 2.5}, lease_s=0.9)
+        await wait_for(lambda: len(reported) == 3, what="the handlers reported progress")
+        since = time.monotonic()
+        await asyncio.sleep(1.5)  # five heartbeat intervals of the 0.9 s leases
+
+        def beats_of(offer: Offer) -> list[tuple[LeaseReport, float]]:
+            return [
+                (lease, t)
+                for hb, t in gw.heartbeats_of(s.node)
+                if t >= since
+                for lease in hb.leases
+                if lease.lease_id == f"l-{offer.attempt_id}"
+            ]
+
+        for offer in (other, huge):
+            beats = beats_of(offer)
+            assert len(beats) >= 3, f"lease of {offer.task_id} not heartbeated: {len(beats)} beats"
+            assert max(b[1] - a[1] for a, b in itertools.pairwise(beats)) < 0.6
+            assert beats[-1][0].progress == {"pad": "y" * 60_000}
+        beats = beats_of(at_cap)
+        assert len(beats) >= 3 and beats[-1][0].progress is None
+        exc = errors.get(huge.task_id)
+        assert isinstance(exc, ValueError), errors
+        assert "progress" in str(exc) and str(MAX_PROGRESS_BYTES) in str(exc), str(exc)
+        assert isinstance(exc, ProgressTooLarge) and MAX_PROGRESS_BYTES == 64 * 1024
+
+        for _ in range(3):
+            got = await gw.next_settle(s.node, within_s=5)
+            assert got is not None and got[0].outcome == "succeeded"
+
+
 # ------------------------------------------------------------------------------------------ concurrency, stop
 
 
@@ -903,6 +990,10 @@ async def test_task_context_heartbeat_records_progress() -> None:
     assert ctx.progress == {"done": 3}
     with pytest.raises(TypeError):
         await ctx.heartbeat(object())
+    with pytest.raises(ProgressTooLarge, match="exceeds the limit of 65536 bytes"):
+        await ctx.heartbeat("x" * MAX_PROGRESS_BYTES)
+    assert ctx.progress == {"done": 3}  # a refused value leaves the last one
+    await ctx.heartbeat("x" * (MAX_PROGRESS_BYTES - 2))  # exactly the cap, quotes included
 
 
 def test_nats_options_never_show_the_password() -> None:
