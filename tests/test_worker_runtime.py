@@ -66,6 +66,7 @@ from scheduler_gateway.worker import (
 )
 from scheduler_gateway.worker import _demo as demo_handlers
 from scheduler_gateway.worker._cli import worker_main
+from scheduler_gateway.worker._runtime import lease_margin
 
 log = logging.getLogger(__name__)
 SUBJECTS = Subjects()
@@ -119,6 +120,7 @@ class FakeGateway:
     draining: bool = False
     revoke: dict[str, str] = field(default_factory=dict)  # lease id -> reason, sent in heartbeat replies
     revoked_sent_at: dict[str, float] = field(default_factory=dict)
+    answer_heartbeats: bool = True  # False: heartbeats are recorded but never answered (a partition)
     claims: list[tuple[str, ClaimRequest, float]] = field(default_factory=list)
     heartbeats: list[tuple[str, HeartbeatRequest, float]] = field(default_factory=list)
     _nc: Any = None
@@ -186,6 +188,8 @@ class FakeGateway:
     async def _on_heartbeat(self, msg: Msg) -> None:
         req = msgspec.json.decode(msg.data, type=HeartbeatRequest)
         self.heartbeats.append((SUBJECTS.node_of(msg.subject), req, time.monotonic()))
+        if not self.answer_heartbeats:
+            return
         revoked = [
             RevokedLease(task_id=lease.task_id, lease_id=lease.lease_id, reason=self.revoke[lease.lease_id])
             for lease in req.leases
@@ -758,6 +762,44 @@ async def test_huge_progress_of_one_task_never_costs_another_its_lease(
         for _ in range(3):
             got = await gw.next_settle(s.node, within_s=5)
             assert got is not None and got[0].outcome == "succeeded"
+
+
+async def test_handler_whose_lease_cannot_be_renewed_is_cancelled_before_it_expires(
+    nats_server: NatsServerProcess,
+) -> None:
+    """Issue 14, point 3: cut off from the gateway, a node cancels its handler before the lease runs out
+    (leaseSeconds minus a margin after the last renewal was sent), and does not settle the task."""
+    s = Setup()
+    sleep = s.kind("sleep")
+    tracker = Tracker()
+    lease_s = 1.5
+    async with (
+        gateway(nats_server.url, [sleep]) as gw,
+        worker(nats_server.url, s.node, registry_of(**{sleep: tracker.wrap(demo_handlers.sleep)})) as w,
+    ):
+        offer = await gw.offer(sleep, {"seconds": 30}, lease_s=lease_s)
+        await wait_for(lambda: len(tracker.started) == 1, what="handler start")
+        lease = f"l-{offer.attempt_id}"
+
+        def beats_with_lease() -> int:
+            return sum(1 for hb, _ in gw.heartbeats_of(s.node) if any(x.lease_id == lease for x in hb.leases))
+
+        await wait_for(lambda: beats_with_lease() >= 3, what="the lease extended a few times")
+        assert tracker.stopped == []  # renewed leases are not given up
+        gw.answer_heartbeats = False
+        cut = time.monotonic()
+        await wait_for(lambda: len(tracker.stopped) == 1, within_s=lease_s + 1.0, what="handler cancelled")
+        took = tracker.stopped[0] - cut
+        # The last renewal was sent at most one interval (lease / 3) before the cut; the handler goes
+        # leaseSeconds minus the margin (min(1 s, 10 % of the lease) = 0.15 s) after that renewal was sent.
+        assert lease_s / 3 <= took <= lease_s + lease_margin(lease_s), took
+        assert tracker.contexts[0].cancelled
+        assert w.running_count == 0
+        assert await gw.next_settle(s.node, within_s=1.0) is None
+        # the lease it gave up is no longer heartbeated
+        n = len(gw.heartbeats_of(s.node))
+        await wait_for(lambda: len(gw.heartbeats_of(s.node)) > n + 1, what="heartbeats")
+        assert all(hb.leases == [] for hb, _ in gw.heartbeats_of(s.node)[n:])
 
 
 # ------------------------------------------------------------------------------------------ concurrency, stop

@@ -3,8 +3,9 @@ JetStream has not acked yet), at ``leaseSeconds / 3`` of the shortest lease, els
 A beat whose leases and progress exceed the server's ``max_payload`` is split into several requests, so one
 task's progress cannot cost another task its lease (each progress is capped, ``MAX_PROGRESS_BYTES``).
 
-The reply extends the leases, revokes the ones the gateway gave up on (their handlers are cancelled) and says
-whether the node is draining (docs/WIRE.md).
+The reply extends the leases (each handler's local lease deadline moves on, ``Worker._renew_lease``),
+revokes the ones the gateway gave up on (their handlers are cancelled) and says whether the node is
+draining (docs/WIRE.md).
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ class _Heartbeats:
     async def _request(self, req: HeartbeatRequest) -> None:
         w = self._w
         timeout = max(0.5, min(w.timings.heartbeat_timeout_s, self.interval()))
+        sent = asyncio.get_running_loop().time()  # an extension runs leaseSeconds from here at most
         try:
             resp = await w.nc.request(w.subjects.heartbeat(w.node_id), _encode(req), timeout=timeout)
             reply = _decode_heartbeat_reply(resp.data)
@@ -158,6 +160,8 @@ class _Heartbeats:
         if self._failing:
             log.info("heartbeats of node %s answered again", w.node_id)
             self._failing = False
+        for extended in reply.extended:
+            w._lease_extended(extended.lease_id, sent)
         for revoked in reply.revoked:
             if w._cancel_lease(revoked.lease_id, f"lease revoked: {revoked.reason}"):
                 log.info("lease %s of task %s revoked (%s)", revoked.lease_id, revoked.task_id, revoked.reason)
