@@ -12,12 +12,13 @@ import asyncio
 import itertools
 import logging
 import os
+import re
 import secrets
 import signal
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ from scheduler_gateway.wire.messages import (
     ExtendedLease,
     HeartbeatReply,
     HeartbeatRequest,
+    LeaseReport,
     Offer,
     RevokedLease,
     Settle,
@@ -50,8 +52,10 @@ from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.subjects import DISPATCH_STREAM, SETTLE_CONSUMER, SETTLE_STREAM, Subjects, consumer_name
 from scheduler_gateway.wire.timefmt import fmt_ts, parse_ts
 from scheduler_gateway.worker import (
+    MAX_PROGRESS_BYTES,
     HandlerRegistry,
     NatsOptions,
+    ProgressTooLarge,
     TaskContext,
     TaskFailed,
     Worker,
@@ -62,6 +66,7 @@ from scheduler_gateway.worker import (
 )
 from scheduler_gateway.worker import _demo as demo_handlers
 from scheduler_gateway.worker._cli import worker_main
+from scheduler_gateway.worker._runtime import lease_margin
 
 log = logging.getLogger(__name__)
 SUBJECTS = Subjects()
@@ -115,6 +120,7 @@ class FakeGateway:
     draining: bool = False
     revoke: dict[str, str] = field(default_factory=dict)  # lease id -> reason, sent in heartbeat replies
     revoked_sent_at: dict[str, float] = field(default_factory=dict)
+    answer_heartbeats: bool = True  # False: heartbeats are recorded but never answered (a partition)
     claims: list[tuple[str, ClaimRequest, float]] = field(default_factory=list)
     heartbeats: list[tuple[str, HeartbeatRequest, float]] = field(default_factory=list)
     _nc: Any = None
@@ -182,6 +188,8 @@ class FakeGateway:
     async def _on_heartbeat(self, msg: Msg) -> None:
         req = msgspec.json.decode(msg.data, type=HeartbeatRequest)
         self.heartbeats.append((SUBJECTS.node_of(msg.subject), req, time.monotonic()))
+        if not self.answer_heartbeats:
+            return
         revoked = [
             RevokedLease(task_id=lease.task_id, lease_id=lease.lease_id, reason=self.revoke[lease.lease_id])
             for lease in req.leases
@@ -673,6 +681,127 @@ async def test_node_draining_claim_refusal_naks_and_pauses(nats_server: NatsServ
         assert got is not None and got[0].attempt_id == offer.attempt_id
 
 
+class SmallPayloadNats(NatsServerProcess):
+    """A nats-server whose ``max_payload`` is 64 KiB instead of the embedded server's 8 MiB."""
+
+    def config_text(self) -> str:
+        return re.sub(r"(?m)^max_payload: .*$", f"max_payload: {SMALL_MAX_PAYLOAD}", super().config_text())
+
+
+SMALL_MAX_PAYLOAD = 64 * 1024
+
+
+@pytest.fixture
+def small_payload_nats(tmp_path: Path) -> Iterator[NatsServerProcess]:
+    server = SmallPayloadNats(store_dir=tmp_path / "nats")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_huge_progress_of_one_task_never_costs_another_its_lease(
+    small_payload_nats: NatsServerProcess,
+) -> None:
+    """Issue 14, point 2: a handler's oversized progress is refused to it, and the node's other leases keep
+    being extended, even when the sum of all progress exceeds the server's max_payload (heartbeats split)."""
+    s = Setup()
+    kind = s.kind("progress")
+    errors: dict[str, BaseException] = {}
+    reported: dict[str, bool] = {}
+
+    async def report(ctx: TaskContext, payload: Any) -> Any:
+        if payload["huge"]:
+            try:
+                await ctx.heartbeat(progress="x" * 1_200_000)  # 1.2 MB: refused to this handler
+            except ValueError as exc:
+                errors[ctx.task_id] = exc
+        if payload.get("at_cap"):
+            # within the cap, but too big for a heartbeat on this server: the lease goes without its progress
+            await ctx.heartbeat(progress="z" * (MAX_PROGRESS_BYTES - 2))
+        else:
+            await ctx.heartbeat(progress={"pad": "y" * 60_000})  # below the cap; two exceed max_payload
+        reported[ctx.task_id] = True
+        await asyncio.sleep(payload["seconds"])
+        return "done"
+
+    async with (
+        gateway(small_payload_nats.url, [kind]) as gw,
+        worker(small_payload_nats.url, s.node, registry_of(**{kind: report})) as w,
+    ):
+        assert w.nc.max_payload == SMALL_MAX_PAYLOAD
+        huge = await gw.offer(kind, {"huge": True, "seconds": 2.5}, lease_s=0.9)
+        other = await gw.offer(kind, {"huge": False, "seconds": 2.5}, lease_s=0.9)
+        at_cap = await gw.offer(kind, {"huge": False, "at_cap": True, "seconds": 2.5}, lease_s=0.9)
+        await wait_for(lambda: len(reported) == 3, what="the handlers reported progress")
+        since = time.monotonic()
+        await asyncio.sleep(1.5)  # five heartbeat intervals of the 0.9 s leases
+
+        def beats_of(offer: Offer) -> list[tuple[LeaseReport, float]]:
+            return [
+                (lease, t)
+                for hb, t in gw.heartbeats_of(s.node)
+                if t >= since
+                for lease in hb.leases
+                if lease.lease_id == f"l-{offer.attempt_id}"
+            ]
+
+        for offer in (other, huge):
+            beats = beats_of(offer)
+            assert len(beats) >= 3, f"lease of {offer.task_id} not heartbeated: {len(beats)} beats"
+            assert max(b[1] - a[1] for a, b in itertools.pairwise(beats)) < 0.6
+            assert beats[-1][0].progress == {"pad": "y" * 60_000}
+        beats = beats_of(at_cap)
+        assert len(beats) >= 3 and beats[-1][0].progress is None
+        exc = errors.get(huge.task_id)
+        assert isinstance(exc, ValueError), errors
+        assert "progress" in str(exc) and str(MAX_PROGRESS_BYTES) in str(exc), str(exc)
+        assert isinstance(exc, ProgressTooLarge) and MAX_PROGRESS_BYTES == 64 * 1024
+
+        for _ in range(3):
+            got = await gw.next_settle(s.node, within_s=5)
+            assert got is not None and got[0].outcome == "succeeded"
+
+
+async def test_handler_whose_lease_cannot_be_renewed_is_cancelled_before_it_expires(
+    nats_server: NatsServerProcess,
+) -> None:
+    """Issue 14, point 3: cut off from the gateway, a node cancels its handler before the lease runs out
+    (leaseSeconds minus a margin after the last renewal was sent), and does not settle the task."""
+    s = Setup()
+    sleep = s.kind("sleep")
+    tracker = Tracker()
+    lease_s = 1.5
+    async with (
+        gateway(nats_server.url, [sleep]) as gw,
+        worker(nats_server.url, s.node, registry_of(**{sleep: tracker.wrap(demo_handlers.sleep)})) as w,
+    ):
+        offer = await gw.offer(sleep, {"seconds": 30}, lease_s=lease_s)
+        await wait_for(lambda: len(tracker.started) == 1, what="handler start")
+        lease = f"l-{offer.attempt_id}"
+
+        def beats_with_lease() -> int:
+            return sum(1 for hb, _ in gw.heartbeats_of(s.node) if any(x.lease_id == lease for x in hb.leases))
+
+        await wait_for(lambda: beats_with_lease() >= 3, what="the lease extended a few times")
+        assert tracker.stopped == []  # renewed leases are not given up
+        gw.answer_heartbeats = False
+        cut = time.monotonic()
+        await wait_for(lambda: len(tracker.stopped) == 1, within_s=lease_s + 1.0, what="handler cancelled")
+        took = tracker.stopped[0] - cut
+        # The last renewal was sent at most one interval (lease / 3) before the cut; the handler goes
+        # leaseSeconds minus the margin (min(1 s, 10 % of the lease) = 0.15 s) after that renewal was sent.
+        assert lease_s / 3 <= took <= lease_s + lease_margin(lease_s), took
+        assert tracker.contexts[0].cancelled
+        assert w.running_count == 0
+        assert await gw.next_settle(s.node, within_s=1.0) is None
+        # the lease it gave up is no longer heartbeated
+        n = len(gw.heartbeats_of(s.node))
+        await wait_for(lambda: len(gw.heartbeats_of(s.node)) > n + 1, what="heartbeats")
+        assert all(hb.leases == [] for hb, _ in gw.heartbeats_of(s.node)[n:])
+
+
 # ------------------------------------------------------------------------------------------ concurrency, stop
 
 
@@ -903,6 +1032,10 @@ async def test_task_context_heartbeat_records_progress() -> None:
     assert ctx.progress == {"done": 3}
     with pytest.raises(TypeError):
         await ctx.heartbeat(object())
+    with pytest.raises(ProgressTooLarge, match="exceeds the limit of 65536 bytes"):
+        await ctx.heartbeat("x" * MAX_PROGRESS_BYTES)
+    assert ctx.progress == {"done": 3}  # a refused value leaves the last one
+    await ctx.heartbeat("x" * (MAX_PROGRESS_BYTES - 2))  # exactly the cap, quotes included
 
 
 def test_nats_options_never_show_the_password() -> None:

@@ -20,15 +20,17 @@ listed in ``__all__`` is private.
 
 from __future__ import annotations
 
-from ._context import Handler, TaskContext, TaskFailed
+from ._context import MAX_PROGRESS_BYTES, Handler, ProgressTooLarge, TaskContext, TaskFailed
 from ._options import NatsOptions, WorkerTimings
 from ._registry import HandlerRegistry, default_registry, handler, load_handler_module
 from ._runtime import Worker
 
 __all__ = [
+    "MAX_PROGRESS_BYTES",
     "Handler",
     "HandlerRegistry",
     "NatsOptions",
+    "ProgressTooLarge",
     "TaskContext",
     "TaskFailed",
     "Worker",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -13,6 +13,24 @@ from scheduler_gateway.wire.errors import Code
 
 _encode = msgspec.json.Encoder().encode
 _decode_any = msgspec.json.Decoder().decode
+
+MAX_PROGRESS_BYTES: Final = 64 * 1024
+"""The most one lease's progress may take, JSON-encoded (docs/WORKERS.md#progress-and-heartbeats)."""
+
+
+class ProgressTooLarge(ValueError):
+    """Raised by ``TaskContext.heartbeat`` for a progress value over ``MAX_PROGRESS_BYTES`` encoded.
+
+    The value is not recorded (the previous progress stays), so one handler's progress can never make
+    the node's heartbeat, and with it the other tasks' leases, fail.
+    """
+
+    def __init__(self, size: int) -> None:
+        super().__init__(
+            f"progress of {size} bytes (JSON) exceeds the limit of {MAX_PROGRESS_BYTES} bytes; "
+            "report a summary (counts, percentages), not data"
+        )
+        self.size = size
 
 
 class TaskFailed(Exception):
@@ -34,7 +52,8 @@ class TaskContext:
 
     ``await ctx.heartbeat(progress)`` records the progress for the runtime's next heartbeat (the runtime
     sends one request per interval for all leases, so calling it often is cheap) and is a cancellation
-    point. ``ctx.cancelled`` turns true when the gateway cancels the task or revokes the lease, just
+    point. Progress is capped at ``MAX_PROGRESS_BYTES`` encoded; it is node-local (the gateway does not
+    store it). ``ctx.cancelled`` turns true when the gateway cancels the task or revokes the lease, just
     before the handler's asyncio task is cancelled.
     """
 
@@ -84,11 +103,18 @@ class TaskContext:
         return None if self._progress is None else _decode_any(self._progress)
 
     async def heartbeat(self, progress: Any = None) -> None:
-        """Record ``progress`` (JSON-able; None keeps the previous value) for the next heartbeat."""
+        """Record ``progress`` (JSON-able; None keeps the previous value) for the next heartbeat.
+
+        Raises ``TypeError`` for a value that is not JSON-able and ``ProgressTooLarge`` (a ``ValueError``)
+        for one over ``MAX_PROGRESS_BYTES`` encoded; either way the previous progress stays.
+        """
         if progress is not None:
-            # Encode now, so a value that is not JSON-able fails in the handler that passed it,
-            # not later inside the heartbeat of every lease this node holds.
-            self._progress = msgspec.Raw(_encode(progress))
+            # Encode now, so a value that is not JSON-able or too big fails in the handler that passed
+            # it, not later inside the heartbeat of every lease this node holds.
+            data = _encode(progress)
+            if len(data) > MAX_PROGRESS_BYTES:
+                raise ProgressTooLarge(len(data))
+            self._progress = msgspec.Raw(data)
         # Yield once: a tight handler loop that only calls heartbeat() still sees a cancel.
         await asyncio.sleep(0)
 

@@ -27,6 +27,11 @@ class _Running:
     task: asyncio.Task[None] | None = None
     cancel_reason: str | None = None  # set when the gateway cancelled / revoked: no settle
     shutdown: bool = False  # cancelled by stop() after the grace period: settles failed, retryable
+    # The local lease deadline (event loop clock): when the request that granted or last extended the
+    # lease was sent, plus leaseSeconds. The gateway's own expiry is later, as it starts counting when it
+    # handles the request. ``lease_timer`` cancels the handler a margin before it.
+    lease_deadline: float = 0.0
+    lease_timer: asyncio.TimerHandle | None = None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 A pull loop per kind (``_pull``), the claim request per offer, handlers run as asyncio tasks (``_execute``), one
 heartbeat loop carrying every held lease, the cancel subscription, and settles published to ``GW_SETTLE``
 until JetStream acks them (``_settle``). The runtime coalesces heartbeats into one request per interval and
-cancels a handler's asyncio task when the gateway cancels the task or revokes its lease.
+cancels a handler's asyncio task when the gateway cancels the task or revokes its lease, or when the node could
+not renew the lease before its local deadline (``_renew_lease``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ from ._tasks import _forget, _wait_all, _wait_until
 log = logging.getLogger("scheduler_gateway.worker")
 
 STUBBORN_HANDLER_WAIT_S: Final = 5.0  # on stop(), after cancelling the handlers that outlived the grace
+LEASE_MARGIN_MAX_S: Final = 1.0  # a handler whose lease was not renewed is cancelled this long before it
+LEASE_MARGIN_FRACTION: Final = 0.1  # ... or this fraction of leaseSeconds before, if that is shorter
+
+
+def lease_margin(lease_s: float) -> float:
+    """How long before its local lease deadline a handler whose lease was not renewed is cancelled."""
+    return min(LEASE_MARGIN_MAX_S, LEASE_MARGIN_FRACTION * lease_s)
+
 
 # Claim refusals after which the offer is dead: ack it so it is not redelivered (docs/WIRE.md).
 _DEAD_OFFER_CODES: Final = frozenset(
@@ -403,6 +412,7 @@ class Worker:
             state.answered = True  # the delivery being claimed acks or naks the same stream message
             return
         self._claiming.add(offer.attempt_id)
+        sent = asyncio.get_running_loop().time()  # the lease runs at most leaseSeconds from here
         try:
             reply = await self._claim(offer)
         finally:
@@ -413,7 +423,7 @@ class Worker:
             return
         if reply.ok and reply.lease_id:
             # The slot passes to the handler before the ack, so a cancel during the ack cannot lose it.
-            state.handed_over = self._start_handler(kind, offer, reply)
+            state.handed_over = self._start_handler(kind, offer, reply, sent)
             await ack(msg)
             return
         code = reply.error.code if reply.error else "?"
@@ -444,7 +454,7 @@ class Worker:
 
     # ---------------------------------------------------------------- running handlers
 
-    def _start_handler(self, kind: str, offer: Offer, reply: ClaimReply) -> bool:
+    def _start_handler(self, kind: str, offer: Offer, reply: ClaimReply, sent: float) -> bool:
         lease_id = reply.lease_id
         assert lease_id is not None
         if lease_id in self._early_cancels:
@@ -467,6 +477,7 @@ class Worker:
         self._running[lease_id] = run
         self._attempts[offer.attempt_id] = lease_id
         run.task = asyncio.create_task(self._run_handler(run, fn), name=f"handler-{offer.task_id}")
+        self._renew_lease(run, sent)
         self._heartbeats.wake()  # a short lease may need an earlier heartbeat
         log.debug("running task %s attempt %s lease %s", offer.task_id, offer.attempt_id, lease_id)
         return True
@@ -485,10 +496,52 @@ class Worker:
         self._queue_settle(run, ending)
 
     def _finish(self, run: _Running) -> None:
+        if run.lease_timer is not None:
+            run.lease_timer.cancel()
+            run.lease_timer = None
         lease_id = run.ctx.lease_id
         if self._running.pop(lease_id, None) is not None:
             self._attempts.pop(run.offer.attempt_id, None)
             self._release_slot()
+
+    # ---------------------------------------------------------------- local lease deadlines
+
+    def _lease_extended(self, lease_id: str, sent: float) -> None:
+        """A heartbeat reply extended ``lease_id``; ``sent`` is when its request left (loop clock)."""
+        run = self._running.get(lease_id)
+        if run is not None and run.cancel_reason is None:
+            self._renew_lease(run, sent)
+
+    def _renew_lease(self, run: _Running, sent: float) -> None:
+        # leaseSeconds from the request's departure, on the local monotonic clock: the gateway counts from
+        # when it handled the request (later), so this deadline is never after its own, whatever the
+        # wall clocks of the two say (leaseExpiresAt is not compared with the local clock).
+        lease_s = run.offer.lease_seconds
+        deadline = sent + lease_s
+        if deadline <= run.lease_deadline:
+            return  # a reply to an older request
+        run.lease_deadline = deadline
+        if run.lease_timer is not None:
+            run.lease_timer.cancel()
+        loop = asyncio.get_running_loop()
+        run.lease_timer = loop.call_at(deadline - lease_margin(lease_s), self._lease_lapsed, run)
+
+    def _lease_lapsed(self, run: _Running) -> None:
+        """The lease of ``run`` could not be renewed in time: the gateway will expire it and offer the task
+        again, so stop working on it now. No settle: the gateway fails the attempt by the lease expiry."""
+        run.lease_timer = None
+        lease_id = run.ctx.lease_id
+        if self._running.get(lease_id) is not run or run.cancel_reason is not None:
+            return
+        lease_s = run.offer.lease_seconds
+        log.warning(
+            "lease %s of task %s not renewed for %.1f s (leaseSeconds %g): cancelling its handler, no settle",
+            lease_id,
+            run.offer.task_id,
+            lease_s - lease_margin(lease_s),
+            lease_s,
+        )
+        self._cancel_lease(lease_id, "lease not renewed in time")
 
     def _cancel_lease(self, lease_id: str, reason: str) -> bool:
         run = self._running.get(lease_id)
