@@ -104,7 +104,10 @@ def test_a_delivery_fixes_the_body_and_the_callback_id() -> None:
         "error": {"code": "HANDLER_ERROR", "message": "boom"},
         "finishedAt": "2026-01-01T00:00:08.000Z",
     }
-    assert b"per-task-secret" not in msgspec.json.encode(d)  # the secret is never copied into the delivery
+    # the secret travels with the delivery (its task may be purged before a redelivery), never in the body
+    # it POSTs nor in the repr a log line would show
+    assert d.secret == task.callback_secret and b"per-task-secret" not in bytes(d.body)
+    assert "per-task-secret" not in repr(d)
     # a task canceled before it ran has no finishedAt of its own: the terminal change's time stands in
     canceled = new_delivery("cbd_2", terminal_task(state="canceled", finished_at=None, error=None), T0)
     assert msgspec.json.decode(canceled.body)["finishedAt"] == "2026-01-01T00:00:09.000Z"
