@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint ops-tools unit bench bench-quick soak clean
+.PHONY: run test lint ops-tools unit bench bench-quick bench-peers soak clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,16 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(PY) bench/bench_gateway.py --n 2000 --reps 1
+
+# the gateway, the JetStream floor and the peer (Dramatiq + Redis) in one run, with the ratios. The peer needs
+# the bench extra (installed here) and redis-server (apt-get install redis-server); without it, a note and no peer.
+BENCH_STAMP := $(VENV)/.bench-installed
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+bench-peers: $(BENCH_STAMP)
+	$(PY) bench/bench_gateway.py --n 20000 --peers
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -16,6 +16,9 @@ Per repetition:
   this process publishes N ~200 B dispatch messages (``Nats-Msg-Id``), ``--workers`` worker processes
   (this same file, ``--role floor-worker``) pull them, publish a settle to the second stream and ack, and
   this process consumes the settles. That is the transport cost the gateway's own logic adds to.
+* **dramatiq** (with ``--peers``): the peer, Dramatiq + Redis, on the same N, mode and machine, with
+  ``--workers`` processes x ``--concurrency`` threads (``--peer-threads`` to change); see peer_dramatiq.py.
+  Skipped with a one-line note when redis-server or dramatiq[redis] (the ``bench`` extra) is missing.
 
 See bench/README.md for the columns and the method.
 """
@@ -52,6 +55,7 @@ REPO = SELF.parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # the e2e tests' process helpers live in tests/e2e/procs.py
 
+import peer_dramatiq  # noqa: E402  (bench/ is on sys.path: this script's own folder)
 from tests.e2e.procs import Daemon, Worker  # noqa: E402
 
 from scheduler_gateway.daemon.nats_server import NatsServerProcess  # noqa: E402
@@ -748,6 +752,28 @@ def run_floor_rep(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
             print(f"  (kept {tmp})", file=sys.stderr)
 
 
+# ------------------------------------------------------------------------------------------------ peer
+
+
+def peer_versions() -> str:
+    return ", ".join(f"{k} {v}" for k, v in peer_dramatiq.versions().items())
+
+
+def run_peer_rep(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    """Dramatiq + Redis on the same N, rate and worker layout (bench/peer_dramatiq.py has the method)."""
+    return peer_dramatiq.run_rep(
+        n=args.n,
+        rate=args.rate,
+        senders=args.peer_senders,
+        processes=args.workers,
+        threads=args.peer_threads or args.concurrency,
+        timeout_s=args.timeout,
+        scratch=scratch,
+        keep=args.keep,
+        make_probe=CpuProbe,
+    )
+
+
 # ------------------------------------------------------------------------------------------------ report
 
 
@@ -791,33 +817,56 @@ def table(records: Iterable[dict[str, Any]]) -> str:
     head = (
         "| system | mode | N | reps | tasks/s median (min-max) | queue p50 / p95 / p99 ms | exec p50 / p95 / p99 ms"
         " | end-to-end p50 / p95 / p99 ms | dup (checked) | lost | machine CPU % (of it not ours) | CPU ms/task: total"
-        " (gatewayd / nats / workers / client) | gateway / floor tasks/s |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        " (gatewayd / nats or redis / workers / client) | gateway / floor tasks/s | gateway / Dramatiq tasks/s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
-    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3], k[4] != "gateway")):
+    order = {"gateway": 0, "floor": 1, "dramatiq": 2}
+    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3], order.get(k[4], 9))):
         rate, n, workers, conc, system = key
         recs = groups[key]
         tps = [r["tasks_per_s"] for r in recs]
         mode = f"paced {rate:g}/s" if rate else "burst"
-        floor = groups.get((rate, n, workers, conc, "floor"))
-        ratio = "-"
-        if system == "gateway" and floor:
-            ratio = f"{med(recs, 'tasks_per_s') / med(floor, 'tasks_per_s'):.3f}"
+        ratios = []
+        for peer in ("floor", "dramatiq"):
+            other = groups.get((rate, n, workers, conc, peer))
+            ok = system == "gateway" and other
+            ratios.append(f"{med(recs, 'tasks_per_s') / med(other, 'tasks_per_s'):.3f}" if ok else "-")
         checked = sum(r.get("history_sampled", r["n"]) for r in recs)
         split = " / ".join(
             fmt(med(recs, f"{p}_cpu_ms_per_task"), 3) if f"{p}_cpu_ms_per_task" in recs[0] else "-"
-            for p in ("gatewayd", "nats", "workers", "client")
+            for p in ("gatewayd", "redis" if system == "dramatiq" else "nats", "workers", "client")
         )
+        shape = f"{workers} worker procs x {conc}"
+        if system == "dramatiq":
+            shape = f"{recs[0]['peer_processes']} procs x {recs[0]['peer_threads']} threads"
         lines.append(
-            f"| {system} | {mode}, {workers} worker procs x {conc} | {n} | {len(recs)}"
+            f"| {system} | {mode}, {shape} | {n} | {len(recs)}"
             f" | {fmt(statistics.median(tps), 0)} ({fmt(min(tps), 0)}-{fmt(max(tps), 0)})"
             f" | {lat_cell(recs, 'queue')} | {lat_cell(recs, 'exec')} | {lat_cell(recs, 'e2e')}"
             f" | {sum(r['duplicates'] for r in recs)} ({checked}) | {sum(r['lost'] for r in recs)}"
             f" | {fmt(med(recs, 'machine_cpu_pct'), 0)} ({fmt(med(recs, 'other_cpu_pct'), 0)})"
-            f" | {fmt(med(recs, 'cpu_ms_per_task'), 3)} ({split}) | {ratio} |"
+            f" | {fmt(med(recs, 'cpu_ms_per_task'), 3)} ({split}) | {ratios[0]} | {ratios[1]} |"
         )
     return "\n".join(lines)
+
+
+def ratios(records: list[dict[str, Any]]) -> list[str]:
+    """One line per configuration: the median tasks/s of each system and the ratios between them."""
+    groups: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = {}
+    for r in records:
+        key = (r["rate"], r["n"], r["workers"], r["concurrency"])
+        groups.setdefault(key, {}).setdefault(r["system"], []).append(r)
+    lines = []
+    for (rate, n, _, _), by in sorted(groups.items(), key=lambda kv: kv[0]):
+        tps = {system: med(recs, "tasks_per_s") for system, recs in by.items()}
+        mode = f"paced {rate:g}/s" if rate else "burst"
+        parts = [f"{s} {fmt(tps[s], 0)}" for s in ("gateway", "floor", "dramatiq") if s in tps]
+        pairs = [("gateway", "dramatiq"), ("gateway", "floor"), ("dramatiq", "floor")]
+        parts += [f"{a}/{b} {tps[a] / tps[b]:.3f}" for a, b in pairs if a in tps and b in tps]
+        reps = max(len(v) for v in by.values())
+        lines.append(f"tasks/s, {mode}, N={n}, median of {reps}: " + ", ".join(parts))
+    return lines
 
 
 def short(rec: dict[str, Any]) -> str:
@@ -848,6 +897,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--skip-floor", action="store_true", help="do not measure the raw JetStream floor")
     p.add_argument("--skip-gateway", action="store_true", help="measure only the floor")
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help="also run the peer, Dramatiq + Redis, in each repetition (needs redis-server and the bench extra)",
+    )
+    p.add_argument(
+        "--peer-threads", type=int, default=None, help="Dramatiq threads per worker process (default: --concurrency)"
+    )
+    p.add_argument(
+        "--peer-senders", type=int, default=1, help="threads sending the Dramatiq messages (default 1, sequential)"
+    )
     p.add_argument("--no-uvloop", dest="uvloop", action="store_false", help="client and floor on plain asyncio")
     p.add_argument("--py-spy-out", default=None, help="profile gatewayd with py-spy (raw folded stacks) in rep 1")
     p.add_argument("--py-spy-duration", type=int, default=10, help="seconds of py-spy recording (default 10)")
@@ -882,14 +942,21 @@ def main(argv: list[str] | None = None) -> int:
     records: list[dict[str, Any]] = []
     mode = f"paced {args.rate:g}/s" if args.rate else "burst"
     print(f"bench: N={args.n} {mode}, {args.workers} workers x {args.concurrency}, {args.reps} reps -> {out}")
+    peers = False
+    if args.peers:
+        why = peer_dramatiq.missing()
+        peers = why is None
+        print(f"peers: Dramatiq + Redis skipped: {why}" if why else f"peers: Dramatiq + Redis ({peer_versions()})")
+    skip = {"gateway": args.skip_gateway, "floor": args.skip_floor, "dramatiq": not peers}
     try:
         for rep in range(args.reps):
-            systems = [s for s, skip in (("gateway", args.skip_gateway), ("floor", args.skip_floor)) if not skip]
-            for system in systems:
+            for system in [s for s, skipped in skip.items() if not skipped]:
                 if system == "gateway":
                     result = run_gateway_rep(args, scratch, profile=bool(args.py_spy_out) and rep == 0)
-                else:
+                elif system == "floor":
                     result = run_floor_rep(args, scratch)
+                else:
+                    result = run_peer_rep(args, scratch)
                 rec = {**result, **common, "rep": rep}
                 records.append(rec)
                 with out.open("a") as f:
@@ -901,6 +968,8 @@ def main(argv: list[str] | None = None) -> int:
     if records:
         print()
         print(table(records))
+        print()
+        print("\n".join(ratios(records)))
     return 0
 
 
