@@ -85,6 +85,9 @@ class Outcome:
         return self.code is None and not self.lost
 
 
+TRANSIENT = frozenset({Code.STORAGE_ERROR, Code.SERVICE_UNAVAILABLE})
+
+
 class SimMachine(RuleBasedStateMachine):
     store_factory: Callable[[], Any] = MemoryStore
     on_sqlite = False  # True: a SqliteStore on a fresh file per example (store_factory unused)
@@ -278,6 +281,8 @@ class SimMachine(RuleBasedStateMachine):
         assert isinstance(first, tuple)
         op0, body0, tid0 = first
         if (op0, body0) == (operation, body):
+            if not out.ok and out.code in TRANSIENT and self.faulted:
+                return  # the store failed under an injected fault: a 503 the client retries, not a wrong answer
             if not out.ok:
                 self.problem(f"replay of {operation} with key {key} by {user} answered {out.code}, first {tid0}")
             elif out.value[0].id != tid0:
