@@ -36,7 +36,7 @@ from scheduler_gateway.actors.dead_letter_keeper import DeadLetterKeeper, DeadLe
 from scheduler_gateway.actors.model.records import DeadLetter  # noqa: E402
 from scheduler_gateway.actors.ports import DeadLetterQuery  # noqa: E402
 from scheduler_gateway.actors.task_service import TaskService  # noqa: E402
-from scheduler_gateway.daemon.store_sqlite import SqliteStore, _dead_letter_row  # noqa: E402
+from scheduler_gateway.daemon.store.sqlite import SqliteStore, _dead_letter_row  # noqa: E402
 
 NOW = 1_767_225_600.0
 LIVE = 1_000

@@ -54,7 +54,7 @@ if str(REPO) not in sys.path:
 
 from tests.e2e.procs import Daemon, Worker  # noqa: E402
 
-from scheduler_gateway.daemon.nats_server import NatsServerProcess  # noqa: E402
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess  # noqa: E402
 
 T = TypeVar("T")
 TERMINAL = ("succeeded", "failed", "dead", "canceled")

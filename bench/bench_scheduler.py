@@ -43,8 +43,8 @@ if str(REPO / "src") not in sys.path:
 from scheduler_gateway.actors.model.schedule import ScheduledTask, ScheduleSpec, TaskTemplate  # noqa: E402
 from scheduler_gateway.actors.scheduler import SchedulerSettings  # noqa: E402
 from scheduler_gateway.daemon.gateway import Gateway, GatewaySettings  # noqa: E402
-from scheduler_gateway.daemon.nats_server import NatsServerProcess  # noqa: E402
-from scheduler_gateway.daemon.store_sqlite import SqliteStore  # noqa: E402
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess  # noqa: E402
+from scheduler_gateway.daemon.store.sqlite import SqliteStore  # noqa: E402
 
 
 def rss_mb(field: str = "VmRSS") -> float:

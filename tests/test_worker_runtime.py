@@ -31,8 +31,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from scheduler_gateway.daemon.nats_server import NatsServerProcess, NatsUser, free_port
-from scheduler_gateway.daemon.streams import ensure_kind_consumer, ensure_streams
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess, NatsUser, free_port
+from scheduler_gateway.daemon.nats.streams import ensure_kind_consumer, ensure_streams
 from scheduler_gateway.wire.messages import (
     CancelNotice,
     ClaimReply,

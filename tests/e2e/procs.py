@@ -12,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduler_gateway.daemon.nats_server import free_port
+from scheduler_gateway.daemon.nats.nats_server import free_port
 
 BIN = Path(sys.executable).parent
 

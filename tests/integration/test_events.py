@@ -14,8 +14,8 @@ import nats
 import pytest
 
 from scheduler_gateway.daemon.gateway import Gateway
-from scheduler_gateway.daemon.http_events import SseSettings
-from scheduler_gateway.daemon.nats_server import NatsServerProcess
+from scheduler_gateway.daemon.http.events import SseSettings
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.wire.subjects import EVENTS_STREAM
 
 from .harness import ADMIN_TOKEN, ALICE_TOKEN, BOB_TOKEN, Api, HandNode, api_client, running_gateway, wait_for

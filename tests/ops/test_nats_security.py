@@ -26,9 +26,9 @@ import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 
-from scheduler_gateway.daemon.embedded import GATEWAY_USER, NODE_USER, EmbeddedNats
-from scheduler_gateway.daemon.nats_auth import DEV_NODE_ID, node_inbox_prefix, node_permissions
-from scheduler_gateway.daemon.nats_server import find_binary, free_port
+from scheduler_gateway.daemon.nats.auth import DEV_NODE_ID, node_inbox_prefix, node_permissions
+from scheduler_gateway.daemon.nats.embedded import GATEWAY_USER, NODE_USER, EmbeddedNats
+from scheduler_gateway.daemon.nats.nats_server import find_binary, free_port
 from tests.integration.harness import Api
 
 from .helpers import BIN, NATS_CONF, NatsCluster, make_certs, spawn, stop_process, wait_http

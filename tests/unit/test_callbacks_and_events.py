@@ -29,8 +29,8 @@ from scheduler_gateway.actors.model.callbacks import (
 )
 from scheduler_gateway.actors.model.records import AuditEntry, Task, TaskError
 from scheduler_gateway.actors.ports import AuditQuery, CallbackPost, Change
-from scheduler_gateway.daemon.callback_client import PublicOnlyResolver, TargetRefused, address_problem
-from scheduler_gateway.daemon.event_stream import (
+from scheduler_gateway.daemon.http.callback_client import PublicOnlyResolver, TargetRefused, address_problem
+from scheduler_gateway.daemon.http.event_hub import (
     SLOW_CONSUMER,
     EventHub,
     Subscriber,

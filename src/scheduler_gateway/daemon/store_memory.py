@@ -32,8 +32,8 @@ from scheduler_gateway.actors.ports import (
     Principal,
     TaskQuery,
 )
-from scheduler_gateway.daemon.schedule_store import MemoryScheduleStore
-from scheduler_gateway.daemon.store_sqlite import clamp_limit, int_cursor
+from scheduler_gateway.daemon.store.schedules import MemoryScheduleStore
+from scheduler_gateway.daemon.store.sqlite import clamp_limit, int_cursor
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, StorageError, task_not_found
 
 

@@ -28,9 +28,8 @@ from aiohttp import web
 from aiohttp_sse import EventSourceResponse
 
 from scheduler_gateway.actors.task_service import Caller
-from scheduler_gateway.wire.errors import GatewayError, InvalidArgument
-
-from .event_stream import (
+from scheduler_gateway.daemon.http.app import CALLER, REQUEST_ID
+from scheduler_gateway.daemon.http.event_hub import (
     CLIENT_GONE,
     UNAVAILABLE,
     EventHub,
@@ -38,8 +37,8 @@ from .event_stream import (
     Subscriber,
     disconnect_frame,
 )
-from .http_app import CALLER, REQUEST_ID
-from .metrics_events import EventCallbackMetrics
+from scheduler_gateway.daemon.metrics_events import EventCallbackMetrics
+from scheduler_gateway.wire.errors import GatewayError, InvalidArgument
 
 log = logging.getLogger(__name__)
 

@@ -23,6 +23,10 @@ from scheduler_gateway.actors.model.records import AuditEntry, DeadLetter, Histo
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.ports import AuditQuery, DeadLetterQuery, NodeRecord, TaskQuery, TaskStore
 from scheduler_gateway.actors.task_service import Caller, NewTask, TaskService
+from scheduler_gateway.daemon.http.callback_client import literal_ip_problem
+from scheduler_gateway.daemon.http.errors import error_response
+from scheduler_gateway.daemon.http.input import bearer_token_text, check_json_depth, decode_content, idempotency_key
+from scheduler_gateway.daemon.metrics import PrometheusMetrics
 from scheduler_gateway.wire import api
 from scheduler_gateway.wire.errors import (
     Code,
@@ -35,11 +39,6 @@ from scheduler_gateway.wire.errors import (
 )
 from scheduler_gateway.wire.ids import is_id
 from scheduler_gateway.wire.timefmt import RANGE_TEXT, fmt_ts, parse_ts
-
-from .callback_client import literal_ip_problem
-from .http_errors import error_response
-from .http_input import bearer_token_text, check_json_depth, decode_content, idempotency_key
-from .metrics import PrometheusMetrics
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +313,9 @@ class AdminApi:
 
     async def openapi_json(self, request: web.Request) -> web.Response:
         """The OpenAPI 3.1 document of every /api route (no auth), built once."""
-        from .openapi import document_bytes  # it describes this module's routes: imported late
+        from scheduler_gateway.daemon.http.openapi import (
+            document_bytes,  # it describes this module's routes: imported late
+        )
 
         return web.Response(body=document_bytes(), content_type="application/json")
 

@@ -50,6 +50,11 @@ from scheduler_gateway.actors.ports import (
     Principal,
     TaskQuery,
 )
+from scheduler_gateway.daemon.store.schedules import (
+    SCHEDULE_GENERATION_MIGRATION,
+    SCHEDULE_MIGRATION,
+    SqliteScheduleStore,
+)
 from scheduler_gateway.wire.errors import (
     Code,
     Conflict,
@@ -58,8 +63,6 @@ from scheduler_gateway.wire.errors import (
     StorageError,
     task_not_found,
 )
-
-from .schedule_store import SCHEDULE_GENERATION_MIGRATION, SCHEDULE_MIGRATION, SqliteScheduleStore
 
 log = logging.getLogger(__name__)
 

@@ -33,9 +33,8 @@ from aiohttp.http_exceptions import (
 from aiohttp.web_request import BaseRequest
 
 from scheduler_gateway.actors import idgen
+from scheduler_gateway.daemon.http.errors import error_response
 from scheduler_gateway.wire.errors import Code
-
-from .http_errors import error_response
 
 log = logging.getLogger(__name__)
 

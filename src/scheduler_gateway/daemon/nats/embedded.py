@@ -37,8 +37,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduler_gateway.daemon.nats_auth import DEV_NODE_ID, node_permissions
-from scheduler_gateway.daemon.nats_server import NatsServerProcess, NatsUser
+from scheduler_gateway.daemon.nats.auth import DEV_NODE_ID, node_permissions
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess, NatsUser
 from scheduler_gateway.wire.subjects import Subjects
 
 NATS_SUBDIR = "nats"
