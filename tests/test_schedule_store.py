@@ -39,7 +39,7 @@ from scheduler_gateway.actors.schedule_ports import (
 )
 from scheduler_gateway.daemon.store.schedules import SCHEDULE_MIGRATION
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
-from scheduler_gateway.daemon.store_memory import MemoryStore
+from tests.fakes.memory_store import MemoryStore
 
 T0 = 1_796_000_000.0
 CRON = ScheduleSpec(type="cron", cron="*/5 * * * *", timezone="UTC")

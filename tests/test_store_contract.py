@@ -37,8 +37,8 @@ from scheduler_gateway.actors.ports import (
     TaskStore,
 )
 from scheduler_gateway.daemon.store.sqlite import MIGRATIONS, SqliteStore
-from scheduler_gateway.daemon.store_memory import MemoryStore
 from scheduler_gateway.wire.errors import Code, Conflict, InvalidArgument, NotFound, StorageError
+from tests.fakes.memory_store import MemoryStore
 
 USER = ActorRef("user", "alice")
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z

@@ -26,9 +26,9 @@ from scheduler_gateway.actors.model.schedule import ScheduleSpec, TaskTemplate
 from scheduler_gateway.actors.scheduler import NewSchedule, SchedulePatch, SpecPatch, TemplatePatch
 from scheduler_gateway.actors.task_service import Caller, NewTask
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
-from scheduler_gateway.daemon.store_memory import MemoryStore
 from scheduler_gateway.wire.errors import Code, GatewayError
 from scheduler_gateway.wire.messages import ClaimRequest, HeartbeatRequest, LeaseReport, Settle, WireError
+from tests.fakes.memory_store import MemoryStore
 
 from .durable_view import MemoryView, SqliteView
 from .invariants import ChangeLog, Facts, LiveView, snapshot_violations, summarize

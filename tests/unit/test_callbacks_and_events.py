@@ -37,10 +37,10 @@ from scheduler_gateway.daemon.http.event_hub import (
     decode_event,
     frame,
 )
-from scheduler_gateway.daemon.store_memory import MemoryStore
 from scheduler_gateway.wire.callbacks import signature, verify_signature
 from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.subjects import Subjects
+from tests.fakes.memory_store import MemoryStore
 
 T0 = 1_767_225_600.0
 

@@ -32,9 +32,9 @@ from scheduler_gateway.actors.ports import (
     Principal,
     TaskQuery,
 )
-from scheduler_gateway.daemon.store.schedules import MemoryScheduleStore
 from scheduler_gateway.daemon.store.sqlite import clamp_limit, int_cursor
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, StorageError, task_not_found
+from tests.fakes.memory_schedules import MemoryScheduleStore
 
 
 class MemoryStore(MemoryScheduleStore):  # the ScheduleStore half is in schedule_store.py
