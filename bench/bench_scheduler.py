@@ -115,7 +115,7 @@ async def claim_rounds(path: Path, rows: list[ScheduledTask], due_at: float, rep
             next_due.append(time.perf_counter() - t0)
         for _ in range(reps):
             # put the due rows back to enabled, then time one claim of all of them
-            await store._op(
+            await store._db.run(
                 lambda c: c.execute(
                     "UPDATE scheduled_tasks SET status = 'enabled', lease_until = NULL WHERE next_run_at = ?",
                     (due_at,),

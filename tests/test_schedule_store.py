@@ -37,7 +37,7 @@ from scheduler_gateway.actors.schedule_ports import (
     RunUpdate,
     ScheduleQuery,
 )
-from scheduler_gateway.daemon.store.schedules import SCHEDULE_MIGRATION
+from scheduler_gateway.daemon.store.schedule_rows import SCHEDULE_MIGRATION
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from tests.fakes.memory_store import MemoryStore
 

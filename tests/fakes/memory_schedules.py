@@ -24,7 +24,7 @@ from scheduler_gateway.actors.schedule_ports import (
     ScheduleQuery,
     ScheduleRecord,
 )
-from scheduler_gateway.daemon.store.schedules import _limit
+from scheduler_gateway.daemon.store.common import clamp_limit as _limit
 from scheduler_gateway.wire.errors import StorageError
 
 

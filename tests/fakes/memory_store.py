@@ -32,7 +32,7 @@ from scheduler_gateway.actors.ports import (
     Principal,
     TaskQuery,
 )
-from scheduler_gateway.daemon.store.sqlite import clamp_limit, int_cursor
+from scheduler_gateway.daemon.store.common import clamp_limit, int_cursor
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, StorageError, task_not_found
 from tests.fakes.memory_schedules import MemoryScheduleStore
 

@@ -13,8 +13,9 @@ from typing import Any
 
 from scheduler_gateway.actors.model.records import DeadLetter, HistoryEntry, Task
 from scheduler_gateway.actors.model.schedule import ScheduledRun, ScheduledTask
-from scheduler_gateway.daemon.store.schedules import _RUN_COLS, _SCHED_COLS, _SCHED_FROM, _runs_of, _tasks_of
-from scheduler_gateway.daemon.store.sqlite import _decode_dead_letter, _decode_history, _decode_task
+from scheduler_gateway.daemon.store.dead_letters import _decode_dead_letter
+from scheduler_gateway.daemon.store.schedule_rows import _RUN_COLS, _SCHED_COLS, _SCHED_FROM, _runs_of, _tasks_of
+from scheduler_gateway.daemon.store.tasks import _decode_history, _decode_task
 
 
 class MemoryView:
