@@ -530,10 +530,8 @@ class RawPuller:
         else:
             body["expires"] = int(linger_s * 1e9)
         await self.nc.publish(self.subject, json.dumps(body).encode(), reply=f"{self.inbox}.{self.seq}")
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.done.wait(), (linger_s or 0) + 5.0)
-        except TimeoutError:
-            pass
         return self.got
 
 

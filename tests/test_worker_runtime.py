@@ -811,11 +811,11 @@ def test_registry_and_decorator() -> None:
 
     with pytest.raises(TypeError):
         reg.register("ok", sync_handler)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="invalid kind"):
         reg.register("Bad Kind", demo_handlers.echo)
     reg.register("ok", demo_handlers.echo)
     reg.register("ok", demo_handlers.echo)  # the same function again is fine
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="already has a handler"):
         reg.register("ok", demo_handlers.sleep)
     reg.register("ok", demo_handlers.sleep, replace=True)
     assert reg.get("ok") is demo_handlers.sleep and "ok" in reg and reg.kinds() == ["ok"]

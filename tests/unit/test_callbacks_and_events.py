@@ -235,7 +235,7 @@ def test_decoded_event_frame_has_the_contract_fields_and_no_owner() -> None:
         "requestId": "req_1",
         "data": {"to": "queued"},
     }
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a plain name"):
         decode_event(8, event_body(type_="task.x\nevent: forged"))
 
 
