@@ -37,7 +37,7 @@ from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, StorageE
 from tests.fakes.memory_schedules import MemoryScheduleStore
 
 
-class MemoryStore(MemoryScheduleStore):  # the ScheduleStore half is in schedule_store.py
+class MemoryStore(MemoryScheduleStore):  # the ScheduleStore half is in memory_schedules.py
     """``TaskStore`` on dicts. Every method runs without awaiting, so each change is atomic."""
 
     def __init__(self) -> None:

@@ -118,7 +118,7 @@ def _conf_rules(node_id: str) -> tuple[list[str], list[str]]:
 
 @pytest.mark.parametrize("node_id", ["node-1", "node-2"])
 def test_the_shipped_node_users_have_the_generated_rules(node_id: str) -> None:
-    # the dev server generates them (nats_auth), production spells them out: they must not drift apart
+    # the dev server generates them (nats.auth), production spells them out: they must not drift apart
     expected = node_permissions(node_id)
     assert _conf_rules(node_id) == (expected.publish_allow, expected.subscribe_allow)
 

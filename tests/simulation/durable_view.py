@@ -1,7 +1,7 @@
 """What the store holds, read for the invariants and the machine's own checks, outside the code under test.
 
 ``MemoryView`` reads the memory store's dicts; ``SqliteView`` reads the database file with a read-only
-``sqlite3`` connection of its own (WAL: the last committed state) and decodes rows as ``store_sqlite`` does.
+``sqlite3`` connection of its own (WAL: the last committed state) and decodes rows as ``daemon/store`` does.
 Both give the same shapes, so the invariants do not know which store ran.
 """
 

@@ -271,7 +271,7 @@ def check_embedded_nats(config: Config) -> list[CheckResult]:
         results.append(_payload_check(config, MAX_PAYLOAD_BYTES, "embedded server"))
         return results
 
-    # the gateway's own credentials: the node user may not ask JetStream anything but its pulls (nats_auth)
+    # the gateway's own credentials: the node user may not ask JetStream anything but its pulls (nats.auth)
     creds = read_credentials(config.data_dir / GATEWAY_CREDENTIALS_FILE)
     if creds is None:
         detail = f"embedded server running (pid {pid}) but {GATEWAY_CREDENTIALS_FILE} is missing or damaged"

@@ -163,7 +163,7 @@ class Gateway:
         app = self.api.app()
         for extend in self.http_extensions:
             extend(app)
-        # the input limits (http_server.SERVER_SETTINGS) and the error envelope for what aiohttp's parser refuses
+        # the input limits (http.server.SERVER_SETTINGS) and the error envelope for what aiohttp's parser refuses
         self._runner = AdminRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.http_host, s.http_port)

@@ -254,7 +254,7 @@ class AdminApi:
         )
 
     async def _body(self, request: web.Request) -> bytes:
-        """The request body, decoded from its Content-Encoding, within the size and depth limits (http_input)."""
+        """The request body, decoded from its Content-Encoding, within the size and depth limits (http.input)."""
         limit = self.settings.max_payload_bytes + BODY_HEADROOM
         body = await request.read()  # aiohttp refuses more than client_max_size bytes on the wire (413)
         body = decode_content(body, request.headers.get("Content-Encoding", ""), limit)

@@ -2,7 +2,7 @@
 
 This module owns the HTTP side of one SSE connection: its arguments (``Last-Event-ID`` header or
 ``?lastEventId=``, ``?types=``, ``?aggregateId=``), subscribing before the headers go out, writing, and
-ending it. Which events exist and who gets them is ``event_stream.EventHub``'s.
+ending it. Which events exist and who gets them is ``event_hub.EventHub``'s.
 
 The response is aiohttp-sse's ``EventSourceResponse``: it owns the SSE headers, the keep-alive comment
 (``: ping`` every ``keepalive_s``, 15 s), the framing of the control events (``gap``, ``disconnect``) and

@@ -49,7 +49,7 @@ SERVER_SETTINGS: dict[str, Any] = dict(
     max_line_size=MAX_LINE_SIZE,
     max_field_size=MAX_FIELD_SIZE,
     max_headers=MAX_HEADERS,
-    # bodies are decoded from their Content-Encoding by the API itself (http_input.decode_content), so a body
+    # bodies are decoded from their Content-Encoding by the API itself (http.input.decode_content), so a body
     # that is not what its header says is a 400 in the envelope, not aiohttp's zlib.error or plain-text 400
     auto_decompress=False,
 )
