@@ -36,7 +36,8 @@ from scheduler_gateway.actors.dead_letter_keeper import DeadLetterKeeper, DeadLe
 from scheduler_gateway.actors.model.records import DeadLetter  # noqa: E402
 from scheduler_gateway.actors.ports import DeadLetterQuery  # noqa: E402
 from scheduler_gateway.actors.task_service import TaskService  # noqa: E402
-from scheduler_gateway.daemon.store_sqlite import SqliteStore, _dead_letter_row  # noqa: E402
+from scheduler_gateway.daemon.store.change_rows import dead_letter_row  # noqa: E402
+from scheduler_gateway.daemon.store.sqlite import SqliteStore  # noqa: E402
 
 NOW = 1_767_225_600.0
 LIVE = 1_000
@@ -84,7 +85,7 @@ async def measure(size: int, rounds: int) -> dict[str, float]:
             db.executemany(
                 "INSERT INTO dead_letters (dead_letter_id, task_id, requeued, exhausted, archived, last_dead_at, doc)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [_dead_letter_row(d) for d in letters(size)],
+                [dead_letter_row(d) for d in letters(size)],
             )
             db.execute("ANALYZE")
         db.close()

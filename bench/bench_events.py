@@ -46,7 +46,7 @@ for path in (REPO, SELF.parent):
 from bench_gateway import busy_pct, machine_cpu, pct, proc_cpu_s, self_cpu_s  # noqa: E402
 from tests.e2e.procs import Daemon, Worker  # noqa: E402
 
-from scheduler_gateway.daemon.nats_server import free_port  # noqa: E402
+from scheduler_gateway.daemon.nats.nats_server import free_port  # noqa: E402
 
 SECRET = "bench-callback-secret-0123456789"
 

@@ -58,7 +58,7 @@ if str(REPO) not in sys.path:
 import peer_dramatiq  # noqa: E402  (bench/ is on sys.path: this script's own folder)
 from tests.e2e.procs import Daemon, Worker  # noqa: E402
 
-from scheduler_gateway.daemon.nats_server import NatsServerProcess  # noqa: E402
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess  # noqa: E402
 
 T = TypeVar("T")
 TERMINAL = ("succeeded", "failed", "dead", "canceled")
@@ -534,10 +534,8 @@ class RawPuller:
         else:
             body["expires"] = int(linger_s * 1e9)
         await self.nc.publish(self.subject, json.dumps(body).encode(), reply=f"{self.inbox}.{self.seq}")
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.done.wait(), (linger_s or 0) + 5.0)
-        except TimeoutError:
-            pass
         return self.got
 
 

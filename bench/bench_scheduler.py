@@ -43,8 +43,8 @@ if str(REPO / "src") not in sys.path:
 from scheduler_gateway.actors.model.schedule import ScheduledTask, ScheduleSpec, TaskTemplate  # noqa: E402
 from scheduler_gateway.actors.scheduler import SchedulerSettings  # noqa: E402
 from scheduler_gateway.daemon.gateway import Gateway, GatewaySettings  # noqa: E402
-from scheduler_gateway.daemon.nats_server import NatsServerProcess  # noqa: E402
-from scheduler_gateway.daemon.store_sqlite import SqliteStore  # noqa: E402
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess  # noqa: E402
+from scheduler_gateway.daemon.store.sqlite import SqliteStore  # noqa: E402
 
 
 def rss_mb(field: str = "VmRSS") -> float:
@@ -115,7 +115,7 @@ async def claim_rounds(path: Path, rows: list[ScheduledTask], due_at: float, rep
             next_due.append(time.perf_counter() - t0)
         for _ in range(reps):
             # put the due rows back to enabled, then time one claim of all of them
-            await store._op(
+            await store._db.run(
                 lambda c: c.execute(
                     "UPDATE scheduled_tasks SET status = 'enabled', lease_until = NULL WHERE next_run_at = ?",
                     (due_at,),

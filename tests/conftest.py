@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_gateway.daemon.nats_server import NatsServerProcess
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from scheduler_gateway.daemon.config import (
     load_config,
     production_problems,
 )
-from scheduler_gateway.daemon.nats_server import free_port
+from scheduler_gateway.daemon.nats.nats_server import free_port
 
 SECRET = "hunter2-Very-Secret-Value-42"
 

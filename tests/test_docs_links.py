@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from scheduler_gateway.daemon.http_app import AdminApi, HttpSettings
-from scheduler_gateway.daemon.http_callbacks import CallbacksApi
-from scheduler_gateway.daemon.http_events import EventsApi, SseSettings
-from scheduler_gateway.daemon.http_schedules import schedule_routes
+from scheduler_gateway.daemon.http.app import AdminApi, HttpSettings
+from scheduler_gateway.daemon.http.callbacks import CallbacksApi
+from scheduler_gateway.daemon.http.events import EventsApi, SseSettings
+from scheduler_gateway.daemon.http.schedules import schedule_routes
 from scheduler_gateway.wire.errors import Code
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ from scheduler_gateway.daemon.check import (
     run_checks,
 )
 from scheduler_gateway.daemon.config import load_config
-from scheduler_gateway.daemon.embedded import (
+from scheduler_gateway.daemon.nats.embedded import (
     GATEWAY_CREDENTIALS_FILE,
     NODE_CREDENTIALS_FILE,
     PID_FILE,
@@ -39,7 +39,7 @@ from scheduler_gateway.daemon.embedded import (
     read_credentials,
     running_server_pid,
 )
-from scheduler_gateway.daemon.nats_server import NatsPermissions, NatsServerProcess, NatsUser, free_port
+from scheduler_gateway.daemon.nats.nats_server import NatsPermissions, NatsServerProcess, NatsUser, free_port
 
 
 def alive(pid: int) -> bool:
@@ -252,7 +252,7 @@ def test_a_stale_server_of_a_crashed_daemon_is_stopped_first(tmp_path: Path) -> 
         f"""
         import os
         from pathlib import Path
-        from scheduler_gateway.daemon.embedded import EmbeddedNats
+        from scheduler_gateway.daemon.nats.embedded import EmbeddedNats
         EmbeddedNats(Path({str(tmp_path)!r}), port={port}).start()
         os._exit(0)
         """
@@ -279,7 +279,7 @@ def test_a_live_daemon_of_the_same_data_dir_is_not_taken_for_stale(tmp_path: Pat
         f"""
         import sys
         from pathlib import Path
-        from scheduler_gateway.daemon.embedded import EmbeddedNats
+        from scheduler_gateway.daemon.nats.embedded import EmbeddedNats
         server = EmbeddedNats(Path({str(tmp_path)!r}), port=0)
         server.start()
         print(server.pid, flush=True)

@@ -34,9 +34,9 @@ from scheduler_gateway.actors.scheduler import (
     SpecPatch,
 )
 from scheduler_gateway.actors.task_service import Caller
-from scheduler_gateway.daemon.store_memory import MemoryStore
-from scheduler_gateway.daemon.store_sqlite import SqliteStore
+from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.wire.timefmt import fmt_ts
+from tests.fakes.memory_store import MemoryStore
 
 from .unit.test_schedule_service import T0, Clock, FakeLauncher, ids
 

@@ -37,9 +37,9 @@ from scheduler_gateway.actors.schedule_ports import (
     RunUpdate,
     ScheduleQuery,
 )
-from scheduler_gateway.daemon.schedule_store import SCHEDULE_MIGRATION
-from scheduler_gateway.daemon.store_memory import MemoryStore
-from scheduler_gateway.daemon.store_sqlite import SqliteStore
+from scheduler_gateway.daemon.store.schedule_rows import SCHEDULE_MIGRATION
+from scheduler_gateway.daemon.store.sqlite import SqliteStore
+from tests.fakes.memory_store import MemoryStore
 
 T0 = 1_796_000_000.0
 CRON = ScheduleSpec(type="cron", cron="*/5 * * * *", timezone="UTC")

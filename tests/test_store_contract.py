@@ -36,9 +36,9 @@ from scheduler_gateway.actors.ports import (
     TaskQuery,
     TaskStore,
 )
-from scheduler_gateway.daemon.store_memory import MemoryStore
-from scheduler_gateway.daemon.store_sqlite import MIGRATIONS, SqliteStore
+from scheduler_gateway.daemon.store.sqlite import MIGRATIONS, SqliteStore
 from scheduler_gateway.wire.errors import Code, Conflict, InvalidArgument, NotFound, StorageError
+from tests.fakes.memory_store import MemoryStore
 
 USER = ActorRef("user", "alice")
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -713,7 +713,7 @@ async def test_sqlite_start_creates_directory_wal_and_schema_version(tmp_path: P
 
 
 async def test_sqlite_dead_letter_sweep_queries_use_their_indexes(sqlite_store: SqliteStore) -> None:
-    from scheduler_gateway.daemon.store_sqlite import SQL_ARCHIVABLE_DEAD_LETTERS, SQL_DUE_DEAD_LETTERS
+    from scheduler_gateway.daemon.store.dead_letters import SQL_ARCHIVABLE_DEAD_LETTERS, SQL_DUE_DEAD_LETTERS
 
     with sqlite3.connect(sqlite_store.path) as db:
         for sql, index in (
@@ -779,7 +779,7 @@ async def test_sqlite_corrupt_task_doc_is_skipped_in_lists(
         db.execute("UPDATE tasks SET doc = ? WHERE id = ?", (b'{"id": 5}', tid(3)))  # JSON, wrong shape
         db.execute("UPDATE audit SET doc = 'nope' WHERE object_id = ?", (tid(9),))
     db.close()
-    with caplog.at_level(logging.WARNING, logger="scheduler_gateway.daemon.store_sqlite"):
+    with caplog.at_level(logging.WARNING, logger="scheduler_gateway.daemon.store"):
         page = await sqlite_store.list_tasks(TaskQuery())
         assert [t.id for t in page.items] == [tid(1)]
         assert [t.id for t in await sqlite_store.active_tasks()] == [tid(1)]

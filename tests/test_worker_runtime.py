@@ -32,8 +32,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from scheduler_gateway.daemon.nats_server import NatsServerProcess, NatsUser, free_port
-from scheduler_gateway.daemon.streams import ensure_kind_consumer, ensure_streams
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess, NatsUser, free_port
+from scheduler_gateway.daemon.nats.streams import ensure_kind_consumer, ensure_streams
 from scheduler_gateway.wire.messages import (
     CancelNotice,
     ClaimReply,
@@ -940,11 +940,11 @@ def test_registry_and_decorator() -> None:
 
     with pytest.raises(TypeError):
         reg.register("ok", sync_handler)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="invalid kind"):
         reg.register("Bad Kind", demo_handlers.echo)
     reg.register("ok", demo_handlers.echo)
     reg.register("ok", demo_handlers.echo)  # the same function again is fine
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="already has a handler"):
         reg.register("ok", demo_handlers.sleep)
     reg.register("ok", demo_handlers.sleep, replace=True)
     assert reg.get("ok") is demo_handlers.sleep and "ok" in reg and reg.kinds() == ["ok"]

@@ -3,6 +3,7 @@ each started on free ports and stopped by its PID."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduler_gateway.daemon.nats_server import free_port
+from scheduler_gateway.daemon.nats.nats_server import free_port
 
 BIN = Path(sys.executable).parent
 
@@ -102,7 +103,7 @@ class Daemon(_Process):
             **self.extra_env,
         )
         env.pop("GW_NATS_URL", None)
-        log = open(self.log_path, "ab")  # handed to the child
+        log = open(self.log_path, "ab")  # noqa: SIM115 handed to the child, closed after the spawn
         try:
             args = [str(BIN / "gatewayd"), "run", *(["--config", str(self.config)] if self.config else [])]
             self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -118,10 +119,8 @@ class Daemon(_Process):
         """After a kill -9 of the daemon, its nats-server (own session) lives on: stop it by its PID."""
         pid = self.nats_pid()
         if pid is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
 
 @dataclass
@@ -133,7 +132,7 @@ class Worker(_Process):
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        log = open(self.data_dir.parent / f"worker-{self.node_id}.log", "ab")
+        log = open(self.data_dir.parent / f"worker-{self.node_id}.log", "ab")  # noqa: SIM115 handed to the child
         try:
             self.proc = subprocess.Popen(
                 [

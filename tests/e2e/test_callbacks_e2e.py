@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
-from scheduler_gateway.daemon.nats_server import free_port
+from scheduler_gateway.daemon.nats.nats_server import free_port
 from tests.integration.harness import Api, wait_for
 from tests.integration.sse import Frame, sse
 from tests.integration.test_callbacks import receiver, signed_by

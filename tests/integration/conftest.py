@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from scheduler_gateway.daemon.gateway import Gateway
-from scheduler_gateway.daemon.nats_server import NatsServerProcess
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 
 from .harness import Api, HandNode, api_client, running_gateway
 

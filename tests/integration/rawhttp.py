@@ -4,6 +4,7 @@ headers, bodies that do not match their Content-Encoding, malformed request line
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,10 +73,8 @@ async def send_raw(
         return RawAnswer(int(status_line.split()[1]), headers, body)
     finally:
         writer.close()
-        try:
+        with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
-        except ConnectionError:
-            pass
 
 
 def assert_envelope(answer: RawAnswer, status: int, code: str) -> dict[str, Any]:

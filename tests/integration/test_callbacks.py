@@ -19,8 +19,8 @@ from aiohttp import web
 
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.daemon.gateway import Gateway
-from scheduler_gateway.daemon.http_app import HttpSettings
-from scheduler_gateway.daemon.nats_server import NatsServerProcess, free_port
+from scheduler_gateway.daemon.http.app import HttpSettings
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess, free_port
 from scheduler_gateway.wire.callbacks import verify_signature
 
 from .harness import ALICE_TOKEN, BOB_TOKEN, Api, HandNode, api_client, running_gateway, wait_for

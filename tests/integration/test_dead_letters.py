@@ -7,7 +7,7 @@ from pathlib import Path
 
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterPolicy
 from scheduler_gateway.actors.task_service import TaskPolicy
-from scheduler_gateway.daemon.nats_server import NatsServerProcess
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.wire.messages import WireError
 
 from .harness import ALICE_TOKEN, BOB_TOKEN, Api, HandNode, api_client, running_gateway, wait_for

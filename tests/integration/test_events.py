@@ -14,8 +14,8 @@ import nats
 import pytest
 
 from scheduler_gateway.daemon.gateway import Gateway
-from scheduler_gateway.daemon.http_events import SseSettings
-from scheduler_gateway.daemon.nats_server import NatsServerProcess
+from scheduler_gateway.daemon.http.events import SseSettings
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.wire.subjects import EVENTS_STREAM
 
 from .harness import ADMIN_TOKEN, ALICE_TOKEN, BOB_TOKEN, Api, HandNode, api_client, running_gateway, wait_for
@@ -88,14 +88,13 @@ async def test_reconnect_with_last_event_id_gets_exactly_the_missed_events(
 
 
 async def test_seq_keeps_growing_across_a_daemon_restart(tmp_path: Path, fresh_nats: NatsServerProcess) -> None:
-    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
-        async with sse(api) as stream:
-            await api.create({"kind": "echo"})
-            (before,) = await stream.take(1)
-            await gw.stop()  # the stream is ended, with the reason
-            bye = await stream.next()
-            assert bye is not None and bye.event == "disconnect" and bye.data["reason"] == "SHUTTING_DOWN"
-            assert await stream.next() is None
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api, sse(api) as stream:
+        await api.create({"kind": "echo"})
+        (before,) = await stream.take(1)
+        await gw.stop()  # the stream is ended, with the reason
+        bye = await stream.next()
+        assert bye is not None and bye.event == "disconnect" and bye.data["reason"] == "SHUTTING_DOWN"
+        assert await stream.next() is None
     async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
         async with sse(api) as stream:
             task = await api.create({"kind": "echo"})
@@ -178,33 +177,32 @@ async def test_gap_event_when_retention_dropped_what_was_asked_for(
 
 
 async def test_events_wait_out_a_nats_outage_and_arrive_in_order(tmp_path: Path, fresh_nats: NatsServerProcess) -> None:
-    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
-        async with sse(api) as stream:
-            before = await api.create({"kind": "echo"})
-            (first,) = await stream.take(1)
-            fresh_nats.stop()
-            await wait_for(lambda: _not(gw.bus.connected), timeout_s=5)
-            # tasks still change state while NATS is down: the events wait in the outbox
-            during = [await api.create({"kind": "echo", "requiresApproval": True}) for _ in range(3)]
-            for t in during:
-                status, body, _ = await api.call("POST", f"/api/tasks/{t['id']}/cancel", {"reason": "outage"})
-                assert status == 200 and body["state"] == "canceled"
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api, sse(api) as stream:
+        before = await api.create({"kind": "echo"})
+        (first,) = await stream.take(1)
+        fresh_nats.stop()
+        await wait_for(lambda: _not(gw.bus.connected), timeout_s=5)
+        # tasks still change state while NATS is down: the events wait in the outbox
+        during = [await api.create({"kind": "echo", "requiresApproval": True}) for _ in range(3)]
+        for t in during:
+            status, body, _ = await api.call("POST", f"/api/tasks/{t['id']}/cancel", {"reason": "outage"})
+            assert status == 200 and body["state"] == "canceled"
 
-            async def events_not_ready() -> bool:
-                status, ready, _ = await api.call("GET", "/readyz")
-                return status == 503 and ready["checks"]["events"]["ok"] is False
+        async def events_not_ready() -> bool:
+            status, ready, _ = await api.call("GET", "/readyz")
+            return status == 503 and ready["checks"]["events"]["ok"] is False
 
-            await wait_for(events_not_ready, timeout_s=10)  # the relay notices at its first failed publish
-            assert await gw.store.outbox_size() >= 6
-            restarted = NatsServerProcess(store_dir=fresh_nats.store_dir, port=fresh_nats.port)
-            restarted.start()
-            try:
-                frames = await stream.take(6, timeout_s=20)
-                status, _, _ = await api.call("POST", f"/api/tasks/{before['id']}/cancel", {})
-                (last,) = await stream.take(1, timeout_s=10)
-            finally:
-                await gw.stop()
-                restarted.stop()
+        await wait_for(events_not_ready, timeout_s=10)  # the relay notices at its first failed publish
+        assert await gw.store.outbox_size() >= 6
+        restarted = NatsServerProcess(store_dir=fresh_nats.store_dir, port=fresh_nats.port)
+        restarted.start()
+        try:
+            frames = await stream.take(6, timeout_s=20)
+            status, _, _ = await api.call("POST", f"/api/tasks/{before['id']}/cancel", {})
+            (last,) = await stream.take(1, timeout_s=10)
+        finally:
+            await gw.stop()
+            restarted.stop()
     assert [(f.event, f.data["aggregateId"]) for f in frames] == [
         (kind, t["id"]) for kind in ("task.created", "task.canceled") for t in during
     ]
@@ -243,10 +241,13 @@ async def test_corrupt_outbox_row_and_stream_message_are_skipped_and_audited(gat
 
 async def test_keepalive_comment(tmp_path: Path, fresh_nats: NatsServerProcess) -> None:
     settings = SseSettings(keepalive_s=0.2)
-    async with running_gateway(tmp_path / "gw", fresh_nats.url, sse=settings) as gw, api_client(gw) as api:
-        async with sse(api) as stream:
-            assert await stream.quiet(0.7) == []
-            assert stream.comments and set(stream.comments) == {"ping"}
+    async with (
+        running_gateway(tmp_path / "gw", fresh_nats.url, sse=settings) as gw,
+        api_client(gw) as api,
+        sse(api) as stream,
+    ):
+        assert await stream.quiet(0.7) == []
+        assert stream.comments and set(stream.comments) == {"ping"}
 
 
 async def test_refusals_before_the_stream_starts(api: Api) -> None:

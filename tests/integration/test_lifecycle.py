@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 
 from scheduler_gateway.daemon.gateway import Gateway
-from scheduler_gateway.daemon.nats_server import NatsServerProcess
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.wire.messages import WireError
 
 from .harness import Api, HandNode, api_client, running_gateway, wait_for

@@ -26,8 +26,8 @@ from hypothesis.errors import Unsatisfiable
 from openapi_spec_validator import validate
 from schemathesis.specs.openapi.checks import positive_data_acceptance, unsupported_method
 
-from scheduler_gateway.daemon.nats_server import NatsServerProcess
-from scheduler_gateway.daemon.openapi import OPERATIONS
+from scheduler_gateway.daemon.http.openapi import OPERATIONS
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 
 from .harness import ADMIN_TOKEN, running_gateway
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from scheduler_gateway.daemon.gateway import Gateway
-from scheduler_gateway.daemon.nats_server import NatsServerProcess
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.worker import HandlerRegistry, NatsOptions, TaskContext, Worker
 from scheduler_gateway.worker._demo import register_demo_handlers
 

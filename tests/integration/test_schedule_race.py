@@ -28,7 +28,7 @@ from scheduler_gateway.actors.model.schedule import (
 from scheduler_gateway.actors.schedule_ports import LaunchedTask
 from scheduler_gateway.actors.scheduler import NewSchedule, ScheduleService
 from scheduler_gateway.actors.task_service import Caller
-from scheduler_gateway.daemon.store_sqlite import SqliteStore
+from scheduler_gateway.daemon.store.sqlite import SqliteStore
 
 ALICE = Caller("alice", "user")
 T0 = 1_796_000_100.0

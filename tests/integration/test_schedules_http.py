@@ -15,7 +15,7 @@ import pytest
 
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.daemon.gateway import Gateway
-from scheduler_gateway.daemon.nats_server import NatsServerProcess
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.wire.timefmt import fmt_ts
 
 from .harness import ALICE_TOKEN, BOB_TOKEN, Api, HandNode, api_client, running_gateway, wait_for

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_gateway.daemon.nats_server import find_binary, free_port
+from scheduler_gateway.daemon.nats.nats_server import find_binary, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 OPS = REPO / "ops"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_gateway.daemon.embedded import GATEWAY_CREDENTIALS_FILE, EmbeddedNats
-from scheduler_gateway.daemon.nats_server import NatsServerProcess, free_port
+from scheduler_gateway.daemon.nats.embedded import GATEWAY_CREDENTIALS_FILE, EmbeddedNats
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess, free_port
 
 from .helpers import BIN
 

@@ -26,9 +26,9 @@ import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 
-from scheduler_gateway.daemon.embedded import GATEWAY_USER, NODE_USER, EmbeddedNats
-from scheduler_gateway.daemon.nats_auth import DEV_NODE_ID, node_inbox_prefix, node_permissions
-from scheduler_gateway.daemon.nats_server import find_binary, free_port
+from scheduler_gateway.daemon.nats.auth import DEV_NODE_ID, node_inbox_prefix, node_permissions
+from scheduler_gateway.daemon.nats.embedded import GATEWAY_USER, NODE_USER, EmbeddedNats
+from scheduler_gateway.daemon.nats.nats_server import find_binary, free_port
 from tests.integration.harness import Api
 
 from .helpers import BIN, NATS_CONF, NatsCluster, make_certs, spawn, stop_process, wait_http
@@ -118,7 +118,7 @@ def _conf_rules(node_id: str) -> tuple[list[str], list[str]]:
 
 @pytest.mark.parametrize("node_id", ["node-1", "node-2"])
 def test_the_shipped_node_users_have_the_generated_rules(node_id: str) -> None:
-    # the dev server generates them (nats_auth), production spells them out: they must not drift apart
+    # the dev server generates them (nats.auth), production spells them out: they must not drift apart
     expected = node_permissions(node_id)
     assert _conf_rules(node_id) == (expected.publish_allow, expected.subscribe_allow)
 

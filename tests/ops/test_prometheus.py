@@ -203,7 +203,7 @@ def test_the_dashboard_is_a_grafana_dashboard() -> None:
     assert datasource["query"] == "prometheus"
     for panel in dashboard["panels"]:
         grid = panel["gridPos"]
-        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24, panel["title"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, panel["title"]
         if panel["type"] == "row":
             continue
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_gateway.daemon.nats_server import free_port
+from scheduler_gateway.daemon.nats.nats_server import free_port
 from scheduler_gateway.daemon.systemd_notify import SystemdNotifier
 
 from .helpers import BIN, OPS, require_tool, spawn, stop_process

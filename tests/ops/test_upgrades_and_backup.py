@@ -21,8 +21,8 @@ import msgspec
 import pytest
 
 from scheduler_gateway.actors.ports import Principal
-from scheduler_gateway.daemon.backup import BackupError, backup_store
-from scheduler_gateway.daemon.store_sqlite import MIGRATIONS, SqliteStore
+from scheduler_gateway.daemon.store.backup import BackupError, backup_store
+from scheduler_gateway.daemon.store.sqlite import MIGRATIONS, SqliteStore
 from tests.e2e.procs import Daemon
 from tests.test_store_contract import create, make_task
 

@@ -1,7 +1,7 @@
 """What the store holds, read for the invariants and the machine's own checks, outside the code under test.
 
 ``MemoryView`` reads the memory store's dicts; ``SqliteView`` reads the database file with a read-only
-``sqlite3`` connection of its own (WAL: the last committed state) and decodes rows as ``store_sqlite`` does.
+``sqlite3`` connection of its own (WAL: the last committed state) and decodes rows as ``daemon/store`` does.
 Both give the same shapes, so the invariants do not know which store ran.
 """
 
@@ -13,8 +13,9 @@ from typing import Any
 
 from scheduler_gateway.actors.model.records import DeadLetter, HistoryEntry, Task
 from scheduler_gateway.actors.model.schedule import ScheduledRun, ScheduledTask
-from scheduler_gateway.daemon.schedule_store import _RUN_COLS, _SCHED_COLS, _SCHED_FROM, _runs_of, _tasks_of
-from scheduler_gateway.daemon.store_sqlite import _decode_dead_letter, _decode_history, _decode_task
+from scheduler_gateway.daemon.store.dead_letters import _decode_dead_letter
+from scheduler_gateway.daemon.store.schedule_rows import _RUN_COLS, _SCHED_COLS, _SCHED_FROM, _runs_of, _tasks_of
+from scheduler_gateway.daemon.store.tasks import _decode_history, _decode_task
 
 
 class MemoryView:

@@ -25,10 +25,10 @@ from scheduler_gateway.actors.model.records import TERMINAL_STATES, HistoryEntry
 from scheduler_gateway.actors.model.schedule import ScheduleSpec, TaskTemplate
 from scheduler_gateway.actors.scheduler import NewSchedule, SchedulePatch, SpecPatch, TemplatePatch
 from scheduler_gateway.actors.task_service import Caller, NewTask
-from scheduler_gateway.daemon.store_memory import MemoryStore
-from scheduler_gateway.daemon.store_sqlite import SqliteStore
+from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.wire.errors import Code, GatewayError
 from scheduler_gateway.wire.messages import ClaimRequest, HeartbeatRequest, LeaseReport, Settle, WireError
+from tests.fakes.memory_store import MemoryStore
 
 from .durable_view import MemoryView, SqliteView
 from .invariants import ChangeLog, Facts, LiveView, snapshot_violations, summarize
@@ -333,9 +333,8 @@ class SimMachine(RuleBasedStateMachine):
             return
         if out.code in (Code.REVISION_CONFLICT, Code.INVALID_STATE_TRANSITION, Code.TASK_ALREADY_TERMINAL):
             after = self.view.task(tid) if self.sim else None
-            if before is not None and after is not None and after.revision != before.revision:
-                if not key:
-                    self.problem(f"refused {action} ({out.code}) of {tid} changed it")
+            if before is not None and after is not None and after.revision != before.revision and not key:
+                self.problem(f"refused {action} ({out.code}) of {tid} changed it")
         self._idem_check(user, key, f"{action}:{tid}", body, out)
 
     @rule(
@@ -587,9 +586,13 @@ class SimMachine(RuleBasedStateMachine):
             node.settled.setdefault(lease.lease_id, (outcome, result))
         if out.ok and out.value.result in ("refused", "repeat"):
             after = self.view.task(lease.task_id)
-            if before is not None and after is not None and after.revision != before.revision:
-                if self._changed_by_settle(lease.task_id, before.revision):
-                    self.problem(f"a {out.value.result} settle of {lease.task_id} changed the task")
+            if (
+                before is not None
+                and after is not None
+                and after.revision != before.revision
+                and self._changed_by_settle(lease.task_id, before.revision)
+            ):
+                self.problem(f"a {out.value.result} settle of {lease.task_id} changed the task")
         if out.ok and variant == "conflicting" and out.value.result == "ok":
             self.problem(f"a conflicting settle of lease {lease.lease_id} was accepted")
 

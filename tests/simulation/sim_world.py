@@ -513,7 +513,7 @@ class Sim:
                 t.exception()  # retrieved: a dead process's errors are nobody's
 
     def _reopen_sqlite(self) -> None:
-        from scheduler_gateway.daemon.store_sqlite import SqliteStore
+        from scheduler_gateway.daemon.store.sqlite import SqliteStore
 
         old = self.durable
         with contextlib.suppress(Exception):

@@ -13,8 +13,8 @@ import msgspec
 from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.task_service import Caller, NewTask, TaskPolicy, TaskService
-from scheduler_gateway.daemon.store_memory import MemoryStore
 from scheduler_gateway.wire.messages import ClaimReply, ClaimRequest, Offer, Settle
+from tests.fakes.memory_store import MemoryStore
 
 ALICE = Caller("alice", "user", "req_alice")
 

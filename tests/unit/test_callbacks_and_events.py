@@ -29,18 +29,18 @@ from scheduler_gateway.actors.model.callbacks import (
 )
 from scheduler_gateway.actors.model.records import AuditEntry, Task, TaskError
 from scheduler_gateway.actors.ports import AuditQuery, CallbackPost, Change
-from scheduler_gateway.daemon.callback_client import PublicOnlyResolver, TargetRefused, address_problem
-from scheduler_gateway.daemon.event_stream import (
+from scheduler_gateway.daemon.http.callback_client import PublicOnlyResolver, TargetRefused, address_problem
+from scheduler_gateway.daemon.http.event_hub import (
     SLOW_CONSUMER,
     EventHub,
     Subscriber,
     decode_event,
     frame,
 )
-from scheduler_gateway.daemon.store_memory import MemoryStore
 from scheduler_gateway.wire.callbacks import signature, verify_signature
 from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.subjects import Subjects
+from tests.fakes.memory_store import MemoryStore
 
 T0 = 1_767_225_600.0
 
@@ -238,7 +238,7 @@ def test_decoded_event_frame_has_the_contract_fields_and_no_owner() -> None:
         "requestId": "req_1",
         "data": {"to": "queued"},
     }
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a plain name"):
         decode_event(8, event_body(type_="task.x\nevent: forged"))
 
 

@@ -129,3 +129,31 @@ def test_model_reads_no_clock() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 assert node.func.attr not in clock_reads, f"{path.name}:{node.lineno} reads the clock"
+
+
+# The daemon's concerns (docs/ARCHITECTURE.md): each subpackage is an adapter of one kind and imports no other
+# adapter's library or subpackage; only the top of ``daemon`` (the composition root, the CLIs) joins them.
+# ``http`` reads the event stream through the NATS bus (the SSE hub), and ``store`` reads ``config`` for backup.
+DAEMON_CONCERNS = {
+    "config": ((), ("aiohttp", "nats", "aiosqlite", "sqlite3")),
+    "store": (("config",), ("aiohttp", "nats")),
+    "nats": ((), ("aiohttp", "aiosqlite", "sqlite3")),
+    "http": (("nats", "metrics", "metrics_events"), ("aiosqlite", "sqlite3")),
+}
+
+
+@pytest.mark.parametrize("concern", sorted(DAEMON_CONCERNS))
+def test_daemon_concerns_stay_apart(concern: str) -> None:
+    allowed_ours, forbidden_libs = DAEMON_CONCERNS[concern]
+    allowed = tuple(f"scheduler_gateway.daemon.{m}" for m in (concern, *allowed_ours))
+    for path, names in imports_of(f"daemon/{concern}").items():
+        daemon_names = {n for n in names if n.startswith("scheduler_gateway.daemon.")}
+        ours = {n for n in ours_outside(daemon_names, allowed) if n != "scheduler_gateway.daemon"}
+        assert not ours, f"{path} imports {ours}"
+        libs = {n for n in names if n.split(".")[0] in forbidden_libs}
+        assert not libs, f"{path} imports {libs}"
+
+
+def test_daemon_concerns_are_packages() -> None:
+    for concern in DAEMON_CONCERNS:
+        assert (ROOT / "daemon" / concern / "__init__.py").is_file(), concern

@@ -6,8 +6,8 @@ from __future__ import annotations
 import msgspec
 from openapi_spec_validator import validate
 
-from scheduler_gateway.daemon.http_errors import error_response
-from scheduler_gateway.daemon.openapi import build_document, document_bytes
+from scheduler_gateway.daemon.http.errors import error_response
+from scheduler_gateway.daemon.http.openapi import build_document, document_bytes
 from scheduler_gateway.wire.api import ErrorEnvelope
 from tests.test_docs_links import _app
 

@@ -35,8 +35,8 @@ from scheduler_gateway.actors.scheduler import (
     poll_timeout,
 )
 from scheduler_gateway.actors.task_service import Caller
-from scheduler_gateway.daemon.store_memory import MemoryStore
 from scheduler_gateway.wire.errors import Code, NotFound, StorageError
+from tests.fakes.memory_store import MemoryStore
 
 T0 = 1_796_000_100.0  # 2026-12-01T...; cron "*/5" is due at whole five minutes
 ALICE = Caller("alice", "user")

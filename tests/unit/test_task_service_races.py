@@ -17,10 +17,10 @@ import pytest
 
 from scheduler_gateway.actors.ports import AuditQuery, Change, TaskQuery
 from scheduler_gateway.actors.task_service import TaskPolicy
-from scheduler_gateway.daemon.store_memory import MemoryStore
-from scheduler_gateway.daemon.store_sqlite import SqliteStore
+from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.wire.errors import Code, Conflict, StorageError
 from scheduler_gateway.wire.messages import HeartbeatRequest, LeaseReport
+from tests.fakes.memory_store import MemoryStore
 
 from .service_kit import ALICE, Kit, service_kit
 

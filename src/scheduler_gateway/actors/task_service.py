@@ -630,6 +630,40 @@ class TaskService:
             return await first()
         return await self._once_per_key(caller, idem_key, f"{action}:{task_id}", body_hash, first)
 
+    async def _transition(
+        self,
+        task: Task,
+        action: str,
+        caller: Caller,
+        now: float,
+        expected_revision: int | None,
+        reason: str | None,
+        payload: msgspec.Raw | None,
+        details: dict[str, Any],
+    ) -> tuple[sm.Transition | sm.Repeat, DeadLetter | None]:
+        """What the state machine makes of a user's action, and for a retry of a task with a dead letter the
+        letter it rewrites (its id and retry count go into ``details``)."""
+        actor, rid = caller.actor, caller.request_id
+        if action == "cancel":
+            return sm.cancel(task, actor, now, rid, reason, expected_revision), None
+        if action == "approve":
+            return sm.approve(task, actor, now, rid, expected_revision), None
+        if action == "amend":
+            assert payload is not None
+            return sm.amend(task, payload, idgen.new_id("att"), actor, now, rid, expected_revision), None
+        if action not in ("retry", "redrive", "force_retry", "rework"):
+            raise InvalidArgument(f"unknown action {action}")
+        result = sm.requeue(task, action, actor, idgen.new_id("att"), now, rid, reason, payload, expected_revision)
+        await self._check_parent(result.task, inserting=False)
+        if action != "retry":
+            return result, None
+        # a user's retry must not bypass the dead-letter rules: it is a redrive of the letter
+        found = await self._store.get_dead_letter_for_task(task.id)
+        if found is None:
+            return result, None
+        details.update(deadLetterId=found.dead_letter_id, retryCount=found.retry_count + 1)
+        return result, _redriven(found, force=False)
+
     async def _act(
         self,
         caller: Caller,
@@ -647,31 +681,13 @@ class TaskService:
         now = self._clock()
         actor = caller.actor
         rid = caller.request_id
-        letter: DeadLetter | None = None  # a retry of a task with a dead letter: the letter it rewrites
         details: dict[str, Any] = {}
         if reason:
             details["reason"] = reason
         try:
-            if action == "cancel":
-                result: sm.Transition | sm.Repeat = sm.cancel(task, actor, now, rid, reason, expected_revision)
-            elif action == "approve":
-                result = sm.approve(task, actor, now, rid, expected_revision)
-            elif action == "amend":
-                assert payload is not None
-                result = sm.amend(task, payload, idgen.new_id("att"), actor, now, rid, expected_revision)
-            elif action in ("retry", "redrive", "force_retry", "rework"):
-                result = sm.requeue(
-                    task, action, actor, idgen.new_id("att"), now, rid, reason, payload, expected_revision
-                )
-                await self._check_parent(result.task, inserting=False)
-                if action == "retry":
-                    # a user's retry must not bypass the dead-letter rules: it is a redrive of the letter
-                    found = await self._store.get_dead_letter_for_task(task_id)
-                    if found is not None:
-                        details.update(deadLetterId=found.dead_letter_id, retryCount=found.retry_count + 1)
-                        letter = _redriven(found, force=False)
-            else:
-                raise InvalidArgument(f"unknown action {action}")
+            result, letter = await self._transition(
+                task, action, caller, now, expected_revision, reason, payload, details
+            )
         except GatewayError as exc:
             await self._refused(
                 action,

@@ -30,13 +30,13 @@ import nats.errors
 from nats.aio.client import Client as NATS
 
 from scheduler_gateway.daemon.config import Config, ConfigError, load_config, production_problems
-from scheduler_gateway.daemon.embedded import (
+from scheduler_gateway.daemon.nats.embedded import (
     GATEWAY_CREDENTIALS_FILE,
     NODE_CREDENTIALS_FILE,
     read_credentials,
     running_server_pid,
 )
-from scheduler_gateway.daemon.nats_server import MAX_PAYLOAD_BYTES, find_binary, port_in_use
+from scheduler_gateway.daemon.nats.nats_server import MAX_PAYLOAD_BYTES, find_binary, port_in_use
 from scheduler_gateway.wire.redact import redact_url
 
 #: What a task message needs above its payload: the offer's other fields and headers.
@@ -271,7 +271,7 @@ def check_embedded_nats(config: Config) -> list[CheckResult]:
         results.append(_payload_check(config, MAX_PAYLOAD_BYTES, "embedded server"))
         return results
 
-    # the gateway's own credentials: the node user may not ask JetStream anything but its pulls (nats_auth)
+    # the gateway's own credentials: the node user may not ask JetStream anything but its pulls (nats.auth)
     creds = read_credentials(config.data_dir / GATEWAY_CREDENTIALS_FILE)
     if creds is None:
         detail = f"embedded server running (pid {pid}) but {GATEWAY_CREDENTIALS_FILE} is missing or damaged"

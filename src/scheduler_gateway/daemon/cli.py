@@ -24,15 +24,14 @@ from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.ports import Principal
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.actors.task_service import TaskPolicy
-
-from .backup import backup_main
-from .check import check_main
-from .config import Config, ConfigError, load_config, production_problems
-from .embedded import DataDirInUse, EmbeddedNats
-from .gateway import Gateway, GatewaySettings
-from .http_app import HttpSettings, token_hash
-from .store_sqlite import SqliteStore
-from .systemd_notify import SystemdNotifier
+from scheduler_gateway.daemon.check import check_main
+from scheduler_gateway.daemon.config import Config, ConfigError, load_config, production_problems
+from scheduler_gateway.daemon.gateway import Gateway, GatewaySettings
+from scheduler_gateway.daemon.http.app import HttpSettings, token_hash
+from scheduler_gateway.daemon.nats.embedded import DataDirInUse, EmbeddedNats
+from scheduler_gateway.daemon.store.backup import backup_main
+from scheduler_gateway.daemon.store.sqlite import SqliteStore
+from scheduler_gateway.daemon.systemd_notify import SystemdNotifier
 
 log = logging.getLogger("gatewayd")
 

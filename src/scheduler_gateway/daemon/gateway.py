@@ -32,20 +32,19 @@ from scheduler_gateway.actors.model.records import ActorRef, AuditEntry
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
+from scheduler_gateway.daemon.http.app import AdminApi, HttpSettings
+from scheduler_gateway.daemon.http.callback_client import AiohttpCallbackPoster
+from scheduler_gateway.daemon.http.callbacks import CallbacksApi, callback_routes
+from scheduler_gateway.daemon.http.event_hub import EventHub, corrupt_event_auditor
+from scheduler_gateway.daemon.http.events import EventsApi, SseSettings, event_routes
+from scheduler_gateway.daemon.http.server import AdminRunner
+from scheduler_gateway.daemon.metrics import PrometheusMetrics
+from scheduler_gateway.daemon.metrics_events import EventCallbackMetrics
+from scheduler_gateway.daemon.nats.bus import NatsBus, NodeInputs
+from scheduler_gateway.daemon.scheduling import Scheduling
+from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.wire.errors import GatewayError
 from scheduler_gateway.wire.subjects import Subjects
-
-from .bus_nats import NatsBus, NodeInputs
-from .callback_client import AiohttpCallbackPoster
-from .event_stream import EventHub, corrupt_event_auditor
-from .http_app import AdminApi, HttpSettings
-from .http_callbacks import CallbacksApi, callback_routes
-from .http_events import EventsApi, SseSettings, event_routes
-from .http_server import AdminRunner
-from .metrics import PrometheusMetrics
-from .metrics_events import EventCallbackMetrics
-from .scheduling import Scheduling
-from .store_sqlite import SqliteStore
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +163,7 @@ class Gateway:
         app = self.api.app()
         for extend in self.http_extensions:
             extend(app)
-        # the input limits (http_server.SERVER_SETTINGS) and the error envelope for what aiohttp's parser refuses
+        # the input limits (http.server.SERVER_SETTINGS) and the error envelope for what aiohttp's parser refuses
         self._runner = AdminRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.http_host, s.http_port)

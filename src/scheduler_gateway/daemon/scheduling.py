@@ -16,11 +16,10 @@ from aiohttp import web
 
 from scheduler_gateway.actors.scheduler import Scheduler, SchedulerSettings, ScheduleService, TaskServiceLauncher
 from scheduler_gateway.actors.task_service import TaskService
-
-from .http_app import AdminApi
-from .http_schedules import schedule_routes
-from .metrics import PrometheusMetrics, PrometheusScheduleMetrics
-from .store_sqlite import SqliteStore
+from scheduler_gateway.daemon.http.app import AdminApi
+from scheduler_gateway.daemon.http.schedules import schedule_routes
+from scheduler_gateway.daemon.metrics import PrometheusMetrics, PrometheusScheduleMetrics
+from scheduler_gateway.daemon.store.sqlite import SqliteStore
 
 
 class Scheduling:

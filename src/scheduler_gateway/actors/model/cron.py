@@ -150,9 +150,12 @@ def parse_cron(text: str) -> CronExpr:
         fixed_time=bool(_SINGLE_NUMBER_RE.match(fields[0]) and _SINGLE_NUMBER_RE.match(fields[1])),
     )
     # a day-of-month that no chosen month has (``0 0 31 2 *``) never fires: refuse it now, not at run time
-    if expr.doms is not None and expr.dows is None:
-        if not any(min(expr.doms) <= _DAYS_IN_MONTH[m - 1] for m in expr.months):
-            raise CronError(f"cron {norm[:100]!r} never matches a real date")
+    if (
+        expr.doms is not None
+        and expr.dows is None
+        and not any(min(expr.doms) <= _DAYS_IN_MONTH[m - 1] for m in expr.months)
+    ):
+        raise CronError(f"cron {norm[:100]!r} never matches a real date")
     return expr
 
 

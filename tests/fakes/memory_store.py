@@ -32,12 +32,12 @@ from scheduler_gateway.actors.ports import (
     Principal,
     TaskQuery,
 )
-from scheduler_gateway.daemon.schedule_store import MemoryScheduleStore
-from scheduler_gateway.daemon.store_sqlite import clamp_limit, int_cursor
+from scheduler_gateway.daemon.store.common import clamp_limit, int_cursor
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, StorageError, task_not_found
+from tests.fakes.memory_schedules import MemoryScheduleStore
 
 
-class MemoryStore(MemoryScheduleStore):  # the ScheduleStore half is in schedule_store.py
+class MemoryStore(MemoryScheduleStore):  # the ScheduleStore half is in memory_schedules.py
     """``TaskStore`` on dicts. Every method runs without awaiting, so each change is atomic."""
 
     def __init__(self) -> None:

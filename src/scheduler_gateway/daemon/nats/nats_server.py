@@ -153,7 +153,7 @@ class NatsServerProcess:
         with os.fdopen(fd, "w") as f:
             f.write(self.config_text())
         os.chmod(conf, 0o600)
-        log = open(self.store_dir / "nats-server.log", "ab")  # handed to the child, closed here after
+        log = open(self.store_dir / "nats-server.log", "ab")  # noqa: SIM115 handed to the child, closed here after
         try:
             self.proc = subprocess.Popen(
                 [find_binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True

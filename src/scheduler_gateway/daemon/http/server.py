@@ -33,9 +33,8 @@ from aiohttp.http_exceptions import (
 from aiohttp.web_request import BaseRequest
 
 from scheduler_gateway.actors import idgen
+from scheduler_gateway.daemon.http.errors import error_response
 from scheduler_gateway.wire.errors import Code
-
-from .http_errors import error_response
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ SERVER_SETTINGS: dict[str, Any] = dict(
     max_line_size=MAX_LINE_SIZE,
     max_field_size=MAX_FIELD_SIZE,
     max_headers=MAX_HEADERS,
-    # bodies are decoded from their Content-Encoding by the API itself (http_input.decode_content), so a body
+    # bodies are decoded from their Content-Encoding by the API itself (http.input.decode_content), so a body
     # that is not what its header says is a 400 in the envelope, not aiohttp's zlib.error or plain-text 400
     auto_decompress=False,
 )

@@ -32,9 +32,8 @@ spells out the production shape, one user per node.
 
 from __future__ import annotations
 
+from scheduler_gateway.daemon.nats.nats_server import NatsPermissions
 from scheduler_gateway.wire.subjects import DISPATCH_STREAM, Subjects, node_inbox_prefix
-
-from .nats_server import NatsPermissions
 
 __all__ = ["DEV_NODE_ID", "node_inbox_prefix", "node_permissions"]
 

@@ -17,11 +17,10 @@ from aiohttp import web
 from scheduler_gateway.actors.callback_sender import CallbackSender
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery
 from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.daemon.http.app import CALLER, AdminApi
 from scheduler_gateway.wire.api import ListView
 from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.timefmt import fmt_ts
-
-from .http_app import CALLER, AdminApi
 
 
 class CallbackDeadLetterView(msgspec.Struct, rename="camel", kw_only=True):

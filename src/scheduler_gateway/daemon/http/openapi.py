@@ -20,14 +20,13 @@ from typing import Any, Literal
 import msgspec
 
 from scheduler_gateway.actors.model.schedule import MAX_UPCOMING, RUN_STATUSES, SCHEDULE_STATUSES
+from scheduler_gateway.daemon.http.app import MAX_LIMIT, OPENAPI_PATH, TASK_STATES
+from scheduler_gateway.daemon.http.callbacks import CallbackDeadLetterView
+from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
+from scheduler_gateway.daemon.http.events import MAX_TYPES
 from scheduler_gateway.wire import api
 from scheduler_gateway.wire import schedule_api as sa
 from scheduler_gateway.wire.messages import Event
-
-from .http_app import MAX_LIMIT, OPENAPI_PATH, TASK_STATES
-from .http_callbacks import CallbackDeadLetterView
-from .http_errors import STATUS_OF_CODE
-from .http_events import MAX_TYPES
 
 REF = "#/components/schemas/{name}"
 EVENT_TYPES = (

@@ -30,12 +30,11 @@ from scheduler_gateway.actors.scheduler import (
     TemplatePatch,
 )
 from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.daemon.http.app import CALLER, AdminApi
 from scheduler_gateway.wire import schedule_api as sa
 from scheduler_gateway.wire.errors import InvalidArgument
 from scheduler_gateway.wire.ids import is_id
 from scheduler_gateway.wire.timefmt import RANGE_TEXT, fmt_ts, parse_ts
-
-from .http_app import CALLER, AdminApi
 
 DEFAULT_UPCOMING = 10
 

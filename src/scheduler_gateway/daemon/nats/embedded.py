@@ -18,7 +18,7 @@ workers that keep running across a restart of the daemon reconnect with what the
 The URL in the files is rewritten on each start (the configured port may have changed).
 
 ``EmbeddedNats.users`` is the one place that builds the users: the gateway user has full
-permissions; the node user gets the per-node permissions of ``nats_auth`` with the node id
+permissions; the node user gets the per-node permissions of ``nats.auth`` with the node id
 ``*`` (any node id, since one developer runs workers of several ids from the same
 ``nats.json``), so even in dev a node cannot read ``GW_SETTLE``, publish offers or events, or
 touch streams and consumers: the shape production uses, one user per node
@@ -37,8 +37,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduler_gateway.daemon.nats_auth import DEV_NODE_ID, node_permissions
-from scheduler_gateway.daemon.nats_server import NatsServerProcess, NatsUser
+from scheduler_gateway.daemon.nats.auth import DEV_NODE_ID, node_permissions
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess, NatsUser
 from scheduler_gateway.wire.subjects import Subjects
 
 NATS_SUBDIR = "nats"
@@ -248,7 +248,7 @@ class EmbeddedNats:
 
     def users(self, gateway_password: str, node_password: str) -> list[NatsUser]:
         """The server's users: the gateway (full permissions) and the dev node user (any node id, only
-        the node subjects and the JetStream calls a worker needs; see ``nats_auth``)."""
+        the node subjects and the JetStream calls a worker needs; see ``nats.auth``)."""
         return [
             NatsUser(GATEWAY_USER, gateway_password),
             NatsUser(NODE_USER, node_password, permissions=node_permissions(DEV_NODE_ID, self.subjects)),

@@ -22,6 +22,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from scheduler_gateway.actors import failpoints
+from scheduler_gateway.daemon.nats.publisher import AckedPublisher
+from scheduler_gateway.daemon.nats.streams import ensure_kind_consumer, ensure_streams
 from scheduler_gateway.wire.errors import Code, GatewayError
 from scheduler_gateway.wire.messages import (
     NODE_ID_PATTERN,
@@ -33,9 +35,6 @@ from scheduler_gateway.wire.messages import (
     WireError,
 )
 from scheduler_gateway.wire.subjects import DISPATCH_STREAM, SETTLE_CONSUMER, SETTLE_STREAM, Subjects
-
-from .js_publish import AckedPublisher
-from .streams import ensure_kind_consumer, ensure_streams
 
 log = logging.getLogger(__name__)
 PUBLISH_ACK_TIMEOUT_S = 5.0

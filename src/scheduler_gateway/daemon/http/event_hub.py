@@ -41,11 +41,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.model.records import SYSTEM, AuditEntry
 from scheduler_gateway.actors.ports import TaskStore
+from scheduler_gateway.daemon.nats.bus import NatsBus
 from scheduler_gateway.wire.errors import Unavailable
 from scheduler_gateway.wire.messages import NULL
 from scheduler_gateway.wire.subjects import EVENTS_STREAM, Subjects
-
-from .bus_nats import NatsBus
 
 log = logging.getLogger(__name__)
 

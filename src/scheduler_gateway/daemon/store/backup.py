@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ConfigError, load_config
+from scheduler_gateway.daemon.config import ConfigError, load_config
 
 BUSY_TIMEOUT_MS = 10_000
 

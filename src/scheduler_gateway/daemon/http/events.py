@@ -2,7 +2,7 @@
 
 This module owns the HTTP side of one SSE connection: its arguments (``Last-Event-ID`` header or
 ``?lastEventId=``, ``?types=``, ``?aggregateId=``), subscribing before the headers go out, writing, and
-ending it. Which events exist and who gets them is ``event_stream.EventHub``'s.
+ending it. Which events exist and who gets them is ``event_hub.EventHub``'s.
 
 The response is aiohttp-sse's ``EventSourceResponse``: it owns the SSE headers, the keep-alive comment
 (``: ping`` every ``keepalive_s``, 15 s), the framing of the control events (``gap``, ``disconnect``) and
@@ -28,9 +28,8 @@ from aiohttp import web
 from aiohttp_sse import EventSourceResponse
 
 from scheduler_gateway.actors.task_service import Caller
-from scheduler_gateway.wire.errors import GatewayError, InvalidArgument
-
-from .event_stream import (
+from scheduler_gateway.daemon.http.app import CALLER, REQUEST_ID
+from scheduler_gateway.daemon.http.event_hub import (
     CLIENT_GONE,
     UNAVAILABLE,
     EventHub,
@@ -38,8 +37,8 @@ from .event_stream import (
     Subscriber,
     disconnect_frame,
 )
-from .http_app import CALLER, REQUEST_ID
-from .metrics_events import EventCallbackMetrics
+from scheduler_gateway.daemon.metrics_events import EventCallbackMetrics
+from scheduler_gateway.wire.errors import GatewayError, InvalidArgument
 
 log = logging.getLogger(__name__)
 

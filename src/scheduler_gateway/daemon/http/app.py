@@ -22,6 +22,10 @@ from scheduler_gateway.actors.model.records import AuditEntry, DeadLetter, Histo
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.ports import AuditQuery, DeadLetterQuery, NodeRecord, TaskQuery, TaskStore
 from scheduler_gateway.actors.task_service import Caller, NewTask, TaskService
+from scheduler_gateway.daemon.http.callback_client import target_host, target_problem
+from scheduler_gateway.daemon.http.errors import error_response
+from scheduler_gateway.daemon.http.input import bearer_token_text, check_json_depth, decode_content, idempotency_key
+from scheduler_gateway.daemon.metrics import PrometheusMetrics
 from scheduler_gateway.wire import api
 from scheduler_gateway.wire.errors import (
     Code,
@@ -34,11 +38,6 @@ from scheduler_gateway.wire.errors import (
 )
 from scheduler_gateway.wire.ids import is_id
 from scheduler_gateway.wire.timefmt import RANGE_TEXT, fmt_ts, parse_ts
-
-from .callback_client import target_host, target_problem
-from .http_errors import error_response
-from .http_input import bearer_token_text, check_json_depth, decode_content, idempotency_key
-from .metrics import PrometheusMetrics
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +253,7 @@ class AdminApi:
         )
 
     async def _body(self, request: web.Request) -> bytes:
-        """The request body, decoded from its Content-Encoding, within the size and depth limits (http_input)."""
+        """The request body, decoded from its Content-Encoding, within the size and depth limits (http.input)."""
         limit = self.settings.max_payload_bytes + BODY_HEADROOM
         body = await request.read()  # aiohttp refuses more than client_max_size bytes on the wire (413)
         body = decode_content(body, request.headers.get("Content-Encoding", ""), limit)
@@ -313,7 +312,9 @@ class AdminApi:
 
     async def openapi_json(self, request: web.Request) -> web.Response:
         """The OpenAPI 3.1 document of every /api route (no auth), built once."""
-        from .openapi import document_bytes  # it describes this module's routes: imported late
+        from scheduler_gateway.daemon.http.openapi import (
+            document_bytes,  # it describes this module's routes: imported late
+        )
 
         return web.Response(body=document_bytes(), content_type="application/json")
 

@@ -1,0 +1,169 @@
+"""Loading: defaults, then the TOML file, then the ``GW_*`` variables (the rules are in the package
+docstring, ``daemon/config/__init__.py``)."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from scheduler_gateway.daemon.config.model import (
+    _NATS_HARD_MAX_PAYLOAD,
+    _SUBJECT_PREFIX,
+    LOG_LEVELS,
+    CallbacksConfig,
+    Config,
+    ConfigError,
+    DeadletterConfig,
+    DispatchConfig,
+    EmbeddedNatsConfig,
+    EventsConfig,
+    HttpConfig,
+    LogConfig,
+    Mode,
+    NatsConfig,
+    RecoveryConfig,
+    SchedulerConfig,
+    TasksConfig,
+)
+from scheduler_gateway.daemon.config.reader import _Reader
+
+
+def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
+    """Defaults, then the TOML file at ``path`` (None: none), then the ``GW_*`` variables of ``env``.
+
+    Raises ``ConfigError`` listing every problem found.
+    """
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError([f"config file {path} does not exist"]) from None
+        except OSError as exc:
+            raise ConfigError([f"config file {path} cannot be read: {exc.strerror}"]) from None
+        except tomllib.TOMLDecodeError as exc:
+            # tomllib's message names line and column, not the offending text
+            raise ConfigError([f"config file {path} is not valid TOML: {exc}"]) from None
+
+    r = _Reader(raw, env)
+    root = r.section("")
+    mode_text = root.choice("mode", "dev", ("dev", "production"))
+    mode: Mode = "production" if mode_text == "production" else "dev"
+    data_dir = root.path("data_dir", Path("var"))
+
+    http_s = r.section("http")
+    http = HttpConfig(
+        host=http_s.string("host", "127.0.0.1", nonempty=True),
+        port=http_s.integer("port", 8080, lo=0, hi=65535),
+    )
+    http_s.finish()
+
+    nats_s = r.section("nats")
+    emb_s = r.section("nats.embedded")
+    embedded = EmbeddedNatsConfig(port=emb_s.integer("port", 4222, lo=0, hi=65535))
+    emb_s.finish()
+    url = nats_s.nats_url("url")
+    user = nats_s.optional_string("user")
+    password = nats_s.optional_string("password")
+    if (user is None) != (password is None):
+        r.errors.append("nats.user and nats.password must be given together")
+    nats = NatsConfig(
+        url=url,
+        user=user,
+        password=password,
+        subject_prefix=nats_s.pattern("subject_prefix", "gw", _SUBJECT_PREFIX, "a NATS subject prefix like gw"),
+        stream_replicas=nats_s.integer("stream_replicas", 1, lo=1, hi=5),
+        embedded=embedded,
+    )
+    nats_s.finish(subsections=("embedded",))
+
+    cb_s = r.section("callbacks")
+    callbacks = CallbacksConfig(
+        secret=cb_s.optional_string("secret"),
+        retry_delays_s=cb_s.number_list("retry_delays_s", (1.0, 5.0, 30.0), lo=0),
+        timeout_s=cb_s.number("timeout_s", 5.0, gt=0),
+        allow_private_networks=cb_s.boolean("allow_private_networks", mode == "dev"),
+    )
+    cb_s.finish()
+
+    dl_s = r.section("deadletter")
+    deadletter = DeadletterConfig(
+        max_dead_retries=dl_s.integer("max_dead_retries", 3, lo=0),
+        auto_redrive=dl_s.boolean("auto_redrive", True),
+        redrive_delay_s=dl_s.number("redrive_delay_s", 300.0, lo=0),
+        archive_after_s=dl_s.number("archive_after_s", 604800.0, lo=0),
+        sweep_interval_s=dl_s.number("sweep_interval_s", 10.0, gt=0),
+    )
+    dl_s.finish()
+
+    dp_s = r.section("dispatch")
+    dispatch = DispatchConfig(max_offers_per_kind=dp_s.integer("max_offers_per_kind", 64, lo=1))
+    dp_s.finish()
+
+    sc_s = r.section("scheduler")
+    scheduler = SchedulerConfig(
+        max_concurrent_runs=sc_s.integer("max_concurrent_runs", 16, lo=1),
+        min_once_delay_s=sc_s.number("min_once_delay_s", 60.0, lo=0),
+        poll_interval_s=sc_s.number("poll_interval_s", 1.0, gt=0),
+        lease_s=sc_s.number("lease_s", 60.0, gt=0),
+    )
+    sc_s.finish()
+
+    ev_s = r.section("events")
+    events = EventsConfig(
+        max_age_s=ev_s.number("max_age_s", 604800.0, gt=0),
+        max_msgs=ev_s.integer("max_msgs", 10000, lo=1),
+    )
+    ev_s.finish()
+
+    tk_s = r.section("tasks")
+    tasks = TasksConfig(
+        default_lease_s=tk_s.number("default_lease_s", 30.0, gt=0),
+        default_timeout_s=tk_s.number("default_timeout_s", 3600.0, gt=0),
+        default_max_attempts=tk_s.integer("default_max_attempts", 3, lo=1),
+        max_payload_bytes=tk_s.integer("max_payload_bytes", 1048576, lo=1, hi=_NATS_HARD_MAX_PAYLOAD),
+    )
+    tk_s.finish()
+
+    rc_s = r.section("recovery")
+    recovery = RecoveryConfig(grace_s=rc_s.optional_number("grace_s", gt=0))
+    rc_s.finish()
+
+    lg_s = r.section("log")
+    log = LogConfig(level=lg_s.choice("level", "INFO", LOG_LEVELS, upper=True))
+    lg_s.finish()
+
+    root.finish(
+        subsections=(
+            "http",
+            "nats",
+            "callbacks",
+            "deadletter",
+            "dispatch",
+            "scheduler",
+            "events",
+            "tasks",
+            "recovery",
+            "log",
+        )
+    )
+    if r.errors:
+        raise ConfigError(r.errors)
+    return Config(
+        mode=mode,
+        data_dir=data_dir,
+        http=http,
+        nats=nats,
+        callbacks=callbacks,
+        deadletter=deadletter,
+        dispatch=dispatch,
+        scheduler=scheduler,
+        events=events,
+        tasks=tasks,
+        recovery=recovery,
+        log=log,
+        source=path,
+    )

@@ -1,0 +1,1 @@
+"""The SQLite store: one connection and its writer, migrations, tasks, schedules, callbacks, backup."""

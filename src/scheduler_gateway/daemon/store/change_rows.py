@@ -1,0 +1,139 @@
+"""A task change as the rows it writes, and the work items the writer takes: encoded by the caller, so the
+writer thread only executes SQL."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler_gateway.actors.model.callbacks import CallbackDelivery
+from scheduler_gateway.actors.model.records import (
+    TERMINAL_STATES,
+    AuditEntry,
+    DeadLetter,
+    Task,
+)
+from scheduler_gateway.actors.ports import (
+    Change,
+)
+from scheduler_gateway.daemon.store.common import (
+    encode,
+)
+
+_TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
+SQL_INSERT_TASK = f"INSERT INTO tasks (id, {_TASK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+SQL_UPDATE_TASK = (
+    "UPDATE tasks SET owner = ?, kind = ?, state = ?, revision = ?, priority = ?, parent_id = ?, run_id = ?,"
+    " thread_id = ?, created_at = ?, not_before = ?, doc = ? WHERE id = ? AND revision = ?"
+)
+SQL_INSERT_HISTORY = "INSERT INTO task_history (task_id, revision, lease_id, doc) VALUES (?, ?, ?, ?)"
+# Audit entries are immutable and named by id: writing the same one twice (a retried append) is a no-op.
+SQL_INSERT_AUDIT = (
+    "INSERT OR IGNORE INTO audit (id, at, action, object_id, request_id, owner, doc) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+SQL_INSERT_OUTBOX = "INSERT INTO outbox (body) VALUES (?)"
+SQL_INSERT_IDEMPOTENCY = "INSERT INTO idempotency (owner, key, doc, created_at) VALUES (?, ?, ?, ?)"
+SQL_UPSERT_DEAD_LETTER = (
+    "INSERT INTO dead_letters (dead_letter_id, task_id, requeued, exhausted, archived, last_dead_at, doc)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (task_id) DO UPDATE SET dead_letter_id = excluded.dead_letter_id, requeued = excluded.requeued,"
+    " exhausted = excluded.exhausted, archived = excluded.archived, last_dead_at = excluded.last_dead_at,"
+    " doc = excluded.doc"
+)
+
+SQL_INSERT_CALLBACK = "INSERT INTO callback_deliveries (id, task_id, due_at, doc) VALUES (?, ?, ?, ?)"
+
+
+@dataclass(slots=True)
+class ChangeRows:
+    """One Change as the rows it writes, encoded by the caller so the writer only executes SQL."""
+
+    task_id: str
+    expected_revision: int | None
+    task_values: tuple[Any, ...]  # the _TASK_COLUMNS values, then id
+    history: tuple[Any, ...] | None
+    audit: tuple[Any, ...] | None
+    outbox: tuple[bytes] | None
+    idempotency: tuple[Any, ...] | None
+    dead_letter: tuple[Any, ...] | None
+    callback: tuple[Any, ...] | None = None
+    task: Task | None = None  # kept only when the parent rule needs it (an active task with a parent)
+
+    @property
+    def parent_id(self) -> str | None:
+        return None if self.task is None else self.task.parent_id
+
+    @classmethod
+    def of(cls, change: Change) -> ChangeRows:
+        t = change.task
+        task_values = (
+            t.owner, t.kind, t.state, t.revision, t.priority, t.parent_id, t.run_id, t.thread_id,
+            t.created_at, t.not_before, encode(t), t.id,
+        )  # fmt: skip
+        h = change.history
+        idem = change.idempotency
+        dl = change.dead_letter
+        return cls(
+            task_id=t.id,
+            expected_revision=change.expected_revision,
+            task_values=task_values,
+            history=None if h is None else (h.task_id, h.revision, h.lease_id, encode(h)),
+            audit=None if change.audit is None else audit_row(change.audit),
+            outbox=None if change.event is None else (encode(change.event),),
+            idempotency=None if idem is None else (idem.owner, idem.key, encode(idem), idem.created_at),
+            dead_letter=None if dl is None else dead_letter_row(dl),
+            callback=None if change.callback is None else callback_row(change.callback),
+            task=t if t.parent_id is not None and t.state not in TERMINAL_STATES else None,
+        )
+
+    @property
+    def insert_row(self) -> tuple[Any, ...]:
+        v = self.task_values
+        return (v[-1], *v[:-1])
+
+    @property
+    def update_row(self) -> tuple[Any, ...]:
+        return (*self.task_values, self.expected_revision)
+
+
+def dead_letter_row(d: DeadLetter) -> tuple[Any, ...]:
+    """The SQL_UPSERT_DEAD_LETTER values: the sweep's columns beside the letter they are copied from."""
+    return (d.dead_letter_id, d.task_id, d.requeued, d.exhausted, d.archived, d.last_dead_at, encode(d))
+
+
+def audit_row(a: AuditEntry) -> tuple[Any, ...]:
+    return (a.id, a.at, a.action, a.object_id, a.request_id, a.owner, encode(a))
+
+
+Op = Callable[[sqlite3.Connection], None]  # runs in the writer thread
+
+
+@dataclass(slots=True)
+class ChangeWork:
+    rows: list[ChangeRows]
+    future: asyncio.Future[list[BaseException | None]]
+    atomic: bool = False  # all rows or none (apply_group)
+    subtree_root: str | None = None  # atomic only: no task below it may stay active
+
+    @property
+    def weight(self) -> int:
+        return len(self.rows)
+
+
+@dataclass(slots=True)
+class OpWork:
+    """A write that is not a task change (audit append, outbox delete, upserts, ping)."""
+
+    op: Op
+    weight: int
+    future: asyncio.Future[list[BaseException | None]]
+
+
+Work = ChangeWork | OpWork
+
+
+def callback_row(d: CallbackDelivery) -> tuple[Any, ...]:
+    return (d.id, d.task_id, d.due_at, encode(d))

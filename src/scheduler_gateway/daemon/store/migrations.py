@@ -1,0 +1,156 @@
+"""The schema of the SQLite store: every migration step, in order, and applying the missing ones."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+
+from scheduler_gateway.daemon.store.common import (
+    fetch_one,
+    rollback_quietly,
+)
+from scheduler_gateway.daemon.store.schedule_rows import SCHEDULE_GENERATION_MIGRATION, SCHEDULE_MIGRATION
+from scheduler_gateway.wire.errors import (
+    StorageError,
+)
+
+log = logging.getLogger(__name__)
+
+
+# Each step is applied once, in order, in its own transaction, and recorded in ``schema_version``. Never
+# edit a released step: append a new one (a database in the field already ran the old text).
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: the initial schema
+    (
+        """CREATE TABLE tasks (
+            id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            state TEXT NOT NULL,
+            revision INTEGER NOT NULL,
+            priority INTEGER NOT NULL,
+            parent_id TEXT,
+            run_id TEXT NOT NULL,
+            thread_id TEXT,
+            created_at REAL NOT NULL,
+            not_before REAL NOT NULL,
+            doc BLOB NOT NULL
+        )""",
+        # (filter, id) pairs: every list filter pages by id, so the cursor seek uses the same index
+        "CREATE INDEX tasks_state ON tasks (state, id)",
+        "CREATE INDEX tasks_kind ON tasks (kind, id)",
+        "CREATE INDEX tasks_owner ON tasks (owner, id)",
+        "CREATE INDEX tasks_parent ON tasks (parent_id, id)",
+        "CREATE INDEX tasks_run ON tasks (run_id, id)",
+        """CREATE TABLE task_history (
+            task_id TEXT NOT NULL,
+            revision INTEGER NOT NULL,
+            lease_id TEXT,
+            doc BLOB NOT NULL,
+            PRIMARY KEY (task_id, revision)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE audit (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL UNIQUE,
+            at REAL NOT NULL,
+            action TEXT NOT NULL,
+            object_id TEXT NOT NULL,
+            request_id TEXT,
+            owner TEXT,
+            doc BLOB NOT NULL
+        )""",
+        "CREATE INDEX audit_object ON audit (object_id, seq)",
+        "CREATE INDEX audit_action ON audit (action, seq)",
+        "CREATE INDEX audit_request ON audit (request_id, seq)",
+        "CREATE INDEX audit_owner ON audit (owner, seq)",
+        """CREATE TABLE idempotency (
+            owner TEXT NOT NULL,
+            key TEXT NOT NULL,
+            doc BLOB NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (owner, key)
+        )""",
+        # AUTOINCREMENT: a seq is never reused, even after the relay deleted every row
+        "CREATE TABLE outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB NOT NULL)",
+        """CREATE TABLE dead_letters (
+            dead_letter_id TEXT PRIMARY KEY,
+            task_id TEXT NOT NULL UNIQUE,
+            doc BLOB NOT NULL
+        )""",
+        "CREATE TABLE principals (token_hash TEXT PRIMARY KEY, doc BLOB NOT NULL)",
+        "CREATE TABLE nodes (id TEXT PRIMARY KEY, doc BLOB NOT NULL)",
+        "CREATE TABLE health (id INTEGER PRIMARY KEY CHECK (id = 1), at REAL NOT NULL)",
+    ),
+    # 2: callback deliveries and callback dead letters (events and callbacks)
+    (
+        # a delivery is written with its task's terminal change and deleted once delivered or dead-lettered;
+        # due_at leads the index: the sender reads the soonest first
+        """CREATE TABLE callback_deliveries (
+            id TEXT PRIMARY KEY,
+            task_id TEXT NOT NULL,
+            due_at REAL NOT NULL,
+            doc BLOB NOT NULL
+        )""",
+        "CREATE INDEX callback_deliveries_due ON callback_deliveries (due_at, id)",
+        """CREATE TABLE callback_dead_letters (
+            id TEXT PRIMARY KEY,
+            task_id TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            doc BLOB NOT NULL
+        )""",
+        "CREATE INDEX callback_dead_letters_owner ON callback_dead_letters (owner, id)",
+        "CREATE INDEX callback_dead_letters_task ON callback_dead_letters (task_id, id)",
+    ),
+    # 3: threads, scheduled tasks and their runs (the text lives in store/schedule_rows.py, next to its queries)
+    SCHEDULE_MIGRATION,
+    # 4: the schedule generation a run was launched under (docs/SCHEDULES.md; text in store/schedule_rows.py)
+    SCHEDULE_GENERATION_MIGRATION,
+    # 5: what the dead-letter sweep asks for, as columns (copied from the letter on every write) with a
+    # partial index per question: the sweep reads due and archivable letters only, never the archive
+    (
+        "ALTER TABLE dead_letters ADD COLUMN requeued INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE dead_letters ADD COLUMN exhausted INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE dead_letters ADD COLUMN archived INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE dead_letters ADD COLUMN last_dead_at REAL NOT NULL DEFAULT 0",
+        # docs are JSON text stored as BLOB: cast for json_extract; a letter from before ``requeued`` decodes
+        # as false, and so reads 0 here (the keeper marks it when it finds its task requeued)
+        """UPDATE dead_letters SET
+            requeued = coalesce(json_extract(CAST(doc AS TEXT), '$.requeued'), 0),
+            exhausted = coalesce(json_extract(CAST(doc AS TEXT), '$.exhausted'), 0),
+            archived = coalesce(json_extract(CAST(doc AS TEXT), '$.archived'), 0),
+            last_dead_at = coalesce(json_extract(CAST(doc AS TEXT), '$.last_dead_at'), 0)""",
+        "CREATE INDEX dead_letters_due ON dead_letters (last_dead_at, dead_letter_id)"
+        " WHERE exhausted = 0 AND archived = 0 AND requeued = 0",
+        "CREATE INDEX dead_letters_archivable ON dead_letters (last_dead_at, dead_letter_id)"
+        " WHERE exhausted = 1 AND archived = 0",
+        # the gauges count by state from this small index, without reading a letter
+        "CREATE INDEX dead_letters_state ON dead_letters (archived, exhausted)",
+    ),
+)
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
+    for version, statements in enumerate(MIGRATIONS, start=1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # read inside the write transaction: a second process migrating the same file waits, then skips
+            row = fetch_one(conn, "SELECT coalesce(max(version), 0) FROM schema_version")
+            current = int(row[0]) if row is not None else 0
+            if current > len(MIGRATIONS):
+                raise StorageError(
+                    f"the task store has schema version {current};"
+                    f" this gatewayd knows versions up to {len(MIGRATIONS)}",
+                )
+            if current >= version:
+                conn.execute("COMMIT")
+                continue
+            for sql in statements:
+                conn.execute(sql)
+            conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (version, time.time()))
+        except BaseException:
+            rollback_quietly(conn)
+            raise
+        conn.execute("COMMIT")
+        log.info("task store: applied schema migration %d", version)

@@ -1,0 +1,317 @@
+"""The SQLite store's file and connections: the durable state of one gatewayd (tasks, history, audit,
+idempotency keys, the event outbox, dead letters, principals, nodes, schedules).
+
+``SqliteDb`` owns the database file, runs its migrations (``migrations.py``) and holds the only write
+connection. Writes go through one writer coroutine that commits everything queued in one transaction (group
+commit, docs/ARCHITECTURE.md, Store), so throughput is bounded by the CPU rather than by one fsync per task. The
+write connection lives in a thread of its own and a whole batch is ONE call into that thread
+(``group_commit.py``): statement by statement (as aiosqlite does) would cost an event-loop turn per statement,
+which under load is most of a commit's latency. Reads use a second connection through aiosqlite: in WAL mode it
+reads the last committed state while the writer writes.
+
+Every task write is a compare-and-set on ``revision``; the row, its history entry, audit entry, outbox
+event, idempotency key and dead letter commit together or not at all (docs/ARCHITECTURE.md, Inside gatewayd).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from scheduler_gateway.actors.ports import (
+    Page,
+)
+from scheduler_gateway.daemon.store.change_rows import (
+    ChangeRows,
+    ChangeWork,
+    Op,
+    OpWork,
+    Work,
+)
+from scheduler_gateway.daemon.store.common import (
+    BUSY_TIMEOUT_MS,
+    Refusal,
+    clamp_limit,
+    decode_rows,
+    storage_error,
+)
+from scheduler_gateway.daemon.store.group_commit import commit_in_thread
+from scheduler_gateway.daemon.store.migrations import migrate
+from scheduler_gateway.wire.errors import (
+    StorageError,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class SqliteDb:
+    """One SQLite file: the write connection in a thread of its own with the queue its writer coroutine
+    commits in batches, and the read connection. ``start()`` opens and migrates the file, ``stop()`` closes it.
+
+    ``max_batch`` caps the changes one transaction commits: larger batches amortise the commit further
+    but make every caller in the batch wait for the whole of it.
+    """
+
+    def __init__(self, path: Path, *, max_batch: int = 512) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.path = Path(path)
+        self.max_batch = max_batch
+        self._wconn: sqlite3.Connection | None = None
+        self._wthread: ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._rconn: aiosqlite.Connection | None = None
+        self._queue: collections.deque[Work] = collections.deque()
+        self._wakeup = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._running = False
+        self._stop_requested = False
+        self._stopped: asyncio.Event | None = None  # set once a stop() finished; None while not stopping
+
+    def __repr__(self) -> str:
+        return f"SqliteDb({str(self.path)!r})"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._running:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create the data directory ({exc.strerror})") from exc
+        wthread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
+        wconn: sqlite3.Connection | None = None
+        rconn: aiosqlite.Connection | None = None
+        try:
+            wconn = await self._in_writer(wthread, _open_writer, self.path)
+            await self._in_writer(wthread, migrate, wconn)
+            rconn = await aiosqlite.connect(self.path, isolation_level=None)
+            await rconn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            await rconn.execute("PRAGMA query_only = ON")
+        except (sqlite3.Error, StorageError) as exc:
+            if rconn is not None:
+                await _close_quietly(rconn)
+            if wconn is not None:
+                await self._in_writer(wthread, _close_writer, wconn)
+            wthread.shutdown(wait=False)
+            if isinstance(exc, StorageError):
+                raise
+            raise storage_error(exc) from exc
+        self._wthread = wthread
+        # looked up once: 3.11's get_running_loop() makes a getpid() syscall on every call (a hot path)
+        self._loop = asyncio.get_running_loop()
+        self._wconn, self._rconn = wconn, rconn
+        self._queue.clear()
+        self._wakeup = asyncio.Event()
+        self._stop_requested = False
+        self._stopped = None
+        self._running = True
+        self._writer = asyncio.create_task(self._write_loop(), name="sqlite-store-writer")
+
+    async def stop(self) -> None:
+        """Let the batch being committed finish, fail every queued write, close. Idempotent."""
+        if self._stopped is not None:
+            await self._stopped.wait()  # a stop is running or done: wait for it, do not redo it
+            return
+        self._stopped = asyncio.Event()
+        try:
+            self._running = False  # refuse new work from here on
+            self._stop_requested = True
+            self._wakeup.set()
+            writer, self._writer = self._writer, None
+            if writer is not None:
+                # wait() does not re-raise the writer's own end (it may have been cancelled by a loop
+                # shutdown); only a cancel of stop() itself propagates
+                await asyncio.wait([writer])
+                if not writer.cancelled() and writer.exception() is not None:
+                    log.error("task store: the writer ended with %r", writer.exception())
+            self._fail_queued()
+            if self._rconn is not None:
+                await _close_quietly(self._rconn)
+            if self._wconn is not None and self._wthread is not None:
+                await self._in_writer(self._wthread, _close_writer, self._wconn)
+            if self._wthread is not None:
+                self._wthread.shutdown(wait=False)
+            self._rconn = self._wconn = None
+            self._wthread = None
+        finally:
+            self._stopped.set()
+
+    def enqueue_changes(self, rows: list[ChangeRows]) -> asyncio.Future[list[BaseException | None]]:
+        fut = self.new_future()
+        self.enqueue(ChangeWork(rows, fut))
+        return fut
+
+    async def submit_op(self, op: Op, weight: int = 1) -> None:
+        fut = self.new_future()
+        self.enqueue(OpWork(op, max(1, min(weight, self.max_batch)), fut))
+        (result,) = await fut
+        if result is not None:
+            raise result
+
+    def new_future(self) -> asyncio.Future[list[BaseException | None]]:
+        if not self._running or self._loop is None:
+            raise StorageError("the task store is not running")
+        return self._loop.create_future()
+
+    def enqueue(self, work: Work) -> None:
+        self._queue.append(work)
+        self._wakeup.set()
+
+    # ------------------------------------------------------------------ the writer
+
+    async def _write_loop(self) -> None:
+        while True:
+            if not self._queue:
+                if self._stop_requested:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            # Take everything queued up to max_batch: callers that queued while the previous commit ran
+            # share the next one (group commit without a timer, so a lone write never waits).
+            batch: list[Work] = [self._queue.popleft()]
+            weight = batch[0].weight
+            while self._queue and weight + self._queue[0].weight <= self.max_batch:
+                work = self._queue.popleft()
+                batch.append(work)
+                weight += work.weight
+            try:
+                await self._commit(batch)
+            except asyncio.CancelledError:
+                # the loop is being torn down without stop(): nobody may wait forever on a future
+                self._fail_batch(
+                    batch,
+                    StorageError("the task store stopped during this write; it may or may not have committed"),
+                )
+                self._fail_queued()
+                raise
+            if self._stop_requested:
+                return
+
+    def _fail_queued(self) -> None:
+        self._fail_batch(list(self._queue), StorageError("the task store stopped before this write"))
+        self._queue.clear()
+
+    @staticmethod
+    async def _in_writer(thread: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(thread, fn, *args)
+
+    async def _commit(self, batch: list[Work]) -> None:
+        conn, thread = self._wconn, self._wthread
+        assert conn is not None and thread is not None
+        outcome = await self._in_writer(thread, commit_in_thread, conn, batch)
+        if isinstance(outcome, StorageError):
+            self._fail_batch(batch, outcome)
+            return
+        for work, result in zip(batch, outcome, strict=True):
+            if not work.future.done():  # the caller may have been cancelled; the write stands anyway
+                work.future.set_result(result)
+
+    @staticmethod
+    def _fail_batch(batch: list[Work], err: StorageError) -> None:
+        """Failures are results, like refusals: every change of the batch gets ``err``."""
+        for work in batch:
+            if not work.future.done():
+                # one exception object per caller: re-raising a shared one would splice tracebacks together
+                own = StorageError(err.message, details=dict(err.details))
+                own.__cause__ = err.__cause__
+                work.future.set_result([own] * (work.weight if isinstance(work, ChangeWork) else 1))
+
+    # ------------------------------------------------------------------ reads
+
+    def _reader(self) -> aiosqlite.Connection:
+        if not self._running or self._rconn is None:
+            raise StorageError("the task store is not running")
+        return self._rconn
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        conn = self._reader()
+        try:
+            return list(await conn.execute_fetchall(sql, params))
+        except sqlite3.Error as exc:
+            raise storage_error(exc) from exc
+        except ValueError as exc:  # aiosqlite: the connection closed under us
+            raise StorageError("the task store is not running") from exc
+
+    async def page(
+        self,
+        table: str,
+        key: str,
+        filters: Iterable[tuple[str, Any]],
+        after: Any,
+        limit: int,
+        decode: Callable[[Any], T],
+        what: str,
+    ) -> Page:
+        """One page of ``table`` ordered by ``key`` after the cursor value ``after``, with equality filters
+        (None = no filter). The next cursor is the last row's key even when that row was skipped as corrupt."""
+        n = clamp_limit(limit)
+        where = [f"{key} > ?"]
+        params: list[Any] = [after]
+        for column, value in filters:
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        params.append(n + 1)
+        rows = await self.fetchall(
+            f"SELECT {key}, doc FROM {table} WHERE {' AND '.join(where)} ORDER BY {key} LIMIT ?", params
+        )
+        more = len(rows) > n
+        rows = rows[:n]
+        return Page(decode_rows(decode, rows, what), str(rows[-1][0]) if more else None)
+
+    async def run(self, fn: Callable[[sqlite3.Connection], Any], weight: int = 1) -> Any:
+        """Run ``fn`` in the writer's transaction and answer what it returned (a Refusal is raised here).
+        The writer may run an op twice (fast path rolled back, then the slow path): the last run counts."""
+        box: list[Any] = [None]
+
+        def op(conn: sqlite3.Connection) -> None:
+            box[0] = fn(conn)
+
+        await self.submit_op(op, weight)
+        if isinstance(box[0], Refusal):
+            raise box[0].error
+        return box[0]
+
+
+def _open_writer(path: Path) -> sqlite3.Connection:
+    """The write connection, opened in the writer thread that alone will use it."""
+    # isolation_level None: no implicit transactions; the writer issues BEGIN/COMMIT itself
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        if mode is None or str(mode[0]).lower() != "wal":
+            raise StorageError("the task store could not switch to WAL mode")
+        # NORMAL in WAL mode: a power cut may lose the last commits but never corrupts the file
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _close_writer(conn: sqlite3.Connection) -> None:
+    try:
+        conn.close()
+    except sqlite3.Error as exc:
+        log.warning("task store: closing the write connection failed (%s)", type(exc).__name__)
+
+
+async def _close_quietly(conn: aiosqlite.Connection) -> None:
+    try:
+        await conn.close()
+    except (sqlite3.Error, ValueError) as exc:
+        log.warning("task store: closing a connection failed (%s)", type(exc).__name__)
