@@ -11,6 +11,7 @@ from typing import Any, cast
 import aiohttp
 import pytest
 from aiohttp import web
+
 from scheduler_gateway.daemon.http.callback_client import (
     AiohttpCallbackPoster,
     TargetRefused,
