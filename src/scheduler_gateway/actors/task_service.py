@@ -11,15 +11,24 @@ period instead (docs/SCHEDULES.md, Start-up reconcile).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgspec
 
-from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidArgument, NotFound, task_not_found
+from scheduler_gateway.wire.errors import (
+    Code,
+    Conflict,
+    GatewayError,
+    InvalidArgument,
+    NotFound,
+    StorageError,
+    task_not_found,
+)
 from scheduler_gateway.wire.messages import (
     CancelNotice,
     ClaimReply,
@@ -122,6 +131,23 @@ class NewTask(msgspec.Struct, frozen=True, kw_only=True):
     callback_url: str | None = None
     callback_secret: str | None = None
     labels: dict[str, str] = {}
+
+
+class BatchItem(msgspec.Struct, frozen=True):
+    """One create of ``create_many``: the task, and its own Idempotency-Key with the body hash it covers."""
+
+    spec: NewTask
+    key: str | None = None
+    body_hash: str = ""
+
+
+BatchOutcome = tuple[Task, bool] | GatewayError
+
+
+def _as_gateway_error(err: BaseException) -> GatewayError:
+    if isinstance(err, GatewayError):
+        return err
+    return StorageError(f"the task store failed ({type(err).__name__})")
 
 
 class SettleOutcome(msgspec.Struct, frozen=True):
@@ -497,12 +523,7 @@ class TaskService:
     ) -> tuple[Task, bool]:
         """Run ``first`` unless the key has a record; a request whose key is still in flight waits for it and
         then answers from its record, so two requests with one key never both act (or one fail)."""
-        slot = (caller.user, key)
-        while slot in self._inflight_keys:
-            await asyncio.shield(self._inflight_keys[slot])
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._inflight_keys[slot] = fut
-        try:
+        async with self._key_slots(caller.user, [key]):
             replay = await self._replay(caller, key, operation, body_hash)
             if replay is not None:
                 return replay, True
@@ -516,9 +537,74 @@ class TaskService:
                 if replay is None:
                     raise
                 return replay, True
+
+    @contextlib.asynccontextmanager
+    async def _key_slots(self, user: str, keys: list[str]) -> AsyncIterator[None]:
+        """Hold the user's keys for one request: a request with any of them waits until they are free.
+        All are taken at once (no await between the last check and taking them), so two batches sharing
+        keys cannot each hold one the other waits for."""
+        slots = [(user, key) for key in keys]
+        while True:
+            busy = next((self._inflight_keys[s] for s in slots if s in self._inflight_keys), None)
+            if busy is None:
+                break
+            await asyncio.shield(busy)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        for slot in slots:
+            self._inflight_keys[slot] = fut
+        try:
+            yield
         finally:
-            del self._inflight_keys[slot]
+            for slot in slots:
+                del self._inflight_keys[slot]
             fut.set_result(None)
+
+    async def create_many(self, caller: Caller, items: list[BatchItem]) -> list[BatchOutcome]:
+        """Create tasks in order, committed together in as few store transactions as it takes; each item
+        answers alone: (task, replayed) or the error that refused it. Every accepted item is committed
+        before this returns, with its history, audit entry and event, as a single create would be."""
+        results: list[BatchOutcome | None] = [None] * len(items)
+        first_of_key: dict[str, int] = {}
+        pending: list[tuple[int, sm.Transition, IdempotencyRecord | None]] = []
+        keys = sorted({item.key for item in items if item.key is not None})
+        async with self._key_slots(caller.user, keys):
+            for n, item in enumerate(items):
+                if item.key is not None and item.key in first_of_key:
+                    continue  # the same key again in this batch: answered from its first item below
+                try:
+                    check_labels(caller, item.spec.labels)
+                    if item.key is not None:
+                        first_of_key[item.key] = n
+                        replay = await self._replay(caller, item.key, "create", item.body_hash)
+                        if replay is not None:
+                            results[n] = (replay, True)
+                            continue
+                    pending.append((n, *await self._prepared_create(caller, item.spec, item.key, item.body_hash)))
+                except GatewayError as exc:
+                    results[n] = exc
+            changes = [self._change(tr, caller.request_id, None, idem, None) for _, tr, idem in pending]
+            outcomes = await self._store.apply_many(changes) if changes else []
+            for (n, tr, idem), err in zip(pending, outcomes, strict=True):
+                if err is None:
+                    self._after_commit(tr)
+                    results[n] = (tr.task, False)
+                    continue
+                replay = None
+                if idem is not None and isinstance(err, Conflict) and err.code == Code.IDEMPOTENCY_CONFLICT:
+                    replay = await self._replay(caller, idem.key, "create", idem.body_hash)
+                results[n] = (replay, True) if replay is not None else _as_gateway_error(err)
+        for n, item in enumerate(items):
+            if results[n] is None:  # a repeated key: the first item's answer, if the request is the same
+                assert item.key is not None
+                first = first_of_key[item.key]
+                done = results[first]
+                if items[first].body_hash != item.body_hash:
+                    results[n] = Conflict(
+                        "this Idempotency-Key was used with another request", code=Code.IDEMPOTENCY_CONFLICT
+                    )
+                else:
+                    results[n] = (done[0], True) if isinstance(done, tuple) else done
+        return [r for r in results if r is not None]
 
     async def _replay(self, caller: Caller, key: str, operation: str, body_hash: str) -> Task | None:
         record = await self._store.get_idempotency(caller.user, key)
@@ -553,6 +639,13 @@ class TaskService:
         return task
 
     async def _create(self, caller: Caller, spec: NewTask, idem_key: str | None, body_hash: str) -> Task:
+        tr, idem = await self._prepared_create(caller, spec, idem_key, body_hash)
+        return await self._commit(tr, caller.request_id, idempotency=idem)
+
+    async def _prepared_create(
+        self, caller: Caller, spec: NewTask, idem_key: str | None, body_hash: str
+    ) -> tuple[sm.Transition, IdempotencyRecord | None]:
+        """Every check of a create and the transition it commits (not committed yet)."""
         now = self._clock()
         run_id = spec.run_id
         if spec.parent_id is not None:
@@ -598,8 +691,7 @@ class TaskService:
                 created_at=now,
             )
         await self._check_parent(task, inserting=True)
-        tr = sm.create(task, caller.actor, now, caller.request_id)
-        return await self._commit(tr, caller.request_id, idempotency=idem)
+        return sm.create(task, caller.actor, now, caller.request_id), idem
 
     # -- user actions ------------------------------------------------------------------------------
     async def act(

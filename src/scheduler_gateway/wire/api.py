@@ -47,6 +47,39 @@ class CreateTaskBody(_Body):
     labels: dict[Annotated[str, Meta(min_length=1, max_length=128)], Annotated[str, Meta(max_length=1024)]] = {}
 
 
+class BatchItemBody(CreateTaskBody):
+    """One item of ``POST /api/tasks/batch``: a create body with its own ``Idempotency-Key``."""
+
+    idempotency_key: str | None = None
+
+
+BATCH_MAX_ITEMS = 1000
+BATCH_MAX_BYTES = 64 * 1024 * 1024
+
+
+class BatchCreateBody(_Body):
+    """The items stay raw here so that one malformed item is refused alone."""
+
+    tasks: list[msgspec.Raw]
+
+
+class BatchItemError(msgspec.Struct, rename="camel", kw_only=True):
+    code: str
+    message: str
+    details: dict[str, Any] = {}
+
+
+class BatchItemResult(msgspec.Struct, rename="camel", kw_only=True, omit_defaults=True):
+    status: int
+    task: TaskView | None = None
+    replayed: bool = False
+    error: BatchItemError | None = None
+
+
+class BatchCreateAnswer(msgspec.Struct, rename="camel"):
+    items: list[BatchItemResult]
+
+
 class CancelBody(_Body):
     reason: Reason | None = None
     expected_revision: int | None = None

@@ -21,9 +21,9 @@ from scheduler_gateway.actors import failpoints, idgen
 from scheduler_gateway.actors.model.records import AuditEntry, DeadLetter, HistoryEntry, Task
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.ports import AuditQuery, DeadLetterQuery, NodeRecord, TaskQuery, TaskStore
-from scheduler_gateway.actors.task_service import Caller, NewTask, TaskService
+from scheduler_gateway.actors.task_service import BatchItem, Caller, NewTask, TaskService
 from scheduler_gateway.daemon.http.callback_client import target_host, target_problem
-from scheduler_gateway.daemon.http.errors import error_response
+from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE, error_response
 from scheduler_gateway.daemon.http.input import bearer_token_text, check_json_depth, decode_content, idempotency_key
 from scheduler_gateway.daemon.metrics import PrometheusMetrics
 from scheduler_gateway.wire import api
@@ -63,6 +63,13 @@ def canonical_hash(body: bytes) -> str:
     except msgspec.DecodeError:
         return hashlib.sha256(body).hexdigest()
     return hashlib.sha256(msgspec.json.encode(value, order="sorted")).hexdigest()
+
+
+def _item_error(exc: GatewayError) -> api.BatchItemResult:
+    return api.BatchItemResult(
+        status=STATUS_OF_CODE.get(exc.code, 500),
+        error=api.BatchItemError(code=exc.code, message=exc.message, details=exc.details),
+    )
 
 
 def task_view(t: Task) -> api.TaskView:
@@ -184,6 +191,7 @@ class AdminApi:
         r.add_get("/metrics", self.metrics_text)
         r.add_get(OPENAPI_PATH, self.openapi_json)
         r.add_post("/api/tasks", self.create_task)
+        r.add_post("/api/tasks/batch", self.create_tasks_batch)
         r.add_get("/api/tasks", self.list_tasks)
         r.add_get("/api/tasks/{id}", self.get_task)
         r.add_get("/api/tasks/{id}/history", self.task_history)
@@ -252,9 +260,9 @@ class AdminApi:
             body=self._enc.encode(value), status=status, content_type="application/json", headers=headers
         )
 
-    async def _body(self, request: web.Request) -> bytes:
+    async def _body(self, request: web.Request, limit: int | None = None) -> bytes:
         """The request body, decoded from its Content-Encoding, within the size and depth limits (http.input)."""
-        limit = self.settings.max_payload_bytes + BODY_HEADROOM
+        limit = limit or self.settings.max_payload_bytes + BODY_HEADROOM
         body = await request.read()  # aiohttp refuses more than client_max_size bytes on the wire (413)
         body = decode_content(body, request.headers.get("Content-Encoding", ""), limit)
         if len(body) > limit:
@@ -335,6 +343,50 @@ class AdminApi:
             return self._json(task_view(task), 200, {"Idempotent-Replayed": "true"})
         failpoints.hit("http.after_commit")  # committed, not answered
         return self._json(task_view(task), 201)
+
+    async def create_tasks_batch(self, request: web.Request) -> web.Response:
+        """``POST /api/tasks/batch``: 1 to 1000 creates, each answered alone, all accepted ones committed."""
+        caller: Caller = request[CALLER]
+        limit = api.BATCH_MAX_BYTES
+        body = await self._body(request.clone(client_max_size=limit), limit)
+        batch: api.BatchCreateBody = self._decode(body, api.BatchCreateBody)
+        if len(batch.tasks) > api.BATCH_MAX_ITEMS:
+            raise PayloadTooLarge(
+                f"a batch holds at most {api.BATCH_MAX_ITEMS} tasks", details={"limit": api.BATCH_MAX_ITEMS}
+            )
+        if not batch.tasks:
+            raise InvalidArgument("a batch holds at least one task", details={"field": "tasks"})
+        answers: list[api.BatchItemResult | None] = [None] * len(batch.tasks)
+        items: list[BatchItem] = []
+        slots: list[int] = []
+        for n, raw in enumerate(batch.tasks):
+            try:
+                items.append(self._batch_item(raw))
+                slots.append(n)
+            except GatewayError as exc:
+                answers[n] = _item_error(exc)
+        for n, outcome in zip(slots, await self.service.create_many(caller, items), strict=True):
+            if isinstance(outcome, GatewayError):
+                answers[n] = _item_error(outcome)
+            else:
+                task, replayed = outcome
+                answers[n] = api.BatchItemResult(
+                    status=200 if replayed else 201, task=task_view(task), replayed=replayed
+                )
+        failpoints.hit("http.after_commit")  # committed, not answered
+        return self._json(api.BatchCreateAnswer(items=[a for a in answers if a is not None]))
+
+    def _batch_item(self, raw: msgspec.Raw) -> BatchItem:
+        item: api.BatchItemBody = self._decode(bytes(raw), api.BatchItemBody)
+        self._check_payload(item.payload)
+        spec = self._new_task(item)
+        key = idempotency_key(item.idempotency_key)
+        if key is None:
+            return BatchItem(spec)
+        # the hash covers the item without its key: the same create sent alone with that key replays
+        value = msgspec.json.decode(bytes(raw))
+        value.pop("idempotencyKey", None)
+        return BatchItem(spec, key, canonical_hash(msgspec.json.encode(value)))
 
     def _new_task(self, req: api.CreateTaskBody) -> NewTask:
         not_before = None
