@@ -10,6 +10,7 @@ when that cannot do a change twice (see ``docs/CLIENT.md``, Retries).
 from __future__ import annotations
 
 import asyncio
+import io
 import random
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -46,6 +47,7 @@ Body = msgspec.Struct | Mapping[str, Any]
 USER_AGENT: Final = "scheduler-gateway-client/0.1"
 MAX_BATCH: Final = 1000  # items per POST /api/tasks/batch
 MAX_BATCH_BYTES: Final = 48 * 1024 * 1024  # a chunk's body stays well under the route's 64 MiB
+_LARGE_BODY: Final = 512 * 1024
 _NOT_SENT: Any = msgspec.Raw(b"")  # "no payload" in rework (a payload of null is raw(None))
 
 # what a retry may do: "safe" requests are retried on any lost answer and on a 503; "connect" ones only
@@ -64,8 +66,8 @@ def _jsonable(value: Any) -> Any:
                 continue
             out[f.encode_name] = _jsonable(v)
         return out
-    if isinstance(value, Mapping):
-        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, Mapping):  # a caller's dict: only an empty Raw means "not sent" (None is null)
+        return {k: _jsonable(v) for k, v in value.items() if not (isinstance(v, msgspec.Raw) and len(v) == 0)}
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     return value
@@ -196,8 +198,10 @@ class GatewayClient:
         attempt = 0
         while True:
             try:
+                # a large body goes as a file-like object, so aiohttp writes it without blocking the loop
+                payload: Any = io.BytesIO(data) if data is not None and len(data) > _LARGE_BODY else data
                 async with self._http().request(
-                    method, url, data=data, params=query, headers=headers, timeout=self.timeout
+                    method, url, data=payload, params=query, headers=headers, timeout=self.timeout
                 ) as resp:
                     answer = _Answer(resp.status, await resp.read(), dict(resp.headers))
             except aiohttp.ClientConnectorError as exc:  # never connected: nothing was sent
@@ -380,14 +384,14 @@ class GatewayClient:
         unchanged), so it is retried like a read; with ``expected_revision`` only when nothing was sent."""
         retry: Retry = "safe" if expected_revision is None else "connect"
         return await self._act(
-            task_id, "cancel", {"reason": reason, "expectedRevision": expected_revision}, None, retry
+            task_id, "cancel", _given(reason=reason, expectedRevision=expected_revision), None, retry
         )
 
     async def approve(
         self, task_id: str, *, expected_revision: int | None = None, idempotency_key: str | None = None
     ) -> api.TaskView:
         return await self._act(
-            task_id, "approve", {"expectedRevision": expected_revision}, idempotency_key, _keyed(idempotency_key)
+            task_id, "approve", _given(expectedRevision=expected_revision), idempotency_key, _keyed(idempotency_key)
         )
 
     async def amend(
@@ -398,14 +402,14 @@ class GatewayClient:
         expected_revision: int | None = None,
         idempotency_key: str | None = None,
     ) -> api.TaskView:
-        body = {"payload": raw(payload), "expectedRevision": expected_revision}
+        body = _given(payload=raw(payload), expectedRevision=expected_revision)
         return await self._act(task_id, "amend", body, idempotency_key, _keyed(idempotency_key))
 
     async def retry(
         self, task_id: str, *, expected_revision: int | None = None, idempotency_key: str | None = None
     ) -> api.TaskView:
         return await self._act(
-            task_id, "retry", {"expectedRevision": expected_revision}, idempotency_key, _keyed(idempotency_key)
+            task_id, "retry", _given(expectedRevision=expected_revision), idempotency_key, _keyed(idempotency_key)
         )
 
     async def rework(
@@ -418,7 +422,7 @@ class GatewayClient:
         idempotency_key: str | None = None,
     ) -> api.TaskView:
         """Requeue a succeeded or failed task, with a new ``payload`` when one is given."""
-        body = {"reason": reason, "payload": raw(payload), "expectedRevision": expected_revision}
+        body = _given(reason=reason, payload=raw(payload), expectedRevision=expected_revision)
         return await self._act(task_id, "rework", body, idempotency_key, _keyed(idempotency_key))
 
     async def wait(
@@ -491,7 +495,7 @@ class GatewayClient:
         """``POST /api/deadletter/{id}/retry`` (``force``: ``/force-retry`` with ``reason``). Not retried
         after a lost answer: a redrive counts."""
         path = f"/api/deadletter/{_id(dead_letter_id)}/" + ("force-retry" if force else "retry")
-        body = {"reason": reason} if force else {}
+        body = _given(reason=reason) if force else {}
         return self._decode((await self._call("POST", path, body=body, retry="connect")).body, api.RedriveView)
 
     def callback_dead_letters(
@@ -601,6 +605,11 @@ class GatewayClient:
         return view.items
 
 
+def _given(**fields: Any) -> dict[str, Any]:
+    """An action's body: the fields given (``None`` and an empty ``Raw`` are left out)."""
+    return {k: v for k, v in fields.items() if v is not None and not (isinstance(v, msgspec.Raw) and len(v) == 0)}
+
+
 def _new_key() -> str:
     return str(uuid.uuid4())
 
@@ -611,8 +620,11 @@ def _keyed(key: str | None) -> Retry:
 
 class EventStream:
     """``GatewayClient.events()``: an async iterator of ``Event`` and ``Gap`` that reconnects by itself.
+
+    The first connection is made by ``open()`` (or entering ``async with``), else by the first ``anext``:
+    the gateway subscribes the stream before it answers, so every event after ``open()`` returns is seen.
     ``last_event_id`` is the seq of the last event yielded (what a reconnect resumes after);
-    ``disconnects`` counts the connections that ended."""
+    ``disconnects`` counts the connections that ended, ``last_disconnect`` the last ``event: disconnect``."""
 
     def __init__(
         self,
@@ -630,24 +642,38 @@ class EventStream:
         self.disconnects = 0
         self.last_disconnect: Disconnect | None = None
         self._on_connect = on_connect
+        self._pending: aiohttp.ClientResponse | None = None
         self._gen: AsyncGenerator[Event | Gap, None] | None = None
+        self._closed = False
 
     def __aiter__(self) -> EventStream:
         return self
 
     async def __anext__(self) -> Event | Gap:
+        if self._closed:
+            raise StopAsyncIteration
         if self._gen is None:
             self._gen = self._run()
         return await self._gen.__anext__()
 
+    async def open(self) -> EventStream:
+        """Connect now (retrying a lost connection or a 503; a refusal such as 401 raises)."""
+        if self._gen is None and self._pending is None and not self._closed:
+            self._pending = await self._connect()
+        return self
+
     async def aclose(self) -> None:
         """Close the connection (an iteration that was not run to its end should be closed)."""
+        self._closed = True
         gen, self._gen = self._gen, None
         if gen is not None:
             await gen.aclose()
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.close()
 
     async def __aenter__(self) -> EventStream:
-        return self
+        return await self.open()
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -667,20 +693,23 @@ class EventStream:
             raise error_from_response(resp.status, body, resp.headers.get("X-Request-Id"))
         return resp
 
-    async def _run(self) -> AsyncGenerator[Event | Gap, None]:
-        decode_event = msgspec.json.Decoder(Event).decode
+    async def _connect(self) -> aiohttp.ClientResponse:
         failures = 0
         while True:
             try:
-                resp = await self._open()
+                return await self._open()
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError, Unavailable):
-                failures += 1
                 await asyncio.sleep(self.client._delay(min(failures, 8)))
-                continue
+                failures += 1
+
+    async def _run(self) -> AsyncGenerator[Event | Gap, None]:
+        decode_event = msgspec.json.Decoder(Event).decode
+        while True:
+            resp, self._pending = self._pending or await self._connect(), None
+            cut = False
             try:
                 if self._on_connect is not None:
                     await self._on_connect()
-                failures = 0
                 async for frame in _sse.frames(resp.content.iter_any()):
                     if frame.event == "gap":
                         yield msgspec.json.decode(frame.data, type=Gap)
@@ -695,11 +724,11 @@ class EventStream:
                             self.last_event_id = ev.seq
                         yield ev
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError):
-                failures += 1
+                cut = True
             finally:
                 resp.close()
             self.disconnects += 1
-            await asyncio.sleep(self.client._delay(min(failures, 8)))
+            await asyncio.sleep(self.client._delay(1 if cut else 0))
 
 
 __all__ = ["Body", "EventStream", "GatewayClient", "GatewayClientError"]
