@@ -218,6 +218,14 @@ async def test_the_replay_of_a_key_answers_the_same_task(client: GatewayClient) 
     assert second.id == first.id
     answer = await client._call("POST", "/api/tasks", body=client.task_body("echo", {"a": 1}), idempotency_key="same")
     assert answer.status == 200 and answer.replayed  # Idempotent-Replayed: true
+    # the client sends the smallest body, so the same create sent by hand with the key is a replay too
+    status, _, headers = await _raw_create(client, {"payload": {"a": 1}, "kind": "echo"}, "same")
+    assert status == 200 and headers.get("Idempotent-Replayed") == "true"
+
+
+async def _raw_create(client: GatewayClient, body: dict[str, Any], key: str) -> tuple[int, bytes, dict[str, str]]:
+    answer = await client._call("POST", "/api/tasks", body=body, idempotency_key=key)
+    return answer.status, answer.body, dict(answer.headers)
 
 
 async def test_503_retries_keyed_writes_only(via_proxy: GatewayClient, proxy: FaultProxy) -> None:

@@ -55,14 +55,26 @@ _NOT_SENT: Any = msgspec.Raw(b"")  # "no payload" in rework (a payload of null i
 Retry = Literal["safe", "connect"]
 
 
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, msgspec.Raw) or isinstance(b, msgspec.Raw):
+        return isinstance(a, msgspec.Raw) and isinstance(b, msgspec.Raw) and bytes(a) == bytes(b)
+    return type(a) is type(b) and bool(a == b)
+
+
 def _jsonable(value: Any) -> Any:
-    """A wire Struct as the JSON object it stands for, leaving out what was not set (``None`` and an
-    empty ``Raw``): a PATCH or an action then carries only the fields the caller gave."""
+    """A wire Struct as the JSON object it stands for, leaving out what was not set (``None``, an empty
+    ``Raw``, a field at its default): a PATCH or an action carries only the fields the caller gave, and a
+    create is the smallest body that says it, so the same request sent by other means (curl, another
+    client) with the same Idempotency-Key is a replay, not a conflict."""
     if isinstance(value, msgspec.Struct):
         out: dict[str, Any] = {}
         for f in msgspec.structs.fields(value):
             v = getattr(value, f.name)
             if v is None or (isinstance(v, msgspec.Raw) and len(v) == 0):
+                continue
+            if f.default is not msgspec.NODEFAULT and _same(v, f.default):
+                continue
+            if f.default_factory is not msgspec.NODEFAULT and _same(v, f.default_factory()):
                 continue
             out[f.encode_name] = _jsonable(v)
         return out
