@@ -547,7 +547,7 @@ class GatewayClient:
 
     async def ready(self) -> ReadyView:
         """``GET /readyz``: readiness and its checks (a 503 "not_ready" is an answer here, not an error)."""
-        return self._decode((await self._call("GET", "/readyz", ok=(503,), retry="connect")).body, ReadyView)
+        return self._decode((await self._call("GET", "/readyz", ok=(503,))).body, ReadyView)
 
     # -- threads ---------------------------------------------------------------------------------------
     async def create_thread(self, title: str | None = None) -> sa.ThreadView:
