@@ -1,0 +1,134 @@
+"""The client's own views of answers that have no Struct in ``scheduler_gateway.wire`` (docs/API.md), and
+small helpers for the ``msgspec.Raw`` fields of the wire types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final, TypeVar
+
+import msgspec
+
+from scheduler_gateway.wire.api import ErrorView, TaskView
+
+from ._errors import GatewayClientError
+
+T = TypeVar("T")
+
+TERMINAL_STATES: Final = frozenset({"succeeded", "failed", "canceled", "dead"})
+TASK_STATES: Final = ("waiting_approval", "queued", "running", "succeeded", "failed", "canceled", "dead")
+
+
+def raw(value: Any) -> msgspec.Raw:
+    """Any JSON-able value as the ``msgspec.Raw`` a wire body's ``payload`` takes (a Raw stays as it is)."""
+    return value if isinstance(value, msgspec.Raw) else msgspec.Raw(msgspec.json.encode(value))
+
+
+def loads(value: msgspec.Raw, type: type[T] = Any) -> T:  # type: ignore[assignment]
+    """A ``payload`` or ``result`` of a view (``msgspec.Raw``) as Python values, or decoded into ``type``."""
+    data = bytes(value)
+    return msgspec.json.decode(data or b"null", type=type)
+
+
+def timestamp(value: str | datetime | None) -> str | None:
+    """A timestamp for a body or query: RFC 3339 in UTC with milliseconds; a naive datetime is refused."""
+    if value is None or isinstance(value, str):
+        return value
+    if value.tzinfo is None:
+        raise ValueError("a timestamp needs a time zone (an aware datetime)")
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Gap(msgspec.Struct, rename="camel", kw_only=True, frozen=True):
+    """``event: gap`` of the event stream: events after ``requested_after`` are gone (retention); the replay
+    goes on at ``first_available_seq``."""
+
+    requested_after: int
+    first_available_seq: int
+
+
+class Disconnect(msgspec.Struct, kw_only=True, frozen=True):
+    """``event: disconnect``, the last event of one connection (the client reconnects by itself)."""
+
+    reason: str
+    message: str = ""
+
+
+class CallbackDeadLetterView(msgspec.Struct, rename="camel", kw_only=True):
+    """A callback dead letter (docs/API.md, Callbacks)."""
+
+    id: str
+    task_id: str
+    callback_url: str
+    last_error: str
+    attempt_count: int
+    created_at: str | None
+
+
+class CheckView(msgspec.Struct, kw_only=True):
+    ok: bool
+    detail: str | None = None
+
+
+class ReadyView(msgspec.Struct, kw_only=True):
+    """``GET /readyz`` (200 or 503, both decoded)."""
+
+    status: str
+    checks: dict[str, CheckView] = {}
+
+
+class _BatchErrorView(msgspec.Struct, kw_only=True):
+    code: str
+    message: str
+    details: dict[str, Any] = {}
+
+
+class _BatchItemView(msgspec.Struct, kw_only=True):
+    status: int
+    task: TaskView | None = None
+    replayed: bool = False
+    error: _BatchErrorView | None = None
+
+
+class _BatchView(msgspec.Struct, kw_only=True):
+    items: list[_BatchItemView]
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """One item of ``submit_many``, in request order: ``task`` (created, or ``replayed`` for a key used
+    before with the same body) or ``error`` (the exception the same request alone would have raised)."""
+
+    index: int
+    idempotency_key: str
+    status: int
+    task: TaskView | None = None
+    replayed: bool = False
+    error: GatewayClientError | None = field(default=None)
+
+    @property
+    def ok(self) -> bool:
+        return self.task is not None and self.error is None
+
+    def unwrap(self) -> TaskView:
+        """The task, or raise the item's error."""
+        if self.error is not None:
+            raise self.error
+        assert self.task is not None
+        return self.task
+
+
+__all__ = [
+    "TASK_STATES",
+    "TERMINAL_STATES",
+    "CallbackDeadLetterView",
+    "CheckView",
+    "Disconnect",
+    "ErrorView",
+    "Gap",
+    "ReadyView",
+    "SubmitResult",
+    "loads",
+    "raw",
+    "timestamp",
+]
