@@ -13,7 +13,7 @@ import pytest
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.client import GatewayClient
 from scheduler_gateway.daemon.gateway import Gateway
-from scheduler_gateway.daemon.nats_server import NatsServerProcess
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from tests.integration.harness import ADMIN_TOKEN, HandNode, running_gateway
 
 FAST = SchedulerSettings(min_once_delay_s=0, poll_interval_s=0.1, max_concurrent_runs=8)

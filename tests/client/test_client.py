@@ -98,7 +98,7 @@ async def test_submit_a_wire_body_and_the_approval_actions(client: GatewayClient
     assert delayed.not_before.startswith(later.strftime("%Y-%m-%dT%H:%M"))
     with pytest.raises(TypeError):
         await client.submit(body, {"x": 1})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="time zone"):
         await client.submit("echo", not_before=datetime(2030, 1, 1))  # naive
 
 
@@ -349,10 +349,12 @@ async def test_events_surface_a_gap_and_reconnect_after_disconnect() -> None:
     await site.start()
     port = runner.addresses[0][1]
     try:
-        async with GatewayClient(f"http://127.0.0.1:{port}", "t", backoff_s=0.01) as c:
-            async with c.events(last_event_id=2) as stream:
-                items = [await asyncio.wait_for(anext(stream), 5) for _ in range(3)]
-                assert stream.last_disconnect is not None and stream.last_disconnect.reason == "SLOW_CONSUMER"
+        async with (
+            GatewayClient(f"http://127.0.0.1:{port}", "t", backoff_s=0.01) as c,
+            c.events(last_event_id=2) as stream,
+        ):
+            items = [await asyncio.wait_for(anext(stream), 5) for _ in range(3)]
+            assert stream.last_disconnect is not None and stream.last_disconnect.reason == "SLOW_CONSUMER"
     finally:
         await runner.cleanup()
     assert items[0] == Gap(requested_after=2, first_available_seq=5)

@@ -54,7 +54,7 @@ async def test_submit_many_replays_items_by_key(client: GatewayClient) -> None:
     again = await client.submit_many(items, idempotency_keys=keys)
     assert [r.status for r in again] == [200, 200, 200] and all(r.replayed for r in again)
     assert [r.unwrap().id for r in again] == [r.unwrap().id for r in first]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="one key per task"):
         await client.submit_many(items, idempotency_keys=keys[:2])
 
 
@@ -68,7 +68,7 @@ async def test_submit_many_chunks_large_inputs(via_proxy: GatewayClient, proxy: 
     small = await via_proxy.submit_many([{"kind": "small"} for _ in range(5)], chunk_size=2)
     assert sum(r.startswith(BATCH) for r in proxy.requests) == 5  # 2 + 2 + 1 more
     assert [r.status for r in small] == [201] * 5
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="chunk_size"):
         await via_proxy.submit_many([{"kind": "echo"}], chunk_size=1001)
 
 

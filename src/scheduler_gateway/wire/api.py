@@ -63,6 +63,20 @@ class BatchCreateBody(_Body):
     tasks: list[msgspec.Raw]
 
 
+class BatchCreateRequest(_Body):
+    """What ``POST /api/tasks/batch`` takes, as documented. Each item should be a ``BatchItemBody``, but an
+    item that is not is refused alone (its own 400 in a 200 answer), so the request schema takes any item."""
+
+    tasks: Annotated[
+        list[Any],
+        Meta(
+            min_length=1,
+            max_length=BATCH_MAX_ITEMS,
+            description="each a BatchItemBody: a create body with an optional idempotencyKey",
+        ),
+    ]
+
+
 class BatchItemError(msgspec.Struct, rename="camel", kw_only=True):
     code: str
     message: str

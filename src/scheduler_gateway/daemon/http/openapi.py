@@ -76,6 +76,9 @@ _PAGES: dict[str, Any] = {
 _TYPES: list[Any] = [
     api.ErrorEnvelope,
     api.CreateTaskBody,
+    api.BatchCreateRequest,
+    api.BatchItemBody,
+    api.BatchCreateAnswer,
     api.CancelBody,
     api.RevisionBody,
     api.AmendBody,
@@ -192,6 +195,17 @@ OPERATIONS: list[Op] = [
         params=[IDEMPOTENCY_KEY],
         errors=(403, 409, 413),
         replay=True,
+    ),
+    Op(
+        "post",
+        "/api/tasks/batch",
+        "createTasks",
+        "create 1 to 1000 tasks; each item answers alone (201, 200 replayed, or 4xx with its error)",
+        "tasks",
+        answer="BatchCreateAnswer",
+        body="BatchCreateRequest",
+        body_required=True,
+        errors=(403, 413),
     ),
     Op(
         "get",
