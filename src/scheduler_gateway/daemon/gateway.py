@@ -37,6 +37,7 @@ from scheduler_gateway.wire.subjects import Subjects
 
 from .bus_nats import NatsBus, NodeInputs
 from .callback_client import AiohttpCallbackPoster
+from .console import console_routes
 from .event_stream import EventHub, corrupt_event_auditor
 from .http_app import AdminApi, HttpSettings
 from .http_callbacks import CallbacksApi, callback_routes
@@ -133,6 +134,7 @@ class Gateway:
         self.scheduling = Scheduling(
             s.scheduler, self.store, self.service, self.api, self.metrics, self.http_extensions, clock
         )
+        self.http_extensions.append(console_routes(self))  # the web console at /ui/ and the viewer role
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
