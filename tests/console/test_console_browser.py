@@ -63,7 +63,6 @@ async def test_sign_in_and_sign_out(gateway: Gateway, browser: Browser) -> None:
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     assert ADMIN_TOKEN not in cookie["value"]
     await expect(page.locator("header .who")).to_contain_text("admin")
-    await shot(page, "overview")
     await page.click("#sign-out")
     await expect(page).to_have_url(base(gateway) + "/ui/login")
     resp = await page.goto(base(gateway) + "/ui/tasks")
@@ -230,7 +229,14 @@ async def test_dead_letter_force_retry_with_reason(
     gateway: Gateway, api: Api, node: HandNode, browser: Browser
 ) -> None:
     task = await dead_task(gateway, api, node)
+    await node.heartbeat([], kinds=["doomed"])
     page = await signed_in(browser, gateway)
+    # the overview: counts, the finished-tasks chart (server-side SVG), nodes, the dead letter
+    await expect(page.locator("#by-state tr", has_text="dead")).to_contain_text("1")
+    await expect(page.locator("#by-kind")).to_contain_text("doomed")
+    assert await page.locator("svg polyline").count() == 2
+    await expect(page.locator("main")).to_contain_text(task["id"])
+    await shot(page, "overview")
     await page.goto(base(gateway) + "/ui/deadletters")
     row = page.locator("#dead-letters tr", has_text=task["id"])
     await expect(row).to_be_visible()
