@@ -7,6 +7,7 @@ the SQLite file does). Semantics and error codes are the SQLite store's; the sha
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import msgspec
@@ -222,6 +223,11 @@ class MemoryStore(MemoryScheduleStore):  # the ScheduleStore half is in memory_s
         if task is not None and task.lease_id == lease_id:
             return True
         return any(tid == task_id and h.lease_id == lease_id for (tid, _), h in self._history.items())
+
+    async def task_counts(self, owner: str | None = None) -> list[tuple[str, str, int]]:
+        self._check_running()
+        counts = Counter((t.state, t.kind) for t in self._tasks.values() if owner is None or t.owner == owner)
+        return [(state, kind, n) for (state, kind), n in sorted(counts.items())]
 
     async def active_tasks(self) -> list[Task]:
         self._check_running()

@@ -143,6 +143,10 @@ class TaskStore(Protocol):
         """Every task in waiting_approval, queued or running (start-up recovery)."""
         ...
 
+    async def task_counts(self, owner: str | None = None) -> list[tuple[str, str, int]]:
+        """``(state, kind, count)`` of every task (of ``owner``, when given): the console's overview."""
+        ...
+
     # idempotency
     async def get_idempotency(self, owner: str, key: str) -> IdempotencyRecord | None: ...
     async def put_idempotency(self, record: IdempotencyRecord) -> bool:

@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     token_sub = token.add_subparsers(dest="token_command", required=True)
     create = token_sub.add_parser("create", help="create a token and print it")
     create.add_argument("--user", required=True)
-    create.add_argument("--role", choices=("admin", "user"), default="user")
+    create.add_argument("--role", choices=("admin", "user", "viewer"), default="user")
     create.add_argument("--config", type=Path)
     backup = sub.add_parser("backup", help="copy the store consistently while the daemon runs (SQLite backup API)")
     backup.add_argument("--to", type=Path, required=True, metavar="FILE", help="the backup file (replaced)")

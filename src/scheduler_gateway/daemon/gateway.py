@@ -35,6 +35,7 @@ from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
 from scheduler_gateway.daemon.http.app import AdminApi, HttpSettings
 from scheduler_gateway.daemon.http.callback_client import AiohttpCallbackPoster
 from scheduler_gateway.daemon.http.callbacks import CallbacksApi, callback_routes
+from scheduler_gateway.daemon.http.console import console_routes
 from scheduler_gateway.daemon.http.event_hub import EventHub, corrupt_event_auditor
 from scheduler_gateway.daemon.http.events import EventsApi, SseSettings, event_routes
 from scheduler_gateway.daemon.http.server import AdminRunner
@@ -132,6 +133,7 @@ class Gateway:
         self.scheduling = Scheduling(
             s.scheduler, self.store, self.service, self.api, self.metrics, self.http_extensions, clock
         )
+        self.http_extensions.append(console_routes(self))  # the web console at /ui/ and the viewer role
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:

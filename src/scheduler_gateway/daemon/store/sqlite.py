@@ -110,6 +110,9 @@ class SqliteStore:
     async def active_tasks(self) -> list[Task]:
         return await self._tasks.active_tasks()
 
+    async def task_counts(self, owner: str | None = None) -> list[tuple[str, str, int]]:
+        return await self._tasks.task_counts(owner)
+
     async def get_idempotency(self, owner: str, key: str) -> IdempotencyRecord | None:
         return await self._tasks.get_idempotency(owner, key)
 
