@@ -100,3 +100,14 @@ async def test_every_changing_route_is_forbidden_for_a_viewer(gateway: Gateway, 
     assert after["revision"] == task["revision"] and after["state"] == "waiting_approval"
     status, body, _ = await api.call("GET", f"/api/scheduled-tasks/{sched['id']}")
     assert status == 200 and body["status"] == "enabled"
+
+
+def test_console_cookies_are_secure_in_production_whatever_the_scheme() -> None:
+    from aiohttp.test_utils import make_mocked_request
+
+    from scheduler_gateway.daemon.http.console.sessions import secure_cookies
+
+    plain = make_mocked_request("GET", "/ui/")
+    proxied = make_mocked_request("GET", "/ui/", headers={"X-Forwarded-Proto": "https"})
+    assert secure_cookies(plain, production=True) and secure_cookies(proxied, production=False)
+    assert not secure_cookies(plain, production=False)

@@ -43,6 +43,7 @@ def settings_from_config(config: Config, nats_url: str, user: str | None, passwo
     t = config.tasks
     return GatewaySettings(
         data_dir=config.data_dir,
+        production=config.mode == "production",
         nats_url=nats_url,
         nats_user=user,
         nats_password=password,

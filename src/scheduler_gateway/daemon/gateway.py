@@ -71,6 +71,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     callbacks: CallbackPolicy = CallbackPolicy()  # its secret is kept out of repr
     sse: SseSettings = SseSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
+    production: bool = False  # mode = "production": e.g. the console's cookies are always Secure
 
 
 class Gateway:

@@ -338,7 +338,7 @@ class Console:
     async def login_form(self, request: web.Request, error: str = "", status: int = 200) -> web.Response:
         login_csrf = secrets.token_urlsafe(24)
         resp = self._render(request, "login.html", {"login_csrf": login_csrf, "error": error}, status=status)
-        set_cookie(request, resp, LOGIN_COOKIE, login_csrf, 3600)
+        set_cookie(request, resp, LOGIN_COOKIE, login_csrf, 3600, production=self.gw.settings.production)
         return resp
 
     async def login(self, request: web.Request) -> web.StreamResponse:
@@ -358,7 +358,7 @@ class Console:
             return await self.login_form(request, "That token is not valid.", 401)
         session = self.sessions.create(principal.user, principal.role)
         resp = see_other("/ui/")
-        set_cookie(request, resp, COOKIE, session.id, SESSION_TTL_S)
+        set_cookie(request, resp, COOKIE, session.id, SESSION_TTL_S, production=self.gw.settings.production)
         resp.del_cookie(LOGIN_COOKIE, path="/ui/")
         return resp
 

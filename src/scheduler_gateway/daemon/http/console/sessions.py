@@ -6,7 +6,6 @@ everyone out). Each session has its own CSRF token, which every changing form an
 from __future__ import annotations
 
 import hmac
-import os
 import secrets
 import time
 
@@ -69,16 +68,14 @@ def csrf_ok(expected: str, given: str | None) -> bool:
     return bool(given) and hmac.compare_digest(expected.encode(), (given or "").encode())
 
 
-def secure_cookies(request: web.Request) -> bool:
+def secure_cookies(request: web.Request, production: bool) -> bool:
     """``Secure`` when the browser talks HTTPS (directly or through a proxy saying so) and always in production."""
-    return (
-        request.secure
-        or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
-        or os.environ.get("GW_MODE", "").strip().lower() == "production"
-    )
+    return production or request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
 
 
-def set_cookie(request: web.Request, response: web.StreamResponse, name: str, value: str, max_age: int) -> None:
+def set_cookie(
+    request: web.Request, response: web.StreamResponse, name: str, value: str, max_age: int, *, production: bool
+) -> None:
     response.set_cookie(
         name,
         value,
@@ -86,5 +83,5 @@ def set_cookie(request: web.Request, response: web.StreamResponse, name: str, va
         path="/ui/",
         httponly=True,
         samesite="Strict",
-        secure=secure_cookies(request),
+        secure=secure_cookies(request, production),
     )
