@@ -199,8 +199,10 @@ class TaskStore(Protocol):
         ...
 
     # callback deliveries and callback dead letters (written with the terminal change: ``Change.callback``)
-    async def pending_callbacks(self, limit: int) -> list[CallbackDelivery]:
-        """Deliveries not yet made, soonest ``due_at`` first (due or not)."""
+    async def pending_callbacks(self, limit: int, after: tuple[float, str] | None = None) -> list[CallbackDelivery]:
+        """Deliveries not yet made, soonest ``due_at`` first (then id; due or not). With ``after`` =
+        ``(due_at, id)`` of the last row of the previous page, only the rows strictly after it: a page
+        read through the ``(due_at, id)`` index, so the sender can look past one receiver's rows."""
         ...
 
     async def callback_backlog(self) -> int: ...
