@@ -21,6 +21,7 @@ A row that cannot be decoded is skipped with an audit entry; it never stops the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -75,6 +76,8 @@ class EventRelay(LoopActor):
 
     async def run(self) -> None:
         self._tail_seq = None  # a restart after a crash reads the tail again
+        with contextlib.suppress(Exception):  # read it now, off the first event's path (else at the first round)
+            self._tail_seq, self._tail_id = await self._bus.events_tail()
         while True:
             try:
                 wait_s = await self._round()
