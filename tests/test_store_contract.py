@@ -1003,6 +1003,25 @@ async def test_callback_delivery_commits_with_its_change_and_is_listed_by_due_ti
     assert await store.callback_backlog() == 3
 
 
+async def test_pending_callbacks_page_with_a_due_at_and_id_cursor(store: TaskStore) -> None:
+    tasks = [make_task(i) for i in range(1, 6)]
+    await store.apply_many([create(t) for t in tasks])
+    # two rows share a due time: the id breaks the tie, so a page boundary between them loses neither
+    dues = [T0 + 20, T0 + 10, T0 + 10, T0 + 30, T0 + 5]
+    await store.apply_many([finish(t, n, due_at=due) for n, (t, due) in enumerate(zip(tasks, dues, strict=True))])
+    everything = await store.pending_callbacks(10)
+    assert [(d.due_at, d.id) for d in everything] == sorted((d.due_at, d.id) for d in everything)
+    pages: list[str] = []
+    after: tuple[float, str] | None = None
+    while page := await store.pending_callbacks(2, after):
+        pages += [d.id for d in page]
+        after = (page[-1].due_at, page[-1].id)
+    assert pages == [d.id for d in everything]
+    assert await store.pending_callbacks(10, (everything[1].due_at, everything[1].id)) == everything[2:]
+    assert await store.pending_callbacks(10, (T0 + 10, "")) == everything[1:]
+    assert await store.pending_callbacks(10, (T0 + 99, "")) == []
+
+
 async def test_a_refused_change_writes_no_callback_delivery(store: TaskStore) -> None:
     t1, t2 = make_task(1), make_task(2)
     await store.apply_many([create(t1), create(t2)])

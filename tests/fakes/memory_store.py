@@ -360,9 +360,12 @@ class MemoryStore(MemoryScheduleStore):  # the ScheduleStore half is in memory_s
 
     # callback deliveries and dead letters
 
-    async def pending_callbacks(self, limit: int) -> list[CallbackDelivery]:
+    async def pending_callbacks(self, limit: int, after: tuple[float, str] | None = None) -> list[CallbackDelivery]:
         self._check_running()
-        return sorted(self._callbacks.values(), key=lambda d: (d.due_at, d.id))[: max(0, limit)]
+        rows = sorted(self._callbacks.values(), key=lambda d: (d.due_at, d.id))
+        if after is not None:
+            rows = [d for d in rows if (d.due_at, d.id) > after]
+        return rows[: max(0, limit)]
 
     async def callback_backlog(self) -> int:
         self._check_running()

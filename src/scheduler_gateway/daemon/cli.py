@@ -77,6 +77,8 @@ def settings_from_config(config: Config, nats_url: str, user: str | None, passwo
             secret=config.callbacks.secret,
             retry_delays_s=config.callbacks.retry_delays_s,
             timeout_s=config.callbacks.timeout_s,
+            max_in_flight=config.callbacks.max_in_flight,
+            max_in_flight_per_target=config.callbacks.max_in_flight_per_target or None,
         ),
         scheduler=SchedulerSettings(
             max_concurrent_runs=config.scheduler.max_concurrent_runs,

@@ -86,6 +86,8 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
         retry_delays_s=cb_s.number_list("retry_delays_s", (1.0, 5.0, 30.0), lo=0),
         timeout_s=cb_s.number("timeout_s", 5.0, gt=0),
         allow_private_networks=cb_s.boolean("allow_private_networks", mode == "dev"),
+        max_in_flight=cb_s.integer("max_in_flight", 32, lo=1, hi=10_000),
+        max_in_flight_per_target=cb_s.integer("max_in_flight_per_target", 0, lo=0, hi=10_000),
     )
     cb_s.finish()
 

@@ -98,6 +98,8 @@ class CallbacksConfig:
     retry_delays_s: tuple[float, ...] = (1.0, 5.0, 30.0)
     timeout_s: float = 5.0
     allow_private_networks: bool = True
+    max_in_flight: int = 32
+    max_in_flight_per_target: int = 0  # 0: a quarter of max_in_flight (at least 1)
 
 
 @dataclass(frozen=True, slots=True)

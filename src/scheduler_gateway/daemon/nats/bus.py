@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import NotFoundError
 
 from scheduler_gateway.actors import failpoints
 from scheduler_gateway.daemon.nats.publisher import AckedPublisher
@@ -34,10 +35,13 @@ from scheduler_gateway.wire.messages import (
     Settle,
     WireError,
 )
-from scheduler_gateway.wire.subjects import DISPATCH_STREAM, SETTLE_CONSUMER, SETTLE_STREAM, Subjects
+from scheduler_gateway.wire.subjects import DISPATCH_STREAM, EVENTS_STREAM, SETTLE_CONSUMER, SETTLE_STREAM, Subjects
 
 log = logging.getLogger(__name__)
 PUBLISH_ACK_TIMEOUT_S = 5.0
+MSG_ID_HEADER = "Nats-Msg-Id"
+EXPECTED_LAST_SEQ_HEADER = "Nats-Expected-Last-Sequence"
+TAIL_LOOKBACK = 16  # messages events_tail looks back past ones without a msg id (not the relay's)
 _NODE_RE = re.compile(NODE_ID_PATTERN)
 # what a node's message can be that the decoder refuses; msgspec recurses per nesting level, so a body
 # nested a few thousand deep is as malformed as a syntax error (it must be refused, never redelivered)
@@ -281,19 +285,46 @@ class NatsBus:
         assert self.nc is not None
         await self.nc.publish(self.subjects.cancel(node_id), body)
 
-    async def publish_events(self, items: list[tuple[str, str, bytes]]) -> list[int | BaseException]:
-        acks = await self._publish_all(items)
+    async def publish_events(
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
+    ) -> list[int | BaseException]:
+        acks = await self._publish_all(items, expected_last_seq)
         return [ack if isinstance(ack, BaseException) else int(ack.seq) for ack in acks]
 
-    async def _publish_all(self, items: list[tuple[str, str, bytes]]) -> list[Any]:
+    async def events_tail(self) -> tuple[int, str | None]:
+        """GW_EVENTS's last sequence and the newest ``Nats-Msg-Id`` in it (the relay's resync point)."""
+        assert self.js is not None
+        info = await asyncio.wait_for(self.js.stream_info(EVENTS_STREAM), PUBLISH_ACK_TIMEOUT_S)
+        last = int(info.state.last_seq or 0)
+        first = max(1, int(info.state.first_seq or 1))
+        seq = last
+        while seq >= first and seq > last - TAIL_LOOKBACK:
+            try:
+                msg = await asyncio.wait_for(self.js.get_msg(EVENTS_STREAM, seq=seq), PUBLISH_ACK_TIMEOUT_S)
+            except NotFoundError:  # deleted on its own (or just dropped by retention): look at the one before
+                seq -= 1
+                continue
+            msg_id = (msg.headers or {}).get(MSG_ID_HEADER)
+            if msg_id:
+                return last, str(msg_id)
+            seq -= 1  # not published by the relay (no msg id)
+        return last, None
+
+    async def _publish_all(
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
+    ) -> list[Any]:
         """Publish ``(subject, msg_id, body)`` in order with async acks, awaited together (one wait for the
-        batch, not a wait_for per message); one PubAck or exception per item."""
+        batch, not a wait_for per message); one PubAck or exception per item. With ``expected_last_seq``,
+        item ``i`` carries ``Nats-Expected-Last-Sequence: expected_last_seq + i``."""
         assert self.js is not None
         assert self._publisher is not None
         futures: list[asyncio.Future[Any] | BaseException] = []
-        for subject, msg_id, body in items:
+        for i, (subject, msg_id, body) in enumerate(items):
+            headers = {MSG_ID_HEADER: msg_id}
+            if expected_last_seq is not None:
+                headers[EXPECTED_LAST_SEQ_HEADER] = str(expected_last_seq + i)
             try:
-                futures.append(await self._publisher.publish(subject, body, {"Nats-Msg-Id": msg_id}))
+                futures.append(await self._publisher.publish(subject, body, headers))
             except Exception as exc:
                 futures.append(exc)
         pending = [f for f in futures if not isinstance(f, BaseException)]

@@ -170,8 +170,8 @@ class SqliteStore:
 
     # -- callback deliveries and callback dead letters (callbacks.py)
 
-    async def pending_callbacks(self, limit: int) -> list[CallbackDelivery]:
-        return await self._callbacks.pending_callbacks(limit)
+    async def pending_callbacks(self, limit: int, after: tuple[float, str] | None = None) -> list[CallbackDelivery]:
+        return await self._callbacks.pending_callbacks(limit, after)
 
     async def callback_backlog(self) -> int:
         return await self._callbacks.callback_backlog()
