@@ -32,6 +32,7 @@ from scheduler_gateway.actors.model.records import ActorRef, AuditEntry
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
+from scheduler_gateway.daemon.config.store_url import StoreLocation, parse_store_url, sqlite_url
 from scheduler_gateway.daemon.http.app import AdminApi, HttpSettings
 from scheduler_gateway.daemon.http.callback_client import AiohttpCallbackPoster
 from scheduler_gateway.daemon.http.callbacks import CallbacksApi, callback_routes
@@ -42,7 +43,6 @@ from scheduler_gateway.daemon.metrics import PrometheusMetrics
 from scheduler_gateway.daemon.metrics_events import EventCallbackMetrics
 from scheduler_gateway.daemon.nats.bus import NatsBus, NodeInputs
 from scheduler_gateway.daemon.scheduling import Scheduling
-from scheduler_gateway.daemon.store.location import StoreLocation, parse_store_url, sqlite_url
 from scheduler_gateway.daemon.store.select import open_store
 from scheduler_gateway.wire.errors import GatewayError
 from scheduler_gateway.wire.redact import redact_url

@@ -21,7 +21,7 @@ Loading rules:
   seconds to heartbeat back before it is failed with ``LEASE_EXPIRED``; a number applies
   the same grace to every task.
 - ``[store] url`` (``GW_STORE_URL``): ``sqlite:///<path>`` or ``postgresql://user:pass@host:port/db``
-  (``daemon/store/location.py``); unset, the SQLite file ``<data_dir>/gateway.db``. Shown redacted.
+  (``daemon/config/store_url.py``); unset, the SQLite file ``<data_dir>/gateway.db``. Shown redacted.
   ``[instance] id`` (``GW_INSTANCE_ID``) defaults to ``<hostname>-<http port>``.
 - ``[http] port`` and ``[nats.embedded] port`` accept 0: pick a free port at start (tests).
 - ``[nats] user``/``password`` are for an external server (``url`` set); the embedded

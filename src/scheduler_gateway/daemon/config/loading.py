@@ -31,7 +31,7 @@ from scheduler_gateway.daemon.config.model import (
     TasksConfig,
 )
 from scheduler_gateway.daemon.config.reader import _Reader
-from scheduler_gateway.daemon.store.location import StoreUrlError, parse_store_url
+from scheduler_gateway.daemon.config.store_url import StoreUrlError, parse_store_url
 from scheduler_gateway.wire.redact import redact_url
 
 

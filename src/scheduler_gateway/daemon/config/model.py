@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from scheduler_gateway.daemon.store.location import StoreLocation, parse_store_url, sqlite_url
+from scheduler_gateway.daemon.config.store_url import StoreLocation, parse_store_url, sqlite_url
 from scheduler_gateway.wire.redact import REDACTED, redact_url
 
 Mode = Literal["dev", "production"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from scheduler_gateway.daemon.store.location import StoreLocation
+from scheduler_gateway.daemon.config.store_url import StoreLocation
 from scheduler_gateway.daemon.store.migrations import MIGRATIONS
 from scheduler_gateway.daemon.store.postgres.migrations import SCHEMA_VERSION as PG_SCHEMA_VERSION
 

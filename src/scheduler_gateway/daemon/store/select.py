@@ -1,8 +1,8 @@
-"""The store a ``[store] url`` names, built (``location.py`` parses the URL)."""
+"""The store a ``[store] url`` names, built (``config/store_url.py`` parses the URL)."""
 
 from __future__ import annotations
 
-from scheduler_gateway.daemon.store.location import StoreLocation
+from scheduler_gateway.daemon.config.store_url import StoreLocation
 from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 
