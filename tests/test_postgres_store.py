@@ -85,7 +85,7 @@ async def test_a_newer_schema_is_refused_and_the_version_is_kept(pg_fresh_url: s
     await store.stop()
     with psycopg.connect(pg_fresh_url, autocommit=True) as conn:
         conn.execute("INSERT INTO schema_version VALUES (%s, 0)", (SCHEMA_VERSION + 1,))
-    with pytest.raises(StorageError, match="newer|knows versions up to"):
+    with pytest.raises(StorageError, match="knows versions up to"):
         await store.start()
 
 
