@@ -111,3 +111,10 @@ def test_console_cookies_are_secure_in_production_whatever_the_scheme() -> None:
     proxied = make_mocked_request("GET", "/ui/", headers={"X-Forwarded-Proto": "https"})
     assert secure_cookies(plain, production=True) and secure_cookies(proxied, production=False)
     assert not secure_cookies(plain, production=False)
+
+
+def test_the_schedule_edit_form_shows_a_once_as_the_zones_wall_time() -> None:
+    from scheduler_gateway.daemon.http.console.app import local_wall_time
+
+    # 2026-12-01T08:00:00Z is 09:00 in Berlin (CET): the form's datetime-local input holds the naive local time
+    assert local_wall_time(1796112000.0, "Europe/Berlin") == "2026-12-01T09:00:00"

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
+from zoneinfo import ZoneInfo
 
 import aiohttp_jinja2
 import jinja2
@@ -192,6 +193,11 @@ class TaskFilter(msgspec.Struct, kw_only=True):
             return False
         return not (hi is not None and t.created_at > hi)
 
+
+
+def local_wall_time(at: float, timezone: str) -> str:
+    """``at`` as the zone's wall time, as a ``datetime-local`` input shows and sends it (a once's naive runAt)."""
+    return datetime.fromtimestamp(at, ZoneInfo(timezone)).replace(tzinfo=None).isoformat(timespec="seconds")
 
 class Console:
     def __init__(self, gw: Gateway) -> None:
@@ -772,7 +778,7 @@ class Console:
             "title": s.title,
             "type": s.schedule.type,
             "cron": s.schedule.cron or "",
-            "runAt": (fmt_ts(s.schedule.run_at) or "") if s.schedule.run_at else "",
+            "runAt": local_wall_time(s.schedule.run_at, s.schedule.timezone) if s.schedule.run_at else "",
             "timezone": s.schedule.timezone,
             "kind": s.template.kind,
             "payload": pretty_json(s.template.payload),
