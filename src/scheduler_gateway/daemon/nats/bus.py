@@ -27,7 +27,10 @@ from scheduler_gateway.daemon.nats.publisher import AckedPublisher
 from scheduler_gateway.daemon.nats.streams import ensure_kind_consumer, ensure_streams
 from scheduler_gateway.wire.errors import Code, GatewayError
 from scheduler_gateway.wire.messages import (
+    MAX_BATCH_CLAIMS,
     NODE_ID_PATTERN,
+    ClaimBatchReply,
+    ClaimMessage,
     ClaimReply,
     ClaimRequest,
     HeartbeatReply,
@@ -86,7 +89,7 @@ class NatsBus:
         self.connected = False
         self._closing = False
         self._publisher: AckedPublisher | None = None
-        self._claim_dec = msgspec.json.Decoder(ClaimRequest)
+        self._claim_dec = msgspec.json.Decoder(ClaimMessage)
         self._hb_dec = msgspec.json.Decoder(HeartbeatRequest)
         self._settle_dec = msgspec.json.Decoder(Settle)
         self._enc = msgspec.json.Encoder()
@@ -193,7 +196,12 @@ class NatsBus:
             if node is None:
                 raise GatewayError("bad node id in subject", code=Code.INVALID_ARGUMENT)
             req = self._claim_dec.decode(msg.data)
-            reply = await self._inputs.claim(node, req)
+            if req.claims is not None:
+                await self._on_claim_batch(msg, node, req.claims)
+                return
+            if req.task_id is None or req.attempt_id is None:
+                raise msgspec.ValidationError("a claim names taskId and attemptId, or carries claims")
+            reply = await self._inputs.claim(node, ClaimRequest(task_id=req.task_id, attempt_id=req.attempt_id))
         except _MALFORMED as exc:
             await self._inputs.refuse("claim", node or "?", Code.INVALID_ARGUMENT, str(exc)[:200])
             reply = ClaimReply(ok=False, error=WireError(code=Code.INVALID_ARGUMENT, message="malformed claim"))
@@ -204,6 +212,21 @@ class NatsBus:
             reply = ClaimReply(ok=False, error=WireError(code=Code.INTERNAL, message="internal error"))
         if msg.reply:
             await self._respond(msg, self._enc.encode(reply))
+
+    async def _on_claim_batch(self, msg: Msg, node: str, claims: list[ClaimRequest]) -> None:
+        """Each claim goes to its task's mailbox, all at once; the answers come back in the claims' order."""
+        if not 1 <= len(claims) <= MAX_BATCH_CLAIMS:
+            await self._inputs.refuse("claim", node, Code.INVALID_ARGUMENT, f"{len(claims)} claims in one batch")
+            bad = ClaimReply(
+                ok=False,
+                error=WireError(code=Code.INVALID_ARGUMENT, message=f"a batch holds 1 to {MAX_BATCH_CLAIMS} claims"),
+            )
+            body = self._enc.encode(bad)
+        else:
+            outcomes = await asyncio.gather(*(self._inputs.claim(node, c) for c in claims), return_exceptions=True)
+            body = self._enc.encode(ClaimBatchReply(results=[_claim_reply_of(o) for o in outcomes]))
+        if msg.reply:
+            await self._respond(msg, body)
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         node = self._node_of(msg)
@@ -355,3 +378,12 @@ class NatsBus:
             except Exception as exc:
                 out[name] = (False, type(exc).__name__)
         return out
+
+
+def _claim_reply_of(outcome: ClaimReply | BaseException) -> ClaimReply:
+    if isinstance(outcome, ClaimReply):
+        return outcome
+    if isinstance(outcome, GatewayError):
+        return ClaimReply(ok=False, error=WireError(code=outcome.code, message=outcome.message))
+    log.error("claim handler failed: %s", type(outcome).__name__)
+    return ClaimReply(ok=False, error=WireError(code=Code.INTERNAL, message="internal error"))
