@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from scheduler_gateway.daemon.gateway import Gateway
+    from scheduler_gateway.daemon.http.console.host import ConsoleHost
 
 
-def console_routes(gateway: Gateway) -> Callable[[web.Application], None]:
+def console_routes(gateway: ConsoleHost) -> Callable[[web.Application], None]:
     from scheduler_gateway.daemon.http.console.app import Console
 
     return Console(gateway).install

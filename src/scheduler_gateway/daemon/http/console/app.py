@@ -58,7 +58,7 @@ from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.timefmt import fmt_ts
 
 if TYPE_CHECKING:
-    from scheduler_gateway.daemon.gateway import Gateway
+    from scheduler_gateway.daemon.http.console.host import ConsoleHost
 
 HERE = Path(__file__).parent
 JINJA_KEY = web.AppKey("console_jinja", jinja2.Environment)
@@ -194,13 +194,13 @@ class TaskFilter(msgspec.Struct, kw_only=True):
         return not (hi is not None and t.created_at > hi)
 
 
-
 def local_wall_time(at: float, timezone: str) -> str:
     """``at`` as the zone's wall time, as a ``datetime-local`` input shows and sends it (a once's naive runAt)."""
     return datetime.fromtimestamp(at, ZoneInfo(timezone)).replace(tzinfo=None).isoformat(timespec="seconds")
 
+
 class Console:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: ConsoleHost) -> None:
         self.gw = gw
         self.sessions = Sessions()
         self.history = CounterHistory()
