@@ -36,6 +36,7 @@ from scheduler_gateway.actors.ports import (
     TaskQuery,
     TaskStore,
 )
+from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.sqlite import MIGRATIONS, SqliteStore
 from scheduler_gateway.wire.errors import Code, Conflict, InvalidArgument, NotFound, StorageError
 from tests.fakes.memory_store import MemoryStore
@@ -151,25 +152,30 @@ Reopen = Callable[[], Awaitable[TaskStore]]
 class Harness:
     """A started store, and how to stop it and open the same data again."""
 
-    def __init__(self, name: str, tmp_path: Path) -> None:
+    def __init__(self, name: str, tmp_path: Path, pg_url: str | None = None) -> None:
         self.name = name
         self.path = tmp_path / "data" / "gateway.sqlite3"
+        self.pg_url = pg_url
         self.store: Any = self._new()
 
     def _new(self) -> Any:
+        if self.name == "postgres":
+            assert self.pg_url is not None
+            return PostgresStore(self.pg_url)
         return SqliteStore(self.path) if self.name == "sqlite" else MemoryStore()
 
     async def reopen(self) -> Any:
         await self.store.stop()
-        if self.name == "sqlite":
+        if self.name != "memory":
             self.store = self._new()  # a new process would open the same file
         await self.store.start()
         return self.store
 
 
-@pytest.fixture(params=["sqlite", "memory"])
+@pytest.fixture(params=["sqlite", "memory", "postgres"])
 async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
-    h = Harness(request.param, tmp_path)
+    url = request.getfixturevalue("pg_url") if request.param == "postgres" else None
+    h = Harness(request.param, tmp_path, url)
     await h.store.start()
     try:
         yield h
@@ -684,9 +690,15 @@ async def test_stop_is_idempotent_and_writes_after_stop_fail(harness: Harness) -
     await store.start()  # the fixture stops it again
 
 
-@pytest.mark.parametrize("name", ["sqlite", "memory"])
+@pytest.mark.parametrize("name", ["sqlite", "memory", "postgres"])
 async def test_stop_before_start_is_fine(name: str, tmp_path: Path) -> None:
-    store: TaskStore = SqliteStore(tmp_path / "x" / "db.sqlite3") if name == "sqlite" else MemoryStore()
+    store: TaskStore = (
+        SqliteStore(tmp_path / "x" / "db.sqlite3")
+        if name == "sqlite"
+        else PostgresStore("postgresql://nobody@127.0.0.1:1/none")
+        if name == "postgres"
+        else MemoryStore()
+    )
     await store.stop()
     await store.stop()
     assert not (tmp_path / "x").exists()

@@ -30,7 +30,7 @@ from scheduler_gateway.daemon.gateway import Gateway, GatewaySettings
 from scheduler_gateway.daemon.http.app import HttpSettings, token_hash
 from scheduler_gateway.daemon.nats.embedded import DataDirInUse, EmbeddedNats
 from scheduler_gateway.daemon.store.backup import backup_main
-from scheduler_gateway.daemon.store.sqlite import SqliteStore
+from scheduler_gateway.daemon.store.select import Store, open_store
 from scheduler_gateway.daemon.systemd_notify import SystemdNotifier
 
 log = logging.getLogger("gatewayd")
@@ -44,6 +44,7 @@ def settings_from_config(config: Config, nats_url: str, user: str | None, passwo
     return GatewaySettings(
         data_dir=config.data_dir,
         production=config.mode == "production",
+        store_url=config.store_url,
         nats_url=nats_url,
         nats_user=user,
         nats_password=password,
@@ -91,7 +92,7 @@ def new_token() -> str:
     return "gwt_" + secrets.token_urlsafe(32)
 
 
-async def create_principal(store: SqliteStore, user: str, role: str) -> str:
+async def create_principal(store: Store, user: str, role: str) -> str:
     token = new_token()
     await store.put_principal(Principal(token_hash=token_hash(token), user=user, role=role, created_at=time.time()))
     return token
@@ -153,7 +154,7 @@ async def _run(config: Config) -> int:
     return 0
 
 
-async def _ensure_dev_admin_token(store: SqliteStore, data_dir: Path) -> None:
+async def _ensure_dev_admin_token(store: Store, data_dir: Path) -> None:
     path = data_dir / ADMIN_TOKEN_FILE
     if path.exists():
         return
@@ -203,7 +204,7 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     config = _load(args.config)
 
     async def create() -> str:
-        store = SqliteStore(config.data_dir / "gateway.db")
+        store = open_store(config.store_location)
         await store.start()
         try:
             return await create_principal(store, args.user, args.role)

@@ -32,6 +32,7 @@ from scheduler_gateway.actors.model.records import ActorRef, AuditEntry
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
+from scheduler_gateway.daemon.config.store_url import StoreLocation, parse_store_url, sqlite_url
 from scheduler_gateway.daemon.http.app import AdminApi, HttpSettings
 from scheduler_gateway.daemon.http.callback_client import AiohttpCallbackPoster
 from scheduler_gateway.daemon.http.callbacks import CallbacksApi, callback_routes
@@ -43,8 +44,9 @@ from scheduler_gateway.daemon.metrics import PrometheusMetrics
 from scheduler_gateway.daemon.metrics_events import EventCallbackMetrics
 from scheduler_gateway.daemon.nats.bus import NatsBus, NodeInputs
 from scheduler_gateway.daemon.scheduling import Scheduling
-from scheduler_gateway.daemon.store.sqlite import SqliteStore
+from scheduler_gateway.daemon.store.select import open_store
 from scheduler_gateway.wire.errors import GatewayError
+from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,19 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     sse: SseSettings = SseSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
     production: bool = False  # mode = "production": e.g. the console's cookies are always Secure
+    #: ``[store] url``; None: the SQLite file ``<data_dir>/gateway.db``. May carry a password: never logged.
+    store_url: str | None = None
+
+    @property
+    def store_location(self) -> StoreLocation:
+        return parse_store_url(self.store_url or sqlite_url(self.data_dir / "gateway.db"))
+
+    def __repr__(self) -> str:
+        # the store URL and the NATS URL may carry passwords, and the NATS password is one
+        return (
+            f"GatewaySettings(data_dir={str(self.data_dir)!r}, nats_url={redact_url(self.nats_url)!r},"
+            f" store_url={self.store_location.redacted!r}, http_port={self.http_port!r})"
+        )
 
 
 class Gateway:
@@ -80,7 +95,8 @@ class Gateway:
         s = settings
         clock = time.time
         self.metrics = PrometheusMetrics()
-        self.store = SqliteStore(s.data_dir / "gateway.db")
+        self.store_location = s.store_location
+        self.store = open_store(self.store_location)
         self.subjects = Subjects(s.subject_prefix)
         self.bus = NatsBus(
             s.nats_url,
@@ -277,7 +293,7 @@ class Gateway:
         checks: dict[str, tuple[bool, str]] = {}
         try:
             await asyncio.wait_for(self.store.ping(), 2.0)
-            checks["store"] = (True, "writable")
+            checks["store"] = (True, f"{self.store_location.kind} writable")
         except (GatewayError, TimeoutError) as exc:
             checks["store"] = (False, getattr(exc, "code", "timeout"))
         probe = self.settings.data_dir / ".ready-probe"
