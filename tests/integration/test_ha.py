@@ -17,6 +17,8 @@ import pytest
 
 from scheduler_gateway.actors.duties import LeaseTiming, fenced
 from scheduler_gateway.actors.scheduler import SchedulerSettings
+from scheduler_gateway.daemon.check import check_store
+from scheduler_gateway.daemon.config import load_config
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.ha import NotLeader
 from scheduler_gateway.daemon.nats.bus import NodeInputs
@@ -104,6 +106,19 @@ async def test_one_leader_then_a_takeover_within_15_s_after_a_crash(cluster: lis
             assert g.ha is not None and not any(g.ha.duties_running().values())
     instances = await leader.store.duties.live_instances(10)  # type: ignore[union-attr]
     assert sorted(i.id for i in instances) == ["gw-a", "gw-b", "gw-c"]
+
+    config = load_config(
+        None, {"GW_DATA_DIR": str(leader.settings.data_dir), "GW_STORE_URL": leader.store_location.url}
+    )
+    line = (await asyncio.to_thread(check_store, config)).detail
+    token = leader.ha.leadership.token
+    assert token is not None
+    assert line.endswith(
+        "live instances: "
+        + ", ".join(
+            f"{n} (leader, term {token.term})" if n == leader.ha.instance_id else n for n in ("gw-a", "gw-b", "gw-c")
+        )
+    ), line
 
     crashed_at = time.monotonic()
     await crash(leader)
