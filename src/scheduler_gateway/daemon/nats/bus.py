@@ -45,6 +45,8 @@ PUBLISH_ACK_TIMEOUT_S = 5.0
 MSG_ID_HEADER = "Nats-Msg-Id"
 EXPECTED_LAST_SEQ_HEADER = "Nats-Expected-Last-Sequence"
 TAIL_LOOKBACK = 16  # messages events_tail looks back past ones without a msg id (not the relay's)
+#: The queue group of the claim and heartbeat responders (docs/WIRE.md, Several instances).
+GATEWAY_QUEUE = "gw-gateway"
 _NODE_RE = re.compile(NODE_ID_PATTERN)
 # what a node's message can be that the decoder refuses; msgspec recurses per nesting level, so a body
 # nested a few thousand deep is as malformed as a syntax error (it must be refused, never redelivered)
@@ -137,9 +139,16 @@ class NatsBus:
         """Start answering claims and heartbeats and consuming settles."""
         assert self.nc is not None and self.js is not None
         self._inputs = inputs
-        self._subs.append(await self.nc.subscribe(self.subjects.wildcard("claim"), cb=self._spawn_cb(self._on_claim)))
+        # a queue group: with several gatewayd on one database, each request is answered by one of them
         self._subs.append(
-            await self.nc.subscribe(self.subjects.wildcard("heartbeat"), cb=self._spawn_cb(self._on_heartbeat))
+            await self.nc.subscribe(
+                self.subjects.wildcard("claim"), queue=GATEWAY_QUEUE, cb=self._spawn_cb(self._on_claim)
+            )
+        )
+        self._subs.append(
+            await self.nc.subscribe(
+                self.subjects.wildcard("heartbeat"), queue=GATEWAY_QUEUE, cb=self._spawn_cb(self._on_heartbeat)
+            )
         )
         self._subs.append(
             await self.js.subscribe(

@@ -68,11 +68,29 @@ def probe_postgres(location: StoreLocation) -> StoreProbe:
             with conn.transaction(force_rollback=True):
                 conn.execute("CREATE TEMPORARY TABLE gw_check_probe (x integer)")
                 conn.execute("INSERT INTO gw_check_probe VALUES (1)")
+            instances = _live_instances(conn) if found >= 2 else ""
     except psycopg.Error as exc:
         return StoreProbe(False, f"{where}: {_pg_reason(exc)}")
     ok, version = describe_version(found, PG_SCHEMA_VERSION)
     major, minor = divmod(server, 10000)
-    return StoreProbe(ok, f"{where} (server {major}.{minor}) answers and is writable, {version}")
+    return StoreProbe(ok, f"{where} (server {major}.{minor}) answers and is writable, {version}{instances}")
+
+
+#: an instance counts as live while its row was refreshed this recently (it refreshes every 2 s)
+INSTANCE_ALIVE_S = 10.0
+
+
+def _live_instances(conn: psycopg.Connection[tuple[object, ...]]) -> str:
+    """``; live instances: a (leader, term 3), b`` from ``gateway_instances`` and ``duty_leases`` (empty: none)."""
+    now = "extract(epoch from clock_timestamp())"
+    rows = conn.execute(
+        f"SELECT id FROM gateway_instances WHERE last_seen_at > {now} - %s ORDER BY id", (INSTANCE_ALIVE_S,)
+    ).fetchall()
+    lead = conn.execute(f"SELECT holder, term FROM duty_leases WHERE duty = 'leader' AND expires_at > {now}").fetchone()
+    if not rows:
+        return "; no live instance"
+    names = [f"{r[0]} (leader, term {lead[1]})" if lead is not None and lead[0] == r[0] else str(r[0]) for r in rows]
+    return "; live instances: " + ", ".join(names)
 
 
 def _pg_reason(exc: psycopg.Error) -> str:

@@ -17,10 +17,11 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg_pool
 
+from scheduler_gateway.actors.duties import FENCE, FenceToken
 from scheduler_gateway.actors.ports import Page
 from scheduler_gateway.daemon.store.common import clamp_limit, decode_rows
 from scheduler_gateway.daemon.store.postgres.migrations import current_version, migrate
-from scheduler_gateway.wire.errors import GatewayError, StorageError
+from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, StorageError
 from scheduler_gateway.wire.redact import redact_url
 
 log = logging.getLogger(__name__)
@@ -109,8 +110,12 @@ class PgDb:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Conn]:
         """One transaction on one connection: committed when the body returns, rolled back when it raises
-        (a refusal as well as a failure)."""
+        (a refusal as well as a failure). Under a duty's fence (``actors.duties.fenced``) the transaction
+        first checks that the duty's lease row still names the fence's holder and term."""
         async with self.connection() as conn, conn.transaction():
+            token = FENCE.get()
+            if token is not None:
+                await check_fence(conn, token)
             yield conn
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
@@ -120,7 +125,11 @@ class PgDb:
             return await cur.fetchall()
 
     async def write(self, sql: str, params: Sequence[Any] = ()) -> int:
-        """One statement in its own transaction; answers the rows it touched."""
+        """One statement in its own transaction (fenced like ``transaction``); answers the rows it touched."""
+        if FENCE.get() is not None:
+            async with self.transaction() as conn:
+                cur = await conn.execute(sql, params)
+                return cur.rowcount
         async with self.connection() as conn:
             cur = await conn.execute(sql, params)
             return cur.rowcount
@@ -155,6 +164,30 @@ class PgDb:
         more = len(rows) > n
         rows = rows[:n]
         return Page(decode_rows(decode, rows, what), str(rows[-1][0]) if more else None)
+
+
+#: The database's clock in seconds since the epoch: every lease time is the database's, so the instances'
+#: clocks never have to agree with each other.
+DB_NOW = "extract(epoch from clock_timestamp())::double precision"
+
+
+class FencedOut(Conflict):
+    """A duty's write refused: its lease is gone, expired or held by another term."""
+
+
+async def check_fence(conn: Conn, token: FenceToken) -> None:
+    """In the caller's transaction: the lease row still names the token's holder and term and has not expired.
+    ``FOR SHARE`` makes a takeover (which updates the row) wait until this transaction ends."""
+    cur = await conn.execute(
+        f"SELECT 1 FROM duty_leases WHERE duty = %s AND holder = %s AND term = %s AND expires_at > {DB_NOW} FOR SHARE",
+        (token.duty, token.holder, token.term),
+    )
+    if await cur.fetchone() is None:
+        raise FencedOut(
+            f"the {token.duty} lease of term {token.term} is no longer held by {token.holder}",
+            code=Code.LEASE_CONFLICT,
+            details={"duty": token.duty, "term": token.term},
+        )
 
 
 def refusal_or_storage(exc: BaseException) -> BaseException:

@@ -168,6 +168,28 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " WHERE status IN ('queued', 'running')",
         "CREATE INDEX scheduled_runs_schedule ON scheduled_runs (scheduled_task_id, id)",
     ),
+    # 2: several instances (docs/DECISIONS.md, Several instances): duty leases with their fencing term, the
+    # instances that are alive, and a running task's lease expiry and attempt deadline as columns (any
+    # instance answers a heartbeat and moves the column; the leader's lease watcher scans them)
+    (
+        f"""CREATE TABLE duty_leases (
+            duty {_T} PRIMARY KEY,
+            holder {_T} NOT NULL,
+            term bigint NOT NULL,
+            expires_at double precision NOT NULL,
+            acquired_at double precision NOT NULL
+        )""",
+        f"""CREATE TABLE gateway_instances (
+            id {_T} PRIMARY KEY,
+            started_at double precision NOT NULL,
+            last_seen_at double precision NOT NULL,
+            info bytea NOT NULL
+        )""",
+        "ALTER TABLE tasks ADD COLUMN lease_expires_at double precision",
+        "ALTER TABLE tasks ADD COLUMN deadline_at double precision",
+        "CREATE INDEX tasks_running_lease ON tasks (lease_expires_at, id) WHERE state = 'running'",
+        "CREATE INDEX tasks_running_deadline ON tasks (deadline_at, id) WHERE state = 'running'",
+    ),
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)

@@ -34,9 +34,11 @@ from scheduler_gateway.actors.schedule_ports import (
 from scheduler_gateway.daemon.store.postgres.callbacks import PgCallbacks
 from scheduler_gateway.daemon.store.postgres.db import PgDb
 from scheduler_gateway.daemon.store.postgres.dead_letters import PgDeadLetters
+from scheduler_gateway.daemon.store.postgres.duties import PgDuties
 from scheduler_gateway.daemon.store.postgres.migrations import PG_MIGRATIONS, SCHEMA_VERSION
 from scheduler_gateway.daemon.store.postgres.nodes import PgNodes
 from scheduler_gateway.daemon.store.postgres.schedules import PgSchedules
+from scheduler_gateway.daemon.store.postgres.shared import PgShared
 from scheduler_gateway.daemon.store.postgres.tasks import PgTasks
 from scheduler_gateway.wire.redact import redact_url
 
@@ -56,6 +58,9 @@ class PostgresStore:
         self._nodes = PgNodes(self._db)
         self._callbacks = PgCallbacks(self._db)
         self._schedules = PgSchedules(self._db)
+        # several instances (daemon/ha.py): duty leases and live instances, persisted leases and the watch
+        self.duties = PgDuties(self._db)
+        self.shared = PgShared(self._db)
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.redacted_url!r})"

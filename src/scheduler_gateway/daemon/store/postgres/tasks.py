@@ -10,6 +10,7 @@ in another transaction waits for this one, and then its subtree guard sees the n
 
 from __future__ import annotations
 
+import msgspec
 from psycopg import errors as pg_errors
 
 from scheduler_gateway.actors.model.records import (
@@ -52,12 +53,14 @@ _decode_idempotency = doc_decoder(IdempotencyRecord)
 
 _TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
 SQL_INSERT_TASK = (
-    f"INSERT INTO tasks (id, {_TASK_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    f"INSERT INTO tasks (id, {_TASK_COLUMNS}, lease_expires_at, deadline_at)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
     " ON CONFLICT (id) DO NOTHING"
 )
 SQL_UPDATE_TASK = (
     "UPDATE tasks SET owner = %s, kind = %s, state = %s, revision = %s, priority = %s, parent_id = %s,"
-    " run_id = %s, thread_id = %s, created_at = %s, not_before = %s, doc = %s WHERE id = %s AND revision = %s"
+    " run_id = %s, thread_id = %s, created_at = %s, not_before = %s, doc = %s, lease_expires_at = %s,"
+    " deadline_at = %s WHERE id = %s AND revision = %s"
 )
 SQL_INSERT_HISTORY = (
     "INSERT INTO task_history (task_id, revision, lease_id, doc) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
@@ -68,6 +71,7 @@ SQL_INSERT_AUDIT = (
     " ON CONFLICT (id) DO NOTHING"
 )
 SQL_INSERT_OUTBOX = "INSERT INTO outbox (body) VALUES (%s)"
+SQL_OUTBOX_ORDER_LOCK = "SELECT pg_advisory_xact_lock(7301)"  # 7301: the outbox's commit-order lock
 SQL_INSERT_IDEMPOTENCY = (
     "INSERT INTO idempotency (owner, key, doc, created_at) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
 )
@@ -117,13 +121,14 @@ async def write_change(conn: Conn, r: ChangeRows) -> None:
 async def _write_task(conn: Conn, r: ChangeRows) -> None:
     """The row itself: an insert of a new id, or a compare-and-set on ``expected_revision``."""
     if r.expected_revision is None:
-        cur = await conn.execute(SQL_INSERT_TASK, r.insert_row)
+        cur = await conn.execute(SQL_INSERT_TASK, (*r.insert_row, *r.lease_cols))
         if cur.rowcount != 1:
             raise Conflict(
                 f"task {r.task_id} already exists", code=Code.REVISION_CONFLICT, details={"taskId": r.task_id}
             )
         return
-    cur = await conn.execute(SQL_UPDATE_TASK, r.update_row)
+    v = r.task_values
+    cur = await conn.execute(SQL_UPDATE_TASK, (*v[:-1], *r.lease_cols, v[-1], r.expected_revision))
     if cur.rowcount == 1:
         return
     cur = await conn.execute("SELECT revision FROM tasks WHERE id = %s", (r.task_id,))
@@ -150,6 +155,10 @@ async def _write_companions(conn: Conn, r: ChangeRows) -> None:
     if r.audit is not None:
         await conn.execute(SQL_INSERT_AUDIT, r.audit)
     if r.outbox is not None:
+        # Outbox sequence order must be commit order: the relay publishes in outbox order and treats what is
+        # in the stream as a prefix of the outbox. With several writers a lower bigserial could commit after
+        # a higher one was relayed, so every writer takes this lock (held until its commit) before its row.
+        await conn.execute(SQL_OUTBOX_ORDER_LOCK)
         await conn.execute(SQL_INSERT_OUTBOX, r.outbox)
     if r.idempotency is not None:
         cur = await conn.execute(SQL_INSERT_IDEMPOTENCY, r.idempotency)
@@ -244,10 +253,10 @@ class PgTasks:
         await self._db.write("DELETE FROM outbox WHERE seq = ANY(%s)", ([int(s) for s in seqs],))
 
     async def get_task(self, task_id: str) -> Task | None:
-        rows = await self._db.fetch("SELECT doc FROM tasks WHERE id = %s", (task_id,))
+        rows = await self._db.fetch("SELECT doc, lease_expires_at FROM tasks WHERE id = %s", (task_id,))
         if not rows:
             return None
-        return decode_or_raise(_decode_task, rows[0][0], "task", task_id)
+        return with_lease(decode_or_raise(_decode_task, rows[0][0], "task", task_id), rows[0][1])
 
     async def list_tasks(self, query: TaskQuery) -> Page:
         filters = (
@@ -324,6 +333,14 @@ class PgTasks:
     async def outbox_size(self) -> int:
         rows = await self._db.fetch("SELECT count(*) FROM outbox")
         return int(rows[0][0])
+
+
+def with_lease(task: Task, lease_expires_at: float | None) -> Task:
+    """The task with its lease expiry as the column has it: heartbeats answered by any instance move the
+    column only (no revision, no history), so the document's copy is the claim's or an older one."""
+    if task.state != "running" or lease_expires_at is None or lease_expires_at == task.lease_expires_at:
+        return task
+    return msgspec.structs.replace(task, lease_expires_at=lease_expires_at)
 
 
 def _own_copy(err: StorageError) -> StorageError:
