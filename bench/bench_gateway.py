@@ -58,6 +58,7 @@ if str(REPO) not in sys.path:
 import peer_dramatiq  # noqa: E402  (bench/ is on sys.path: this script's own folder)
 from tests.e2e.procs import Daemon, Worker  # noqa: E402
 
+from scheduler_gateway.client import GatewayClient, GatewayClientError  # noqa: E402
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess  # noqa: E402
 
 T = TypeVar("T")
@@ -262,6 +263,69 @@ async def submit(api: Api, run_id: str, n: int, rate: float, concurrency: int) -
     return sub
 
 
+async def submit_batches(
+    client: GatewayClient, run_id: str, n: int, rate: float, size: int, concurrency: int
+) -> Submission:
+    """Create n echo tasks through the client's ``submit_many`` (``POST /api/tasks/batch``), ``size`` per
+    request, ``concurrency`` requests in flight. Burst: back to back; paced: chunk k offered at t0 + k*size/rate.
+
+    Each item carries its idempotency key (``submit_many`` adds a uuid4), so the client's retry of a chunk
+    after a lost answer cannot create a task twice. ``http_s`` holds one round trip per chunk.
+    """
+    sub = Submission()
+    chunks = [
+        [{"kind": "echo", "payload": {"i": i}, "runId": run_id} for i in range(start, min(n, start + size))]
+        for start in range(0, n, size)
+    ]
+
+    async def post(chunk: list[dict[str, Any]]) -> None:
+        t = time.perf_counter()
+        try:
+            results = await client.submit_many(chunk, chunk_size=len(chunk))
+        except (GatewayClientError, aiohttp.ClientError, TimeoutError) as exc:
+            key = type(exc).__name__
+            sub.errors[key] = sub.errors.get(key, 0) + len(chunk)
+            return
+        sub.http_s.append(time.perf_counter() - t)
+        for r in results:
+            if r.task is not None and r.status == 201:
+                sub.ids.append(r.task.id)
+            else:
+                key = f"item {r.status}"
+                sub.errors[key] = sub.errors.get(key, 0) + 1
+
+    loop = asyncio.get_running_loop()
+    sub.first_at = time.time()
+    todo = iter(range(len(chunks)))
+    if rate <= 0:
+
+        async def sender() -> None:
+            for k in todo:
+                await post(chunks[k])
+
+        await asyncio.gather(*(sender() for _ in range(concurrency)))
+    else:
+        sem = asyncio.Semaphore(concurrency)
+        pending: list[asyncio.Task[None]] = []
+
+        async def paced(k: int) -> None:
+            try:
+                await post(chunks[k])
+            finally:
+                sem.release()
+
+        t0 = loop.time()
+        for k in todo:
+            delay = t0 + k * size / rate - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await sem.acquire()
+            pending.append(asyncio.create_task(paced(k)))
+        await asyncio.gather(*pending)
+    sub.last_at = time.time()
+    return sub
+
+
 async def wait_nodes(api: Api, count: int, timeout_s: float) -> None:
     """Until `count` workers have heartbeated (the gateway then has created the echo consumer)."""
     deadline = time.monotonic() + timeout_s
@@ -357,7 +421,9 @@ async def start_py_spy(pid: int, out: str, duration_s: int) -> asyncio.subproces
     )
 
 
-async def drive_gateway(args: argparse.Namespace, daemon: Daemon, probe: CpuProbe, profile: bool) -> dict[str, Any]:
+async def drive_gateway(
+    args: argparse.Namespace, daemon: Daemon, probe: CpuProbe, profile: bool, how: str
+) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=60)
     conn = aiohttp.TCPConnector(limit=args.http_concurrency + 8, keepalive_timeout=120)
     headers = {"Authorization": f"Bearer {daemon.token}"}
@@ -377,7 +443,12 @@ async def drive_gateway(args: argparse.Namespace, daemon: Daemon, probe: CpuProb
         spy = None
         probe.begin()
         t0 = time.monotonic()
-        submitting = asyncio.create_task(submit(api, run_id, args.n, args.rate, args.http_concurrency))
+        if how == "batch":
+            client = GatewayClient(daemon.base, session=http, timeout_s=120.0)
+            work = submit_batches(client, run_id, args.n, args.rate, args.batch_size, args.batch_concurrency)
+        else:
+            work = submit(api, run_id, args.n, args.rate, args.http_concurrency)
+        submitting = asyncio.create_task(work)
         if profile:
             spy = await start_py_spy(probe.pids["gatewayd"][0] or 0, args.py_spy_out, args.py_spy_duration)
         # no completion polling while submitting; the deadline counts from the last POST's answer
@@ -417,7 +488,10 @@ async def drive_gateway(args: argparse.Namespace, daemon: Daemon, probe: CpuProb
     for t in tasks:
         states[t["state"]] = states.get(t["state"], 0) + 1
     rec: dict[str, Any] = {
-        "system": "gateway",
+        "system": "gateway" if how == "single" else "gateway-batch",
+        "submit": how,
+        "batch_size": args.batch_size if how == "batch" else None,
+        "batch_concurrency": args.batch_concurrency if how == "batch" else None,
         "n": args.n,
         "created": len(created),
         "terminal": len(terminal),
@@ -443,7 +517,7 @@ async def drive_gateway(args: argparse.Namespace, daemon: Daemon, probe: CpuProb
     return rec
 
 
-def run_gateway_rep(args: argparse.Namespace, scratch: Path, profile: bool) -> dict[str, Any]:
+def run_gateway_rep(args: argparse.Namespace, scratch: Path, profile: bool, how: str = "single") -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="gw-", dir=scratch))
     daemon = Daemon(tmp / "data")
     workers: list[Worker] = []
@@ -462,7 +536,7 @@ def run_gateway_rep(args: argparse.Namespace, scratch: Path, profile: bool) -> d
                 "workers": [w.proc.pid if w.proc else None for w in workers],
             }
         )
-        rec = run_async(args, drive_gateway(args, daemon, probe, profile))
+        rec = run_async(args, drive_gateway(args, daemon, probe, profile, how))
         rec["gatewayd_pid"] = daemon.proc.pid
         ok = True
         return rec
@@ -819,7 +893,7 @@ def table(records: Iterable[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
-    order = {"gateway": 0, "floor": 1, "dramatiq": 2}
+    order = {"gateway": 0, "gateway-batch": 1, "floor": 2, "dramatiq": 3}
     for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3], order.get(k[4], 9))):
         rate, n, workers, conc, system = key
         recs = groups[key]
@@ -828,7 +902,7 @@ def table(records: Iterable[dict[str, Any]]) -> str:
         ratios = []
         for peer in ("floor", "dramatiq"):
             other = groups.get((rate, n, workers, conc, peer))
-            ok = system == "gateway" and other
+            ok = system.startswith("gateway") and other
             ratios.append(f"{med(recs, 'tasks_per_s') / med(other, 'tasks_per_s'):.3f}" if ok else "-")
         checked = sum(r.get("history_sampled", r["n"]) for r in recs)
         split = " / ".join(
@@ -859,8 +933,9 @@ def ratios(records: list[dict[str, Any]]) -> list[str]:
     for (rate, n, _, _), by in sorted(groups.items(), key=lambda kv: kv[0]):
         tps = {system: med(recs, "tasks_per_s") for system, recs in by.items()}
         mode = f"paced {rate:g}/s" if rate else "burst"
-        parts = [f"{s} {fmt(tps[s], 0)}" for s in ("gateway", "floor", "dramatiq") if s in tps]
-        pairs = [("gateway", "dramatiq"), ("gateway", "floor"), ("dramatiq", "floor")]
+        parts = [f"{s} {fmt(tps[s], 0)}" for s in ("gateway", "gateway-batch", "floor", "dramatiq") if s in tps]
+        pairs = [(g, p) for g in ("gateway", "gateway-batch") for p in ("dramatiq", "floor")]
+        pairs.append(("dramatiq", "floor"))
         parts += [f"{a}/{b} {tps[a] / tps[b]:.3f}" for a, b in pairs if a in tps and b in tps]
         reps = max(len(v) for v in by.values())
         lines.append(f"tasks/s, {mode}, N={n}, median of {reps}: " + ", ".join(parts))
@@ -869,7 +944,7 @@ def ratios(records: list[dict[str, Any]]) -> list[str]:
 
 def short(rec: dict[str, Any]) -> str:
     return (
-        f"{rec['system']:7s} {rec['tasks_per_s']:8.0f} tasks/s ({rec['secs']:.2f} s)"
+        f"{rec['system']:13s} {rec['tasks_per_s']:8.0f} tasks/s ({rec['secs']:.2f} s)"
         f" queue {rec['queue_p50_ms']:.1f}/{rec['queue_p95_ms']:.1f}/{rec['queue_p99_ms']:.1f}"
         f" exec {rec['exec_p50_ms']:.1f}/{rec['exec_p95_ms']:.1f}/{rec['exec_p99_ms']:.1f} ms"
         f" dup {rec['duplicates']} lost {rec['lost']} cpu {rec['machine_cpu_pct']:.0f}%"
@@ -888,6 +963,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=16, help="tasks in flight per worker process (default 16)")
     p.add_argument("--rate", type=float, default=0, help="offered tasks/s, paced; 0 = burst (default)")
     p.add_argument("--http-concurrency", type=int, default=32, help="POSTs in flight at once (default 32)")
+    p.add_argument(
+        "--submit",
+        default="single",
+        help="how the gateway gets its tasks: single (POST /api/tasks, keep-alive, --http-concurrency in flight),\n"
+        "batch (the client's submit_many: POST /api/tasks/batch), or both, comma-separated (default single)",
+    )
+    p.add_argument("--batch-size", type=int, default=250, help="tasks per POST /api/tasks/batch (default 250)")
+    p.add_argument("--batch-concurrency", type=int, default=4, help="batch POSTs in flight at once (default 4)")
     p.add_argument("--timeout", type=float, default=300, help="seconds after the last submit to wait (default 300)")
     p.add_argument("--poll", type=float, default=0.2, help="completion poll interval, seconds (default 0.2)")
     p.add_argument(
@@ -945,12 +1028,21 @@ def main(argv: list[str] | None = None) -> int:
         why = peer_dramatiq.missing()
         peers = why is None
         print(f"peers: Dramatiq + Redis skipped: {why}" if why else f"peers: Dramatiq + Redis ({peer_versions()})")
-    skip = {"gateway": args.skip_gateway, "floor": args.skip_floor, "dramatiq": not peers}
+    submits = [h.strip() for h in args.submit.split(",") if h.strip()]
+    if not submits or any(h not in ("single", "batch") for h in submits):
+        raise SystemExit(f"--submit: single, batch or single,batch, not {args.submit!r}")
+    skip = {"gateway": args.skip_gateway or "single" not in submits}
+    skip["gateway-batch"] = args.skip_gateway or "batch" not in submits
+    skip.update({"floor": args.skip_floor, "dramatiq": not peers})
+    profiled = False
     try:
         for rep in range(args.reps):
             for system in [s for s, skipped in skip.items() if not skipped]:
-                if system == "gateway":
-                    result = run_gateway_rep(args, scratch, profile=bool(args.py_spy_out) and rep == 0)
+                if system.startswith("gateway"):
+                    profile = bool(args.py_spy_out) and not profiled
+                    profiled = profiled or profile
+                    how = "single" if system == "gateway" else "batch"
+                    result = run_gateway_rep(args, scratch, profile=profile, how=how)
                 elif system == "floor":
                     result = run_floor_rep(args, scratch)
                 else:
