@@ -39,7 +39,7 @@ from .runtime import LoopActor, Wakeup
 
 log = logging.getLogger(__name__)
 
-BATCH = 256
+BATCH = 1024  # outbox rows per relay round: one read, one publish burst with one ack wait, one delete
 IDLE_POLL_S = 1.0
 RETRY_S = 1.0  # the first wait after a failure; it doubles while the failure lasts
 MAX_RETRY_S = 15.0

@@ -303,6 +303,23 @@ class Replay:
                 await js.delete_consumer(EVENTS_STREAM, name)
 
 
+def stream_seq(reply: str | None) -> int:
+    """The stream sequence in a JetStream delivery's reply subject, ``$JS.ACK.<stream>.<consumer>.<delivered>.
+    <stream seq>.<consumer seq>.<ts>.<pending>`` (or the form with domain and account hash, two tokens more
+    after ``ACK``). nats-py's ``msg.metadata`` parses the same, but builds a dataclass and a datetime per
+    message: under burst that was 4% of the daemon's event loop for one integer."""
+    if not reply:
+        raise ValueError("no reply subject")
+    tokens = reply.split(".")
+    if tokens[0] != "$JS" or tokens[1] != "ACK":
+        raise ValueError("not a JetStream delivery")
+    if len(tokens) == 9:
+        return int(tokens[5])
+    if len(tokens) >= 11:
+        return int(tokens[7])
+    raise ValueError("unexpected reply subject")
+
+
 class EventHub:
     """The live tail of GW_EVENTS and its subscribers. ``start()`` after NATS is connected, ``stop()`` before
     it closes; ``close_all()`` ends every client's stream (shutdown)."""
@@ -422,7 +439,7 @@ class EventHub:
     # -- the tail ----------------------------------------------------------------------------------
     async def _on_msg(self, msg: Msg) -> None:
         try:
-            seq = msg.metadata.sequence.stream
+            seq = stream_seq(msg.reply)
         except (ValueError, IndexError, TypeError):
             log.warning("event stream: a message without stream metadata on %s; skipped", msg.subject)
             return

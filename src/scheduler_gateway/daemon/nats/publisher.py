@@ -22,6 +22,9 @@ from nats.aio.subscription import Subscription
 log = logging.getLogger(__name__)
 
 
+SWEEP_AT = 8192  # pending acks before the futures nobody waits for any more are swept out
+
+
 class PublishError(Exception):
     """JetStream refused the message (or nobody answered for its subject)."""
 
@@ -45,6 +48,7 @@ class AckedPublisher:
         self._prefix = f"_GWACK.{secrets.token_hex(8)}."
         self._counter = itertools.count(1)
         self._pending: dict[str, asyncio.Future[PubAck]] = {}
+        self._sweep_at = SWEEP_AT
         self._sub: Subscription | None = None
         # the loop is looked up once: 3.11's get_running_loop() makes a getpid() syscall on every call
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -72,9 +76,18 @@ class AckedPublisher:
         token = str(next(self._counter))
         assert self._loop is not None, "start() first"
         fut: asyncio.Future[PubAck] = self._loop.create_future()
-        self._pending[token] = fut
-        fut.add_done_callback(lambda _: self._pending.pop(token, None))
-        await self._nc.publish(subject, body, reply=self._prefix + token, headers=headers)
+        pending = self._pending
+        if len(pending) >= self._sweep_at:
+            # an ack pops its future; only futures whose caller gave up (timed out, cancelled) stay behind:
+            # drop those now and then instead of a done-callback per publish (a closure and a call each)
+            self._pending = pending = {t: f for t, f in pending.items() if not f.done()}
+            self._sweep_at = max(SWEEP_AT, 2 * len(pending))  # many live ones: sweep less often, never O(n^2)
+        pending[token] = fut
+        try:
+            await self._nc.publish(subject, body, reply=self._prefix + token, headers=headers)
+        except BaseException:
+            pending.pop(token, None)
+            raise
         return fut
 
     async def _on_ack(self, msg: Msg) -> None:
