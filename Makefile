@@ -38,6 +38,10 @@ soak: $(STAMP)
 	$(PY) -m pytest -q -m slow --deselect tests/simulation/test_simulation.py::test_simulation_soak
 	SIM_SOAK_SECONDS=$(SIM_SOAK_SECONDS) $(PY) -m pytest -q -s -m slow tests/simulation
 
+# the console's screenshots in docs/console/ (docs/CONSOLE.md), taken by its browser tests
+screenshots: $(STAMP)
+	CONSOLE_SCREENSHOTS=1 $(PY) -m pytest -q tests/console/test_console_browser.py
+
 bench: $(STAMP)
 	$(PY) bench/bench_gateway.py --n 20000
 
