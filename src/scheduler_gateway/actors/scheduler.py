@@ -56,7 +56,7 @@ from .model.schedule import (
     schedule_not_found,
     thread_not_found,
 )
-from .ports import TaskStore
+from .ports import TaskReads
 from .runtime import LoopActor, Wakeup
 from .schedule_ports import (
     ActiveRunConflict,
@@ -874,7 +874,7 @@ class TaskServiceLauncher:
     schedule's template, as the schedule's owner (actor type ``system``, request id = the run's id, so the
     task's history and audit name the run), in the resolved thread."""
 
-    def __init__(self, tasks: TaskService, task_store: TaskStore, store: ScheduleStore) -> None:
+    def __init__(self, tasks: TaskService, task_store: TaskReads, store: ScheduleStore) -> None:
         self._tasks = tasks
         self._task_store = task_store
         self._store = store

@@ -60,7 +60,7 @@ from .model.records import (
 )
 from .model.retry_policy import backoff_s
 from .nodes import NodeRegistry
-from .ports import Change, IdempotencyRecord, Metrics, NullMetrics, TaskQuery, TaskStore
+from .ports import Change, IdempotencyRecord, Metrics, NullMetrics, TaskQuery, TaskServiceStore
 from .runtime import KeyedMailboxes
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ def body_digest(body: bytes) -> str:
 class TaskService:
     def __init__(
         self,
-        store: TaskStore,
+        store: TaskServiceStore,
         dispatcher: Dispatcher,
         nodes: NodeRegistry,
         publish_cancel: Callable[[str, bytes], Any],

@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from scheduler_gateway.actors import failpoints, idgen
 from scheduler_gateway.actors.model.records import AuditEntry, DeadLetter, HistoryEntry, Task
 from scheduler_gateway.actors.nodes import NodeRegistry
-from scheduler_gateway.actors.ports import AuditQuery, DeadLetterQuery, NodeRecord, TaskQuery, TaskStore
+from scheduler_gateway.actors.ports import AdminStore, AuditQuery, DeadLetterQuery, NodeRecord, TaskQuery
 from scheduler_gateway.actors.task_service import BatchItem, Caller, NewTask, TaskService
 from scheduler_gateway.daemon.http.callback_client import target_host, target_problem
 from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE, error_response
@@ -165,7 +165,7 @@ class AdminApi:
     def __init__(
         self,
         service: TaskService,
-        store: TaskStore,
+        store: AdminStore,
         nodes: NodeRegistry,
         metrics: PrometheusMetrics,
         readiness: ReadinessProbe,

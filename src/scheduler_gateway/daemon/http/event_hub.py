@@ -40,7 +40,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.model.records import SYSTEM, AuditEntry
-from scheduler_gateway.actors.ports import TaskStore
+from scheduler_gateway.actors.ports import AuditStore
 from scheduler_gateway.daemon.nats.bus import NatsBus
 from scheduler_gateway.wire.errors import Unavailable
 from scheduler_gateway.wire.messages import NULL
@@ -138,7 +138,7 @@ def decode_event(seq: int, body: bytes) -> StreamEvent:
     return StreamEvent(seq, b.type, b.aggregate_id, b.owner, frame(b.type, _encode(data), seq))
 
 
-def corrupt_event_auditor(store: TaskStore, clock: Callable[[], float]) -> Callable[[int, str], Awaitable[None]]:
+def corrupt_event_auditor(store: AuditStore, clock: Callable[[], float]) -> Callable[[int, str], Awaitable[None]]:
     """The hub's ``on_corrupt``: an audit entry for a stream message it skipped (the relay audits the
     outbox rows it skips the same way)."""
 
