@@ -36,6 +36,9 @@ SUITES: dict[type, list[tuple[ModuleType, str]]] = {
         (contract, "test_lease_seen"),
         (contract, "test_active_tasks"),
     ],
+    ports.TaskCounts: [
+        (cascade, "test_task_counts_group_by_state_and_kind"),
+    ],
     ports.TaskWrites: [
         (contract, "test_insert_get_round_trip_keeps_payload_bytes"),
         (contract, "test_result_bytes_and_error_round_trip"),
@@ -84,6 +87,7 @@ SUITES: dict[type, list[tuple[ModuleType, str]]] = {
     ],
     ports.CallbackStore: [
         (contract, "test_callback_delivery_commits_with_its_change_and_is_listed_by_due_time"),
+        (contract, "test_pending_callbacks_page_with_a_due_at_and_id_cursor"),
         (contract, "test_a_refused_change_writes_no_callback_delivery"),
         (contract, "test_callback_reschedule_finish_and_dead_letter"),
         (contract, "test_callback_dead_letters_list_by_owner_and_task_with_paging"),

@@ -22,6 +22,7 @@ from ..model import task_machine as sm
 from ..model.records import ActorRef, Task, TaskError
 from .api import SettleOutcome, body_digest
 from .dead_letters import dead_letter_for
+from .shared import persist_extensions
 
 if TYPE_CHECKING:
     from .service import TaskService
@@ -85,8 +86,12 @@ async def heartbeat(svc: TaskService, node_id: str, req: HeartbeatRequest) -> He
     svc._nodes.heartbeat(node_id, req, now)
     extended: list[ExtendedLease] = []
     revoked: list[RevokedLease] = []
+    extensions: list[tuple[Task, Task]] = []  # several instances: (read, extended), persisted together below
+    stored_now: dict[str, Task] = {}
+    if svc._shared is not None and req.leases:
+        stored_now = {t.id: t for t in await svc._shared.get_tasks([lease.task_id for lease in req.leases])}
     for lease in req.leases:
-        task = svc._live.get(lease.task_id)
+        task = svc._live.get(lease.task_id) if svc._shared is None else stored_now.get(lease.task_id)
         try:
             if task is None:
                 stored = await svc._store.get_task(lease.task_id)
@@ -108,6 +113,9 @@ async def heartbeat(svc: TaskService, node_id: str, req: HeartbeatRequest) -> He
                     details={"leaseId": lease.lease_id},
                 )
             continue
+        if svc._shared is not None:
+            extensions.append((task, new))
+            continue
         # a heartbeat does not go through the mailbox: it touches only the live lease expiry, and a
         # racing transition simply replaces the live task (the clock re-checks against it)
         if svc._live.get(task.id) is task:
@@ -116,6 +124,8 @@ async def heartbeat(svc: TaskService, node_id: str, req: HeartbeatRequest) -> He
         extended.append(
             ExtendedLease(task_id=task.id, lease_id=lease.lease_id, lease_expires_at=fmt_ts(new.lease_expires_at) or "")
         )
+    if extensions:
+        await persist_extensions(svc, extensions, now, extended, revoked)
     return HeartbeatReply(extended=extended, revoked=revoked, draining=svc._nodes.is_draining(node_id))
 
 
@@ -184,7 +194,7 @@ async def _settle(svc: TaskService, node_id: str, msg: Settle) -> SettleOutcome:
 
 async def lease_expired(svc: TaskService, task_id: str, lease_id: str) -> None:
     async def run() -> None:
-        task = svc._live.get(task_id)
+        task = svc._live.get(task_id) if svc._shared is None else await svc._current(task_id)
         if task is None or task.state != "running" or task.lease_id != lease_id:
             return
         now = svc._clock()
@@ -200,7 +210,7 @@ async def lease_expired(svc: TaskService, task_id: str, lease_id: str) -> None:
 
 async def timed_out(svc: TaskService, task_id: str, attempt_id: str) -> None:
     async def run() -> None:
-        task = svc._live.get(task_id)
+        task = svc._live.get(task_id) if svc._shared is None else await svc._current(task_id)
         if task is None or task.state != "running" or task.attempt_id != attempt_id:
             return
         tr = sm.timed_out(task, attempt_id, idgen.new_id("att"), svc._delay(task), svc._clock())

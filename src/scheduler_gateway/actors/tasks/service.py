@@ -10,7 +10,8 @@ period instead (docs/SCHEDULES.md, Start-up reconcile).
 ``TaskService`` is the one public class: it holds the state (live tasks, mailboxes, key slots, lease clock) and
 the commit path; each group of operations lives in a module of its own, as functions of the service:
 ``creation`` (create, create_many), ``actions`` (act, cancel cascade), ``node_protocol`` (claim, heartbeat,
-settle, lease expiry, timeout), ``dead_letters`` (redrive, archive), ``keys`` (idempotency).
+settle, lease expiry, timeout), ``dead_letters`` (redrive, archive), ``keys`` (idempotency), ``shared``
+(several instances on one store: another instance's writes taken into the live copies, lease extensions persisted).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from ..model.retry_policy import backoff_s
 from ..nodes import NodeRegistry
 from ..ports import Change, IdempotencyRecord, Metrics, NullMetrics, TaskQuery, TaskServiceStore
 from ..runtime import KeyedMailboxes
-from . import actions, creation, dead_letters, node_protocol
+from ..shared_tasks import SharedTasks
+from . import actions, creation, dead_letters, node_protocol, shared
 from .api import BatchItem, BatchOutcome, Caller, NewTask, SettleOutcome, TaskPolicy
 from .keys import KeySlots
 from .records import ERROR_REASONS, STALE_RETRIES, StaleWrite, stale_or
@@ -84,6 +86,13 @@ class TaskService:
             clock, self._lease_expired, self._timed_out, recheck_s=self.policy.lease_recheck_s
         )
         self._listeners: list[Callable[[sm.Transition], None]] = []
+        #: Several instances on one store (actors/shared_tasks.py): decisions read the store, heartbeats
+        #: persist the lease expiry. None: one instance, live copies are the truth (as always).
+        self._shared: SharedTasks | None = None
+
+    def share(self, shared: SharedTasks) -> None:
+        """Run as one of several instances on ``shared`` (before ``start``)."""
+        self._shared = shared
 
     async def start(self) -> None:
         """Recover: load every active task, re-offer queued ones, give running leases a grace period."""
@@ -122,12 +131,24 @@ class TaskService:
     def running_count(self) -> int:
         return sum(1 for t in self._live.values() if t.state == "running")
 
+    def live_ids(self) -> list[str]:
+        return list(self._live)
+
+    def absorb(self, stored: Task | None, task_id: str) -> None:
+        """Several instances: take a stored copy that another instance wrote into the live copies (and so into
+        the dispatcher and the lease clock). A copy no newer than the live one changes nothing but the lease
+        expiry a heartbeat elsewhere moved."""
+        shared.absorb(self, stored, task_id)
+
     # -- reads -----------------------------------------------------------------------------------------------
     async def _current(self, task_id: str) -> Task | None:
         live = self._live.get(task_id)
-        if live is not None:
+        if live is not None and self._shared is None:
             return live
-        return await self._store.get_task(task_id)
+        stored = await self._store.get_task(task_id)
+        if self._shared is not None:
+            self.absorb(stored, task_id)
+        return stored
 
     async def get(self, caller: Caller, task_id: str) -> Task:
         task = await self._current(task_id)
@@ -140,7 +161,7 @@ class TaskService:
             query = msgspec.structs.replace(query, owner=caller.user)
         page = await self._store.list_tasks(query)
         # the live copy carries the latest lease extension
-        items = [self._live.get(t.id, t) for t in page.items]
+        items = [self._live.get(t.id, t) for t in page.items] if self._shared is None else list(page.items)
         return items, page.next_cursor
 
     async def history(
@@ -217,6 +238,14 @@ class TaskService:
 
     async def settle(self, node_id: str, msg: Settle) -> SettleOutcome:
         return await node_protocol.settle(self, node_id, msg)
+
+    async def expire_lease(self, task_id: str, lease_id: str) -> None:
+        """The lease watcher's call: fail the attempt if its lease ran out (re-checked on the current task)."""
+        await self._lease_expired(task_id, lease_id)
+
+    async def time_out(self, task_id: str, attempt_id: str) -> None:
+        """The lease watcher's call: fail the attempt if it ran past its deadline (re-checked)."""
+        await self._timed_out(task_id, attempt_id)
 
     async def _lease_expired(self, task_id: str, lease_id: str) -> None:
         await node_protocol.lease_expired(self, task_id, lease_id)
