@@ -40,7 +40,7 @@ from .model.callbacks import (
     wants_callback,
 )
 from .model.records import SYSTEM, ActorRef, AuditEntry
-from .ports import CallbackPost, CallbackPoster, Page, TaskStore
+from .ports import CallbackPost, CallbackPoster, CallbackSenderStore, Page
 from .runtime import LoopActor, Wakeup
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class CallbackSender(LoopActor):
 
     def __init__(
         self,
-        store: TaskStore,
+        store: CallbackSenderStore,
         poster: CallbackPoster,
         policy: CallbackPolicy,
         clock: Callable[[], float],

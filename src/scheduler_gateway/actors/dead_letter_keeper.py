@@ -16,7 +16,7 @@ import msgspec
 from scheduler_gateway.wire.errors import GatewayError
 
 from .model.records import DeadLetter
-from .ports import TaskStore
+from .ports import DeadLetterStore
 from .runtime import LoopActor, Wakeup
 from .task_service import Caller, TaskService
 
@@ -39,7 +39,7 @@ class DeadLetterKeeper(LoopActor):
 
     def __init__(
         self,
-        store: TaskStore,
+        store: DeadLetterStore,
         service: TaskService,
         policy: DeadLetterPolicy,
         clock: Callable[[], float],

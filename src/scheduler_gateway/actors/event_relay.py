@@ -34,7 +34,7 @@ from scheduler_gateway.wire.timefmt import fmt_ts
 
 from . import idgen
 from .model.records import SYSTEM, AuditEntry, EventRecord
-from .ports import Bus, OutboxRow, TaskStore
+from .ports import Bus, OutboxRow, RelayStore
 from .runtime import LoopActor, Wakeup
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ STORE_TROUBLE = "store"
 class EventRelay(LoopActor):
     name = "event-relay"
 
-    def __init__(self, store: TaskStore, bus: Bus, subjects: Subjects, clock: Callable[[], float]) -> None:
+    def __init__(self, store: RelayStore, bus: Bus, subjects: Subjects, clock: Callable[[], float]) -> None:
         super().__init__()
         self._store = store
         self._bus = bus

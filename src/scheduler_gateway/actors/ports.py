@@ -112,12 +112,31 @@ class OutboxRow(msgspec.Struct, frozen=True):
     body: bytes
 
 
-class TaskStore(Protocol):
+# -- the store, one narrow port per concern ----------------------------------------------------------------
+# Each consumer is typed with the narrowest port (or the small union) it uses; ``TaskStore`` is the union every
+# adapter implements. Each port's contract tests are listed in ``tests/test_store_ports.py``.
+
+
+class StoreLifecycle(Protocol):
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
 
-    # tasks
+    async def ping(self) -> None:
+        """Raise StorageError unless the store can be written to."""
+        ...
+
+
+class TaskReads(Protocol):
     async def get_task(self, task_id: str) -> Task | None: ...
+    async def list_tasks(self, query: TaskQuery) -> Page: ...
+    async def history(self, task_id: str, limit: int = 500, cursor: str | None = None) -> Page: ...
+    async def lease_seen(self, task_id: str, lease_id: str) -> bool: ...
+    async def active_tasks(self) -> list[Task]:
+        """Every task in waiting_approval, queued or running (start-up recovery)."""
+        ...
+
+
+class TaskWrites(Protocol):
     async def apply(self, change: Change) -> None: ...
     async def apply_many(self, changes: list[Change]) -> list[BaseException | None]:
         """Apply each change in order; one result per change (None = applied), one refusal never
@@ -136,34 +155,37 @@ class TaskStore(Protocol):
         makes the caller read again instead of being left running under a canceled parent."""
         ...
 
-    async def list_tasks(self, query: TaskQuery) -> Page: ...
-    async def history(self, task_id: str, limit: int = 500, cursor: str | None = None) -> Page: ...
-    async def lease_seen(self, task_id: str, lease_id: str) -> bool: ...
-    async def active_tasks(self) -> list[Task]:
-        """Every task in waiting_approval, queued or running (start-up recovery)."""
-        ...
 
+class TaskCounts(Protocol):
     async def task_counts(self, owner: str | None = None) -> list[tuple[str, str, int]]:
         """``(state, kind, count)`` of every task (of ``owner``, when given): the console's overview."""
         ...
 
-    # idempotency
+
+class IdempotencyStore(Protocol):
     async def get_idempotency(self, owner: str, key: str) -> IdempotencyRecord | None: ...
     async def put_idempotency(self, record: IdempotencyRecord) -> bool:
         """Remember a keyed request that changed nothing (a repeat); False, and nothing written, when the key
         is already taken. (A request that changes a task records its key in that change.)"""
         ...
 
-    # audit
+
+class AuditStore(Protocol):
     async def append_audit(self, entries: list[AuditEntry]) -> None: ...
     async def list_audit(self, query: AuditQuery) -> Page: ...
 
-    # events outbox
+
+class OutboxStore(Protocol):
+    """The events outbox (written with each change, ``Change.event``)."""
+
     async def outbox_batch(self, limit: int) -> list[OutboxRow]: ...
     async def outbox_delete(self, seqs: list[int]) -> None: ...
     async def outbox_size(self) -> int: ...
 
-    # dead letters
+
+class DeadLetterStore(Protocol):
+    """Task dead letters (written with the dying change, ``Change.dead_letter``)."""
+
     async def get_dead_letter_for_task(self, task_id: str) -> DeadLetter | None: ...
     async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None: ...
     async def list_dead_letters(self, query: DeadLetterQuery) -> Page:
@@ -191,18 +213,20 @@ class TaskStore(Protocol):
         not read."""
         ...
 
-    # principals and nodes
+
+class PrincipalStore(Protocol):
     async def get_principal(self, token_hash: str) -> Principal | None: ...
     async def put_principal(self, principal: Principal) -> None: ...
+
+
+class NodeStore(Protocol):
     async def put_nodes(self, nodes: list[NodeRecord]) -> None: ...
     async def list_nodes(self) -> list[NodeRecord]: ...
 
-    # health
-    async def ping(self) -> None:
-        """Raise StorageError unless the store can be written to."""
-        ...
 
-    # callback deliveries and callback dead letters (written with the terminal change: ``Change.callback``)
+class CallbackStore(Protocol):
+    """Callback deliveries and callback dead letters (written with the terminal change: ``Change.callback``)."""
+
     async def pending_callbacks(self, limit: int, after: tuple[float, str] | None = None) -> list[CallbackDelivery]:
         """Deliveries not yet made, soonest ``due_at`` first (then id; due or not). With ``after`` =
         ``(due_at, id)`` of the last row of the previous page, only the rows strictly after it: a page
@@ -228,6 +252,47 @@ class TaskStore(Protocol):
         """In one transaction: drop the letter, queue ``delivery`` and write the audit entry. False (and
         nothing written) when the letter is gone, e.g. redelivered by someone else just before."""
         ...
+
+
+# -- what each consumer takes, where it needs more than one port ----------------------------------------------
+
+
+class TaskServiceStore(TaskReads, TaskWrites, IdempotencyStore, AuditStore, DeadLetterStore, Protocol):
+    """The task service: tasks, their keys, audit of refusals and repeats, dead letters it writes and redrives."""
+
+
+class RelayStore(OutboxStore, AuditStore, Protocol):
+    """The event relay: the outbox, and an audit entry for an event it cannot decode."""
+
+
+class CallbackSenderStore(CallbackStore, TaskReads, Protocol):
+    """The callback sender: deliveries and their dead letters, and the task a delivery reports."""
+
+
+class AdminStore(PrincipalStore, DeadLetterStore, AuditStore, NodeStore, Protocol):
+    """The admin API's own reads and writes (tokens, dead letters, audit, node records); tasks go through
+    the task service."""
+
+
+class ConsoleStore(AdminStore, TaskCounts, Protocol):
+    """The web console: what the admin API reads and writes itself, and the task counts of its overview."""
+
+
+class TaskStore(
+    StoreLifecycle,
+    TaskReads,
+    TaskCounts,
+    TaskWrites,
+    IdempotencyStore,
+    AuditStore,
+    OutboxStore,
+    DeadLetterStore,
+    PrincipalStore,
+    NodeStore,
+    CallbackStore,
+    Protocol,
+):
+    """Every narrow port: what a store adapter implements (``SqliteStore``, the memory store of the tests)."""
 
 
 class Bus(Protocol):

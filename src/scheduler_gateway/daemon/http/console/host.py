@@ -7,7 +7,7 @@ from typing import Protocol
 
 from scheduler_gateway.actors.callback_sender import CallbackSender
 from scheduler_gateway.actors.nodes import NodeRegistry
-from scheduler_gateway.actors.ports import TaskStore
+from scheduler_gateway.actors.ports import ConsoleStore
 from scheduler_gateway.actors.scheduler import ScheduleService
 from scheduler_gateway.actors.task_service import TaskService
 from scheduler_gateway.daemon.http.app import AdminApi, HttpSettings
@@ -30,7 +30,7 @@ class ConsoleHost(Protocol):
     @property
     def settings(self) -> HostSettings: ...
     @property
-    def store(self) -> TaskStore: ...
+    def store(self) -> ConsoleStore: ...
     @property
     def service(self) -> TaskService: ...
     @property

@@ -1,0 +1,83 @@
+"""The launcher: an occurrence becomes an ordinary gateway task through ``TaskService.create``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from scheduler_gateway.wire.errors import GatewayError
+
+from ..model.records import Task
+from ..model.schedule import RunError, ScheduledRun, ScheduledTask
+from ..ports import TaskReads
+from ..schedule_ports import LaunchedTask, LaunchFailed, ScheduleStore, ThreadBusy
+from ..tasks import RUN_LABEL, SCHEDULE_LABEL, Caller, NewTask, TaskService
+
+log = logging.getLogger(__name__)
+
+
+class TaskServiceLauncher:
+    """``RunLauncher`` on the gateway's own task lifecycle: an occurrence is ``TaskService.create`` with the
+    schedule's template, as the schedule's owner (actor type ``system``, request id = the run's id, so the
+    task's history and audit name the run), in the resolved thread."""
+
+    def __init__(self, tasks: TaskService, task_store: TaskReads, store: ScheduleStore) -> None:
+        self._tasks = tasks
+        self._task_store = task_store
+        self._store = store
+
+    async def launch(self, task: ScheduledTask, run: ScheduledRun, thread_id: str) -> str:
+        try:
+            if task.context_mode == "reuse_thread":
+                thread = await self._store.get_thread(thread_id)
+                if thread is None or thread.owner != task.owner:
+                    raise LaunchFailed(f"thread {thread_id} no longer exists", details={"threadId": thread_id})
+                if await self._store.thread_busy(thread_id):
+                    raise ThreadBusy(
+                        f"thread {thread_id} has a queued or running task", details={"threadId": thread_id}
+                    )
+            t = task.template
+            spec = NewTask(
+                kind=t.kind,
+                payload=t.payload,
+                priority=t.priority,
+                max_attempts=t.max_attempts,
+                lease_s=t.lease_s,
+                timeout_s=t.timeout_s,
+                thread_id=thread_id,
+                labels={SCHEDULE_LABEL: task.id, RUN_LABEL: run.id},
+            )
+            caller = Caller(task.owner, "user", run.id, "system")
+            created, _ = await self._tasks.create(caller, spec)
+            return created.id
+        except (ThreadBusy, LaunchFailed):
+            raise
+        except asyncio.CancelledError:
+            raise  # shutting down is control flow, not a launch result
+        except GatewayError as exc:
+            raise LaunchFailed(f"the task could not be created: {exc.message}", details={"code": exc.code}) from exc
+        except Exception as exc:
+            # the port allows two errors out; anything else is a failed launch, logged with its stack here
+            log.exception("launch of run %s failed", run.id)
+            raise LaunchFailed(f"the task could not be created ({type(exc).__name__})") from exc
+
+    async def find(self, run: ScheduledRun) -> LaunchedTask | None:
+        """The run's task: by id once the run learned it; before that (a crash between the task's creation
+        and the run's update) among the tasks of the run's thread, by the ``scheduledRunId`` label. The
+        thread, not an Idempotency-Key, so a launch costs no extra read (a key is looked up on every create)."""
+        task: Task | None = None
+        if run.task_id is not None:
+            task = await self._task_store.get_task(run.task_id)
+        elif run.thread_id is not None:
+            task = next(
+                (
+                    t
+                    for t in await self._store.tasks_in_thread(run.thread_id)
+                    if t.labels.get(RUN_LABEL) == run.id and t.labels.get(SCHEDULE_LABEL) == run.scheduled_task_id
+                ),
+                None,
+            )
+        if task is None or task.owner != run.owner:
+            return None  # a task of another owner is never a schedule's occurrence
+        err = RunError(task.error.code, task.error.message) if task.error is not None else None
+        return LaunchedTask(task.id, task.state, err)

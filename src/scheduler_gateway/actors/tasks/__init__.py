@@ -1,0 +1,34 @@
+"""The task service (``TaskService``) and its vocabulary; ``service.py`` holds the state and the commit path, the
+other modules one group of operations each."""
+
+from .api import (
+    RESERVED_LABEL_PREFIX,
+    RESERVED_LABELS,
+    RUN_LABEL,
+    SCHEDULE_LABEL,
+    BatchItem,
+    BatchOutcome,
+    Caller,
+    NewTask,
+    SettleOutcome,
+    TaskPolicy,
+    body_digest,
+    check_labels,
+)
+from .service import TaskService
+
+__all__ = [
+    "RESERVED_LABELS",
+    "RESERVED_LABEL_PREFIX",
+    "RUN_LABEL",
+    "SCHEDULE_LABEL",
+    "BatchItem",
+    "BatchOutcome",
+    "Caller",
+    "NewTask",
+    "SettleOutcome",
+    "TaskPolicy",
+    "TaskService",
+    "body_digest",
+    "check_labels",
+]

@@ -1,0 +1,104 @@
+"""The task service's vocabulary: who calls (``Caller``), what a create asks (``NewTask``, ``BatchItem``), the
+policy, the reserved labels, and what a settle answers."""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+
+from scheduler_gateway.wire.errors import GatewayError, InvalidArgument, StorageError
+
+from ..model.records import NULL, ActorRef, AuditResult, Task
+
+
+class TaskPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    default_lease_s: float = 30.0
+    default_timeout_s: float = 3600.0
+    default_max_attempts: int = 3
+    max_payload_bytes: int = 1048576
+    max_dead_retries: int = 3
+    recovery_grace_s: float | None = None  # None: each task's own lease seconds
+    lease_recheck_s: float = 1.0  # how soon a passed deadline whose handler did not end it is handled again
+
+
+class Caller(msgspec.Struct, frozen=True):
+    user: str
+    role: str  # "admin" | "user"
+    request_id: str | None = None
+    actor_type: str = "user"  # "system" for the daemon's own actors
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+    @property
+    def actor(self) -> ActorRef:
+        return ActorRef("system" if self.actor_type == "system" else "user", self.user)
+
+
+#: Label keys that are the gateway's own (docs/API.md, Tasks). The scheduler's launcher writes the first two on an
+#: occurrence's task, and the completion hook and start-up reconcile find a run's task by them: a user who
+#: could set them could pose as another user's run. Only a system caller (the daemon's own actors) sets them.
+SCHEDULE_LABEL = "scheduledTaskId"
+RUN_LABEL = "scheduledRunId"
+RESERVED_LABELS = frozenset({SCHEDULE_LABEL, RUN_LABEL})
+RESERVED_LABEL_PREFIX = "gw."
+
+
+def check_labels(caller: Caller, labels: dict[str, str]) -> None:
+    """Refuse a user's create that sets a reserved label key (400 INVALID_ARGUMENT). Called by
+    ``TaskService.create``, the one way every route (single or batch) creates a task, so no route can
+    forget it; the daemon's own actors (``actor_type`` system) are exempt."""
+    if caller.actor_type == "system":
+        return
+    reserved = sorted(k for k in labels if k in RESERVED_LABELS or k.startswith(RESERVED_LABEL_PREFIX))
+    if reserved:
+        raise InvalidArgument(
+            f"label {reserved[0][:64]!r} is reserved for the gateway (scheduledTaskId, scheduledRunId, gw.*)",
+            details={"field": "labels", "labels": [k[:64] for k in reserved[:10]]},
+        )
+
+
+class NewTask(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str
+    payload: msgspec.Raw = NULL
+    priority: int = 0
+    max_attempts: int | None = None
+    retry_backoff_s: float = 1.0
+    lease_s: float | None = None
+    timeout_s: float | None = None
+    not_before: float | None = None
+    parent_id: str | None = None
+    thread_id: str | None = None
+    run_id: str | None = None
+    requires_approval: bool = False
+    callback_url: str | None = None
+    callback_secret: str | None = None
+    labels: dict[str, str] = {}
+
+
+class BatchItem(msgspec.Struct, frozen=True):
+    """One create of ``create_many``: the task, and its own Idempotency-Key with the body hash it covers."""
+
+    spec: NewTask
+    key: str | None = None
+    body_hash: str = ""
+
+
+BatchOutcome = tuple[Task, bool] | GatewayError
+
+
+def as_gateway_error(err: BaseException) -> GatewayError:
+    if isinstance(err, GatewayError):
+        return err
+    return StorageError(f"the task store failed ({type(err).__name__})")
+
+
+class SettleOutcome(msgspec.Struct, frozen=True):
+    result: AuditResult
+    code: str | None = None
+
+
+def body_digest(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()

@@ -1,0 +1,140 @@
+"""Creating tasks: one (``create``) or a batch committed together (``create_many``), each with its checks."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING
+
+from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidArgument
+
+from .. import idgen
+from ..model import task_machine as sm
+from ..model.records import Task
+from ..ports import IdempotencyRecord
+from .api import BatchItem, BatchOutcome, Caller, NewTask, as_gateway_error, check_labels
+from .keys import once_per_key, replayed_task
+
+if TYPE_CHECKING:
+    from .service import TaskService
+
+
+async def create(
+    svc: TaskService, caller: Caller, spec: NewTask, idem_key: str | None = None, body_hash: str = ""
+) -> tuple[Task, bool]:
+    """Create a task; returns (task, replayed). The same key and body replays; another body conflicts.
+    Reserved labels are refused before anything else, a replay included (the body is invalid)."""
+    check_labels(caller, spec.labels)
+    if idem_key is None:
+        return await _create(svc, caller, spec, None, body_hash), False
+    return await once_per_key(
+        svc, caller, idem_key, "create", body_hash, lambda: _fresh(_create(svc, caller, spec, idem_key, body_hash))
+    )
+
+
+async def _fresh(created: Awaitable[Task]) -> tuple[Task, bool]:
+    return await created, False
+
+
+async def create_many(svc: TaskService, caller: Caller, items: list[BatchItem]) -> list[BatchOutcome]:
+    """Create tasks in order, committed together in as few store transactions as it takes; each item
+    answers alone: (task, replayed) or the error that refused it. Every accepted item is committed
+    before this returns, with its history, audit entry and event, as a single create would be."""
+    results: list[BatchOutcome | None] = [None] * len(items)
+    first_of_key: dict[str, int] = {}
+    pending: list[tuple[int, sm.Transition, IdempotencyRecord | None]] = []
+    keys = sorted({item.key for item in items if item.key is not None})
+    async with svc._keys.hold(caller.user, keys):
+        for n, item in enumerate(items):
+            if item.key is not None and item.key in first_of_key:
+                continue  # the same key again in this batch: answered from its first item below
+            try:
+                check_labels(caller, item.spec.labels)
+                if item.key is not None:
+                    first_of_key[item.key] = n
+                    replay = await replayed_task(svc, caller, item.key, "create", item.body_hash)
+                    if replay is not None:
+                        results[n] = (replay, True)
+                        continue
+                pending.append((n, *await prepared_create(svc, caller, item.spec, item.key, item.body_hash)))
+            except GatewayError as exc:
+                results[n] = exc
+        changes = [svc._change(tr, caller.request_id, None, idem, None) for _, tr, idem in pending]
+        outcomes = await svc._store.apply_many(changes) if changes else []
+        for (n, tr, idem), err in zip(pending, outcomes, strict=True):
+            if err is None:
+                svc._after_commit(tr)
+                results[n] = (tr.task, False)
+                continue
+            replay = None
+            if idem is not None and isinstance(err, Conflict) and err.code == Code.IDEMPOTENCY_CONFLICT:
+                replay = await replayed_task(svc, caller, idem.key, "create", idem.body_hash)
+            results[n] = (replay, True) if replay is not None else as_gateway_error(err)
+    for n, item in enumerate(items):
+        if results[n] is None:  # a repeated key: the first item's answer, if the request is the same
+            assert item.key is not None
+            first = first_of_key[item.key]
+            done = results[first]
+            if items[first].body_hash != item.body_hash:
+                results[n] = Conflict(
+                    "this Idempotency-Key was used with another request", code=Code.IDEMPOTENCY_CONFLICT
+                )
+            else:
+                results[n] = (done[0], True) if isinstance(done, tuple) else done
+    return [r for r in results if r is not None]
+
+
+async def _create(svc: TaskService, caller: Caller, spec: NewTask, idem_key: str | None, body_hash: str) -> Task:
+    tr, idem = await prepared_create(svc, caller, spec, idem_key, body_hash)
+    return await svc._commit(tr, caller.request_id, idempotency=idem)
+
+
+async def prepared_create(
+    svc: TaskService, caller: Caller, spec: NewTask, idem_key: str | None, body_hash: str
+) -> tuple[sm.Transition, IdempotencyRecord | None]:
+    """Every check of a create and the transition it commits (not committed yet)."""
+    now = svc._clock()
+    run_id = spec.run_id
+    if spec.parent_id is not None:
+        parent = await svc._current(spec.parent_id)
+        if parent is None or not (caller.is_admin or parent.owner == caller.user):
+            raise InvalidArgument(f"parentId {spec.parent_id} does not name a task", details={"field": "parentId"})
+        run_id = run_id or parent.run_id
+    if spec.thread_id is not None and svc._thread_check is not None:
+        await svc._thread_check(caller, spec.thread_id)
+    p = svc.policy
+    task = Task(
+        id=idgen.new_id("tsk"),
+        owner=caller.user,
+        kind=spec.kind,
+        payload=spec.payload,
+        state="waiting_approval" if spec.requires_approval else "queued",
+        revision=1,
+        priority=spec.priority,
+        max_attempts=spec.max_attempts or p.default_max_attempts,
+        attempt_id=idgen.new_id("att"),
+        run_id=run_id or idgen.new_id("run"),
+        parent_id=spec.parent_id,
+        thread_id=spec.thread_id,
+        requires_approval=spec.requires_approval,
+        callback_url=spec.callback_url,
+        callback_secret=spec.callback_secret,
+        labels=spec.labels,
+        not_before=spec.not_before if spec.not_before is not None else now,
+        created_at=now,
+        updated_at=now,
+        retry_backoff_s=spec.retry_backoff_s,
+        lease_s=spec.lease_s or p.default_lease_s,
+        timeout_s=spec.timeout_s or p.default_timeout_s,
+    )
+    idem = None
+    if idem_key is not None:
+        idem = IdempotencyRecord(
+            owner=caller.user,
+            key=idem_key,
+            operation="create",
+            body_hash=body_hash,
+            task_id=task.id,
+            created_at=now,
+        )
+    await svc._check_parent(task, inserting=True)
+    return sm.create(task, caller.actor, now, caller.request_id), idem

@@ -1,0 +1,103 @@
+"""Idempotency keys: one request per key at a time (``KeySlots``), and the answer a key's record gives a repeat."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from scheduler_gateway.wire.errors import Code, Conflict, task_not_found
+
+from ..model.records import Task
+from .api import Caller
+
+if TYPE_CHECKING:
+    from .service import TaskService
+
+
+class KeySlots:
+    """The keys of requests in flight, per user: a request with a key another one holds waits until it is free."""
+
+    def __init__(self) -> None:
+        self._inflight: dict[tuple[str, str], asyncio.Future[Any]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, user: str, keys: list[str]) -> AsyncIterator[None]:
+        """Hold the user's keys for one request: a request with any of them waits until they are free.
+        All are taken at once (no await between the last check and taking them), so two batches sharing
+        keys cannot each hold one the other waits for."""
+        slots = [(user, key) for key in keys]
+        while True:
+            busy = next((self._inflight[s] for s in slots if s in self._inflight), None)
+            if busy is None:
+                break
+            await asyncio.shield(busy)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        for slot in slots:
+            self._inflight[slot] = fut
+        try:
+            yield
+        finally:
+            for slot in slots:
+                del self._inflight[slot]
+            fut.set_result(None)
+
+
+async def once_per_key(
+    svc: TaskService,
+    caller: Caller,
+    key: str,
+    operation: str,
+    body_hash: str,
+    first: Callable[[], Awaitable[tuple[Task, bool]]],
+) -> tuple[Task, bool]:
+    """Run ``first`` unless the key has a record; a request whose key is still in flight waits for it and
+    then answers from its record, so two requests with one key never both act (or one fail)."""
+    async with svc._keys.hold(caller.user, [key]):
+        replay = await replayed_task(svc, caller, key, operation, body_hash)
+        if replay is not None:
+            return replay, True
+        try:
+            return await first()
+        except Conflict as exc:
+            if exc.code != Code.IDEMPOTENCY_CONFLICT:
+                raise
+            # the store's unique key is the arbiter beyond this process: the other writer's record answers
+            replay = await replayed_task(svc, caller, key, operation, body_hash)
+            if replay is None:
+                raise
+            return replay, True
+
+
+async def replayed_task(svc: TaskService, caller: Caller, key: str, operation: str, body_hash: str) -> Task | None:
+    record = await svc._store.get_idempotency(caller.user, key)
+    if record is None:
+        return None
+    task = await svc._current(record.task_id)
+    if record.operation != operation or record.body_hash != body_hash:
+        await svc._refused(
+            operation.split(":")[0],
+            task,
+            record.task_id,
+            caller.actor,
+            request_id=caller.request_id,
+            error_code=Code.IDEMPOTENCY_CONFLICT,
+            details={"idempotencyKey": key},
+        )
+        raise Conflict(
+            "this Idempotency-Key was used with another request",
+            code=Code.IDEMPOTENCY_CONFLICT,
+            details={"taskId": record.task_id},
+        )
+    if task is None:
+        raise task_not_found(record.task_id)
+    await svc._repeated(
+        operation.split(":")[0],
+        task,
+        task.id,
+        caller.actor,
+        request_id=caller.request_id,
+        details={"idempotencyKey": key},
+    )
+    return task

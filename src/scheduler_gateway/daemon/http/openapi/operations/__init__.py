@@ -1,0 +1,16 @@
+"""``OPERATIONS``: every ``/api`` route the document describes (but the event stream and the document itself),
+one module per resource, in the document's order."""
+
+from scheduler_gateway.daemon.http.openapi.params import Op
+
+from . import callbacks, dead_letters, operations, schedules, tasks
+
+OPERATIONS: list[Op] = [
+    *tasks.OPERATIONS,
+    *dead_letters.OPERATIONS,
+    *operations.OPERATIONS,
+    *callbacks.OPERATIONS,
+    *schedules.OPERATIONS,
+]
+
+__all__ = ["OPERATIONS"]

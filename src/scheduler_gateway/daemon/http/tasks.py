@@ -1,0 +1,273 @@
+"""Task routes: create (one or a batch), list, get, history, and the user actions (cancel, approve, amend, retry,
+rework)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from aiohttp import web
+
+from scheduler_gateway.actors import failpoints
+from scheduler_gateway.actors.model.records import HistoryEntry, Task
+from scheduler_gateway.actors.ports import (
+    TaskQuery,
+)
+from scheduler_gateway.actors.task_service import BatchItem, Caller, NewTask, TaskService
+from scheduler_gateway.daemon.http.callback_client import target_host, target_problem
+from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
+from scheduler_gateway.daemon.http.input import idempotency_key
+from scheduler_gateway.wire import api
+from scheduler_gateway.wire.errors import (
+    GatewayError,
+    InvalidArgument,
+    PayloadTooLarge,
+)
+from scheduler_gateway.wire.ids import is_id
+from scheduler_gateway.wire.timefmt import RANGE_TEXT, fmt_ts, parse_ts
+
+from .context import CALLER, canonical_hash, page_args, task_id_arg
+
+if TYPE_CHECKING:
+    from .app import AdminApi
+
+TASK_STATES = ("waiting_approval", "queued", "running", "succeeded", "failed", "canceled", "dead")
+
+
+def _item_error(exc: GatewayError) -> api.BatchItemResult:
+    return api.BatchItemResult(
+        status=STATUS_OF_CODE.get(exc.code, 500),
+        error=api.BatchItemError(code=exc.code, message=exc.message, details=exc.details),
+    )
+
+
+def task_view(t: Task) -> api.TaskView:
+    return api.TaskView(
+        id=t.id,
+        kind=t.kind,
+        payload=t.payload,
+        state=t.state,
+        revision=t.revision,
+        priority=t.priority,
+        attempt_no=t.attempt_no,
+        max_attempts=t.max_attempts,
+        attempt_id=t.attempt_id,
+        lease_id=t.lease_id,
+        lease_expires_at=fmt_ts(t.lease_expires_at),
+        node_id=t.node_id,
+        run_id=t.run_id,
+        parent_id=t.parent_id,
+        thread_id=t.thread_id,
+        requires_approval=t.requires_approval,
+        has_callback=t.callback_url is not None,
+        labels=t.labels,
+        owner=t.owner,
+        result=t.result,
+        error=api.ErrorView(t.error.code, t.error.message) if t.error else None,
+        not_before=fmt_ts(t.not_before),
+        created_at=fmt_ts(t.created_at),
+        updated_at=fmt_ts(t.updated_at),
+        started_at=fmt_ts(t.started_at),
+        finished_at=fmt_ts(t.finished_at),
+    )
+
+
+def history_view(h: HistoryEntry) -> api.HistoryView:
+    return api.HistoryView(
+        from_=h.from_state,
+        to=h.to_state,
+        action=h.action,
+        actor=api.ActorView(h.actor.type, h.actor.id),
+        reason=h.reason,
+        at=fmt_ts(h.at),
+        attempt_id=h.attempt_id,
+        attempt_no=h.attempt_no,
+        lease_id=h.lease_id,
+        node_id=h.node_id,
+        request_id=h.request_id,
+        revision=h.revision,
+    )
+
+
+class TaskRoutes:
+    def __init__(self, api: AdminApi, service: TaskService) -> None:
+        self.api = api
+        self.service = service
+
+    def install(self, app: web.Application) -> None:
+        r = app.router
+        r.add_post("/api/tasks", self.create_task)
+        r.add_post("/api/tasks/batch", self.create_tasks_batch)
+        r.add_get("/api/tasks", self.list_tasks)
+        r.add_get("/api/tasks/{id}", self.get_task)
+        r.add_get("/api/tasks/{id}/history", self.task_history)
+        for action in ("cancel", "approve", "amend", "retry", "rework"):
+            r.add_post(f"/api/tasks/{{id}}/{action}", self._action_handler(action))
+
+    async def create_task(self, request: web.Request) -> web.Response:
+        caller: Caller = request[CALLER]
+        body = await self.api._body(request)
+        req: api.CreateTaskBody = self.api._decode(body, api.CreateTaskBody)
+        self.api._check_payload(req.payload)
+        spec = self._new_task(req)
+        key = idempotency_key(request.headers.get("Idempotency-Key"))
+        task, replayed = await self.service.create(caller, spec, key, canonical_hash(body) if key else "")
+        if replayed:
+            return self.api._json(task_view(task), 200, {"Idempotent-Replayed": "true"})
+        failpoints.hit("http.after_commit")  # committed, not answered
+        return self.api._json(task_view(task), 201)
+
+    async def create_tasks_batch(self, request: web.Request) -> web.Response:
+        """``POST /api/tasks/batch``: 1 to 1000 creates, each answered alone, all accepted ones committed."""
+        caller: Caller = request[CALLER]
+        limit = api.BATCH_MAX_BYTES
+        body = await self.api._body(request.clone(client_max_size=limit), limit)
+        batch: api.BatchCreateBody = self.api._decode(body, api.BatchCreateBody)
+        if len(batch.tasks) > api.BATCH_MAX_ITEMS:
+            raise PayloadTooLarge(
+                f"a batch holds at most {api.BATCH_MAX_ITEMS} tasks", details={"limit": api.BATCH_MAX_ITEMS}
+            )
+        if not batch.tasks:
+            raise InvalidArgument("a batch holds at least one task", details={"field": "tasks"})
+        answers: list[api.BatchItemResult | None] = [None] * len(batch.tasks)
+        items: list[BatchItem] = []
+        slots: list[int] = []
+        for n, raw in enumerate(batch.tasks):
+            try:
+                items.append(self._batch_item(raw))
+                slots.append(n)
+            except GatewayError as exc:
+                answers[n] = _item_error(exc)
+        for n, outcome in zip(slots, await self.service.create_many(caller, items), strict=True):
+            if isinstance(outcome, GatewayError):
+                answers[n] = _item_error(outcome)
+            else:
+                task, replayed = outcome
+                answers[n] = api.BatchItemResult(
+                    status=200 if replayed else 201, task=task_view(task), replayed=replayed
+                )
+        failpoints.hit("http.after_commit")  # committed, not answered
+        return self.api._json(api.BatchCreateAnswer(items=[a for a in answers if a is not None]))
+
+    def _batch_item(self, raw: msgspec.Raw) -> BatchItem:
+        item: api.BatchItemBody = self.api._decode(bytes(raw), api.BatchItemBody)
+        self.api._check_payload(item.payload)
+        spec = self._new_task(item)
+        key = idempotency_key(item.idempotency_key)
+        if key is None:
+            return BatchItem(spec)
+        # the hash covers the item without its key: the same create sent alone with that key replays
+        value = msgspec.json.decode(bytes(raw))
+        value.pop("idempotencyKey", None)
+        return BatchItem(spec, key, canonical_hash(msgspec.json.encode(value)))
+
+    def _new_task(self, req: api.CreateTaskBody) -> NewTask:
+        not_before = None
+        if req.not_before is not None:
+            try:
+                not_before = parse_ts(req.not_before)
+            except ValueError:
+                raise InvalidArgument(
+                    f"notBefore must be an RFC 3339 timestamp with an offset, from {RANGE_TEXT}",
+                    details={"field": "notBefore"},
+                ) from None
+        if req.parent_id is not None and not is_id(req.parent_id, "tsk"):
+            raise InvalidArgument("parentId is not a task id", details={"field": "parentId"})
+        if req.callback_secret is not None and req.callback_url is None:
+            raise InvalidArgument("callbackSecret needs a callbackUrl", details={"field": "callbackSecret"})
+        if req.callback_url is not None:
+            if target_host(req.callback_url) is None:
+                raise InvalidArgument("callbackUrl must be an http or https URL", details={"field": "callbackUrl"})
+            # a name is checked on its resolved address at each delivery; a literal IP (as the HTTP client reads
+            # the host, full-width digits folded) can be refused now
+            problem = None if self.api.settings.allow_private_networks else target_problem(req.callback_url)
+            if problem is not None:
+                raise InvalidArgument(f"callbackUrl points at {problem}", details={"field": "callbackUrl"})
+            if not req.callback_secret and not self.api.settings.callback_secret_configured:
+                raise InvalidArgument(
+                    "a callbackUrl needs a callbackSecret (no [callbacks] secret is configured)",
+                    details={"field": "callbackSecret"},
+                )
+        return NewTask(
+            kind=req.kind,
+            payload=req.payload,
+            priority=req.priority,
+            max_attempts=req.max_attempts,
+            retry_backoff_s=req.retry_backoff_seconds,
+            lease_s=req.lease_seconds,
+            timeout_s=req.timeout_seconds,
+            not_before=not_before,
+            parent_id=req.parent_id,
+            thread_id=req.thread_id,
+            run_id=req.run_id,
+            requires_approval=req.requires_approval,
+            callback_url=req.callback_url,
+            callback_secret=req.callback_secret or None,
+            labels=req.labels,
+        )
+
+    async def list_tasks(self, request: web.Request) -> web.Response:
+        caller: Caller = request[CALLER]
+        limit, cursor = page_args(request)
+        q = request.query
+        state = q.get("state") or None
+        if state is not None and state not in TASK_STATES:
+            raise InvalidArgument(f"unknown state {state[:40]}", details={"field": "state"})
+        items, next_cursor = await self.service.list_tasks(
+            caller,
+            TaskQuery(
+                state=state,
+                kind=q.get("kind") or None,
+                parent_id=q.get("parentId") or None,
+                run_id=q.get("runId") or None,
+                limit=limit,
+                cursor=cursor,
+            ),
+        )
+        return self.api._json(api.ListView([task_view(t) for t in items], next_cursor))
+
+    async def get_task(self, request: web.Request) -> web.Response:
+        task = await self.service.get(request[CALLER], task_id_arg(request))
+        return self.api._json(task_view(task))
+
+    async def task_history(self, request: web.Request) -> web.Response:
+        limit, cursor = page_args(request)
+        items, next_cursor = await self.service.history(request[CALLER], task_id_arg(request), limit, cursor)
+        return self.api._json(api.ListView([history_view(h) for h in items], next_cursor))
+
+    def _action_handler(self, action: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        body_type: type[Any] = {
+            "cancel": api.CancelBody,
+            "approve": api.RevisionBody,
+            "retry": api.RevisionBody,
+            "amend": api.AmendBody,
+            "rework": api.ReworkBody,
+        }[action]
+
+        async def handle(request: web.Request) -> web.Response:
+            caller: Caller = request[CALLER]
+            task_id = task_id_arg(request)
+            body = await self.api._body(request)
+            req = self.api._decode(body, body_type)
+            payload = getattr(req, "payload", None)
+            if payload is not None and len(payload) == 0:  # api.ABSENT: not sent
+                payload = None
+            self.api._check_payload(payload)
+            key = idempotency_key(request.headers.get("Idempotency-Key")) if action != "cancel" else None
+            task, repeated = await self.service.act(
+                caller,
+                task_id,
+                action,
+                expected_revision=req.expected_revision,
+                reason=getattr(req, "reason", None),
+                payload=payload,
+                idem_key=key,
+                body_hash=canonical_hash(body) if key else "",
+            )
+            if not repeated:
+                failpoints.hit("http.after_commit")  # committed, not answered
+            headers = {"Idempotent-Replayed": "true"} if repeated and key else None
+            return self.api._json(task_view(task), 200, headers)
+
+        return handle
