@@ -41,34 +41,25 @@ async def create_many(svc: TaskService, caller: Caller, items: list[BatchItem]) 
     before this returns, with its history, audit entry and event, as a single create would be."""
     results: list[BatchOutcome | None] = [None] * len(items)
     first_of_key: dict[str, int] = {}
-    pending: list[tuple[int, sm.Transition, IdempotencyRecord | None]] = []
     keys = sorted({item.key for item in items if item.key is not None})
     async with svc._keys.hold(caller.user, keys):
+        # one read for every key of the batch: while the keys are held nothing else can write them
+        known = await svc._store.get_idempotency_many(caller.user, keys) if keys else {}
+        pending: list[_Pending] = []
         for n, item in enumerate(items):
             if item.key is not None and item.key in first_of_key:
                 continue  # the same key again in this batch: answered from its first item below
+            if item.key is not None:
+                first_of_key[item.key] = n
             try:
-                check_labels(caller, item.spec.labels)
-                if item.key is not None:
-                    first_of_key[item.key] = n
-                    replay = await replayed_task(svc, caller, item.key, "create", item.body_hash)
-                    if replay is not None:
-                        results[n] = (replay, True)
-                        continue
-                pending.append((n, *await prepared_create(svc, caller, item.spec, item.key, item.body_hash)))
+                replay = await _replay_of(svc, caller, item, known)
+                if replay is not None:
+                    results[n] = (replay, True)
+                else:
+                    pending.append((n, *await prepared_create(svc, caller, item.spec, item.key, item.body_hash)))
             except GatewayError as exc:
                 results[n] = exc
-        changes = [svc._change(tr, caller.request_id, None, idem, None) for _, tr, idem in pending]
-        outcomes = await svc._store.apply_many(changes) if changes else []
-        for (n, tr, idem), err in zip(pending, outcomes, strict=True):
-            if err is None:
-                svc._after_commit(tr)
-                results[n] = (tr.task, False)
-                continue
-            replay = None
-            if idem is not None and isinstance(err, Conflict) and err.code == Code.IDEMPOTENCY_CONFLICT:
-                replay = await replayed_task(svc, caller, idem.key, "create", idem.body_hash)
-            results[n] = (replay, True) if replay is not None else as_gateway_error(err)
+        await _commit_pending(svc, caller, pending, results)
     for n, item in enumerate(items):
         if results[n] is None:  # a repeated key: the first item's answer, if the request is the same
             assert item.key is not None
@@ -81,6 +72,35 @@ async def create_many(svc: TaskService, caller: Caller, items: list[BatchItem]) 
             else:
                 results[n] = (done[0], True) if isinstance(done, tuple) else done
     return [r for r in results if r is not None]
+
+
+_Pending = tuple[int, sm.Transition, IdempotencyRecord | None]
+
+
+async def _replay_of(
+    svc: TaskService, caller: Caller, item: BatchItem, known: dict[str, IdempotencyRecord]
+) -> Task | None:
+    check_labels(caller, item.spec.labels)
+    record = known.get(item.key) if item.key is not None else None
+    if record is None or item.key is None:
+        return None
+    return await replayed_task(svc, caller, item.key, "create", item.body_hash, record)
+
+
+async def _commit_pending(
+    svc: TaskService, caller: Caller, pending: list[_Pending], results: list[BatchOutcome | None]
+) -> None:
+    changes = [svc._change(tr, caller.request_id, None, idem, None) for _, tr, idem in pending]
+    outcomes = await svc._store.apply_many(changes) if changes else []
+    for (n, tr, idem), err in zip(pending, outcomes, strict=True):
+        if err is None:
+            svc._after_commit(tr)
+            results[n] = (tr.task, False)
+            continue
+        replay = None
+        if idem is not None and isinstance(err, Conflict) and err.code == Code.IDEMPOTENCY_CONFLICT:
+            replay = await replayed_task(svc, caller, idem.key, "create", idem.body_hash)
+        results[n] = (replay, True) if replay is not None else as_gateway_error(err)
 
 
 async def _create(svc: TaskService, caller: Caller, spec: NewTask, idem_key: str | None, body_hash: str) -> Task:

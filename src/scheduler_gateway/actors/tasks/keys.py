@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from scheduler_gateway.wire.errors import Code, Conflict, task_not_found
 
 from ..model.records import Task
+from ..ports import IdempotencyRecord
 from .api import Caller
 
 if TYPE_CHECKING:
@@ -70,8 +71,18 @@ async def once_per_key(
             return replay, True
 
 
-async def replayed_task(svc: TaskService, caller: Caller, key: str, operation: str, body_hash: str) -> Task | None:
-    record = await svc._store.get_idempotency(caller.user, key)
+async def replayed_task(
+    svc: TaskService,
+    caller: Caller,
+    key: str,
+    operation: str,
+    body_hash: str,
+    record: IdempotencyRecord | None = None,
+) -> Task | None:
+    """The task a key's record names (refused if the record is of another request); ``record`` when already
+    read, else it is read here."""
+    if record is None:
+        record = await svc._store.get_idempotency(caller.user, key)
     if record is None:
         return None
     task = await svc._current(record.task_id)

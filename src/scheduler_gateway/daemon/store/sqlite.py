@@ -113,6 +113,9 @@ class SqliteStore:
     async def task_counts(self, owner: str | None = None) -> list[tuple[str, str, int]]:
         return await self._tasks.task_counts(owner)
 
+    async def get_idempotency_many(self, owner: str, keys: list[str]) -> dict[str, IdempotencyRecord]:
+        return await self._tasks.get_idempotency_many(owner, keys)
+
     async def get_idempotency(self, owner: str, key: str) -> IdempotencyRecord | None:
         return await self._tasks.get_idempotency(owner, key)
 
