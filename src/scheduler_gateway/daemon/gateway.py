@@ -29,7 +29,9 @@ from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.event_relay import EventRelay
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.records import ActorRef, AuditEntry
+from scheduler_gateway.actors.model.retention import RetentionPolicy
 from scheduler_gateway.actors.nodes import NodeRegistry
+from scheduler_gateway.actors.retention import RetentionKeeper
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
 from scheduler_gateway.daemon.http.app import AdminApi, HttpSettings
@@ -38,7 +40,7 @@ from scheduler_gateway.daemon.http.callbacks import CallbacksApi, callback_route
 from scheduler_gateway.daemon.http.event_hub import EventHub, corrupt_event_auditor
 from scheduler_gateway.daemon.http.events import EventsApi, SseSettings, event_routes
 from scheduler_gateway.daemon.http.server import AdminRunner
-from scheduler_gateway.daemon.metrics import PrometheusMetrics
+from scheduler_gateway.daemon.metrics import PrometheusMetrics, PrometheusRetentionMetrics
 from scheduler_gateway.daemon.metrics_events import EventCallbackMetrics
 from scheduler_gateway.daemon.nats.bus import NatsBus, NodeInputs
 from scheduler_gateway.daemon.scheduling import Scheduling
@@ -70,6 +72,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     callbacks: CallbackPolicy = CallbackPolicy()  # its secret is kept out of repr
     sse: SseSettings = SseSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
+    retention: RetentionPolicy = RetentionPolicy()
 
 
 class Gateway:
@@ -104,6 +107,14 @@ class Gateway:
         )
         self.dead_letter_keeper = DeadLetterKeeper(
             self.store, self.service, s.dead_letters, clock, on_counts=self._dead_letter_counts
+        )
+        self.retention_metrics = PrometheusRetentionMetrics(self.metrics.registry)
+        self.retention = RetentionKeeper(
+            self.store,
+            s.retention,
+            clock,
+            on_purged=self.retention_metrics.purged,
+            on_size=self.retention_metrics.size,
         )
         self.api = AdminApi(self.service, self.store, self.nodes, self.metrics, self.readiness, s.http)
         self._runner: web.AppRunner | None = None
@@ -146,6 +157,7 @@ class Gateway:
         await self.dead_letter_keeper.start()
         await self.callbacks.start()
         await self.scheduling.start()
+        await self.retention.start()
         await self.bus.serve(
             NodeInputs(
                 claim=self.service.claim,
@@ -184,6 +196,7 @@ class Gateway:
         await self._bounded("node inputs", self.bus.stop_serving())
         await self._bounded("dispatcher", self.dispatcher.stop())
         await self._bounded("dead-letter keeper", self.dead_letter_keeper.stop())
+        await self._bounded("retention", self.retention.stop())
         await self._bounded("callback sender", self.callbacks.stop())
         await self._bounded("callback client", self.callback_poster.close())
         await self._bounded("scheduler", self.scheduling.stop())
@@ -295,6 +308,7 @@ class Gateway:
             "dead-letter-keeper": self.dead_letter_keeper,
             "callback-sender": self.callbacks,
             "scheduler": self.scheduling.actor,
+            "retention": self.retention,
         }
         down = [name for name, a in actors.items() if not a.running]
         checks["actors"] = (not down, "running" if not down else "stopped: " + ", ".join(down))

@@ -48,6 +48,7 @@ from scheduler_gateway.daemon.config.model import (
     Mode,
     NatsConfig,
     RecoveryConfig,
+    RetentionConfig,
     SchedulerConfig,
     TasksConfig,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "Mode",
     "NatsConfig",
     "RecoveryConfig",
+    "RetentionConfig",
     "SchedulerConfig",
     "TasksConfig",
     "load_config",
