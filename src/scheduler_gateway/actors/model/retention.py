@@ -41,7 +41,7 @@ class RetentionPolicy(msgspec.Struct, frozen=True, kw_only=True):
     interval_s: float = 60.0
     batch: int = 500
     #: a pause between two batches, so the writer spends most of its time on the hot path during a backlog
-    pause_s: float = 0.005
+    pause_s: float = 0.02
     #: free pages kept for reuse; beyond them an incrementally vacuumed file gives pages back to the OS, in
     #: steps of ``vacuum_step_pages`` (one short transaction each)
     keep_free_bytes: int = 16 * 1024 * 1024
