@@ -173,7 +173,7 @@ async def write_latencies(store: SqliteStore, ids: Ids, stop: asyncio.Event, now
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", type=int, default=200_000)
-    ap.add_argument("--batch", type=int, default=500)
+    ap.add_argument("--batch", type=int, default=200)
     ap.add_argument("--cycles", type=int, default=8)
     ap.add_argument("--cycle-tasks", type=int, default=20_000)
     args = ap.parse_args()

@@ -5,15 +5,17 @@ Every ``interval_s`` a round purges, in this order, terminal tasks (with their h
 callback dead letters), audit entries, idempotency keys and scheduled runs beyond the newest
 ``runs_per_schedule`` (the policy and its cutoffs are ``actors/model/retention.py``; what is still referenced
 and kept is the store's to know, ``RetentionStore``). Each batch is one short transaction of the store's
-writer with at most ``batch`` rows; the keeper pauses ``pause_s`` between two, so task writes are never
-queued behind a backlog. After a round it reports the store's size and, when the file can (an incrementally
-vacuumed SQLite file), gives free pages beyond ``keep_free_bytes`` back to the file system, a step at a time.
+writer with at most ``batch`` rows; between two the keeper pauses as long as the last one took (at least
+``pause_s``), so a backlog takes at most about half of the writer's time. After a round it reports the
+store's size and, when the file can (an incrementally vacuumed SQLite file), gives free pages beyond
+``keep_free_bytes`` back to the file system, a step at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from scheduler_gateway.wire.errors import GatewayError
@@ -88,10 +90,13 @@ class RetentionKeeper(LoopActor):
     async def _drain(self, done: dict[str, int], batch: Callable[[str | None], Awaitable[PurgeResult]]) -> int:
         cursor: str | None = None
         kept = 0
+        took = 0.0
         for n in range(MAX_BATCHES_PER_ROUND):
-            if n:
-                await self._sleep(self._policy.pause_s)  # let the hot path have the writer
+            if n:  # let the hot path have the writer at least as long as the last batch held it
+                await self._sleep(max(self._policy.pause_s, took))
+            started = time.perf_counter()
             result = await batch(cursor)
+            took = time.perf_counter() - started
             kept += result.kept
             for kind, count in result.purged.items():
                 if count:

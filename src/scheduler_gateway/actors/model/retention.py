@@ -39,9 +39,10 @@ class RetentionPolicy(msgspec.Struct, frozen=True, kw_only=True):
     runs_per_schedule: int = 200
     #: a round every ``interval_s``; each batch is one short transaction of at most ``batch`` rows examined
     interval_s: float = 60.0
-    batch: int = 500
-    #: a pause between two batches, so the writer spends most of its time on the hot path during a backlog
-    pause_s: float = 0.02
+    batch: int = 200
+    #: the pause between two batches: as long as the last batch took, at least this (a backlog takes at most
+    #: about half of the writer's time)
+    pause_s: float = 0.005
     #: free pages kept for reuse; beyond them an incrementally vacuumed file gives pages back to the OS, in
     #: steps of ``vacuum_step_pages`` (one short transaction each)
     keep_free_bytes: int = 16 * 1024 * 1024

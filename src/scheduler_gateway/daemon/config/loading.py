@@ -140,7 +140,7 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
         idempotency_s=rt_s.number("idempotency_s", 86400.0, gt=0),
         runs_per_schedule=rt_s.integer("runs_per_schedule", 200, lo=1),
         interval_s=rt_s.number("interval_s", 60.0, gt=0),
-        batch=rt_s.integer("batch", 500, lo=1, hi=5000),
+        batch=rt_s.integer("batch", 200, lo=1, hi=5000),
     )
     rt_s.finish()
 

@@ -151,7 +151,7 @@ class RetentionConfig:
     idempotency_s: float = 86400.0
     runs_per_schedule: int = 200
     interval_s: float = 60.0
-    batch: int = 500
+    batch: int = 200
 
 
 @dataclass(frozen=True, slots=True)
