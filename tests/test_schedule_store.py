@@ -37,6 +37,7 @@ from scheduler_gateway.actors.schedule_ports import (
     RunUpdate,
     ScheduleQuery,
 )
+from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.schedule_rows import SCHEDULE_MIGRATION
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from tests.fakes.memory_store import MemoryStore
@@ -83,9 +84,15 @@ def run(n: int, schedule_n: int, status: str = "queued", **fields: Any) -> Sched
     return ScheduledRun(**base)
 
 
-@pytest.fixture(params=["sqlite", "memory"])
+@pytest.fixture(params=["sqlite", "memory", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    s: Any = SqliteStore(tmp_path / "gw.db") if request.param == "sqlite" else MemoryStore()
+    s: Any = (
+        SqliteStore(tmp_path / "gw.db")
+        if request.param == "sqlite"
+        else PostgresStore(request.getfixturevalue("pg_url"))
+        if request.param == "postgres"
+        else MemoryStore()
+    )
     await s.start()
     try:
         yield s

@@ -36,6 +36,7 @@ from scheduler_gateway.actors.ports import (
     TaskQuery,
     TaskStore,
 )
+from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.sqlite import MIGRATIONS, SqliteStore
 from scheduler_gateway.wire.errors import Code, Conflict, InvalidArgument, NotFound, StorageError
 from tests.fakes.memory_store import MemoryStore
@@ -151,25 +152,30 @@ Reopen = Callable[[], Awaitable[TaskStore]]
 class Harness:
     """A started store, and how to stop it and open the same data again."""
 
-    def __init__(self, name: str, tmp_path: Path) -> None:
+    def __init__(self, name: str, tmp_path: Path, pg_url: str | None = None) -> None:
         self.name = name
         self.path = tmp_path / "data" / "gateway.sqlite3"
+        self.pg_url = pg_url
         self.store: Any = self._new()
 
     def _new(self) -> Any:
+        if self.name == "postgres":
+            assert self.pg_url is not None
+            return PostgresStore(self.pg_url)
         return SqliteStore(self.path) if self.name == "sqlite" else MemoryStore()
 
     async def reopen(self) -> Any:
         await self.store.stop()
-        if self.name == "sqlite":
+        if self.name != "memory":
             self.store = self._new()  # a new process would open the same file
         await self.store.start()
         return self.store
 
 
-@pytest.fixture(params=["sqlite", "memory"])
+@pytest.fixture(params=["sqlite", "memory", "postgres"])
 async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
-    h = Harness(request.param, tmp_path)
+    url = request.getfixturevalue("pg_url") if request.param == "postgres" else None
+    h = Harness(request.param, tmp_path, url)
     await h.store.start()
     try:
         yield h
@@ -684,9 +690,15 @@ async def test_stop_is_idempotent_and_writes_after_stop_fail(harness: Harness) -
     await store.start()  # the fixture stops it again
 
 
-@pytest.mark.parametrize("name", ["sqlite", "memory"])
+@pytest.mark.parametrize("name", ["sqlite", "memory", "postgres"])
 async def test_stop_before_start_is_fine(name: str, tmp_path: Path) -> None:
-    store: TaskStore = SqliteStore(tmp_path / "x" / "db.sqlite3") if name == "sqlite" else MemoryStore()
+    store: TaskStore = (
+        SqliteStore(tmp_path / "x" / "db.sqlite3")
+        if name == "sqlite"
+        else PostgresStore("postgresql://nobody@127.0.0.1:1/none")
+        if name == "postgres"
+        else MemoryStore()
+    )
     await store.stop()
     await store.stop()
     assert not (tmp_path / "x").exists()
@@ -1004,6 +1016,25 @@ async def test_callback_delivery_commits_with_its_change_and_is_listed_by_due_ti
     assert [d.id for d in await store.pending_callbacks(2)] == [pending[0].id, pending[1].id]
     assert await store.pending_callbacks(0) == []
     assert await store.callback_backlog() == 3
+
+
+async def test_pending_callbacks_page_with_a_due_at_and_id_cursor(store: TaskStore) -> None:
+    tasks = [make_task(i) for i in range(1, 6)]
+    await store.apply_many([create(t) for t in tasks])
+    # two rows share a due time: the id breaks the tie, so a page boundary between them loses neither
+    dues = [T0 + 20, T0 + 10, T0 + 10, T0 + 30, T0 + 5]
+    await store.apply_many([finish(t, n, due_at=due) for n, (t, due) in enumerate(zip(tasks, dues, strict=True))])
+    everything = await store.pending_callbacks(10)
+    assert [(d.due_at, d.id) for d in everything] == sorted((d.due_at, d.id) for d in everything)
+    pages: list[str] = []
+    after: tuple[float, str] | None = None
+    while page := await store.pending_callbacks(2, after):
+        pages += [d.id for d in page]
+        after = (page[-1].due_at, page[-1].id)
+    assert pages == [d.id for d in everything]
+    assert await store.pending_callbacks(10, (everything[1].due_at, everything[1].id)) == everything[2:]
+    assert await store.pending_callbacks(10, (T0 + 10, "")) == everything[1:]
+    assert await store.pending_callbacks(10, (T0 + 99, "")) == []
 
 
 async def test_a_refused_change_writes_no_callback_delivery(store: TaskStore) -> None:

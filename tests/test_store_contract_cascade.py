@@ -102,3 +102,19 @@ async def test_a_canceled_child_is_not_requeued_under_a_canceled_parent(store: A
     await store.apply(update(parent2, bump(parent2, state="succeeded"), "settle"))
     await store.apply(update(failed_child, bump(failed_child, state="queued"), "retry"))
     assert (await store.get_task(child2.id)).state == "queued"
+
+
+async def test_task_counts_group_by_state_and_kind(store: Any) -> None:
+    for n, (state, kind, owner) in enumerate(
+        [
+            ("queued", "echo", "alice"),
+            ("queued", "echo", "alice"),
+            ("failed", "work", "alice"),
+            ("queued", "echo", "bob"),
+        ],
+        start=1,
+    ):
+        await store.apply(create(make_task(n, state=state, kind=kind, owner=owner)))
+    assert sorted(await store.task_counts()) == [("failed", "work", 1), ("queued", "echo", 3)]
+    assert sorted(await store.task_counts("alice")) == [("failed", "work", 1), ("queued", "echo", 2)]
+    assert await store.task_counts("nobody") == []

@@ -36,6 +36,8 @@ from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess, NatsUse
 from scheduler_gateway.daemon.nats.streams import ensure_kind_consumer, ensure_streams
 from scheduler_gateway.wire.messages import (
     CancelNotice,
+    ClaimBatchReply,
+    ClaimMessage,
     ClaimReply,
     ClaimRequest,
     ExtendedLease,
@@ -122,6 +124,7 @@ class FakeGateway:
     revoked_sent_at: dict[str, float] = field(default_factory=dict)
     answer_heartbeats: bool = True  # False: heartbeats are recorded but never answered (a partition)
     claims: list[tuple[str, ClaimRequest, float]] = field(default_factory=list)
+    claim_requests: list[int] = field(default_factory=list)  # claims per request (1: the single form)
     heartbeats: list[tuple[str, HeartbeatRequest, float]] = field(default_factory=list)
     _nc: Any = None
     _js: JetStreamContext | None = None
@@ -180,10 +183,19 @@ class FakeGateway:
         await self._settle_queue.put(msg)
 
     async def _on_claim(self, msg: Msg) -> None:
-        req = msgspec.json.decode(msg.data, type=ClaimRequest)
+        message = msgspec.json.decode(msg.data, type=ClaimMessage)
+        self.claim_requests.append(len(message.claims) if message.claims is not None else 1)
+        if message.claims is None:
+            assert message.task_id is not None and message.attempt_id is not None
+            reply: Any = self._claim_one(msg, ClaimRequest(task_id=message.task_id, attempt_id=message.attempt_id))
+        else:
+            reply = ClaimBatchReply(results=[self._claim_one(msg, req) for req in message.claims])
+        await msg.respond(msgspec.json.encode(reply))
+
+    def _claim_one(self, msg: Msg, req: ClaimRequest) -> ClaimReply:
         nth = sum(1 for _, c, _ in self.claims if c.attempt_id == req.attempt_id)
         self.claims.append((SUBJECTS.node_of(msg.subject), req, time.monotonic()))
-        await msg.respond(msgspec.json.encode(self.claim_policy(req, nth)))
+        return self.claim_policy(req, nth)
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         req = msgspec.json.decode(msg.data, type=HeartbeatRequest)
@@ -346,6 +358,19 @@ class Setup:
 
 
 # ------------------------------------------------------------------------------------------ the flow
+
+
+async def test_offers_pulled_together_are_claimed_in_one_batch(nats_server: NatsServerProcess) -> None:
+    s = Setup()
+    echo = s.kind("echo")
+    async with gateway(nats_server.url, [echo]) as gw:
+        offers = [await gw.offer(echo, {"n": n}) for n in range(12)]  # waiting before the worker pulls
+        async with worker(nats_server.url, s.node, registry_of(**{echo: demo_handlers.echo}), concurrency=16):
+            settled = [await gw.next_settle(s.node) for _ in offers]
+    assert all(got is not None and got[0].outcome == "succeeded" for got in settled)
+    assert sorted(c.attempt_id for c in gw.claims_of(s.node)) == sorted(o.attempt_id for o in offers)
+    assert max(gw.claim_requests) > 1, gw.claim_requests  # several claims went in one request
+    assert sum(gw.claim_requests) == 12 and len(gw.claim_requests) < 12
 
 
 async def test_echo_offer_is_claimed_run_and_settled(nats_server: NatsServerProcess) -> None:

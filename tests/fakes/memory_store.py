@@ -7,6 +7,7 @@ the SQLite file does). Semantics and error codes are the SQLite store's; the sha
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import msgspec
@@ -226,6 +227,11 @@ class MemoryStore(
             return True
         return any(tid == task_id and h.lease_id == lease_id for (tid, _), h in self._history.items())
 
+    async def task_counts(self, owner: str | None = None) -> list[tuple[str, str, int]]:
+        self._check_running()
+        counts = Counter((t.state, t.kind) for t in self._tasks.values() if owner is None or t.owner == owner)
+        return [(state, kind, n) for (state, kind), n in sorted(counts.items())]
+
     async def active_tasks(self) -> list[Task]:
         self._check_running()
         return sorted((t for t in self._tasks.values() if t.state in ACTIVE_STATES), key=lambda t: t.id)
@@ -357,9 +363,12 @@ class MemoryStore(
 
     # callback deliveries and dead letters
 
-    async def pending_callbacks(self, limit: int) -> list[CallbackDelivery]:
+    async def pending_callbacks(self, limit: int, after: tuple[float, str] | None = None) -> list[CallbackDelivery]:
         self._check_running()
-        return sorted(self._callbacks.values(), key=lambda d: (d.due_at, d.id))[: max(0, limit)]
+        rows = sorted(self._callbacks.values(), key=lambda d: (d.due_at, d.id))
+        if after is not None:
+            rows = [d for d in rows if (d.due_at, d.id) > after]
+        return rows[: max(0, limit)]
 
     async def callback_backlog(self) -> int:
         self._check_running()

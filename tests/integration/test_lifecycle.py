@@ -317,3 +317,29 @@ async def test_node_messages_nested_too_deep_are_refused_not_redelivered(api: Ap
     assert (await api.task(task["id"]))["state"] == "running"  # nothing changed; a good settle still lands
     await node.settle(task["id"], attempt, lease, result={"ok": True})
     assert (await api.wait_state(task["id"], {"succeeded"}))["result"] == {"ok": True}
+
+
+async def test_a_batch_of_claims_is_answered_in_order(api: Api, node: HandNode) -> None:
+    a = await api.create({"kind": "echo", "payload": 1})
+    b = await api.create({"kind": "echo", "payload": 2})
+    offers = {offer.task_id: (offer, msg) for offer, msg in await node.pull("echo", 2)}
+    (oa, _), (ob, _) = offers[a["id"]], offers[b["id"]]
+    batch = {
+        "claims": [
+            {"taskId": oa.task_id, "attemptId": oa.attempt_id},
+            {"taskId": ob.task_id, "attemptId": "att_not_the_current_one"},
+            {"taskId": "tsk_00000000000000000000000000", "attemptId": "att_x"},
+            {"taskId": ob.task_id, "attemptId": ob.attempt_id},
+        ]
+    }
+    reply = await node.nc.request(node.subjects.claim(node.node_id), msgspec.json.encode(batch), timeout=5)
+    results = msgspec.json.decode(reply.data)["results"]
+    assert [r["ok"] for r in results] == [True, False, False, True]
+    assert results[1]["error"]["code"] == "ATTEMPT_STALE" and results[2]["error"]["code"] == "TASK_NOT_FOUND"
+    assert (await api.task(a["id"]))["leaseId"] == results[0]["leaseId"]
+    assert (await api.task(b["id"]))["leaseId"] == results[3]["leaseId"]
+    for claims in ([], [{"taskId": oa.task_id, "attemptId": oa.attempt_id}] * 257):
+        reply = await node.nc.request(
+            node.subjects.claim(node.node_id), msgspec.json.encode({"claims": claims}), timeout=5
+        )
+        assert msgspec.json.decode(reply.data)["error"]["code"] == "INVALID_ARGUMENT"

@@ -145,3 +145,25 @@ def test_the_dockerfile_copies_what_exists() -> None:
     for src in sources:
         assert (REPO / src).exists(), src
     assert "USER gateway" in text
+
+
+def test_the_ha_profile_runs_three_gatewayd_on_one_postgresql(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    ha = {name for name, s in services.items() if "ha" in s.get("profiles", [])}
+    assert ha == {"postgres", "gatewayd-2", "gatewayd-3"}
+    urls = {services[n]["environment"]["GW_STORE_URL"] for n in ("gatewayd-2", "gatewayd-3")}
+    assert (
+        len(urls) == 1
+        and next(iter(urls)).startswith("postgresql://gateway:")
+        and "@postgres:5432/" in next(iter(urls))
+    )
+    ids = {services[n]["environment"]["GW_INSTANCE_ID"] for n in ("gatewayd", "gatewayd-2", "gatewayd-3")}
+    assert ids == {"gatewayd-1", "gatewayd-2", "gatewayd-3"}  # distinct [instance] ids
+    for name in ("gatewayd-2", "gatewayd-3"):
+        assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
+        assert "/readyz" in " ".join(services[name]["healthcheck"]["test"])
+    # without the profile, gatewayd keeps its SQLite file
+    default = services["gatewayd"]["environment"]["GW_STORE_URL"]
+    assert default == "${GW_STORE_URL:-sqlite:////var/lib/gatewayd/gateway.db}"
+    config = load_config(OPS / "gatewayd.toml", {"GW_NATS_PASSWORD": "x" * 32, "GW_STORE_URL": default[16:-1]})
+    assert config.store_location.kind == "sqlite" and str(config.store_path) == "/var/lib/gatewayd/gateway.db"

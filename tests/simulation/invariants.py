@@ -119,7 +119,8 @@ def one_claim_and_one_end_per_attempt(f: Facts) -> list[str]:
     return out
 
 
-RECHECK_S = TASK_POLICY.lease_recheck_s
+MAX_FAULTS = 3  # the chaos rule makes the next 1-3 store calls fail
+OVERDUE_S = TASK_POLICY.lease_recheck_s * (MAX_FAULTS + 1)
 
 
 def running_tasks_are_watched(f: Facts) -> list[str]:
@@ -138,9 +139,10 @@ def running_tasks_are_watched(f: Facts) -> list[str]:
         lease = f.live.lease_due.get(tid)
         if lease is None or lease[0] != task.lease_id:
             out.append(f"task {tid}: running with lease {task.lease_id} but the lease clock watches {lease}")
-        elif live.lease_expires_at is not None and live.lease_expires_at + RECHECK_S < f.now:
-            # at the deadline the clock fires; a handler that failed (a store fault) is tried again within
-            # recheck_s, so only a lease overdue by more than that went unnoticed
+        elif live.lease_expires_at is not None and live.lease_expires_at + OVERDUE_S < f.now:
+            # at the deadline the clock fires; a handler that failed (an injected store fault: at most
+            # MAX_FAULTS calls in a row) is tried again every recheck_s, so only a lease overdue by more
+            # than that went unnoticed
             out.append(f"task {tid}: lease expired at {live.lease_expires_at} (now {f.now}) and the task still runs")
         timeout = f.live.timeout_due.get(tid)
         if timeout is None or timeout[0] != task.attempt_id:

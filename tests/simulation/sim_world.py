@@ -278,24 +278,35 @@ class BusGate:
         self._check()
         self._bus.cancels.append((node_id, body))
 
-    async def publish_events(self, items: list[tuple[str, str, bytes]]) -> list[int | BaseException]:
+    async def publish_events(
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
+    ) -> list[int | BaseException]:
         await asyncio.sleep(0)
         out: list[int | BaseException] = []
-        for subject, msg_id, body in items:
+        for i, (subject, msg_id, body) in enumerate(items):
             try:
                 self._check()
             except ConnectionError as exc:
                 out.append(exc)
                 continue
-            if msg_id in self._bus.event_ids:
+            if msg_id in self._bus.event_ids:  # JetStream checks the msg id before the expected sequence
                 self._bus.duplicate_event_publishes += 1
                 seq = next(e.seq for e in self._bus.events if e.msg_id == msg_id)
+            elif expected_last_seq is not None and expected_last_seq + i != len(self._bus.events):
+                out.append(ConnectionError(f"wrong last sequence: {len(self._bus.events)}"))
+                continue
             else:
                 seq = len(self._bus.events) + 1
                 self._bus.events.append(PublishedEvent(seq, msg_id, subject, body))
                 self._bus.event_ids.add(msg_id)
             out.append(seq)
         return out
+
+    async def events_tail(self) -> tuple[int, str | None]:
+        await asyncio.sleep(0)
+        self._check()
+        events = self._bus.events
+        return len(events), (events[-1].msg_id if events else None)
 
 
 class SimPoster:

@@ -383,8 +383,8 @@ async def test_the_sender_without_any_secret_fails_the_attempt_without_posting()
 class SlowReadStore(MemoryStore):
     """Reads take a while and return what was there when they began, like a read connection's snapshot."""
 
-    async def pending_callbacks(self, limit: int) -> list[Any]:
-        rows = await super().pending_callbacks(limit)
+    async def pending_callbacks(self, limit: int, after: tuple[float, str] | None = None) -> list[Any]:
+        rows = await super().pending_callbacks(limit, after)
         await asyncio.sleep(0.012)
         return rows
 
@@ -432,3 +432,66 @@ def test_the_readme_receiver_snippet_verifies_what_the_gateway_signs() -> None:
     assert verify("receiver-secret-0123456789", header, body)
     assert not verify("another-secret-0123456789", header, body)
     assert not verify("receiver-secret-0123456789", header, body + b" ")
+
+
+class BlackHolePoster:
+    """One receiver never answers (its POSTs hang until released); every other one answers 200 at once."""
+
+    def __init__(self, black_hole: str) -> None:
+        self.black_hole = black_hole
+        self.release = asyncio.Event()
+        self.hanging = 0
+        self.delivered: list[str] = []  # callback ids answered 2xx, in order
+        self.hanging_when_delivered: list[int] = []
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> CallbackPost:
+        if url.startswith(self.black_hole):
+            self.hanging += 1
+            try:
+                await self.release.wait()
+            finally:
+                self.hanging -= 1
+            return CallbackPost(None, "timeout")
+        self.delivered.append(headers["X-Callback-Id"])
+        self.hanging_when_delivered.append(self.hanging)
+        return CallbackPost(200)
+
+
+@pytest.mark.parametrize("black_holed", [40, 400], ids=["one-page", "many-pages"])
+async def test_a_black_holed_receiver_holds_only_its_share_of_the_slots(black_holed: int) -> None:
+    # issue 14 point 4: every slot went to the black hole's rows (due first) and the other receiver waited
+    store = MemoryStore()
+    await store.start()
+    now = time.time()
+    for n in range(black_holed):  # all due before the healthy receiver's deliveries
+        task = terminal_task(id=f"tsk_{n:032x}", callback_url=f"https://hole.example:8443/cb/{n}")
+        await store.apply(Change(task=task, expected_revision=None, callback=new_delivery(f"cbd_a{n:05}", task, now)))
+    healthy = []
+    for n in range(5):
+        task = terminal_task(id=f"tsk_{n + 100_000:032x}", callback_url="https://ok.example/cb")
+        healthy.append(f"{task.id}:{task.revision}")
+        delivery = new_delivery(f"cbd_b{n:05}", task, now + 0.001)
+        await store.apply(Change(task=task, expected_revision=None, callback=delivery))
+    poster = BlackHolePoster("https://hole.example:8443")
+    policy = CallbackPolicy(max_in_flight=8, retry_delays_s=(60.0,))
+    assert policy.per_target_limit == 2
+    sender = CallbackSender(store, poster, policy, time.time)
+    await sender.start()
+    try:
+        await _until(lambda: len(poster.delivered) == 5)
+        # the healthy deliveries were all made while the black hole held its capped slots, and no more
+        assert sorted(poster.delivered) == sorted(healthy)
+        assert poster.hanging_when_delivered == [2] * 5
+        assert sender.in_flight_by_target() == {("https", "hole.example", 8443): 2}
+        await asyncio.sleep(0.05)
+        assert poster.hanging == 2 and sender.in_flight() == 2
+    finally:
+        poster.release.set()
+        await sender.stop()
+
+
+def test_the_per_target_limit_defaults_to_a_quarter_of_the_slots() -> None:
+    assert CallbackPolicy().per_target_limit == 8
+    assert CallbackPolicy(max_in_flight=3).per_target_limit == 1
+    assert CallbackPolicy(max_in_flight=32, max_in_flight_per_target=40).per_target_limit == 32
+    assert CallbackPolicy(max_in_flight=32, max_in_flight_per_target=12).per_target_limit == 12

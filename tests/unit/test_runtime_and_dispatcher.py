@@ -33,8 +33,13 @@ class FakeBus:
     async def publish_cancel(self, node_id: str, body: bytes) -> None:
         pass
 
-    async def publish_events(self, items: list[tuple[str, str, bytes]]) -> list[int | BaseException]:
+    async def publish_events(
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
+    ) -> list[int | BaseException]:
         return list(range(len(items)))
+
+    async def events_tail(self) -> tuple[int, str | None]:
+        return 0, None
 
 
 class Clock:

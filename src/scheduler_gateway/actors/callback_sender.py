@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -35,6 +36,7 @@ from .model.callbacks import (
     after_failure,
     dead_letter_of,
     redelivery_of,
+    target_of,
     wants_callback,
 )
 from .model.records import SYSTEM, ActorRef, AuditEntry
@@ -47,7 +49,10 @@ log = logging.getLogger(__name__)
 # this often: a missed wake-up costs at most this long.
 IDLE_POLL_S = 5.0
 STORE_RETRY_S = 1.0
-BACKLOG_EVERY_S = 2.0  # how often the pending count (a metric) is read again
+BACKLOG_EVERY_S = 2.0
+# pages of pending deliveries one round reads at most (each ``2 * max_in_flight`` rows): the bound on the work
+# a round does to look past receivers that hold their share of the slots
+MAX_PAGES_PER_ROUND = 8  # how often the pending count (a metric) is read again
 USER_AGENT = "scheduler-gateway-callbacks/1"
 
 
@@ -99,6 +104,8 @@ class CallbackSender(LoopActor):
         self._metrics = metrics or NullCallbackMetrics()
         self._wake = Wakeup()
         self._in_flight: dict[str, asyncio.Task[None]] = {}
+        self._per_target: Counter[tuple[str, str, int]] = Counter()  # attempts in flight per receiver
+        self._resume_after: tuple[float, str] | None = None  # where the last round stopped reading
         # attempts that ended while the store was being read: that read may predate their outcome (a
         # delivered row still listed, a retried one with its old due time), so it must not start them
         self._ended_during_read: set[str] = set()
@@ -118,6 +125,7 @@ class CallbackSender(LoopActor):
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._in_flight.clear()
+        self._per_target.clear()
 
     def notify(self) -> None:
         self._wake.set()
@@ -130,6 +138,10 @@ class CallbackSender(LoopActor):
     def in_flight(self) -> int:
         return len(self._in_flight)
 
+    def in_flight_by_target(self) -> dict[tuple[str, str, int], int]:
+        """Attempts in flight per receiver (scheme, host, port)."""
+        return dict(self._per_target)
+
     # -- the loop ----------------------------------------------------------------------------------
     async def run(self) -> None:
         while True:
@@ -141,32 +153,54 @@ class CallbackSender(LoopActor):
             await self._wake.wait(wait_s)
 
     async def _start_due(self) -> float | None:
-        """Start every due delivery there is room for; returns how long to sleep (None: until woken)."""
+        """Start due deliveries while there is room; returns how long to sleep (None: until woken).
+
+        Rows are read soonest first, a page at a time through the ``(due_at, id)`` cursor. A receiver holding
+        its share of the slots (``per_target_limit``) has its rows passed over, so the rows behind them (other
+        receivers') are reached; a round reads at most ``MAX_PAGES_PER_ROUND`` pages and the next one goes on
+        from where it stopped, after a fresh look at the first page."""
         cap = self.policy.max_in_flight
+        per_target = self.policy.per_target_limit
         # the rows of attempts in flight are still listed (soonest first): look past them
         limit = cap * 2
         self._ended_during_read.clear()
-        rows = await self._store.pending_callbacks(limit)
         now = self._clock()
-        if len(rows) < limit:
-            self.backlog = len(rows)
+        after: tuple[float, str] | None = None
+        for page_no in range(MAX_PAGES_PER_ROUND):
+            if page_no == 1 and self._resume_after is not None:
+                after = max(after, self._resume_after) if after is not None else self._resume_after
+            rows = await self._store.pending_callbacks(limit, after)
+            if page_no == 0:
+                await self._count_backlog(len(rows), limit, now)
+            for d in rows:
+                if d.id in self._in_flight or d.id in self._ended_during_read:
+                    continue
+                if d.due_at > now:
+                    self._resume_after = None
+                    return min(d.due_at - now, IDLE_POLL_S)
+                if len(self._in_flight) >= cap:
+                    return None  # a finished attempt wakes the loop
+                target = target_of(d.url)
+                if self._per_target[target] >= per_target:
+                    continue  # that receiver holds its share: look further
+                self._per_target[target] += 1
+                task = asyncio.create_task(self._attempt(d, target), name=f"callback-{d.id}")
+                self._in_flight[d.id] = task
+            if len(rows) < limit:
+                self._resume_after = None
+                return IDLE_POLL_S
+            after = (rows[-1].due_at, rows[-1].id)
+        self._resume_after = after  # there may be more due rows past these pages: the next round goes on
+        return 0
+
+    async def _count_backlog(self, first_page: int, limit: int, now: float) -> None:
+        if first_page < limit:
+            self.backlog = first_page
         elif now - self._backlog_at >= BACKLOG_EVERY_S:
             self.backlog = await self._store.callback_backlog()
             self._backlog_at = now
-        for d in rows:
-            if d.id in self._in_flight or d.id in self._ended_during_read:
-                continue
-            if d.due_at > now:
-                return min(d.due_at - now, IDLE_POLL_S)
-            if len(self._in_flight) >= cap:
-                return None  # a finished attempt wakes the loop
-            task = asyncio.create_task(self._attempt(d), name=f"callback-{d.id}")
-            self._in_flight[d.id] = task
-        if len(rows) == limit:
-            return 0  # there may be more due rows past this page
-        return IDLE_POLL_S
 
-    async def _attempt(self, d: CallbackDelivery) -> None:
+    async def _attempt(self, d: CallbackDelivery, target: tuple[str, str, int]) -> None:
         try:
             try:
                 outcome = await self._post(d)
@@ -181,6 +215,9 @@ class CallbackSender(LoopActor):
                 )
         finally:
             self._in_flight.pop(d.id, None)
+            self._per_target[target] -= 1
+            if self._per_target[target] <= 0:
+                del self._per_target[target]
             self._ended_during_read.add(d.id)
             self._wake.set()
 

@@ -143,6 +143,10 @@ class TaskStore(Protocol):
         """Every task in waiting_approval, queued or running (start-up recovery)."""
         ...
 
+    async def task_counts(self, owner: str | None = None) -> list[tuple[str, str, int]]:
+        """``(state, kind, count)`` of every task (of ``owner``, when given): the console's overview."""
+        ...
+
     # idempotency
     async def get_idempotency(self, owner: str, key: str) -> IdempotencyRecord | None: ...
     async def put_idempotency(self, record: IdempotencyRecord) -> bool:
@@ -199,8 +203,10 @@ class TaskStore(Protocol):
         ...
 
     # callback deliveries and callback dead letters (written with the terminal change: ``Change.callback``)
-    async def pending_callbacks(self, limit: int) -> list[CallbackDelivery]:
-        """Deliveries not yet made, soonest ``due_at`` first (due or not)."""
+    async def pending_callbacks(self, limit: int, after: tuple[float, str] | None = None) -> list[CallbackDelivery]:
+        """Deliveries not yet made, soonest ``due_at`` first (then id; due or not). With ``after`` =
+        ``(due_at, id)`` of the last row of the previous page, only the rows strictly after it: a page
+        read through the ``(due_at, id)`` index, so the sender can look past one receiver's rows."""
         ...
 
     async def callback_backlog(self) -> int: ...
@@ -233,9 +239,19 @@ class Bus(Protocol):
         ...
 
     async def publish_cancel(self, node_id: str, body: bytes) -> None: ...
-    async def publish_events(self, items: list[tuple[str, str, bytes]]) -> list[int | BaseException]:
+    async def publish_events(
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
+    ) -> list[int | BaseException]:
         """Publish ``(subject, msg_id, body)`` to GW_EVENTS in order, acks awaited together; one stream
-        sequence (or the error) per item."""
+        sequence (or the error) per item. With ``expected_last_seq``, item ``i`` is stored only if the
+        stream's last sequence is then ``expected_last_seq + i`` (``Nats-Expected-Last-Sequence``): after a
+        lost publish every later item of the batch is refused rather than stored ahead of it. A duplicate
+        ``msg_id`` still in the stream's duplicate window answers the sequence it was stored at."""
+        ...
+
+    async def events_tail(self) -> tuple[int, str | None]:
+        """GW_EVENTS's last sequence (0: empty) and the ``Nats-Msg-Id`` of its newest message that has one
+        (looking back a few messages past ones published by others); raises when NATS does not answer."""
         ...
 
 

@@ -62,6 +62,7 @@ from .model.retry_policy import backoff_s
 from .nodes import NodeRegistry
 from .ports import Change, IdempotencyRecord, Metrics, NullMetrics, TaskQuery, TaskStore
 from .runtime import KeyedMailboxes
+from .shared_tasks import SharedTasks
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -190,6 +191,13 @@ class TaskService:
             clock, self._lease_expired, self._timed_out, recheck_s=self.policy.lease_recheck_s
         )
         self._listeners: list[Callable[[sm.Transition], None]] = []
+        #: Several instances on one store (actors/shared_tasks.py): decisions read the store, heartbeats
+        #: persist the lease expiry. None: one instance, live copies are the truth (as always).
+        self._shared: SharedTasks | None = None
+
+    def share(self, shared: SharedTasks) -> None:
+        """Run as one of several instances on ``shared`` (before ``start``)."""
+        self._shared = shared
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -232,9 +240,12 @@ class TaskService:
     # -- reads ---------------------------------------------------------------------------------------
     async def _current(self, task_id: str) -> Task | None:
         live = self._live.get(task_id)
-        if live is not None:
+        if live is not None and self._shared is None:
             return live
-        return await self._store.get_task(task_id)
+        stored = await self._store.get_task(task_id)
+        if self._shared is not None:
+            self.absorb(stored, task_id)
+        return stored
 
     async def get(self, caller: Caller, task_id: str) -> Task:
         task = await self._current(task_id)
@@ -247,7 +258,7 @@ class TaskService:
             query = msgspec.structs.replace(query, owner=caller.user)
         page = await self._store.list_tasks(query)
         # the live copy carries the latest lease extension
-        items = [self._live.get(t.id, t) for t in page.items]
+        items = [self._live.get(t.id, t) for t in page.items] if self._shared is None else list(page.items)
         return items, page.next_cursor
 
     async def history(
@@ -1052,8 +1063,12 @@ class TaskService:
         self._nodes.heartbeat(node_id, req, now)
         extended: list[ExtendedLease] = []
         revoked: list[RevokedLease] = []
+        shared: list[tuple[Task, Task]] = []  # several instances: (read, extended), persisted together below
+        stored_now: dict[str, Task] = {}
+        if self._shared is not None and req.leases:
+            stored_now = {t.id: t for t in await self._shared.get_tasks([lease.task_id for lease in req.leases])}
         for lease in req.leases:
-            task = self._live.get(lease.task_id)
+            task = self._live.get(lease.task_id) if self._shared is None else stored_now.get(lease.task_id)
             try:
                 if task is None:
                     stored = await self._store.get_task(lease.task_id)
@@ -1075,6 +1090,9 @@ class TaskService:
                         details={"leaseId": lease.lease_id},
                     )
                 continue
+            if self._shared is not None:
+                shared.append((task, new))
+                continue
             # a heartbeat does not go through the mailbox: it touches only the live lease expiry, and a
             # racing transition simply replaces the live task (the clock re-checks against it)
             if self._live.get(task.id) is task:
@@ -1085,7 +1103,71 @@ class TaskService:
                     task_id=task.id, lease_id=lease.lease_id, lease_expires_at=fmt_ts(new.lease_expires_at) or ""
                 )
             )
+        if shared:
+            await self._persist_extensions(shared, now, extended, revoked)
         return HeartbeatReply(extended=extended, revoked=revoked, draining=self._nodes.is_draining(node_id))
+
+    async def _persist_extensions(
+        self, items: list[tuple[Task, Task]], now: float, extended: list[ExtendedLease], revoked: list[RevokedLease]
+    ) -> None:
+        """Several instances: write the new lease expiries in one statement; a lease whose row changed or ran
+        out since it was read is revoked (the lease watcher or a settle got there first)."""
+        assert self._shared is not None
+        moved = await self._shared.extend_leases(
+            [(new.id, old.revision, new.lease_expires_at or now, now) for old, new in items]
+        )
+        for _, new in items:
+            lease_id = new.lease_id or ""
+            if new.id not in moved:
+                revoked.append(RevokedLease(task_id=new.id, lease_id=lease_id, reason=Code.LEASE_EXPIRED))
+                continue
+            live = self._live.get(new.id)
+            if live is not None and live.revision == new.revision:
+                self._live[new.id] = new
+                self.lease_clock.extend(new.id, lease_id, new.lease_expires_at or now)
+            extended.append(
+                ExtendedLease(task_id=new.id, lease_id=lease_id, lease_expires_at=fmt_ts(new.lease_expires_at) or "")
+            )
+
+    def live_ids(self) -> list[str]:
+        return list(self._live)
+
+    def absorb(self, stored: Task | None, task_id: str) -> None:
+        """Several instances: take a stored copy that another instance wrote into the live copies (and so into
+        the dispatcher and the lease clock). A copy no newer than the live one changes nothing but the lease
+        expiry a heartbeat elsewhere moved."""
+        live = self._live.get(task_id)
+        if stored is None:
+            return
+        if live is not None and stored.revision <= live.revision:
+            if stored.revision == live.revision and stored.lease_expires_at != live.lease_expires_at:
+                self._live[task_id] = stored
+                if stored.lease_id is not None and stored.lease_expires_at is not None:
+                    self.lease_clock.extend(task_id, stored.lease_id, stored.lease_expires_at)
+            return
+        if live is None and stored.terminal:
+            return
+        if stored.terminal:
+            del self._live[task_id]
+        else:
+            self._live[task_id] = stored
+        if (
+            live is not None
+            and live.state == "running"
+            and (stored.state != "running" or stored.lease_id != live.lease_id)
+        ):
+            self.lease_clock.forget(task_id)
+        if stored.state == "running" and (live is None or live.state != "running" or live.lease_id != stored.lease_id):
+            self._watch(stored)
+        self._dispatcher.update(stored)
+
+    async def expire_lease(self, task_id: str, lease_id: str) -> None:
+        """The lease watcher's call: fail the attempt if its lease ran out (re-checked on the current task)."""
+        await self._lease_expired(task_id, lease_id)
+
+    async def time_out(self, task_id: str, attempt_id: str) -> None:
+        """The lease watcher's call: fail the attempt if it ran past its deadline (re-checked)."""
+        await self._timed_out(task_id, attempt_id)
 
     async def settle(self, node_id: str, msg: Settle) -> SettleOutcome:
         return await self._serial(msg.task_id, lambda: self._settle(node_id, msg))
@@ -1150,7 +1232,7 @@ class TaskService:
 
     async def _lease_expired(self, task_id: str, lease_id: str) -> None:
         async def run() -> None:
-            task = self._live.get(task_id)
+            task = self._live.get(task_id) if self._shared is None else await self._current(task_id)
             if task is None or task.state != "running" or task.lease_id != lease_id:
                 return
             now = self._clock()
@@ -1165,7 +1247,7 @@ class TaskService:
 
     async def _timed_out(self, task_id: str, attempt_id: str) -> None:
         async def run() -> None:
-            task = self._live.get(task_id)
+            task = self._live.get(task_id) if self._shared is None else await self._current(task_id)
             if task is None or task.state != "running" or task.attempt_id != attempt_id:
                 return
             tr = sm.timed_out(task, attempt_id, idgen.new_id("att"), self._delay(task), self._clock())

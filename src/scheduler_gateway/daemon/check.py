@@ -2,7 +2,8 @@
 
 This module owns the checks and their output; the CLI only calls ``check_main``. A check
 changes nothing that ``gatewayd run`` would not create anyway: it may create the data
-dir, and it writes only a probe file and a rolled-back SQLite transaction.
+dir, and it writes only a probe file and a rolled-back transaction (SQLite or PostgreSQL; the
+store's line names its kind, its URL redacted and its schema version).
 
 Secrets are never printed: our own messages name keys, never values, URLs are shown
 redacted, and the text of a third-party exception is scrubbed of every secret we know
@@ -25,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -37,6 +39,7 @@ from scheduler_gateway.daemon.nats.embedded import (
     running_server_pid,
 )
 from scheduler_gateway.daemon.nats.nats_server import MAX_PAYLOAD_BYTES, find_binary, port_in_use
+from scheduler_gateway.daemon.store.probe import describe_version, known_version, probe_postgres, sqlite_schema_version
 from scheduler_gateway.wire.redact import redact_url
 
 #: What a task message needs above its payload: the offer's other fields and headers.
@@ -86,6 +89,9 @@ def _known_secrets(config: Config) -> list[str]:
         creds = read_credentials(path)
         if creds is not None:
             found.append(creds.password)
+    store_password = urlsplit(config.store_url).password if config.store_location.kind == "postgresql" else None
+    if store_password:
+        found.append(store_password)
     for server in config.nats.servers:
         userinfo, at, _ = server.partition("://")[2].rpartition("@")
         if at:
@@ -147,22 +153,30 @@ def _probe_sqlite(uri: str) -> None:
 
 
 def check_store(config: Config, data_dir_ok: bool = True) -> CheckResult:
-    """The SQLite file opens and takes a write (in a transaction rolled back), or could be created."""
+    """The store answers and takes a write (in a transaction rolled back), or could be created; its kind, its
+    URL (redacted) and its schema version. PostgreSQL: ``store/probe.py``."""
+    location = config.store_location
+    if location.kind == "postgresql":
+        answer = probe_postgres(location)
+        return CheckResult("store", answer.ok, _scrub(answer.detail, _known_secrets(config)))
     path = config.store_path
-    if not data_dir_ok:
+    if not data_dir_ok and path.parent == config.data_dir:
         return CheckResult("store", False, f"{path} not checked: the data dir is not usable")
     try:
         if path.exists():
             # mode=rw: never create a database where the store adapter expects its own
             _probe_sqlite(path.absolute().as_uri() + "?mode=rw")
-            return CheckResult("store", True, f"{path} opens and is writable")
+            ok, version = describe_version(
+                sqlite_schema_version(path.absolute().as_uri() + "?mode=ro"), known_version("sqlite")
+            )
+            return CheckResult("store", ok, f"sqlite {path} opens and is writable, {version}")
         probe = path.with_name(f".{path.name}.check-probe")
         try:
             _probe_sqlite(probe.absolute().as_uri() + "?mode=rwc")
         finally:
             for leftover in (probe, probe.with_name(probe.name + "-journal")):
                 leftover.unlink(missing_ok=True)
-        return CheckResult("store", True, f"{path} does not exist yet; SQLite can create it")
+        return CheckResult("store", True, f"sqlite {path} does not exist yet; SQLite can create it")
     except (sqlite3.Error, OSError) as exc:
         return CheckResult("store", False, f"{path}: {_scrub(str(exc), _known_secrets(config))}")
 

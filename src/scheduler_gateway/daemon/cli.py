@@ -31,7 +31,7 @@ from scheduler_gateway.daemon.gateway import Gateway, GatewaySettings
 from scheduler_gateway.daemon.http.app import HttpSettings, token_hash
 from scheduler_gateway.daemon.nats.embedded import DataDirInUse, EmbeddedNats
 from scheduler_gateway.daemon.store.backup import backup_main
-from scheduler_gateway.daemon.store.sqlite import SqliteStore
+from scheduler_gateway.daemon.store.select import Store, open_store
 from scheduler_gateway.daemon.systemd_notify import SystemdNotifier
 
 log = logging.getLogger("gatewayd")
@@ -44,6 +44,9 @@ def settings_from_config(config: Config, nats_url: str, user: str | None, passwo
     t = config.tasks
     return GatewaySettings(
         data_dir=config.data_dir,
+        production=config.mode == "production",
+        store_url=config.store_url,
+        instance_id=config.instance.id,
         nats_url=nats_url,
         nats_user=user,
         nats_password=password,
@@ -77,6 +80,8 @@ def settings_from_config(config: Config, nats_url: str, user: str | None, passwo
             secret=config.callbacks.secret,
             retry_delays_s=config.callbacks.retry_delays_s,
             timeout_s=config.callbacks.timeout_s,
+            max_in_flight=config.callbacks.max_in_flight,
+            max_in_flight_per_target=config.callbacks.max_in_flight_per_target or None,
         ),
         scheduler=SchedulerSettings(
             max_concurrent_runs=config.scheduler.max_concurrent_runs,
@@ -99,7 +104,7 @@ def new_token() -> str:
     return "gwt_" + secrets.token_urlsafe(32)
 
 
-async def create_principal(store: SqliteStore, user: str, role: str) -> str:
+async def create_principal(store: Store, user: str, role: str) -> str:
     token = new_token()
     await store.put_principal(Principal(token_hash=token_hash(token), user=user, role=role, created_at=time.time()))
     return token
@@ -161,7 +166,7 @@ async def _run(config: Config) -> int:
     return 0
 
 
-async def _ensure_dev_admin_token(store: SqliteStore, data_dir: Path) -> None:
+async def _ensure_dev_admin_token(store: Store, data_dir: Path) -> None:
     path = data_dir / ADMIN_TOKEN_FILE
     if path.exists():
         return
@@ -211,7 +216,7 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     config = _load(args.config)
 
     async def create() -> str:
-        store = SqliteStore(config.data_dir / "gateway.db")
+        store = open_store(config.store_location)
         await store.start()
         try:
             return await create_principal(store, args.user, args.role)
@@ -241,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     token_sub = token.add_subparsers(dest="token_command", required=True)
     create = token_sub.add_parser("create", help="create a token and print it")
     create.add_argument("--user", required=True)
-    create.add_argument("--role", choices=("admin", "user"), default="user")
+    create.add_argument("--role", choices=("admin", "user", "viewer"), default="user")
     create.add_argument("--config", type=Path)
     backup = sub.add_parser("backup", help="copy the store consistently while the daemon runs (SQLite backup API)")
     backup.add_argument("--to", type=Path, required=True, metavar="FILE", help="the backup file (replaced)")

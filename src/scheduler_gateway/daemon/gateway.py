@@ -26,6 +26,7 @@ from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.callback_sender import CallbackSender
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterKeeper, DeadLetterPolicy
 from scheduler_gateway.actors.dispatcher import Dispatcher
+from scheduler_gateway.actors.duties import LeaseTiming
 from scheduler_gateway.actors.event_relay import EventRelay
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.records import ActorRef, AuditEntry
@@ -34,9 +35,12 @@ from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.retention import RetentionKeeper
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
+from scheduler_gateway.daemon.config.store_url import StoreLocation, parse_store_url, sqlite_url
+from scheduler_gateway.daemon.ha import HighAvailability, default_instance_id
 from scheduler_gateway.daemon.http.app import AdminApi, HttpSettings
 from scheduler_gateway.daemon.http.callback_client import AiohttpCallbackPoster
 from scheduler_gateway.daemon.http.callbacks import CallbacksApi, callback_routes
+from scheduler_gateway.daemon.http.console import console_routes
 from scheduler_gateway.daemon.http.event_hub import EventHub, corrupt_event_auditor
 from scheduler_gateway.daemon.http.events import EventsApi, SseSettings, event_routes
 from scheduler_gateway.daemon.http.server import AdminRunner
@@ -44,8 +48,11 @@ from scheduler_gateway.daemon.metrics import PrometheusMetrics, PrometheusRetent
 from scheduler_gateway.daemon.metrics_events import EventCallbackMetrics
 from scheduler_gateway.daemon.nats.bus import NatsBus, NodeInputs
 from scheduler_gateway.daemon.scheduling import Scheduling
+from scheduler_gateway.daemon.store.postgres import PostgresStore
+from scheduler_gateway.daemon.store.select import open_store
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.wire.errors import GatewayError
+from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -73,6 +80,23 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     sse: SseSettings = SseSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
     retention: RetentionPolicy = RetentionPolicy()
+    production: bool = False  # mode = "production": e.g. the console's cookies are always Secure
+    #: ``[store] url``; None: the SQLite file ``<data_dir>/gateway.db``. May carry a password: never logged.
+    store_url: str | None = None
+    #: ``[instance] id``: names this gatewayd among several on one PostgreSQL database ("": host-pid)
+    instance_id: str = ""
+    duty_lease: LeaseTiming = LeaseTiming()  # the leader lease of several instances (daemon/ha.py)
+
+    @property
+    def store_location(self) -> StoreLocation:
+        return parse_store_url(self.store_url or sqlite_url(self.data_dir / "gateway.db"))
+
+    def __repr__(self) -> str:
+        # the store URL and the NATS URL may carry passwords, and the NATS password is one
+        return (
+            f"GatewaySettings(data_dir={str(self.data_dir)!r}, nats_url={redact_url(self.nats_url)!r},"
+            f" store_url={self.store_location.redacted!r}, http_port={self.http_port!r})"
+        )
 
 
 class Gateway:
@@ -81,7 +105,8 @@ class Gateway:
         s = settings
         clock = time.time
         self.metrics = PrometheusMetrics()
-        self.store = SqliteStore(s.data_dir / "gateway.db")
+        self.store_location = s.store_location
+        self.store = open_store(self.store_location)
         self.subjects = Subjects(s.subject_prefix)
         self.bus = NatsBus(
             s.nats_url,
@@ -94,7 +119,22 @@ class Gateway:
         )
         self.dispatcher = Dispatcher(self.bus, clock, s.max_offers_per_kind, self.metrics)
         self.nodes = NodeRegistry(clock, on_new_kinds=self._announce_kinds)
-        self.relay = EventRelay(self.store, self.bus, self.subjects, clock)
+        # several instances on PostgreSQL: the leader's duties write under its fence (daemon/ha.py)
+        self.ha = (
+            HighAvailability(
+                s.instance_id or default_instance_id(),
+                self.store,
+                self.metrics.registry,
+                clock,
+                timing=s.duty_lease,
+            )
+            if isinstance(self.store, PostgresStore)
+            else None
+        )
+        duty_store: Any = self.store if self.ha is None else self.ha.fenced_store
+        self.relay = EventRelay(
+            duty_store, self.bus if self.ha is None else self.ha.fenced_bus(self.bus), self.subjects, clock
+        )
         self.service = TaskService(
             self.store,
             self.dispatcher,
@@ -109,12 +149,18 @@ class Gateway:
             self.store, self.service, s.dead_letters, clock, on_counts=self._dead_letter_counts
         )
         self.retention_metrics = PrometheusRetentionMetrics(self.metrics.registry)
-        self.retention = RetentionKeeper(
-            self.store,
-            s.retention,
-            clock,
-            on_purged=self.retention_metrics.purged,
-            on_size=self.retention_metrics.size,
+        # retention purges through the SQLite store's purge queries; on PostgreSQL it is not built yet
+        # (docs/OPERATIONS.md, Retention)
+        self.retention = (
+            RetentionKeeper(
+                self.store,
+                s.retention,
+                clock,
+                on_purged=self.retention_metrics.purged,
+                on_size=self.retention_metrics.size,
+            )
+            if isinstance(self.store, SqliteStore)
+            else None
         )
         self.api = AdminApi(self.service, self.store, self.nodes, self.metrics, self.readiness, s.http)
         self._runner: web.AppRunner | None = None
@@ -135,7 +181,7 @@ class Gateway:
         )
         self.events_api = EventsApi(self.event_hub, self.event_metrics, s.sse)
         self.callback_poster = AiohttpCallbackPoster(allow_private_networks=s.http.allow_private_networks)
-        self.callbacks = CallbackSender(self.store, self.callback_poster, s.callbacks, clock, self.event_metrics)
+        self.callbacks = CallbackSender(duty_store, self.callback_poster, s.callbacks, clock, self.event_metrics)
         self.service.add_listener(self.callbacks.on_transition)
         self.event_metrics.track(lambda: self.events_api.connected, lambda: self.callbacks.backlog)
         self.http_extensions += [event_routes(self.events_api), callback_routes(CallbacksApi(self.callbacks))]
@@ -143,6 +189,16 @@ class Gateway:
         self.scheduling = Scheduling(
             s.scheduler, self.store, self.service, self.api, self.metrics, self.http_extensions, clock
         )
+        self.http_extensions.append(console_routes(self))  # the web console at /ui/ and the viewer role
+        if self.ha is not None:
+            self.ha.attach(
+                self.service,
+                {
+                    "event-relay": self.relay,
+                    "callback-sender": self.callbacks,
+                    "dead-letter-keeper": self.dead_letter_keeper,
+                },
+            )
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -151,13 +207,19 @@ class Gateway:
         await self.store.start()
         await self.bus.connect()
         self.nodes.load(await self.store.list_nodes())
+        if self.ha is not None:
+            grace = s.policy.recovery_grace_s if s.policy.recovery_grace_s is not None else s.policy.default_lease_s
+            if not await self.ha.prepare(grace):
+                self.scheduling.actor.reconciled = True  # others are live: their runs are not leftovers
         await self.service.start()
         await self.dispatcher.start()
-        await self.relay.start()
-        await self.dead_letter_keeper.start()
-        await self.callbacks.start()
+        if self.ha is None:  # else the leader runs them (daemon/ha.py)
+            await self.relay.start()
+            await self.dead_letter_keeper.start()
+            await self.callbacks.start()
         await self.scheduling.start()
-        await self.retention.start()
+        if self.retention is not None:
+            await self.retention.start()
         await self.bus.serve(
             NodeInputs(
                 claim=self.service.claim,
@@ -167,6 +229,8 @@ class Gateway:
             )
         )
         self._flusher = asyncio.create_task(self._flush_nodes())
+        if self.ha is not None:
+            await self.ha.start()
         self.metrics.set_active(self._active_counts)
         self.metrics.outbox_backlog.set_function(lambda: self._outbox_backlog)
         self.metrics.events_relayed.set_function(lambda: self.relay.relayed)
@@ -194,9 +258,12 @@ class Gateway:
             await self._bounded("http", self._runner.cleanup())
             self._runner = None
         await self._bounded("node inputs", self.bus.stop_serving())
+        if self.ha is not None:
+            await self._bounded("duties", self.ha.stop())
         await self._bounded("dispatcher", self.dispatcher.stop())
         await self._bounded("dead-letter keeper", self.dead_letter_keeper.stop())
-        await self._bounded("retention", self.retention.stop())
+        if self.retention is not None:
+            await self._bounded("retention", self.retention.stop())
         await self._bounded("callback sender", self.callbacks.stop())
         await self._bounded("callback client", self.callback_poster.close())
         await self._bounded("scheduler", self.scheduling.stop())
@@ -287,7 +354,7 @@ class Gateway:
         checks: dict[str, tuple[bool, str]] = {}
         try:
             await asyncio.wait_for(self.store.ping(), 2.0)
-            checks["store"] = (True, "writable")
+            checks["store"] = (True, f"{self.store_location.kind} writable")
         except (GatewayError, TimeoutError) as exc:
             checks["store"] = (False, getattr(exc, "code", "timeout"))
         probe = self.settings.data_dir / ".ready-probe"
@@ -310,7 +377,13 @@ class Gateway:
             "scheduler": self.scheduling.actor,
             "retention": self.retention,
         }
-        down = [name for name, a in actors.items() if not a.running]
+        if self.ha is not None:  # the leader's duties run on the leader only
+            checks["duties"] = await self.ha.readiness()
+            if not self.ha.leadership.held:
+                for duty in self.ha.duties:
+                    actors.pop(duty, None)
+            actors["live-sync"] = self.ha.live_sync  # type: ignore[assignment]
+        down = [name for name, a in actors.items() if a is None or not a.running]
         checks["actors"] = (not down, "running" if not down else "stopped: " + ", ".join(down))
         backlog = self._outbox_backlog
         checks["events"] = (

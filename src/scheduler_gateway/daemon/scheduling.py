@@ -19,14 +19,14 @@ from scheduler_gateway.actors.task_service import TaskService
 from scheduler_gateway.daemon.http.app import AdminApi
 from scheduler_gateway.daemon.http.schedules import schedule_routes
 from scheduler_gateway.daemon.metrics import PrometheusMetrics, PrometheusScheduleMetrics
-from scheduler_gateway.daemon.store.sqlite import SqliteStore
+from scheduler_gateway.daemon.store.select import Store
 
 
 class Scheduling:
     def __init__(
         self,
         settings: SchedulerSettings,
-        store: SqliteStore,
+        store: Store,
         tasks: TaskService,
         api: AdminApi,
         metrics: PrometheusMetrics,

@@ -57,6 +57,27 @@ class ClaimReply(_Wire, kw_only=True, omit_defaults=True):
     error: WireError | None = None
 
 
+MAX_BATCH_CLAIMS = 256
+
+
+class ClaimBatch(_Wire, kw_only=True):
+    """Several claims in one request (a node holding several offers); answered by ``ClaimBatchReply``."""
+
+    claims: list[ClaimRequest]
+
+
+class ClaimBatchReply(_Wire, kw_only=True):
+    results: list[ClaimReply]  # one per claim, in order
+
+
+class ClaimMessage(_Wire, kw_only=True, omit_defaults=True):
+    """What ``gw.claim.<nodeId>`` carries: one claim (``taskId``, ``attemptId``) or a batch (``claims``)."""
+
+    task_id: str | None = None
+    attempt_id: str | None = None
+    claims: list[ClaimRequest] | None = None
+
+
 class LeaseReport(_Wire, kw_only=True, omit_defaults=True):
     task_id: str
     lease_id: str

@@ -34,7 +34,8 @@ from scheduler_gateway.wire.messages import (
 from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.subjects import Subjects, node_inbox_prefix
 
-from ._context import Handler, TaskContext, _encode
+from ._claims import ClaimBatcher
+from ._context import Handler, TaskContext
 from ._execute import _Ending, _Running, execute
 from ._heartbeat import _Heartbeats
 from ._options import NatsOptions, WorkerTimings
@@ -61,7 +62,6 @@ _DEAD_OFFER_CODES: Final = frozenset(
 )
 
 _decode_offer = msgspec.json.Decoder(Offer).decode
-_decode_claim_reply = msgspec.json.Decoder(ClaimReply).decode
 _decode_cancel = msgspec.json.Decoder(CancelNotice).decode
 
 
@@ -123,6 +123,7 @@ class Worker:
         self._pullers: list[_KindPuller] = []
         self._puller_tasks: list[asyncio.Task[None]] = []
         self._offer_tasks: set[asyncio.Task[None]] = set()
+        self._claims = ClaimBatcher(self._claim_request)
         self._settle_tasks: set[asyncio.Task[None]] = set()
         self._claiming: set[str] = set()  # attempt ids
         self._running: dict[str, _Running] = {}  # lease id -> running handler
@@ -264,6 +265,7 @@ class Worker:
         for t in list(self._offer_tasks):
             t.cancel()
         await _wait_all(self._offer_tasks)
+        await self._claims.close()
 
         # 3. Running handlers get the rest of the grace period; heartbeats keep their leases alive.
         await _wait_until(self._handler_tasks(), deadline)
@@ -440,17 +442,16 @@ class Worker:
             await nak(msg, self.timings.busy_nak_delay_s)
 
     async def _claim(self, offer: Offer) -> ClaimReply | None:
-        body = _encode(ClaimRequest(task_id=offer.task_id, attempt_id=offer.attempt_id))
+        """Claims asked for together (several offers of one pull) go out as one batch request."""
+        return await self._claims.claim(ClaimRequest(task_id=offer.task_id, attempt_id=offer.attempt_id))
+
+    async def _claim_request(self, body: bytes) -> bytes | None:
         try:
             resp = await self.nc.request(self.subjects.claim(self.node_id), body, timeout=self.timings.claim_timeout_s)
         except (TimeoutError, nats.errors.Error) as exc:
-            log.warning("claim of attempt %s got no answer (%s)", offer.attempt_id, type(exc).__name__)
+            log.warning("a claim request got no answer (%s)", type(exc).__name__)
             return None
-        try:
-            return _decode_claim_reply(resp.data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            log.error("undecodable claim reply for attempt %s: %s", offer.attempt_id, exc)
-            return None
+        return bytes(resp.data)
 
     # ---------------------------------------------------------------- running handlers
 

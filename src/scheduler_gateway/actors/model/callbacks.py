@@ -12,6 +12,7 @@ Pure: no clock, no IO; ``now`` comes in as an argument.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -74,10 +75,31 @@ class CallbackPolicy:
     retry_delays_s: tuple[float, ...] = (1.0, 5.0, 30.0)
     timeout_s: float = 5.0
     max_in_flight: int = 32
+    # how many of those slots one receiver (scheme, host, port) may hold at once; None: a quarter of
+    # ``max_in_flight`` (at least 1), so a receiver that never answers cannot hold up everyone else's
+    max_in_flight_per_target: int | None = None
 
     @property
     def max_attempts(self) -> int:
         return len(self.retry_delays_s) + 1
+
+    @property
+    def per_target_limit(self) -> int:
+        if self.max_in_flight_per_target is not None:
+            return max(1, min(self.max_in_flight_per_target, self.max_in_flight))
+        return max(1, self.max_in_flight // 4)
+
+
+def target_of(url: str) -> tuple[str, str, int]:
+    """The receiver a delivery goes to, as the per-target limit counts it: scheme, host and port (the
+    scheme's default port when the URL names none)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:  # a port out of range: the attempt fails anyway; count it with its host
+        port = None
+    return scheme, parts.hostname or "", port if port is not None else (443 if scheme == "https" else 80)
 
 
 def wants_callback(task: Task) -> bool:

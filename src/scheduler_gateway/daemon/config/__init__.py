@@ -20,6 +20,9 @@ Loading rules:
 - ``[recovery] grace_s`` unset means each running task after a restart gets its own lease
   seconds to heartbeat back before it is failed with ``LEASE_EXPIRED``; a number applies
   the same grace to every task.
+- ``[store] url`` (``GW_STORE_URL``): ``sqlite:///<path>`` or ``postgresql://user:pass@host:port/db``
+  (``daemon/config/store_url.py``); unset, the SQLite file ``<data_dir>/gateway.db``. Shown redacted.
+  ``[instance] id`` (``GW_INSTANCE_ID``) defaults to ``<hostname>-<http port>``.
 - ``[http] port`` and ``[nats.embedded] port`` accept 0: pick a free port at start (tests).
 - ``[nats] user``/``password`` are for an external server (``url`` set); the embedded
   server generates its own credentials (see ``daemon/nats/embedded.py``). ``url`` may list several
@@ -44,12 +47,14 @@ from scheduler_gateway.daemon.config.model import (
     EmbeddedNatsConfig,
     EventsConfig,
     HttpConfig,
+    InstanceConfig,
     LogConfig,
     Mode,
     NatsConfig,
     RecoveryConfig,
     RetentionConfig,
     SchedulerConfig,
+    StoreConfig,
     TasksConfig,
 )
 from scheduler_gateway.daemon.config.production import production_problems, weak_secret_reason
@@ -70,12 +75,14 @@ __all__ = [
     "EmbeddedNatsConfig",
     "EventsConfig",
     "HttpConfig",
+    "InstanceConfig",
     "LogConfig",
     "Mode",
     "NatsConfig",
     "RecoveryConfig",
     "RetentionConfig",
     "SchedulerConfig",
+    "StoreConfig",
     "TasksConfig",
     "load_config",
     "production_problems",

@@ -3,6 +3,7 @@ docstring, ``daemon/config/__init__.py``)."""
 
 from __future__ import annotations
 
+import socket
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,15 +21,19 @@ from scheduler_gateway.daemon.config.model import (
     EmbeddedNatsConfig,
     EventsConfig,
     HttpConfig,
+    InstanceConfig,
     LogConfig,
     Mode,
     NatsConfig,
     RecoveryConfig,
     RetentionConfig,
     SchedulerConfig,
+    StoreConfig,
     TasksConfig,
 )
 from scheduler_gateway.daemon.config.reader import _Reader
+from scheduler_gateway.daemon.config.store_url import StoreUrlError, parse_store_url
+from scheduler_gateway.wire.redact import redact_url
 
 
 def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
@@ -87,6 +92,8 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
         retry_delays_s=cb_s.number_list("retry_delays_s", (1.0, 5.0, 30.0), lo=0),
         timeout_s=cb_s.number("timeout_s", 5.0, gt=0),
         allow_private_networks=cb_s.boolean("allow_private_networks", mode == "dev"),
+        max_in_flight=cb_s.integer("max_in_flight", 32, lo=1, hi=10_000),
+        max_in_flight_per_target=cb_s.integer("max_in_flight_per_target", 0, lo=0, hi=10_000),
     )
     cb_s.finish()
 
@@ -148,6 +155,22 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
     log = LogConfig(level=lg_s.choice("level", "INFO", LOG_LEVELS, upper=True))
     lg_s.finish()
 
+    st_s = r.section("store")
+    store_url = st_s.optional_string("url")
+    if store_url is not None:
+        try:
+            store_url = parse_store_url(store_url).url
+        except StoreUrlError as exc:
+            # the URL may carry a password: shown redacted
+            var = " (GW_STORE_URL)" if env.get("GW_STORE_URL") else ""
+            r.errors.append(f"store.url{var} {exc}: {redact_url(store_url)!r}")
+            store_url = None
+    st_s.finish()
+
+    in_s = r.section("instance")
+    instance = InstanceConfig(id=in_s.string("id", f"{socket.gethostname()}-{http.port}", nonempty=True).strip())
+    in_s.finish()
+
     root.finish(
         subsections=(
             "http",
@@ -161,6 +184,8 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
             "recovery",
             "retention",
             "log",
+            "store",
+            "instance",
         )
     )
     if r.errors:
@@ -179,5 +204,7 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
         recovery=recovery,
         retention=retention,
         log=log,
+        store=StoreConfig(url=store_url),
+        instance=instance,
         source=path,
     )

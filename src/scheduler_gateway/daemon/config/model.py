@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from scheduler_gateway.daemon.config.store_url import StoreLocation, parse_store_url, sqlite_url
 from scheduler_gateway.wire.redact import REDACTED, redact_url
 
 Mode = Literal["dev", "production"]
@@ -34,6 +35,8 @@ ENV_VARS: dict[str, str] = {
     "GW_NATS_USER": "nats.user",
     "GW_NATS_PASSWORD": "nats.password",
     "GW_LOG_LEVEL": "log.level",
+    "GW_STORE_URL": "store.url",
+    "GW_INSTANCE_ID": "instance.id",
 }
 _ENV_OF = {key: var for var, key in ENV_VARS.items()}
 
@@ -98,6 +101,8 @@ class CallbacksConfig:
     retry_delays_s: tuple[float, ...] = (1.0, 5.0, 30.0)
     timeout_s: float = 5.0
     allow_private_networks: bool = True
+    max_in_flight: int = 32
+    max_in_flight_per_target: int = 0  # 0: a quarter of max_in_flight (at least 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +160,24 @@ class RetentionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """``url`` None: the SQLite file ``<data_dir>/gateway.db`` (``Config.store_url``)."""
+
+    url: str | None = None
+
+    def __repr__(self) -> str:
+        # the URL may carry the database password
+        return f"StoreConfig(url={None if self.url is None else redact_url(self.url)!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceConfig:
+    """This gatewayd's name among those sharing a store (``<hostname>-<http port>`` when not given)."""
+
+    id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class LogConfig:
     level: str = "INFO"
 
@@ -176,6 +199,8 @@ class Config:
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    instance: InstanceConfig = field(default_factory=InstanceConfig)
     #: The TOML file it was loaded from, None for defaults and environment only.
     source: Path | None = None
 
@@ -185,8 +210,19 @@ class Config:
         return self.nats.url is None
 
     @property
+    def store_url(self) -> str:
+        """``[store] url``, or the SQLite file in the data dir."""
+        return self.store.url if self.store.url is not None else sqlite_url(self.data_dir / STORE_FILENAME)
+
+    @property
+    def store_location(self) -> StoreLocation:
+        return parse_store_url(self.store_url)  # validated at load: does not raise for a loaded config
+
+    @property
     def store_path(self) -> Path:
-        return self.data_dir / STORE_FILENAME
+        """The SQLite file (the default one when the store is not SQLite)."""
+        location = self.store_location
+        return location.path if location.path is not None else self.data_dir / STORE_FILENAME
 
     def redacted(self) -> dict[str, Any]:
         """Every key as a nested dict fit for printing: secrets set are ``"***"``, paths are strings."""
@@ -198,6 +234,7 @@ class Config:
             out["nats"]["password"] = REDACTED
         if self.nats.url is not None:
             out["nats"]["url"] = redact_url(self.nats.url)
+        out["store"]["url"] = redact_url(self.store_url)
         return out
 
 

@@ -20,13 +20,17 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import NotFoundError
 
 from scheduler_gateway.actors import failpoints
 from scheduler_gateway.daemon.nats.publisher import AckedPublisher
 from scheduler_gateway.daemon.nats.streams import ensure_kind_consumer, ensure_streams
 from scheduler_gateway.wire.errors import Code, GatewayError
 from scheduler_gateway.wire.messages import (
+    MAX_BATCH_CLAIMS,
     NODE_ID_PATTERN,
+    ClaimBatchReply,
+    ClaimMessage,
     ClaimReply,
     ClaimRequest,
     HeartbeatReply,
@@ -34,10 +38,15 @@ from scheduler_gateway.wire.messages import (
     Settle,
     WireError,
 )
-from scheduler_gateway.wire.subjects import DISPATCH_STREAM, SETTLE_CONSUMER, SETTLE_STREAM, Subjects
+from scheduler_gateway.wire.subjects import DISPATCH_STREAM, EVENTS_STREAM, SETTLE_CONSUMER, SETTLE_STREAM, Subjects
 
 log = logging.getLogger(__name__)
 PUBLISH_ACK_TIMEOUT_S = 5.0
+MSG_ID_HEADER = "Nats-Msg-Id"
+EXPECTED_LAST_SEQ_HEADER = "Nats-Expected-Last-Sequence"
+TAIL_LOOKBACK = 16  # messages events_tail looks back past ones without a msg id (not the relay's)
+#: The queue group of the claim and heartbeat responders (docs/WIRE.md, Several instances).
+GATEWAY_QUEUE = "gw-gateway"
 _NODE_RE = re.compile(NODE_ID_PATTERN)
 # what a node's message can be that the decoder refuses; msgspec recurses per nesting level, so a body
 # nested a few thousand deep is as malformed as a syntax error (it must be refused, never redelivered)
@@ -82,7 +91,7 @@ class NatsBus:
         self.connected = False
         self._closing = False
         self._publisher: AckedPublisher | None = None
-        self._claim_dec = msgspec.json.Decoder(ClaimRequest)
+        self._claim_dec = msgspec.json.Decoder(ClaimMessage)
         self._hb_dec = msgspec.json.Decoder(HeartbeatRequest)
         self._settle_dec = msgspec.json.Decoder(Settle)
         self._enc = msgspec.json.Encoder()
@@ -130,9 +139,16 @@ class NatsBus:
         """Start answering claims and heartbeats and consuming settles."""
         assert self.nc is not None and self.js is not None
         self._inputs = inputs
-        self._subs.append(await self.nc.subscribe(self.subjects.wildcard("claim"), cb=self._spawn_cb(self._on_claim)))
+        # a queue group: with several gatewayd on one database, each request is answered by one of them
         self._subs.append(
-            await self.nc.subscribe(self.subjects.wildcard("heartbeat"), cb=self._spawn_cb(self._on_heartbeat))
+            await self.nc.subscribe(
+                self.subjects.wildcard("claim"), queue=GATEWAY_QUEUE, cb=self._spawn_cb(self._on_claim)
+            )
+        )
+        self._subs.append(
+            await self.nc.subscribe(
+                self.subjects.wildcard("heartbeat"), queue=GATEWAY_QUEUE, cb=self._spawn_cb(self._on_heartbeat)
+            )
         )
         self._subs.append(
             await self.js.subscribe(
@@ -189,7 +205,12 @@ class NatsBus:
             if node is None:
                 raise GatewayError("bad node id in subject", code=Code.INVALID_ARGUMENT)
             req = self._claim_dec.decode(msg.data)
-            reply = await self._inputs.claim(node, req)
+            if req.claims is not None:
+                await self._on_claim_batch(msg, node, req.claims)
+                return
+            if req.task_id is None or req.attempt_id is None:
+                raise msgspec.ValidationError("a claim names taskId and attemptId, or carries claims")
+            reply = await self._inputs.claim(node, ClaimRequest(task_id=req.task_id, attempt_id=req.attempt_id))
         except _MALFORMED as exc:
             await self._inputs.refuse("claim", node or "?", Code.INVALID_ARGUMENT, str(exc)[:200])
             reply = ClaimReply(ok=False, error=WireError(code=Code.INVALID_ARGUMENT, message="malformed claim"))
@@ -200,6 +221,21 @@ class NatsBus:
             reply = ClaimReply(ok=False, error=WireError(code=Code.INTERNAL, message="internal error"))
         if msg.reply:
             await self._respond(msg, self._enc.encode(reply))
+
+    async def _on_claim_batch(self, msg: Msg, node: str, claims: list[ClaimRequest]) -> None:
+        """Each claim goes to its task's mailbox, all at once; the answers come back in the claims' order."""
+        if not 1 <= len(claims) <= MAX_BATCH_CLAIMS:
+            await self._inputs.refuse("claim", node, Code.INVALID_ARGUMENT, f"{len(claims)} claims in one batch")
+            bad = ClaimReply(
+                ok=False,
+                error=WireError(code=Code.INVALID_ARGUMENT, message=f"a batch holds 1 to {MAX_BATCH_CLAIMS} claims"),
+            )
+            body = self._enc.encode(bad)
+        else:
+            outcomes = await asyncio.gather(*(self._inputs.claim(node, c) for c in claims), return_exceptions=True)
+            body = self._enc.encode(ClaimBatchReply(results=[_claim_reply_of(o) for o in outcomes]))
+        if msg.reply:
+            await self._respond(msg, body)
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         node = self._node_of(msg)
@@ -281,19 +317,46 @@ class NatsBus:
         assert self.nc is not None
         await self.nc.publish(self.subjects.cancel(node_id), body)
 
-    async def publish_events(self, items: list[tuple[str, str, bytes]]) -> list[int | BaseException]:
-        acks = await self._publish_all(items)
+    async def publish_events(
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
+    ) -> list[int | BaseException]:
+        acks = await self._publish_all(items, expected_last_seq)
         return [ack if isinstance(ack, BaseException) else int(ack.seq) for ack in acks]
 
-    async def _publish_all(self, items: list[tuple[str, str, bytes]]) -> list[Any]:
+    async def events_tail(self) -> tuple[int, str | None]:
+        """GW_EVENTS's last sequence and the newest ``Nats-Msg-Id`` in it (the relay's resync point)."""
+        assert self.js is not None
+        info = await asyncio.wait_for(self.js.stream_info(EVENTS_STREAM), PUBLISH_ACK_TIMEOUT_S)
+        last = int(info.state.last_seq or 0)
+        first = max(1, int(info.state.first_seq or 1))
+        seq = last
+        while seq >= first and seq > last - TAIL_LOOKBACK:
+            try:
+                msg = await asyncio.wait_for(self.js.get_msg(EVENTS_STREAM, seq=seq), PUBLISH_ACK_TIMEOUT_S)
+            except NotFoundError:  # deleted on its own (or just dropped by retention): look at the one before
+                seq -= 1
+                continue
+            msg_id = (msg.headers or {}).get(MSG_ID_HEADER)
+            if msg_id:
+                return last, str(msg_id)
+            seq -= 1  # not published by the relay (no msg id)
+        return last, None
+
+    async def _publish_all(
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
+    ) -> list[Any]:
         """Publish ``(subject, msg_id, body)`` in order with async acks, awaited together (one wait for the
-        batch, not a wait_for per message); one PubAck or exception per item."""
+        batch, not a wait_for per message); one PubAck or exception per item. With ``expected_last_seq``,
+        item ``i`` carries ``Nats-Expected-Last-Sequence: expected_last_seq + i``."""
         assert self.js is not None
         assert self._publisher is not None
         futures: list[asyncio.Future[Any] | BaseException] = []
-        for subject, msg_id, body in items:
+        for i, (subject, msg_id, body) in enumerate(items):
+            headers = {MSG_ID_HEADER: msg_id}
+            if expected_last_seq is not None:
+                headers[EXPECTED_LAST_SEQ_HEADER] = str(expected_last_seq + i)
             try:
-                futures.append(await self._publisher.publish(subject, body, {"Nats-Msg-Id": msg_id}))
+                futures.append(await self._publisher.publish(subject, body, headers))
             except Exception as exc:
                 futures.append(exc)
         pending = [f for f in futures if not isinstance(f, BaseException)]
@@ -324,3 +387,12 @@ class NatsBus:
             except Exception as exc:
                 out[name] = (False, type(exc).__name__)
         return out
+
+
+def _claim_reply_of(outcome: ClaimReply | BaseException) -> ClaimReply:
+    if isinstance(outcome, ClaimReply):
+        return outcome
+    if isinstance(outcome, GatewayError):
+        return ClaimReply(ok=False, error=WireError(code=outcome.code, message=outcome.message))
+    log.error("claim handler failed: %s", type(outcome).__name__)
+    return ClaimReply(ok=False, error=WireError(code=Code.INTERNAL, message="internal error"))

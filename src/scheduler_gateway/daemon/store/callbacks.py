@@ -35,10 +35,17 @@ class SqliteCallbacks:
     def __init__(self, db: SqliteDb) -> None:
         self._db = db
 
-    async def pending_callbacks(self, limit: int) -> list[CallbackDelivery]:
+    async def pending_callbacks(self, limit: int, after: tuple[float, str] | None = None) -> list[CallbackDelivery]:
         if limit < 1:
             return []
-        rows = await self._db.fetchall("SELECT id, doc FROM callback_deliveries ORDER BY due_at, id LIMIT ?", (limit,))
+        args: tuple[object, ...]
+        if after is None:
+            sql, args = "SELECT id, doc FROM callback_deliveries ORDER BY due_at, id LIMIT ?", (limit,)
+        else:
+            # a row-value comparison: a seek on the (due_at, id) index, not a scan of the rows before it
+            sql = "SELECT id, doc FROM callback_deliveries WHERE (due_at, id) > (?, ?) ORDER BY due_at, id LIMIT ?"
+            args = (after[0], after[1], limit)
+        rows = await self._db.fetchall(sql, args)
         return decode_rows(_decode_callback, rows, "callback delivery")
 
     async def callback_backlog(self) -> int:

@@ -61,6 +61,9 @@ class ChangeRows:
     dead_letter: tuple[Any, ...] | None
     callback: tuple[Any, ...] | None = None
     task: Task | None = None  # kept only when the parent rule needs it (an active task with a parent)
+    #: (lease_expires_at, attempt deadline) of a running task, else (None, None): the PostgreSQL store's
+    #: columns for the lease watcher of several instances (docs/DECISIONS.md, Several instances)
+    lease_cols: tuple[float | None, float | None] = (None, None)
 
     @property
     def parent_id(self) -> str | None:
@@ -87,6 +90,7 @@ class ChangeRows:
             dead_letter=None if dl is None else dead_letter_row(dl),
             callback=None if change.callback is None else callback_row(change.callback),
             task=t if t.parent_id is not None and t.state not in TERMINAL_STATES else None,
+            lease_cols=running_deadlines(t),
         )
 
     @property
@@ -97,6 +101,13 @@ class ChangeRows:
     @property
     def update_row(self) -> tuple[Any, ...]:
         return (*self.task_values, self.expected_revision)
+
+
+def running_deadlines(t: Task) -> tuple[float | None, float | None]:
+    """A running task's lease expiry and attempt deadline (what the lease watcher scans); else none."""
+    if t.state != "running":
+        return (None, None)
+    return (t.lease_expires_at, (t.started_at or t.updated_at) + t.timeout_s)
 
 
 def dead_letter_row(d: DeadLetter) -> tuple[Any, ...]:

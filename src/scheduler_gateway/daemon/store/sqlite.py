@@ -114,6 +114,9 @@ class SqliteStore:
     async def active_tasks(self) -> list[Task]:
         return await self._tasks.active_tasks()
 
+    async def task_counts(self, owner: str | None = None) -> list[tuple[str, str, int]]:
+        return await self._tasks.task_counts(owner)
+
     async def get_idempotency(self, owner: str, key: str) -> IdempotencyRecord | None:
         return await self._tasks.get_idempotency(owner, key)
 
@@ -171,8 +174,8 @@ class SqliteStore:
 
     # -- callback deliveries and callback dead letters (callbacks.py)
 
-    async def pending_callbacks(self, limit: int) -> list[CallbackDelivery]:
-        return await self._callbacks.pending_callbacks(limit)
+    async def pending_callbacks(self, limit: int, after: tuple[float, str] | None = None) -> list[CallbackDelivery]:
+        return await self._callbacks.pending_callbacks(limit, after)
 
     async def callback_backlog(self) -> int:
         return await self._callbacks.callback_backlog()

@@ -131,6 +131,11 @@ class SqliteTasks:
         task = await self.get_task(task_id)
         return task is not None and task.lease_id == lease_id
 
+    async def task_counts(self, owner: str | None = None) -> list[tuple[str, str, int]]:
+        where, params = ("", ()) if owner is None else (" WHERE owner = ?", (owner,))
+        rows = await self._db.fetchall(f"SELECT state, kind, count(*) FROM tasks{where} GROUP BY state, kind", params)
+        return [(str(r[0]), str(r[1]), int(r[2])) for r in rows]
+
     async def active_tasks(self) -> list[Task]:
         states = sorted(ACTIVE_STATES)
         marks = ", ".join("?" for _ in states)

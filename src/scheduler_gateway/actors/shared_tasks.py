@@ -1,0 +1,161 @@
+"""Tasks shared by several instances on one store: persisted leases, the lease watcher, the live-copy sync.
+
+With one instance the task service keeps every active task live in memory and lease extensions live only
+there. With several, a task's claim, heartbeats and settle may each be answered by another instance, so:
+
+- a heartbeat writes the new ``lease_expires_at`` to the task's row (a column, no revision: not a
+  transition), conditional on the revision the heartbeat read and on the lease not having run out, in one
+  statement per heartbeat request (``SharedTasks.extend_leases``);
+- the task service reads a task from the store (not its live copy) before every decision, so a copy made
+  stale by another instance's write never decides anything; a write from a stale copy loses its
+  compare-and-set on ``revision`` and is re-run on the fresh task anyway (``_serial``);
+- the leader's ``LeaseWatcher`` scans the store for running attempts whose lease or deadline passed and
+  hands each to the task service, which re-reads it and fails the attempt through the normal path (so a
+  task whose claiming instance died is still watched);
+- every instance's ``LiveSync`` brings its live copies (what its dispatcher offers and its lease clock
+  watches) in line with the store, so a task claimed or settled elsewhere leaves its offer window;
+- at takeover the leader re-offers every queued task (``reoffer_queued``): the tasks a dead instance was
+  offering. ``Nats-Msg-Id`` = attempt id makes a repeated offer of one attempt a no-op in JetStream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from scheduler_gateway.wire.errors import GatewayError
+
+from .model.records import Task
+from .ports import TaskQuery
+from .runtime import LoopActor, Wakeup
+
+log = logging.getLogger(__name__)
+
+WATCH_PAGE = 256
+#: The leader fails a lease this long after it ran out, so an instance whose clock runs a little ahead
+#: never takes a lease that a heartbeat (judged by another instance's clock) just extended.
+WATCH_GRACE_S = 0.5
+
+
+class SharedTasks(Protocol):
+    async def extend_leases(self, items: list[tuple[str, int, float, float]]) -> set[str]:
+        """(task id, revision read, new expiry, now): move each running task's lease expiry when the row is
+        still at that revision and its lease has not run out by ``now``; answers the ids moved."""
+        ...
+
+    async def get_tasks(self, task_ids: list[str]) -> list[Task]:
+        """The stored tasks of ``task_ids`` (missing ones left out), with their persisted lease expiry."""
+        ...
+
+    async def overdue_running(self, now: float, limit: int) -> list[Task]:
+        """Running tasks whose lease expiry or attempt deadline is before ``now``, oldest first."""
+        ...
+
+
+class DeadlineHandler(Protocol):
+    async def expire_lease(self, task_id: str, lease_id: str) -> None: ...
+
+    async def time_out(self, task_id: str, attempt_id: str) -> None: ...
+
+
+class LeaseWatcher(LoopActor):
+    """The leader's duty: fail the running attempts whose lease or deadline passed, whoever claimed them."""
+
+    name = "lease-watcher"
+
+    def __init__(
+        self,
+        shared: SharedTasks,
+        handler: DeadlineHandler,
+        clock: Callable[[], float],
+        *,
+        interval_s: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self._shared = shared
+        self._handler = handler
+        self._clock = clock
+        self._interval_s = interval_s
+        self._wake = Wakeup()
+        self.expired = 0
+        self.rounds = 0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.round()
+            except GatewayError as exc:
+                log.warning("lease watcher: scan failed (%s); retrying", exc.code)
+            await self._wake.wait(self._interval_s)
+
+    async def round(self) -> int:
+        now = self._clock()
+        handled = 0
+        for task in await self._shared.overdue_running(now - WATCH_GRACE_S, WATCH_PAGE):
+            try:
+                deadline = (task.started_at or task.updated_at) + task.timeout_s
+                if deadline <= now:
+                    await self._handler.time_out(task.id, task.attempt_id)
+                elif task.lease_id is not None:
+                    await self._handler.expire_lease(task.id, task.lease_id)
+                handled += 1
+            except GatewayError as exc:
+                log.warning("lease watcher: %s not failed yet (%s)", task.id, exc.code)
+        self.expired += handled
+        self.rounds += 1
+        return handled
+
+
+class LiveCache(Protocol):
+    def live_ids(self) -> list[str]: ...
+
+    def absorb(self, stored: Task | None, task_id: str) -> None: ...
+
+
+class LiveSync(LoopActor):
+    """Every instance: bring the live copies in line with the store (what others changed)."""
+
+    name = "live-sync"
+
+    def __init__(self, shared: SharedTasks, cache: LiveCache, *, interval_s: float = 1.0, page: int = 500) -> None:
+        super().__init__()
+        self._shared = shared
+        self._cache = cache
+        self._interval_s = interval_s
+        self._page = page
+        self._wake = Wakeup()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.round()
+            except GatewayError as exc:
+                log.warning("live sync: read failed (%s); retrying", exc.code)
+            await self._wake.wait(self._interval_s)
+
+    async def round(self) -> None:
+        ids = self._cache.live_ids()
+        for start in range(0, len(ids), self._page):
+            chunk = ids[start : start + self._page]
+            found = {t.id: t for t in await self._shared.get_tasks(chunk)}
+            for task_id in chunk:
+                self._cache.absorb(found.get(task_id), task_id)
+
+
+async def reoffer_queued(
+    list_tasks: Callable[[TaskQuery], Awaitable[object]], cache: LiveCache, *, page: int = 500
+) -> int:
+    """Take every queued task into the live copies (the dispatcher offers them): at takeover, the tasks a dead
+    instance was offering. Answers how many were read."""
+    cursor: str | None = None
+    n = 0
+    while True:
+        got = await list_tasks(TaskQuery(state="queued", limit=page, cursor=cursor))
+        items: list[Task] = list(getattr(got, "items", []))
+        for task in items:
+            cache.absorb(task, task.id)
+        n += len(items)
+        cursor = getattr(got, "next_cursor", None)
+        if cursor is None:
+            return n

@@ -1,0 +1,278 @@
+"""Several gatewayd on one PostgreSQL database (CONTRACT section 4): the composition of the shared mode.
+
+Every instance answers the whole HTTP API and the whole NATS wire protocol (claims and heartbeats in the
+queue group ``gw-gateway``, settles from the durable ``GW_SETTLE`` consumer's deliver group), and keeps its
+live copies in line with the store (``LiveSync``). One instance at a time, the *leader*, holds the lease
+row ``leader`` in ``duty_leases`` and runs the singleton duties under its fencing term:
+
+- the lease watcher (running attempts whose lease or deadline passed, whoever claimed them),
+- the event relay (outbox -> ``GW_EVENTS``), the callback sender, the dead-letter keeper,
+- at takeover: re-offering every queued task (a dead instance's offers).
+
+The relay's and the callback sender's store writes run under the fence (the store checks the lease row in
+the write's transaction); their bus publishes and HTTP posts are checked against the local trust window.
+Task writes are fenced by the task's own ``revision`` (every one is a compare-and-set on a task re-read
+from the store), whoever makes them. The scheduler's poll runs on every instance (due schedules are
+claimed under their own row leases with ``SKIP LOCKED``); its start-up reconcile runs only when an
+instance starts a cluster that was down (no other live instance), as with one instance.
+
+docs/DECISIONS.md (Several instances) records the choices and what hash partitions would add.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from scheduler_gateway.actors.duties import LEADER, FenceToken, InstanceRecord, Leadership, LeaseTiming, fenced
+from scheduler_gateway.actors.shared_tasks import LeaseWatcher, LiveSync, reoffer_queued
+from scheduler_gateway.actors.task_service import TaskService
+from scheduler_gateway.daemon.store.postgres import PostgresStore
+from scheduler_gateway.wire.errors import Code, Conflict, GatewayError
+
+log = logging.getLogger(__name__)
+
+INSTANCE_BEAT_S = 2.0
+#: an instance whose row was not refreshed for this long is no longer counted as alive
+INSTANCE_ALIVE_S = 10.0
+
+#: the store writes of the relay and the callback sender's loop: made only as the leader, under its fence
+FENCED_WRITES = frozenset(
+    {"outbox_delete", "finish_callback", "reschedule_callback", "dead_letter_callback", "append_audit"}
+)
+
+
+def default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class NotLeader(Conflict):
+    """A duty's write or publish refused locally: this instance does not (or no longer) trust its lease."""
+
+
+class DutyMetrics:
+    """gw_duty_held{duty}, gw_duty_renewals_total{duty}, gw_duty_takeovers_total{duty}."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.held = Gauge("gw_duty_held", "1 while this instance holds the duty's lease", ["duty"], registry=registry)
+        self.renewals = Counter("gw_duty_renewals_total", "Duty lease renewals", ["duty"], registry=registry)
+        self.takeovers = Counter(
+            "gw_duty_takeovers_total", "Duty leases taken over from another instance", ["duty"], registry=registry
+        )
+
+    def duty_held(self, duty: str, held: bool) -> None:
+        self.held.labels(duty).set(1 if held else 0)
+
+    def duty_renewed(self, duty: str) -> None:
+        self.renewals.labels(duty).inc()
+
+    def duty_taken_over(self, duty: str) -> None:
+        self.takeovers.labels(duty).inc()
+
+
+class FencedStore:
+    """The store as the leader's duties see it: the writes in ``FENCED_WRITES`` run under the current fence
+    (refused at once when the lease is not trusted); everything else passes through."""
+
+    def __init__(self, store: Any, token: Callable[[], FenceToken | None]) -> None:
+        self._store = store
+        self._token = token
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if name not in FENCED_WRITES:
+            return attr
+
+        async def write(*args: Any, **kwargs: Any) -> Any:
+            token = self._token()
+            if token is None:
+                raise NotLeader(f"{name}: this instance does not hold the leader lease", code=Code.LEASE_CONFLICT)
+            with fenced(token):
+                return await attr(*args, **kwargs)
+
+        return write
+
+
+class FencedBus:
+    """The bus as the event relay sees it: no publish unless the leader lease is trusted, so a paused former
+    leader cannot publish after its trust window (a publish in flight is deduplicated by ``Nats-Msg-Id``)."""
+
+    def __init__(self, bus: Any, held: Callable[[], bool]) -> None:
+        self._bus = bus
+        self._held = held
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+    async def publish_events(
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
+    ) -> list[int | BaseException]:
+        if not self._held():
+            return [NotLeader("not the leader", code=Code.LEASE_CONFLICT) for _ in items]
+        result: list[int | BaseException] = await self._bus.publish_events(items, expected_last_seq)
+        return result
+
+    async def events_tail(self) -> tuple[int, str | None]:
+        tail: tuple[int, str | None] = await self._bus.events_tail()
+        return tail
+
+    async def publish_offers(self, items: list[tuple[str, str, bytes]]) -> list[BaseException | None]:
+        result: list[BaseException | None] = await self._bus.publish_offers(items)
+        return result
+
+    async def publish_cancel(self, node_id: str, body: bytes) -> None:
+        await self._bus.publish_cancel(node_id, body)
+
+
+class HighAvailability:
+    """The shared mode of one gatewayd: built by ``Gateway`` when ``[store] url`` is PostgreSQL."""
+
+    def __init__(
+        self,
+        instance_id: str,
+        store: PostgresStore,
+        registry: CollectorRegistry,
+        clock: Callable[[], float],
+        *,
+        timing: LeaseTiming | None = None,
+    ) -> None:
+        self.instance_id = instance_id
+        self.store = store
+        self._clock = clock
+        self.metrics = DutyMetrics(registry)
+        self.leadership = Leadership(
+            store.duties,
+            instance_id,
+            duty=LEADER,
+            timing=timing,
+            on_gained=self._gained,
+            on_lost=self._lost,
+            metrics=self.metrics,
+        )
+        self.fenced_store = FencedStore(store, lambda: self.leadership.token)
+        self.duties: dict[str, Any] = {}  # name -> actor with start()/stop(), run while leader
+        self._on_gained_extra: list[Callable[[], Any]] = []
+        self._service: TaskService | None = None
+        self.watcher: LeaseWatcher | None = None
+        self.live_sync: LiveSync | None = None
+        self._beat: asyncio.Task[None] | None = None
+        self.started_at = clock()
+        self.info: dict[str, str] = {}
+        self.cold_start = False
+        self.reoffered = 0
+
+    def fenced_bus(self, bus: Any) -> FencedBus:
+        return FencedBus(bus, lambda: self.leadership.held)
+
+    def attach(self, service: TaskService, duties: dict[str, Any]) -> None:
+        """Before the service starts: share its tasks through the store, and name the leader's duties."""
+        self._service = service
+        service.share(self.store.shared)
+        self.watcher = LeaseWatcher(self.store.shared, service, self._clock)
+        self.live_sync = LiveSync(self.store.shared, service)
+        self.duties = {"lease-watcher": self.watcher, **duties}
+
+    async def prepare(self, grace_s: float) -> bool:
+        """Before the task service starts: register this instance; when no other instance is alive (the cluster
+        starts), give running leases their grace period in the store. Answers whether it was a cold start."""
+        others = [i for i in await self.store.duties.live_instances(INSTANCE_ALIVE_S) if i.id != self.instance_id]
+        await self._seen()
+        if not others:
+            n = await self.store.shared.cold_start(grace_s, self._clock())
+            log.info("shared store: first live instance; %d running leases get a %.0f s grace", n, grace_s)
+        self.cold_start = not others
+        return self.cold_start
+
+    async def start(self) -> None:
+        assert self.live_sync is not None
+        await self.live_sync.start()
+        self._beat = asyncio.create_task(self._beat_loop(), name="instance-beat")
+        await self.leadership.start()
+
+    async def stop(self) -> None:
+        """Give the duties and the lease up (released at once, so another instance takes over without waiting)."""
+        await self.leadership.stop()
+        await self._stop_duties()
+        if self.live_sync is not None:
+            await self.live_sync.stop()
+        if self._beat is not None:
+            self._beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beat
+            self._beat = None
+        with contextlib.suppress(GatewayError):
+            await self.store.duties.forget_instance(self.instance_id)
+
+    async def abandon(self) -> None:
+        """Tests: die without cleanup (like kill -9): stop every loop, release nothing, keep the instance row."""
+        self.leadership.frozen = True
+        await self._stop_duties()
+        for actor in (self.leadership, self.live_sync):
+            if actor is not None:
+                await actor.stop()
+        if self._beat is not None:
+            self._beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beat
+            self._beat = None
+
+    # -- the leader's duties -------------------------------------------------------------------------
+    async def _gained(self, token: FenceToken) -> None:
+        for actor in self.duties.values():
+            await actor.start()
+        assert self._service is not None
+        try:
+            self.reoffered = await reoffer_queued(self.store.list_tasks, self._service)
+        except GatewayError as exc:
+            log.warning(
+                "takeover: queued tasks not re-read (%s); the dispatchers of live instances keep theirs", exc.code
+            )
+
+    async def _lost(self) -> None:
+        await self._stop_duties()
+
+    async def _stop_duties(self) -> None:
+        for name, actor in self.duties.items():
+            try:
+                await actor.stop()
+            except Exception:
+                log.exception("stopping duty %s failed", name)
+
+    def duties_running(self) -> dict[str, bool]:
+        return {name: bool(getattr(a, "running", False)) for name, a in self.duties.items()}
+
+    # -- liveness ----------------------------------------------------------------------------------
+    async def _seen(self) -> None:
+        info = {**self.info, "leader": "yes" if self.leadership.held else "no"}
+        await self.store.duties.instance_seen(
+            InstanceRecord(id=self.instance_id, started_at=self.started_at, last_seen_at=time.time(), info=info)
+        )
+
+    async def _beat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(INSTANCE_BEAT_S)
+            try:
+                await self._seen()
+            except GatewayError as exc:
+                log.warning("instance heartbeat failed (%s)", exc.code)
+
+    async def readiness(self) -> tuple[bool, str]:
+        token = self.leadership.token
+        if token is not None:
+            return True, f"{self.instance_id} leads (term {token.term}): {', '.join(sorted(self.duties))}"
+        try:
+            holders = await self.store.duties.duty_holders()
+        except GatewayError as exc:
+            return False, exc.code
+        holder = holders.get(LEADER)
+        if holder is None or holder[2] <= 0:
+            return True, f"{self.instance_id} follows; no leader right now (taking over within seconds)"
+        return True, f"{self.instance_id} follows; leader {holder[0]} (term {holder[1]})"

@@ -1,0 +1,45 @@
+"""What the console needs of the running daemon, as a Protocol: the composition root (``Gateway``) satisfies it,
+and the console does not import the composition root (``http`` stays an adapter of its own)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from scheduler_gateway.actors.callback_sender import CallbackSender
+from scheduler_gateway.actors.nodes import NodeRegistry
+from scheduler_gateway.actors.ports import TaskStore
+from scheduler_gateway.actors.scheduler import ScheduleService
+from scheduler_gateway.actors.task_service import TaskService
+from scheduler_gateway.daemon.http.app import AdminApi, HttpSettings
+from scheduler_gateway.daemon.http.events import EventsApi
+
+
+class HostSettings(Protocol):
+    @property
+    def http(self) -> HttpSettings: ...
+    @property
+    def production(self) -> bool: ...
+
+
+class HostScheduling(Protocol):
+    @property
+    def service(self) -> ScheduleService: ...
+
+
+class ConsoleHost(Protocol):
+    @property
+    def settings(self) -> HostSettings: ...
+    @property
+    def store(self) -> TaskStore: ...
+    @property
+    def service(self) -> TaskService: ...
+    @property
+    def callbacks(self) -> CallbackSender: ...
+    @property
+    def nodes(self) -> NodeRegistry: ...
+    @property
+    def api(self) -> AdminApi: ...
+    @property
+    def events_api(self) -> EventsApi: ...
+    @property
+    def scheduling(self) -> HostScheduling: ...

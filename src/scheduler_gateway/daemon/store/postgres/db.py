@@ -1,0 +1,197 @@
+"""The PostgreSQL store's connection pool: the durable state of every gatewayd sharing one database.
+
+``PgDb`` owns the pool (psycopg 3, ``psycopg_pool.AsyncConnectionPool``; docs/DECISIONS.md, The PostgreSQL
+store), runs the migrations at start, and gives the parts two things: ``fetch`` for a read (autocommit, one
+statement) and ``transaction`` for a write (one connection, BEGIN..COMMIT, rolled back when the body
+raises). Every psycopg or pool failure becomes a ``StorageError`` naming only its SQLSTATE or type: never
+the SQL, its parameters or the URL (which may carry a password).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+
+from scheduler_gateway.actors.duties import FENCE, FenceToken
+from scheduler_gateway.actors.ports import Page
+from scheduler_gateway.daemon.store.common import clamp_limit, decode_rows
+from scheduler_gateway.daemon.store.postgres.migrations import current_version, migrate
+from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, StorageError
+from scheduler_gateway.wire.redact import redact_url
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+Conn = psycopg.AsyncConnection[Any]
+
+
+def pg_error(exc: BaseException) -> StorageError:
+    """A StorageError naming only the SQLSTATE (or the error's type): never the SQL, parameters or URL."""
+    state = getattr(exc, "sqlstate", None)
+    name = state or type(exc).__name__
+    err = StorageError(f"the task store failed ({name})", details={"sqlState": name})
+    err.__cause__ = exc
+    return err
+
+
+def constraint_of(exc: psycopg.Error) -> str | None:
+    diag = getattr(exc, "diag", None)
+    return None if diag is None else diag.constraint_name
+
+
+class PgDb:
+    """One PostgreSQL database through a pool of ``min_size``..``max_size`` connections. ``start()`` opens the
+    pool and migrates, ``stop()`` closes it; both are idempotent, and a stopped store can start again."""
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10, connect_timeout_s: float = 10.0) -> None:
+        self.url = url
+        self.min_size = min_size
+        self.max_size = max_size
+        self.connect_timeout_s = connect_timeout_s
+        self._pool: psycopg_pool.AsyncConnectionPool[Conn] | None = None
+
+    def __repr__(self) -> str:
+        return f"PgDb({redact_url(self.url)!r})"
+
+    @property
+    def running(self) -> bool:
+        return self._pool is not None
+
+    async def start(self) -> None:
+        if self._pool is not None:
+            return
+        pool: psycopg_pool.AsyncConnectionPool[Conn] = psycopg_pool.AsyncConnectionPool(
+            self.url,
+            min_size=self.min_size,
+            max_size=self.max_size,
+            kwargs={"autocommit": True},
+            open=False,
+            timeout=self.connect_timeout_s,
+            name="gw-store",
+        )
+        try:
+            await pool.open(wait=True, timeout=self.connect_timeout_s)
+            async with pool.connection() as conn:
+                await migrate(conn)
+        except (psycopg.Error, psycopg_pool.PoolTimeout, StorageError) as exc:
+            await pool.close()
+            if isinstance(exc, StorageError):
+                raise
+            raise pg_error(exc) from exc
+        self._pool = pool
+
+    async def stop(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    def _the_pool(self) -> psycopg_pool.AsyncConnectionPool[Conn]:
+        if self._pool is None:
+            raise StorageError("the task store is not running")
+        return self._pool
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Conn]:
+        """A pooled connection in autocommit mode; driver failures become StorageError."""
+        pool = self._the_pool()
+        try:
+            async with pool.connection() as conn:
+                yield conn
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise pg_error(exc) from exc
+        except psycopg_pool.PoolClosed as exc:
+            raise StorageError("the task store is not running") from exc
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Conn]:
+        """One transaction on one connection: committed when the body returns, rolled back when it raises
+        (a refusal as well as a failure). Under a duty's fence (``actors.duties.fenced``) the transaction
+        first checks that the duty's lease row still names the fence's holder and term."""
+        async with self.connection() as conn, conn.transaction():
+            token = FENCE.get()
+            if token is not None:
+                await check_fence(conn, token)
+            yield conn
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """The rows of one read (tuples)."""
+        async with self.connection() as conn:
+            cur = await conn.execute(sql, params)
+            return await cur.fetchall()
+
+    async def write(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """One statement in its own transaction (fenced like ``transaction``); answers the rows it touched."""
+        if FENCE.get() is not None:
+            async with self.transaction() as conn:
+                cur = await conn.execute(sql, params)
+                return cur.rowcount
+        async with self.connection() as conn:
+            cur = await conn.execute(sql, params)
+            return cur.rowcount
+
+    async def schema_version(self) -> int:
+        async with self.connection() as conn:
+            return await current_version(conn)
+
+    async def page(
+        self,
+        table: str,
+        key: str,
+        filters: Sequence[tuple[str, Any]],
+        after: Any,
+        limit: int,
+        decode: Callable[[Any], T],
+        what: str,
+    ) -> Page:
+        """One page of ``table`` ordered by ``key`` after ``after``, with equality filters (None = none). The
+        next cursor is the last row's key even when that row was skipped as corrupt."""
+        n = clamp_limit(limit)
+        where = [f"{key} > %s"]
+        params: list[Any] = [after]
+        for column, value in filters:
+            if value is not None:
+                where.append(f"{column} = %s")
+                params.append(value)
+        params.append(n + 1)
+        rows = await self.fetch(
+            f"SELECT {key}, doc FROM {table} WHERE {' AND '.join(where)} ORDER BY {key} LIMIT %s", params
+        )
+        more = len(rows) > n
+        rows = rows[:n]
+        return Page(decode_rows(decode, rows, what), str(rows[-1][0]) if more else None)
+
+
+#: The database's clock in seconds since the epoch: every lease time is the database's, so the instances'
+#: clocks never have to agree with each other.
+DB_NOW = "extract(epoch from clock_timestamp())::double precision"
+
+
+class FencedOut(Conflict):
+    """A duty's write refused: its lease is gone, expired or held by another term."""
+
+
+async def check_fence(conn: Conn, token: FenceToken) -> None:
+    """In the caller's transaction: the lease row still names the token's holder and term and has not expired.
+    ``FOR SHARE`` makes a takeover (which updates the row) wait until this transaction ends."""
+    cur = await conn.execute(
+        f"SELECT 1 FROM duty_leases WHERE duty = %s AND holder = %s AND term = %s AND expires_at > {DB_NOW} FOR SHARE",
+        (token.duty, token.holder, token.term),
+    )
+    if await cur.fetchone() is None:
+        raise FencedOut(
+            f"the {token.duty} lease of term {token.term} is no longer held by {token.holder}",
+            code=Code.LEASE_CONFLICT,
+            details={"duty": token.duty, "term": token.term},
+        )
+
+
+def refusal_or_storage(exc: BaseException) -> BaseException:
+    """What one change's failure reports: a refusal as it is, a driver failure as StorageError."""
+    if isinstance(exc, GatewayError):
+        return exc
+    return pg_error(exc)

@@ -1,0 +1,233 @@
+"""The schema of the PostgreSQL store: every migration step, in order, and applying the missing ones.
+
+The tables mirror the SQLite store's (``store/migrations.py``): documents are the same msgspec JSON bytes in
+``bytea`` columns (byte-exact, so a task's raw payload reads back as it was written; JSONB would normalise
+it), with the indexed columns beside them. Text keys are ``COLLATE "C"``: pages go by id, and the order of
+ids must be the bytes' order as in SQLite, whatever the database's default collation.
+
+Migrations run under an advisory lock, so several gatewayd starting on one database apply each step once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import psycopg
+
+from scheduler_gateway.wire.errors import StorageError
+
+log = logging.getLogger(__name__)
+
+#: The advisory lock key the migrator holds (any constant; "gw_schema" as a number).
+MIGRATION_LOCK = 0x67775F736368656D
+
+_T = 'text COLLATE "C"'
+
+# Each step is applied once, in order, in its own transaction, and recorded in ``schema_version``. Never
+# edit a released step: append a new one (a database in the field already ran the old text).
+PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: tasks, history, audit, idempotency, outbox, dead letters, principals, nodes, health
+    (
+        f"""CREATE TABLE tasks (
+            id {_T} PRIMARY KEY,
+            owner {_T} NOT NULL,
+            kind {_T} NOT NULL,
+            state {_T} NOT NULL,
+            revision bigint NOT NULL,
+            priority integer NOT NULL,
+            parent_id {_T},
+            run_id {_T} NOT NULL,
+            thread_id {_T},
+            created_at double precision NOT NULL,
+            not_before double precision NOT NULL,
+            doc bytea NOT NULL
+        )""",
+        "CREATE INDEX tasks_state ON tasks (state, id)",
+        "CREATE INDEX tasks_kind ON tasks (kind, id)",
+        "CREATE INDEX tasks_owner ON tasks (owner, id)",
+        "CREATE INDEX tasks_parent ON tasks (parent_id, id)",
+        "CREATE INDEX tasks_run ON tasks (run_id, id)",
+        "CREATE INDEX tasks_thread ON tasks (thread_id, state) WHERE thread_id IS NOT NULL",
+        # the arbiter of "one running task per thread" (the dispatcher's lanes only anticipate it)
+        "CREATE UNIQUE INDEX uq_tasks_thread_running ON tasks (thread_id)"
+        " WHERE thread_id IS NOT NULL AND state = 'running'",
+        f"""CREATE TABLE task_history (
+            task_id {_T} NOT NULL,
+            revision bigint NOT NULL,
+            lease_id {_T},
+            doc bytea NOT NULL,
+            PRIMARY KEY (task_id, revision)
+        )""",
+        "CREATE INDEX task_history_lease ON task_history (task_id, lease_id) WHERE lease_id IS NOT NULL",
+        f"""CREATE TABLE audit (
+            seq bigserial PRIMARY KEY,
+            id {_T} NOT NULL UNIQUE,
+            at double precision NOT NULL,
+            action {_T} NOT NULL,
+            object_id {_T} NOT NULL,
+            request_id {_T},
+            owner {_T},
+            doc bytea NOT NULL
+        )""",
+        "CREATE INDEX audit_object ON audit (object_id, seq)",
+        "CREATE INDEX audit_action ON audit (action, seq)",
+        "CREATE INDEX audit_request ON audit (request_id, seq)",
+        "CREATE INDEX audit_owner ON audit (owner, seq)",
+        f"""CREATE TABLE idempotency (
+            owner {_T} NOT NULL,
+            key {_T} NOT NULL,
+            doc bytea NOT NULL,
+            created_at double precision NOT NULL,
+            PRIMARY KEY (owner, key)
+        )""",
+        # a sequence never hands out a number twice, even after the relay deleted every row
+        "CREATE TABLE outbox (seq bigserial PRIMARY KEY, body bytea NOT NULL)",
+        f"""CREATE TABLE dead_letters (
+            dead_letter_id {_T} PRIMARY KEY,
+            task_id {_T} NOT NULL UNIQUE,
+            requeued boolean NOT NULL DEFAULT false,
+            exhausted boolean NOT NULL DEFAULT false,
+            archived boolean NOT NULL DEFAULT false,
+            last_dead_at double precision NOT NULL DEFAULT 0,
+            doc bytea NOT NULL
+        )""",
+        "CREATE INDEX dead_letters_due ON dead_letters (last_dead_at, dead_letter_id)"
+        " WHERE NOT exhausted AND NOT archived AND NOT requeued",
+        "CREATE INDEX dead_letters_archivable ON dead_letters (last_dead_at, dead_letter_id)"
+        " WHERE exhausted AND NOT archived",
+        "CREATE INDEX dead_letters_state ON dead_letters (archived, exhausted)",
+        f"CREATE TABLE principals (token_hash {_T} PRIMARY KEY, doc bytea NOT NULL)",
+        f"CREATE TABLE nodes (id {_T} PRIMARY KEY, doc bytea NOT NULL)",
+        "CREATE TABLE health (id integer PRIMARY KEY CHECK (id = 1), at double precision NOT NULL)",
+        # callback deliveries (written with the terminal change) and callback dead letters
+        f"""CREATE TABLE callback_deliveries (
+            id {_T} PRIMARY KEY,
+            task_id {_T} NOT NULL,
+            due_at double precision NOT NULL,
+            doc bytea NOT NULL
+        )""",
+        "CREATE INDEX callback_deliveries_due ON callback_deliveries (due_at, id)",
+        f"""CREATE TABLE callback_dead_letters (
+            id {_T} PRIMARY KEY,
+            task_id {_T} NOT NULL,
+            owner {_T} NOT NULL,
+            doc bytea NOT NULL
+        )""",
+        "CREATE INDEX callback_dead_letters_owner ON callback_dead_letters (owner, id)",
+        "CREATE INDEX callback_dead_letters_task ON callback_dead_letters (task_id, id)",
+        # threads, scheduled tasks and their runs
+        f"""CREATE TABLE threads (
+            id {_T} PRIMARY KEY,
+            owner {_T} NOT NULL,
+            doc bytea NOT NULL
+        )""",
+        "CREATE INDEX threads_owner ON threads (owner, id)",
+        f"""CREATE TABLE scheduled_tasks (
+            id {_T} PRIMARY KEY,
+            owner {_T} NOT NULL,
+            status {_T} NOT NULL,
+            schedule_type {_T} NOT NULL,
+            next_run_at double precision,
+            lease_until double precision,
+            version bigint NOT NULL,
+            run_count bigint NOT NULL,
+            last_error bytea,
+            title text NOT NULL,
+            template bytea NOT NULL,
+            schedule bytea NOT NULL,
+            context_mode {_T} NOT NULL,
+            thread_id {_T},
+            overlap_policy {_T} NOT NULL,
+            created_at double precision NOT NULL,
+            updated_at double precision NOT NULL,
+            generation bigint NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX scheduled_tasks_due ON scheduled_tasks (next_run_at, id) WHERE status = 'enabled'",
+        "CREATE INDEX scheduled_tasks_held ON scheduled_tasks (lease_until, id) WHERE status = 'running'",
+        "CREATE INDEX scheduled_tasks_owner ON scheduled_tasks (owner, id)",
+        "CREATE INDEX scheduled_tasks_thread ON scheduled_tasks (thread_id, id) WHERE thread_id IS NOT NULL",
+        f"""CREATE TABLE scheduled_runs (
+            id {_T} PRIMARY KEY,
+            scheduled_task_id {_T} NOT NULL,
+            owner {_T} NOT NULL,
+            status {_T} NOT NULL,
+            task_id {_T},
+            thread_id {_T},
+            run_trigger {_T} NOT NULL,
+            scheduled_for double precision,
+            created_at double precision NOT NULL,
+            started_at double precision,
+            finished_at double precision,
+            error bytea,
+            schedule_generation bigint NOT NULL DEFAULT 0
+        )""",
+        # The arbiter of "one active run per schedule". Its predicate must equal ACTIVE_RUN_STATUSES.
+        "CREATE UNIQUE INDEX uq_scheduled_run_active ON scheduled_runs (scheduled_task_id)"
+        " WHERE status IN ('queued', 'running')",
+        "CREATE INDEX scheduled_runs_schedule ON scheduled_runs (scheduled_task_id, id)",
+    ),
+    # 2: several instances (docs/DECISIONS.md, Several instances): duty leases with their fencing term, the
+    # instances that are alive, and a running task's lease expiry and attempt deadline as columns (any
+    # instance answers a heartbeat and moves the column; the leader's lease watcher scans them)
+    (
+        f"""CREATE TABLE duty_leases (
+            duty {_T} PRIMARY KEY,
+            holder {_T} NOT NULL,
+            term bigint NOT NULL,
+            expires_at double precision NOT NULL,
+            acquired_at double precision NOT NULL
+        )""",
+        f"""CREATE TABLE gateway_instances (
+            id {_T} PRIMARY KEY,
+            started_at double precision NOT NULL,
+            last_seen_at double precision NOT NULL,
+            info bytea NOT NULL
+        )""",
+        "ALTER TABLE tasks ADD COLUMN lease_expires_at double precision",
+        "ALTER TABLE tasks ADD COLUMN deadline_at double precision",
+        "CREATE INDEX tasks_running_lease ON tasks (lease_expires_at, id) WHERE state = 'running'",
+        "CREATE INDEX tasks_running_deadline ON tasks (deadline_at, id) WHERE state = 'running'",
+    ),
+)
+
+SCHEMA_VERSION = len(PG_MIGRATIONS)
+
+
+async def current_version(conn: psycopg.AsyncConnection[Any]) -> int:
+    """The schema version of the database (0: never migrated)."""
+    cur = await conn.execute("SELECT to_regclass('schema_version') IS NOT NULL")
+    row = await cur.fetchone()
+    if row is None or not row[0]:
+        return 0
+    cur = await conn.execute("SELECT coalesce(max(version), 0) FROM schema_version")
+    row = await cur.fetchone()
+    return int(row[0]) if row is not None else 0
+
+
+async def migrate(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Apply the missing steps (``conn`` in autocommit mode), each in its own transaction, under the lock."""
+    await conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
+    try:
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_version (version integer PRIMARY KEY, applied_at double precision"
+            " NOT NULL)"
+        )
+        current = await current_version(conn)
+        if current > SCHEMA_VERSION:
+            raise StorageError(
+                f"the task store has schema version {current}; this gatewayd knows versions up to {SCHEMA_VERSION}"
+            )
+        for version, statements in enumerate(PG_MIGRATIONS, start=1):
+            if version <= current:
+                continue
+            async with conn.transaction():
+                for sql in statements:
+                    await conn.execute(sql)
+                await conn.execute(
+                    "INSERT INTO schema_version (version, applied_at) VALUES (%s, %s)", (version, time.time())
+                )
+            log.info("task store: applied schema migration %d", version)
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))

@@ -1,0 +1,75 @@
+"""Tasks shared by several instances on PostgreSQL (the ``SharedTasks`` port of ``actors.shared_tasks``):
+heartbeats move the ``lease_expires_at`` column, the lease watcher scans the running tasks' columns."""
+
+from __future__ import annotations
+
+from scheduler_gateway.actors.model.records import Task
+from scheduler_gateway.daemon.store.change_rows import running_deadlines
+from scheduler_gateway.daemon.store.common import decode_or_raise, doc_decoder
+from scheduler_gateway.daemon.store.postgres.db import PgDb
+from scheduler_gateway.daemon.store.postgres.tasks import with_lease
+
+_decode_task = doc_decoder(Task)
+
+
+class PgShared:
+    def __init__(self, db: PgDb) -> None:
+        self._db = db
+
+    async def extend_leases(self, items: list[tuple[str, int, float, float]]) -> set[str]:
+        if not items:
+            return set()
+        rows = await self._db.fetch(
+            "UPDATE tasks t SET lease_expires_at = v.expires"
+            " FROM unnest(%s::text[], %s::bigint[], %s::float8[], %s::float8[]) AS v(id, rev, expires, now)"
+            " WHERE t.id = v.id AND t.revision = v.rev AND t.state = 'running'"
+            " AND coalesce(t.lease_expires_at, 0) > v.now RETURNING t.id",
+            (
+                [i[0] for i in items],
+                [i[1] for i in items],
+                [i[2] for i in items],
+                [i[3] for i in items],
+            ),
+        )
+        return {str(r[0]) for r in rows}
+
+    async def get_tasks(self, task_ids: list[str]) -> list[Task]:
+        if not task_ids:
+            return []
+        rows = await self._db.fetch(
+            "SELECT id, doc, lease_expires_at FROM tasks WHERE id = ANY(%s::text[])", (list(task_ids),)
+        )
+        return [with_lease(decode_or_raise(_decode_task, r[1], "task", str(r[0])), r[2]) for r in rows]
+
+    async def overdue_running(self, now: float, limit: int) -> list[Task]:
+        rows = await self._db.fetch(
+            "SELECT id, doc, lease_expires_at FROM ("
+            " (SELECT id, doc, lease_expires_at FROM tasks WHERE state = 'running' AND lease_expires_at < %s"
+            "  ORDER BY lease_expires_at LIMIT %s)"
+            " UNION"
+            " (SELECT id, doc, lease_expires_at FROM tasks WHERE state = 'running' AND deadline_at < %s"
+            "  ORDER BY deadline_at LIMIT %s)) due ORDER BY id",
+            (now, limit, now, limit),
+        )
+        return [with_lease(decode_or_raise(_decode_task, r[1], "task", str(r[0])), r[2]) for r in rows]
+
+    async def cold_start(self, grace_s: float, now: float) -> int:
+        """The first instance of a cluster that was down: give every running lease a grace period (its node may
+        still run it and heartbeat back), and fill the columns of running rows written before they existed."""
+        rows = await self._db.fetch(
+            "SELECT id, doc FROM tasks WHERE state = 'running' AND (deadline_at IS NULL OR lease_expires_at IS NULL)"
+        )
+        async with self._db.transaction() as conn:
+            for task_id, doc in rows:
+                lease, deadline = running_deadlines(decode_or_raise(_decode_task, doc, "task", str(task_id)))
+                await conn.execute(
+                    "UPDATE tasks SET lease_expires_at = coalesce(lease_expires_at, %s), deadline_at = %s"
+                    " WHERE id = %s AND state = 'running'",
+                    (lease, deadline, task_id),
+                )
+            cur = await conn.execute(
+                "UPDATE tasks SET lease_expires_at = greatest(coalesce(lease_expires_at, 0), %s)"
+                " WHERE state = 'running'",
+                (now + grace_s,),
+            )
+            return cur.rowcount

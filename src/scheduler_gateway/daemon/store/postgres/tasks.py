@@ -1,0 +1,350 @@
+"""The task half of the PostgreSQL store: task writes (each a compare-and-set on ``revision``, with its
+history, audit, outbox, idempotency, dead-letter and callback rows, in one transaction), task reads,
+idempotency keys, audit and the outbox.
+
+``apply`` is one transaction. ``apply_many`` is one transaction too (group commit), each change under a
+savepoint so that one refusal never undoes another. ``apply_group`` is one transaction, all or nothing, with
+the subtree guard as a recursive CTE. The parent rule reads the parent ``FOR SHARE``: a cancel of that parent
+in another transaction waits for this one, and then its subtree guard sees the new child.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from psycopg import errors as pg_errors
+
+from scheduler_gateway.actors.model.records import (
+    ACTIVE_STATES,
+    AuditEntry,
+    HistoryEntry,
+    Task,
+)
+from scheduler_gateway.actors.model.task_machine import parent_refusal
+from scheduler_gateway.actors.ports import (
+    AuditQuery,
+    Change,
+    IdempotencyRecord,
+    OutboxRow,
+    Page,
+    TaskQuery,
+)
+from scheduler_gateway.daemon.store.change_rows import ChangeRows, audit_row
+from scheduler_gateway.daemon.store.common import (
+    clamp_limit,
+    decode_or_raise,
+    decode_rows,
+    doc_decoder,
+    encode,
+    int_cursor,
+)
+from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb, constraint_of, refusal_or_storage
+from scheduler_gateway.wire.errors import (
+    Code,
+    Conflict,
+    GatewayError,
+    StorageError,
+    task_not_found,
+)
+
+_decode_task = doc_decoder(Task)
+_decode_history = doc_decoder(HistoryEntry)
+_decode_audit = doc_decoder(AuditEntry)
+_decode_idempotency = doc_decoder(IdempotencyRecord)
+
+_TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
+SQL_INSERT_TASK = (
+    f"INSERT INTO tasks (id, {_TASK_COLUMNS}, lease_expires_at, deadline_at)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " ON CONFLICT (id) DO NOTHING"
+)
+SQL_UPDATE_TASK = (
+    "UPDATE tasks SET owner = %s, kind = %s, state = %s, revision = %s, priority = %s, parent_id = %s,"
+    " run_id = %s, thread_id = %s, created_at = %s, not_before = %s, doc = %s, lease_expires_at = %s,"
+    " deadline_at = %s WHERE id = %s AND revision = %s"
+)
+SQL_INSERT_HISTORY = (
+    "INSERT INTO task_history (task_id, revision, lease_id, doc) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
+)
+# audit entries are immutable and named by id: writing the same one twice (a retried append) is a no-op
+SQL_INSERT_AUDIT = (
+    "INSERT INTO audit (id, at, action, object_id, request_id, owner, doc) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+    " ON CONFLICT (id) DO NOTHING"
+)
+SQL_INSERT_OUTBOX = "INSERT INTO outbox (body) VALUES (%s)"
+SQL_OUTBOX_ORDER_LOCK = "SELECT pg_advisory_xact_lock(7301)"  # 7301: the outbox's commit-order lock
+SQL_INSERT_IDEMPOTENCY = (
+    "INSERT INTO idempotency (owner, key, doc, created_at) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
+)
+SQL_UPSERT_DEAD_LETTER = (
+    "INSERT INTO dead_letters (dead_letter_id, task_id, requeued, exhausted, archived, last_dead_at, doc)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s)"
+    " ON CONFLICT (task_id) DO UPDATE SET dead_letter_id = excluded.dead_letter_id, requeued = excluded.requeued,"
+    " exhausted = excluded.exhausted, archived = excluded.archived, last_dead_at = excluded.last_dead_at,"
+    " doc = excluded.doc"
+)
+SQL_INSERT_CALLBACK = (
+    "INSERT INTO callback_deliveries (id, task_id, due_at, doc) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
+)
+_SQL_ACTIVE_BELOW = (
+    "WITH RECURSIVE below(id) AS (SELECT id FROM tasks WHERE parent_id = %s"
+    " UNION ALL SELECT t.id FROM tasks t JOIN below b ON t.parent_id = b.id)"
+    " SELECT t.id, t.state FROM tasks t JOIN below b ON t.id = b.id"
+    " WHERE t.state NOT IN ('succeeded', 'failed', 'canceled', 'dead') ORDER BY t.id LIMIT 1"
+)
+THREAD_RUNNING_INDEX = "uq_tasks_thread_running"
+
+
+def _thread_busy(r: ChangeRows) -> Conflict:
+    thread_id = r.task_values[7]
+    return Conflict(
+        f"thread {thread_id} already has a running task",
+        code=Code.THREAD_BUSY,
+        details={"taskId": r.task_id, "threadId": thread_id},
+    )
+
+
+async def write_change(conn: Conn, r: ChangeRows) -> None:
+    """One change, statement by statement, so a refusal says which rule refused it. The caller's transaction
+    (or savepoint) undoes the change's earlier writes when this raises."""
+    try:
+        await _write_task(conn, r)
+    except pg_errors.UniqueViolation as exc:
+        if constraint_of(exc) == THREAD_RUNNING_INDEX:
+            raise _thread_busy(r) from None
+        raise
+    refusal = await _parent_refusal(conn, r)
+    if refusal is not None:
+        raise refusal
+    await _write_companions(conn, r)
+
+
+async def _write_task(conn: Conn, r: ChangeRows) -> None:
+    """The row itself: an insert of a new id, or a compare-and-set on ``expected_revision``."""
+    if r.expected_revision is None:
+        cur = await conn.execute(SQL_INSERT_TASK, (*r.insert_row, *r.lease_cols))
+        if cur.rowcount != 1:
+            raise Conflict(
+                f"task {r.task_id} already exists", code=Code.REVISION_CONFLICT, details={"taskId": r.task_id}
+            )
+        return
+    v = r.task_values
+    cur = await conn.execute(SQL_UPDATE_TASK, (*v[:-1], *r.lease_cols, v[-1], r.expected_revision))
+    if cur.rowcount == 1:
+        return
+    cur = await conn.execute("SELECT revision FROM tasks WHERE id = %s", (r.task_id,))
+    found = await cur.fetchone()
+    if found is None:
+        raise task_not_found(r.task_id)
+    raise Conflict(
+        f"task {r.task_id} is at revision {found[0]}, not {r.expected_revision}",
+        code=Code.REVISION_CONFLICT,
+        details={"taskId": r.task_id, "expectedRevision": r.expected_revision, "revision": found[0]},
+    )
+
+
+async def _write_companions(conn: Conn, r: ChangeRows) -> None:
+    """What commits with the row: history, audit, outbox event, idempotency key, dead letter, callback."""
+    if r.history is not None:
+        cur = await conn.execute(SQL_INSERT_HISTORY, r.history)
+        if cur.rowcount != 1:  # that revision already has its history entry: someone else wrote it
+            raise Conflict(
+                f"task {r.task_id} already has a history entry for revision {r.history[1]}",
+                code=Code.REVISION_CONFLICT,
+                details={"taskId": r.task_id, "revision": r.history[1]},
+            )
+    if r.audit is not None:
+        await conn.execute(SQL_INSERT_AUDIT, r.audit)
+    if r.outbox is not None:
+        # Outbox sequence order must be commit order: the relay publishes in outbox order and treats what is
+        # in the stream as a prefix of the outbox. With several writers a lower bigserial could commit after
+        # a higher one was relayed, so every writer takes this lock (held until its commit) before its row.
+        await conn.execute(SQL_OUTBOX_ORDER_LOCK)
+        await conn.execute(SQL_INSERT_OUTBOX, r.outbox)
+    if r.idempotency is not None:
+        cur = await conn.execute(SQL_INSERT_IDEMPOTENCY, r.idempotency)
+        if cur.rowcount != 1:
+            raise Conflict("this idempotency key was already used", code=Code.IDEMPOTENCY_CONFLICT)
+    if r.dead_letter is not None:
+        try:
+            await conn.execute(SQL_UPSERT_DEAD_LETTER, r.dead_letter)
+        except pg_errors.UniqueViolation:
+            raise StorageError(
+                f"dead letter {r.dead_letter[0]} already belongs to another task",
+                details={"deadLetterId": r.dead_letter[0]},
+            ) from None
+    if r.callback is not None:
+        cur = await conn.execute(SQL_INSERT_CALLBACK, r.callback)
+        if cur.rowcount != 1:
+            raise StorageError(
+                f"callback delivery {r.callback[0]} already exists", details={"deliveryId": r.callback[0]}
+            )
+
+
+async def _parent_refusal(conn: Conn, r: ChangeRows) -> Conflict | None:
+    if r.task is None or r.parent_id is None:
+        return None
+    cur = await conn.execute("SELECT state FROM tasks WHERE id = %s FOR SHARE", (r.parent_id,))
+    row = await cur.fetchone()
+    return None if row is None else parent_refusal(r.task, row[0], inserting=r.expected_revision is None)
+
+
+async def subtree_open(conn: Conn, root: str) -> Conflict | None:
+    cur = await conn.execute(_SQL_ACTIVE_BELOW, (root,))
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    return Conflict(f"task {row[0]} below {root} is {row[1]}", code=Code.REVISION_CONFLICT, details={"taskId": row[0]})
+
+
+class PgTasks:
+    """Task rows with their history, idempotency keys, the audit trail and the event outbox."""
+
+    def __init__(self, db: PgDb) -> None:
+        self._db = db
+
+    async def apply(self, change: Change) -> None:
+        rows = ChangeRows.of(change)
+        async with self._db.transaction() as conn:
+            await write_change(conn, rows)
+
+    async def apply_many(self, changes: list[Change]) -> list[BaseException | None]:
+        if not changes:
+            return []
+        rows = [ChangeRows.of(c) for c in changes]
+        results: list[BaseException | None] = []
+        try:
+            async with self._db.transaction() as conn:
+                for r in rows:
+                    try:
+                        async with conn.transaction():  # a savepoint: a refusal undoes only its own writes
+                            await write_change(conn, r)
+                    except GatewayError as exc:  # a refusal (a driver failure propagates: the batch fails)
+                        results.append(exc)
+                    else:
+                        results.append(None)
+        except StorageError as exc:
+            return [_own_copy(exc) for _ in rows]
+        except Exception as exc:
+            return [refusal_or_storage(exc) for _ in rows]
+        return results
+
+    async def apply_group(self, changes: list[Change], *, subtree_root: str | None = None) -> None:
+        if not changes:
+            return
+        rows = [ChangeRows.of(c) for c in changes]
+        async with self._db.transaction() as conn:
+            for r in rows:
+                await write_change(conn, r)
+            if subtree_root is not None:
+                refusal = await subtree_open(conn, subtree_root)
+                if refusal is not None:
+                    raise refusal
+
+    async def append_audit(self, entries: list[AuditEntry]) -> None:
+        if not entries:
+            return
+        rows = [audit_row(e) for e in entries]
+        async with self._db.transaction() as conn, conn.cursor() as cur:
+            await cur.executemany(SQL_INSERT_AUDIT, rows)
+
+    async def outbox_delete(self, seqs: list[int]) -> None:
+        if not seqs:
+            return
+        await self._db.write("DELETE FROM outbox WHERE seq = ANY(%s)", ([int(s) for s in seqs],))
+
+    async def get_task(self, task_id: str) -> Task | None:
+        rows = await self._db.fetch("SELECT doc, lease_expires_at FROM tasks WHERE id = %s", (task_id,))
+        if not rows:
+            return None
+        return with_lease(decode_or_raise(_decode_task, rows[0][0], "task", task_id), rows[0][1])
+
+    async def list_tasks(self, query: TaskQuery) -> Page:
+        filters = (
+            ("owner", query.owner),
+            ("state", query.state),
+            ("kind", query.kind),
+            ("parent_id", query.parent_id),
+            ("run_id", query.run_id),
+        )
+        return await self._db.page("tasks", "id", filters, query.cursor or "", query.limit, _decode_task, "task")
+
+    async def history(self, task_id: str, limit: int = 500, cursor: str | None = None) -> Page:
+        n = clamp_limit(limit)
+        after = int_cursor(cursor)
+        rows = await self._db.fetch(
+            "SELECT revision, doc FROM task_history WHERE task_id = %s AND revision > %s ORDER BY revision LIMIT %s",
+            (task_id, after, n + 1),
+        )
+        more = len(rows) > n
+        rows = rows[:n]
+        return Page(decode_rows(_decode_history, rows, "history entry"), str(rows[-1][0]) if more else None)
+
+    async def lease_seen(self, task_id: str, lease_id: str) -> bool:
+        rows = await self._db.fetch(
+            "SELECT 1 FROM task_history WHERE task_id = %s AND lease_id = %s LIMIT 1", (task_id, lease_id)
+        )
+        if rows:
+            return True
+        task = await self.get_task(task_id)
+        return task is not None and task.lease_id == lease_id
+
+    async def task_counts(self, owner: str | None = None) -> list[tuple[str, str, int]]:
+        if owner is None:
+            rows = await self._db.fetch("SELECT state, kind, count(*) FROM tasks GROUP BY state, kind", ())
+        else:
+            rows = await self._db.fetch(
+                "SELECT state, kind, count(*) FROM tasks WHERE owner = %s GROUP BY state, kind", (owner,)
+            )
+        return [(str(r[0]), str(r[1]), int(r[2])) for r in rows]
+
+    async def active_tasks(self) -> list[Task]:
+        rows = await self._db.fetch(
+            "SELECT id, doc FROM tasks WHERE state = ANY(%s) ORDER BY id", (sorted(ACTIVE_STATES),)
+        )
+        return decode_rows(_decode_task, rows, "task")
+
+    async def get_idempotency(self, owner: str, key: str) -> IdempotencyRecord | None:
+        rows = await self._db.fetch("SELECT doc FROM idempotency WHERE owner = %s AND key = %s", (owner, key))
+        if not rows:
+            return None
+        return decode_or_raise(_decode_idempotency, rows[0][0], "idempotency record of", owner)
+
+    async def put_idempotency(self, record: IdempotencyRecord) -> bool:
+        row = (record.owner, record.key, encode(record), record.created_at)
+        return await self._db.write(SQL_INSERT_IDEMPOTENCY, row) == 1
+
+    async def list_audit(self, query: AuditQuery) -> Page:
+        filters = (
+            ("owner", query.owner),
+            ("object_id", query.object_id),
+            ("action", query.action),
+            ("request_id", query.request_id),
+        )
+        return await self._db.page(
+            "audit", "seq", filters, int_cursor(query.cursor), query.limit, _decode_audit, "audit entry"
+        )
+
+    async def outbox_batch(self, limit: int) -> list[OutboxRow]:
+        if limit < 1:
+            return []
+        rows = await self._db.fetch("SELECT seq, body FROM outbox ORDER BY seq LIMIT %s", (limit,))
+        return [OutboxRow(int(seq), bytes(body)) for seq, body in rows]
+
+    async def outbox_size(self) -> int:
+        rows = await self._db.fetch("SELECT count(*) FROM outbox")
+        return int(rows[0][0])
+
+
+def with_lease(task: Task, lease_expires_at: float | None) -> Task:
+    """The task with its lease expiry as the column has it: heartbeats answered by any instance move the
+    column only (no revision, no history), so the document's copy is the claim's or an older one."""
+    if task.state != "running" or lease_expires_at is None or lease_expires_at == task.lease_expires_at:
+        return task
+    return msgspec.structs.replace(task, lease_expires_at=lease_expires_at)
+
+
+def _own_copy(err: StorageError) -> StorageError:
+    """One exception object per change: re-raising a shared one would splice tracebacks together."""
+    own = StorageError(err.message, details=dict(err.details))
+    own.__cause__ = err.__cause__
+    return own

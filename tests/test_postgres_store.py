@@ -1,0 +1,116 @@
+"""What only the PostgreSQL store has to show (the shared contract is in tests/test_store_contract*.py and
+tests/test_schedule_store.py): several stores on one database claim disjoint schedules and meet the partial
+unique indexes; a newer schema is refused; ids page in byte order; the URL is parsed and always redacted."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from scheduler_gateway.actors.ports import Change, TaskQuery
+from scheduler_gateway.actors.schedule_ports import ActiveRunConflict
+from scheduler_gateway.daemon.config import ConfigError, load_config
+from scheduler_gateway.daemon.config.store_url import StoreUrlError, parse_store_url
+from scheduler_gateway.daemon.store.postgres import PostgresStore
+from scheduler_gateway.daemon.store.postgres.migrations import SCHEMA_VERSION
+from scheduler_gateway.wire.errors import Code, Conflict, StorageError
+
+from .test_schedule_store import T0, run, schedule
+from .test_store_contract import bump, make_task
+
+
+@pytest.fixture
+async def two(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
+    await a.start()
+    await b.start()
+    try:
+        yield a, b
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_two_instances_claim_disjoint_schedules(two: tuple[PostgresStore, PostgresStore]) -> None:
+    a, b = two
+    for n in range(1, 41):
+        await a.insert_schedule(schedule(n, next_run_at=T0))
+    got = await asyncio.gather(*(s.claim_due(T0 + 1, 60, 5) for s in (a, b) for _ in range(4)))
+    ids = [c.task.id for claims in got for c in claims]
+    assert len(ids) == len(set(ids)) == 40  # every due schedule once, none twice
+    assert await a.claim_due(T0 + 1, 60, 10) == []  # all held under their lease now
+
+
+async def test_one_active_run_across_instances(two: tuple[PostgresStore, PostgresStore]) -> None:
+    a, b = two
+    await a.insert_schedule(schedule(1))
+    results = await asyncio.gather(
+        a.insert_run(run(1, 1)), b.insert_run(run(2, 1)), a.insert_run(run(3, 1)), return_exceptions=True
+    )
+    assert sum(r is None for r in results) == 1
+    assert all(isinstance(r, ActiveRunConflict) for r in results if r is not None)
+    assert await b.count_active_runs() == 1
+
+
+async def test_one_running_task_per_thread_is_the_index(two: tuple[PostgresStore, PostgresStore]) -> None:
+    a, b = two
+    t1, t2 = make_task(1, thread_id="thr_1"), make_task(2, thread_id="thr_1")
+    await a.apply(Change(task=t1, expected_revision=None))
+    await a.apply(Change(task=t2, expected_revision=None))  # two queued in one thread: fine
+    await a.apply(Change(task=bump(t1, state="running"), expected_revision=1))
+    with pytest.raises(Conflict) as info:
+        await b.apply(Change(task=bump(t2, state="running"), expected_revision=1))
+    assert info.value.code == Code.THREAD_BUSY and info.value.details["threadId"] == "thr_1"
+    assert (await b.get_task(t2.id)).state == "queued"  # type: ignore[union-attr]
+
+
+async def test_ids_page_in_byte_order_whatever_the_collation(two: tuple[PostgresStore, PostgresStore]) -> None:
+    a, _ = two
+    for task_id in ("tsk_b", "tsk_B", "tsk_a_1", "tsk_a1", "tsk_Z"):
+        await a.apply(Change(task=make_task(1, id=task_id), expected_revision=None))
+    page = await a.list_tasks(TaskQuery(limit=10))
+    assert [t.id for t in page.items] == sorted(["tsk_b", "tsk_B", "tsk_a_1", "tsk_a1", "tsk_Z"])
+
+
+async def test_a_newer_schema_is_refused_and_the_version_is_kept(pg_fresh_url: str) -> None:
+    store = PostgresStore(pg_fresh_url)
+    await store.start()
+    assert await store.schema_version() == SCHEMA_VERSION
+    await store.stop()
+    await store.start()  # a second start migrates nothing
+    await store.stop()
+    with psycopg.connect(pg_fresh_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO schema_version VALUES (%s, 0)", (SCHEMA_VERSION + 1,))
+    with pytest.raises(StorageError, match="knows versions up to"):
+        await store.start()
+
+
+async def test_a_store_that_cannot_connect_names_no_password(tmp_path: Path) -> None:
+    store = PostgresStore("postgresql://gw:hunter2-secret@127.0.0.1:1/gw")
+    assert "hunter2" not in repr(store)
+    store._db.connect_timeout_s = 1
+    with pytest.raises(StorageError) as info:
+        await store.start()
+    assert "hunter2" not in str(info.value) and "hunter2" not in repr(info.value.details)
+
+
+def test_store_urls_are_parsed_and_redacted(tmp_path: Path) -> None:
+    assert parse_store_url("sqlite:////var/gw/x.db").path == Path("/var/gw/x.db")
+    assert parse_store_url("postgresql://u:p@h:5432/db").kind == "postgresql"
+    assert parse_store_url("postgres://u:p@h/db?sslmode=require").redacted == "postgres://u:***@h/db?sslmode=require"
+    for bad in ("mysql://u:p@h/db", "sqlite://x.db", "postgresql://u:p@h:99999/db", "postgresql://u:p@h/"):
+        with pytest.raises(StoreUrlError):
+            parse_store_url(bad)
+    default = load_config(None, {"GW_DATA_DIR": str(tmp_path)})
+    assert default.store_url == f"sqlite:///{tmp_path}/gateway.db" and default.store_location.kind == "sqlite"
+    assert default.instance.id.endswith("-8080")
+    given = load_config(None, {"GW_STORE_URL": "postgresql://gw:pw-secret-1@db:5432/gw", "GW_INSTANCE_ID": "gw-2"})
+    assert given.redacted()["store"]["url"] == "postgresql://gw:***@db:5432/gw" and given.instance.id == "gw-2"
+    assert "pw-secret-1" not in repr(given)
+    with pytest.raises(ConfigError) as info:
+        load_config(None, {"GW_STORE_URL": "mysql://gw:pw-secret-1@db/gw"})
+    assert "GW_STORE_URL" in str(info.value) and "pw-secret-1" not in str(info.value)
