@@ -50,7 +50,6 @@ from scheduler_gateway.daemon.nats.bus import NatsBus, NodeInputs
 from scheduler_gateway.daemon.scheduling import Scheduling
 from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.select import open_store
-from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.wire.errors import GatewayError
 from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.subjects import Subjects
@@ -149,18 +148,13 @@ class Gateway:
             self.store, self.service, s.dead_letters, clock, on_counts=self._dead_letter_counts
         )
         self.retention_metrics = PrometheusRetentionMetrics(self.metrics.registry)
-        # retention purges through the SQLite store's purge queries; on PostgreSQL it is not built yet
-        # (docs/OPERATIONS.md, Retention)
-        self.retention = (
-            RetentionKeeper(
-                self.store,
-                s.retention,
-                clock,
-                on_purged=self.retention_metrics.purged,
-                on_size=self.retention_metrics.size,
-            )
-            if isinstance(self.store, SqliteStore)
-            else None
+        # retention: on PostgreSQL one of the leader's duties, its purges under the leader's fence (daemon/ha.py)
+        self.retention = RetentionKeeper(
+            duty_store,
+            s.retention,
+            clock,
+            on_purged=self.retention_metrics.purged,
+            on_size=self.retention_metrics.size,
         )
         self.api = AdminApi(self.service, self.store, self.nodes, self.metrics, self.readiness, s.http)
         self._runner: web.AppRunner | None = None
@@ -197,6 +191,7 @@ class Gateway:
                     "event-relay": self.relay,
                     "callback-sender": self.callbacks,
                     "dead-letter-keeper": self.dead_letter_keeper,
+                    "retention": self.retention,
                 },
             )
 
@@ -218,7 +213,7 @@ class Gateway:
             await self.dead_letter_keeper.start()
             await self.callbacks.start()
         await self.scheduling.start()
-        if self.retention is not None:
+        if self.ha is None:  # else it is one of the leader's duties
             await self.retention.start()
         await self.bus.serve(
             NodeInputs(
@@ -262,8 +257,7 @@ class Gateway:
             await self._bounded("duties", self.ha.stop())
         await self._bounded("dispatcher", self.dispatcher.stop())
         await self._bounded("dead-letter keeper", self.dead_letter_keeper.stop())
-        if self.retention is not None:
-            await self._bounded("retention", self.retention.stop())
+        await self._bounded("retention", self.retention.stop())
         await self._bounded("callback sender", self.callbacks.stop())
         await self._bounded("callback client", self.callback_poster.close())
         await self._bounded("scheduler", self.scheduling.stop())

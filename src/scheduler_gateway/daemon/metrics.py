@@ -183,12 +183,14 @@ class PrometheusRetentionMetrics:
         )
         self.size_bytes = Gauge(
             "gw_store_size_bytes",
-            "Size of the store's file (page_count * page_size), as of the last retention round",
+            "Size of the store on disk (SQLite: its file; PostgreSQL: its tables with their indexes),"
+            " as of the last retention round",
             registry=registry,
         )
         self.free_bytes = Gauge(
             "gw_store_free_bytes",
-            "Free pages inside the store's file, reused by later writes, as of the last retention round",
+            "Free space inside the store, reused by later writes (SQLite: free pages; PostgreSQL: an estimate"
+            " from dead rows), as of the last retention round",
             registry=registry,
         )
         for kind in PURGE_KINDS:
