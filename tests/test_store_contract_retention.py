@@ -269,6 +269,23 @@ async def test_runs_beyond_the_newest_n_go_and_active_ones_stay(store: Any) -> N
     assert (await store.purge_runs(3, 500)).purged == {"runs": 0}
 
 
+async def test_schedules_with_nothing_to_purge_are_stepped_over_a_bounded_number_per_batch(store: Any) -> None:
+    for schedule in range(1, 6):  # five schedules under the limit, then one over it
+        await store.insert_run(run_of(1, schedule))
+    for n in range(1, 5):
+        await store.insert_run(run_of(n, 6))
+    total = 0
+    cursor: str | None = None
+    while True:  # the stores visit at most ``limit`` schedules per batch: the cursor steps over the others
+        r = await store.purge_runs(3, 2, cursor)
+        total += r.purged["runs"]
+        cursor = r.cursor
+        if cursor is None:
+            break
+    assert total == 1
+    assert [r.id for r in (await store.list_runs("sch_0006", 100, None)).items] == [run_of(n, 6).id for n in (2, 3, 4)]
+
+
 # ---------------------------------------------------------------------- SQLite only
 
 
