@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import psycopg
 import pytest
 
@@ -114,3 +115,80 @@ def test_store_urls_are_parsed_and_redacted(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(None, {"GW_STORE_URL": "mysql://gw:pw-secret-1@db/gw"})
     assert "GW_STORE_URL" in str(info.value) and "pw-secret-1" not in str(info.value)
+
+
+# ---------------------------------------------------------------------- retention (PostgreSQL only)
+
+
+async def test_migration_3_fills_in_finished_at_of_the_terminal_tasks_already_there(
+    pg_fresh_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scheduler_gateway.daemon.store import common
+    from scheduler_gateway.daemon.store.postgres import migrations
+
+    monkeypatch.setattr(migrations, "PG_MIGRATIONS", migrations.PG_MIGRATIONS[:2])
+    monkeypatch.setattr(migrations, "SCHEMA_VERSION", 2)
+    old = PostgresStore(pg_fresh_url)
+    await old.start()  # a database made before retention: tasks without the column
+    await old.stop()
+    nul = msgspec.Raw(b'{"text": "a\\u0000b"}')  # jsonb refuses \u0000: the fill-in must not
+    tasks = [
+        bump(make_task(1), state="succeeded", finished_at=T0),
+        bump(make_task(2, payload=nul), state="dead", finished_at=T0 + 1),
+        bump(make_task(3), state="succeeded", finished_at=T0 + 500),  # not due yet
+        make_task(4),  # queued
+    ]
+    with psycopg.connect(pg_fresh_url, autocommit=True) as conn:
+        for t in tasks:
+            conn.execute(
+                "INSERT INTO tasks (id, owner, kind, state, revision, priority, parent_id, run_id, thread_id,"
+                " created_at, not_before, doc) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (
+                    *(t.id, t.owner, t.kind, t.state, t.revision, t.priority, t.parent_id, t.run_id, t.thread_id),
+                    *(t.created_at, t.not_before, common.encode(t)),
+                ),
+            )
+    monkeypatch.undo()
+    store = PostgresStore(pg_fresh_url)
+    await store.start()
+    try:
+        assert await store.schema_version() == SCHEMA_VERSION >= 3
+        r = await store.purge_tasks(T0 + 100, 10)
+        assert r.purged["tasks"] == 2 and r.kept == 0 and r.cursor is None
+        assert await store.get_task(tasks[0].id) is None and await store.get_task(tasks[1].id) is None
+        assert await store.get_task(tasks[2].id) is not None and await store.get_task(tasks[3].id) is not None
+    finally:
+        await store.stop()
+
+
+async def test_postgres_reports_its_tables_size_and_gives_no_space_back(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    await store.start()
+    try:
+        for n in range(1, 30):
+            t = make_task(n)
+            await store.apply(Change(task=t, expected_revision=None))
+            await store.apply(Change(task=bump(t, state="succeeded", finished_at=T0), expected_revision=1))
+        size = await store.store_size()
+        assert size.size_bytes > 0 and 0 <= size.free_bytes <= size.size_bytes
+        assert (await store.purge_tasks(T0, 100)).purged["tasks"] == 29
+        assert await store.reclaim_space(1000) == 0  # autovacuum makes the space reusable in place
+    finally:
+        await store.stop()
+
+
+async def test_a_purge_under_a_lost_fence_is_refused(pg_url: str) -> None:
+    from scheduler_gateway.actors.duties import FenceToken, fenced
+    from scheduler_gateway.daemon.store.postgres.db import FencedOut
+
+    store = PostgresStore(pg_url)
+    await store.start()
+    try:
+        t = make_task(1)
+        await store.apply(Change(task=t, expected_revision=None))
+        await store.apply(Change(task=bump(t, state="succeeded", finished_at=T0), expected_revision=1))
+        with fenced(FenceToken(duty="leader", holder="gone", term=7)), pytest.raises(FencedOut):
+            await store.purge_tasks(T0, 10)
+        assert await store.get_task(t.id) is not None
+    finally:
+        await store.stop()

@@ -35,10 +35,13 @@ from scheduler_gateway.actors.ports import (
 )
 from scheduler_gateway.daemon.store.common import clamp_limit, int_cursor
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, StorageError, task_not_found
+from tests.fakes.memory_retention import MemoryRetention
 from tests.fakes.memory_schedules import MemoryScheduleStore
 
 
-class MemoryStore(MemoryScheduleStore):  # the ScheduleStore half is in memory_schedules.py
+class MemoryStore(
+    MemoryScheduleStore, MemoryRetention
+):  # ScheduleStore: memory_schedules.py; RetentionStore: memory_retention.py
     """``TaskStore`` on dicts. Every method runs without awaiting, so each change is atomic."""
 
     def __init__(self) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from scheduler_gateway.actors.duties import LeaseTiming, fenced
+from scheduler_gateway.actors.ports import Change
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.daemon.check import check_store
 from scheduler_gateway.daemon.config import load_config
@@ -26,6 +27,7 @@ from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.daemon.store.postgres.db import FencedOut
 from scheduler_gateway.wire.errors import GatewayError
 
+from ..test_store_contract import T0, bump, make_task
 from .harness import Api, HandNode, add_tokens, api_client, settings, wait_for
 from .sse import sse
 from .test_schedules_http import body, created, soon
@@ -61,7 +63,7 @@ async def crash(gw: Gateway) -> None:
     if gw._flusher is not None:
         gw._flusher.cancel()
     await gw.bus.close()
-    for actor in (gw.dispatcher, gw.scheduling, gw.dead_letter_keeper, gw.callbacks, gw.relay):
+    for actor in (gw.dispatcher, gw.scheduling, gw.dead_letter_keeper, gw.callbacks, gw.relay, gw.retention):
         await actor.stop()
     await gw.service.stop()
     await gw.store.stop()
@@ -154,6 +156,36 @@ async def test_a_former_leader_cannot_write_as_the_owner(cluster: list[Gateway])
     # the new leader's fence passes
     with fenced(new.ha.leadership.token):
         await new.store.outbox_delete([1])
+
+
+async def test_retention_runs_on_the_leader_only_and_moves_with_the_lease(cluster: list[Gateway]) -> None:
+    leader = await leader_of(cluster)
+    assert leader.ha is not None and leader.ha.duties["retention"] is leader.retention
+    assert leader.retention.running
+    followers = [g for g in cluster if g is not leader]
+    for g in followers:
+        assert g.ha is not None and not g.retention.running and g.retention.rounds == 0
+        with pytest.raises(NotLeader):  # its store view refuses a purge before asking the database
+            await g.ha.fenced_store.purge_tasks(T0, 10)
+    t = make_task(1)  # finished long before the 7-day cutoff
+    await leader.store.apply(Change(task=t, expected_revision=None))
+    await leader.store.apply(Change(task=bump(t, state="succeeded", finished_at=T0), expected_revision=1))
+
+    async def purged() -> bool:
+        return await leader.store.get_task(t.id) is None
+
+    leader.retention.poke()
+    await wait_for(purged, 10)
+    assert leader.metrics.registry.get_sample_value("gw_retention_purged_total", {"kind": "tasks"}) == 1.0
+    # the lease moves: the new leader's retention runs, the old one's stopped
+    await crash(leader)
+    new = await leader_of(followers, timeout_s=15)
+    assert new.retention.running and not leader.retention.running
+    await wait_for(lambda: _rounds(new), 10)
+
+
+async def _rounds(gw: Gateway) -> bool:
+    return gw.retention.rounds >= 1
 
 
 async def test_a_task_across_instances_ends_once_with_its_history(cluster: list[Gateway], node: HandNode) -> None:

@@ -379,3 +379,55 @@ class CallbackPoster(Protocol):
     """The HTTP client the callback sender POSTs through (the daemon's aiohttp adapter)."""
 
     async def post(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> CallbackPost: ...
+
+
+# -- retention (docs/OPERATIONS.md#retention; the policy is actors/model/retention.py)
+
+
+class PurgeResult(msgspec.Struct, frozen=True):
+    """One retention batch: rows deleted by kind (``PURGE_KINDS``), rows examined but kept because something
+    still refers to them, and where the next batch goes on (an opaque cursor; None: nothing due is left)."""
+
+    purged: dict[str, int]
+    kept: int = 0
+    cursor: str | None = None
+
+
+class StoreSize(msgspec.Struct, frozen=True):
+    """The store's size on disk (``size_bytes``) and the part of it that is free pages, reused by later writes
+    (``free_bytes``). A store without a file answers zeros."""
+
+    size_bytes: int
+    free_bytes: int
+
+
+class RetentionStore(Protocol):
+    """What the retention keeper asks of the store. Each call is one short transaction touching at most
+    ``limit`` rows of its table, so the keeper's batches interleave with the hot path's writes."""
+
+    async def purge_tasks(self, finished_before: float, limit: int, cursor: str | None = None) -> PurgeResult:
+        """Delete terminal tasks whose ``finished_at`` is at or before ``finished_before`` (oldest first, at most
+        ``limit`` examined after ``cursor``), each with its history, its (archived) dead letter and its callback
+        dead letters. Kept, and counted in ``kept``: a task that another task names as its parent, whose dead
+        letter is not archived, or that an active (queued or running) scheduled run names."""
+        ...
+
+    async def purge_audit(self, before: float, limit: int) -> PurgeResult:
+        """Delete up to ``limit`` of the oldest audit entries whose ``at`` is at or before ``before``."""
+        ...
+
+    async def purge_idempotency(self, before: float, limit: int) -> PurgeResult:
+        """Delete up to ``limit`` idempotency keys created at or before ``before``."""
+        ...
+
+    async def purge_runs(self, keep: int, limit: int, cursor: str | None = None) -> PurgeResult:
+        """Delete up to ``limit`` runs older than the newest ``keep`` of their schedule (deleted schedules
+        included), never an active one; schedules in id order from ``cursor``."""
+        ...
+
+    async def store_size(self) -> StoreSize: ...
+
+    async def reclaim_space(self, max_pages: int) -> int:
+        """Give at most ``max_pages`` free pages back to the file system (an incrementally vacuumed SQLite
+        file); the pages given back (0 when the store cannot)."""
+        ...

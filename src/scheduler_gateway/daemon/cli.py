@@ -21,6 +21,7 @@ from pathlib import Path
 from scheduler_gateway.actors import failpoints
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterPolicy
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
+from scheduler_gateway.actors.model.retention import RetentionPolicy
 from scheduler_gateway.actors.ports import Principal
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.actors.task_service import TaskPolicy
@@ -87,6 +88,14 @@ def settings_from_config(config: Config, nats_url: str, user: str | None, passwo
             min_once_delay_s=config.scheduler.min_once_delay_s,
             poll_interval_s=config.scheduler.poll_interval_s,
             lease_s=config.scheduler.lease_s,
+        ),
+        retention=RetentionPolicy(
+            tasks_s=config.retention.tasks_s,
+            audit_s=config.retention.audit_s,
+            idempotency_s=config.retention.idempotency_s,
+            runs_per_schedule=config.retention.runs_per_schedule,
+            interval_s=config.retention.interval_s,
+            batch=config.retention.batch,
         ),
     )
 

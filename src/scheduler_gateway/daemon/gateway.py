@@ -30,7 +30,9 @@ from scheduler_gateway.actors.duties import LeaseTiming
 from scheduler_gateway.actors.event_relay import EventRelay
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.records import ActorRef, AuditEntry
+from scheduler_gateway.actors.model.retention import RetentionPolicy
 from scheduler_gateway.actors.nodes import NodeRegistry
+from scheduler_gateway.actors.retention import RetentionKeeper
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
 from scheduler_gateway.daemon.config.store_url import StoreLocation, parse_store_url, sqlite_url
@@ -42,7 +44,7 @@ from scheduler_gateway.daemon.http.console import console_routes
 from scheduler_gateway.daemon.http.event_hub import EventHub, corrupt_event_auditor
 from scheduler_gateway.daemon.http.events import EventsApi, SseSettings, event_routes
 from scheduler_gateway.daemon.http.server import AdminRunner
-from scheduler_gateway.daemon.metrics import PrometheusMetrics
+from scheduler_gateway.daemon.metrics import PrometheusMetrics, PrometheusRetentionMetrics
 from scheduler_gateway.daemon.metrics_events import EventCallbackMetrics
 from scheduler_gateway.daemon.nats.bus import NatsBus, NodeInputs
 from scheduler_gateway.daemon.scheduling import Scheduling
@@ -76,6 +78,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     callbacks: CallbackPolicy = CallbackPolicy()  # its secret is kept out of repr
     sse: SseSettings = SseSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
+    retention: RetentionPolicy = RetentionPolicy()
     production: bool = False  # mode = "production": e.g. the console's cookies are always Secure
     #: ``[store] url``; None: the SQLite file ``<data_dir>/gateway.db``. May carry a password: never logged.
     store_url: str | None = None
@@ -144,6 +147,15 @@ class Gateway:
         self.dead_letter_keeper = DeadLetterKeeper(
             self.store, self.service, s.dead_letters, clock, on_counts=self._dead_letter_counts
         )
+        self.retention_metrics = PrometheusRetentionMetrics(self.metrics.registry)
+        # retention: on PostgreSQL one of the leader's duties, its purges under the leader's fence (daemon/ha.py)
+        self.retention = RetentionKeeper(
+            duty_store,
+            s.retention,
+            clock,
+            on_purged=self.retention_metrics.purged,
+            on_size=self.retention_metrics.size,
+        )
         self.api = AdminApi(self.service, self.store, self.nodes, self.metrics, self.readiness, s.http)
         self._runner: web.AppRunner | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -179,6 +191,7 @@ class Gateway:
                     "event-relay": self.relay,
                     "callback-sender": self.callbacks,
                     "dead-letter-keeper": self.dead_letter_keeper,
+                    "retention": self.retention,
                 },
             )
 
@@ -200,6 +213,8 @@ class Gateway:
             await self.dead_letter_keeper.start()
             await self.callbacks.start()
         await self.scheduling.start()
+        if self.ha is None:  # else it is one of the leader's duties
+            await self.retention.start()
         await self.bus.serve(
             NodeInputs(
                 claim=self.service.claim,
@@ -242,6 +257,7 @@ class Gateway:
             await self._bounded("duties", self.ha.stop())
         await self._bounded("dispatcher", self.dispatcher.stop())
         await self._bounded("dead-letter keeper", self.dead_letter_keeper.stop())
+        await self._bounded("retention", self.retention.stop())
         await self._bounded("callback sender", self.callbacks.stop())
         await self._bounded("callback client", self.callback_poster.close())
         await self._bounded("scheduler", self.scheduling.stop())
@@ -353,6 +369,7 @@ class Gateway:
             "dead-letter-keeper": self.dead_letter_keeper,
             "callback-sender": self.callbacks,
             "scheduler": self.scheduling.actor,
+            "retention": self.retention,
         }
         if self.ha is not None:  # the leader's duties run on the leader only
             checks["duties"] = await self.ha.readiness()

@@ -6,11 +6,12 @@ live copies in line with the store (``LiveSync``). One instance at a time, the *
 row ``leader`` in ``duty_leases`` and runs the singleton duties under its fencing term:
 
 - the lease watcher (running attempts whose lease or deadline passed, whoever claimed them),
-- the event relay (outbox -> ``GW_EVENTS``), the callback sender, the dead-letter keeper,
+- the event relay (outbox -> ``GW_EVENTS``), the callback sender, the dead-letter keeper, retention,
 - at takeover: re-offering every queued task (a dead instance's offers).
 
-The relay's and the callback sender's store writes run under the fence (the store checks the lease row in
-the write's transaction); their bus publishes and HTTP posts are checked against the local trust window.
+The relay's, the callback sender's and retention's store writes run under the fence (the store checks the
+lease row in the write's transaction); their bus publishes and HTTP posts are checked against the local trust
+window.
 Task writes are fenced by the task's own ``revision`` (every one is a compare-and-set on a task re-read
 from the store), whoever makes them. The scheduler's poll runs on every instance (due schedules are
 claimed under their own row leases with ``SKIP LOCKED``); its start-up reconcile runs only when an
@@ -44,9 +45,20 @@ INSTANCE_BEAT_S = 2.0
 #: an instance whose row was not refreshed for this long is no longer counted as alive
 INSTANCE_ALIVE_S = 10.0
 
-#: the store writes of the relay and the callback sender's loop: made only as the leader, under its fence
+#: the store writes of the relay, the callback sender's loop and retention's purges: made only as the leader,
+#: under its fence
 FENCED_WRITES = frozenset(
-    {"outbox_delete", "finish_callback", "reschedule_callback", "dead_letter_callback", "append_audit"}
+    {
+        "outbox_delete",
+        "finish_callback",
+        "reschedule_callback",
+        "dead_letter_callback",
+        "append_audit",
+        "purge_tasks",
+        "purge_audit",
+        "purge_idempotency",
+        "purge_runs",
+    }
 )
 
 

@@ -11,6 +11,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from scheduler_gateway.actors.model.retention import PURGE_KINDS
+from scheduler_gateway.actors.ports import StoreSize
+
 MAX_KINDS = 100
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
@@ -168,3 +171,34 @@ class PrometheusScheduleMetrics:
     def schedules(self, counts: dict[str, int]) -> None:
         for status in self.STATUSES:
             self.scheduled_tasks.labels(status).set(counts.get(status, 0))
+
+
+class PrometheusRetentionMetrics:
+    """The retention keeper's figures (docs/OPERATIONS.md#retention): rows purged by kind, and the store's size
+    and free part as of the keeper's last round."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.purged_total = Counter(
+            "gw_retention_purged_total", "Rows deleted by retention, by kind", ["kind"], registry=registry
+        )
+        self.size_bytes = Gauge(
+            "gw_store_size_bytes",
+            "Size of the store on disk (SQLite: its file; PostgreSQL: its tables with their indexes),"
+            " as of the last retention round",
+            registry=registry,
+        )
+        self.free_bytes = Gauge(
+            "gw_store_free_bytes",
+            "Free space inside the store, reused by later writes (SQLite: free pages; PostgreSQL: an estimate"
+            " from dead rows), as of the last retention round",
+            registry=registry,
+        )
+        for kind in PURGE_KINDS:
+            self.purged_total.labels(kind)
+
+    def purged(self, kind: str, count: int) -> None:
+        self.purged_total.labels(kind).inc(count)
+
+    def size(self, size: StoreSize) -> None:
+        self.size_bytes.set(size.size_bytes)
+        self.free_bytes.set(size.free_bytes)

@@ -26,6 +26,7 @@ from scheduler_gateway.daemon.config.model import (
     Mode,
     NatsConfig,
     RecoveryConfig,
+    RetentionConfig,
     SchedulerConfig,
     StoreConfig,
     TasksConfig,
@@ -139,6 +140,17 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
     recovery = RecoveryConfig(grace_s=rc_s.optional_number("grace_s", gt=0))
     rc_s.finish()
 
+    rt_s = r.section("retention")
+    retention = RetentionConfig(
+        tasks_s=rt_s.number("tasks_s", 604800.0, gt=0),
+        audit_s=rt_s.number("audit_s", 2592000.0, gt=0),
+        idempotency_s=rt_s.number("idempotency_s", 86400.0, gt=0),
+        runs_per_schedule=rt_s.integer("runs_per_schedule", 200, lo=1),
+        interval_s=rt_s.number("interval_s", 60.0, gt=0),
+        batch=rt_s.integer("batch", 200, lo=1, hi=5000),
+    )
+    rt_s.finish()
+
     lg_s = r.section("log")
     log = LogConfig(level=lg_s.choice("level", "INFO", LOG_LEVELS, upper=True))
     lg_s.finish()
@@ -170,6 +182,7 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
             "events",
             "tasks",
             "recovery",
+            "retention",
             "log",
             "store",
             "instance",
@@ -189,6 +202,7 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
         events=events,
         tasks=tasks,
         recovery=recovery,
+        retention=retention,
         log=log,
         store=StoreConfig(url=store_url),
         instance=instance,

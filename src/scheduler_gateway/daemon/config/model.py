@@ -148,6 +148,18 @@ class RecoveryConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RetentionConfig:
+    #: terminal tasks with their history, archived dead letters and callback dead letters, after finishing
+    tasks_s: float = 604800.0
+    audit_s: float = 2592000.0
+    #: never below 24 h (the contract keeps keys at least that long): a smaller value is raised to it
+    idempotency_s: float = 86400.0
+    runs_per_schedule: int = 200
+    interval_s: float = 60.0
+    batch: int = 200
+
+
+@dataclass(frozen=True, slots=True)
 class StoreConfig:
     """``url`` None: the SQLite file ``<data_dir>/gateway.db`` (``Config.store_url``)."""
 
@@ -185,6 +197,7 @@ class Config:
     events: EventsConfig = field(default_factory=EventsConfig)
     tasks: TasksConfig = field(default_factory=TasksConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
     log: LogConfig = field(default_factory=LogConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     instance: InstanceConfig = field(default_factory=InstanceConfig)

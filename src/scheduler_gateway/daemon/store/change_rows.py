@@ -64,6 +64,9 @@ class ChangeRows:
     #: (lease_expires_at, attempt deadline) of a running task, else (None, None): the PostgreSQL store's
     #: columns for the lease watcher of several instances (docs/DECISIONS.md, Several instances)
     lease_cols: tuple[float | None, float | None] = (None, None)
+    #: the task's ``finished_at`` while it is terminal, else None: the PostgreSQL store's ``finished_at``
+    #: column, which retention purges by (SQLite derives it, a generated column: daemon/store/retention.py)
+    finished_at: float | None = None
 
     @property
     def parent_id(self) -> str | None:
@@ -91,6 +94,7 @@ class ChangeRows:
             callback=None if change.callback is None else callback_row(change.callback),
             task=t if t.parent_id is not None and t.state not in TERMINAL_STATES else None,
             lease_cols=running_deadlines(t),
+            finished_at=t.finished_at if t.state in TERMINAL_STATES else None,
         )
 
     @property

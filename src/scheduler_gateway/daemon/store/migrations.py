@@ -10,6 +10,7 @@ from scheduler_gateway.daemon.store.common import (
     fetch_one,
     rollback_quietly,
 )
+from scheduler_gateway.daemon.store.retention import RETENTION_MIGRATION, prepare_auto_vacuum, switch_auto_vacuum
 from scheduler_gateway.daemon.store.schedule_rows import SCHEDULE_GENERATION_MIGRATION, SCHEDULE_MIGRATION
 from scheduler_gateway.wire.errors import (
     StorageError,
@@ -127,10 +128,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # the gauges count by state from this small index, without reading a letter
         "CREATE INDEX dead_letters_state ON dead_letters (archived, exhausted)",
     ),
+    # 6: retention (what it asks for: terminal tasks by finish, keys by age, active runs by task; text in
+    # store/retention.py)
+    RETENTION_MIGRATION,
 )
 
 
 def migrate(conn: sqlite3.Connection) -> None:
+    prepare_auto_vacuum(conn)  # a new file is created incrementally vacuumed (store/retention.py)
     conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
     for version, statements in enumerate(MIGRATIONS, start=1):
         conn.execute("BEGIN IMMEDIATE")
@@ -154,3 +159,4 @@ def migrate(conn: sqlite3.Connection) -> None:
             raise
         conn.execute("COMMIT")
         log.info("task store: applied schema migration %d", version)
+    switch_auto_vacuum(conn)

@@ -25,6 +25,8 @@ from scheduler_gateway.actors.ports import (
     OutboxRow,
     Page,
     Principal,
+    PurgeResult,
+    StoreSize,
     TaskQuery,
 )
 from scheduler_gateway.actors.schedule_ports import (
@@ -38,6 +40,7 @@ from scheduler_gateway.daemon.store.callbacks import SqliteCallbacks
 from scheduler_gateway.daemon.store.dead_letters import SqliteDeadLetters
 from scheduler_gateway.daemon.store.migrations import MIGRATIONS
 from scheduler_gateway.daemon.store.nodes import SqliteNodes
+from scheduler_gateway.daemon.store.retention import SqliteRetention
 from scheduler_gateway.daemon.store.schedules import SqliteSchedules
 from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
 from scheduler_gateway.daemon.store.tasks import SqliteTasks
@@ -59,6 +62,7 @@ class SqliteStore:
         self._nodes = SqliteNodes(self._db)
         self._callbacks = SqliteCallbacks(self._db)
         self._schedules = SqliteSchedules(self._db)
+        self._retention = SqliteRetention(self._db)
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
@@ -278,3 +282,23 @@ class SqliteStore:
 
     async def list_runs(self, schedule_id: str, limit: int, cursor: str | None) -> Page:
         return await self._schedules.list_runs(schedule_id, limit, cursor)
+
+    # -- retention (retention.py)
+
+    async def purge_tasks(self, finished_before: float, limit: int, cursor: str | None = None) -> PurgeResult:
+        return await self._retention.purge_tasks(finished_before, limit, cursor)
+
+    async def purge_audit(self, before: float, limit: int) -> PurgeResult:
+        return await self._retention.purge_audit(before, limit)
+
+    async def purge_idempotency(self, before: float, limit: int) -> PurgeResult:
+        return await self._retention.purge_idempotency(before, limit)
+
+    async def purge_runs(self, keep: int, limit: int, cursor: str | None = None) -> PurgeResult:
+        return await self._retention.purge_runs(keep, limit, cursor)
+
+    async def store_size(self) -> StoreSize:
+        return await self._retention.store_size()
+
+    async def reclaim_space(self, max_pages: int) -> int:
+        return await self._retention.reclaim_space(max_pages)

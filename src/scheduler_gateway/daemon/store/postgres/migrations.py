@@ -190,6 +190,19 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX tasks_running_lease ON tasks (lease_expires_at, id) WHERE state = 'running'",
         "CREATE INDEX tasks_running_deadline ON tasks (deadline_at, id) WHERE state = 'running'",
     ),
+    # 3: retention (postgres/retention.py, docs/OPERATIONS.md#retention): a terminal task's ``finished_at`` as a
+    # column the task writes set (NULL while the task is not terminal), filled in once for the terminal tasks
+    # already there; terminal tasks in the order they become due; keys in creation order; the few active runs
+    # by task, so "an active run names this task" is one probe
+    (
+        "ALTER TABLE tasks ADD COLUMN finished_at double precision",
+        # (jsonb refuses the escape \u0000, which a payload string may hold: it is read as a space here)
+        "UPDATE tasks SET finished_at = (replace(convert_from(doc, 'UTF8'), '\\u0000', '\\u0020')::jsonb"
+        " ->> 'finished_at')::double precision WHERE state IN ('succeeded', 'failed', 'canceled', 'dead')",
+        "CREATE INDEX tasks_finished ON tasks (finished_at, id) WHERE finished_at IS NOT NULL",
+        "CREATE INDEX idempotency_created ON idempotency (created_at)",
+        "CREATE INDEX scheduled_runs_active_task ON scheduled_runs (task_id) WHERE status IN ('queued', 'running')",
+    ),
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)

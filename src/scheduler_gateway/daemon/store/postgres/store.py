@@ -3,9 +3,9 @@
 
 Composed like the SQLite store (docs/DECISIONS.md, Code layout): ``PgDb`` (``db.py``) owns the connection
 pool and the migrations; one part per concern holds it and implements its ports (``PgTasks``,
-``PgDeadLetters``, ``PgNodes``, ``PgCallbacks``, ``PgSchedules``). ``PostgresStore`` starts and stops the pool
-and forwards each port method to its part. The URL may carry a password: only ``redact_url`` of it is ever
-printed.
+``PgDeadLetters``, ``PgNodes``, ``PgCallbacks``, ``PgSchedules``, ``PgRetention``). ``PostgresStore`` starts
+and stops the pool and forwards each port method to its part. The URL may carry a password: only
+``redact_url`` of it is ever printed.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from scheduler_gateway.actors.ports import (
     OutboxRow,
     Page,
     Principal,
+    PurgeResult,
+    StoreSize,
     TaskQuery,
 )
 from scheduler_gateway.actors.schedule_ports import (
@@ -37,6 +39,7 @@ from scheduler_gateway.daemon.store.postgres.dead_letters import PgDeadLetters
 from scheduler_gateway.daemon.store.postgres.duties import PgDuties
 from scheduler_gateway.daemon.store.postgres.migrations import PG_MIGRATIONS, SCHEMA_VERSION
 from scheduler_gateway.daemon.store.postgres.nodes import PgNodes
+from scheduler_gateway.daemon.store.postgres.retention import PgRetention
 from scheduler_gateway.daemon.store.postgres.schedules import PgSchedules
 from scheduler_gateway.daemon.store.postgres.shared import PgShared
 from scheduler_gateway.daemon.store.postgres.tasks import PgTasks
@@ -58,6 +61,7 @@ class PostgresStore:
         self._nodes = PgNodes(self._db)
         self._callbacks = PgCallbacks(self._db)
         self._schedules = PgSchedules(self._db)
+        self._retention = PgRetention(self._db)
         # several instances (daemon/ha.py): duty leases and live instances, persisted leases and the watch
         self.duties = PgDuties(self._db)
         self.shared = PgShared(self._db)
@@ -279,3 +283,23 @@ class PostgresStore:
 
     async def list_runs(self, schedule_id: str, limit: int, cursor: str | None) -> Page:
         return await self._schedules.list_runs(schedule_id, limit, cursor)
+
+    # -- retention (RetentionStore) (retention.py)
+
+    async def purge_tasks(self, finished_before: float, limit: int, cursor: str | None = None) -> PurgeResult:
+        return await self._retention.purge_tasks(finished_before, limit, cursor)
+
+    async def purge_audit(self, before: float, limit: int) -> PurgeResult:
+        return await self._retention.purge_audit(before, limit)
+
+    async def purge_idempotency(self, before: float, limit: int) -> PurgeResult:
+        return await self._retention.purge_idempotency(before, limit)
+
+    async def purge_runs(self, keep: int, limit: int, cursor: str | None = None) -> PurgeResult:
+        return await self._retention.purge_runs(keep, limit, cursor)
+
+    async def store_size(self) -> StoreSize:
+        return await self._retention.store_size()
+
+    async def reclaim_space(self, max_pages: int) -> int:
+        return await self._retention.reclaim_space(max_pages)

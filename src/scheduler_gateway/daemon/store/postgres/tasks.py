@@ -53,14 +53,14 @@ _decode_idempotency = doc_decoder(IdempotencyRecord)
 
 _TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
 SQL_INSERT_TASK = (
-    f"INSERT INTO tasks (id, {_TASK_COLUMNS}, lease_expires_at, deadline_at)"
-    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    f"INSERT INTO tasks (id, {_TASK_COLUMNS}, lease_expires_at, deadline_at, finished_at)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
     " ON CONFLICT (id) DO NOTHING"
 )
 SQL_UPDATE_TASK = (
     "UPDATE tasks SET owner = %s, kind = %s, state = %s, revision = %s, priority = %s, parent_id = %s,"
     " run_id = %s, thread_id = %s, created_at = %s, not_before = %s, doc = %s, lease_expires_at = %s,"
-    " deadline_at = %s WHERE id = %s AND revision = %s"
+    " deadline_at = %s, finished_at = %s WHERE id = %s AND revision = %s"
 )
 SQL_INSERT_HISTORY = (
     "INSERT INTO task_history (task_id, revision, lease_id, doc) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
@@ -121,14 +121,14 @@ async def write_change(conn: Conn, r: ChangeRows) -> None:
 async def _write_task(conn: Conn, r: ChangeRows) -> None:
     """The row itself: an insert of a new id, or a compare-and-set on ``expected_revision``."""
     if r.expected_revision is None:
-        cur = await conn.execute(SQL_INSERT_TASK, (*r.insert_row, *r.lease_cols))
+        cur = await conn.execute(SQL_INSERT_TASK, (*r.insert_row, *r.lease_cols, r.finished_at))
         if cur.rowcount != 1:
             raise Conflict(
                 f"task {r.task_id} already exists", code=Code.REVISION_CONFLICT, details={"taskId": r.task_id}
             )
         return
     v = r.task_values
-    cur = await conn.execute(SQL_UPDATE_TASK, (*v[:-1], *r.lease_cols, v[-1], r.expected_revision))
+    cur = await conn.execute(SQL_UPDATE_TASK, (*v[:-1], *r.lease_cols, r.finished_at, v[-1], r.expected_revision))
     if cur.rowcount == 1:
         return
     cur = await conn.execute("SELECT revision FROM tasks WHERE id = %s", (r.task_id,))
