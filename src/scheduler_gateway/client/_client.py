@@ -5,120 +5,32 @@ into the wire views (``TaskView``, ``ScheduledTaskView``...). Refusals raise ``G
 subclasses carrying the stable code. Creates carry an ``Idempotency-Key`` (the caller's, else a fresh
 uuid4) and are retried with the same key on a lost connection or a 503; other writes are retried only
 when that cannot do a change twice (see ``docs/CLIENT.md``, Retries).
+
+The request helpers and the retry loop live in ``_http``, the batch create in ``_batch``, the event stream
+and ``wait`` in ``_events``; this module re-exports the names it used to define.
 """
 
 from __future__ import annotations
 
-import asyncio
-import io
 import random
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Final, Literal, TypeVar
-from urllib.parse import quote
+from typing import Any
 
 import aiohttp
 import msgspec
 
 from scheduler_gateway.wire import api
 from scheduler_gateway.wire import schedule_api as sa
-from scheduler_gateway.wire.messages import Event
 
-from . import _sse
-from ._errors import CONNECTION_FAILED, GatewayClientError, Unavailable, error_for, error_from_response
-from ._types import (
-    TERMINAL_STATES,
-    CallbackDeadLetterView,
-    Disconnect,
-    Gap,
-    ReadyView,
-    SubmitResult,
-    _BatchView,
-    raw,
-    timestamp,
-)
+from ._batch import MAX_BATCH, MAX_BATCH_BYTES, submit_batches
+from ._errors import GatewayClientError
+from ._events import EventStream, wait_for
+from ._http import USER_AGENT, Body, Retry, T, _Answer, _given, _id, _keyed, _new_key, send
+from ._types import TERMINAL_STATES, CallbackDeadLetterView, ReadyView, SubmitResult, raw, timestamp
 
-T = TypeVar("T")
-Body = msgspec.Struct | Mapping[str, Any]
-
-USER_AGENT: Final = "scheduler-gateway-client/0.1"
-MAX_BATCH: Final = 1000  # items per POST /api/tasks/batch
-MAX_BATCH_BYTES: Final = 48 * 1024 * 1024  # a chunk's body stays well under the route's 64 MiB
-_LARGE_BODY: Final = 512 * 1024
 _NOT_SENT: Any = msgspec.Raw(b"")  # "no payload" in rework (a payload of null is raw(None))
-
-# what a retry may do: "safe" requests are retried on any lost answer and on a 503; "connect" ones only
-# when the connection was never made (the request cannot have reached the gateway)
-Retry = Literal["safe", "connect"]
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, msgspec.Raw) or isinstance(b, msgspec.Raw):
-        return isinstance(a, msgspec.Raw) and isinstance(b, msgspec.Raw) and bytes(a) == bytes(b)
-    return type(a) is type(b) and bool(a == b)
-
-
-def _jsonable(value: Any) -> Any:
-    """A wire Struct as the JSON object it stands for, leaving out what was not set (``None``, an empty
-    ``Raw``, a field at its default): a PATCH or an action carries only the fields the caller gave, and a
-    create is the smallest body that says it, so the same request sent by other means (curl, another
-    client) with the same Idempotency-Key is a replay, not a conflict."""
-    if isinstance(value, msgspec.Struct):
-        out: dict[str, Any] = {}
-        for f in msgspec.structs.fields(value):
-            v = getattr(value, f.name)
-            if v is None or (isinstance(v, msgspec.Raw) and len(v) == 0):
-                continue
-            if f.default is not msgspec.NODEFAULT and _same(v, f.default):
-                continue
-            if f.default_factory is not msgspec.NODEFAULT and _same(v, f.default_factory()):
-                continue
-            out[f.encode_name] = _jsonable(v)
-        return out
-    if isinstance(value, Mapping):  # a caller's dict: only an empty Raw means "not sent" (None is null)
-        return {k: _jsonable(v) for k, v in value.items() if not (isinstance(v, msgspec.Raw) and len(v) == 0)}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def _query(params: Mapping[str, Any]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for k, v in params.items():
-        if v is None:
-            continue
-        if isinstance(v, bool):
-            out[k] = "true" if v else "false"
-        elif isinstance(v, datetime):
-            out[k] = timestamp(v) or ""
-        elif isinstance(v, list | tuple | set | frozenset):
-            out[k] = ",".join(sorted(v) if isinstance(v, set | frozenset) else v)
-        else:
-            out[k] = str(v)
-    return out
-
-
-def _id(value: str) -> str:
-    return quote(value, safe="")
-
-
-@dataclass(frozen=True)
-class _Answer:
-    status: int
-    body: bytes
-    headers: Mapping[str, str]
-
-    @property
-    def replayed(self) -> bool:
-        return self.headers.get("Idempotent-Replayed", "").lower() == "true"
-
-
-class _Stop(Exception):
-    def __init__(self, task: api.TaskView) -> None:
-        self.task = task
 
 
 class GatewayClient:
@@ -197,43 +109,18 @@ class GatewayClient:
         ok: Iterable[int] = (),
         missing_ok_on_retry: bool = False,
     ) -> _Answer:
-        headers: dict[str, str] = {}
-        data: bytes | None = None
-        if body is not None:
-            data = msgspec.json.encode(_jsonable(body))
-            headers["Content-Type"] = "application/json"
-        if idempotency_key is not None:
-            headers["Idempotency-Key"] = idempotency_key
-        url = self.base_url + path
-        query = _query(params or {})
-        accept = set(ok)
-        attempt = 0
-        while True:
-            try:
-                # a large body goes as a file-like object, so aiohttp writes it without blocking the loop
-                payload: Any = io.BytesIO(data) if data is not None and len(data) > _LARGE_BODY else data
-                async with self._http().request(
-                    method, url, data=payload, params=query, headers=headers, timeout=self.timeout
-                ) as resp:
-                    answer = _Answer(resp.status, await resp.read(), dict(resp.headers))
-            except aiohttp.ClientConnectorError as exc:  # never connected: nothing was sent
-                failure = error_for(CONNECTION_FAILED, f"cannot connect to {self.base_url}: {exc}")
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-                failure = error_for(CONNECTION_FAILED, f"{method} {path}: no answer ({type(exc).__name__}: {exc})")
-                if retry != "safe":
-                    raise failure from exc
-            else:
-                if answer.status < 400 or answer.status in accept:
-                    return answer
-                if answer.status == 404 and missing_ok_on_retry and attempt > 0:
-                    return _Answer(204, b"", answer.headers)  # the lost first try did it
-                failure = error_from_response(answer.status, answer.body, answer.headers.get("X-Request-Id"))
-                if answer.status != 503 or retry != "safe":
-                    raise failure
-            if attempt >= self.retries:
-                raise failure
-            await asyncio.sleep(self._delay(attempt))
-            attempt += 1
+        """One request with its retries (``_http.send``): the answer, or the refusal raised."""
+        return await send(
+            self,
+            method,
+            path,
+            body=body,
+            params=params,
+            idempotency_key=idempotency_key,
+            retry=retry,
+            ok=ok,
+            missing_ok_on_retry=missing_ok_on_retry,
+        )
 
     async def _get(self, path: str, type_: type[T], params: Mapping[str, Any] | None = None) -> T:
         return self._decode((await self._call("GET", path, params=params)).body, type_)
@@ -322,45 +209,7 @@ class GatewayClient:
         Every item carries its own ``idempotencyKey`` (given, else a fresh uuid4), so a chunk is retried
         whole after a lost answer or a 503 without creating anything twice. One result per item, in order:
         its task, or its error; a chunk refused as a whole raises."""
-        if not 1 <= chunk_size <= MAX_BATCH:
-            raise ValueError(f"chunk_size must be 1 to {MAX_BATCH}")
-        if idempotency_keys is not None and len(idempotency_keys) != len(tasks):
-            raise ValueError("idempotency_keys must have one key per task")
-        keys = list(idempotency_keys) if idempotency_keys is not None else [_new_key() for _ in tasks]
-        items: list[bytes] = []
-        for t, key in zip(tasks, keys, strict=True):
-            item = _jsonable(t)
-            item["idempotencyKey"] = key
-            items.append(msgspec.json.encode(item))
-        results: list[SubmitResult] = []
-        start = 0
-        while start < len(items):
-            end, size = start, 0
-            while (
-                end < len(items)
-                and end - start < chunk_size
-                and (end == start or size + len(items[end]) < MAX_BATCH_BYTES)
-            ):
-                size += len(items[end]) + 1
-                end += 1
-            body = msgspec.Raw(b'{"tasks":[' + b",".join(items[start:end]) + b"]}")
-            answer = await self._call("POST", "/api/tasks/batch", body=body)
-            view = self._decode(answer.body, _BatchView)
-            if len(view.items) != end - start:
-                raise error_for("INTERNAL", f"the batch answered {len(view.items)} items for {end - start}")
-            for i, it in enumerate(view.items, start):
-                error = None
-                if it.error is not None:
-                    error = error_for(
-                        it.error.code,
-                        it.error.message,
-                        status=it.status,
-                        details=it.error.details,
-                        request_id=answer.headers.get("X-Request-Id"),
-                    )
-                results.append(SubmitResult(i, keys[i], it.status, it.task, it.replayed, error))
-            start = end
-        return results
+        return await submit_batches(self, tasks, idempotency_keys, chunk_size)
 
     async def get(self, task_id: str) -> api.TaskView:
         return await self._get(f"/api/tasks/{_id(task_id)}", api.TaskView)
@@ -447,24 +296,7 @@ class GatewayClient:
         """The task once it is in one of ``states`` (default: terminal). Subscribes to the task's events
         first, then reads the task, so no change is missed; a lost stream resumes with ``Last-Event-ID``.
         Raises ``TimeoutError`` after ``timeout`` seconds (None: no limit)."""
-        wanted = frozenset(states)
-
-        async def check() -> None:
-            task = await self.get(task_id)
-            if task.state in wanted:
-                raise _Stop(task)
-
-        async with asyncio.timeout(timeout):
-            stream = EventStream(self, aggregate_id=task_id, on_connect=check)
-            try:
-                async for ev in stream:
-                    if isinstance(ev, Gap) or (isinstance(ev.data, dict) and ev.data.get("to") in wanted):
-                        await check()
-            except _Stop as stop:
-                return stop.task
-            finally:
-                await stream.aclose()
-        raise AssertionError("unreachable: the event stream does not end")  # pragma: no cover
+        return await wait_for(self, task_id, timeout, frozenset(states))
 
     # -- events ----------------------------------------------------------------------------------------
     def events(
@@ -617,130 +449,13 @@ class GatewayClient:
         return view.items
 
 
-def _given(**fields: Any) -> dict[str, Any]:
-    """An action's body: the fields given (``None`` and an empty ``Raw`` are left out)."""
-    return {k: v for k, v in fields.items() if v is not None and not (isinstance(v, msgspec.Raw) and len(v) == 0)}
-
-
-def _new_key() -> str:
-    return str(uuid.uuid4())
-
-
-def _keyed(key: str | None) -> Retry:
-    return "safe" if key is not None else "connect"
-
-
-class EventStream:
-    """``GatewayClient.events()``: an async iterator of ``Event`` and ``Gap`` that reconnects by itself.
-
-    The first connection is made by ``open()`` (or entering ``async with``), else by the first ``anext``:
-    the gateway subscribes the stream before it answers, so every event after ``open()`` returns is seen.
-    ``last_event_id`` is the seq of the last event yielded (what a reconnect resumes after);
-    ``disconnects`` counts the connections that ended, ``last_disconnect`` the last ``event: disconnect``."""
-
-    def __init__(
-        self,
-        client: GatewayClient,
-        *,
-        types: Iterable[str] | None = None,
-        aggregate_id: str | None = None,
-        last_event_id: int | None = None,
-        on_connect: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
-        self.client = client
-        self.types = sorted(set(types)) if types is not None else None
-        self.aggregate_id = aggregate_id
-        self.last_event_id = last_event_id
-        self.disconnects = 0
-        self.last_disconnect: Disconnect | None = None
-        self._on_connect = on_connect
-        self._pending: aiohttp.ClientResponse | None = None
-        self._gen: AsyncGenerator[Event | Gap, None] | None = None
-        self._closed = False
-
-    def __aiter__(self) -> EventStream:
-        return self
-
-    async def __anext__(self) -> Event | Gap:
-        if self._closed:
-            raise StopAsyncIteration
-        if self._gen is None:
-            self._gen = self._run()
-        return await self._gen.__anext__()
-
-    async def open(self) -> EventStream:
-        """Connect now (retrying a lost connection or a 503; a refusal such as 401 raises)."""
-        if self._gen is None and self._pending is None and not self._closed:
-            self._pending = await self._connect()
-        return self
-
-    async def aclose(self) -> None:
-        """Close the connection (an iteration that was not run to its end should be closed)."""
-        self._closed = True
-        gen, self._gen = self._gen, None
-        if gen is not None:
-            await gen.aclose()
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.close()
-
-    async def __aenter__(self) -> EventStream:
-        return await self.open()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def _open(self) -> aiohttp.ClientResponse:
-        c = self.client
-        params = _query({"types": self.types, "aggregateId": self.aggregate_id})
-        headers = {"Accept": "text/event-stream"}
-        if self.last_event_id is not None:
-            headers["Last-Event-ID"] = str(self.last_event_id)
-        resp = await c._http().get(c.base_url + "/api/events", params=params, headers=headers, timeout=c.stream_timeout)
-        if resp.status != 200:
-            body = await resp.read()
-            resp.release()
-            raise error_from_response(resp.status, body, resp.headers.get("X-Request-Id"))
-        return resp
-
-    async def _connect(self) -> aiohttp.ClientResponse:
-        failures = 0
-        while True:
-            try:
-                return await self._open()
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError, Unavailable):
-                await asyncio.sleep(self.client._delay(min(failures, 8)))
-                failures += 1
-
-    async def _run(self) -> AsyncGenerator[Event | Gap, None]:
-        decode_event = msgspec.json.Decoder(Event).decode
-        while True:
-            resp, self._pending = self._pending or await self._connect(), None
-            cut = False
-            try:
-                if self._on_connect is not None:
-                    await self._on_connect()
-                async for frame in _sse.frames(resp.content.iter_any()):
-                    if frame.event == "gap":
-                        yield msgspec.json.decode(frame.data, type=Gap)
-                    elif frame.event == "disconnect":
-                        self.last_disconnect = msgspec.json.decode(frame.data, type=Disconnect)
-                        break
-                    elif frame.data:
-                        ev = decode_event(frame.data)
-                        if ev.seq is None and frame.id is not None:
-                            ev.seq = int(frame.id)
-                        if ev.seq is not None:
-                            self.last_event_id = ev.seq
-                        yield ev
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError):
-                cut = True
-            finally:
-                resp.close()
-            self.disconnects += 1
-            await asyncio.sleep(self.client._delay(1 if cut else 0))
-
-
-__all__ = ["Body", "EventStream", "GatewayClient", "GatewayClientError"]
+__all__ = [
+    "MAX_BATCH",
+    "MAX_BATCH_BYTES",
+    "USER_AGENT",
+    "Body",
+    "EventStream",
+    "GatewayClient",
+    "GatewayClientError",
+    "Retry",
+]

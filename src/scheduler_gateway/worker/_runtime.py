@@ -1,10 +1,10 @@
 """The worker runtime: ``Worker``, one NATS connection per node (docs/WIRE.md).
 
-A pull loop per kind (``_pull``), the claim request per offer, handlers run as asyncio tasks (``_execute``), one
-heartbeat loop carrying every held lease, the cancel subscription, and settles published to ``GW_SETTLE``
-until JetStream acks them (``_settle``). The runtime coalesces heartbeats into one request per interval and
-cancels a handler's asyncio task when the gateway cancels the task or revokes its lease, or when the node could
-not renew the lease before its local deadline (``_renew_lease``).
+A pull loop per kind (``_pull``), the claim request per offer (``_offers``), handlers run as asyncio tasks
+(``_handlers``, ``_execute``), one heartbeat loop carrying every held lease, the cancel subscription, and settles
+published to ``GW_SETTLE`` until JetStream acks them (``_settle``). The runtime coalesces heartbeats into one
+request per interval and cancels a handler's asyncio task when the gateway cancels the task or revokes its
+lease, or when the node could not renew the lease before its local deadline (``_handlers.renew_lease``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from typing import Final
 
 import msgspec
@@ -24,22 +23,17 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
-from scheduler_gateway.wire.errors import Code
-from scheduler_gateway.wire.messages import (
-    CancelNotice,
-    ClaimReply,
-    ClaimRequest,
-    Offer,
-)
+from scheduler_gateway.wire.messages import CancelNotice
 from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.subjects import Subjects, node_inbox_prefix
 
 from ._claims import ClaimBatcher
-from ._context import Handler, TaskContext
-from ._execute import _Ending, _Running, execute
+from ._execute import _Ending, _Running
+from ._handlers import LEASE_MARGIN_FRACTION, LEASE_MARGIN_MAX_S, lease_margin, renew_lease
 from ._heartbeat import _Heartbeats
+from ._offers import handle_offer
 from ._options import NatsOptions, WorkerTimings
-from ._pull import _KindPuller, ack, nak, term
+from ._pull import _KindPuller, nak
 from ._registry import HandlerRegistry, validate_kind, validate_node_id
 from ._settle import _PendingSettle, encode_settle, publish_until_acked
 from ._tasks import _forget, _wait_all, _wait_until
@@ -47,30 +41,9 @@ from ._tasks import _forget, _wait_all, _wait_until
 log = logging.getLogger("scheduler_gateway.worker")
 
 STUBBORN_HANDLER_WAIT_S: Final = 5.0  # on stop(), after cancelling the handlers that outlived the grace
-LEASE_MARGIN_MAX_S: Final = 1.0  # a handler whose lease was not renewed is cancelled this long before it
-LEASE_MARGIN_FRACTION: Final = 0.1  # ... or this fraction of leaseSeconds before, if that is shorter
+__all__ = ["LEASE_MARGIN_FRACTION", "LEASE_MARGIN_MAX_S", "STUBBORN_HANDLER_WAIT_S", "Worker", "lease_margin"]
 
-
-def lease_margin(lease_s: float) -> float:
-    """How long before its local lease deadline a handler whose lease was not renewed is cancelled."""
-    return min(LEASE_MARGIN_MAX_S, LEASE_MARGIN_FRACTION * lease_s)
-
-
-# Claim refusals after which the offer is dead: ack it so it is not redelivered (docs/WIRE.md).
-_DEAD_OFFER_CODES: Final = frozenset(
-    {Code.ATTEMPT_STALE, Code.LEASE_CONFLICT, Code.TASK_ALREADY_TERMINAL, Code.TASK_NOT_FOUND}
-)
-
-_decode_offer = msgspec.json.Decoder(Offer).decode
 _decode_cancel = msgspec.json.Decoder(CancelNotice).decode
-
-
-@dataclass
-class _OfferState:
-    """What became of one delivered offer: answered (acked/nak'd) and whether a handler took its slot."""
-
-    answered: bool = False
-    handed_over: bool = False
 
 
 class Worker:
@@ -377,73 +350,11 @@ class Worker:
             return
         self._busy += 1
         self._update_gate()
-        self._spawn(self._offer_tasks, self._handle_offer(kind, msg), "offer")
+        self._spawn(self._offer_tasks, handle_offer(self, kind, msg), "offer")
 
     def _release_slot(self) -> None:
         self._busy -= 1
         self._update_gate()
-
-    async def _handle_offer(self, kind: str, msg: Msg) -> None:
-        state = _OfferState()
-        try:
-            await self._claim_and_start(kind, msg, state)
-        except asyncio.CancelledError:
-            if not state.answered:
-                # stop() ran out of time while this offer was being claimed: hand it back at once.
-                await asyncio.shield(nak(msg, None))
-            raise
-        finally:
-            if not state.handed_over:
-                self._release_slot()
-
-    async def _claim_and_start(self, kind: str, msg: Msg, state: _OfferState) -> None:
-        try:
-            offer = _decode_offer(msg.data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            log.error("undecodable offer on %s dropped: %s", kind, exc)
-            state.answered = True
-            await term(msg)
-            return
-        if offer.attempt_id in self._attempts:
-            # Redelivered after AckWait while the attempt runs here: the first delivery is ours.
-            log.debug("offer for running attempt %s redelivered; acking", offer.attempt_id)
-            state.answered = True
-            await ack(msg)
-            return
-        if offer.attempt_id in self._claiming:
-            state.answered = True  # the delivery being claimed acks or naks the same stream message
-            return
-        self._claiming.add(offer.attempt_id)
-        sent = asyncio.get_running_loop().time()  # the lease runs at most leaseSeconds from here
-        try:
-            reply = await self._claim(offer)
-        finally:
-            self._claiming.discard(offer.attempt_id)
-        state.answered = True
-        if reply is None:
-            await nak(msg, self.timings.unavailable_nak_delay_s)
-            return
-        if reply.ok and reply.lease_id:
-            # The slot passes to the handler before the ack, so a cancel during the ack cannot lose it.
-            state.handed_over = self._start_handler(kind, offer, reply, sent)
-            await ack(msg)
-            return
-        code = reply.error.code if reply.error else "?"
-        if reply.ok or code not in _DEAD_OFFER_CODES | {Code.NODE_DRAINING, Code.NOT_DUE}:
-            log.warning("claim of %s answered unexpectedly (%s); offer nak'd", offer.attempt_id, code)
-            await nak(msg, self.timings.unavailable_nak_delay_s)
-        elif code in _DEAD_OFFER_CODES:
-            log.debug("claim of attempt %s refused (%s); offer dropped", offer.attempt_id, code)
-            await ack(msg)
-        else:
-            if code == Code.NODE_DRAINING:
-                self._set_draining(True)  # the next heartbeat reply says when to resume
-            log.debug("claim of attempt %s refused (%s); offer nak'd", offer.attempt_id, code)
-            await nak(msg, self.timings.busy_nak_delay_s)
-
-    async def _claim(self, offer: Offer) -> ClaimReply | None:
-        """Claims asked for together (several offers of one pull) go out as one batch request."""
-        return await self._claims.claim(ClaimRequest(task_id=offer.task_id, attempt_id=offer.attempt_id))
 
     async def _claim_request(self, body: bytes) -> bytes | None:
         try:
@@ -453,96 +364,13 @@ class Worker:
             return None
         return bytes(resp.data)
 
-    # ---------------------------------------------------------------- running handlers
-
-    def _start_handler(self, kind: str, offer: Offer, reply: ClaimReply, sent: float) -> bool:
-        lease_id = reply.lease_id
-        assert lease_id is not None
-        if lease_id in self._early_cancels:
-            del self._early_cancels[lease_id]
-            log.info("task %s cancelled before its handler started; no settle", offer.task_id)
-            return False
-        fn = self.registry.get(kind)
-        assert fn is not None  # checked in __init__
-        ctx = TaskContext(
-            task_id=offer.task_id,
-            attempt_id=offer.attempt_id,
-            attempt_no=reply.attempt_no if reply.attempt_no is not None else offer.attempt_no,
-            lease_id=lease_id,
-            kind=offer.kind,
-            run_id=offer.run_id,
-            thread_id=offer.thread_id,
-            request_id=offer.request_id,
-        )
-        run = _Running(offer=offer, ctx=ctx, kind=kind)
-        self._running[lease_id] = run
-        self._attempts[offer.attempt_id] = lease_id
-        run.task = asyncio.create_task(self._run_handler(run, fn), name=f"handler-{offer.task_id}")
-        self._renew_lease(run, sent)
-        self._heartbeats.wake()  # a short lease may need an earlier heartbeat
-        log.debug("running task %s attempt %s lease %s", offer.task_id, offer.attempt_id, lease_id)
-        return True
-
-    async def _run_handler(self, run: _Running, fn: Handler) -> None:
-        try:
-            ending = await execute(run, fn)
-        finally:
-            self._finish(run)
-        if ending is None:
-            return  # cancelled by the gateway: it has already closed the attempt
-        if run.cancel_reason is not None:
-            # Cancelled while finishing: the gateway has already closed the attempt.
-            log.info("task %s cancelled (%s) as it finished; no settle", run.offer.task_id, run.cancel_reason)
-            return
-        self._queue_settle(run, ending)
-
-    def _finish(self, run: _Running) -> None:
-        if run.lease_timer is not None:
-            run.lease_timer.cancel()
-            run.lease_timer = None
-        lease_id = run.ctx.lease_id
-        if self._running.pop(lease_id, None) is not None:
-            self._attempts.pop(run.offer.attempt_id, None)
-            self._release_slot()
-
     # ---------------------------------------------------------------- local lease deadlines
 
     def _lease_extended(self, lease_id: str, sent: float) -> None:
         """A heartbeat reply extended ``lease_id``; ``sent`` is when its request left (loop clock)."""
         run = self._running.get(lease_id)
         if run is not None and run.cancel_reason is None:
-            self._renew_lease(run, sent)
-
-    def _renew_lease(self, run: _Running, sent: float) -> None:
-        # leaseSeconds from the request's departure, on the local monotonic clock: the gateway counts from
-        # when it handled the request (later), so this deadline is never after its own, whatever the
-        # wall clocks of the two say (leaseExpiresAt is not compared with the local clock).
-        lease_s = run.offer.lease_seconds
-        deadline = sent + lease_s
-        if deadline <= run.lease_deadline:
-            return  # a reply to an older request
-        run.lease_deadline = deadline
-        if run.lease_timer is not None:
-            run.lease_timer.cancel()
-        loop = asyncio.get_running_loop()
-        run.lease_timer = loop.call_at(deadline - lease_margin(lease_s), self._lease_lapsed, run)
-
-    def _lease_lapsed(self, run: _Running) -> None:
-        """The lease of ``run`` could not be renewed in time: the gateway will expire it and offer the task
-        again, so stop working on it now. No settle: the gateway fails the attempt by the lease expiry."""
-        run.lease_timer = None
-        lease_id = run.ctx.lease_id
-        if self._running.get(lease_id) is not run or run.cancel_reason is not None:
-            return
-        lease_s = run.offer.lease_seconds
-        log.warning(
-            "lease %s of task %s not renewed for %.1f s (leaseSeconds %g): cancelling its handler, no settle",
-            lease_id,
-            run.offer.task_id,
-            lease_s - lease_margin(lease_s),
-            lease_s,
-        )
-        self._cancel_lease(lease_id, "lease not renewed in time")
+            renew_lease(self, run, sent)
 
     def _cancel_lease(self, lease_id: str, reason: str) -> bool:
         run = self._running.get(lease_id)

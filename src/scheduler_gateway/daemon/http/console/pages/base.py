@@ -1,0 +1,107 @@
+"""What every page group of the console shares: the template and session keys, the filters, and ``Pages``,
+the base of a page group (its routes, and the helpers to render, read the session's caller and redirect)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+import aiohttp_jinja2
+import jinja2
+import msgspec
+from aiohttp import web
+
+from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.daemon.http.app import REQUEST_ID
+from scheduler_gateway.daemon.http.console.sessions import Session
+from scheduler_gateway.daemon.http.console.viewer import VIEWER
+from scheduler_gateway.wire.errors import Forbidden, NotFound
+from scheduler_gateway.wire.ids import is_id
+from scheduler_gateway.wire.timefmt import fmt_ts
+
+if TYPE_CHECKING:
+    from scheduler_gateway.daemon.http.console.app import Console
+    from scheduler_gateway.daemon.http.console.host import ConsoleHost
+
+HERE = Path(__file__).parent.parent
+JINJA_KEY = web.AppKey("console_jinja", jinja2.Environment)
+SESSION = web.RequestKey("console_session", Session)
+
+PAGE_SIZE = 50
+STATES = ("waiting_approval", "queued", "running", "succeeded", "failed", "canceled", "dead")
+
+
+def pretty_json(raw: Any) -> str:
+    if raw is None:
+        return "null"
+    data = bytes(raw) if isinstance(raw, msgspec.Raw | bytes | bytearray | memoryview) else msgspec.json.encode(raw)
+    try:
+        return msgspec.json.format(data, indent=2).decode()
+    except msgspec.DecodeError:
+        return data.decode(errors="replace")
+
+
+def see_other(location: str | Any) -> web.Response:
+    return web.Response(status=303, headers={"Location": str(location)})
+
+
+def ts(value: float | None) -> str:
+    return fmt_ts(value) or "–"
+
+
+def render(request: web.Request, name: str, context: dict[str, Any], status: int = 200) -> web.Response:
+    """A template with what every page shows (the session, whether it may write, its CSRF token, a message)."""
+    session = request.get(SESSION)
+    ctx = {
+        "session": session,
+        "can_write": session is not None and session.role != VIEWER,
+        "csrf": session.csrf if session is not None else "",
+        "path": request.path,
+        "message": request.query.get("msg", "")[:200],
+        **context,
+    }
+    return aiohttp_jinja2.render_template(name, request, ctx, app_key=JINJA_KEY, status=status)
+
+
+class Pages:
+    """One group of pages: ``routes`` adds its routes; it reads the gateway through ``self.gw`` and the
+    console's shared state (sessions, counter history) through ``self.console``."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.gw: ConsoleHost = console.gw
+
+    def routes(self, r: web.UrlDispatcher) -> None:
+        raise NotImplementedError
+
+    def _render(self, request: web.Request, name: str, context: dict[str, Any], status: int = 200) -> web.Response:
+        return render(request, name, context, status)
+
+    @staticmethod
+    def _session(request: web.Request) -> Session:
+        return request[SESSION]
+
+    def _reader(self, request: web.Request) -> Caller:
+        s = self._session(request)
+        role = "admin" if s.role in ("admin", VIEWER) else "user"
+        return Caller(s.user, role, request[REQUEST_ID])
+
+    def _writer(self, request: web.Request) -> Caller:
+        s = self._session(request)
+        if s.role == VIEWER:
+            raise Forbidden("a viewer reads and changes nothing")
+        return Caller(s.user, s.role, request[REQUEST_ID])
+
+    @staticmethod
+    def _redirect(location: str, msg: str | None = None) -> web.HTTPSeeOther:
+        if msg:
+            location += ("&" if "?" in location else "?") + urlencode({"msg": msg})
+        return web.HTTPSeeOther(location)
+
+    @staticmethod
+    def _id(request: web.Request, prefix: str, code: str) -> str:
+        value = request.match_info["id"]
+        if not is_id(value, prefix):
+            raise NotFound(f"{value[:80]} not found", code=code)
+        return value
