@@ -3,7 +3,8 @@
 The served document validates as OpenAPI 3.1 (openapi-spec-validator), and schemathesis runs its default
 checks on every operation, positive and negative data, as the admin: no server error, every status and
 body conforms to the document, invalid input is refused, and a request without (or with a wrong) token
-gets 401. The SSE route is not fuzzed (it streams until the client leaves); its declared schema is
+gets 401; a stateful run then follows the document's links (a create, then the operations on what it
+created). The SSE route is not fuzzed (it streams until the client leaves); its declared schema is
 checked by tests/unit/test_openapi.py and its 401 here.
 
 The gateway runs on an event loop of its own thread, because schemathesis' requests are blocking.
@@ -143,3 +144,40 @@ def test_api_conforms(api_schema: Any, label: str, mode: schemathesis.Generation
     STATS["operations"] += 1
     STATS["examples"] += seen
     print(f"{label} [{mode.value}]: {seen} examples; totals {STATS}")
+
+
+STATEFUL_STEPS = 8
+STATEFUL_EXAMPLES = 40
+
+
+def test_api_conforms_along_its_links(api_schema: Any) -> None:
+    """Schemathesis' stateful phase: sequences that follow the document's links (a create, then the
+    operations on what it created), every response under the same checks as above."""
+    base = api_schema.as_state_machine()
+    answered: dict[str, set[int]] = {}
+
+    class Workflow(base):  # type: ignore[misc, valid-type]
+        def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, Any]:
+            return {"headers": AUTH, "timeout": 10}
+
+        def validate_response(self, response: Any, case: schemathesis.Case, *args: Any, **kwargs: Any) -> None:
+            answered.setdefault(f"{case.method.upper()} {case.path}", set()).add(response.status_code)
+            case.validate_response(response, excluded_checks=EXCLUDED_CHECKS)
+
+    Workflow.run(
+        settings=settings(
+            max_examples=STATEFUL_EXAMPLES,
+            stateful_step_count=STATEFUL_STEPS,
+            derandomize=True,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+    )
+    # the links were followed: an object made by a create was then read through its own id
+    followed = [label for label, codes in answered.items() if "{id}" in label and 200 in codes]
+    print(
+        f"stateful: {sum(len(c) for c in answered.values())} distinct answers over {len(answered)} operations; "
+        f"followed links to {sorted(followed)}"
+    )
+    assert followed, answered

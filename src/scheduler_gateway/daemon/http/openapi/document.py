@@ -50,6 +50,27 @@ def _json_answer(description: str, name: str, headers: dict[str, Any] | None = N
     return {"description": description, "headers": h, "content": {"application/json": {"schema": ref(name)}}}
 
 
+# OpenAPI links: what a create answers names the object the operations on ``{id}`` take, so a client (and a
+# stateful fuzzer) can follow a create with them
+LINKS: dict[str, tuple[str, ...]] = {
+    "createTask": (
+        "getTask", "taskHistory", "cancelTask", "approveTask", "amendTask", "retryTask", "reworkTask",
+    ),
+    "createThread": ("getThread", "threadScheduledTasks", "deleteThread"),
+    "createScheduledTask": (
+        "getScheduledTask", "updateScheduledTask", "pauseScheduledTask", "resumeScheduledTask",
+        "triggerScheduledTask", "scheduledTaskRuns", "upcomingRuns", "deleteScheduledTask",
+    ),
+}  # fmt: skip
+
+
+def _links(operation_id: str) -> dict[str, Any]:
+    return {
+        target: {"operationId": target, "parameters": {"id": "$response.body#/id"}}
+        for target in LINKS.get(operation_id, ())
+    }
+
+
 def _operation(op: Op) -> dict[str, Any]:
     responses: dict[str, Any] = {}
     if op.answer is None:
@@ -70,6 +91,9 @@ def _operation(op: Op) -> dict[str, Any]:
             "description": "`true` when this answers a replay of an earlier request with the same key",
             "schema": {"type": "string", "enum": ["true"]},
         }
+    links = _links(op.operation_id)
+    if links:
+        responses[str(op.ok)]["links"] = links
     for status in sorted({*_ALWAYS, *op.errors}):
         responses[str(status)] = {"$ref": f"#/components/responses/Error{status}"}
     out: dict[str, Any] = {
