@@ -1,4 +1,4 @@
-"""``gatewayd``: run the daemon, check a setup, create API tokens (docs/CONFIG.md).
+"""``gatewayd``: run the daemon, check a setup, create API tokens, back up, export and import (docs/CONFIG.md).
 
 ``run`` wires the config into the composition root, starts the embedded nats-server when no NATS URL
 is configured, and in dev mode writes a first admin token to ``<data_dir>/admin.token`` (0600) so a
@@ -32,6 +32,7 @@ from scheduler_gateway.daemon.http.app import HttpSettings, token_hash
 from scheduler_gateway.daemon.nats.embedded import DataDirInUse, EmbeddedNats
 from scheduler_gateway.daemon.store.backup import backup_main
 from scheduler_gateway.daemon.store.select import Store, open_store
+from scheduler_gateway.daemon.store.transfer import export_main, import_main
 from scheduler_gateway.daemon.systemd_notify import SystemdNotifier
 
 log = logging.getLogger("gatewayd")
@@ -251,6 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     backup = sub.add_parser("backup", help="copy the store consistently while the daemon runs (SQLite backup API)")
     backup.add_argument("--to", type=Path, required=True, metavar="FILE", help="the backup file (replaced)")
     backup.add_argument("--config", type=Path)
+    export = sub.add_parser("export", help="write the SQLite store to a JSON-lines file (stop gatewayd first)")
+    export.add_argument("--to", type=Path, required=True, metavar="FILE", help="the export file (replaced)")
+    export.add_argument("--config", type=Path)
+    imp = sub.add_parser("import", help="load an export into the configured, empty PostgreSQL store")
+    imp.add_argument("--from", dest="source", type=Path, required=True, metavar="FILE", help="the export file")
+    imp.add_argument("--config", type=Path)
     return parser
 
 
@@ -262,6 +269,10 @@ def gatewayd_main(argv: list[str] | None = None) -> int:
         return check_main(args.config)
     if args.command == "backup":
         return backup_main(args.config, args.to)
+    if args.command == "export":
+        return export_main(args.config, args.to)
+    if args.command == "import":
+        return import_main(args.config, args.source)
     if args.command == "token":
         user = args.user.strip()
         if not user or len(user) > 128:
