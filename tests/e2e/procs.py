@@ -1,5 +1,5 @@
-"""Real processes for end-to-end tests: ``gatewayd run`` with its embedded nats-server and ``gateway-worker``s,
-each started on free ports and stopped by its PID."""
+"""Real processes for end-to-end tests: ``gatewayd run`` (its embedded nats-server, or an external one) and
+``gateway-worker``s, each started on free ports and stopped by its PID."""
 
 from __future__ import annotations
 
@@ -64,6 +64,7 @@ class Daemon(_Process):
     nats_port: int = field(default_factory=free_port)
     extra_env: dict[str, str] = field(default_factory=dict)
     config: Path | None = None  # a TOML file for ``gatewayd run --config`` (keys without an env variable)
+    nats_url: str | None = None  # an external nats-server (``GW_NATS_URL``) instead of the embedded one
     proc: subprocess.Popen[bytes] | None = None
     started_once: bool = field(default=False, init=False)
 
@@ -95,14 +96,15 @@ class Daemon(_Process):
 
     def _start_once(self, timeout_s: float) -> None:
         env = dict(os.environ)
+        env.pop("GW_NATS_URL", None)
         env.update(
             GW_DATA_DIR=str(self.data_dir),
             GW_HTTP_PORT=str(self.http_port),
             GW_NATS_PORT=str(self.nats_port),
             GW_MODE="dev",
+            **({"GW_NATS_URL": self.nats_url} if self.nats_url else {}),
             **self.extra_env,
         )
-        env.pop("GW_NATS_URL", None)
         log = open(self.log_path, "ab")  # noqa: SIM115 handed to the child, closed after the spawn
         try:
             args = [str(BIN / "gatewayd"), "run", *(["--config", str(self.config)] if self.config else [])]
@@ -129,6 +131,7 @@ class Worker(_Process):
     node_id: str
     kinds: str = "echo,sleep,fail"
     concurrency: int = 8
+    nats_url: str | None = None  # an external nats-server (``--nats``) instead of the data dir's credentials
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -143,8 +146,7 @@ class Worker(_Process):
                     self.kinds,
                     "--concurrency",
                     str(self.concurrency),
-                    "--data-dir",
-                    str(self.data_dir),
+                    *(["--nats", self.nats_url] if self.nats_url else ["--data-dir", str(self.data_dir)]),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
