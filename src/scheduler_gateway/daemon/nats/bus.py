@@ -45,6 +45,10 @@ PUBLISH_ACK_TIMEOUT_S = 5.0
 MSG_ID_HEADER = "Nats-Msg-Id"
 EXPECTED_LAST_SEQ_HEADER = "Nats-Expected-Last-Sequence"
 TAIL_LOOKBACK = 16  # messages events_tail looks back past ones without a msg id (not the relay's)
+#: A settle taken by a gatewayd that died unacked is redelivered to another after this long: well under the
+#: default lease (30 s), so the task's lease does not run out (and the task run again) while its settle
+#: waits. A settle handled twice is a repeat (the same lease and outcome), so a short wait costs nothing.
+SETTLE_ACK_WAIT_S = 10.0
 #: The queue group of the claim and heartbeat responders (docs/WIRE.md, Several instances).
 GATEWAY_QUEUE = "gw-gateway"
 _NODE_RE = re.compile(NODE_ID_PATTERN)
@@ -158,7 +162,9 @@ class NatsBus:
                 cb=self._spawn_cb(self._on_settle),
                 manual_ack=True,
                 config=ConsumerConfig(
-                    ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_ack_pending=self._settle_max_inflight
+                    ack_policy=AckPolicy.EXPLICIT,
+                    ack_wait=SETTLE_ACK_WAIT_S,
+                    max_ack_pending=self._settle_max_inflight,
                 ),
                 pending_msgs_limit=self._settle_max_inflight * 4,
             )
