@@ -6,10 +6,14 @@ import asyncio
 from pathlib import Path
 
 import msgspec
+import nats
+import pytest
 
 from scheduler_gateway.daemon.gateway import Gateway
+from scheduler_gateway.daemon.nats import bus
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.wire.messages import WireError
+from scheduler_gateway.wire.subjects import SETTLE_CONSUMER, SETTLE_STREAM
 
 from .harness import Api, HandNode, api_client, running_gateway, wait_for
 
@@ -343,3 +347,19 @@ async def test_a_batch_of_claims_is_answered_in_order(api: Api, node: HandNode) 
             node.subjects.claim(node.node_id), msgspec.json.encode({"claims": claims}), timeout=5
         )
         assert msgspec.json.decode(reply.data)["error"]["code"] == "INVALID_ARGUMENT"
+
+
+async def test_a_settle_consumer_from_an_earlier_version_gets_the_short_ack_wait(
+    tmp_path: Path, fresh_nats: NatsServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bus, "SETTLE_ACK_WAIT_S", 30.0)  # as the consumer was made before
+    async with running_gateway(tmp_path / "gw", fresh_nats.url):
+        pass
+    monkeypatch.undo()
+    async with running_gateway(tmp_path / "gw", fresh_nats.url):
+        nc = await nats.connect(fresh_nats.url)
+        try:
+            info = await nc.jetstream().consumer_info(SETTLE_STREAM, SETTLE_CONSUMER)
+        finally:
+            await nc.close()
+    assert info.config.ack_wait == bus.SETTLE_ACK_WAIT_S == 10.0

@@ -169,6 +169,19 @@ class NatsBus:
                 pending_msgs_limit=self._settle_max_inflight * 4,
             )
         )
+        await self._settle_ack_wait()
+
+    async def _settle_ack_wait(self) -> None:
+        """The durable settle consumer keeps the config it was made with: bring one made by an earlier version
+        (30 s) to ``SETTLE_ACK_WAIT_S`` (an allowed edit; a subscribed consumer takes it at once)."""
+        assert self.js is not None
+        try:
+            info = await self.js.consumer_info(SETTLE_STREAM, SETTLE_CONSUMER)
+            if info.config.ack_wait != SETTLE_ACK_WAIT_S:
+                await self.js.add_consumer(SETTLE_STREAM, config=info.config.evolve(ack_wait=SETTLE_ACK_WAIT_S))
+                log.info("settle consumer: ack wait set to %g s", SETTLE_ACK_WAIT_S)
+        except Exception as exc:  # the consumer still works with its old wait; say so once
+            log.warning("settle consumer: ack wait not updated (%s)", type(exc).__name__)
 
     async def stop_serving(self) -> None:
         """Stop taking node input (drain), and let handlers in flight finish."""
