@@ -1,34 +1,5 @@
 """The task service's former home, kept so ``scheduler_gateway.actors.task_service`` still imports: the code is in
-``actors/tasks/`` (``service.py`` the class, one module per group of operations)."""
+``actors/tasks/`` (``service.py`` the class, one module per group of operations); this re-exports its names."""
 
-from .tasks import (
-    RESERVED_LABEL_PREFIX,
-    RESERVED_LABELS,
-    RUN_LABEL,
-    SCHEDULE_LABEL,
-    BatchItem,
-    BatchOutcome,
-    Caller,
-    NewTask,
-    SettleOutcome,
-    TaskPolicy,
-    TaskService,
-    body_digest,
-    check_labels,
-)
-
-__all__ = [
-    "RESERVED_LABELS",
-    "RESERVED_LABEL_PREFIX",
-    "RUN_LABEL",
-    "SCHEDULE_LABEL",
-    "BatchItem",
-    "BatchOutcome",
-    "Caller",
-    "NewTask",
-    "SettleOutcome",
-    "TaskPolicy",
-    "TaskService",
-    "body_digest",
-    "check_labels",
-]
+from .tasks import *  # noqa: F403 - the package's public names, listed once in its __all__
+from .tasks import __all__ as __all__
