@@ -145,6 +145,7 @@ class OpWork:
     op: Op
     weight: int
     future: asyncio.Future[list[BaseException | None]]
+    heavy: bool = False  # a scan or bulk delete: committed in the writer thread, never on the event loop
 
 
 Work = ChangeWork | OpWork

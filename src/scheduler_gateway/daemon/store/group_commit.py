@@ -1,4 +1,4 @@
-"""The writer thread's work for one batch (group commit, docs/ARCHITECTURE.md, Store): the fast path writes
+"""One batch of the writer (group commit, docs/ARCHITECTURE.md, Store): the fast path writes
 every row type of the whole batch with one statement each; if anything is refused, the slow path redoes the
 batch one change at a time under savepoints, so one refusal never undoes another."""
 
@@ -46,8 +46,9 @@ class _Fallback(Exception):
     """The fast path cannot give every change its own result: redo the batch one change at a time."""
 
 
-def commit_in_thread(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseException | None]] | StorageError:
-    """The writer thread's whole job for one batch: fast path, else slow path; a failure is a value."""
+def commit_batch(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseException | None]] | StorageError:
+    """The writer's whole job for one batch (on the loop or in its thread): fast path, else slow path; a failure
+    is a value."""
     try:
         try:
             return _fast_path(conn, batch)

@@ -115,7 +115,7 @@ class SqliteRetention:
 
     async def _run(self, fn: Any) -> Any:
         # the full weight: the op is a transaction of its own, never a task change's companion in a commit
-        return await self._db.run(fn, weight=self._db.max_batch)
+        return await self._db.run(fn, weight=self._db.max_batch, heavy=True)
 
     async def purge_tasks(self, finished_before: float, limit: int, cursor: str | None = None) -> PurgeResult:
         after_at, after_id = _cursor_of(cursor)

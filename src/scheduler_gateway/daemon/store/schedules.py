@@ -207,7 +207,7 @@ class SqliteSchedules:
             active = {r[0]: bool(r[-1]) for r in rows}
             return [ClaimedSchedule(t, active[t.id]) for t in _tasks_of([r[:-1] for r in rows], "a claim")]
 
-        claimed: list[ClaimedSchedule] = await self._db.run(fn, weight=max(1, limit // 8))
+        claimed: list[ClaimedSchedule] = await self._db.run(fn, weight=max(1, limit // 8), heavy=True)
         return claimed
 
     async def next_due_at(self) -> float | None:

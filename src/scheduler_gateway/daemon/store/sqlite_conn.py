@@ -3,11 +3,18 @@ idempotency keys, the event outbox, dead letters, principals, nodes, schedules).
 
 ``SqliteDb`` owns the database file, runs its migrations (``migrations.py``) and holds the only write
 connection. Writes go through one writer coroutine that commits everything queued in one transaction (group
-commit, docs/ARCHITECTURE.md, Store), so throughput is bounded by the CPU rather than by one fsync per task. The
-write connection lives in a thread of its own and a whole batch is ONE call into that thread
-(``group_commit.py``): statement by statement (as aiosqlite does) would cost an event-loop turn per statement,
-which under load is most of a commit's latency. Reads use a second connection through aiosqlite: in WAL mode it
-reads the last committed state while the writer writes.
+commit, docs/ARCHITECTURE.md, Store), so throughput is bounded by the CPU rather than by one fsync per task. A
+batch is ONE call of ``group_commit.py``'s ``commit_batch``: statement by statement (as aiosqlite does) would
+cost an event-loop turn per statement, which under load is most of a commit's latency.
+
+Where that call runs: a small batch of task changes (up to ``INLINE_MAX_WEIGHT``) runs on the event loop itself,
+anything bigger, every heavy op (retention, vacuum) and the WAL checkpoints in the writer's own thread. A small
+batch takes well under a millisecond of CPU wherever it runs, but handing it to a thread cost ~3 ms of latency
+under load (the hand-off, then the thread waiting for the GIL the busy loop holds, at every statement), and the
+claims, whose round trip sets how fast a node's slots turn over, waited for it (docs/PERFORMANCE.md). The WAL is
+checkpointed by the writer thread (``wal_autocheckpoint`` is off on the write connection), so the fsyncs of a
+checkpoint never stall the loop. Reads use a second connection through aiosqlite: in WAL mode it reads the last
+committed state while the writer writes.
 
 Every task write is a compare-and-set on ``revision``; the row, its history entry, audit entry, outbox
 event, idempotency key and dead letter commit together or not at all (docs/ARCHITECTURE.md, Inside gatewayd).
@@ -43,7 +50,7 @@ from scheduler_gateway.daemon.store.common import (
     decode_rows,
     storage_error,
 )
-from scheduler_gateway.daemon.store.group_commit import commit_in_thread
+from scheduler_gateway.daemon.store.group_commit import commit_batch
 from scheduler_gateway.daemon.store.migrations import migrate
 from scheduler_gateway.wire.errors import (
     StorageError,
@@ -51,6 +58,14 @@ from scheduler_gateway.wire.errors import (
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: The biggest batch (in changes) committed on the event loop; bigger ones go to the writer thread, where a
+#: long transaction blocks only the writes queued behind it, not the loop.
+INLINE_MAX_WEIGHT = 128
+#: The WAL is checkpointed (in the writer thread) after this many rows were written since the last one: about
+#: SQLite's own autocheckpoint interval (1 000 pages) at our rows' sizes, which would otherwise run inside a
+#: commit on the loop.
+CHECKPOINT_ROWS = 2000
 
 
 class SqliteDb:
@@ -76,6 +91,8 @@ class SqliteDb:
         self._running = False
         self._stop_requested = False
         self._stopped: asyncio.Event | None = None  # set once a stop() finished; None while not stopping
+        self._rows_since_checkpoint = 0
+        self._changes_seen = 0  # the write connection's total_changes when last looked at
 
     def __repr__(self) -> str:
         return f"SqliteDb({str(self.path)!r})"
@@ -111,6 +128,8 @@ class SqliteDb:
         # looked up once: 3.11's get_running_loop() makes a getpid() syscall on every call (a hot path)
         self._loop = asyncio.get_running_loop()
         self._wconn, self._rconn = wconn, rconn
+        self._changes_seen = wconn.total_changes
+        self._rows_since_checkpoint = 0
         self._queue.clear()
         self._wakeup = asyncio.Event()
         self._stop_requested = False
@@ -152,9 +171,11 @@ class SqliteDb:
         self.enqueue(ChangeWork(rows, fut))
         return fut
 
-    async def submit_op(self, op: Op, weight: int = 1) -> None:
+    async def submit_op(self, op: Op, weight: int = 1, *, heavy: bool = False) -> None:
+        """Queue a write that is not a task change; ``heavy`` for one whose time is not bounded by ``weight``
+        (scans, purges, vacuum): it runs in the writer thread."""
         fut = self.new_future()
-        self.enqueue(OpWork(op, max(1, min(weight, self.max_batch)), fut))
+        self.enqueue(OpWork(op, max(1, min(weight, self.max_batch)), fut, heavy))
         (result,) = await fut
         if result is not None:
             raise result
@@ -188,6 +209,8 @@ class SqliteDb:
                 weight += work.weight
             try:
                 await self._commit(batch)
+                # an inline commit did not yield: let its callers (and everyone else) run before the next
+                await asyncio.sleep(0)
             except asyncio.CancelledError:
                 # the loop is being torn down without stop(): nobody may wait forever on a future
                 self._fail_batch(
@@ -210,7 +233,15 @@ class SqliteDb:
     async def _commit(self, batch: list[Work]) -> None:
         conn, thread = self._wconn, self._wthread
         assert conn is not None and thread is not None
-        outcome = await self._in_writer(thread, commit_in_thread, conn, batch)
+        if self._rows_since_checkpoint >= CHECKPOINT_ROWS:
+            self._rows_since_checkpoint = 0
+            await self._in_writer(thread, _checkpoint, conn)
+        if _inline(batch):
+            outcome = commit_batch(conn, batch)
+        else:
+            outcome = await self._in_writer(thread, commit_batch, conn, batch)
+        self._rows_since_checkpoint += conn.total_changes - self._changes_seen
+        self._changes_seen = conn.total_changes
         if isinstance(outcome, StorageError):
             self._fail_batch(batch, outcome)
             return
@@ -271,7 +302,7 @@ class SqliteDb:
         rows = rows[:n]
         return Page(decode_rows(decode, rows, what), str(rows[-1][0]) if more else None)
 
-    async def run(self, fn: Callable[[sqlite3.Connection], Any], weight: int = 1) -> Any:
+    async def run(self, fn: Callable[[sqlite3.Connection], Any], weight: int = 1, *, heavy: bool = False) -> Any:
         """Run ``fn`` in the writer's transaction and answer what it returned (a Refusal is raised here).
         The writer may run an op twice (fast path rolled back, then the slow path): the last run counts."""
         box: list[Any] = [None]
@@ -279,7 +310,7 @@ class SqliteDb:
         def op(conn: sqlite3.Connection) -> None:
             box[0] = fn(conn)
 
-        await self.submit_op(op, weight)
+        await self.submit_op(op, weight, heavy=heavy)
         if isinstance(box[0], Refusal):
             raise box[0].error
         return box[0]
@@ -297,10 +328,30 @@ def _open_writer(path: Path) -> sqlite3.Connection:
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = OFF")
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        # the writer checkpoints in its thread (SqliteDb._commit), never inside a commit made on the loop
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _inline(batch: list[Work]) -> bool:
+    """Whether ``batch`` is small enough to commit on the event loop (no heavy op, few changes)."""
+    weight = 0
+    for work in batch:
+        if isinstance(work, OpWork) and work.heavy:
+            return False
+        weight += work.weight
+    return weight <= INLINE_MAX_WEIGHT
+
+
+def _checkpoint(conn: sqlite3.Connection) -> None:
+    """Copy the WAL back into the database file as far as readers allow (PASSIVE: never waits for them)."""
+    try:
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    except sqlite3.Error as exc:  # the next one tries again; the WAL only grows meanwhile
+        log.warning("task store: WAL checkpoint failed (%s)", type(exc).__name__)
 
 
 def _close_writer(conn: sqlite3.Connection) -> None:

@@ -1,0 +1,69 @@
+"""Where the SQLite writer commits (daemon/store/sqlite_conn.py): small batches on the event loop, heavy ops in the
+writer thread, and the WAL checkpointed by the writer thread so it stays bounded with autocheckpoint off."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from scheduler_gateway.daemon.store.sqlite_conn import CHECKPOINT_ROWS, INLINE_MAX_WEIGHT, SqliteDb
+
+BLOB = b"x" * 1000
+
+
+def wal_size(db: Path) -> int:
+    return os.path.getsize(f"{db}-wal")
+
+
+async def test_small_batches_commit_on_the_loop_and_heavy_ops_in_the_writer_thread(tmp_path: Path) -> None:
+    db = SqliteDb(tmp_path / "gw.db")
+    await db.start()
+    try:
+        await db.run(lambda c: c.execute("CREATE TABLE scratch (n INTEGER, b BLOB)"))
+        seen: dict[str, int] = {}
+
+        def where(name: str) -> None:
+            seen[name] = threading.get_ident()
+
+        await db.run(lambda c: where("small"))
+        await db.run(lambda c: where("big"), weight=INLINE_MAX_WEIGHT + 1)
+        await db.run(lambda c: where("heavy"), heavy=True)
+        loop_thread = threading.get_ident()
+        assert seen["small"] == loop_thread
+        assert seen["big"] != loop_thread and seen["heavy"] != loop_thread
+        assert seen["big"] == seen["heavy"]  # the writer's one thread
+    finally:
+        await db.stop()
+
+
+async def test_the_wal_is_checkpointed_by_the_writer_and_stays_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "gw.db"
+    db = SqliteDb(path)
+    await db.start()
+    try:
+        await db.run(lambda c: c.execute("CREATE TABLE scratch (n INTEGER, b BLOB)"))
+        rows = 100
+        batches = 200  # 20 MB written: 10 checkpoint intervals
+        assert batches * rows >= CHECKPOINT_ROWS * 10
+
+        def insert(start: int) -> Callable[[sqlite3.Connection], None]:
+            def op(c: sqlite3.Connection) -> None:
+                c.executemany("INSERT INTO scratch VALUES (?, ?)", [(start + i, BLOB) for i in range(rows)])
+
+            return op
+
+        for k in range(batches):
+            await db.run(insert(k * rows), weight=rows)
+        wal = wal_size(path)
+        written = batches * rows * len(BLOB)
+        # without checkpoints the WAL would hold every page written; with them it is reused from its start
+        assert wal < written / 4, (wal, written)
+        (count,) = (await db.fetchall("SELECT count(*) FROM scratch"))[0]
+        assert count == batches * rows
+    finally:
+        await db.stop()
+    with sqlite3.connect(path) as conn:  # everything is in the file after a close
+        assert conn.execute("SELECT count(*) FROM scratch").fetchone()[0] == batches * rows
