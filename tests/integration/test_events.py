@@ -467,3 +467,44 @@ async def test_a_publish_lost_mid_batch_keeps_the_stream_in_outbox_order(
 
 async def _outbox_empty(gw: Gateway) -> bool:
     return await gw.store.outbox_size() == 0
+
+
+async def test_the_tail_rests_without_clients_and_a_resume_still_gets_what_it_missed(
+    tmp_path: Path, fresh_nats: NatsServerProcess
+) -> None:
+    # a stream whose client left ends at its next keep-alive write: short, so the test need not wait 15 s
+    settings = SseSettings(keepalive_s=0.2)
+    async with running_gateway(tmp_path / "gw", fresh_nats.url, sse=settings) as gw, api_client(gw) as api:
+        hub = gw.event_hub
+        assert not hub.tailing  # nobody listens yet: no event is read
+        await api.create({"kind": "echo"})
+        await wait_for(lambda: _true(gw.relay.last_seq >= 1), timeout_s=10)
+        assert hub.received == 0
+        hub.idle_s = 0.2
+        async with sse(api) as stream:
+            assert hub.tailing
+            first = await api.create({"kind": "echo"})
+            (seen,) = await stream.take(1)
+            assert seen.data["aggregateId"] == first["id"]
+        await wait_for(lambda: _true(not hub.tailing), timeout_s=10)  # rests after the last client left
+        received = hub.received
+        missed = [await api.create({"kind": "echo", "payload": i}) for i in range(3)]
+        await wait_for(lambda: _true(gw.relay.last_seq >= seen.seq + 3), timeout_s=10)
+        assert hub.received == received  # nothing read while resting
+        async with sse(api, last_event_id=seen.seq) as stream:
+            resumed = await stream.take(3)
+            assert [f.data["aggregateId"] for f in resumed] == [t["id"] for t in missed]
+            assert [f.seq for f in resumed] == list(range(seen.seq + 1, seen.seq + 4))
+            assert await stream.quiet(0.3) == []
+            later = await api.create({"kind": "echo"})
+            (live,) = await stream.take(1)  # joined the tail after the replay
+            assert live.data["aggregateId"] == later["id"] and live.seq == seen.seq + 4
+        await wait_for(lambda: _true(not hub.tailing), timeout_s=10)
+        relayed = gw.relay.last_seq
+        await api.create({"kind": "echo"})  # while resting again, and relayed before the client comes
+        await wait_for(lambda: _true(gw.relay.last_seq > relayed), timeout_s=10)
+        async with sse(api) as stream:  # a client without Last-Event-ID: only what comes after it
+            newest = await api.create({"kind": "echo"})
+            (frame,) = await stream.take(1)
+            assert frame.data["aggregateId"] == newest["id"]
+            assert await stream.quiet(0.3) == []

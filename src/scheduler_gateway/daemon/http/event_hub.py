@@ -19,6 +19,13 @@ in batches, at the pace the client takes them, until it is caught up and can joi
 
 A stream message that does not decode is skipped, logged and audited once; it never stops the tail.
 
+The tail runs only while someone listens: it starts with the first SSE stream (``serving()``) and stops
+``idle_s`` after the last one ended. Reading every event of a busy daemon with nobody to send it to cost ~4% of
+the event loop and three deliveries per task on NATS (docs/PERFORMANCE.md). Stopped, it forgets its window; the
+first stream starts it again from the end of the stream, and a resume from before that is a ``Replay`` like any
+other resume the window does not cover, so a client sees the same events either way. A message that does not
+decode is then noticed (and audited) when a client reads it.
+
 The frames and decoding are in ``event_frames.py``, a client's ``Subscriber`` and ``Replay`` in
 ``event_clients.py``; this module re-exports them.
 """
@@ -28,8 +35,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
 import nats.errors
@@ -121,6 +129,7 @@ class EventHub:
         on_disconnect: Callable[[str], None] | None = None,
         window: int = 1024,
         heartbeat_s: float = 1.0,
+        idle_s: float = 30.0,
     ) -> None:
         self._bus = bus
         self._subjects = subjects
@@ -137,12 +146,56 @@ class EventHub:
         self.last_seq = 0  # the last seq the tail has seen (or the stream's last at start)
         self.received = 0
         self._closing: tuple[str, str] | None = None  # set by stop(): new subscribers are ended at once
+        self.idle_s = idle_s  # how long the tail outlives the last stream (0: it runs from start() on)
+        self._streams = 0  # SSE streams being served, replays included
+        self._idle_since: float | None = time.monotonic()  # when the last stream ended (monotonic clock)
+        self._waking = asyncio.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
-        if self._sub is None:
-            await self._follow_from_end()
+        if self._watcher is None:
+            if self.idle_s <= 0:
+                await self._follow_from_end()
             self._watcher = asyncio.create_task(self._watch(), name="event-hub-watch")
+
+    @property
+    def tailing(self) -> bool:
+        return self._sub is not None
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """Around one SSE stream, from before it attaches or resumes until it ended: the tail runs meanwhile.
+        Raises ``Unavailable`` when the tail cannot be started (NATS is away)."""
+        self._streams += 1
+        self._idle_since = None
+        try:
+            await self._wake()
+            yield
+        finally:
+            self._streams -= 1
+            if self._streams == 0:
+                self._idle_since = time.monotonic()
+
+    async def _wake(self) -> None:
+        if self._sub is not None or self._closing is not None:
+            return
+        async with self._waking:  # two streams arriving together start one tail
+            if self._sub is not None:
+                return
+            self._window.clear()  # it stopped at an older seq: what came since is read by a Replay
+            try:
+                await self._follow_from_end()
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+                raise Unavailable(f"the event stream is unavailable ({type(exc).__name__})") from None
+            log.info("event stream: a client arrived; following GW_EVENTS from seq %d", self.last_seq + 1)
+
+    async def _rest_if_idle(self) -> None:
+        if self._sub is None or self._streams or self.idle_s <= 0 or self._idle_since is None:
+            return
+        if time.monotonic() - self._idle_since >= self.idle_s:
+            await self._unsubscribe()
+            self._window.clear()
+            log.info("event stream: no client for %g s; the tail rests at seq %d", self.idle_s, self.last_seq)
 
     async def _follow_from_end(self) -> None:
         js = self._bus.js
@@ -197,7 +250,8 @@ class EventHub:
         """A stream that lost its messages (its NATS store was wiped) starts again at seq 1, below what the
         tail waits for: notice it, end every client's stream, and follow the new stream from its end."""
         while True:
-            await asyncio.sleep(WATCH_S)
+            await asyncio.sleep(min(WATCH_S, self.idle_s) if self.idle_s > 0 else WATCH_S)
+            await self._rest_if_idle()
             js = self._bus.js
             if js is None or not self._bus.connected:
                 continue
@@ -218,7 +272,7 @@ class EventHub:
                 self.close_all(STREAM_RESET, "the event stream was reset; reconnect to follow it from its end")
                 self._window.clear()
                 await self._unsubscribe()
-            if self._sub is None:  # just reset, or an earlier attempt to follow it failed
+            if self._sub is None and (self._streams or self.idle_s <= 0):  # reset, or a follow that failed
                 try:
                     await self._follow_from_end()
                 except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:

@@ -118,6 +118,17 @@ class EventsApi:
                 headers={"X-Request-Id": request[REQUEST_ID], "Cache-Control": "no-cache"},
                 content_type="text/event-stream",
             )
+        async with self.hub.serving():  # 503 here, in the envelope, if the tail cannot start (NATS is down)
+            return await self._serve(request, caller, last_id, types, aggregate_id)
+
+    async def _serve(
+        self,
+        request: web.Request,
+        caller: Caller,
+        last_id: int | None,
+        types: frozenset[str] | None,
+        aggregate_id: str | None,
+    ) -> web.StreamResponse:
         sub = Subscriber(None if caller.is_admin else caller.user, types, aggregate_id, self.settings.buffer_events)
         # Subscribed before the headers go out: every event after this point reaches the client.
         replay: Replay | None = None
