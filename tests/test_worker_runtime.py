@@ -373,6 +373,41 @@ async def test_offers_pulled_together_are_claimed_in_one_batch(nats_server: Nats
     assert sum(gw.claim_requests) == 12 and len(gw.claim_requests) < 12
 
 
+async def test_an_idle_node_takes_offer_after_offer_on_one_lingering_pull_request(
+    nats_server: NatsServerProcess,
+) -> None:
+    s = Setup()
+    echo = s.kind("echo")
+    requests: list[bytes] = []
+
+    async def record(msg: Msg) -> None:
+        requests.append(msg.data)
+
+    async with gateway(nats_server.url, [echo]) as gw:
+        watch = await nats.connect(nats_server.url)
+        try:
+            # a plain subscriber sees every pull request the worker sends for this kind
+            sub = await watch.subscribe(
+                f"$JS.API.CONSUMER.MSG.NEXT.{DISPATCH_STREAM}.{consumer_name(echo)}",
+                cb=record,
+            )
+            await watch.flush()
+            async with worker(nats_server.url, s.node, registry_of(**{echo: demo_handlers.echo}), concurrency=16):
+                await wait_for(lambda: bool(requests), what="the first pull request")
+                await asyncio.sleep(0.2)
+                before = len(requests)
+                for n in range(10):  # one at a time, each settled before the next: a mostly idle node
+                    await gw.offer(echo, {"n": n})
+                    got = await gw.next_settle(s.node)
+                    assert got is not None and got[0].outcome == "succeeded"
+                sent = len(requests) - before
+            await sub.unsubscribe()
+        finally:
+            await watch.close()
+    # one lingering request for up to 16 offers took them (a request per offer sent ~3 messages each)
+    assert sent <= 3, [r.decode() for r in requests]
+
+
 async def test_echo_offer_is_claimed_run_and_settled(nats_server: NatsServerProcess) -> None:
     s = Setup()
     echo = s.kind("echo")
