@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from scheduler_gateway.daemon.gateway import Gateway
@@ -221,6 +222,12 @@ async def test_nodes_and_drain(api: Api, gateway: Gateway) -> None:
         task = await api.create({"kind": "echo"})
         refused = await node.claim(task["id"], task["attemptId"])
         assert refused.error and refused.error.code == "NODE_DRAINING"
+        other = await api.create({"kind": "echo"})
+        batch = {"claims": [{"taskId": t["id"], "attemptId": t["attemptId"]} for t in (task, other)]}
+        reply = await node.nc.request(node.subjects.claim("node-d"), msgspec.json.encode(batch), timeout=5)
+        results = msgspec.json.decode(reply.data)["results"]
+        assert [r["error"]["code"] for r in results] == ["NODE_DRAINING", "NODE_DRAINING"]
+        assert (await api.task(other["id"]))["state"] == "queued"
         status, _, _ = await api.call("POST", "/api/nodes/node-d/undrain")
         assert status == 200
         granted = await node.claim(task["id"], task["attemptId"])

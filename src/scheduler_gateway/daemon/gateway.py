@@ -221,6 +221,7 @@ class Gateway:
                 heartbeat=self.service.heartbeat,
                 settle=self.service.settle,
                 refuse=self._refuse_message,
+                claim_many=self.service.claim_many,
             )
         )
         self._flusher = asyncio.create_task(self._flush_nodes())

@@ -233,6 +233,10 @@ class TaskService:
     async def claim(self, node_id: str, req: ClaimRequest) -> ClaimReply:
         return await node_protocol.claim(self, node_id, req)
 
+    def claim_many(self, node_id: str, reqs: list[ClaimRequest]) -> list[asyncio.Future[ClaimReply]]:
+        """The claims of one batch request, each in its task's mailbox at once: a future per claim."""
+        return node_protocol.claim_many(self, node_id, reqs)
+
     async def heartbeat(self, node_id: str, req: HeartbeatRequest) -> HeartbeatReply:
         return await node_protocol.heartbeat(self, node_id, req)
 
@@ -415,6 +419,10 @@ class TaskService:
     # -- the mailbox -----------------------------------------------------------------------------------------
     async def _serial(self, task_id: str, fn: Callable[[], Awaitable[T]]) -> T:
         """Run ``fn`` in the task's mailbox; a write that lost its compare-and-set re-runs on the fresh task."""
+        return await self._queued(task_id, fn)
+
+    def _queued(self, task_id: str, fn: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
+        """``_serial`` without a coroutine of its own: ``fn`` is in the mailbox when this returns."""
 
         async def run() -> T:
             for _ in range(STALE_RETRIES):
@@ -424,7 +432,7 @@ class TaskService:
                     await self._refresh(stale.task_id or task_id)
             raise Conflict(f"task {task_id} keeps changing; try again", code=Code.REVISION_CONFLICT)
 
-        return await self._boxes.call(task_id, run)
+        return self._boxes.call(task_id, run)
 
     async def _refresh(self, task_id: str) -> None:
         """Take a newer stored revision into the live copy (another writer committed it; its own bookkeeping

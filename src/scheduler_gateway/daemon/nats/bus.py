@@ -64,6 +64,8 @@ class NodeInputs(msgspec.Struct):
     heartbeat: Callable[[str, HeartbeatRequest], Awaitable[HeartbeatReply]]
     settle: Callable[[str, Settle], Awaitable[Any]]
     refuse: Callable[[str, str, str, str], Awaitable[None]]  # (operation, node id, code, why) -> audit
+    # the claims of one batch, each already queued: one awaitable per claim (None: ``claim`` for each)
+    claim_many: Callable[[str, list[ClaimRequest]], list[asyncio.Future[ClaimReply]]] | None = None
 
 
 class NatsBus:
@@ -251,7 +253,9 @@ class NatsBus:
             )
             body = self._enc.encode(bad)
         else:
-            outcomes = await asyncio.gather(*(self._inputs.claim(node, c) for c in claims), return_exceptions=True)
+            many = self._inputs.claim_many
+            pending = many(node, claims) if many is not None else [self._inputs.claim(node, c) for c in claims]
+            outcomes = await asyncio.gather(*pending, return_exceptions=True)
             body = self._enc.encode(ClaimBatchReply(results=[_claim_reply_of(o) for o in outcomes]))
         if msg.reply:
             await self._respond(msg, body)
