@@ -3,9 +3,11 @@ writer thread, and the WAL checkpointed by the writer thread so it stays bounded
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -67,3 +69,26 @@ async def test_the_wal_is_checkpointed_by_the_writer_and_stays_bounded(tmp_path:
         await db.stop()
     with sqlite3.connect(path) as conn:  # everything is in the file after a close
         assert conn.execute("SELECT count(*) FROM scratch").fetchone()[0] == batches * rows
+
+
+async def test_a_write_lock_held_elsewhere_is_waited_for_in_the_writer_thread_not_on_the_loop(tmp_path: Path) -> None:
+    path = tmp_path / "gw.db"
+    db = SqliteDb(path)
+    await db.start()
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        await db.run(lambda c: c.execute("CREATE TABLE scratch (n INTEGER)"))
+        other.execute("BEGIN IMMEDIATE")  # an outside connection holds the write lock
+        write = asyncio.ensure_future(db.run(lambda c: c.execute("INSERT INTO scratch VALUES (1)")))
+        started = time.monotonic()
+        for _ in range(30):  # the loop keeps turning while the write waits: no tick waits for the lock
+            await asyncio.sleep(0.01)
+        assert time.monotonic() - started < 1.0
+        assert not write.done()
+        other.execute("COMMIT")
+        await asyncio.wait_for(write, 5)
+        (count,) = (await db.fetchall("SELECT count(*) FROM scratch"))[0]
+        assert count == 1
+    finally:
+        other.close()
+        await db.stop()

@@ -46,9 +46,11 @@ class _Fallback(Exception):
     """The fast path cannot give every change its own result: redo the batch one change at a time."""
 
 
-def commit_batch(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseException | None]] | StorageError:
+def commit_batch(
+    conn: sqlite3.Connection, batch: list[Work], *, quiet_busy: bool = False
+) -> list[list[BaseException | None]] | StorageError:
     """The writer's whole job for one batch (on the loop or in its thread): fast path, else slow path; a failure
-    is a value."""
+    is a value. ``quiet_busy``: a busy database is not logged (the caller tries again where it may wait)."""
     try:
         try:
             return _fast_path(conn, batch)
@@ -57,13 +59,19 @@ def commit_batch(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseE
     except sqlite3.Error as exc:
         rollback_quietly(conn)
         err = storage_error(exc)
-        log.warning("task store: a commit of %d writes failed (%s)", len(batch), err.details["sqliteError"])
+        if not (quiet_busy and is_busy(err)):
+            log.warning("task store: a commit of %d writes failed (%s)", len(batch), err.details["sqliteError"])
         return err
     except Exception:
         # a bug, not a storage fault; fail the callers instead of killing the writer for everyone
         rollback_quietly(conn)
         log.exception("task store: unexpected error in the writer")
         return StorageError("the task store failed (internal error)")
+
+
+def is_busy(err: StorageError) -> bool:
+    """Another connection holds the write lock (SQLITE_BUSY): nothing was written."""
+    return err.details.get("sqliteError") == "SQLITE_BUSY"
 
 
 def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseException | None]]:

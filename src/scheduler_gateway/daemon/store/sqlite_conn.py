@@ -50,7 +50,7 @@ from scheduler_gateway.daemon.store.common import (
     decode_rows,
     storage_error,
 )
-from scheduler_gateway.daemon.store.group_commit import commit_batch
+from scheduler_gateway.daemon.store.group_commit import commit_batch, is_busy
 from scheduler_gateway.daemon.store.migrations import migrate
 from scheduler_gateway.wire.errors import (
     StorageError,
@@ -112,6 +112,9 @@ class SqliteDb:
         try:
             wconn = await self._in_writer(wthread, _open_writer, self.path)
             await self._in_writer(wthread, migrate, wconn)
+            # from here no busy wait by default: a commit on the loop must not sleep there while another
+            # connection holds the write lock; the thread waits instead (_commit_waiting)
+            await self._in_writer(wthread, wconn.execute, "PRAGMA busy_timeout = 0")
             rconn = await aiosqlite.connect(self.path, isolation_level=None)
             await rconn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             await rconn.execute("PRAGMA query_only = ON")
@@ -237,9 +240,12 @@ class SqliteDb:
             self._rows_since_checkpoint = 0
             await self._in_writer(thread, _checkpoint, conn)
         if _inline(batch):
-            outcome = commit_batch(conn, batch)
+            outcome = commit_batch(conn, batch, quiet_busy=True)
+            if isinstance(outcome, StorageError) and is_busy(outcome):
+                # another connection holds the write lock (never this daemon's own): wait for it in the thread
+                outcome = await self._in_writer(thread, _commit_waiting, conn, batch)
         else:
-            outcome = await self._in_writer(thread, commit_batch, conn, batch)
+            outcome = await self._in_writer(thread, _commit_waiting, conn, batch)
         self._rows_since_checkpoint += conn.total_changes - self._changes_seen
         self._changes_seen = conn.total_changes
         if isinstance(outcome, StorageError):
@@ -327,7 +333,7 @@ def _open_writer(path: Path) -> sqlite3.Connection:
         # NORMAL in WAL mode: a power cut may lose the last commits but never corrupts the file
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = OFF")
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # for the migrations; SqliteDb.start() sets 0
         # the writer checkpoints in its thread (SqliteDb._commit), never inside a commit made on the loop
         conn.execute("PRAGMA wal_autocheckpoint = 0")
     except BaseException:
@@ -344,6 +350,15 @@ def _inline(batch: list[Work]) -> bool:
             return False
         weight += work.weight
     return weight <= INLINE_MAX_WEIGHT
+
+
+def _commit_waiting(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseException | None]] | StorageError:
+    """``commit_batch`` in the writer thread, waiting up to the busy timeout for another connection's write lock."""
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    try:
+        return commit_batch(conn, batch)
+    finally:
+        conn.execute("PRAGMA busy_timeout = 0")
 
 
 def _checkpoint(conn: sqlite3.Connection) -> None:
