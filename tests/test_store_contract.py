@@ -738,6 +738,37 @@ async def test_sqlite_dead_letter_sweep_queries_use_their_indexes(sqlite_store: 
     db.close()
 
 
+async def test_sqlite_task_update_keeps_the_columns_the_model_never_changes(sqlite_store: SqliteStore) -> None:
+    """An update SETs only what a transition can change (state, revision, priority, thread, not_before, doc): the
+    columns fixed at create (owner, kind, parent, run, created_at) stay as inserted and still match the doc, in
+    the fast path (a batch) and the slow one (a refused change in the batch makes it redo one by one)."""
+    parent = make_task(1, state="running", revision=1)
+    child = make_task(2, parent_id=parent.id, kind="resize", owner="alice", thread_id="thr_1", priority=5)
+    await sqlite_store.apply_many([create(parent), create(child)])
+    moved = bump(child, state="running", lease_id="lse_1", node_id="n1")
+    stale = bump(parent, state="succeeded")  # wrong expected revision below: refused, forces the slow path
+    results = await sqlite_store.apply_many(
+        [
+            update(child, moved, "claim", lease_id="lse_1"),
+            Change(**{**msgspec.structs.asdict(update(parent, stale)), "expected_revision": 7}),
+        ]
+    )
+    assert results[0] is None and results[1] is not None
+    done = bump(moved, state="succeeded", finished_at=T0 + 9)
+    assert await sqlite_store.apply_many([update(moved, done, "settle")]) == [None]
+    with sqlite3.connect(sqlite_store.path) as db:
+        row = db.execute(
+            "SELECT owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before,"
+            " finished_at FROM tasks WHERE id = ?",
+            (child.id,),
+        ).fetchone()
+    db.close()
+    assert row == ("alice", "resize", "succeeded", 3, 5, parent.id, child.run_id, "thr_1", child.created_at, T0, T0 + 9)
+    assert await sqlite_store.get_task(child.id) == done
+    page = await sqlite_store.list_tasks(TaskQuery(owner="alice", state="succeeded", kind="resize"))
+    assert [t.id for t in page.items] == [child.id]
+
+
 @pytest.mark.parametrize(
     ("filters", "index"),
     [
