@@ -47,7 +47,7 @@ Method:
    creation rate measured in step 2 (full store). Free pages are kept for reuse (``keep_free_bytes``
    huge): giving 4 GiB back to the file system afterwards is not the purge.
 
-    .venv/bin/python bench/bench_growth.py                                   # the full run (~15-20 min)
+    .venv/bin/python bench/bench_growth.py          # the full run (~7 min on 2 cores, 5.5 GiB in /tmp)
     .venv/bin/python bench/bench_growth.py --terminal 50000 --queued 5000 --n 3000 --reps 1   # quick
 """
 
