@@ -618,10 +618,11 @@ def main(argv: list[str] | None = None) -> int:
             emit(out, {**common, "step": "purge", **rec, "loadavg": os.getloadavg()})
             print(f"purge: {rec}")
     finally:
-        if a.reuse is None and not a.keep:
-            shutil.rmtree(scratch, ignore_errors=True)
-        else:
+        # the scratch dir holds the empty stores and, unless --reuse / --fill-into named another, the full one
+        if a.keep:
             print(f"(kept {scratch})")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 
