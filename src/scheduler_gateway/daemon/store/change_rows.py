@@ -25,9 +25,13 @@ from scheduler_gateway.daemon.store.common import (
 
 _TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
 SQL_INSERT_TASK = f"INSERT INTO tasks (id, {_TASK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+# A task's owner, kind, parent, run and creation time are fixed at its create (no transition of
+# actors/model/task_machine.py changes them), so an update does not SET those columns: SQLite rewrites the
+# entries of every index naming a column in the SET list, whether its value changed or not, and the indexes on
+# them (tasks_owner, tasks_kind, tasks_parent, tasks_run, tasks_owner_kind) would be rewritten on every change.
 SQL_UPDATE_TASK = (
-    "UPDATE tasks SET owner = ?, kind = ?, state = ?, revision = ?, priority = ?, parent_id = ?, run_id = ?,"
-    " thread_id = ?, created_at = ?, not_before = ?, doc = ? WHERE id = ? AND revision = ?"
+    "UPDATE tasks SET state = ?, revision = ?, priority = ?, thread_id = ?, not_before = ?, doc = ?"
+    " WHERE id = ? AND revision = ?"
 )
 SQL_INSERT_HISTORY = "INSERT INTO task_history (task_id, revision, lease_id, doc) VALUES (?, ?, ?, ?)"
 # Audit entries are immutable and named by id: writing the same one twice (a retried append) is a no-op.
@@ -104,7 +108,8 @@ class ChangeRows:
 
     @property
     def update_row(self) -> tuple[Any, ...]:
-        return (*self.task_values, self.expected_revision)
+        v = self.task_values  # owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at,
+        return (v[2], v[3], v[4], v[7], v[9], v[10], v[11], self.expected_revision)  # not_before, doc, id
 
 
 def running_deadlines(t: Task) -> tuple[float | None, float | None]:

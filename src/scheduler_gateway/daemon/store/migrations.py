@@ -18,6 +18,14 @@ from scheduler_gateway.wire.errors import (
 
 log = logging.getLogger(__name__)
 
+#: Migration 7 (the PostgreSQL store has the same indexes, its migration 4).
+TASK_LIST_MIGRATION: tuple[str, ...] = (
+    "CREATE INDEX tasks_state_kind ON tasks (state, kind, id)",
+    "CREATE INDEX tasks_owner_state ON tasks (owner, state, id)",
+    "CREATE INDEX tasks_owner_kind ON tasks (owner, kind, id)",
+    "CREATE INDEX tasks_owner_state_kind ON tasks (owner, state, kind, id)",
+)
+
 
 # Each step is applied once, in order, in its own transaction, and recorded in ``schema_version``. Never
 # edit a released step: append a new one (a database in the field already ran the old text).
@@ -131,6 +139,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 6: retention (what it asks for: terminal tasks by finish, keys by age, active runs by task; text in
     # store/retention.py)
     RETENTION_MIGRATION,
+    # 7: task lists that combine filters (bench/bench_growth.py, docs/PERFORMANCE.md#growth-issue-11). A page
+    # is ``WHERE id > ? AND <filters> ORDER BY id LIMIT ?``; with one-column indexes the planner walks one
+    # filter's (column, id) index in id order and tests the others on each row, so a rare combination reads
+    # every row of the common one (a user's queued tasks behind a million finished ones: 400 ms). These give
+    # the combinations the API asks for most their own (columns..., id) order, so the LIMIT stops the seek:
+    # state + kind (admin); and, since every list of a user carries ``owner``, owner + state, owner + kind,
+    # owner + state + kind.
+    TASK_LIST_MIGRATION,
 )
 
 

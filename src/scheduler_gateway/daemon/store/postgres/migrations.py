@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from scheduler_gateway.daemon.store.migrations import TASK_LIST_MIGRATION
 from scheduler_gateway.wire.errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,10 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX idempotency_created ON idempotency (created_at)",
         "CREATE INDEX scheduled_runs_active_task ON scheduled_runs (task_id) WHERE status IN ('queued', 'running')",
     ),
+    # 4: task lists that combine filters, as in the SQLite store (its migration 7, store/migrations.py): a
+    # (columns..., id) order for state + kind and for a user's lists (owner + state, + kind, + both), so a page
+    # of a rare combination is one index seek, not a walk of the common filter's rows
+    TASK_LIST_MIGRATION,
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)
