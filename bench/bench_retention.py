@@ -192,7 +192,7 @@ async def main() -> None:
 
         policy = RetentionPolicy(batch=args.batch, keep_free_bytes=1 << 62)  # measure the purge alone
         timed = TimedStore(store)
-        keeper = RetentionKeeper(timed, policy, lambda: now)  # type: ignore[arg-type]
+        keeper = RetentionKeeper(timed, policy, lambda: now, writes_waiting=store.writes_waiting)  # type: ignore[arg-type]
         t0 = time.perf_counter()
         done = await keeper.round()
         purge_s = time.perf_counter() - t0
@@ -219,7 +219,7 @@ async def main() -> None:
         stop = asyncio.Event()
         busy = asyncio.create_task(write_latencies(store, ids, stop, now))
         t0 = time.perf_counter()
-        done = await RetentionKeeper(store, policy, lambda: now).round()
+        done = await RetentionKeeper(store, policy, lambda: now, writes_waiting=store.writes_waiting).round()
         stop.set()
         during = [x * 1000 for x in await busy]
         print(

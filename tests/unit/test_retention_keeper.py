@@ -8,6 +8,7 @@ import asyncio
 from typing import Any
 
 import msgspec
+import pytest
 
 from scheduler_gateway.actors.model.retention import MIN_IDEMPOTENCY_S, RetentionPolicy
 from scheduler_gateway.actors.ports import IdempotencyRecord, PurgeResult, StoreSize, TaskQuery
@@ -54,6 +55,22 @@ def keeper(store: Any, clock: Clock, policy: RetentionPolicy, **kw: Any) -> tupl
     k = RetentionKeeper(store, policy, clock, on_purged=on_purged, sleep=sleep, **kw)
     k.pauses = pauses  # type: ignore[attr-defined]
     return k, counted
+
+
+@pytest.mark.parametrize("waiting", [0, 3])
+async def test_the_keeper_pauses_between_batches_only_while_hot_path_writes_wait(waiting: int) -> None:
+    store = await started()
+    for n in range(1, 8):
+        await finish(store, n, T0 + n * DAY)
+    policy = RetentionPolicy(tasks_s=DAY, batch=2, pause_s=0.005)
+    k, _ = keeper(store, Clock(T0 + 30 * DAY), policy, writes_waiting=lambda: waiting)
+    assert (await k.round())["tasks"] == 7
+    pauses = k.pauses  # type: ignore[attr-defined]
+    assert len(pauses) >= 3  # four batches of tasks at least
+    if waiting:
+        assert min(pauses) >= policy.pause_s  # as long as the last batch took, at least pause_s
+    else:
+        assert set(pauses) == {0}  # nothing waits for the writer: the next batch at once
 
 
 async def test_a_round_purges_what_is_due_at_the_clock_and_counts_it() -> None:

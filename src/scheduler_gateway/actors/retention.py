@@ -6,7 +6,11 @@ callback dead letters), audit entries, idempotency keys and scheduled runs beyon
 ``runs_per_schedule`` (the policy and its cutoffs are ``actors/model/retention.py``; what is still referenced
 and kept is the store's to know, ``RetentionStore``). Each batch is one short transaction of the store's
 writer with at most ``batch`` rows; between two the keeper pauses as long as the last one took (at least
-``pause_s``), so a backlog takes at most about half of the writer's time. After a round it reports the
+``pause_s``), so a backlog takes at most about half of the writer's time while the hot path writes. With a
+single-writer store that says how many writes wait for it (``writes_waiting``, SQLite), the keeper pauses only
+when some do: an idle daemon works its backlog off at the writer's full rate, a busy one at half of it. A write
+queued behind a batch waits for that one batch either way (the writer takes writes in arrival order), so the
+pause decides the purge's share of the writer, not a write's worst wait. After a round it reports the
 store's size and, when the file can (an incrementally vacuumed SQLite file), gives free pages beyond
 ``keep_free_bytes`` back to the file system, a step at a time.
 """
@@ -43,8 +47,10 @@ class RetentionKeeper(LoopActor):
         on_purged: Callable[[str, int], None] | None = None,
         on_size: Callable[[StoreSize], None] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        writes_waiting: Callable[[], int] | None = None,
     ) -> None:
         super().__init__()
+        self._writes_waiting = writes_waiting
         self._store = store
         self._policy = policy
         self._clock = clock
@@ -92,8 +98,11 @@ class RetentionKeeper(LoopActor):
         kept = 0
         took = 0.0
         for n in range(MAX_BATCHES_PER_ROUND):
-            if n:  # let the hot path have the writer at least as long as the last batch held it
-                await self._sleep(max(self._policy.pause_s, took))
+            if n:
+                if self._writes_waiting is not None and self._writes_waiting() == 0:
+                    await self._sleep(0)  # nothing of the hot path waits for the writer: go on
+                else:  # let the hot path have the writer at least as long as the last batch held it
+                    await self._sleep(max(self._policy.pause_s, took))
             started = time.perf_counter()
             result = await batch(cursor)
             took = time.perf_counter() - started

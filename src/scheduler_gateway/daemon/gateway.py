@@ -50,6 +50,7 @@ from scheduler_gateway.daemon.nats.bus import NatsBus, NodeInputs
 from scheduler_gateway.daemon.scheduling import Scheduling
 from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.select import open_store
+from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.wire.errors import GatewayError
 from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.subjects import Subjects
@@ -155,6 +156,8 @@ class Gateway:
             clock,
             on_purged=self.retention_metrics.purged,
             on_size=self.retention_metrics.size,
+            # one writer: the keeper yields to the hot path only while its writes wait (PostgreSQL: always)
+            writes_waiting=self.store.writes_waiting if isinstance(self.store, SqliteStore) else None,
         )
         self.api = AdminApi(self.service, self.store, self.nodes, self.metrics, self.readiness, s.http)
         self._runner: web.AppRunner | None = None

@@ -302,3 +302,7 @@ class SqliteStore:
 
     async def reclaim_space(self, max_pages: int) -> int:
         return await self._retention.reclaim_space(max_pages)
+
+    def writes_waiting(self) -> int:
+        """Writes queued for the one writer (the retention keeper pauses only while some wait)."""
+        return self._db.writes_waiting()

@@ -8,13 +8,18 @@ batch is ONE call of ``group_commit.py``'s ``commit_batch``: statement by statem
 cost an event-loop turn per statement, which under load is most of a commit's latency.
 
 Where that call runs: a small batch of task changes (up to ``INLINE_MAX_WEIGHT``) runs on the event loop itself,
-anything bigger, every heavy op (retention, vacuum) and the WAL checkpoints in the writer's own thread. A small
-batch takes well under a millisecond of CPU wherever it runs, but handing it to a thread cost ~3 ms of latency
-under load (the hand-off, then the thread waiting for the GIL the busy loop holds, at every statement), and the
-claims, whose round trip sets how fast a node's slots turn over, waited for it (docs/PERFORMANCE.md). The WAL is
-checkpointed by the writer thread (``wal_autocheckpoint`` is off on the write connection), so the fsyncs of a
-checkpoint never stall the loop. Reads use a second connection through aiosqlite: in WAL mode it reads the last
-committed state while the writer writes.
+anything bigger and every heavy op (retention, vacuum) in the writer's own thread. A small batch takes well under
+a millisecond of CPU wherever it runs, but handing it to a thread cost ~3 ms of latency under load (the hand-off,
+then the thread waiting for the GIL the busy loop holds, at every statement), and the claims, whose round trip
+sets how fast a node's slots turn over, waited for it (docs/PERFORMANCE.md).
+
+WAL checkpoints run beside the writer, never in it: SQLite's automatic checkpoint (off on the write connection)
+would run inside the commit that crosses its threshold, copying pages into the database file and waiting for
+its fsync, on the loop for an inline commit, and every caller of the batch waiting with it (half of a retention
+batch's time on a 5 GiB store). A checkpointer with a connection and a thread of its own runs a PASSIVE
+checkpoint every ``checkpoint_interval_s`` (it never blocks the writer or a reader); should it fall behind by
+``checkpoint_backstop_rows`` rows, the writer thread checkpoints between two batches. Reads use another
+connection through aiosqlite: in WAL mode it reads the last committed state while the writer writes.
 
 Every task write is a compare-and-set on ``revision``; the row, its history entry, audit entry, outbox
 event, idempotency key and dead letter commit together or not at all (docs/ARCHITECTURE.md, Inside gatewayd).
@@ -62,10 +67,11 @@ T = TypeVar("T")
 #: The biggest batch (in changes) committed on the event loop; bigger ones go to the writer thread, where a
 #: long transaction blocks only the writes queued behind it, not the loop.
 INLINE_MAX_WEIGHT = 128
-#: The WAL is checkpointed (in the writer thread) after this many rows were written since the last one: about
-#: SQLite's own autocheckpoint interval (1 000 pages) at our rows' sizes, which would otherwise run inside a
-#: commit on the loop.
-CHECKPOINT_ROWS = 2000
+#: How often the checkpointer copies the committed WAL into the database file (a PASSIVE checkpoint).
+CHECKPOINT_INTERVAL_S = 0.5
+#: Rows written since the checkpointer last finished after which the writer thread checkpoints itself (a bound on
+#: the WAL should the checkpointer fall behind; ~100 times SQLite's own 1 000-page interval at our row sizes).
+CHECKPOINT_BACKSTOP_ROWS = 200_000
 
 
 class SqliteDb:
@@ -76,7 +82,14 @@ class SqliteDb:
     but make every caller in the batch wait for the whole of it.
     """
 
-    def __init__(self, path: Path, *, max_batch: int = 512) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_batch: int = 512,
+        checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
+        checkpoint_backstop_rows: int = CHECKPOINT_BACKSTOP_ROWS,
+    ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.path = Path(path)
@@ -91,8 +104,14 @@ class SqliteDb:
         self._running = False
         self._stop_requested = False
         self._stopped: asyncio.Event | None = None  # set once a stop() finished; None while not stopping
-        self._rows_since_checkpoint = 0
+        self._checkpoint_interval_s = checkpoint_interval_s
+        self._checkpoint_backstop_rows = checkpoint_backstop_rows
+        self._rows_since_checkpoint = 0  # rows written since a checkpoint last finished
         self._changes_seen = 0  # the write connection's total_changes when last looked at
+        self._cconn: sqlite3.Connection | None = None  # the checkpointer's connection, in its own thread
+        self._cthread: ThreadPoolExecutor | None = None
+        self._checkpointer: asyncio.Task[None] | None = None
+        self._checkpointing = False  # the checkpointer is running one now
 
     def __repr__(self) -> str:
         return f"SqliteDb({str(self.path)!r})"
@@ -139,6 +158,7 @@ class SqliteDb:
         self._stopped = None
         self._running = True
         self._writer = asyncio.create_task(self._write_loop(), name="sqlite-store-writer")
+        await self._start_checkpointer()
 
     async def stop(self) -> None:
         """Let the batch being committed finish, fail every queued write, close. Idempotent."""
@@ -158,6 +178,7 @@ class SqliteDb:
                 if not writer.cancelled() and writer.exception() is not None:
                     log.error("task store: the writer ended with %r", writer.exception())
             self._fail_queued()
+            await self._stop_checkpointer()
             if self._rconn is not None:
                 await _close_quietly(self._rconn)
             if self._wconn is not None and self._wthread is not None:
@@ -168,6 +189,46 @@ class SqliteDb:
             self._wthread = None
         finally:
             self._stopped.set()
+
+    # ------------------------------------------------------------------ the checkpointer
+
+    async def _start_checkpointer(self) -> None:
+        thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-checkpoint")
+        try:
+            conn = await self._in_writer(thread, _open_checkpointer, self.path)
+        except sqlite3.Error as exc:  # the writer's backstop still bounds the WAL
+            thread.shutdown(wait=False)
+            log.warning("task store: no background checkpointer (%s)", type(exc).__name__)
+            return
+        self._cconn, self._cthread = conn, thread
+        self._checkpointer = asyncio.create_task(self._checkpoint_loop(), name="sqlite-store-checkpointer")
+
+    async def _checkpoint_loop(self) -> None:
+        conn, thread = self._cconn, self._cthread
+        assert conn is not None and thread is not None
+        while True:
+            await asyncio.sleep(self._checkpoint_interval_s)
+            written = self._rows_since_checkpoint
+            if not written:
+                continue
+            self._checkpointing = True
+            try:
+                if await self._in_writer(thread, _checkpoint, conn):
+                    self._rows_since_checkpoint -= written  # what was written meanwhile waits for the next one
+            finally:
+                self._checkpointing = False
+
+    async def _stop_checkpointer(self) -> None:
+        task, self._checkpointer = self._checkpointer, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
+        conn, thread = self._cconn, self._cthread
+        self._cconn = self._cthread = None
+        if conn is not None and thread is not None:
+            await self._in_writer(thread, _close_writer, conn)
+        if thread is not None:
+            thread.shutdown(wait=False)
 
     def enqueue_changes(self, rows: list[ChangeRows]) -> asyncio.Future[list[BaseException | None]]:
         fut = self.new_future()
@@ -187,6 +248,10 @@ class SqliteDb:
         if not self._running or self._loop is None:
             raise StorageError("the task store is not running")
         return self._loop.create_future()
+
+    def writes_waiting(self) -> int:
+        """Writes queued for the writer and not yet taken into a batch."""
+        return len(self._queue)
 
     def enqueue(self, work: Work) -> None:
         self._queue.append(work)
@@ -236,7 +301,9 @@ class SqliteDb:
     async def _commit(self, batch: list[Work]) -> None:
         conn, thread = self._wconn, self._wthread
         assert conn is not None and thread is not None
-        if self._rows_since_checkpoint >= CHECKPOINT_ROWS:
+        if self._rows_since_checkpoint >= self._checkpoint_backstop_rows and not self._checkpointing:
+            # the checkpointer is not running one (it is gone, or its interval is long): bound the WAL here
+            log.info("task store: %d rows since a checkpoint; the writer checkpoints", self._rows_since_checkpoint)
             self._rows_since_checkpoint = 0
             await self._in_writer(thread, _checkpoint, conn)
         if _inline(batch):
@@ -334,7 +401,7 @@ def _open_writer(path: Path) -> sqlite3.Connection:
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = OFF")
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # for the migrations; SqliteDb.start() sets 0
-        # the writer checkpoints in its thread (SqliteDb._commit), never inside a commit made on the loop
+        # checkpoints are the checkpointer's (module docstring), never inside a commit made on the loop
         conn.execute("PRAGMA wal_autocheckpoint = 0")
     except BaseException:
         conn.close()
@@ -361,12 +428,28 @@ def _commit_waiting(conn: sqlite3.Connection, batch: list[Work]) -> list[list[Ba
         conn.execute("PRAGMA busy_timeout = 0")
 
 
-def _checkpoint(conn: sqlite3.Connection) -> None:
-    """Copy the WAL back into the database file as far as readers allow (PASSIVE: never waits for them)."""
+def _open_checkpointer(path: Path) -> sqlite3.Connection:
+    """The checkpointer's connection, opened in its own thread (the file is in WAL mode by then)."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
-        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        conn.execute("PRAGMA synchronous = NORMAL")  # per connection: a checkpoint syncs as the writer's would
+        conn.execute("PRAGMA wal_autocheckpoint = 0")  # it never writes; explicit checkpoints only
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _checkpoint(conn: sqlite3.Connection) -> bool:
+    """Copy what is committed in the WAL into the database file as far as readers allow, without waiting for
+    the writer or a reader (PASSIVE); the writer starts the WAL over once all of it was copied. False when it
+    failed."""
+    try:
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
     except sqlite3.Error as exc:  # the next one tries again; the WAL only grows meanwhile
         log.warning("task store: WAL checkpoint failed (%s)", type(exc).__name__)
+        return False
+    return True
 
 
 def _close_writer(conn: sqlite3.Connection) -> None:
