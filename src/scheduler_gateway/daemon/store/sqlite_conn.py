@@ -112,6 +112,7 @@ class SqliteDb:
         self._cthread: ThreadPoolExecutor | None = None
         self._checkpointer: asyncio.Task[None] | None = None
         self._checkpointing = False  # the checkpointer is running one now
+        self._dirty = asyncio.Event()  # rows were written since the checkpointer last looked
 
     def __repr__(self) -> str:
         return f"SqliteDb({str(self.path)!r})"
@@ -151,6 +152,7 @@ class SqliteDb:
         self._loop = asyncio.get_running_loop()
         self._wconn, self._rconn = wconn, rconn
         self._changes_seen = wconn.total_changes
+        self._dirty = asyncio.Event()  # of this loop (a store may be started again on another one)
         self._rows_since_checkpoint = 0
         self._queue.clear()
         self._wakeup = asyncio.Event()
@@ -207,7 +209,10 @@ class SqliteDb:
         conn, thread = self._cconn, self._cthread
         assert conn is not None and thread is not None
         while True:
+            # asleep while nothing is written (an idle daemon keeps no timer for it), then every interval
+            await self._dirty.wait()
             await asyncio.sleep(self._checkpoint_interval_s)
+            self._dirty.clear()  # rows written from here on set it again
             written = self._rows_since_checkpoint
             if not written:
                 continue
@@ -313,8 +318,11 @@ class SqliteDb:
                 outcome = await self._in_writer(thread, _commit_waiting, conn, batch)
         else:
             outcome = await self._in_writer(thread, _commit_waiting, conn, batch)
-        self._rows_since_checkpoint += conn.total_changes - self._changes_seen
-        self._changes_seen = conn.total_changes
+        written = conn.total_changes - self._changes_seen
+        if written:
+            self._rows_since_checkpoint += written
+            self._changes_seen = conn.total_changes
+            self._dirty.set()
         if isinstance(outcome, StorageError):
             self._fail_batch(batch, outcome)
             return
