@@ -193,8 +193,8 @@ class EventHub:
         if self._sub is None or self._streams or self.idle_s <= 0 or self._idle_since is None:
             return
         if time.monotonic() - self._idle_since >= self.idle_s:
+            self._window.clear()  # before the await: a stream arriving meanwhile starts a tail of its own
             await self._unsubscribe()
-            self._window.clear()
             log.info("event stream: no client for %g s; the tail rests at seq %d", self.idle_s, self.last_seq)
 
     async def _follow_from_end(self) -> None:

@@ -75,8 +75,9 @@ CHECKPOINT_BACKSTOP_ROWS = 200_000
 
 
 class SqliteDb:
-    """One SQLite file: the write connection in a thread of its own with the queue its writer coroutine
-    commits in batches, and the read connection. ``start()`` opens and migrates the file, ``stop()`` closes it.
+    """One SQLite file: the write connection with the queue its writer coroutine commits in batches (on the loop
+    or in the writer's thread, module docstring), the checkpointer's connection and the read connection.
+    ``start()`` opens and migrates the file, ``stop()`` closes it.
 
     ``max_batch`` caps the changes one transaction commits: larger batches amortise the commit further
     but make every caller in the batch wait for the whole of it.
