@@ -517,6 +517,23 @@ async def drive_gateway(
     return rec
 
 
+def start_workers(args: argparse.Namespace, daemon: Daemon, prefix: str, workers: list[Worker]) -> CpuProbe:
+    """Start ``--workers`` echo workers of the running ``daemon`` (appended to ``workers``, for the caller to stop)
+    and the CPU probe over gatewayd, its nats-server and them."""
+    for i in range(args.workers):
+        w = Worker(daemon.data_dir, f"{prefix}{i}", kinds="echo", concurrency=args.concurrency)
+        w.start()
+        workers.append(w)
+    assert daemon.proc is not None
+    return CpuProbe(
+        {
+            "gatewayd": [daemon.proc.pid],
+            "nats": [daemon.nats_pid()],
+            "workers": [w.proc.pid if w.proc else None for w in workers],
+        }
+    )
+
+
 def run_gateway_rep(args: argparse.Namespace, scratch: Path, profile: bool, how: str = "single") -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="gw-", dir=scratch))
     daemon = Daemon(tmp / "data")
@@ -524,18 +541,7 @@ def run_gateway_rep(args: argparse.Namespace, scratch: Path, profile: bool, how:
     ok = False
     try:
         daemon.start(timeout_s=60.0)
-        for i in range(args.workers):
-            w = Worker(daemon.data_dir, f"bench-w{i}", kinds="echo", concurrency=args.concurrency)
-            w.start()
-            workers.append(w)
-        assert daemon.proc is not None
-        probe = CpuProbe(
-            {
-                "gatewayd": [daemon.proc.pid],
-                "nats": [daemon.nats_pid()],
-                "workers": [w.proc.pid if w.proc else None for w in workers],
-            }
-        )
+        probe = start_workers(args, daemon, "bench-w", workers)
         rec = run_async(args, drive_gateway(args, daemon, probe, profile, how))
         rec["gatewayd_pid"] = daemon.proc.pid
         ok = True

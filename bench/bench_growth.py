@@ -79,7 +79,7 @@ for p in (str(SELF.parent), str(REPO / "src"), str(REPO)):
         sys.path.insert(0, p)
 
 import bench_gateway as bg  # noqa: E402
-from bench_gateway import CpuProbe, Daemon, Worker, drive_gateway, pct, run_async  # noqa: E402
+from bench_gateway import Daemon, Worker, drive_gateway, pct, run_async, start_workers  # noqa: E402
 from bench_retention import TimedStore  # noqa: E402
 
 from scheduler_gateway.actors.model import task_machine as sm  # noqa: E402
@@ -140,16 +140,13 @@ def _new_id(rng: random.Random, prefix: str, at: float) -> str:
     return format_id(prefix, int(at * 1000), rng.getrandbits(RAND_BITS))
 
 
-def _lifecycle(svc: _Service, rng: random.Random, i: int, created: float, now: float) -> list[Any]:
-    """The changes of one terminal task, from create to its end, through the real state machine."""
-    kind = _pick(rng, KINDS)
-    owner = OWNERS[i % len(OWNERS)]
-    end = _pick(rng, STATES)
-    task = Task(
+def _new_task(rng: random.Random, owner: str, kind: str, payload: dict[str, Any], created: float) -> Task:
+    """A task as a create makes it (queued, revision 1), with ids of its creation time."""
+    return Task(
         id=_new_id(rng, "tsk", created),
         owner=owner,
         kind=kind,
-        payload=msgspec.Raw(msgspec.json.encode({"i": i, "to": f"user{i % 997}@example.com", "size": 3})),
+        payload=msgspec.Raw(msgspec.json.encode(payload)),
         state="queued",
         revision=1,
         attempt_id=_new_id(rng, "att", created),
@@ -158,6 +155,14 @@ def _lifecycle(svc: _Service, rng: random.Random, i: int, created: float, now: f
         created_at=created,
         updated_at=created,
     )
+
+
+def _lifecycle(svc: _Service, rng: random.Random, i: int, created: float, now: float) -> list[Any]:
+    """The changes of one terminal task, from create to its end, through the real state machine."""
+    kind = _pick(rng, KINDS)
+    owner = OWNERS[i % len(OWNERS)]
+    end = _pick(rng, STATES)
+    task = _new_task(rng, owner, kind, {"i": i, "to": f"user{i % 997}@example.com", "size": 3}, created)
     user = ActorRef("user", owner)
     # idempotency keys live 24 h: a real store holds them for the last day's tasks only
     idem = None
@@ -206,19 +211,7 @@ def _lifecycle(svc: _Service, rng: random.Random, i: int, created: float, now: f
 
 def _queued(svc: _Service, rng: random.Random, i: int, created: float) -> list[Any]:
     owner = OWNERS[i % len(OWNERS)]
-    task = Task(
-        id=_new_id(rng, "tsk", created),
-        owner=owner,
-        kind=BACKLOG_KIND,
-        payload=msgspec.Raw(msgspec.json.encode({"i": i, "size": 3})),
-        state="queued",
-        revision=1,
-        attempt_id=_new_id(rng, "att", created),
-        run_id=_new_id(rng, "run", created),
-        not_before=created,
-        created_at=created,
-        updated_at=created,
-    )
+    task = _new_task(rng, owner, BACKLOG_KIND, {"i": i, "size": 3}, created)
     svc.now = created
     return [svc._change(sm.create(task, ActorRef("user", owner), created, None), None, None, None, None)]
 
@@ -392,18 +385,7 @@ def throughput_rep(a: argparse.Namespace, data_dir: Path, label: str) -> dict[st
     try:
         startup_s = start_timed(daemon)
         print(f"  {label}: start-up to ready {startup_s:.2f} s", flush=True)
-        for i in range(args.workers):
-            w = Worker(daemon.data_dir, f"growth-w{i}", kinds="echo", concurrency=args.concurrency)
-            w.start()
-            workers.append(w)
-        assert daemon.proc is not None
-        probe = CpuProbe(
-            {
-                "gatewayd": [daemon.proc.pid],
-                "nats": [daemon.nats_pid()],
-                "workers": [w.proc.pid if w.proc else None for w in workers],
-            }
-        )
+        probe = start_workers(args, daemon, "growth-w", workers)
         rec = run_async(args, drive_gateway(args, daemon, probe, False, "single"))
         rec["startup_s"] = startup_s
         return rec
