@@ -534,6 +534,17 @@ def start_workers(args: argparse.Namespace, daemon: Daemon, prefix: str, workers
     )
 
 
+def stop_daemon(daemon: Daemon) -> None:
+    """Stop gatewayd; it stops its embedded nats-server itself, and one it left behind is ours to end, by its pid
+    and only if that pid still is the nats-server of this data dir (not a reused pid)."""
+    if daemon.stop() not in (0, None):
+        nats_pid = daemon.nats_pid()
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{nats_pid}/cmdline").read_bytes() if nats_pid else b""
+            if str(daemon.data_dir).encode() in cmdline:
+                daemon.kill_orphan_nats()
+
+
 def run_gateway_rep(args: argparse.Namespace, scratch: Path, profile: bool, how: str = "single") -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="gw-", dir=scratch))
     daemon = Daemon(tmp / "data")
@@ -549,14 +560,7 @@ def run_gateway_rep(args: argparse.Namespace, scratch: Path, profile: bool, how:
     finally:
         for w in workers:
             w.stop()
-        if daemon.stop() not in (0, None):
-            # gatewayd stops its embedded nats-server itself; one it left behind is ours to end, by its pid
-            # and only if that pid still is the nats-server of this data dir (not a reused pid)
-            nats_pid = daemon.nats_pid()
-            with contextlib.suppress(OSError):
-                cmdline = Path(f"/proc/{nats_pid}/cmdline").read_bytes() if nats_pid else b""
-                if str(daemon.data_dir).encode() in cmdline:
-                    daemon.kill_orphan_nats()
+        stop_daemon(daemon)
         if ok and not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
         else:

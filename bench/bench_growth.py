@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import os
@@ -79,7 +78,7 @@ for p in (str(SELF.parent), str(REPO / "src"), str(REPO)):
         sys.path.insert(0, p)
 
 import bench_gateway as bg  # noqa: E402
-from bench_gateway import Daemon, Worker, drive_gateway, pct, run_async, start_workers  # noqa: E402
+from bench_gateway import Daemon, Worker, drive_gateway, pct, run_async, start_workers, stop_daemon  # noqa: E402
 from bench_retention import TimedStore  # noqa: E402
 
 from scheduler_gateway.actors.model import task_machine as sm  # noqa: E402
@@ -367,15 +366,6 @@ def start_timed(daemon: Daemon) -> float:
     t0 = time.perf_counter()
     daemon.start(timeout_s=120.0)
     return time.perf_counter() - t0
-
-
-def stop_daemon(daemon: Daemon) -> None:
-    if daemon.stop() not in (0, None):
-        nats_pid = daemon.nats_pid()
-        with contextlib.suppress(OSError):
-            cmdline = Path(f"/proc/{nats_pid}/cmdline").read_bytes() if nats_pid else b""
-            if str(daemon.data_dir).encode() in cmdline:
-                daemon.kill_orphan_nats()
 
 
 def throughput_rep(a: argparse.Namespace, data_dir: Path, label: str) -> dict[str, Any]:
