@@ -5,39 +5,18 @@ Composition, not inheritance (docs/DECISIONS.md, The SQLite store is composed): 
 (``sqlite_conn.py``) owns the file, the write connection with its group-committing writer and the read
 connection; one part per concern holds that ``SqliteDb`` and implements its ports (``SqliteTasks``,
 ``SqliteDeadLetters``, ``SqliteNodes``, ``SqliteCallbacks``, ``SqliteSchedules``). ``SqliteStore`` is the
-facade that starts and stops the file and forwards each port method to its part, so one object can be
-handed to every consumer while each consumer types it with the narrow port it uses.
+facade that starts and stops the file; each port method is forwarded to its part by ``ComposedStore``
+(``facade.py``, shared with the PostgreSQL store), so one object can be handed to every consumer while each
+consumer types it with the narrow port it uses.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
-from scheduler_gateway.actors.model.records import AuditEntry, DeadLetter, Task
-from scheduler_gateway.actors.model.schedule import RunError, ScheduledRun, ScheduledTask, Thread
-from scheduler_gateway.actors.ports import (
-    AuditQuery,
-    Change,
-    DeadLetterQuery,
-    IdempotencyRecord,
-    NodeRecord,
-    OutboxRow,
-    Page,
-    Principal,
-    PurgeResult,
-    StoreSize,
-    TaskQuery,
-)
-from scheduler_gateway.actors.schedule_ports import (
-    ClaimedSchedule,
-    LaunchRecord,
-    RunUpdate,
-    ScheduleQuery,
-    ScheduleRecord,
-)
 from scheduler_gateway.daemon.store.callbacks import SqliteCallbacks
 from scheduler_gateway.daemon.store.dead_letters import SqliteDeadLetters
+from scheduler_gateway.daemon.store.facade import ComposedStore
 from scheduler_gateway.daemon.store.migrations import MIGRATIONS
 from scheduler_gateway.daemon.store.nodes import SqliteNodes
 from scheduler_gateway.daemon.store.retention import SqliteRetention
@@ -48,7 +27,7 @@ from scheduler_gateway.daemon.store.tasks import SqliteTasks
 __all__ = ["MIGRATIONS", "SqliteStore"]
 
 
-class SqliteStore:
+class SqliteStore(ComposedStore):
     """Every store port on one SQLite file. ``start()`` opens and migrates it, ``stop()`` closes it.
 
     ``max_batch`` caps the changes one transaction commits: larger batches amortise the commit further
@@ -81,227 +60,6 @@ class SqliteStore:
     async def stop(self) -> None:
         """Let the batch being committed finish, fail every queued write, close. Idempotent."""
         await self._db.stop()
-
-    # -- task writes and reads, idempotency keys, audit, outbox (tasks.py)
-
-    async def apply(self, change: Change) -> None:
-        await self._tasks.apply(change)
-
-    async def apply_many(self, changes: list[Change]) -> list[BaseException | None]:
-        return await self._tasks.apply_many(changes)
-
-    async def apply_group(self, changes: list[Change], *, subtree_root: str | None = None) -> None:
-        await self._tasks.apply_group(changes, subtree_root=subtree_root)
-
-    async def append_audit(self, entries: list[AuditEntry]) -> None:
-        await self._tasks.append_audit(entries)
-
-    async def outbox_delete(self, seqs: list[int]) -> None:
-        await self._tasks.outbox_delete(seqs)
-
-    async def get_task(self, task_id: str) -> Task | None:
-        return await self._tasks.get_task(task_id)
-
-    async def list_tasks(self, query: TaskQuery) -> Page:
-        return await self._tasks.list_tasks(query)
-
-    async def history(self, task_id: str, limit: int = 500, cursor: str | None = None) -> Page:
-        return await self._tasks.history(task_id, limit, cursor)
-
-    async def lease_seen(self, task_id: str, lease_id: str) -> bool:
-        return await self._tasks.lease_seen(task_id, lease_id)
-
-    async def active_tasks(self) -> list[Task]:
-        return await self._tasks.active_tasks()
-
-    async def task_counts(self, owner: str | None = None) -> list[tuple[str, str, int]]:
-        return await self._tasks.task_counts(owner)
-
-    async def get_idempotency_many(self, owner: str, keys: list[str]) -> dict[str, IdempotencyRecord]:
-        return await self._tasks.get_idempotency_many(owner, keys)
-
-    async def get_idempotency(self, owner: str, key: str) -> IdempotencyRecord | None:
-        return await self._tasks.get_idempotency(owner, key)
-
-    async def put_idempotency(self, record: IdempotencyRecord) -> bool:
-        return await self._tasks.put_idempotency(record)
-
-    async def list_audit(self, query: AuditQuery) -> Page:
-        return await self._tasks.list_audit(query)
-
-    async def outbox_batch(self, limit: int) -> list[OutboxRow]:
-        return await self._tasks.outbox_batch(limit)
-
-    async def outbox_size(self) -> int:
-        return await self._tasks.outbox_size()
-
-    # -- dead letters (dead_letters.py)
-
-    async def get_dead_letter_for_task(self, task_id: str) -> DeadLetter | None:
-        return await self._dead_letters.get_dead_letter_for_task(task_id)
-
-    async def get_dead_letter(self, dead_letter_id: str) -> DeadLetter | None:
-        return await self._dead_letters.get_dead_letter(dead_letter_id)
-
-    async def list_dead_letters(self, query: DeadLetterQuery) -> Page:
-        return await self._dead_letters.list_dead_letters(query)
-
-    async def due_dead_letters(self, dead_before: float, limit: int) -> list[DeadLetter]:
-        return await self._dead_letters.due_dead_letters(dead_before, limit)
-
-    async def archivable_dead_letters(self, dead_before: float, limit: int) -> list[DeadLetter]:
-        return await self._dead_letters.archivable_dead_letters(dead_before, limit)
-
-    async def dead_letter_counts(self) -> dict[str, int]:
-        return await self._dead_letters.dead_letter_counts()
-
-    async def put_dead_letter(self, letter: DeadLetter) -> None:
-        await self._dead_letters.put_dead_letter(letter)
-
-    # -- principals, nodes, health (nodes.py)
-
-    async def put_principal(self, principal: Principal) -> None:
-        await self._nodes.put_principal(principal)
-
-    async def put_nodes(self, nodes: list[NodeRecord]) -> None:
-        await self._nodes.put_nodes(nodes)
-
-    async def ping(self) -> None:
-        await self._nodes.ping()
-
-    async def get_principal(self, token_hash: str) -> Principal | None:
-        return await self._nodes.get_principal(token_hash)
-
-    async def list_nodes(self) -> list[NodeRecord]:
-        return await self._nodes.list_nodes()
-
-    # -- callback deliveries and callback dead letters (callbacks.py)
-
-    async def pending_callbacks(self, limit: int, after: tuple[float, str] | None = None) -> list[CallbackDelivery]:
-        return await self._callbacks.pending_callbacks(limit, after)
-
-    async def callback_backlog(self) -> int:
-        return await self._callbacks.callback_backlog()
-
-    async def reschedule_callback(self, delivery: CallbackDelivery) -> None:
-        await self._callbacks.reschedule_callback(delivery)
-
-    async def finish_callback(self, delivery_id: str) -> None:
-        await self._callbacks.finish_callback(delivery_id)
-
-    async def dead_letter_callback(self, delivery_id: str, letter: CallbackDeadLetter, audit: AuditEntry) -> None:
-        await self._callbacks.dead_letter_callback(delivery_id, letter, audit)
-
-    async def get_callback_dead_letter(self, letter_id: str) -> CallbackDeadLetter | None:
-        return await self._callbacks.get_callback_dead_letter(letter_id)
-
-    async def list_callback_dead_letters(self, query: CallbackDeadLetterQuery) -> Page:
-        return await self._callbacks.list_callback_dead_letters(query)
-
-    async def redeliver_callback(self, letter_id: str, delivery: CallbackDelivery, audit: AuditEntry) -> bool:
-        return await self._callbacks.redeliver_callback(letter_id, delivery, audit)
-
-    # -- threads, scheduled tasks, runs (ScheduleStore) (schedules.py)
-
-    async def put_thread(self, thread: Thread) -> None:
-        await self._schedules.put_thread(thread)
-
-    async def get_thread(self, thread_id: str) -> Thread | None:
-        return await self._schedules.get_thread(thread_id)
-
-    async def list_threads(self, owner: str | None, limit: int, cursor: str | None) -> Page:
-        return await self._schedules.list_threads(owner, limit, cursor)
-
-    async def delete_thread(self, thread_id: str) -> bool:
-        return await self._schedules.delete_thread(thread_id)
-
-    async def thread_busy(self, thread_id: str) -> bool:
-        return await self._schedules.thread_busy(thread_id)
-
-    async def tasks_in_thread(self, thread_id: str) -> list[Task]:
-        return await self._schedules.tasks_in_thread(thread_id)
-
-    async def insert_schedule(self, task: ScheduledTask) -> None:
-        await self._schedules.insert_schedule(task)
-
-    async def get_schedule_record(self, schedule_id: str) -> ScheduleRecord | None:
-        return await self._schedules.get_schedule_record(schedule_id)
-
-    async def list_schedules(self, query: ScheduleQuery) -> Page:
-        return await self._schedules.list_schedules(query)
-
-    async def save_schedule(self, task: ScheduledTask, expected_version: int, now: float) -> bool:
-        return await self._schedules.save_schedule(task, expected_version, now)
-
-    async def delete_schedule(self, schedule_id: str) -> bool:
-        return await self._schedules.delete_schedule(schedule_id)
-
-    async def claim_due(self, now: float, lease_s: float, limit: int) -> list[ClaimedSchedule]:
-        return await self._schedules.claim_due(now, lease_s, limit)
-
-    async def next_due_at(self) -> float | None:
-        return await self._schedules.next_due_at()
-
-    async def record_launch(self, schedule_id: str, launch: LaunchRecord, run: RunUpdate | None = None) -> None:
-        await self._schedules.record_launch(schedule_id, launch, run)
-
-    async def record_completion(
-        self,
-        schedule_id: str,
-        status: str | None,
-        last_error: RunError | None,
-        run: RunUpdate,
-        now: float,
-        generation: int | None = None,
-    ) -> bool:
-        return await self._schedules.record_completion(schedule_id, status, last_error, run, now, generation)
-
-    async def schedule_counts(self) -> dict[str, int]:
-        return await self._schedules.schedule_counts()
-
-    async def schedules_held(self) -> list[ScheduledTask]:
-        return await self._schedules.schedules_held()
-
-    async def insert_run(self, run: ScheduledRun, thread: Thread | None = None) -> None:
-        await self._schedules.insert_run(run, thread)
-
-    async def get_run(self, run_id: str) -> ScheduledRun | None:
-        return await self._schedules.get_run(run_id)
-
-    async def has_active_run(self, schedule_id: str) -> bool:
-        return await self._schedules.has_active_run(schedule_id)
-
-    async def count_active_runs(self) -> int:
-        return await self._schedules.count_active_runs()
-
-    async def active_runs(self) -> list[ScheduledRun]:
-        return await self._schedules.active_runs()
-
-    async def update_run(self, update: RunUpdate) -> bool:
-        return await self._schedules.update_run(update)
-
-    async def list_runs(self, schedule_id: str, limit: int, cursor: str | None) -> Page:
-        return await self._schedules.list_runs(schedule_id, limit, cursor)
-
-    # -- retention (retention.py)
-
-    async def purge_tasks(self, finished_before: float, limit: int, cursor: str | None = None) -> PurgeResult:
-        return await self._retention.purge_tasks(finished_before, limit, cursor)
-
-    async def purge_audit(self, before: float, limit: int) -> PurgeResult:
-        return await self._retention.purge_audit(before, limit)
-
-    async def purge_idempotency(self, before: float, limit: int) -> PurgeResult:
-        return await self._retention.purge_idempotency(before, limit)
-
-    async def purge_runs(self, keep: int, limit: int, cursor: str | None = None) -> PurgeResult:
-        return await self._retention.purge_runs(keep, limit, cursor)
-
-    async def store_size(self) -> StoreSize:
-        return await self._retention.store_size()
-
-    async def reclaim_space(self, max_pages: int) -> int:
-        return await self._retention.reclaim_space(max_pages)
 
     def writes_waiting(self) -> int:
         """Writes queued for the one writer (the retention keeper pauses only while some wait)."""
