@@ -27,6 +27,8 @@ NAMES: dict[str, str] = {
     "task.cancel_cascade": "a parent's cancel is committed; the cascade to its descendants is not yet done",
     "settle.after_apply": "a settle from GW_SETTLE was handled (committed); its JetStream ack is not yet sent",
     "claim.after_commit": "a claim is committed (the task is running); the reply to the node is not yet sent",
+    "claim.after_thread_commit": "a claim of a thread's task is committed; the reply to the node is not yet sent",
+    "schedule.after_claim": "a due schedule is claimed for its occurrence; the occurrence's run is not yet inserted",
 }
 
 # name -> hits still to pass before the kill; None: nothing armed (the only thing ``hit`` looks at when off)

@@ -75,6 +75,8 @@ async def dispatch_task(
         id=run_id, task=task, thread_id=thread_id, trigger=trigger, scheduled_for=scheduled_for, now=now
     )
     thread = Thread(id=thread_id, owner=task.owner, title=task.title, created_at=now) if fresh else None
+    if trigger == "scheduled":
+        failpoints.hit("schedule.after_claim")  # the claim is held; the occurrence has no run yet
     try:
         await svc._store.insert_run(run, thread)
     except ActiveRunConflict:

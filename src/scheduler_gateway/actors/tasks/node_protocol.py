@@ -88,6 +88,8 @@ async def _claim(svc: TaskService, node_id: str, req: ClaimRequest) -> ClaimRepl
         return _lease_reply(task)
     new = await svc._commit(result, None)
     failpoints.hit("claim.after_commit")  # the task is running in the store; the node has no reply yet
+    if new.thread_id is not None:
+        failpoints.hit("claim.after_thread_commit")  # the thread's lane is taken; the node has no reply yet
     svc._metrics.queue_latency(new.kind, max(0.0, now - task.not_before))
     return _lease_reply(new)
 
