@@ -1,23 +1,38 @@
-"""Failpoints: named places in the daemon where a test kills the process on the spot (docs/FAILPOINTS.md).
+"""Failpoints: named places in the daemon where a test kills or freezes the process on the spot (docs/FAILPOINTS.md).
 
 For tests only. The composition root arms them once from ``GW_FAILPOINTS`` (``configure``); the code calls
 ``hit(name)`` at each commit edge. Off (the default), ``hit`` is one test of a module global against None:
 no lookup, no logging, no allocation. Armed, the n-th hit of a name writes one line to stderr naming it and
-ends the process with ``os._exit(137)`` (the code a SIGKILL gives): no ``finally``, no flush of anything
-else, no clean shutdown of the store or NATS, exactly as a crash would.
+then does the point's action:
 
-Spec: comma-separated names, each optionally ``@n`` (kill on the n-th hit, default the first), e.g.
-``GW_FAILPOINTS="claim.after_commit"`` or ``GW_FAILPOINTS="http.after_commit@2,settle.after_apply"``.
+- ``kill`` (the default): ends the process with ``os._exit(137)`` (the code a SIGKILL gives): no ``finally``,
+  no flush of anything else, no clean shutdown of the store or NATS, exactly as a crash would;
+- ``stop``: sends the process SIGSTOP (``os.kill(os.getpid(), signal.SIGSTOP)``): every thread halts right
+  there, memory, sockets and the store's connections intact, as in a VM freeze or a long GC pause. When the
+  test sends SIGCONT, ``hit`` returns and the code goes on from exactly that point. A stop fires once: the
+  point is disarmed when it fires, so later hits pass.
+
+Spec: comma-separated items ``name[@n][:action]`` (stop or kill on the n-th hit, default the first; action
+``kill`` or ``stop``, default ``kill``), e.g. ``GW_FAILPOINTS="claim.after_commit"``,
+``GW_FAILPOINTS="http.after_commit@2,settle.after_apply"`` or ``GW_FAILPOINTS="schedule.after_claim@2:stop"``.
 The names and where they sit are listed in ``NAMES`` and docs/FAILPOINTS.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import signal
 import sys
+from typing import Literal
 
 ENV = "GW_FAILPOINTS"
 EXIT_CODE = 137
+
+Action = Literal["kill", "stop"]
+KILL: Action = "kill"
+STOP: Action = "stop"
+ACTIONS: tuple[Action, ...] = (KILL, STOP)
 
 #: Every failpoint the code calls, with where it sits. A spec naming anything else is refused (a typo in a
 #: test would otherwise arm nothing and the test would pass for the wrong reason).
@@ -31,36 +46,54 @@ NAMES: dict[str, str] = {
     "schedule.after_claim": "a due schedule is claimed for its occurrence; the occurrence's run is not yet inserted",
 }
 
-# name -> hits still to pass before the kill; None: nothing armed (the only thing ``hit`` looks at when off)
-_armed: dict[str, int] | None = None
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One armed point: ``count`` hits still to come before it fires (1: the next one), and what it does then."""
+
+    count: int
+    action: Action = KILL
+
+
+# name -> what is armed there; None: nothing armed (the only thing ``hit`` looks at when off)
+_armed: dict[str, Arm] | None = None
 
 
 class FailpointSpecError(ValueError):
     pass
 
 
-def parse(spec: str) -> dict[str, int]:
-    """``"a,b@3"`` -> ``{"a": 1, "b": 3}``; unknown names and bad counts raise FailpointSpecError."""
-    out: dict[str, int] = {}
+def parse(spec: str) -> dict[str, Arm]:
+    """``"a,b@3,c:stop"`` -> ``{"a": Arm(1, "kill"), "b": Arm(3, "kill"), "c": Arm(1, "stop")}``; unknown names,
+    bad counts and unknown actions raise FailpointSpecError."""
+    out: dict[str, Arm] = {}
     for item in spec.split(","):
         item = item.strip()
         if not item:
             continue
-        name, _, count = item.partition("@")
-        name = name.strip()
+        head, colon, action = item.partition(":")
+        name, at, count = head.partition("@")
+        name, count, action = name.strip(), count.strip(), action.strip()
         if name not in NAMES:
             raise FailpointSpecError(f"unknown failpoint {name!r}; known: {', '.join(sorted(NAMES))}")
+        if at and not count:
+            raise FailpointSpecError(f"failpoint {name}: '@' needs a hit count")
         try:
             n = int(count) if count else 1
         except ValueError:
             raise FailpointSpecError(f"failpoint {name}: {count!r} is not a hit count") from None
         if n < 1:
             raise FailpointSpecError(f"failpoint {name}: the hit count must be at least 1")
-        out[name] = n
+        if colon and action not in ACTIONS:
+            raise FailpointSpecError(
+                f"failpoint {name}: unknown action {action!r} (the form is name[@n][:action], action one of "
+                f"{', '.join(ACTIONS)})"
+            )
+        out[name] = Arm(n, STOP if action == STOP else KILL)
     return out
 
 
-def configure(spec: str | None) -> dict[str, int]:
+def configure(spec: str | None) -> dict[str, Arm]:
     """Arm the failpoints of ``spec`` (None or empty: disarm all). Returns what is armed."""
     global _armed
     armed = parse(spec) if spec else {}
@@ -68,24 +101,33 @@ def configure(spec: str | None) -> dict[str, int]:
     return dict(armed)
 
 
-def armed() -> dict[str, int]:
+def armed() -> dict[str, Arm]:
     return dict(_armed or {})
 
 
 def hit(name: str) -> None:
-    """Pass failpoint ``name``: nothing unless it is armed; on its n-th hit, exit the process at once."""
+    """Pass failpoint ``name``: nothing unless it is armed; on its n-th hit, kill or freeze the process at once."""
     if _armed is None:
         return
     _hit(name)
 
 
 def _hit(name: str) -> None:
+    global _armed
     assert _armed is not None
-    left = _armed.get(name)
-    if left is None:
+    arm = _armed.get(name)
+    if arm is None:
         return
-    if left > 1:
-        _armed[name] = left - 1
+    if arm.count > 1:
+        _armed[name] = dataclasses.replace(arm, count=arm.count - 1)
+        return
+    if arm.action == STOP:
+        del _armed[name]  # fires once: after the SIGCONT the code goes on and later hits pass
+        if not _armed:
+            _armed = None
+        sys.stderr.write(f"failpoint {name} hit: stopping (SIGSTOP)\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGSTOP)  # returns once the process got SIGCONT
         return
     try:
         sys.stderr.write(f"failpoint {name} hit: exiting with {EXIT_CODE}\n")

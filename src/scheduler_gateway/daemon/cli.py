@@ -209,7 +209,10 @@ def _arm_failpoints(config: Config) -> bool:
     except failpoints.FailpointSpecError as exc:
         print(f"gatewayd: {failpoints.ENV}: {exc}", file=sys.stderr)
         return False
-    log.warning("failpoints armed (tests only): %s", ", ".join(f"{k}@{n}" for k, n in sorted(armed.items())))
+    log.warning(
+        "failpoints armed (tests only): %s",
+        ", ".join(f"{name}@{arm.count}:{arm.action}" for name, arm in sorted(armed.items())),
+    )
     return True
 
 
