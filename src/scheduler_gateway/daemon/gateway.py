@@ -35,7 +35,7 @@ from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.retention import RetentionKeeper
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
-from scheduler_gateway.daemon.config.store_url import StoreLocation, parse_store_url, sqlite_url
+from scheduler_gateway.daemon.config.store_url import StoreLocation, StoreUrlError, parse_store_url, sqlite_url
 from scheduler_gateway.daemon.ha import HighAvailability, default_instance_id
 from scheduler_gateway.daemon.http.app import AdminApi, HttpSettings
 from scheduler_gateway.daemon.http.callback_client import AiohttpCallbackPoster
@@ -52,7 +52,7 @@ from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.select import open_store
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.wire.errors import GatewayError
-from scheduler_gateway.wire.redact import redact_url
+from scheduler_gateway.wire.redact import redact_one_url, redact_url
 from scheduler_gateway.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -93,9 +93,13 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
 
     def __repr__(self) -> str:
         # the store URL and the NATS URL may carry passwords, and the NATS password is one
+        try:
+            store = self.store_location.redacted
+        except StoreUrlError:  # not validated (direct construction): still shown, redacted, and repr never raises
+            store = redact_one_url(self.store_url or "")
         return (
             f"GatewaySettings(data_dir={str(self.data_dir)!r}, nats_url={redact_url(self.nats_url)!r},"
-            f" store_url={self.store_location.redacted!r}, http_port={self.http_port!r})"
+            f" store_url={store!r}, http_port={self.http_port!r})"
         )
 
 

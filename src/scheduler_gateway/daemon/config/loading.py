@@ -33,7 +33,7 @@ from scheduler_gateway.daemon.config.model import (
 )
 from scheduler_gateway.daemon.config.reader import _Reader
 from scheduler_gateway.daemon.config.store_url import StoreUrlError, parse_store_url
-from scheduler_gateway.wire.redact import redact_url
+from scheduler_gateway.wire.redact import redact_one_url
 
 
 def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
@@ -163,7 +163,7 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
         except StoreUrlError as exc:
             # the URL may carry a password: shown redacted
             var = " (GW_STORE_URL)" if env.get("GW_STORE_URL") else ""
-            r.errors.append(f"store.url{var} {exc}: {redact_url(store_url)!r}")
+            r.errors.append(f"store.url{var} {exc}: {redact_one_url(store_url)!r}")
             store_url = None
     st_s.finish()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from scheduler_gateway.daemon.config.store_url import StoreLocation, parse_store_url, sqlite_url
-from scheduler_gateway.wire.redact import REDACTED, redact_url
+from scheduler_gateway.wire.redact import REDACTED, redact_one_url, redact_url
 
 Mode = Literal["dev", "production"]
 
@@ -167,7 +167,7 @@ class StoreConfig:
 
     def __repr__(self) -> str:
         # the URL may carry the database password
-        return f"StoreConfig(url={None if self.url is None else redact_url(self.url)!r})"
+        return f"StoreConfig(url={None if self.url is None else redact_one_url(self.url)!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +234,7 @@ class Config:
             out["nats"]["password"] = REDACTED
         if self.nats.url is not None:
             out["nats"]["url"] = redact_url(self.nats.url)
-        out["store"]["url"] = redact_url(self.store_url)
+        out["store"]["url"] = redact_one_url(self.store_url)
         return out
 
 

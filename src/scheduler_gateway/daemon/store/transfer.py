@@ -36,7 +36,6 @@ from scheduler_gateway.daemon.store.common import decode_or_raise, doc_decoder
 from scheduler_gateway.daemon.store.migrations import MIGRATIONS
 from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb
 from scheduler_gateway.wire.errors import GatewayError
-from scheduler_gateway.wire.redact import redact_url
 
 FORMAT = "scheduler-gateway-export/1"
 
@@ -300,7 +299,7 @@ def export_main(config_path: Path | None, target: Path) -> int:
     location = config.store_location
     if location.kind != "sqlite" or location.path is None:
         print(
-            f"gatewayd export: reads a SQLite store; the configured store is {redact_url(location.url)}",
+            f"gatewayd export: reads a SQLite store; the configured store is {location.redacted}",
             file=sys.stderr,
         )
         return 1
@@ -322,7 +321,7 @@ def import_main(config_path: Path | None, source: Path) -> int:
             print(f"config: {problem}", file=sys.stderr)
         return 2
     location = config.store_location
-    shown = redact_url(location.url)
+    shown = location.redacted
     if location.kind != "postgresql":
         print(
             f"gatewayd import: writes into a PostgreSQL store; the configured store is {shown}"

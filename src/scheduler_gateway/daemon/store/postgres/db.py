@@ -4,7 +4,10 @@
 store), runs the migrations at start, and gives the parts two things: ``fetch`` for a read (autocommit, one
 statement) and ``transaction`` for a write (one connection, BEGIN..COMMIT, rolled back when the body
 raises). Every psycopg or pool failure becomes a ``StorageError`` naming only its SQLSTATE or type: never
-the SQL, its parameters or the URL (which may carry a password).
+the SQL, its parameters or the URL (which may carry a password). What psycopg and its pool log while a
+``PgDb`` runs (each failed connect, with libpq's message) is scrubbed of the URL's secrets: libpq quotes the
+piece of a URL it cannot read, which ``parse_store_url`` refuses beforehand, but a URL given here directly
+is not checked.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from scheduler_gateway.actors.ports import Page
 from scheduler_gateway.daemon.store.common import clamp_limit, decode_rows
 from scheduler_gateway.daemon.store.postgres.migrations import current_version, migrate
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, StorageError
-from scheduler_gateway.wire.redact import redact_url
+from scheduler_gateway.wire.redact import REDACTED, redact_one_url, url_secrets
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+#: the loggers of psycopg and of its pool, whose records may quote libpq's errors
+_DRIVER_LOGS = (logging.getLogger("psycopg"), logging.getLogger("psycopg.pool"))
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -44,6 +49,38 @@ def constraint_of(exc: psycopg.Error) -> str | None:
     return None if diag is None else diag.constraint_name
 
 
+class ScrubUrlSecrets(logging.Filter):
+    """Takes a URL's secrets (``url_secrets``) out of a log record's message and traceback; never drops one."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self._url = url.strip()
+        self._secrets = url_secrets(url)
+
+    def scrub(self, text: str) -> str:
+        if self._url:
+            text = text.replace(self._url, redact_one_url(self._url))
+        for secret in self._secrets:
+            # a short one only where quoted: replaced everywhere, it would blank out ordinary words
+            if len(secret) >= 4:
+                text = text.replace(secret, REDACTED)
+            else:
+                text = text.replace(f'"{secret}"', f'"{REDACTED}"').replace(f"'{secret}'", f"'{REDACTED}'")
+        return text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+            scrubbed = self.scrub(message)
+            if scrubbed != message:
+                record.msg, record.args = scrubbed, None
+            if record.exc_info and not record.exc_text:
+                record.exc_text = self.scrub(logging.Formatter().formatException(record.exc_info))
+        except Exception:  # a record that does not format is the handler's to report
+            pass
+        return True
+
+
 class PgDb:
     """One PostgreSQL database through a pool of ``min_size``..``max_size`` connections. ``start()`` opens the
     pool and migrates, ``stop()`` closes it; both are idempotent, and a stopped store can start again."""
@@ -54,9 +91,10 @@ class PgDb:
         self.max_size = max_size
         self.connect_timeout_s = connect_timeout_s
         self._pool: psycopg_pool.AsyncConnectionPool[Conn] | None = None
+        self._scrub = ScrubUrlSecrets(url)
 
     def __repr__(self) -> str:
-        return f"PgDb({redact_url(self.url)!r})"
+        return f"PgDb({redact_one_url(self.url)!r})"
 
     @property
     def running(self) -> bool:
@@ -74,21 +112,32 @@ class PgDb:
             timeout=self.connect_timeout_s,
             name="gw-store",
         )
+        for logger in _DRIVER_LOGS:
+            logger.addFilter(self._scrub)
         try:
             await pool.open(wait=True, timeout=self.connect_timeout_s)
             async with pool.connection() as conn:
                 await migrate(conn)
         except (psycopg.Error, psycopg_pool.PoolTimeout, StorageError) as exc:
             await pool.close()
+            self._unwatch_driver_logs()
             if isinstance(exc, StorageError):
                 raise
             raise pg_error(exc) from exc
+        except BaseException:
+            self._unwatch_driver_logs()
+            raise
         self._pool = pool
 
     async def stop(self) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
+            self._unwatch_driver_logs()
+
+    def _unwatch_driver_logs(self) -> None:
+        for logger in _DRIVER_LOGS:
+            logger.removeFilter(self._scrub)
 
     def _the_pool(self) -> psycopg_pool.AsyncConnectionPool[Conn]:
         if self._pool is None:

@@ -5,7 +5,7 @@ Composed like the SQLite store (docs/DECISIONS.md, Code layout): ``PgDb`` (``db.
 pool and the migrations; one part per concern holds it and implements its ports (``PgTasks``,
 ``PgDeadLetters``, ``PgNodes``, ``PgCallbacks``, ``PgSchedules``, ``PgRetention``). ``PostgresStore`` starts
 and stops the pool; ``ComposedStore`` (``store/facade.py``) forwards each port method to its part. The URL may
-carry a password: only ``redact_url`` of it is ever printed.
+carry a password: only ``redact_one_url`` of it is ever printed.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from scheduler_gateway.daemon.store.postgres.retention import PgRetention
 from scheduler_gateway.daemon.store.postgres.schedules import PgSchedules
 from scheduler_gateway.daemon.store.postgres.shared import PgShared
 from scheduler_gateway.daemon.store.postgres.tasks import PgTasks
-from scheduler_gateway.wire.redact import redact_url
+from scheduler_gateway.wire.redact import redact_one_url
 
 __all__ = ["PG_MIGRATIONS", "SCHEMA_VERSION", "PostgresStore"]
 
@@ -49,7 +49,7 @@ class PostgresStore(ComposedStore):
 
     @property
     def redacted_url(self) -> str:
-        return redact_url(self._db.url)
+        return redact_one_url(self._db.url)
 
     async def start(self) -> None:
         await self._db.start()
