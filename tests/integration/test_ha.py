@@ -1,7 +1,7 @@
 """Several in-process gateways on one PostgreSQL database and one nats-server (CONTRACT section 4): one leader
-at a time and a takeover after a crash, the fence that stops a former leader's writes, a task claimed,
-heartbeated and settled across instances, a lease watched by the new leader after its claimer died, schedules
-firing once per occurrence, and SSE resumed on another instance."""
+at a time and a takeover after a crash, the fence that stops a former leader's writes and callback POSTs, a
+task claimed, heartbeated and settled across instances, a lease watched by the new leader after its claimer
+died, schedules firing once per occurrence, and SSE resumed on another instance."""
 
 from __future__ import annotations
 
@@ -15,19 +15,23 @@ from typing import Any
 
 import pytest
 
-from scheduler_gateway.actors.duties import LeaseTiming, fenced
-from scheduler_gateway.actors.ports import Change
+from scheduler_gateway.actors.callback_sender import CallbackSender
+from scheduler_gateway.actors.duties import Leadership, LeaseTiming, fenced
+from scheduler_gateway.actors.model.callbacks import CallbackPolicy, callback_id
+from scheduler_gateway.actors.ports import CallbackPost, Change
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.daemon.check import check_store
 from scheduler_gateway.daemon.config import load_config
 from scheduler_gateway.daemon.gateway import Gateway
-from scheduler_gateway.daemon.ha import NotLeader
+from scheduler_gateway.daemon.ha import FencedPoster, FencedStore, NotLeader
 from scheduler_gateway.daemon.nats.bus import NodeInputs
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
+from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.postgres.db import FencedOut
+from scheduler_gateway.wire.callbacks import CALLBACK_ID_HEADER
 from scheduler_gateway.wire.errors import GatewayError
 
-from ..test_store_contract import T0, bump, make_task
+from ..test_store_contract import T0, bump, create, finish, make_task
 from .harness import Api, HandNode, add_tokens, api_client, settings, wait_for
 from .sse import sse
 from .test_schedules_http import body, created, soon
@@ -156,6 +160,10 @@ async def test_a_former_leader_cannot_write_as_the_owner(cluster: list[Gateway])
     # the new leader's fence passes
     with fenced(new.ha.leadership.token):
         await new.store.outbox_delete([1])
+    # its callback sender's client refuses to post (daemon/ha.py FencedPoster)
+    assert isinstance(leader.callbacks._poster, FencedPoster)
+    with pytest.raises(NotLeader):
+        await leader.callbacks._poster.post("https://receiver.example/hook", b"{}", {}, 1.0)
 
 
 async def test_retention_runs_on_the_leader_only_and_moves_with_the_lease(cluster: list[Gateway]) -> None:
@@ -330,3 +338,104 @@ async def test_a_heartbeat_after_the_lease_ran_out_is_revoked_not_extended(
         with contextlib.suppress(GatewayError):
             hb = await node.heartbeat([(task["id"], reply.lease_id or "")])
             assert not hb.extended and [r.task_id for r in hb.revoked] == [task["id"]], hb
+
+
+# -- a former leader's callback POSTs -------------------------------------------------------------------------
+
+
+class RecordingPoster:
+    """The HTTP client: records the X-Callback-Id of every POST and answers 200."""
+
+    def __init__(self) -> None:
+        self.posts: list[str] = []
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> CallbackPost:
+        self.posts.append(headers[CALLBACK_ID_HEADER])
+        return CallbackPost(200)
+
+
+class PausedAfter:
+    """A store as the callback sender sees it, whose process pauses (SIGSTOP, a long GC) right after the first
+    call of ``method`` answered, and resumes when ``resume`` is set."""
+
+    def __init__(self, store: Any, method: str) -> None:
+        self._store = store
+        self._method = method
+        self.paused = asyncio.Event()
+        self.resume = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if name != self._method:
+            return attr
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            got = await attr(*args, **kwargs)
+            if not self.resume.is_set():
+                self.paused.set()
+                await self.resume.wait()
+            return got
+
+        return call
+
+
+async def held(leadership: Leadership) -> bool:
+    return leadership.held
+
+
+@pytest.mark.parametrize(
+    "paused_after",
+    [
+        "pending_callbacks",  # in the loop: it read the due deliveries, no attempt started yet
+        "get_task",  # in an attempt: it read the task for its secret, the POST is next
+    ],
+)
+async def test_a_former_leader_posts_no_callback_after_its_lease_was_taken_over(
+    pg_fresh_url: str, paused_after: str
+) -> None:
+    store = PostgresStore(pg_fresh_url)
+    await store.start()
+    old = Leadership(store.duties, "gw-old", timing=FAST_LEASE)
+    new = Leadership(store.duties, "gw-new", timing=FAST_LEASE)
+    senders: list[CallbackSender] = []
+    try:
+        task = make_task(1)
+        await store.apply(create(task))
+        await store.apply(finish(task, 1))  # a delivery due since T0, without its own secret
+        (delivery,) = await store.pending_callbacks(10)
+        await old.start()
+        await wait_for(lambda: held(old))
+        poster = RecordingPoster()
+        policy = CallbackPolicy(secret="s3cret")
+        # composed as daemon/ha.py composes the leader's sender; the Leadership's own loop (which would stop the
+        # sender when the window ends) is as paused as the rest: the sender resumes first
+        view = PausedAfter(FencedStore(store, lambda: old.token), paused_after)
+        senders.append(CallbackSender(view, FencedPoster(poster, lambda: old.held), policy, time.time))
+        await senders[0].start()
+        await asyncio.wait_for(view.paused.wait(), 5)
+        old.frozen = True  # no renewal goes out any more
+        await new.start()
+        await wait_for(lambda: held(new), 10)
+        assert not old.held
+        view.resume.set()  # the former leader resumes where it paused
+        await asyncio.sleep(1.5)  # its loop goes on (a round, the attempt, a look again after a refusal)
+        assert poster.posts == []
+        assert [(d.id, d.attempts) for d in await store.pending_callbacks(10)] == [(delivery.id, 0)]
+
+        # the new leader posts it, once, and records it
+        senders.append(
+            CallbackSender(
+                FencedStore(store, lambda: new.token), FencedPoster(poster, lambda: new.held), policy, time.time
+            )
+        )
+        await senders[1].start()
+
+        async def delivered() -> bool:
+            return await store.pending_callbacks(10) == []
+
+        await wait_for(delivered, 10)
+        assert poster.posts == [callback_id(delivery.task_id, delivery.revision)]
+    finally:
+        for actor in (*senders, old, new):
+            await actor.stop()
+        await store.stop()

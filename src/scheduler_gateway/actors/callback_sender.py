@@ -9,6 +9,10 @@ after ``retry_delays_s``; the last one failed -> a callback dead letter and an a
 transaction. Delivery is at least once: a crash between a receiver's 2xx and the record repeats the
 POST with the same ``X-Callback-Id``.
 
+The poster may refuse to post, raising a ``GatewayError`` (on PostgreSQL the leader's ``FencedPoster``,
+daemon/ha.py: this instance's trust window in the leader lease ran out). Then no attempt was made:
+nothing is recorded, and the row stays due as it was for whoever posts next.
+
 The secret (the delivery's own copy of the task's ``callbackSecret``, else the configured one) is used
 to sign and goes nowhere else: not into an error, an audit entry, a view or a log line.
 """
@@ -201,15 +205,22 @@ class CallbackSender(LoopActor):
             self._backlog_at = now
 
     async def _attempt(self, d: CallbackDelivery, target: tuple[str, str, int]) -> None:
+        settled = False  # recorded: the loop is woken at once; else it looks again after STORE_RETRY_S
         try:
             try:
                 outcome = await self._post(d)
             except GatewayError as exc:  # the task could not be read for its secret: a failed attempt
                 outcome = CallbackPost(None, f"store unavailable ({exc.code})")
+            if outcome is None:
+                # not posted (the leader lease is not trusted): no attempt to record. The duties are being
+                # stopped (the next leader posts it), or the lease is trusted again after a late renewal
+                return
             try:
                 await self._record(d, outcome)
+                settled = True
             except GatewayError as exc:
-                # the row keeps its due time: the attempt is made again (at least once)
+                # the row keeps its due time: the attempt is made again (at least once), not at once (a write
+                # refused by the fence while the reads work would else repeat the POST in a tight loop)
                 log.warning(
                     "callback %s: outcome not recorded (%s); it will be attempted again", d.callback_id, exc.code
                 )
@@ -219,9 +230,13 @@ class CallbackSender(LoopActor):
             if self._per_target[target] <= 0:
                 del self._per_target[target]
             self._ended_during_read.add(d.id)
-            self._wake.set()
+            if settled:
+                self._wake.set()
+            else:
+                asyncio.get_running_loop().call_later(STORE_RETRY_S, self._wake.set)
 
-    async def _post(self, d: CallbackDelivery) -> CallbackPost:
+    async def _post(self, d: CallbackDelivery) -> CallbackPost | None:
+        """POST the delivery; None when the poster refused to post it (see the module's docstring)."""
         secret = d.secret or await self._secret_of_task(d) or self.policy.secret
         if not secret:
             return CallbackPost(None, "no secret to sign with: the task has none and [callbacks] secret is not set")
@@ -234,6 +249,9 @@ class CallbackSender(LoopActor):
         }
         try:
             return await self._poster.post(d.url, body, headers, self.policy.timeout_s)
+        except GatewayError as exc:
+            log.info("callback %s: not posted (%s)", d.callback_id, exc.code)
+            return None
         except Exception as exc:  # an adapter bug must not lose the delivery: it counts as a failed attempt
             log.error("callback %s: the HTTP client failed unexpectedly (%s)", d.callback_id, type(exc).__name__)
             return CallbackPost(None, f"internal error ({type(exc).__name__})")

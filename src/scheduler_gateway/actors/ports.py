@@ -376,7 +376,8 @@ class CallbackPost(msgspec.Struct, frozen=True):
 
 
 class CallbackPoster(Protocol):
-    """The HTTP client the callback sender POSTs through (the daemon's aiohttp adapter)."""
+    """The HTTP client the callback sender POSTs through (the daemon's aiohttp adapter). ``post`` raises a
+    ``GatewayError`` only when it posts nothing at all (the former leader's ``FencedPoster``, daemon/ha.py)."""
 
     async def post(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> CallbackPost: ...
 

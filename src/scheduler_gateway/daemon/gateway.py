@@ -182,7 +182,9 @@ class Gateway:
         )
         self.events_api = EventsApi(self.event_hub, self.event_metrics, s.sse)
         self.callback_poster = AiohttpCallbackPoster(allow_private_networks=s.http.allow_private_networks)
-        self.callbacks = CallbackSender(duty_store, self.callback_poster, s.callbacks, clock, self.event_metrics)
+        # on PostgreSQL each POST is checked against the leader's trust window just before it goes out (daemon/ha.py)
+        poster = self.callback_poster if self.ha is None else self.ha.fenced_poster(self.callback_poster)
+        self.callbacks = CallbackSender(duty_store, poster, s.callbacks, clock, self.event_metrics)
         self.service.add_listener(self.callbacks.on_transition)
         self.event_metrics.track(lambda: self.events_api.connected, lambda: self.callbacks.backlog)
         self.http_extensions += [event_routes(self.events_api), callback_routes(CallbacksApi(self.callbacks))]

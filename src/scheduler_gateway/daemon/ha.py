@@ -9,9 +9,14 @@ row ``leader`` in ``duty_leases`` and runs the singleton duties under its fencin
 - the event relay (outbox -> ``GW_EVENTS``), the callback sender, the dead-letter keeper, retention,
 - at takeover: re-offering every queued task (a dead instance's offers).
 
-The relay's, the callback sender's and retention's store writes run under the fence (the store checks the
-lease row in the write's transaction); their bus publishes and HTTP posts are checked against the local trust
-window.
+The relay's, the callback sender's and retention's store writes run under the fence (``FencedStore``: the
+store checks the lease row in the write's transaction). What the database cannot fence is checked against
+the local trust window right before it goes out: each relay publish (``FencedBus``) and each callback POST
+(``FencedPoster``), so a former leader, paused at any await of those loops, neither publishes nor posts
+after its window, whatever it read before. A publish or POST already in flight when the window closes may
+still arrive: JetStream drops the publish as a duplicate (``Nats-Msg-Id``); the POST's outcome is not
+recorded (a fenced write), so the next leader posts the delivery again and the receiver dedupes it on its
+stable ``X-Callback-Id`` (callbacks are at least once).
 Task writes are fenced by the task's own ``revision`` (every one is a compare-and-set on a task re-read
 from the store), whoever makes them. The scheduler's poll runs on every instance (due schedules are
 claimed under their own row leases with ``SKIP LOCKED``); its start-up reconcile runs only when an
@@ -34,6 +39,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from scheduler_gateway.actors.duties import LEADER, FenceToken, InstanceRecord, Leadership, LeaseTiming, fenced
+from scheduler_gateway.actors.ports import CallbackPost, CallbackPoster
 from scheduler_gateway.actors.shared_tasks import LeaseWatcher, LiveSync, reoffer_queued
 from scheduler_gateway.actors.task_service import TaskService
 from scheduler_gateway.daemon.store.postgres import PostgresStore
@@ -144,6 +150,25 @@ class FencedBus:
         await self._bus.publish_cancel(node_id, body)
 
 
+class FencedPoster:
+    """The callback client as the leader's callback sender sees it: no POST unless the leader lease is trusted
+    right before it goes out, so a paused former leader cannot post after its trust window (whatever deliveries
+    it read before). A refusal raises ``NotLeader``: the sender then made no attempt and records nothing. A POST
+    in flight when the window closes may still reach the receiver; its outcome's write is fenced and refused, so
+    the next leader posts the delivery again, with the same ``X-Callback-Id`` for the receiver to dedupe."""
+
+    def __init__(self, poster: CallbackPoster, held: Callable[[], bool]) -> None:
+        self._poster = poster
+        self._held = held
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> CallbackPost:
+        if not self._held():
+            raise NotLeader(
+                "callback not posted: this instance does not hold the leader lease", code=Code.LEASE_CONFLICT
+            )
+        return await self._poster.post(url, body, headers, timeout_s)
+
+
 class HighAvailability:
     """The shared mode of one gatewayd: built by ``Gateway`` when ``[store] url`` is PostgreSQL."""
 
@@ -183,6 +208,9 @@ class HighAvailability:
 
     def fenced_bus(self, bus: Any) -> FencedBus:
         return FencedBus(bus, lambda: self.leadership.held)
+
+    def fenced_poster(self, poster: CallbackPoster) -> FencedPoster:
+        return FencedPoster(poster, lambda: self.leadership.held)
 
     def attach(self, service: TaskService, duties: dict[str, Any]) -> None:
         """Before the service starts: share its tasks through the store, and name the leader's duties."""
