@@ -1,7 +1,8 @@
 """Several in-process gateways on one PostgreSQL database and one nats-server (CONTRACT section 4): one leader
 at a time and a takeover after a crash, the fence that stops a former leader's writes and callback POSTs, a
 task claimed, heartbeated and settled across instances, a lease watched by the new leader after its claimer
-died, schedules firing once per occurrence, and SSE resumed on another instance."""
+died, schedules firing once per occurrence, SSE resumed on another instance, and the cold start of a cluster
+whose every instance was killed (never of an instance started beside a live one)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ from scheduler_gateway.actors.duties import Leadership, LeaseTiming, fenced
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy, callback_id
 from scheduler_gateway.actors.ports import CallbackPost, Change
 from scheduler_gateway.actors.scheduler import SchedulerSettings
+from scheduler_gateway.actors.task_service import TaskPolicy
 from scheduler_gateway.daemon.check import check_store
 from scheduler_gateway.daemon.config import load_config
 from scheduler_gateway.daemon.gateway import Gateway
-from scheduler_gateway.daemon.ha import FencedPoster, FencedStore, NotLeader
+from scheduler_gateway.daemon.ha import INSTANCE_ALIVE_S, INSTANCE_BEAT_S, FencedPoster, FencedStore, NotLeader
 from scheduler_gateway.daemon.nats.bus import NodeInputs
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.daemon.store.postgres import PostgresStore
@@ -439,3 +441,123 @@ async def test_a_former_leader_posts_no_callback_after_its_lease_was_taken_over(
         for actor in (*senders, old, new):
             await actor.stop()
         await store.stop()
+
+
+# -- cold start after every instance died -------------------------------------------------------------------
+
+GRACE_S = 600.0  # longer than any lease here, so the grace shows in the store
+
+
+async def start_timed(tmp: Path, nats_url: str, pg_url: str, name: str) -> tuple[Gateway, float]:
+    began = time.monotonic()
+    gw = await start_gateway(tmp, nats_url, pg_url, name, policy=TaskPolicy(recovery_grace_s=GRACE_S))
+    return gw, time.monotonic() - began
+
+
+async def a_running_scheduled_task(gw: Gateway, node: HandNode) -> str:
+    """A once schedule fires on ``gw``; the node claims its task: an active run and a running lease."""
+    async with apis([gw]) as (api,):
+        await created(api, body({"type": "once", "runAt": soon(0.3)}))
+        (offer, msg), *_ = await node.pull("echo")
+        await msg.ack()
+        reply = await node.claim(offer.task_id, offer.attempt_id)
+        assert reply.ok, reply
+    return offer.task_id
+
+
+async def reconciled_alive(gw: Gateway) -> bool:
+    return gw.scheduling.actor.reconcile_report.get("alive") == 1
+
+
+async def test_a_restart_after_every_instance_was_killed_is_a_cold_start(
+    tmp_path: Path, fresh_nats: NatsServerProcess, pg_fresh_url: str, node: HandNode
+) -> None:
+    a, _ = await start_timed(tmp_path, fresh_nats.url, pg_fresh_url, "gw-a")
+    b, _ = await start_timed(tmp_path, fresh_nats.url, pg_fresh_url, "gw-b")
+    gws = [a, b]
+    try:
+        assert a.ha is not None and a.ha.cold_start and b.ha is not None and not b.ha.cold_start
+        task_id = await a_running_scheduled_task(a, node)
+        (before,) = await a.store.shared.get_tasks([task_id])  # type: ignore[union-attr]
+        await crash(a)
+        await crash(b)  # the whole cluster is down; both rows still look alive
+        restarted_at = time.time()
+        again, took = await start_timed(tmp_path, fresh_nats.url, pg_fresh_url, "gw-a")
+        gws.append(again)
+        assert again.ha is not None and again.ha.cold_start, "a restart after every instance died is a cold start"
+        assert took < INSTANCE_ALIVE_S + 3, took  # it waited for gw-b's row to age out, no longer
+        (after,) = await again.store.shared.get_tasks([task_id])  # type: ignore[union-attr]
+        assert before.lease_expires_at is not None and before.lease_expires_at < restarted_at + GRACE_S - 60
+        assert after.lease_expires_at is not None and after.lease_expires_at >= restarted_at + GRACE_S
+        await wait_for(lambda: reconciled_alive(again), 10)  # the scheduler's start-up reconcile ran
+    finally:
+        for gw in gws:
+            with contextlib.suppress(Exception):
+                await gw.stop()
+
+
+async def test_instances_restarted_together_after_all_were_killed_make_one_cold_start(
+    tmp_path: Path, fresh_nats: NatsServerProcess, pg_fresh_url: str, node: HandNode
+) -> None:
+    a, _ = await start_timed(tmp_path, fresh_nats.url, pg_fresh_url, "gw-a")
+    b, _ = await start_timed(tmp_path, fresh_nats.url, pg_fresh_url, "gw-b")
+    gws = [a, b]
+    try:
+        await a_running_scheduled_task(b, node)
+        await crash(a)
+        await crash(b)
+        started = await asyncio.gather(
+            *(start_timed(tmp_path, fresh_nats.url, pg_fresh_url, n) for n in ("gw-a", "gw-b"))
+        )
+        gws += [gw for gw, _ in started]
+        cold = [gw for gw, _ in started if gw.ha is not None and gw.ha.cold_start]
+        warm = [gw for gw, _ in started if gw.ha is not None and not gw.ha.cold_start]
+        assert len(cold) == 1 and len(warm) == 1, [gw.ha and gw.ha.cold_start for gw, _ in started]
+        await wait_for(lambda: reconciled_alive(cold[0]), 10)
+        assert warm[0].scheduling.actor.reconcile_report == {}  # it skipped the reconcile: gw was alive
+    finally:
+        for gw in gws:
+            with contextlib.suppress(Exception):
+                await gw.stop()
+
+
+async def test_an_instance_restarted_beside_a_live_one_is_not_a_cold_start(
+    tmp_path: Path, fresh_nats: NatsServerProcess, pg_fresh_url: str, node: HandNode
+) -> None:
+    a, _ = await start_timed(tmp_path, fresh_nats.url, pg_fresh_url, "gw-a")
+    b, _ = await start_timed(tmp_path, fresh_nats.url, pg_fresh_url, "gw-b")
+    gws = [a, b]
+    try:
+        await a_running_scheduled_task(a, node)
+        await crash(b)  # gw-a lives on and dispatches; gw-b's row looks alive too
+        again, took = await start_timed(tmp_path, fresh_nats.url, pg_fresh_url, "gw-b")
+        gws.append(again)
+        assert again.ha is not None and not again.ha.cold_start
+        assert took < 2 * INSTANCE_BEAT_S + 2, took  # gw-a's row moved within a beat
+        assert again.scheduling.actor.reconcile_report == {}
+        started, took = await start_timed(tmp_path, fresh_nats.url, pg_fresh_url, "gw-c")  # a new one, too
+        gws.append(started)
+        assert started.ha is not None and not started.ha.cold_start and took < 2 * INSTANCE_BEAT_S + 2, took
+    finally:
+        for gw in gws:
+            with contextlib.suppress(Exception):
+                await gw.stop()
+
+
+async def test_the_start_up_lock_is_held_by_one_instance_at_a_time_and_its_wait_is_bounded(pg_fresh_url: str) -> None:
+    a, b = PostgresStore(pg_fresh_url), PostgresStore(pg_fresh_url)
+    await a.start()
+    await b.start()
+    try:
+        async with a.duties.start_lock(5) as held_a:
+            assert held_a
+            began = time.monotonic()
+            async with b.duties.start_lock(0.5) as held_b:
+                assert not held_b  # a decides: b gave up waiting, and its transaction still answers
+                assert await b.duties.live_instances(INSTANCE_ALIVE_S) == []
+            assert 0.4 < time.monotonic() - began < 3
+        async with b.duties.start_lock(0.5) as held_b:
+            assert held_b  # let go at the end of a's block
+    finally:
+        await a.stop()
+        await b.stop()

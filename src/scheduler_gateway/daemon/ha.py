@@ -19,8 +19,16 @@ recorded (a fenced write), so the next leader posts the delivery again and the r
 stable ``X-Callback-Id`` (callbacks are at least once).
 Task writes are fenced by the task's own ``revision`` (every one is a compare-and-set on a task re-read
 from the store), whoever makes them. The scheduler's poll runs on every instance (due schedules are
-claimed under their own row leases with ``SKIP LOCKED``); its start-up reconcile runs only when an
-instance starts a cluster that was down (no other live instance), as with one instance.
+claimed under their own row leases with ``SKIP LOCKED``).
+
+Start-up (``prepare``): an instance that starts a cluster that was down (no other instance alive) gives the
+running leases their grace period in the store and lets the scheduler run its start-up reconcile, as one
+instance does; beside a live instance it does neither (their work is not a leftover). An instance row
+seen within ``INSTANCE_ALIVE_S`` does not prove life: the instance may have been killed a moment ago with
+the rest of the cluster. So the starting instance watches the other rows, on the database's clock, until
+each is either refreshed (that instance is alive) or ``INSTANCE_ALIVE_S`` old (dead), and decides then;
+instances starting together take the decision one at a time (``PgDuties.start_lock``), each registered and
+heartbeating before the next one looks, so exactly one of them makes the cold start.
 
 docs/DECISIONS.md (Several instances) records the choices and what hash partitions would add.
 """
@@ -48,8 +56,13 @@ from scheduler_gateway.wire.errors import Code, Conflict, GatewayError
 log = logging.getLogger(__name__)
 
 INSTANCE_BEAT_S = 2.0
-#: an instance whose row was not refreshed for this long is no longer counted as alive
+#: an instance whose row was not refreshed for this long (on the database's clock) is no longer counted as alive
 INSTANCE_ALIVE_S = 10.0
+#: how often a starting instance reads the other instances' rows while it decides whether the cluster was down
+START_LOOK_S = 0.25
+#: a starting instance waits this long at most for another starting instance's decision (``PgDuties.start_lock``);
+#: then it takes that one for alive
+START_LOCK_WAIT_S = 3 * INSTANCE_ALIVE_S
 
 #: the store writes of the relay, the callback sender's loop and retention's purges: made only as the leader,
 #: under its fence
@@ -221,20 +234,73 @@ class HighAvailability:
         self.duties = {"lease-watcher": self.watcher, **duties}
 
     async def prepare(self, grace_s: float) -> bool:
-        """Before the task service starts: register this instance; when no other instance is alive (the cluster
-        starts), give running leases their grace period in the store. Answers whether it was a cold start."""
-        others = [i for i in await self.store.duties.live_instances(INSTANCE_ALIVE_S) if i.id != self.instance_id]
-        await self._seen()
-        if not others:
-            n = await self.store.shared.cold_start(grace_s, self._clock())
-            log.info("shared store: first live instance; %d running leases get a %.0f s grace", n, grace_s)
-        self.cold_start = not others
-        return self.cold_start
+        """Before the task service starts: decide whether this instance starts a cluster that was down, then
+        register it and start its heartbeat. On a cold start the running leases get their grace period in the
+        store. Answers whether it was a cold start (the caller lets the scheduler reconcile then).
+
+        Instances starting together decide one at a time, under the start-up lock; each is registered and
+        heartbeating before it lets the lock go, so the next one sees it alive. An instance that cannot get
+        the lock within ``START_LOCK_WAIT_S`` takes the one deciding for alive."""
+        async with self.store.duties.start_lock(START_LOCK_WAIT_S) as locked:
+            if not locked:
+                log.warning(
+                    "start-up: another instance held the start-up lock for %.0f s; not a cold start", START_LOCK_WAIT_S
+                )
+            cold = locked and not await self._another_instance_alive()
+            if cold:
+                n = await self.store.shared.cold_start(grace_s, self._clock())
+                log.info("shared store: no other live instance; %d running leases get a %.0f s grace", n, grace_s)
+            await self._seen()
+            self._start_beat()
+        self.cold_start = cold
+        return cold
+
+    async def _another_instance_alive(self) -> bool:
+        """Whether another instance is alive: its row is refreshed, or a new row appears, while this one looks.
+
+        Every row refreshed within ``INSTANCE_ALIVE_S`` (this instance's own id aside: that is its own former
+        process) is watched until it is either written again (alive: every write stamps the database's
+        ``clock_timestamp()``, so any refresh changes ``last_seen_at``) or ``INSTANCE_ALIVE_S`` old on the
+        database's clock (dead, as ``gatewayd check`` counts it). A live instance refreshes its row every
+        ``INSTANCE_BEAT_S``, so it is recognised within about one beat; rows of a cluster killed a moment ago
+        hold the start up to ``INSTANCE_ALIVE_S``. The local clock only bounds the look (a database clock
+        stepped back): past ``2 * INSTANCE_ALIVE_S`` the rows still watched count as alive."""
+
+        def others(rows: list[InstanceRecord]) -> dict[str, float]:
+            return {r.id: r.last_seen_at for r in rows if r.id != self.instance_id}
+
+        watched = others(await self.store.duties.live_instances(INSTANCE_ALIVE_S))
+        if watched:
+            log.info(
+                "start-up: watching the rows of %s to see whether they are alive (up to %.0f s)",
+                ", ".join(sorted(watched)),
+                INSTANCE_ALIVE_S,
+            )
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + 2 * INSTANCE_ALIVE_S
+        while watched:
+            if loop.time() >= give_up:
+                log.warning(
+                    "start-up: the rows of %s neither moved nor aged; taken for alive", ", ".join(sorted(watched))
+                )
+                return True
+            await asyncio.sleep(START_LOOK_S)
+            now = others(await self.store.duties.live_instances(INSTANCE_ALIVE_S))
+            moved = sorted(i for i, seen in now.items() if watched.get(i) != seen)
+            if moved:
+                log.info("start-up: %s alive; not a cold start", ", ".join(moved))
+                return True
+            watched = {i: seen for i, seen in watched.items() if i in now}  # the rest aged out: dead
+        return False
+
+    def _start_beat(self) -> None:
+        if self._beat is None:
+            self._beat = asyncio.create_task(self._beat_loop(), name="instance-beat")
 
     async def start(self) -> None:
         assert self.live_sync is not None
         await self.live_sync.start()
-        self._beat = asyncio.create_task(self._beat_loop(), name="instance-beat")
+        self._start_beat()
         await self.leadership.start()
 
     async def stop(self) -> None:

@@ -5,14 +5,25 @@ Acquiring is one transaction: make sure the row exists, lock it, and take it whe
 already ours. A new holder gets ``term + 1``; a renewal by the holder of a lease that has not run out keeps
 its term. The fence check (``db.check_fence``) reads the row ``FOR SHARE``, so a takeover, which updates
 the row, waits for the old holder's fenced writes in flight and every later one fails.
+
+``start_lock`` serialises the start-up decision of instances starting together (daemon/ha.py,
+``HighAvailability.prepare``): a transaction-scoped advisory lock, so a killed holder's lock goes with its
+session.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import msgspec
+import psycopg
 
 from scheduler_gateway.actors.duties import Acquired, InstanceRecord
 from scheduler_gateway.daemon.store.postgres.db import DB_NOW, PgDb
+
+#: the advisory lock a starting instance holds while it decides whether the cluster was down (7301: the outbox's)
+START_LOCK = 7302
 
 _info_enc = msgspec.json.Encoder()
 _info_dec = msgspec.json.Decoder(dict[str, str])
@@ -75,6 +86,21 @@ class PgDuties:
             InstanceRecord(id=str(r[0]), started_at=float(r[1]), last_seen_at=float(r[2]), info=_info_dec.decode(r[3]))
             for r in rows
         ]
+
+    @asynccontextmanager
+    async def start_lock(self, timeout_s: float) -> AsyncIterator[bool]:
+        """Hold the start-up lock for the block: True once it is held, False when another instance held it for
+        ``timeout_s`` (the block runs either way, the lock not held then). One transaction holds it, on one
+        pooled connection, and releases it when the block ends, or with the session when the process dies."""
+        async with self._db.transaction() as conn:
+            await conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{max(1, int(timeout_s * 1000))}ms",))
+            try:
+                async with conn.transaction():  # a savepoint: a wait that timed out leaves the transaction usable
+                    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (START_LOCK,))
+                held = True
+            except psycopg.errors.LockNotAvailable:
+                held = False
+            yield held
 
     async def forget_instance(self, instance_id: str) -> None:
         await self._db.write("DELETE FROM gateway_instances WHERE id = %s", (instance_id,))
