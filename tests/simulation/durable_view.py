@@ -43,6 +43,15 @@ class MemoryView:
     def outbox_size(self) -> int:
         return len(self.store._outbox)
 
+    def outbox_oldest_at(self) -> float | None:
+        """When the oldest event still in the outbox was committed."""
+        import msgspec
+
+        from scheduler_gateway.actors.model.records import EventRecord
+
+        ats = [msgspec.json.decode(b, type=EventRecord).at for b in self.store._outbox.values()]
+        return min(ats) if ats else None
+
     def tasks(self) -> dict[str, Task]:
         return dict(self.store._tasks)
 

@@ -216,18 +216,27 @@ def dead_letters_are_consistent(f: Facts) -> list[str]:
     return out
 
 
+def one_running_task_per_thread(f: Facts) -> list[str]:
+    """A thread is a serial lane: at most one of its tasks is running (CONTRACT 2.1)."""
+    running: dict[str, list[str]] = defaultdict(list)
+    for tid, task in f.tasks.items():
+        if task.thread_id is not None and task.state == "running":
+            running[task.thread_id].append(tid)
+    return [f"thread {th}: {len(ts)} running tasks {sorted(ts)}" for th, ts in running.items() if len(ts) > 1]
+
+
 def one_active_run_per_schedule(f: Facts) -> list[str]:
     active: Counter[str] = Counter(r.scheduled_task_id for r in f.runs.values() if r.status in ACTIVE_RUN)
     return [f"schedule {s}: {n} active runs" for s, n in active.items() if n > 1]
 
 
 def one_firing_per_occurrence(f: Facts) -> list[str]:
-    """Never two runs (that were not skipped or interrupted before launch) with one scheduledFor, and never
-    two tasks for one occurrence."""
+    """At most one run per (schedule, scheduledFor) of the scheduled path, whatever became of it (launched,
+    skipped, failed, interrupted), and never two tasks for one occurrence or one run."""
     out: list[str] = []
     seen: dict[tuple[str, float | None], str] = {}
     for run in sorted(f.runs.values(), key=lambda r: r.id):
-        if run.trigger != "scheduled" or run.status in ("skipped", "interrupted"):
+        if run.trigger != "scheduled":
             continue
         key = (run.scheduled_task_id, run.scheduled_for)
         if key in seen:
@@ -303,6 +312,7 @@ SNAPSHOT_CHECKS = (
     no_task_under_a_terminal_or_foreign_parent,
     reserved_labels_only_from_the_gateway,
     dead_letters_are_consistent,
+    one_running_task_per_thread,
     one_active_run_per_schedule,
     one_firing_per_occurrence,
     schedules_are_not_stuck,
@@ -333,6 +343,7 @@ class ChangeLog:
     ended: set[str] = field(default_factory=set)  # attempt ids that left running
     must_cancel: dict[str, str] = field(default_factory=dict)  # task id -> the canceled ancestor
     schedule_status: dict[str, str] = field(default_factory=dict)
+    thread_running: dict[str, str] = field(default_factory=dict)  # thread id -> its running task
     violations: list[str] = field(default_factory=list)
     changes: int = 0
 
@@ -351,8 +362,24 @@ class ChangeLog:
         else:
             self._changed(before, after, change)
         self.tasks[after.id] = after
+        self._lane(after)
         if change.dead_letter is not None:
             self._letter(change.dead_letter, after)
+
+    def _lane(self, task: Task) -> None:
+        """At every commit, not only at quiet moments: a second task of a thread never starts running."""
+        if task.thread_id is None:
+            return
+        holder = self.thread_running.get(task.thread_id)
+        if task.state == "running":
+            if holder is not None and holder != task.id:
+                self._bad(
+                    "one_running_task_per_thread",
+                    f"task {task.id} started in thread {task.thread_id} while {holder} was running",
+                )
+            self.thread_running[task.thread_id] = task.id
+        elif holder == task.id:
+            del self.thread_running[task.thread_id]
 
     def _created(self, task: Task, h: HistoryEntry | None) -> None:
         if task.revision != 1:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import random
 import selectors
 import threading
@@ -37,6 +38,7 @@ from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.callback_sender import CallbackSender
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterKeeper, DeadLetterPolicy
 from scheduler_gateway.actors.dispatcher import Dispatcher
+from scheduler_gateway.actors.duties import LeaseTiming
 from scheduler_gateway.actors.event_relay import EventRelay
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.schedule import SchedulePolicy
@@ -70,6 +72,11 @@ DEAD_LETTER_POLICY = DeadLetterPolicy(
 SCHEDULE_POLICY = SchedulePolicy(min_once_delay_s=60.0, max_concurrent_runs=4, lease_s=60.0)
 SCHEDULER_POLL_S = 120.0
 MAX_ITERATIONS_PER_STEP = 200_000
+#: Several instances: the leader lease (daemon/ha.py defaults are 10 / 3 / 2 s) and the live-copy sync's period
+DUTY_TIMING = LeaseTiming(lease_s=10.0, renew_s=3.0, trust_margin_s=2.0)
+LIVE_SYNC_S = 2.0
+#: Several instances: how far an instance's clock may be from the store's, each way
+MAX_SKEW_S = 2.0
 CALLBACK_POLICY = CallbackPolicy(secret="sim-callback-secret-0123456789", retry_delays_s=(1.0, 5.0), timeout_s=5.0)
 
 
@@ -179,35 +186,120 @@ class SimIds:
         return format_id(prefix, ms, self._n % (1 << RAND_BITS))
 
 
-# -- gates: what one incarnation of the process holds; closed when it dies ---------------------------------
+# -- gates: what one incarnation of the process holds; closed when it dies, held while it is frozen ------
+#: Which instance a task belongs to (set in the context of every task a world starts; inherited by the
+#: tasks those create), so one instance can be crash-restarted while the others run on.
+WORLD: contextvars.ContextVar[int] = contextvars.ContextVar("sim_world", default=-1)
+
+
+class Freezer:
+    """A pause of one instance (a VM freeze, SIGSTOP, a long GC) at an await point of its IO.
+
+    ``arm(k, on)``: the k-th pass through one of the instance's gates from now (before or after a store call,
+    a publish, a callback post; with ``on``, only passes of the call of that name count) freezes it: that
+    call and every later one of the instance wait until ``thaw()``. What waits is not cancellable meanwhile,
+    as a frozen process cannot be told anything: a write it decided before the freeze is made after the thaw,
+    whatever its own timers did in the meantime. Only the IO of the instance stops; that is all the others can
+    see of a pause."""
+
+    def __init__(self) -> None:
+        self.countdown: int | None = None
+        self.on: str | None = None
+        self.event: asyncio.Event | None = None
+        self.freezes = 0
+
+    @property
+    def frozen(self) -> bool:
+        return self.event is not None
+
+    def arm(self, k: int, on: str | None = None) -> None:
+        self.countdown = max(0, k)
+        self.on = on
+
+    def thaw(self) -> None:
+        event, self.event, self.countdown = self.event, None, None
+        if event is not None:
+            event.set()
+
+    async def gate(self, name: str = "", result: Any = None) -> bool:
+        """Answers True when the caller was cancelled while frozen (the caller raises it after its call).
+        ``on`` ending in ``+`` counts only the passes after that call, when it answered something (a claim
+        that took a schedule, a read that found work)."""
+        on = self.on
+        if on is not None and on.endswith("+"):
+            matches = on[:-1] == name and bool(result)
+        else:
+            matches = on is None or on == name
+        if self.countdown is not None and matches:
+            if self.countdown <= 0:
+                self.countdown = None
+                self.event = asyncio.Event()
+                self.freezes += 1
+            else:
+                self.countdown -= 1
+        cancelled = False
+        while self.event is not None:
+            try:
+                await self.event.wait()
+            except asyncio.CancelledError:
+                cancelled = True
+        return cancelled
+
+
 class StoreGate:
     """Forwards to the durable store while its process lives. After the kill every call raises, so nothing the
     dead process still runs (a ``finally``, a cancelled task unwinding) reaches the store: a kill -9.
 
-    ``fail_ops``: the next that many store calls fail with StorageError (a transient store fault)."""
+    ``fail_ops``: the next that many store calls fail with StorageError (a transient store fault).
+    ``shared`` and ``duties`` (the several-instance ports of a shared store) are gated alike."""
 
-    def __init__(self, store: Any, on_write: Callable[[str, tuple[Any, ...], Any], None]) -> None:
+    SUB_PORTS = ("shared", "duties")
+
+    def __init__(
+        self,
+        store: Any,
+        on_write: Callable[[str, tuple[Any, ...], Any], None],
+        freezer: Freezer | None = None,
+        parent: StoreGate | None = None,
+    ) -> None:
         self._store = store
         self._on_write = on_write
+        self._parent = parent
+        self._freezer = freezer or Freezer()
         self.alive = True
         self.fail_ops = 0
         self.ops = 0
 
+    def _root(self) -> StoreGate:
+        return self._parent._root() if self._parent is not None else self
+
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
+        if name in self.SUB_PORTS and self._parent is None:
+            sub = StoreGate(attr, self._on_write, self._freezer, self)
+            setattr(self, name, sub)
+            return sub
         if not asyncio.iscoroutinefunction(attr):
             return attr
         on_write = self._on_write
+        root = self._root()
+        freezer = self._freezer
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            if not self.alive:
+            cancelled = await freezer.gate(name)
+            if not root.alive:
                 raise StorageError("the process is dead (simulated crash)")
-            self.ops += 1
-            if self.fail_ops > 0 and name not in ("start", "stop"):
-                self.fail_ops -= 1
+            root.ops += 1
+            if root.fail_ops > 0 and name not in ("start", "stop"):
+                root.fail_ops -= 1
                 raise StorageError("simulated store fault")
             result = await attr(*args, **kwargs)
             on_write(name, args, result)
+            cancelled = await freezer.gate(name, result) or cancelled
+            if cancelled:
+                raise asyncio.CancelledError()
+            if not root.alive:
+                raise StorageError("the process died before it heard the answer (simulated crash)")
             return result
 
         call.__name__ = name
@@ -249,17 +341,24 @@ class SimBus:
 class BusGate:
     """The ``Bus`` port for one incarnation."""
 
-    def __init__(self, bus: SimBus) -> None:
+    def __init__(self, bus: SimBus, freezer: Freezer | None = None) -> None:
         self._bus = bus
         self.alive = True
+        self._freezer = freezer or Freezer()
         self._decode = msgspec.json.Decoder(Offer).decode
 
     def _check(self) -> None:
         if not self.alive or self._bus.down:
             raise ConnectionError("NATS unreachable (simulated)")
 
+    async def _pause_point(self, name: str) -> None:
+        """A publish is an await point, and one where a frozen process stops."""
+        await asyncio.sleep(0)
+        if await self._freezer.gate(name):
+            raise asyncio.CancelledError()
+
     async def publish_offers(self, items: list[tuple[str, str, bytes]]) -> list[BaseException | None]:
-        await asyncio.sleep(0)  # a publish is an await point
+        await self._pause_point("publish_offers")
         out: list[BaseException | None] = []
         for _kind, attempt_id, body in items:
             try:
@@ -274,14 +373,14 @@ class BusGate:
         return out
 
     async def publish_cancel(self, node_id: str, body: bytes) -> None:
-        await asyncio.sleep(0)
+        await self._pause_point("publish_cancel")
         self._check()
         self._bus.cancels.append((node_id, body))
 
     async def publish_events(
         self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
     ) -> list[int | BaseException]:
-        await asyncio.sleep(0)
+        await self._pause_point("publish_events")
         out: list[int | BaseException] = []
         for i, (subject, msg_id, body) in enumerate(items):
             try:
@@ -303,7 +402,7 @@ class BusGate:
         return out
 
     async def events_tail(self) -> tuple[int, str | None]:
-        await asyncio.sleep(0)
+        await self._pause_point("events_tail")
         self._check()
         events = self._bus.events
         return len(events), (events[-1].msg_id if events else None)
@@ -312,13 +411,16 @@ class BusGate:
 class SimPoster:
     """The callback receivers: answers 2xx or a failure, by a seeded coin."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, freezer: Freezer | None = None) -> None:
         self.rng = rng
         self.posts: list[tuple[str, dict[str, str], bytes]] = []
         self.alive = True
+        self._freezer = freezer or Freezer()
 
     async def post(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> CallbackPost:
         await asyncio.sleep(0)
+        if await self._freezer.gate("post"):
+            raise asyncio.CancelledError()
         if not self.alive:
             return CallbackPost(None, "dead process")
         self.posts.append((url, headers, body))
@@ -345,16 +447,37 @@ class SimNode:
 
 # -- one incarnation of the daemon ---------------------------------------------------------------------
 class World:
-    """The services of one process, composed as ``daemon/gateway.py`` and ``daemon/scheduling.py`` do."""
+    """The services of one process, composed as ``daemon/gateway.py`` and ``daemon/scheduling.py`` do; with
+    ``shared`` (several instances on one store) also as ``daemon/ha.py`` does: the leader lease, the lease
+    watcher, the live-copy sync, the leader's fenced duties."""
 
-    def __init__(self, sim: Sim, incarnation: int) -> None:
-        clock = sim.wall
-        self.store = StoreGate(sim.durable, sim.on_store_call)
-        self.bus = BusGate(sim.bus)
-        self.poster = SimPoster(random.Random(sim.seed * 1000 + incarnation + 1))
+    def __init__(self, sim: Sim, incarnation: int, index: int = 0) -> None:
+        self.index = index
+        self.incarnation = incarnation
+        self.instance_id = f"gw{index}"
+        self.skew = sim.skews[index] if index < len(sim.skews) else 0.0
+        skew = self.skew
+        wall = sim.wall
+        clock = wall if not skew else (lambda: wall() + skew)
+        self.clock = clock
+        self.freezer = Freezer()
+        self.store = StoreGate(sim.durable, sim.store_hook(index), self.freezer)
+        self.bus = BusGate(sim.bus, self.freezer)
+        self.poster = SimPoster(random.Random(sim.seed * 1000 + incarnation * 10 + index + 1), self.freezer)
         self.dispatcher = Dispatcher(self.bus, clock, max_offers_per_kind=6)  # type: ignore[arg-type]
         self.nodes = NodeRegistry(clock)
-        self.relay = EventRelay(self.store, self.bus, Subjects("gw"), clock)  # type: ignore[arg-type]
+        self.ha: Any = None
+        duty_store: Any = self.store
+        duty_bus: Any = self.bus
+        if sim.shared:
+            from prometheus_client import CollectorRegistry
+
+            from scheduler_gateway.daemon.ha import HighAvailability
+
+            self.ha = HighAvailability(self.instance_id, self.store, CollectorRegistry(), clock, timing=DUTY_TIMING)  # type: ignore[arg-type]
+            self.ha.leadership._mono = sim.loop.time  # a monotonic clock: it runs on through a freeze
+            duty_store, duty_bus = self.ha.fenced_store, self.ha.fenced_bus(self.bus)
+        self.relay = EventRelay(duty_store, duty_bus, Subjects("gw"), clock)
         self.service = TaskService(
             self.store,  # type: ignore[arg-type]
             self.dispatcher,
@@ -363,10 +486,11 @@ class World:
             policy=TASK_POLICY,
             clock=clock,
             on_committed=self.relay.notify,
-            rng=random.Random(sim.seed * 7919 + incarnation),
+            rng=random.Random(sim.seed * 7919 + incarnation * 10 + index),
         )
-        self.keeper = DeadLetterKeeper(self.store, self.service, DEAD_LETTER_POLICY, clock)  # type: ignore[arg-type]
-        self.callbacks = CallbackSender(self.store, self.poster, CALLBACK_POLICY, clock)  # type: ignore[arg-type]
+        self.keeper = DeadLetterKeeper(duty_store, self.service, DEAD_LETTER_POLICY, clock)
+        poster: Any = self.poster if self.ha is None else self.ha.fenced_poster(self.poster)
+        self.callbacks = CallbackSender(duty_store, poster, CALLBACK_POLICY, clock)
         self.service.add_listener(self.callbacks.on_transition)
         self.launcher = TaskServiceLauncher(self.service, self.store, self.store)  # type: ignore[arg-type]
         self.schedules = ScheduleService(
@@ -379,29 +503,62 @@ class World:
         self.scheduler = Scheduler(self.schedules, clock, SCHEDULER_POLL_S, counts_interval_s=86400.0)
         self.service.add_listener(self.scheduler.on_transition)
         self.service.set_thread_check(self.schedules.check_thread)
+        if self.ha is not None:
+            self.ha.attach(
+                self.service,
+                {"event-relay": self.relay, "callback-sender": self.callbacks, "dead-letter-keeper": self.keeper},
+            )
+            assert self.ha.live_sync is not None and self.ha.watcher is not None
+            self.ha.live_sync._interval_s = LIVE_SYNC_S
+            self.ha.watcher._interval_s = LIVE_SYNC_S
 
     async def start(self) -> None:
         """The daemon's start order (``Gateway.start``): store, node records, task recovery, then the actors."""
         await self.store.start()
         self.nodes.load(await self.store.list_nodes())
+        if self.ha is not None:
+            grace = TASK_POLICY.recovery_grace_s if TASK_POLICY.recovery_grace_s is not None else 30.0
+            if not await self.ha.prepare(grace):
+                self.scheduler.reconciled = True  # others are live: their runs are not leftovers
         await self.service.start()
         await self.dispatcher.start()
-        await self.relay.start()
-        await self.keeper.start()
-        await self.callbacks.start()
+        if self.ha is None:
+            await self.relay.start()
+            await self.keeper.start()
+            await self.callbacks.start()
         await self.scheduler.start()
+        if self.ha is not None:
+            await self.ha.start()
 
     def close_handles(self) -> None:
         self.store.alive = False
         self.bus.alive = False
         self.poster.alive = False
+        self.freezer.thaw()  # what waited at a gate now meets the dead handles
 
 
 class Sim:
-    """The durable parts (store, bus, node processes) and the current world on one virtual loop."""
+    """The durable parts (store, bus, node processes) and the current worlds on one virtual loop.
 
-    def __init__(self, seed: int, durable: Any, epoch: float, *, sqlite_path: Path | None = None) -> None:
+    ``instances`` > 1: that many gateway instances share the store (a ``SharedMemoryStore``: ``shared``),
+    each with a clock ``skews[i]`` seconds off the store's; ``target`` is the instance the next operation
+    goes to (a client or node talks to any of them)."""
+
+    def __init__(
+        self,
+        seed: int,
+        durable: Any,
+        epoch: float,
+        *,
+        sqlite_path: Path | None = None,
+        instances: int = 1,
+        skews: tuple[float, ...] = (),
+    ) -> None:
         self.seed = seed
+        self.instances = instances
+        self.shared = instances > 1
+        self.skews = skews
+        self.target = 0
         self.epoch = epoch
         self.loop = SimLoop()
         self.durable = durable
@@ -414,19 +571,33 @@ class Sim:
         self.loop_errors: list[str] = []
         self.write_hooks: list[Callable[[str, tuple[Any, ...], Any], None]] = []
         self.loop.set_exception_handler(self._on_loop_error)
+        self.loop.set_task_factory(_tagged_task)
         self._saved_new_id = idgen.new_id
         self._saved_relay_idle = event_relay_mod.IDLE_POLL_S
         self._saved_cb_idle = callback_sender_mod.IDLE_POLL_S
         idgen.new_id = self.ids
-        # woken by notify(); a long idle poll makes a missed wake-up visible instead of hiding it
-        event_relay_mod.IDLE_POLL_S = 600.0
-        callback_sender_mod.IDLE_POLL_S = 600.0
+        # one instance: woken by notify(); a long idle poll makes a missed wake-up visible instead of hiding it.
+        # Several: what another instance committed reaches the leader's relay by the poll alone, as in production
+        event_relay_mod.IDLE_POLL_S = 600.0 if instances == 1 else 5.0
+        callback_sender_mod.IDLE_POLL_S = 600.0 if instances == 1 else 5.0
         self._aiosqlite_saved: tuple[Any, Any, Any] | None = None
         self._sqlite_threads: list[threading.Thread] = []
         if sqlite_path is not None:
             self.loop.io_pending = self._sqlite_busy
             self._count_aiosqlite()
-        self.world: World | None = None
+        self.worlds: list[World | None] = [None] * instances
+        self.writer = -1  # the instance whose store call the hooks are told about
+
+    @property
+    def world(self) -> World | None:
+        return self.worlds[self.target]
+
+    def store_hook(self, index: int) -> Callable[[str, tuple[Any, ...], Any], None]:
+        def hook(name: str, args: tuple[Any, ...], result: Any) -> None:
+            self.writer = index
+            self.on_store_call(name, args, result)
+
+        return hook
 
     # time
     def wall(self) -> float:
@@ -486,13 +657,23 @@ class Sim:
 
     # lifecycle
     def boot(self) -> None:
+        """Start every instance (the first boot) in order."""
         self.incarnation += 1
-        self.world = World(self, self.incarnation)
-        self.run(self.world.start())
+        for i in range(self.instances):
+            self._boot_one(i)
 
-    def run(self, coro: Awaitable[Any], advance: float = 0.0, cut_after: int | None = None) -> Any:
+    def _boot_one(self, index: int) -> None:
+        world = World(self, self.incarnation, index)
+        self.worlds[index] = world
+        self.run(world.start(), world_index=index)
+
+    def run(
+        self, coro: Awaitable[Any], advance: float = 0.0, cut_after: int | None = None, world_index: int | None = None
+    ) -> Any:
         """Run one operation to quiescence. Returns its result, or raises its error; ``Cut`` when cut."""
-        task = self.loop.create_task(_as_coro(coro))
+        ctx = contextvars.copy_context()
+        ctx.run(WORLD.set, self.target if world_index is None else world_index)
+        task = self.loop.create_task(_as_coro(coro), context=ctx)
         task.add_done_callback(_retrieve)  # the client's answer: read by the caller, or lost with the process
         cut = self.loop.settle(advance, cut_after)
         if cut:
@@ -501,18 +682,28 @@ class Sim:
             return Pending(task)
         return task.result()
 
-    def crash(self) -> None:
-        """Kill the current incarnation (nothing it still runs reaches the store) and boot a new one."""
-        assert self.world is not None
-        self.world.close_handles()
-        self._unwind()
+    def crash(self, index: int | None = None) -> None:
+        """Kill one instance (the target; nothing it still runs reaches the store) and boot it again."""
+        i = self.target if index is None else index
+        world = self.worlds[i]
+        assert world is not None
+        world.close_handles()
+        self._unwind(i)
         self.crashes += 1
+        self.incarnation += 1
         if self.sqlite_path is not None:
             self._reopen_sqlite()
-        self.boot()
+        self._boot_one(i)
 
-    def _unwind(self) -> None:
-        tasks = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+    def frozen(self) -> list[int]:
+        return [i for i, w in enumerate(self.worlds) if w is not None and w.freezer.frozen]
+
+    def _unwind(self, index: int | None = None) -> None:
+        tasks = [
+            t
+            for t in asyncio.all_tasks(self.loop)
+            if not t.done() and (index is None or getattr(t, "sim_world", -1) == index)
+        ]
         for t in tasks:
             t.cancel()
         for _ in range(100):
@@ -534,8 +725,9 @@ class Sim:
 
     def close(self) -> None:
         try:
-            if self.world is not None:
-                self.world.close_handles()
+            for world in self.worlds:
+                if world is not None:
+                    world.close_handles()
             self._unwind()
             with contextlib.suppress(Exception):
                 self.loop.run_until_complete(self.durable.stop())
@@ -567,6 +759,13 @@ class Pending:
 
     def __init__(self, task: asyncio.Task[Any]) -> None:
         self.task = task
+
+
+def _tagged_task(loop: asyncio.AbstractEventLoop, coro: Any, context: contextvars.Context | None = None) -> Any:
+    """Every task knows its instance: the creator's (the context it inherits), or the one its context names."""
+    task = asyncio.Task(coro, loop=loop, context=context)
+    task.sim_world = context.get(WORLD, -1) if context is not None else WORLD.get()  # type: ignore[attr-defined]
+    return task
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:

@@ -20,7 +20,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.internal.conjecture import engine as hypothesis_engine
 from hypothesis.stateful import run_state_machine_as_test
 
-from .machine import STATS, SimMachine
+from .machine import COVERAGE, STATS, SimMachine
 
 DEFAULT_SEED = 20_260_308
 MIN_STEPS = 20_000
@@ -38,11 +38,14 @@ def _settings(examples: int, steps: int) -> settings:
     )
 
 
-def run_simulation(seed: int, examples: int, steps: int, shrink_s: float, *, on_sqlite: bool = False) -> dict[str, int]:
+def run_simulation(
+    seed: int, examples: int, steps: int, shrink_s: float, *, on_sqlite: bool = False, instances: int = 1
+) -> dict[str, int]:
     """Run the machine under ``seed``; returns the step counts (raises with the shrunk steps on a failure)."""
     for key in STATS:
         STATS[key] = 0
-    machine = type("SimMachineSeeded", (SimMachine,), {"on_sqlite": on_sqlite})
+    COVERAGE.clear()
+    machine = type("SimMachineSeeded", (SimMachine,), {"on_sqlite": on_sqlite, "instances": instances})
     hypothesis_seed(seed)(machine)
     saved = hypothesis_engine.MAX_SHRINKING_SECONDS
     hypothesis_engine.MAX_SHRINKING_SECONDS = int(shrink_s)
@@ -55,7 +58,7 @@ def run_simulation(seed: int, examples: int, steps: int, shrink_s: float, *, on_
     except BaseException as exc:
         exc.add_note(
             f"simulation: hypothesis seed {seed} (replay: SIM_SEED={seed} pytest tests/simulation "
-            f"-k {'sqlite' if on_sqlite else 'default'}); "
+            f"-k {'sqlite' if on_sqlite else 'several' if instances > 1 else 'default'}); "
             f"{STATS['steps']} steps, {STATS['examples']} examples, {STATS['crashes']} crashes before it"
         )
         raise
@@ -64,9 +67,11 @@ def run_simulation(seed: int, examples: int, steps: int, shrink_s: float, *, on_
         quiet.setLevel(level)
         elapsed = time.perf_counter() - started
         print(
-            f"\nsimulation{' on sqlite' if on_sqlite else ''} seed {seed}: {STATS['steps']} steps in "
+            f"\nsimulation{' on sqlite' if on_sqlite else ''}{f' x{instances}' if instances > 1 else ''} seed {seed}: "
+            f"{STATS['steps']} steps in "
             f"{STATS['examples']} examples, "
-            f"{STATS['crashes']} crash-restarts, {elapsed:.1f} s ({STATS['steps'] / max(elapsed, 1e-9):.0f} steps/s)"
+            f"{STATS['crashes']} crash-restarts, {elapsed:.1f} s ({STATS['steps'] / max(elapsed, 1e-9):.0f} steps/s); "
+            + ", ".join(f"{k} {n}" for k, n in sorted(COVERAGE.items()))
         )
     return dict(STATS)
 
@@ -102,3 +107,13 @@ def test_simulation_soak() -> None:
         seed = random.SystemRandom().randrange(2**32)
         total += run_simulation(seed, examples=100, steps=150, shrink_s=120)["steps"]
     print(f"soak: {total} steps")
+
+
+def test_simulation_several_instances() -> None:
+    """Two instances on one shared store, clocks up to ``MAX_SKEW_S`` apart, requests and node messages to
+    either, each of them frozen at any IO await for as long as time is advanced, crash-restarted alone."""
+    seed = int(os.environ.get("SIM_SEED", DEFAULT_SEED))
+    examples = int(os.environ.get("SIM_MULTI_EXAMPLES", 200))
+    steps = int(os.environ.get("SIM_MULTI_STEPS", 100))
+    stats = run_simulation(seed, examples, steps, shrink_s=float(os.environ.get("SIM_SHRINK_SECONDS", 45)), instances=2)
+    assert stats["examples"] >= min(examples, 10), f"ran only {stats['examples']} examples"
