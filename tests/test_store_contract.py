@@ -295,6 +295,37 @@ async def test_apply_many_one_stale_in_the_middle(store: TaskStore) -> None:
     assert [g.priority if g else None for g in got] == [5, 0, 7]
 
 
+async def test_a_second_running_task_of_a_thread_is_refused_where_the_claim_commits(store: TaskStore) -> None:
+    """One running task per thread is the store's rule (CONTRACT 2.1), not only the dispatcher's: a claim of an
+    offer from before a restart, or made on another instance, is refused THREAD_BUSY and writes nothing, alone
+    and in a batch beside others; once the lane is free the same claim commits."""
+    a, b, c = (make_task(i, thread_id="thr_1") for i in range(1, 4))
+    other = make_task(4, thread_id="thr_2")
+    assert await store.apply_many([create(t) for t in (a, b, c, other)]) == [None] * 4
+    running_a = bump(a, state="running", lease_id="lse_a")
+    await store.apply(update(a, running_a, "claim", lease_id="lse_a"))
+    with pytest.raises(Conflict) as info:
+        await store.apply(update(b, bump(b, state="running", lease_id="lse_b"), "claim", lease_id="lse_b"))
+    assert info.value.code == Code.THREAD_BUSY
+    results = await store.apply_many(
+        [
+            update(c, bump(c, state="running", lease_id="lse_c"), "claim", lease_id="lse_c"),
+            update(other, bump(other, state="running", lease_id="lse_o"), "claim", lease_id="lse_o"),
+        ]
+    )
+    assert_code(results[0], Conflict, Code.THREAD_BUSY)
+    assert results[1] is None
+    got_b, got_c = await store.get_task(b.id), await store.get_task(c.id)
+    assert got_b is not None and (got_b.state, got_b.revision) == ("queued", 1)
+    assert got_c is not None and (got_c.state, got_c.revision) == ("queued", 1)
+    page = await store.history(b.id)
+    assert [h.revision for h in page.items] == [1]
+    await store.apply(update(running_a, bump(running_a, state="succeeded", lease_id=None), "settle"))
+    await store.apply(update(b, bump(b, state="running", lease_id="lse_b"), "claim", lease_id="lse_b"))
+    got_b = await store.get_task(b.id)
+    assert got_b is not None and got_b.state == "running"
+
+
 async def test_apply_many_mixes_refusals_of_every_kind(store: TaskStore) -> None:
     existing = make_task(1)
     await store.apply(create(existing))
@@ -810,8 +841,10 @@ async def test_sqlite_migration_fills_the_dead_letter_columns(tmp_path: Path) ->
     _, old = sweep_letter(1, last_dead_at=T0, exhausted=True)
     doc = msgspec.json.encode(old).replace(b',"requeued":false', b"")  # written before the field existed
     with sqlite3.connect(path) as db:
-        dl_version = 5  # the dead-letter migration; undo it and the ones after it (retention, task lists)
+        # the dead-letter migration; undo it and the ones after it (retention, task lists, thread lanes)
+        dl_version = 5
         db.execute("DELETE FROM schema_version WHERE version >= ?", (dl_version,))
+        db.execute("DROP INDEX uq_tasks_thread_running")
         for index in ("tasks_state_kind", "tasks_owner_state", "tasks_owner_kind", "tasks_owner_state_kind"):
             db.execute(f"DROP INDEX {index}")
         for index in ("tasks_finished", "idempotency_created", "scheduled_runs_active_task"):

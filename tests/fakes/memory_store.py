@@ -57,6 +57,7 @@ class MemoryStore(
         self._nodes: dict[str, NodeRecord] = {}
         self._callbacks: dict[str, CallbackDelivery] = {}
         self._callback_letters: dict[str, CallbackDeadLetter] = {}
+        self._thread_running: dict[str, str] = {}  # thread id -> the task that last ran in it
         self._seq = 0  # shared by audit and outbox: only "grows" matters, as with AUTOINCREMENT
 
     async def start(self) -> None:
@@ -170,6 +171,16 @@ class MemoryStore(
             refusal = parent_refusal(task, parent.state, inserting=change.expected_revision is None)
             if refusal is not None:
                 raise refusal
+        if task.thread_id is not None and task.state == "running":
+            # the SQLite and PostgreSQL stores' partial unique index uq_tasks_thread_running
+            holder = self._thread_running.get(task.thread_id)
+            held = self._tasks.get(holder) if holder is not None and holder != task.id else None
+            if held is not None and held.state == "running":
+                raise Conflict(
+                    f"thread {task.thread_id} already has a running task",
+                    code=Code.THREAD_BUSY,
+                    details={"taskId": task.id, "threadId": task.thread_id},
+                )
 
     def _write(self, change: Change) -> None:
         task = change.task
@@ -177,6 +188,8 @@ class MemoryStore(
         idem = change.idempotency
         dl = change.dead_letter
         self._tasks[task.id] = task
+        if task.thread_id is not None and task.state == "running":
+            self._thread_running[task.thread_id] = task.id
         if h is not None:
             self._history[(h.task_id, h.revision)] = h
         if change.audit is not None:

@@ -37,6 +37,7 @@ class Code:
     LEASE_CONFLICT: Final = "LEASE_CONFLICT"
     NODE_DRAINING: Final = "NODE_DRAINING"
     NOT_DUE: Final = "NOT_DUE"
+    LIMITED: Final = "LIMITED"  # a thread's lane (or a flow limit) is full: the store refused the claim
     # attempt failure reasons recorded in history
     TIMEOUT: Final = "TIMEOUT"
     HANDLER_ERROR: Final = "HANDLER_ERROR"

@@ -87,7 +87,7 @@ async def claim_and_start(w: Worker, kind: str, msg: Msg, state: _OfferState) ->
         await ack(msg)
         return
     code = reply.error.code if reply.error else "?"
-    if reply.ok or code not in _DEAD_OFFER_CODES | {Code.NODE_DRAINING, Code.NOT_DUE}:
+    if reply.ok or code not in _DEAD_OFFER_CODES | {Code.NODE_DRAINING, Code.NOT_DUE, Code.LIMITED}:
         log.warning("claim of %s answered unexpectedly (%s); offer nak'd", offer.attempt_id, code)
         await nak(msg, w.timings.unavailable_nak_delay_s)
     elif code in _DEAD_OFFER_CODES:

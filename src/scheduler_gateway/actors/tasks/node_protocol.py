@@ -86,7 +86,18 @@ async def _claim(svc: TaskService, node_id: str, req: ClaimRequest) -> ClaimRepl
     if isinstance(result, sm.Repeat):
         await svc._repeated("claim", task, task.id, actor, node_id=node_id)
         return _lease_reply(task)
-    new = await svc._commit(result, None)
+    try:
+        new = await svc._commit(result, None)
+    except Conflict as exc:
+        if exc.code != Code.THREAD_BUSY:
+            raise
+        # the store holds the lane: another task of the thread runs (an offer from before a restart, another
+        # instance's). The node naks the offer; it is claimed once the lane is free.
+        await svc._refused(
+            "claim", task, task.id, actor, error_code=Code.LIMITED, node_id=node_id, attempt_id=req.attempt_id,
+            details={"threadId": task.thread_id, "rule": "thread"},
+        )  # fmt: skip
+        return _claim_error(Code.LIMITED, f"thread {task.thread_id} already has a running task")
     failpoints.hit("claim.after_commit")  # the task is running in the store; the node has no reply yet
     if new.thread_id is not None:
         failpoints.hit("claim.after_thread_commit")  # the thread's lane is taken; the node has no reply yet

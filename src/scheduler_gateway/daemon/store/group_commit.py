@@ -215,7 +215,16 @@ def _write_change(conn: sqlite3.Connection, r: ChangeRows) -> None:
                 f"task {r.task_id} already exists", code=Code.REVISION_CONFLICT, details={"taskId": r.task_id}
             ) from None
     else:
-        cur = conn.execute(SQL_UPDATE_TASK, r.update_row)
+        try:
+            cur = conn.execute(SQL_UPDATE_TASK, r.update_row)
+        except sqlite3.IntegrityError as exc:
+            if "tasks.thread_id" not in str(exc):
+                raise
+            raise Conflict(
+                f"thread of task {r.task_id} already has a running task",
+                code=Code.THREAD_BUSY,
+                details={"taskId": r.task_id},
+            ) from None
         if cur.rowcount != 1:
             found = fetch_one(conn, "SELECT revision FROM tasks WHERE id = ?", (r.task_id,))
             if found is None:

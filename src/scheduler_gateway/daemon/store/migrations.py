@@ -27,6 +27,14 @@ TASK_LIST_MIGRATION: tuple[str, ...] = (
 )
 
 
+#: Migration 8: a claim that would make a second task of a thread running fails on this index (THREAD_BUSY).
+THREAD_RUNNING_INDEX = "uq_tasks_thread_running"
+THREAD_RUNNING_MIGRATION: tuple[str, ...] = (
+    f"CREATE UNIQUE INDEX {THREAD_RUNNING_INDEX} ON tasks (thread_id)"
+    " WHERE thread_id IS NOT NULL AND state = 'running'",
+)
+
+
 # Each step is applied once, in order, in its own transaction, and recorded in ``schema_version``. Never
 # edit a released step: append a new one (a database in the field already ran the old text).
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -147,6 +155,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # state + kind (admin); and, since every list of a user carries ``owner``, owner + state, owner + kind,
     # owner + state + kind.
     TASK_LIST_MIGRATION,
+    # 8: the arbiter of "one running task per thread" where claims commit (the dispatcher's lanes only
+    # anticipate it: an offer from before a restart is still claimed); PostgreSQL has had it from its first step
+    THREAD_RUNNING_MIGRATION,
 )
 
 
