@@ -7,6 +7,7 @@ concurrency guarantee. Concurrency is ``tests/integration/test_schedule_race.py`
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import sqlite3
@@ -32,8 +33,10 @@ from scheduler_gateway.actors.model.schedule import (
 from scheduler_gateway.actors.ports import Change
 from scheduler_gateway.actors.schedule_ports import (
     ActiveRunConflict,
+    ClaimLost,
     CorruptStoredSchedule,
     LaunchRecord,
+    OccurrenceTaken,
     RunUpdate,
     ScheduleQuery,
 )
@@ -86,13 +89,23 @@ def run(n: int, schedule_n: int, status: str = "queued", **fields: Any) -> Sched
 
 @pytest.fixture(params=["sqlite", "memory", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    # the store's clock (claim leases are judged on it): here it reads the ``now`` of the last claim, so each
+    # test tells one clock the time, as with one instance
+    clock = [T0]
     s: Any = (
-        SqliteStore(tmp_path / "gw.db")
+        SqliteStore(tmp_path / "gw.db", clock=lambda: clock[0])
         if request.param == "sqlite"
-        else PostgresStore(request.getfixturevalue("pg_url"))
+        else PostgresStore(request.getfixturevalue("pg_url"), clock=lambda: clock[0])
         if request.param == "postgres"
         else MemoryStore()
     )
+    claim_due = s.claim_due
+
+    async def claim_at(now: float, lease_s: float, limit: int) -> Any:
+        clock[0] = now
+        return await claim_due(now, lease_s, limit)
+
+    s.claim_due = claim_at
     await s.start()
     try:
         yield s
@@ -213,6 +226,50 @@ async def test_a_claim_whose_lease_ran_out_is_taken_again(store: Any) -> None:
     # a once waiting for its run (running, no lease) is never claimed
     await store.insert_schedule(schedule(2, spec=ONCE, status="running", next_run_at=None))
     assert await store.claim_due(T0 + 10_000, 30, 10) != [] and (await record(store, 2)).status == "running"
+
+
+async def test_writes_under_a_claim_taken_over_are_refused_and_write_nothing(store: Any) -> None:
+    """The claim's lease value is its fencing token: once another poll took the claim (its lease ran out), the
+    former holder's run insert and launch record are refused ClaimLost, and nothing of them is written."""
+    await store.insert_schedule(schedule(1, next_run_at=T0))
+    (old,) = await store.claim_due(T0, 30, 10)
+    (new,) = await store.claim_due(T0 + 31, 30, 10)
+    assert new.task.lease_until != old.task.lease_until
+    with pytest.raises(ClaimLost):
+        await store.insert_run(run(1, 1), claim=old.task.lease_until)
+    assert await store.get_run(rid(1)) is None
+    record_under_old = LaunchRecord(
+        status="enabled", expected_status="running", holds_lease=True, at=T0 + 32, next_run_at=T0 + 300,
+        run_count_inc=1, claim=old.task.lease_until,
+    )  # fmt: skip
+    with pytest.raises(ClaimLost):
+        await store.record_launch(sid(1), record_under_old)
+    t = await record(store, 1)
+    assert (t.status, t.lease_until, t.run_count, t.next_run_at) == ("running", new.task.lease_until, 0, T0)
+    # the holder's own writes go through
+    await store.insert_run(run(2, 1), claim=new.task.lease_until)
+    await store.record_launch(
+        sid(1), dataclasses.replace(record_under_old, claim=new.task.lease_until), RunUpdate(rid(2), "running")
+    )
+    t = await record(store, 1)
+    assert (t.status, t.lease_until, t.run_count) == ("enabled", None, 1)
+    # a released claim fences its holder too
+    with pytest.raises(ClaimLost):
+        await store.insert_run(run(3, 1, "skipped"), claim=new.task.lease_until)
+
+
+async def test_an_occurrence_with_a_run_refuses_a_second_one_under_a_claim(store: Any) -> None:
+    """At most one run per (schedule, scheduledFor) of the scheduled path: a takeover finds the former holder's."""
+    await store.insert_schedule(schedule(1, next_run_at=T0))
+    (first,) = await store.claim_due(T0, 30, 10)
+    await store.insert_run(run(1, 1), claim=first.task.lease_until)
+    (second,) = await store.claim_due(T0 + 31, 30, 10)
+    with pytest.raises(OccurrenceTaken) as taken:
+        await store.insert_run(run(2, 1, "skipped"), claim=second.task.lease_until)
+    assert taken.value.run.id == rid(1)
+    assert await store.get_run(rid(2)) is None
+    # another occurrence, and manual triggers (no claim), are not held back
+    await store.insert_run(run(3, 1, "skipped", scheduled_for=T0 + 300), claim=second.task.lease_until)
 
 
 async def test_claim_reports_an_active_run_and_next_due_at(store: Any) -> None:
@@ -434,3 +491,24 @@ async def test_the_generation_names_the_schedule_a_run_was_launched_for(store: A
         sid(1), LaunchRecord(status="failed", expected_status="running", holds_lease=True, at=T0 + 6, takes_over=True)
     )
     assert (await record(store, 1)).generation == 2
+
+
+async def test_postgres_claim_leases_are_judged_on_the_database_clock(pg_url: str) -> None:
+    """Two instances whose clocks disagree by an hour agree on a claim's lease: the database's clock judges."""
+    import time
+
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
+    await a.start()
+    await b.start()
+    try:
+        await a.insert_schedule(schedule(91, next_run_at=T0))
+        (claimed,) = await a.claim_due(
+            time.time() - 3600, 30, 10
+        )  # a clock an hour behind: the row is due all the same
+        lease = claimed.task.lease_until
+        assert lease is not None and abs(lease - (time.time() + 30)) < 5  # the lease is the database's now + 30 s
+        assert await b.claim_due(time.time() + 3600, 30, 10) == []  # a clock an hour ahead cannot take it
+    finally:
+        await a.delete_schedule(sid(91))
+        await a.stop()
+        await b.stop()

@@ -4,6 +4,8 @@ contract suites hold both to them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from scheduler_gateway.actors.model.records import Task
@@ -19,7 +21,9 @@ from scheduler_gateway.actors.ports import Page
 from scheduler_gateway.actors.schedule_ports import (
     ActiveRunConflict,
     ClaimedSchedule,
+    ClaimLost,
     LaunchRecord,
+    OccurrenceTaken,
     RunUpdate,
     ScheduleQuery,
     ScheduleRecord,
@@ -41,6 +45,8 @@ class MemoryScheduleStore:
 
     _tasks: dict[str, Task]
     _schedule_state: _MemoryState | None = None
+    #: The store's own clock, for claim leases (None: the caller's ``now``, one instance and no drift)
+    clock: Callable[[], float] | None = None
 
     def _check_running(self) -> None:
         raise NotImplementedError  # MemoryStore's
@@ -138,19 +144,20 @@ class MemoryScheduleStore:
     async def claim_due(self, now: float, lease_s: float, limit: int) -> list[ClaimedSchedule]:
         if limit < 1:
             return []
+        store_now = self.clock() if self.clock is not None else now
         due = sorted(
             (
                 t
                 for t in self._ss.schedules.values()
                 if (t.status == "enabled" and t.next_run_at is not None and t.next_run_at <= now)
-                or (t.status == "running" and t.lease_until is not None and t.lease_until <= now)
+                or (t.status == "running" and t.lease_until is not None and t.lease_until <= store_now)
             ),
             key=lambda t: (t.next_run_at if t.next_run_at is not None else float("-inf"), t.id),
         )[:limit]
         out: list[ClaimedSchedule] = []
         for t in due:
             claimed = msgspec.structs.replace(
-                t, status="running", lease_until=now + lease_s, version=t.version + 1, updated_at=now
+                t, status="running", lease_until=store_now + lease_s, version=t.version + 1, updated_at=now
             )
             self._ss.schedules[t.id] = claimed
             out.append(ClaimedSchedule(self._with_last_run(claimed), self._active_run_of(t.id) is not None))
@@ -179,8 +186,18 @@ class MemoryScheduleStore:
         )
         return True
 
+    def _check_claim(self, schedule_id: str, claim: float | None) -> None:
+        if claim is None:
+            return
+        t = self._ss.schedules.get(schedule_id)
+        if t is None or t.lease_until != claim:
+            raise ClaimLost(
+                f"the claim of scheduled task {schedule_id} was taken over", details={"scheduledTaskId": schedule_id}
+            )
+
     async def record_launch(self, schedule_id: str, launch: LaunchRecord, run: RunUpdate | None = None) -> None:
         ss = self._ss
+        self._check_claim(schedule_id, launch.claim)
         if run is not None:
             self._apply_run(run)
         t = ss.schedules.get(schedule_id)
@@ -253,8 +270,17 @@ class MemoryScheduleStore:
             None,
         )
 
-    async def insert_run(self, run: ScheduledRun, thread: Thread | None = None) -> None:
+    async def insert_run(self, run: ScheduledRun, thread: Thread | None = None, claim: float | None = None) -> None:
         ss = self._ss
+        self._check_claim(run.scheduled_task_id, claim)
+        if claim is not None and run.trigger == "scheduled":
+            for other in sorted(ss.runs.values(), key=lambda r: r.id):
+                if (
+                    other.scheduled_task_id == run.scheduled_task_id
+                    and other.trigger == "scheduled"
+                    and other.scheduled_for == run.scheduled_for
+                ):
+                    raise OccurrenceTaken(other)
         if run.id in ss.runs:
             raise StorageError(f"run {run.id} could not be written")
         if run.status in ACTIVE_RUN_STATUSES and self._active_run_of(run.scheduled_task_id) is not None:

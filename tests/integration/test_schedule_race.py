@@ -86,18 +86,18 @@ def gate(store: SqliteStore, first: str) -> None:
     both = asyncio.Event()
     first_done = asyncio.Event()
 
-    async def gated(run: ScheduledRun, thread: Thread | None = None) -> None:
+    async def gated(run: ScheduledRun, thread: Thread | None = None, claim: float | None = None) -> None:
         if not run.is_active:
-            return await real(run, thread)  # tombstones pass
+            return await real(run, thread, claim)  # tombstones pass
         arrived.append(run.trigger)
         if len(arrived) == 2:
             both.set()
         await both.wait()
         if run.trigger != first:
             await first_done.wait()
-            return await real(run, thread)
+            return await real(run, thread, claim)
         try:
-            return await real(run, thread)
+            return await real(run, thread, claim)
         finally:
             first_done.set()
 

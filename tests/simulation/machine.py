@@ -172,7 +172,9 @@ class SimMachine(RuleBasedStateMachine):
         elif self.on_sqlite:
             self.tmpdir = Path(tempfile.mkdtemp(prefix="sim-sqlite-"))
             path = self.tmpdir / "gateway.db"
-            self.sim = Sim(self.seed, SqliteStore(path), EPOCHS[epoch], sqlite_path=path)
+            box: list[Sim] = []
+            self.sim = Sim(self.seed, SqliteStore(path, clock=lambda: box[0].wall()), EPOCHS[epoch], sqlite_path=path)
+            box.append(self.sim)
             self.view: MemoryView | SqliteView = SqliteView(path)
         else:
             self.sim = Sim(self.seed, self.store_factory(), EPOCHS[epoch])

@@ -721,7 +721,7 @@ class Sim:
         with contextlib.suppress(Exception):
             self.loop.run_until_complete(old.stop())
         assert self.sqlite_path is not None
-        self.durable = SqliteStore(self.sqlite_path)
+        self.durable = SqliteStore(self.sqlite_path, clock=self.wall)
 
     def close(self) -> None:
         try:

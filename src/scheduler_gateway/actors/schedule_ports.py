@@ -49,6 +49,28 @@ class ThreadBusy(Conflict):
     code = Code.THREAD_BUSY
 
 
+class ClaimLost(Conflict):
+    """A write made under a schedule's claim found the claim no longer this holder's: the claim's lease ran out
+    and another poll took it (or a reconcile gave it back) while this one was paused. Nothing was written."""
+
+    code = Code.LEASE_CONFLICT
+
+
+class OccurrenceTaken(Conflict):
+    """The occurrence a scheduled run is for already has its run (launched, skipped or ended): a former holder
+    of the claim wrote it, then paused or died before it recorded the launch. Nothing was written; ``run`` is
+    the occurrence's one run, which the new holder finishes instead of firing again."""
+
+    code = Code.RUN_IN_PROGRESS
+
+    def __init__(self, run: ScheduledRun) -> None:
+        super().__init__(
+            f"occurrence {run.scheduled_for} of scheduled task {run.scheduled_task_id} already has run {run.id}",
+            details={"scheduledTaskId": run.scheduled_task_id, "runId": run.id},
+        )
+        self.run = run
+
+
 class LaunchFailed(GatewayError):
     """An occurrence could not be launched (the downstream failed; the schedule itself is fine): 502."""
 
@@ -180,6 +202,9 @@ class LaunchRecord:
     expects ``running``; a manual trigger expects the status it read and that no claim is held. Either
     way a verdict written meanwhile (a fast-failing run's completion) is not overwritten.
 
+    ``claim`` (the scheduled path: the ``lease_until`` its claim took) is the claim's fencing token: the whole
+    write (the run's update with it) is refused with ``ClaimLost`` unless the row still holds that very claim.
+
     ``generation`` (when set: the generation the occurrence was dispatched under) also guards the status
     and the cursor: an edit that landed between a manual trigger's read and this write made another
     schedule, whose status and next time are not this occurrence's to move. ``takes_over`` raises the
@@ -197,6 +222,7 @@ class LaunchRecord:
     protect_terminal: bool = True
     generation: int | None = None
     takes_over: bool = False
+    claim: float | None = None
 
 
 class ClaimedSchedule(msgspec.Struct, frozen=True):
@@ -252,7 +278,10 @@ class ScheduleStore(Protocol):
     async def delete_schedule(self, schedule_id: str) -> bool: ...
     async def claim_due(self, now: float, lease_s: float, limit: int) -> list[ClaimedSchedule]:
         """Atomically take up to ``limit`` schedules, ordered by ``next_run_at, id``: enabled ones that are
-        due, and running ones whose claim lease ran out; each becomes ``running`` with a lease."""
+        due by ``now``, and running ones whose claim lease ran out; each becomes ``running`` with a lease.
+        Leases are judged and given on the *store's* clock (PostgreSQL's, so instances whose clocks drift
+        apart agree on when a claim ran out): the claimed row's ``lease_until`` is that claim's fencing token
+        (``insert_run`` and ``record_launch`` take it as ``claim``)."""
         ...
 
     async def next_due_at(self) -> float | None:
@@ -260,7 +289,8 @@ class ScheduleStore(Protocol):
         ...
 
     async def record_launch(self, schedule_id: str, launch: LaunchRecord, run: RunUpdate | None = None) -> None:
-        """The dispatch path's fields of the schedule (and the run's update, in the same transaction)."""
+        """The dispatch path's fields of the schedule (and the run's update, in the same transaction); under
+        ``launch.claim``, only while the row holds that claim (else ``ClaimLost``, nothing written)."""
         ...
 
     async def record_completion(
@@ -283,9 +313,11 @@ class ScheduleStore(Protocol):
     async def schedule_counts(self) -> dict[str, int]: ...
 
     # runs
-    async def insert_run(self, run: ScheduledRun, thread: Thread | None = None) -> None:
+    async def insert_run(self, run: ScheduledRun, thread: Thread | None = None, claim: float | None = None) -> None:
         """Insert a run (and the fresh thread it runs in). A second active run of one schedule raises
-        ActiveRunConflict and writes nothing."""
+        ActiveRunConflict and writes nothing; under ``claim`` (the scheduled path), a row that no longer holds
+        that claim raises ClaimLost, and an occurrence (``scheduledFor``) that already has a scheduled run raises
+        OccurrenceTaken with that run, both checked first and writing nothing."""
         ...
 
     async def get_run(self, run_id: str) -> ScheduledRun | None: ...

@@ -16,8 +16,11 @@ from ..model.schedule import OVERLAP_REFUSED, SKIPPED_OVERLAP, RunError, Schedul
 from ..schedule_ports import (
     ActiveRunConflict,
     ClaimedSchedule,
+    ClaimLost,
+    LaunchedTask,
     LaunchFailed,
     LaunchRecord,
+    OccurrenceTaken,
     RunUpdate,
     ThreadBusy,
     describe,
@@ -53,7 +56,12 @@ async def _dispatch_all(svc: ScheduleService, claimed: list[ClaimedSchedule], no
 
     results = await asyncio.gather(*(one(c) for c in claimed), return_exceptions=True)
     for c, result in zip(claimed, results, strict=True):
-        if isinstance(result, BaseException):
+        if isinstance(result, ClaimLost):
+            # paused past the claim's lease: another poll holds the occurrence now, and the store refused
+            # every write made under the old claim
+            log.warning("dispatch of scheduled task %s stopped: its claim was taken over", c.task.id)
+            svc._metrics.occurrence("fenced")
+        elif isinstance(result, BaseException):
             # the claim's lease brings it back; a launched task still reaches its run through the hook
             log.error("dispatch of scheduled task %s failed: %s", c.task.id, describe(result), exc_info=result)
 
@@ -66,10 +74,15 @@ async def dispatch_task(
     # resolved once: the run, the fresh thread row and the task all use this one answer
     thread_id = task.resolve_execution_thread(svc._new_id("thr") if fresh else "")
     scheduled_for = task.next_run_at if trigger == "scheduled" and task.next_run_at is not None else now
+    # the scheduled path writes under its claim: the lease value the claim took is its fencing token
+    claim = task.lease_until if trigger == "scheduled" else None
     if task.skips_on_overlap:
         if has_active is None:
             has_active = await svc._store.has_active_run(task.id)
         if has_active:
+            inflight = await _same_occurrence(svc, task, scheduled_for) if trigger == "scheduled" else None
+            if inflight is not None:
+                return await _adopt(svc, task, inflight, claim, now)
             return await _overlapped(svc, task, run_id, None if fresh else thread_id, trigger, scheduled_for, now)
     run = ScheduledRun.queued(
         id=run_id, task=task, thread_id=thread_id, trigger=trigger, scheduled_for=scheduled_for, now=now
@@ -78,19 +91,106 @@ async def dispatch_task(
     if trigger == "scheduled":
         failpoints.hit("schedule.after_claim")  # the claim is held; the occurrence has no run yet
     try:
-        await svc._store.insert_run(run, thread)
+        await svc._store.insert_run(run, thread, claim)
     except ActiveRunConflict:
         # the arbiter saw what the fast path missed: end exactly as the fast path would have
         return await _overlapped(svc, task, run_id, None if fresh else thread_id, trigger, scheduled_for, now)
+    except OccurrenceTaken as taken:
+        return await _finish_taken(svc, task, taken.run, claim, now)
+    return await _launch(svc, task, run, thread_id, trigger, claim, now)
+
+
+async def _finish_taken(
+    svc: ScheduleService, task: ScheduledTask, run: ScheduledRun, claim: float | None, now: float
+) -> DispatchResult:
+    """This occurrence has its run already (a former holder wrote it and never recorded what followed): finish
+    what the former holder would have written, under our claim, and fire nothing."""
+    if run.is_active:
+        return await _adopt(svc, task, run, claim, now)
+    if run.status == "skipped":
+        await svc._store.record_launch(task.id, _skip_record(task, now, run.error or SKIPPED_OVERLAP, claim))
+        return DispatchResult("skipped", run, run.error)
+    record = (
+        LaunchRecord(  # it was launched (and has ended): count it, move past it
+            status=task.status_after_launch("scheduled"),
+            expected_status="running",
+            holds_lease=True,
+            at=now,
+            next_run_at=task.next_run_at_after_launch("scheduled", now),
+            run_count_inc=1,
+            generation=task.generation,
+            claim=claim,
+        )
+        if run.task_id is not None
+        else LaunchRecord(  # it never got a task: its chance is spent, as a failed launch's is
+            status=task.status_after_failure("scheduled"),
+            expected_status="running",
+            holds_lease=True,
+            at=now,
+            next_run_at=task.next_run_at_after_failure("scheduled", now),
+            generation=task.generation,
+            claim=claim,
+        )
+    )
+    await svc._store.record_launch(task.id, record)
+    return DispatchResult("launched" if run.task_id is not None else "failed", run, run.error)
+
+
+async def _same_occurrence(svc: ScheduleService, task: ScheduledTask, scheduled_for: float) -> ScheduledRun | None:
+    """The active run of this very occurrence: a former holder of the claim inserted it, then paused (or died)
+    past the claim's lease before it recorded the launch. It is this occurrence's one run, not an overlap."""
+    for run in await svc._store.active_runs():
+        if run.scheduled_task_id == task.id and run.trigger == "scheduled" and run.scheduled_for == scheduled_for:
+            return run
+    return None
+
+
+async def _adopt(
+    svc: ScheduleService, task: ScheduledTask, run: ScheduledRun, claim: float | None, now: float
+) -> DispatchResult:
+    """Finish the launch of a run a former holder began: its task if it was created (the launch is idempotent per
+    run, so a late create by the former holder answers the same task), then the launch record, under our claim."""
+    found = await svc._launcher.find(run)
+    if found is not None and run.task_id is not None:
+        # launched and recorded already: only the claim was left behind; give it back past the occurrence
+        await svc._store.record_launch(
+            task.id,
+            LaunchRecord(
+                status=task.status_after_launch("scheduled"),
+                expected_status="running",
+                holds_lease=True,
+                at=now,
+                next_run_at=task.next_run_at_after_launch("scheduled", now),
+                generation=task.generation,
+                claim=claim,
+            ),
+        )
+        return DispatchResult("launched", run)
+    thread_id = run.thread_id or task.resolve_execution_thread("")
+    return await _launch(svc, task, run, thread_id, "scheduled", claim, now, found_task=found)
+
+
+async def _launch(
+    svc: ScheduleService,
+    task: ScheduledTask,
+    run: ScheduledRun,
+    thread_id: str,
+    trigger: Trigger,
+    claim: float | None,
+    now: float,
+    *,
+    found_task: LaunchedTask | None = None,
+) -> DispatchResult:
     try:
-        task_id = await svc._launcher.launch(task, run, thread_id)
+        task_id = found_task.task_id if found_task is not None else await svc._launcher.launch(task, run, thread_id)
     except ThreadBusy as exc:
         err = RunError(Code.THREAD_BUSY, exc.message)
         if trigger == "scheduled" and task.skips_on_overlap:
-            return await _skipped(svc, task, run, now, err)
-        return await _failed(svc, task, run, trigger, now, err, "conflict")
+            return await _skipped(svc, task, run, now, err, claim)
+        return await _failed(svc, task, run, trigger, now, err, "conflict", claim)
     except LaunchFailed as exc:
-        return await _failed(svc, task, run, trigger, now, RunError(Code.LAUNCH_FAILED, exc.message), "failed")
+        err = RunError(Code.LAUNCH_FAILED, exc.message)
+        return await _failed(svc, task, run, trigger, now, err, "failed", claim)
     failpoints.hit("schedule.after_task_create")  # the run's task exists; its launch record does not yet
     launched_at = svc._clock()
     await svc._store.record_launch(
@@ -103,12 +203,13 @@ async def dispatch_task(
             next_run_at=task.next_run_at_after_launch(trigger, now),
             run_count_inc=1,
             generation=task.generation,
+            claim=claim,
         ),
         RunUpdate(run.id, "running", task_id=task_id, started_at=launched_at),
     )
     svc._metrics.occurrence("launched")
     if trigger == "scheduled":
-        svc._metrics.firing_lateness(max(0.0, launched_at - scheduled_for))
+        svc._metrics.firing_lateness(max(0.0, launched_at - (run.scheduled_for or launched_at)))
     return DispatchResult(
         "launched", msgspec.structs.replace(run, status="running", task_id=task_id, started_at=launched_at)
     )
@@ -130,22 +231,23 @@ async def _overlapped(
     tomb = ScheduledRun.skipped_tombstone(
         id=run_id, task=task, thread_id=thread_id, scheduled_for=scheduled_for, now=now, error=SKIPPED_OVERLAP
     )
-    await svc._store.insert_run(tomb)
-    await svc._store.record_launch(
-        task.id,
-        _skip_record(task, now, SKIPPED_OVERLAP),
-    )
+    claim = task.lease_until
+    try:
+        await svc._store.insert_run(tomb, claim=claim)
+    except OccurrenceTaken as taken:
+        return await _finish_taken(svc, task, taken.run, claim, now)
+    await svc._store.record_launch(task.id, _skip_record(task, now, SKIPPED_OVERLAP, claim))
     svc._metrics.occurrence("skipped")
     return DispatchResult("skipped", tomb, SKIPPED_OVERLAP)
 
 
 async def _skipped(
-    svc: ScheduleService, task: ScheduledTask, run: ScheduledRun, now: float, err: RunError
+    svc: ScheduleService, task: ScheduledTask, run: ScheduledRun, now: float, err: RunError, claim: float | None
 ) -> DispatchResult:
     """The execution thread was busy on the scheduled path: the same as an overlap, a skip."""
     await svc._store.record_launch(
         task.id,
-        _skip_record(task, now, err),
+        _skip_record(task, now, err, claim),
         RunUpdate(run.id, "skipped", finished_at=now, error=err),
     )
     svc._metrics.occurrence("skipped")
@@ -160,6 +262,7 @@ async def _failed(
     now: float,
     err: RunError,
     outcome: DispatchOutcome,
+    claim: float | None,
 ) -> DispatchResult:
     await svc._store.record_launch(
         task.id,
@@ -171,6 +274,7 @@ async def _failed(
             next_run_at=task.next_run_at_after_failure(trigger, now),
             last_error=err,
             generation=task.generation,
+            claim=claim,
         ),
         RunUpdate(run.id, "failed", finished_at=now, error=err),
     )
@@ -178,7 +282,7 @@ async def _failed(
     return DispatchResult(outcome, msgspec.structs.replace(run, status="failed", finished_at=now, error=err), err)
 
 
-def _skip_record(task: ScheduledTask, now: float, err: RunError) -> LaunchRecord:
+def _skip_record(task: ScheduledTask, now: float, err: RunError, claim: float | None) -> LaunchRecord:
     """The schedule's side of a skip (overlap or busy thread): release the lease, move to the next time.
     A once's skip decides its end (failed: its only chance is lost), so a run still active takes no verdict
     after it; a cron's skip decides nothing that run's end would (a cron keeps its status either way, and
@@ -192,4 +296,5 @@ def _skip_record(task: ScheduledTask, now: float, err: RunError) -> LaunchRecord
         last_error=err,
         generation=task.generation,
         takes_over=task.is_once,
+        claim=claim,
     )

@@ -15,6 +15,9 @@ from ..tasks import RUN_LABEL, SCHEDULE_LABEL, Caller, NewTask, TaskService
 
 log = logging.getLogger(__name__)
 
+#: The Idempotency-Key of a run's task (scoped to the schedule's owner, like a user's own keys)
+RUN_KEY_PREFIX = "gw.run."
+
 
 class TaskServiceLauncher:
     """``RunLauncher`` on the gateway's own task lifecycle: an occurrence is ``TaskService.create`` with the
@@ -48,7 +51,9 @@ class TaskServiceLauncher:
                 labels={SCHEDULE_LABEL: task.id, RUN_LABEL: run.id},
             )
             caller = Caller(task.owner, "user", run.id, "system")
-            created, _ = await self._tasks.create(caller, spec)
+            # once per run, whoever launches it: a holder paused past its claim and the one that took the claim
+            # over may both get here; the second create answers the first one's task
+            created, _ = await self._tasks.create(caller, spec, RUN_KEY_PREFIX + run.id, run.id)
             return created.id
         except (ThreadBusy, LaunchFailed):
             raise

@@ -7,7 +7,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from ..model.schedule import INTERRUPTED, KEEP, RunError, ScheduledRun, outcome_of_task_state
-from ..schedule_ports import CorruptStoredSchedule, LaunchedTask, LaunchRecord, RunUpdate
+from ..schedule_ports import ClaimLost, CorruptStoredSchedule, LaunchedTask, LaunchRecord, RunUpdate
 
 if TYPE_CHECKING:
     from .service import ScheduleService
@@ -59,16 +59,21 @@ async def reconcile_on_startup(svc: ScheduleService, now: float) -> dict[str, in
         if task.lease_until is not None:
             # never dispatched keeps its cursor (it fires now); an occurrence that got a run never again
             spent = task.next_run_at is not None and fired.get(task.id) == task.next_run_at
-            await svc._store.record_launch(
-                task.id,
-                LaunchRecord(
-                    status="enabled",
-                    expected_status="running",
-                    holds_lease=True,
-                    at=now,
-                    next_run_at=task.next_run_at_after_failure("scheduled", now) if spent else KEEP,
-                ),
-            )
+            try:
+                await svc._store.record_launch(
+                    task.id,
+                    LaunchRecord(
+                        status="enabled",
+                        expected_status="running",
+                        holds_lease=True,
+                        at=now,
+                        next_run_at=task.next_run_at_after_failure("scheduled", now) if spent else KEEP,
+                        claim=task.lease_until,  # only the claim read here: one taken since is its holder's
+                    ),
+                )
+            except ClaimLost:
+                report["taken"] += 1
+                continue
             report["released"] += 1
         else:
             outcome = task.last_run_status if task.last_run_status in ("succeeded", "failed", "cancelled") else None

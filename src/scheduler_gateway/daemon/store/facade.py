@@ -237,8 +237,8 @@ class ComposedStore:
     async def schedules_held(self) -> list[ScheduledTask]:
         return await self._schedules.schedules_held()
 
-    async def insert_run(self, run: ScheduledRun, thread: Thread | None = None) -> None:
-        await self._schedules.insert_run(run, thread)
+    async def insert_run(self, run: ScheduledRun, thread: Thread | None = None, claim: float | None = None) -> None:
+        await self._schedules.insert_run(run, thread, claim)
 
     async def get_run(self, run_id: str) -> ScheduledRun | None:
         return await self._schedules.get_run(run_id)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -30,7 +32,9 @@ from scheduler_gateway.actors.ports import (
 from scheduler_gateway.actors.schedule_ports import (
     ActiveRunConflict,
     ClaimedSchedule,
+    ClaimLost,
     LaunchRecord,
+    OccurrenceTaken,
     RunUpdate,
     ScheduleQuery,
     ScheduleRecord,
@@ -68,11 +72,31 @@ from scheduler_gateway.wire.errors import (
 log = logging.getLogger(__name__)
 
 
+#: The scheduled run of one occurrence, if it has one (a takeover finds what the former holder wrote)
+_SQL_OCCURRENCE_RUN = (
+    f"SELECT {_RUN_COLS} FROM scheduled_runs WHERE scheduled_task_id = ? AND run_trigger = 'scheduled'"
+    " AND scheduled_for = ? ORDER BY id LIMIT 1"
+)
+
+
+def _claim_lost(c: sqlite3.Connection, schedule_id: str, claim: float | None) -> Refusal | None:
+    """A write under a claim: refused unless the row still holds that claim (its lease value is the token)."""
+    if claim is None:
+        return None
+    row = c.execute("SELECT lease_until FROM scheduled_tasks WHERE id = ?", (schedule_id,)).fetchone()
+    if row is not None and row[0] == claim:
+        return None
+    return Refusal(
+        ClaimLost(f"the claim of scheduled task {schedule_id} was taken over", details={"scheduledTaskId": schedule_id})
+    )
+
+
 class SqliteSchedules:
     """``ScheduleStore`` on the store's ``SqliteDb``: its reader, and ops through its writer."""
 
-    def __init__(self, db: SqliteDb) -> None:
+    def __init__(self, db: SqliteDb, clock: Callable[[], float] = time.time) -> None:
         self._db = db
+        self._clock = clock  # the store's clock: one process owns the file, so it is that process's
 
     # -- threads --------------------------------------------------------------------------------------
     async def put_thread(self, thread: Thread) -> None:
@@ -169,6 +193,7 @@ class SqliteSchedules:
     async def claim_due(self, now: float, lease_s: float, limit: int) -> list[ClaimedSchedule]:
         if limit < 1:
             return []
+        store_now = self._clock()
 
         def fn(c: sqlite3.Connection) -> list[ClaimedSchedule]:
             # each branch is a range scan of its partial index, cut at ``limit`` before the merge
@@ -182,7 +207,7 @@ class SqliteSchedules:
                     " SELECT id, next_run_at FROM (SELECT id, next_run_at FROM scheduled_tasks"
                     "  WHERE status = 'running' AND lease_until <= ? ORDER BY next_run_at, id LIMIT ?)"
                     ") ORDER BY next_run_at, id LIMIT ?",
-                    (now, limit, now, limit, limit),
+                    (now, limit, store_now, limit, limit),
                 )
             ]
             if not ids:
@@ -190,7 +215,7 @@ class SqliteSchedules:
             c.executemany(
                 "UPDATE scheduled_tasks SET status = 'running', lease_until = ?, version = version + 1,"
                 " updated_at = ? WHERE id = ?",
-                [(now + lease_s, now, i) for i in ids],
+                [(store_now + lease_s, now, i) for i in ids],
             )
             rows: list[Any] = []
             for i in range(0, len(ids), _IN_CHUNK):
@@ -222,10 +247,13 @@ class SqliteSchedules:
         sql, params = _launch_sql(schedule_id, launch)
         run_sql = _update_run_sql(run) if run is not None else None
 
-        def fn(c: sqlite3.Connection) -> None:
+        def fn(c: sqlite3.Connection) -> Refusal | None:
+            if (lost := _claim_lost(c, schedule_id, launch.claim)) is not None:
+                return lost
             if run_sql is not None:
                 c.execute(*run_sql)
             c.execute(sql, params)
+            return None
 
         await self._db.run(fn)
 
@@ -266,11 +294,17 @@ class SqliteSchedules:
         return _tasks_of(rows, "the reconcile")
 
     # -- runs ------------------------------------------------------------------------------------------------
-    async def insert_run(self, run: ScheduledRun, thread: Thread | None = None) -> None:
+    async def insert_run(self, run: ScheduledRun, thread: Thread | None = None, claim: float | None = None) -> None:
         row = _run_values(run)
         thread_row = (thread.id, thread.owner, encode(thread)) if thread is not None else None
 
         def fn(c: sqlite3.Connection) -> Refusal | None:
+            if (lost := _claim_lost(c, run.scheduled_task_id, claim)) is not None:
+                return lost
+            if claim is not None and run.trigger == "scheduled":
+                taken = _runs_of(c.execute(_SQL_OCCURRENCE_RUN, (run.scheduled_task_id, run.scheduled_for)).fetchall())
+                if taken:
+                    return Refusal(OccurrenceTaken(taken[0]))
             try:
                 c.execute(_SQL_INSERT_RUN, row)
             except sqlite3.IntegrityError:

@@ -12,6 +12,8 @@ consumer types it with the narrow port it uses.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from scheduler_gateway.daemon.store.callbacks import SqliteCallbacks
@@ -34,13 +36,13 @@ class SqliteStore(ComposedStore):
     but make every caller in the batch wait for the whole of it.
     """
 
-    def __init__(self, path: Path, *, max_batch: int = 512) -> None:
+    def __init__(self, path: Path, *, max_batch: int = 512, clock: Callable[[], float] = time.time) -> None:
         self._db = SqliteDb(path, max_batch=max_batch)
         self._tasks = SqliteTasks(self._db)
         self._dead_letters = SqliteDeadLetters(self._db)
         self._nodes = SqliteNodes(self._db)
         self._callbacks = SqliteCallbacks(self._db)
-        self._schedules = SqliteSchedules(self._db)
+        self._schedules = SqliteSchedules(self._db, clock)
         self._retention = SqliteRetention(self._db)
 
     def __repr__(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -21,13 +22,15 @@ from scheduler_gateway.actors.ports import Page
 from scheduler_gateway.actors.schedule_ports import (
     ActiveRunConflict,
     ClaimedSchedule,
+    ClaimLost,
     LaunchRecord,
+    OccurrenceTaken,
     RunUpdate,
     ScheduleQuery,
     ScheduleRecord,
 )
 from scheduler_gateway.daemon.store.common import clamp_limit, encode
-from scheduler_gateway.daemon.store.postgres.db import PgDb, constraint_of
+from scheduler_gateway.daemon.store.postgres.db import DB_NOW, PgDb, constraint_of
 from scheduler_gateway.daemon.store.schedule_rows import (
     _ACTIVE_SQL,
     _RUN_COLS,
@@ -75,11 +78,25 @@ def _update_run(u: RunUpdate) -> tuple[str, tuple[Any, ...]]:
     return pg_sql(sql), params
 
 
+async def _hold_claim(conn: Any, schedule_id: str, claim: float | None) -> None:
+    """A write under a claim: lock the schedule's row and go on only while it holds that claim (its lease value
+    is the fencing token); a claim taken meanwhile waits for this transaction, and after it finds its own."""
+    if claim is None:
+        return
+    cur = await conn.execute("SELECT lease_until FROM scheduled_tasks WHERE id = %s FOR UPDATE", (schedule_id,))
+    row = await cur.fetchone()
+    if row is None or row[0] != claim:
+        raise ClaimLost(
+            f"the claim of scheduled task {schedule_id} was taken over", details={"scheduledTaskId": schedule_id}
+        )
+
+
 class PgSchedules:
     """``ScheduleStore`` on the store's ``PgDb``."""
 
-    def __init__(self, db: PgDb) -> None:
+    def __init__(self, db: PgDb, clock: Callable[[], float] | None = None) -> None:
         self._db = db
+        self._clock = clock  # None: the database's clock (DB_NOW), so every instance judges claims alike
 
     # -- threads --------------------------------------------------------------------------------------
     async def put_thread(self, thread: Thread) -> None:
@@ -165,12 +182,20 @@ class PgSchedules:
         if limit < 1:
             return []
         async with self._db.transaction() as conn:
+            # claim leases on the database's clock: instances whose clocks drift still agree when one ran out
+            if self._clock is not None:
+                store_now = self._clock()
+            else:
+                cur = await conn.execute(f"SELECT {DB_NOW}")
+                found = await cur.fetchone()
+                assert found is not None
+                store_now = float(found[0])
             # rows another instance is claiming right now are skipped, not waited for: it owns them
             cur = await conn.execute(
                 "SELECT id FROM scheduled_tasks"
                 " WHERE (status = 'enabled' AND next_run_at <= %s) OR (status = 'running' AND lease_until <= %s)"
                 " ORDER BY next_run_at NULLS FIRST, id LIMIT %s FOR UPDATE SKIP LOCKED",
-                (now, now, limit),
+                (now, store_now, limit),
             )
             ids = [r[0] for r in await cur.fetchall()]
             if not ids:
@@ -178,7 +203,7 @@ class PgSchedules:
             await conn.execute(
                 "UPDATE scheduled_tasks SET status = 'running', lease_until = %s, version = version + 1,"
                 " updated_at = %s WHERE id = ANY(%s)",
-                (now + lease_s, now, ids),
+                (store_now + lease_s, now, ids),
             )
             cur = await conn.execute(
                 f"SELECT {_SCHED_COLS}, EXISTS (SELECT 1 FROM scheduled_runs a WHERE a.scheduled_task_id = s.id"
@@ -202,6 +227,7 @@ class PgSchedules:
     async def record_launch(self, schedule_id: str, launch: LaunchRecord, run: RunUpdate | None = None) -> None:
         sql, params = _launch_sql(schedule_id, launch)
         async with self._db.transaction() as conn:
+            await _hold_claim(conn, schedule_id, launch.claim)
             if run is not None:
                 await conn.execute(*_update_run(run))
             await conn.execute(pg_sql(sql), params)
@@ -236,8 +262,18 @@ class PgSchedules:
         return _tasks_of(rows, "the reconcile")
 
     # -- runs ------------------------------------------------------------------------------------------------
-    async def insert_run(self, run: ScheduledRun, thread: Thread | None = None) -> None:
+    async def insert_run(self, run: ScheduledRun, thread: Thread | None = None, claim: float | None = None) -> None:
         async with self._db.transaction() as conn:
+            await _hold_claim(conn, run.scheduled_task_id, claim)
+            if claim is not None and run.trigger == "scheduled":
+                cur = await conn.execute(
+                    f"SELECT {_RUN_COLS} FROM scheduled_runs WHERE scheduled_task_id = %s AND run_trigger = 'scheduled'"
+                    " AND scheduled_for = %s ORDER BY id LIMIT 1",
+                    (run.scheduled_task_id, run.scheduled_for),
+                )
+                taken = _runs_of(await cur.fetchall())
+                if taken:
+                    raise OccurrenceTaken(taken[0])
             try:
                 await conn.execute(_INSERT_RUN, _run_values(run))
             except pg_errors.UniqueViolation as exc:

@@ -10,6 +10,8 @@ carry a password: only ``redact_one_url`` of it is ever printed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from scheduler_gateway.daemon.store.facade import ComposedStore
 from scheduler_gateway.daemon.store.postgres.callbacks import PgCallbacks
 from scheduler_gateway.daemon.store.postgres.db import PgDb
@@ -32,13 +34,16 @@ class PostgresStore(ComposedStore):
 
     kind = "postgresql"
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
+    def __init__(
+        self, url: str, *, min_size: int = 1, max_size: int = 10, clock: Callable[[], float] | None = None
+    ) -> None:
+        """``clock``: the store's clock for claim leases; None (always, outside tests) is the database's own."""
         self._db = PgDb(url, min_size=min_size, max_size=max_size)
         self._tasks = PgTasks(self._db)
         self._dead_letters = PgDeadLetters(self._db)
         self._nodes = PgNodes(self._db)
         self._callbacks = PgCallbacks(self._db)
-        self._schedules = PgSchedules(self._db)
+        self._schedules = PgSchedules(self._db, clock)
         self._retention = PgRetention(self._db)
         # several instances (daemon/ha.py): duty leases and live instances, persisted leases and the watch
         self.duties = PgDuties(self._db)
