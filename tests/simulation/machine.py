@@ -46,32 +46,22 @@ SKEWS = (0.0, 0.0, 0.4, -0.4, 1.5, -1.5, MAX_SKEW_S, -MAX_SKEW_S)
 # Several instances: where a pause lands (None: at any IO await); the store calls and publishes of the
 # decisions another instance can take over
 FREEZE_AT = (
-    None,
-    None,
-    "claim_due",
-    "claim_due+",
-    "claim_due+",
-    "outbox_batch+",
-    "pending_callbacks+",
-    "overdue_running+",
+    *([None] * 8),  # at any IO await: the next one comes
+    *(["claim_due+"] * 4),
     "insert_run",
+    "insert_run",
+    "record_launch",
     "record_launch",
     "record_completion",
     "apply",
     "apply_many",
-    "get_task",
     "get_tasks",
     "extend_leases",
-    "overdue_running",
-    "outbox_batch",
-    "outbox_delete",
+    "overdue_running+",
+    "outbox_batch+",
     "publish_offers",
-    "publish_events",
-    "pending_callbacks",
-    "post",
+    "pending_callbacks+",
     "acquire_duty",
-    "active_runs",
-    "schedules_held",
 )
 #: Several instances: the longest single advance (each virtual second costs every instance's timers)
 MULTI_MAX_ADVANCE_S = 601.0
@@ -216,6 +206,7 @@ class SimMachine(RuleBasedStateMachine):
                         f"claim_lease_on_the_store_clock: schedule {sid} claimed by instance {who[0]} with a lease to "
                         f"{lease:.3f}; the store's clock says {now + SCHEDULE_POLICY.lease_s:.3f}"
                     )
+                COVERAGE["schedule claims"] += 1
                 if before is not None:
                     COVERAGE["schedule claims taken over"] += 1
                 self.sched_lease[sid] = lease
@@ -266,8 +257,16 @@ class SimMachine(RuleBasedStateMachine):
 
     @property
     def w(self) -> Any:
+        """The instance the next request reaches: the target, or while it is frozen another one (a client or a
+        node times out on a frozen instance and tries the next; what it sent there still waits at its gate)."""
         assert self.sim is not None and self.sim.world is not None
-        return self.sim.world
+        sim = self.sim
+        if sim.world.freezer.frozen:
+            for i, world in enumerate(sim.worlds):
+                if world is not None and not world.freezer.frozen:
+                    sim.target = i
+                    break
+        return sim.world
 
     def next_rid(self) -> str:
         self.rid += 1
@@ -910,18 +909,42 @@ class SimMachine(RuleBasedStateMachine):
         self.sim.target = i % self.instances
 
     @precondition(lambda self: self.instances > 1)
-    @rule(k=st.integers(0, 3), i=st.integers(0, 7), at=st.sampled_from(FREEZE_AT))
-    def freeze(self, k: int, i: int, at: str | None) -> None:
-        """Instance ``i`` stops at its k-th IO await from now (its own background work or the next request's;
-        with ``at``, the k-th before or after that call) and stays stopped, memory intact, until ``thaw``:
-        longer than every lease if time is advanced meanwhile."""
+    @rule(k=st.integers(0, 3), i=st.sampled_from([None, 0, 1]), at=st.sampled_from(FREEZE_AT))
+    def freeze(self, k: int, i: int | None, at: str | None) -> None:
+        """An instance stops at its k-th IO await from now (its own background work or a request's; with
+        ``at``, the k-th before or after that call) and stays stopped, memory intact, until ``thaw``: longer
+        than every lease if time is advanced meanwhile. ``i`` None: whichever instance gets there first."""
         assert self.sim is not None
-        if self.sim.frozen():
-            return
-        world = self.sim.worlds[i % self.instances]
-        assert world is not None
-        world.freezer.arm(k, at)
+        if self.sim.frozen() or any(w is not None and w.freezer.countdown is not None for w in self.sim.worlds):
+            return  # one pause at a time, and an armed one keeps its place
+        for n, world in enumerate(self.sim.worlds):
+            if world is not None and (i is None or n == i % self.instances):
+                world.freezer.arm(k, at)
         COVERAGE["freezes armed"] += 1
+
+    @precondition(lambda self: self.instances > 1)
+    @rule(
+        k=st.integers(0, 3),
+        at=st.sampled_from(FREEZE_AT),
+        seconds=st.sampled_from([12.0, 61.0, 61.0, 130.0, 301.0]),
+    )
+    def long_pause(self, k: int, at: str | None, seconds: float) -> None:
+        """One whole pause in a step: whichever instance reaches the armed await first stops there, time passes
+        (longer than a claim's or the leader's lease, mostly), the others go on, then it resumes, stale."""
+        assert self.sim is not None
+        if self.sim.frozen() or any(w is not None and w.freezer.countdown is not None for w in self.sim.worlds):
+            return
+        for world in self.sim.worlds:
+            if world is not None:
+                world.freezer.arm(k, at)
+        COVERAGE["long pauses"] += 1
+        self.do(_idle, advance=seconds)
+        for world in self.sim.worlds:
+            if world is not None:
+                if world.freezer.frozen:
+                    COVERAGE["thaws of a frozen instance"] += 1
+                world.freezer.thaw()
+        self.do(_idle)
 
     @precondition(lambda self: self.instances > 1)
     @rule()
@@ -930,6 +953,8 @@ class SimMachine(RuleBasedStateMachine):
         assert self.sim is not None
         for world in self.sim.worlds:
             if world is not None:
+                if world.freezer.frozen:
+                    COVERAGE["thaws of a frozen instance"] += 1
                 world.freezer.thaw()
         self.do(_idle)
 

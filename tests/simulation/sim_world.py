@@ -202,11 +202,14 @@ class Freezer:
     whatever its own timers did in the meantime. Only the IO of the instance stops; that is all the others can
     see of a pause."""
 
-    def __init__(self) -> None:
+    taken = 0  # pauses that began, in every instance (the simulation's coverage)
+
+    def __init__(self, on_freeze: Callable[[], None] | None = None) -> None:
         self.countdown: int | None = None
         self.on: str | None = None
         self.event: asyncio.Event | None = None
         self.freezes = 0
+        self._on_freeze = on_freeze
 
     @property
     def frozen(self) -> bool:
@@ -235,6 +238,9 @@ class Freezer:
                 self.countdown = None
                 self.event = asyncio.Event()
                 self.freezes += 1
+                Freezer.taken += 1
+                if self._on_freeze is not None:
+                    self._on_freeze()
             else:
                 self.countdown -= 1
         cancelled = False
@@ -460,7 +466,7 @@ class World:
         wall = sim.wall
         clock = wall if not skew else (lambda: wall() + skew)
         self.clock = clock
-        self.freezer = Freezer()
+        self.freezer = Freezer(on_freeze=lambda: sim.disarm_others(index))
         self.store = StoreGate(sim.durable, sim.store_hook(index), self.freezer)
         self.bus = BusGate(sim.bus, self.freezer)
         self.poster = SimPoster(random.Random(sim.seed * 1000 + incarnation * 10 + index + 1), self.freezer)
@@ -694,6 +700,12 @@ class Sim:
         if self.sqlite_path is not None:
             self._reopen_sqlite()
         self._boot_one(i)
+
+    def disarm_others(self, index: int) -> None:
+        """One pause at a time: the instance that froze takes it; the others' armed pauses are dropped."""
+        for i, world in enumerate(self.worlds):
+            if world is not None and i != index:
+                world.freezer.countdown = None
 
     def frozen(self) -> list[int]:
         return [i for i, w in enumerate(self.worlds) if w is not None and w.freezer.frozen]

@@ -21,6 +21,7 @@ from hypothesis.internal.conjecture import engine as hypothesis_engine
 from hypothesis.stateful import run_state_machine_as_test
 
 from .machine import COVERAGE, STATS, SimMachine
+from .sim_world import Freezer
 
 DEFAULT_SEED = 20_260_308
 MIN_STEPS = 20_000
@@ -45,6 +46,7 @@ def run_simulation(
     for key in STATS:
         STATS[key] = 0
     COVERAGE.clear()
+    Freezer.taken = 0
     machine = type("SimMachineSeeded", (SimMachine,), {"on_sqlite": on_sqlite, "instances": instances})
     hypothesis_seed(seed)(machine)
     saved = hypothesis_engine.MAX_SHRINKING_SECONDS
@@ -66,6 +68,8 @@ def run_simulation(
         hypothesis_engine.MAX_SHRINKING_SECONDS = saved
         quiet.setLevel(level)
         elapsed = time.perf_counter() - started
+        if Freezer.taken:
+            COVERAGE["pauses taken"] = Freezer.taken
         print(
             f"\nsimulation{' on sqlite' if on_sqlite else ''}{f' x{instances}' if instances > 1 else ''} seed {seed}: "
             f"{STATS['steps']} steps in "
@@ -113,7 +117,7 @@ def test_simulation_several_instances() -> None:
     """Two instances on one shared store, clocks up to ``MAX_SKEW_S`` apart, requests and node messages to
     either, each of them frozen at any IO await for as long as time is advanced, crash-restarted alone."""
     seed = int(os.environ.get("SIM_SEED", DEFAULT_SEED))
-    examples = int(os.environ.get("SIM_MULTI_EXAMPLES", 200))
+    examples = int(os.environ.get("SIM_MULTI_EXAMPLES", 420))
     steps = int(os.environ.get("SIM_MULTI_STEPS", 100))
     stats = run_simulation(seed, examples, steps, shrink_s=float(os.environ.get("SIM_SHRINK_SECONDS", 45)), instances=2)
     assert stats["examples"] >= min(examples, 10), f"ran only {stats['examples']} examples"

@@ -23,7 +23,7 @@ from scheduler_gateway.actors.model.schedule import (
     TaskTemplate,
     Thread,
 )
-from scheduler_gateway.actors.schedule_ports import LaunchedTask, LaunchFailed, LaunchRecord, ThreadBusy
+from scheduler_gateway.actors.schedule_ports import ClaimLost, LaunchedTask, LaunchFailed, LaunchRecord, ThreadBusy
 from scheduler_gateway.actors.scheduler import (
     FinishedTask,
     NewSchedule,
@@ -386,6 +386,48 @@ async def test_reconcile_on_startup(world: World) -> None:
     assert (await world.runs(alive))[0].status == "running"
     c = await world.get(claimed)
     assert (c.status, c.lease_until, c.next_run_at) == ("enabled", None, T0 + 120)
+
+
+async def test_a_run_whose_completion_was_lost_is_closed_by_the_sweep(world: World) -> None:
+    """The instance that committed the task's end died before its completion hook ran, and with others live
+    nobody reconciles at start-up: the sweep every instance runs closes the run from the task's real state."""
+    s = await world.create(ScheduleSpec(type="once", run_at=T0 + 120))
+    await world.tick(T0 + 121)
+    (run,) = await world.runs(s)
+    assert run.status == "running" and (await world.get(s)).status == "running"
+    world.launcher.tasks[run.id] = LaunchedTask(run.task_id or "", "succeeded")  # the end, and no hook
+    assert await world.service.close_finished_runs(T0 + 200) == 1
+    assert (await world.runs(s))[0].status == "succeeded" and (await world.get(s)).status == "completed"
+    assert await world.service.close_finished_runs(T0 + 230) == 0  # nothing left; a repeat writes nothing
+
+
+async def test_a_claim_taken_over_from_a_paused_holder_adopts_its_run_and_fences_it(world: World) -> None:
+    """Holder P claimed and inserted the occurrence's run, then paused past its claim's lease; Q's claim finds
+    that run (one per occurrence), launches it once and records it. P's late writes are refused."""
+    s = await world.create(ScheduleSpec(type="once", run_at=T0 + 120))
+    world.clock.t = T0 + 121
+    (p_claim,) = await world.store.claim_due(T0 + 121, 60, 10)
+    run = ScheduledRun.queued(
+        id="srn_p", task=p_claim.task, thread_id="thr_p", trigger="scheduled", scheduled_for=T0 + 120, now=T0 + 121
+    )
+    await world.store.insert_run(
+        run, Thread(id="thr_p", owner="alice", title="t", created_at=T0), p_claim.task.lease_until
+    )
+    # P pauses; its lease runs out; Q polls
+    assert (await world.tick(T0 + 182)).claimed == 1
+    runs = await world.runs(s)
+    assert [(r.id, r.status) for r in runs] == [("srn_p", "running")]
+    assert [r for _, r, _ in world.launcher.launched] == ["srn_p"]
+    got = await world.get(s)
+    assert (got.status, got.run_count, got.lease_until) == ("running", 1, None)
+    # P wakes and writes its launch record under its old claim: refused, nothing changes
+    with pytest.raises(ClaimLost):
+        await world.store.record_launch(
+            s.id,
+            LaunchRecord(status="running", expected_status="running", holds_lease=True, at=T0 + 183, run_count_inc=1,
+                         claim=p_claim.task.lease_until),
+        )  # fmt: skip
+    assert (await world.get(s)).run_count == 1
 
 
 # -- the poller actor -----------------------------------------------------------------------------------------

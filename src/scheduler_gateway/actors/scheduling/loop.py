@@ -54,6 +54,7 @@ class Scheduler(LoopActor):
         *,
         metrics: ScheduleMetrics | None = None,
         counts_interval_s: float = 10.0,
+        sweep_interval_s: float = 30.0,
     ) -> None:
         super().__init__()
         self._service = service
@@ -61,6 +62,7 @@ class Scheduler(LoopActor):
         self._poll_s = poll_interval_s
         self._metrics = metrics or NullScheduleMetrics()
         self._counts_interval_s = counts_interval_s
+        self._sweep_interval_s = sweep_interval_s
         self._next_due: float | None = None  # as the last round saw it
         self._wake = Wakeup()
         self._finished: deque[FinishedTask] = deque()
@@ -99,6 +101,19 @@ class Scheduler(LoopActor):
             group.create_task(self._poll_loop())
             group.create_task(self._completion_loop())
             group.create_task(self._count_loop())
+            group.create_task(self._sweep_loop())
+
+    async def _sweep_loop(self) -> None:
+        """Runs whose task ended while the completion hook was lost with its process (several instances: the
+        others do not reconcile at start-up) are closed within one sweep."""
+        while True:
+            await asyncio.sleep(self._sweep_interval_s)
+            try:
+                closed = await self._service.close_finished_runs(self._clock())
+                if closed:
+                    log.info("scheduler: closed %d runs whose completion was lost", closed)
+            except GatewayError as exc:
+                log.warning("scheduler: run sweep failed (%s); retrying", exc.code)
 
     async def _poll_loop(self) -> None:
         while True:

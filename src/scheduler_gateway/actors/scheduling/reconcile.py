@@ -111,3 +111,22 @@ async def _record_late_launch(svc: ScheduleService, run: ScheduledRun, found: La
         ),
         update,
     )
+
+
+async def close_finished_runs(svc: ScheduleService, now: float) -> int:
+    """Runs still active whose task has ended: the instance that committed the task's end died (or lost its
+    store) before its completion hook closed the run, and with other instances live nobody reconciles at
+    start-up. Every instance sweeps now and then; a repeat is a no-op (the run is already final). Answers how
+    many it closed."""
+    closed = 0
+    for run in await svc._store.active_runs():
+        if run.task_id is None:
+            continue  # its launch record is missing: the claim that brings the schedule back finishes it
+        found = await svc._launcher.find(run)
+        outcome = outcome_of_task_state(found.state) if found is not None else None
+        if found is None or outcome is None:
+            continue
+        err = None if outcome == "succeeded" else found.error or RunError(found.state.upper(), "")
+        if await svc.handle_run_completion(run.id, outcome, err, now, found.task_id):
+            closed += 1
+    return closed

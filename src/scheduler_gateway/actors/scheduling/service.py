@@ -324,6 +324,10 @@ class ScheduleService:
         """The completion hook: a labelled task reached a terminal state."""
         return await completion.handle_task_finished(self, finished, now)
 
+    async def close_finished_runs(self, now: float) -> int:
+        """Close the active runs whose task has ended but whose completion was lost (docs/SCHEDULES.md)."""
+        return await reconcile.close_finished_runs(self, now)
+
     async def reconcile_on_startup(self, now: float) -> dict[str, int]:
         """Bring runs and schedules in line with the tasks after a restart (docs/SCHEDULES.md, Start-up reconcile)."""
         return await reconcile.reconcile_on_startup(self, now)
