@@ -3,7 +3,7 @@ actions, node messages, clock jumps and crash-restarts, every invariant checked 
 
 - default run: a fixed seed (``SIM_SEED`` to choose another), ``SIM_EXAMPLES`` examples of up to
   ``SIM_STEPS`` steps each; at least 20 000 steps within the per-test timeout;
-- ``make soak`` (``-m slow``): fresh seeds for ``SIM_SOAK_SECONDS`` (default 600);
+- ``make soak`` (``-m slow``): fresh seeds for ``SIM_SOAK_SECONDS`` (default 600), one instance and two in turn;
 - a failure prints the violated invariants, the seed to replay with (``SIM_SEED=<n>``), and the shrunk steps.
 """
 
@@ -106,11 +106,13 @@ def test_simulation_on_sqlite() -> None:
 def test_simulation_soak() -> None:
     """Fresh seeds until the time is up; each failing seed is printed by ``run_simulation``."""
     deadline = time.monotonic() + float(os.environ.get("SIM_SOAK_SECONDS", 600))
-    total = 0
+    total = {1: 0, 2: 0}
+    instances = 1
     while time.monotonic() < deadline:
         seed = random.SystemRandom().randrange(2**32)
-        total += run_simulation(seed, examples=100, steps=150, shrink_s=120)["steps"]
-    print(f"soak: {total} steps")
+        total[instances] += run_simulation(seed, examples=100, steps=150, shrink_s=120, instances=instances)["steps"]
+        instances = 3 - instances  # one instance, then two on one shared store, in turn
+    print(f"soak: {total[1]} steps with one instance, {total[2]} with two")
 
 
 def test_simulation_several_instances() -> None:
