@@ -710,7 +710,7 @@ class Sim:
     def frozen(self) -> list[int]:
         return [i for i, w in enumerate(self.worlds) if w is not None and w.freezer.frozen]
 
-    def _unwind(self, index: int | None = None) -> None:
+    def _unwind(self, index: int | None = None, advance: float = 0.0) -> None:
         tasks = [
             t
             for t in asyncio.all_tasks(self.loop)
@@ -721,7 +721,7 @@ class Sim:
         for _ in range(100):
             if all(t.done() for t in tasks):
                 break
-            self.loop.settle(0.0)
+            self.loop.settle(advance)
         for t in tasks:
             if t.done() and not t.cancelled():
                 t.exception()  # retrieved: a dead process's errors are nobody's
@@ -740,7 +740,7 @@ class Sim:
             for world in self.worlds:
                 if world is not None:
                     world.close_handles()
-            self._unwind()
+            self._unwind(advance=1.0)  # the end of the run: what unwinds on a timer may finish
             with contextlib.suppress(Exception):
                 self.loop.run_until_complete(self.durable.stop())
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
