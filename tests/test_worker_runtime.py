@@ -459,12 +459,14 @@ async def test_dead_claim_refusal_acks_offer_and_does_not_run(nats_server: NatsS
         assert len(gw.claims_of(s.node)) == 1  # acked, so never redelivered
 
 
-async def test_not_due_naks_and_the_offer_comes_back(nats_server: NatsServerProcess) -> None:
+@pytest.mark.parametrize("code", ["NOT_DUE", "LIMITED"])
+async def test_not_due_or_limited_naks_and_the_offer_comes_back(nats_server: NatsServerProcess, code: str) -> None:
+    """NOT_DUE, and LIMITED (its thread's lane is taken): the offer is nak'd with the busy delay, then claimed."""
     s = Setup()
     echo = s.kind("echo")
 
     def not_due_once(req: ClaimRequest, nth: int) -> ClaimReply:
-        return refuse("NOT_DUE")(req, nth) if nth == 0 else grant(req, nth)
+        return refuse(code)(req, nth) if nth == 0 else grant(req, nth)
 
     async with (
         gateway(nats_server.url, [echo], claim_policy=not_due_once) as gw,
