@@ -915,7 +915,7 @@ class SimMachine(RuleBasedStateMachine):
         ``at``, the k-th before or after that call) and stays stopped, memory intact, until ``thaw``: longer
         than every lease if time is advanced meanwhile. ``i`` None: whichever instance gets there first."""
         assert self.sim is not None
-        if self.sim.frozen() or any(w is not None and w.freezer.countdown is not None for w in self.sim.worlds):
+        if self._pausing():
             return  # one pause at a time, and an armed one keeps its place
         for n, world in enumerate(self.sim.worlds):
             if world is not None and (i is None or n == i % self.instances):
@@ -932,19 +932,20 @@ class SimMachine(RuleBasedStateMachine):
         """One whole pause in a step: whichever instance reaches the armed await first stops there, time passes
         (longer than a claim's or the leader's lease, mostly), the others go on, then it resumes, stale."""
         assert self.sim is not None
-        if self.sim.frozen() or any(w is not None and w.freezer.countdown is not None for w in self.sim.worlds):
+        if self._pausing():
             return
         for world in self.sim.worlds:
             if world is not None:
                 world.freezer.arm(k, at)
         COVERAGE["long pauses"] += 1
         self.do(_idle, advance=seconds)
-        for world in self.sim.worlds:
-            if world is not None:
-                if world.freezer.frozen:
-                    COVERAGE["thaws of a frozen instance"] += 1
-                world.freezer.thaw()
-        self.do(_idle)
+        self.thaw()
+
+    def _pausing(self) -> bool:
+        assert self.sim is not None
+        return bool(self.sim.frozen()) or any(
+            w is not None and w.freezer.countdown is not None for w in self.sim.worlds
+        )
 
     @precondition(lambda self: self.instances > 1)
     @rule()

@@ -110,30 +110,26 @@ async def _finish_taken(
     if run.status == "skipped":
         await svc._store.record_launch(task.id, _skip_record(task, now, run.error or SKIPPED_OVERLAP, claim))
         return DispatchResult("skipped", run, run.error)
-    record = (
-        LaunchRecord(  # it was launched (and has ended): count it, move past it
-            status=task.status_after_launch("scheduled"),
-            expected_status="running",
-            holds_lease=True,
-            at=now,
-            next_run_at=task.next_run_at_after_launch("scheduled", now),
-            run_count_inc=1,
-            generation=task.generation,
-            claim=claim,
-        )
-        if run.task_id is not None
-        else LaunchRecord(  # it never got a task: its chance is spent, as a failed launch's is
-            status=task.status_after_failure("scheduled"),
-            expected_status="running",
-            holds_lease=True,
-            at=now,
-            next_run_at=task.next_run_at_after_failure("scheduled", now),
-            generation=task.generation,
-            claim=claim,
-        )
+    # launched (and ended): count it and move past it; never got a task: its chance is spent, as a failed launch's
+    launched = run.task_id is not None
+    await svc._store.record_launch(task.id, _past_occurrence(task, now, claim, launched=launched, count=launched))
+    return DispatchResult("launched" if launched else "failed", run, run.error)
+
+
+def _past_occurrence(
+    task: ScheduledTask, now: float, claim: float | None, *, launched: bool, count: bool
+) -> LaunchRecord:
+    """Give the claim back with the cursor past the occurrence, as its launch (or its failed launch) would have."""
+    return LaunchRecord(
+        status=task.status_after_launch("scheduled") if launched else task.status_after_failure("scheduled"),
+        expected_status="running",
+        holds_lease=True,
+        at=now,
+        next_run_at=(task.next_run_at_after_launch if launched else task.next_run_at_after_failure)("scheduled", now),
+        run_count_inc=1 if count else 0,
+        generation=task.generation,
+        claim=claim,
     )
-    await svc._store.record_launch(task.id, record)
-    return DispatchResult("launched" if run.task_id is not None else "failed", run, run.error)
 
 
 async def _same_occurrence(svc: ScheduleService, task: ScheduledTask, scheduled_for: float) -> ScheduledRun | None:
@@ -153,18 +149,7 @@ async def _adopt(
     found = await svc._launcher.find(run)
     if found is not None and run.task_id is not None:
         # launched and recorded already: only the claim was left behind; give it back past the occurrence
-        await svc._store.record_launch(
-            task.id,
-            LaunchRecord(
-                status=task.status_after_launch("scheduled"),
-                expected_status="running",
-                holds_lease=True,
-                at=now,
-                next_run_at=task.next_run_at_after_launch("scheduled", now),
-                generation=task.generation,
-                claim=claim,
-            ),
-        )
+        await svc._store.record_launch(task.id, _past_occurrence(task, now, claim, launched=True, count=False))
         return DispatchResult("launched", run)
     thread_id = run.thread_id or task.resolve_execution_thread("")
     return await _launch(svc, task, run, thread_id, "scheduled", claim, now, found_task=found)
