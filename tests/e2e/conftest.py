@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -14,9 +15,15 @@ from .procs import Daemon, Worker
 
 
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    d = Daemon(data_dir=tmp_path / "var")
-    d.start()
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    """One HTTP client session per test (the API helpers take it)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def stopped_by_pid(d: Daemon) -> Iterator[Daemon]:
+    """The daemon, and at the end it and its embedded nats-server stopped by PID (also one it left running)."""
     try:
         yield d
     finally:
@@ -24,6 +31,14 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
             d.kill_orphan_nats()
         d.stop()
         d.kill_orphan_nats()
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(data_dir=tmp_path / "var")
+    d.start()
+    with stopped_by_pid(d):
+        yield d
 
 
 @pytest.fixture

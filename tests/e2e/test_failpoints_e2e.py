@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,12 +84,6 @@ def crashable(tmp_path: Path) -> Iterator[Crashable]:
         yield c
     finally:
         c.stop()
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
-        yield s
 
 
 def api_of(c: Crashable, session: aiohttp.ClientSession) -> Api:

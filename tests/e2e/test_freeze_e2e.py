@@ -23,7 +23,7 @@ import itertools
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from scheduler_gateway.wire.timefmt import fmt_ts, parse_ts
 from tests.integration.harness import Api
 
 from . import invariants_api as inv
+from .conftest import stopped_by_pid
 from .procs import Daemon, Worker
 
 #: a fast scheduler with a 2 s claim lease (the frozen claim runs out quickly), no minimum delay for a once
@@ -153,12 +154,6 @@ def pair(tmp_path: Path, fresh_nats: NatsServerProcess, pg_fresh_url: str) -> It
         yield p
     finally:
         p.stop()
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
-        yield s
 
 
 def api_of(d: Daemon, session: aiohttp.ClientSession) -> Api:
@@ -433,14 +428,8 @@ def assert_spans_apart(names: dict[str, str], histories: dict[str, list[dict[str
 def sqlite_daemon(tmp_path: Path) -> Iterator[Daemon]:
     config = tmp_path / "gatewayd.toml"
     config.write_text(CONFIG)
-    d = Daemon(data_dir=tmp_path / "var", config=config)
-    try:
+    with stopped_by_pid(Daemon(data_dir=tmp_path / "var", config=config)) as d:
         yield d
-    finally:
-        if d.proc is None:
-            d.kill_orphan_nats()
-        d.stop()
-        d.kill_orphan_nats()
 
 
 async def test_c_a_restart_never_runs_two_tasks_of_a_thread_at_once(

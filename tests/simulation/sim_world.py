@@ -74,7 +74,10 @@ SCHEDULER_POLL_S = 120.0
 MAX_ITERATIONS_PER_STEP = 200_000
 #: Several instances: the leader lease (daemon/ha.py defaults are 10 / 3 / 2 s) and the live-copy sync's period
 DUTY_TIMING = LeaseTiming(lease_s=10.0, renew_s=3.0, trust_margin_s=2.0)
-LIVE_SYNC_S = 2.0
+LIVE_SYNC_S = 5.0
+#: Several instances: the instance rows' refresh (daemon/ha.py: 2 s); well inside INSTANCE_ALIVE_S (10 s), and each
+#: virtual second costs every instance's timers
+INSTANCE_BEAT_S = 4.0
 #: Several instances: how far an instance's clock may be from the store's, each way
 MAX_SKEW_S = 2.0
 CALLBACK_POLICY = CallbackPolicy(secret="sim-callback-secret-0123456789", retry_delays_s=(1.0, 5.0), timeout_s=5.0)
@@ -506,7 +509,12 @@ class World:
             clock,
             new_id=sim.ids,
         )
-        self.scheduler = Scheduler(self.schedules, clock, SCHEDULER_POLL_S, counts_interval_s=86400.0)
+        # the sweep of runs whose completion was lost: several instances need it (no reconcile beside live
+        # ones); with one, the start-up reconcile does it, and a short sweep would cost every SQLite step dearly
+        sweep_s = 30.0 if sim.shared else 1800.0
+        self.scheduler = Scheduler(
+            self.schedules, clock, SCHEDULER_POLL_S, counts_interval_s=86400.0, sweep_interval_s=sweep_s
+        )
         self.service.add_listener(self.scheduler.on_transition)
         self.service.set_thread_check(self.schedules.check_thread)
         if self.ha is not None:
@@ -581,6 +589,11 @@ class Sim:
         self._saved_new_id = idgen.new_id
         self._saved_relay_idle = event_relay_mod.IDLE_POLL_S
         self._saved_cb_idle = callback_sender_mod.IDLE_POLL_S
+        from scheduler_gateway.daemon import ha as ha_mod
+
+        self._ha_mod = ha_mod
+        self._saved_beat = ha_mod.INSTANCE_BEAT_S
+        ha_mod.INSTANCE_BEAT_S = INSTANCE_BEAT_S
         idgen.new_id = self.ids
         # one instance: woken by notify(); a long idle poll makes a missed wake-up visible instead of hiding it.
         # Several: what another instance committed reaches the leader's relay by the poll alone, as in production
@@ -756,6 +769,7 @@ class Sim:
                 conn_cls = aiosqlite.core.Connection
                 conn_cls._execute, conn_cls._connect, conn_cls.close = self._aiosqlite_saved  # type: ignore[method-assign]
             event_relay_mod.IDLE_POLL_S = self._saved_relay_idle
+            self._ha_mod.INSTANCE_BEAT_S = self._saved_beat
             callback_sender_mod.IDLE_POLL_S = self._saved_cb_idle
 
 
