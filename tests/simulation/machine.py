@@ -926,11 +926,13 @@ class SimMachine(RuleBasedStateMachine):
     @rule(
         k=st.integers(0, 3),
         at=st.sampled_from(FREEZE_AT),
-        seconds=st.sampled_from([12.0, 61.0, 61.0, 130.0, 301.0]),
+        seconds=st.sampled_from([12.0, 61.0, 130.0, 301.0, 601.0]),
+        hold=st.sampled_from([12.0, 61.0, 61.0, 130.0]),
     )
-    def long_pause(self, k: int, at: str | None, seconds: float) -> None:
-        """One whole pause in a step: whichever instance reaches the armed await first stops there, time passes
-        (longer than a claim's or the leader's lease, mostly), the others go on, then it resumes, stale."""
+    def long_pause(self, k: int, at: str | None, seconds: float, hold: float) -> None:
+        """One whole pause in a step: time passes (up to ``seconds``) until an instance reaches the armed await
+        and stops there; it stays stopped ``hold`` seconds more (longer than a claim's or the leader's lease,
+        mostly) while the others go on, then resumes, stale. No instance got there: the pause is dropped."""
         assert self.sim is not None
         if self._pausing():
             return
@@ -939,6 +941,11 @@ class SimMachine(RuleBasedStateMachine):
                 world.freezer.arm(k, at)
         COVERAGE["long pauses"] += 1
         self.do(_idle, advance=seconds)
+        if self.sim.frozen():
+            self.do(_idle, advance=hold)
+        for world in self.sim.worlds:
+            if world is not None:
+                world.freezer.countdown = None
         self.thaw()
 
     def _pausing(self) -> bool:
