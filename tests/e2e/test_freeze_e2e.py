@@ -170,7 +170,8 @@ def set_next_run_at(store_url: str, schedule_id: str, at: float) -> None:
 
 
 # -- (A) one firing per occurrence ----------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["once", "cron"])
+# the cron variant (40 s) runs in `make soak`; the simulation pauses cron claims by the hundred
+@pytest.mark.parametrize("kind", ["once", pytest.param("cron", marks=pytest.mark.slow)])
 async def test_a_frozen_schedule_claim_does_not_fire_its_occurrence_twice(
     pair: Pair, session: aiohttp.ClientSession, kind: str
 ) -> None:
@@ -359,6 +360,7 @@ async def create_thread(api: Api, title: str) -> str:
 
 
 # -- (B) one running task per thread across a frozen claim ---------------------------------------------------
+@pytest.mark.slow  # 30 s; the store's rule itself is held by the contract suite and test C in the default run
 async def test_b_a_frozen_thread_claim_never_leaves_two_tasks_of_the_thread_running(
     pair: Pair, session: aiohttp.ClientSession
 ) -> None:

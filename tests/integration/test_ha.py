@@ -38,6 +38,15 @@ from .harness import Api, HandNode, add_tokens, api_client, settings, wait_for
 from .sse import sse
 from .test_schedules_http import body, created, soon
 
+
+@pytest.fixture(autouse=True)
+def fast_instance_beat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A starting instance watches the others' rows for a refresh: with quicker beats it sees one sooner."""
+    from scheduler_gateway.daemon import ha
+
+    monkeypatch.setattr(ha, "INSTANCE_BEAT_S", 0.5)
+
+
 FAST_LEASE = LeaseTiming(lease_s=3.0, renew_s=0.5, trust_margin_s=1.0)
 FAST_SCHED = SchedulerSettings(min_once_delay_s=0, poll_interval_s=0.1, max_concurrent_runs=32)
 
@@ -496,6 +505,7 @@ async def test_a_restart_after_every_instance_was_killed_is_a_cold_start(
                 await gw.stop()
 
 
+@pytest.mark.slow  # 15 s; the lone restart after a whole-cluster kill runs by default
 async def test_instances_restarted_together_after_all_were_killed_make_one_cold_start(
     tmp_path: Path, fresh_nats: NatsServerProcess, pg_fresh_url: str, node: HandNode
 ) -> None:
