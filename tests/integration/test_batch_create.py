@@ -91,3 +91,29 @@ async def test_another_users_batch_sees_only_its_own_parent(api: Api) -> None:
     parent = await api.create({"kind": "echo"})
     status, body = await batch(api.as_user(BOB_TOKEN), [{"kind": "echo", "parentId": parent["id"]}])
     assert status == 200 and body["items"][0]["status"] == 400  # another user's task answers as missing
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+async def test_the_depth_limit_is_the_same_for_a_task_alone_or_in_a_batch(api: Api) -> None:
+    """A payload as deep as a create alone accepts is accepted in a batch too; one too deep fails alone."""
+    ok = {"kind": "echo", "payload": nested(62)}
+    status, _, _ = await api.call("POST", "/api/tasks", ok)
+    assert status == 201
+    status, body = await batch(api, [{"kind": "echo"}, ok, {"kind": "echo"}, {"kind": "echo"}])
+    assert status == 200, body
+    assert [i["status"] for i in body["items"]] == [201, 201, 201, 201]
+    too_deep = {"kind": "echo", "payload": nested(64)}  # its body is 65 deep
+    status, _, _ = await api.call("POST", "/api/tasks", too_deep)
+    assert status == 400
+    status, body = await batch(api, [{"kind": "echo"}, too_deep, {"kind": "echo"}])
+    assert status == 200, body
+    assert [i["status"] for i in body["items"]] == [201, 400, 201]
+    assert body["items"][1]["error"]["details"]["maxDepth"] == 64
+    status, body = await batch(api, [{"kind": "echo", "payload": nested(200)}])  # deep past any item
+    assert status == 400

@@ -27,7 +27,7 @@ from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.ports import AdminStore
 from scheduler_gateway.actors.task_service import Caller, TaskService
 from scheduler_gateway.daemon.http.errors import error_response
-from scheduler_gateway.daemon.http.input import bearer_token_text, check_json_depth, decode_content
+from scheduler_gateway.daemon.http.input import MAX_JSON_DEPTH, bearer_token_text, check_json_depth, decode_content
 from scheduler_gateway.daemon.metrics import PrometheusMetrics
 from scheduler_gateway.wire.errors import (
     Code,
@@ -162,14 +162,15 @@ class AdminApi:
             body=self._enc.encode(value), status=status, content_type="application/json", headers=headers
         )
 
-    async def _body(self, request: web.Request, limit: int | None = None) -> bytes:
-        """The request body, decoded from its Content-Encoding, within the size and depth limits (http.input)."""
+    async def _body(self, request: web.Request, limit: int | None = None, depth: int = MAX_JSON_DEPTH) -> bytes:
+        """The request body, decoded from its Content-Encoding, within the size and depth limits (http.input).
+        ``depth``: more for a body that wraps items which are each held to the limit (the batch)."""
         limit = limit or self.settings.max_payload_bytes + BODY_HEADROOM
         body = await request.read()  # aiohttp refuses more than client_max_size bytes on the wire (413)
         body = decode_content(body, request.headers.get("Content-Encoding", ""), limit)
         if len(body) > limit:
             raise PayloadTooLarge("request body too large", details={"limit": limit})
-        check_json_depth(body)
+        check_json_depth(body, depth)
         return body
 
     def _decode(self, body: bytes, typ: type[Any]) -> Any:

@@ -17,7 +17,7 @@ from scheduler_gateway.actors.ports import (
 from scheduler_gateway.actors.task_service import BatchItem, Caller, NewTask, TaskService
 from scheduler_gateway.daemon.http.callback_client import target_host, target_problem
 from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
-from scheduler_gateway.daemon.http.input import idempotency_key
+from scheduler_gateway.daemon.http.input import MAX_JSON_DEPTH, check_json_depth, idempotency_key
 from scheduler_gateway.wire import api
 from scheduler_gateway.wire.errors import (
     GatewayError,
@@ -122,7 +122,10 @@ class TaskRoutes:
         """``POST /api/tasks/batch``: 1 to 1000 creates, each answered alone, all accepted ones committed."""
         caller: Caller = request[CALLER]
         limit = api.BATCH_MAX_BYTES
-        body = await self.api._body(request.clone(client_max_size=limit), limit)
+        # {"tasks": [item, ...]} wraps each item two levels deep; each item is held to the limit alone, as a
+        # create sent alone is, so one item too deep fails alone. The request as a whole is bounded still (twice
+        # the limit: past that the decoder is not asked to read it)
+        body = await self.api._body(request.clone(client_max_size=limit), limit, depth=2 * MAX_JSON_DEPTH)
         batch: api.BatchCreateBody = self.api._decode(body, api.BatchCreateBody)
         if len(batch.tasks) > api.BATCH_MAX_ITEMS:
             raise PayloadTooLarge(
@@ -151,6 +154,7 @@ class TaskRoutes:
         return self.api._json(api.BatchCreateAnswer(items=[a for a in answers if a is not None]))
 
     def _batch_item(self, raw: msgspec.Raw) -> BatchItem:
+        check_json_depth(bytes(raw))
         item: api.BatchItemBody = self.api._decode(bytes(raw), api.BatchItemBody)
         self.api._check_payload(item.payload)
         spec = self._new_task(item)
