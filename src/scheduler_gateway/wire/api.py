@@ -12,6 +12,7 @@ import msgspec
 from msgspec import Meta
 
 from .messages import KIND_PATTERN, NULL
+from .redact import redacted_repr
 
 Seconds = Annotated[float, Meta(gt=0, le=31_536_000)]
 IdText = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
@@ -45,6 +46,8 @@ class CreateTaskBody(_Body):
     callback_url: Annotated[str, Meta(max_length=2048)] | None = None
     callback_secret: Annotated[str, Meta(max_length=1024)] | None = None
     labels: dict[Annotated[str, Meta(min_length=1, max_length=128)], Annotated[str, Meta(max_length=1024)]] = {}
+
+    __repr__ = redacted_repr
 
 
 class BatchItemBody(CreateTaskBody):

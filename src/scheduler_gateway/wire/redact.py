@@ -12,7 +12,7 @@ query (``https://h/u/me@x``) is shown with more hidden than needed (``https://**
 from __future__ import annotations
 
 import re
-from typing import Final
+from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
 #: What a secret is replaced with.
@@ -104,3 +104,18 @@ def _redact_param(param: str) -> str:
     if eq and value and _SECRET_PARAM.search(name):
         return f"{name}={REDACTED}"
     return param
+
+
+#: Field names that hold a secret, in the project's Structs (a callback's signing secret, a password, a token)
+SECRET_FIELD: Final = re.compile(r"secret|password|passwd|token", re.IGNORECASE)
+
+
+def redacted_repr(self: Any) -> str:
+    """``repr`` (and so ``str``) of a msgspec Struct with every secret-named field shown as ``***``: assign it as
+    the class's ``__repr__``. Encoding is untouched: the secret still goes where it is meant to go."""
+    parts = []
+    for name in self.__struct_fields__:
+        value = getattr(self, name)
+        shown = REDACTED if value is not None and SECRET_FIELD.search(name) else repr(value)
+        parts.append(f"{name}={shown}")
+    return f"{type(self).__name__}({', '.join(parts)})"

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from scheduler_gateway.wire.redact import redacted_repr
+
 TaskState = Literal["waiting_approval", "queued", "running", "succeeded", "failed", "canceled", "dead"]
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "canceled", "dead"})
 ACTIVE_STATES: frozenset[str] = frozenset({"waiting_approval", "queued", "running"})
@@ -61,7 +63,7 @@ class Task(msgspec.Struct, kw_only=True, frozen=True):
     requires_approval: bool = False
     approved: bool = False
     callback_url: str | None = None
-    callback_secret: str | None = None
+    callback_secret: str | None = None  # write-only: never in repr, the API or an event
     labels: dict[str, str] = {}
     result: msgspec.Raw = NULL  # JSON null until a settle brings a result
     error: TaskError | None = None
@@ -83,6 +85,8 @@ class Task(msgspec.Struct, kw_only=True, frozen=True):
     def attempts_in_budget(self) -> int:
         """Attempts made since the last create, retry, redrive or rework (this one included)."""
         return self.attempt_no - self.budget_start_no + 1
+
+    __repr__ = redacted_repr
 
 
 class HistoryEntry(msgspec.Struct, kw_only=True, frozen=True):

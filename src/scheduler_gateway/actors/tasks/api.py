@@ -8,6 +8,7 @@ import hashlib
 import msgspec
 
 from scheduler_gateway.wire.errors import GatewayError, InvalidArgument, StorageError
+from scheduler_gateway.wire.redact import redacted_repr
 
 from ..model.records import NULL, ActorRef, AuditResult, Task
 
@@ -76,6 +77,8 @@ class NewTask(msgspec.Struct, frozen=True, kw_only=True):
     callback_url: str | None = None
     callback_secret: str | None = None
     labels: dict[str, str] = {}
+
+    __repr__ = redacted_repr
 
 
 class BatchItem(msgspec.Struct, frozen=True):

@@ -84,7 +84,7 @@ class NatsPermissions:
 @dataclass
 class NatsUser:
     user: str
-    password: str
+    password: str = field(repr=False)
     #: None: full permissions.
     permissions: NatsPermissions | None = None
 
