@@ -80,9 +80,7 @@ async def dispatch_task(
         if has_active is None:
             has_active = await svc._store.has_active_run(task.id)
         if has_active:
-            inflight = await _same_occurrence(svc, task, scheduled_for) if trigger == "scheduled" else None
-            if inflight is not None:
-                return await _adopt(svc, task, inflight, claim, now)
+            # the active run may be this very occurrence's (a former holder's): the tombstone's insert finds it
             return await _overlapped(svc, task, run_id, None if fresh else thread_id, trigger, scheduled_for, now)
     run = ScheduledRun.queued(
         id=run_id, task=task, thread_id=thread_id, trigger=trigger, scheduled_for=scheduled_for, now=now
@@ -130,15 +128,6 @@ def _past_occurrence(
         generation=task.generation,
         claim=claim,
     )
-
-
-async def _same_occurrence(svc: ScheduleService, task: ScheduledTask, scheduled_for: float) -> ScheduledRun | None:
-    """The active run of this very occurrence: a former holder of the claim inserted it, then paused (or died)
-    past the claim's lease before it recorded the launch. It is this occurrence's one run, not an overlap."""
-    for run in await svc._store.active_runs():
-        if run.scheduled_task_id == task.id and run.trigger == "scheduled" and run.scheduled_for == scheduled_for:
-            return run
-    return None
 
 
 async def _adopt(

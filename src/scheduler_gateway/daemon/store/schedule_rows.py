@@ -119,6 +119,13 @@ _RUN_COLS = (
     "id, scheduled_task_id, owner, status, task_id, thread_id, run_trigger, scheduled_for, created_at, started_at,"
     " finished_at, error, schedule_generation"
 )
+#: The scheduled run of one occurrence, if it has one (a takeover finds what the former holder wrote)
+_SQL_OCCURRENCE_RUN = (
+    f"SELECT {_RUN_COLS} FROM scheduled_runs WHERE scheduled_task_id = ? AND run_trigger = 'scheduled'"
+    " AND scheduled_for = ? ORDER BY id LIMIT 1"
+)
+#: A claim's fencing token as the row holds it now (a write under a claim goes on only while it is the claim's)
+_SQL_CLAIM_TOKEN = "SELECT lease_until FROM scheduled_tasks WHERE id = ?"
 
 _decode_template = msgspec.json.Decoder(TaskTemplate).decode
 _decode_spec = msgspec.json.Decoder(ScheduleSpec).decode

@@ -50,8 +50,10 @@ from scheduler_gateway.daemon.store.schedule_rows import (
     _RUN_COLS,
     _SCHED_COLS,
     _SCHED_FROM,
+    _SQL_CLAIM_TOKEN,
     _SQL_INSERT_RUN,
     _SQL_INSERT_SCHEDULE,
+    _SQL_OCCURRENCE_RUN,
     _SQL_SAVE_SCHEDULE,
     _decode_task,
     _decode_thread,
@@ -72,18 +74,11 @@ from scheduler_gateway.wire.errors import (
 log = logging.getLogger(__name__)
 
 
-#: The scheduled run of one occurrence, if it has one (a takeover finds what the former holder wrote)
-_SQL_OCCURRENCE_RUN = (
-    f"SELECT {_RUN_COLS} FROM scheduled_runs WHERE scheduled_task_id = ? AND run_trigger = 'scheduled'"
-    " AND scheduled_for = ? ORDER BY id LIMIT 1"
-)
-
-
 def _claim_lost(c: sqlite3.Connection, schedule_id: str, claim: float | None) -> Refusal | None:
     """A write under a claim: refused unless the row still holds that claim (its lease value is the token)."""
     if claim is None:
         return None
-    row = c.execute("SELECT lease_until FROM scheduled_tasks WHERE id = ?", (schedule_id,)).fetchone()
+    row = c.execute(_SQL_CLAIM_TOKEN, (schedule_id,)).fetchone()
     if row is not None and row[0] == claim:
         return None
     return Refusal(

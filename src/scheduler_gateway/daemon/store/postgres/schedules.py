@@ -36,8 +36,10 @@ from scheduler_gateway.daemon.store.schedule_rows import (
     _RUN_COLS,
     _SCHED_COLS,
     _SCHED_FROM,
+    _SQL_CLAIM_TOKEN,
     _SQL_INSERT_RUN,
     _SQL_INSERT_SCHEDULE,
+    _SQL_OCCURRENCE_RUN,
     _SQL_SAVE_SCHEDULE,
     _decode_task,
     _decode_thread,
@@ -67,6 +69,8 @@ def pg_sql(sql: str) -> str:
 _INSERT_SCHEDULE = pg_sql(_SQL_INSERT_SCHEDULE)
 _SAVE_SCHEDULE = pg_sql(_SQL_SAVE_SCHEDULE)
 _INSERT_RUN = pg_sql(_SQL_INSERT_RUN)
+_OCCURRENCE_RUN = pg_sql(_SQL_OCCURRENCE_RUN)
+_CLAIM_TOKEN_FOR_UPDATE = pg_sql(_SQL_CLAIM_TOKEN) + " FOR UPDATE"
 _PUT_THREAD = (
     "INSERT INTO threads (id, owner, doc) VALUES (%s, %s, %s)"
     " ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, doc = excluded.doc"
@@ -83,7 +87,7 @@ async def _hold_claim(conn: Any, schedule_id: str, claim: float | None) -> None:
     is the fencing token); a claim taken meanwhile waits for this transaction, and after it finds its own."""
     if claim is None:
         return
-    cur = await conn.execute("SELECT lease_until FROM scheduled_tasks WHERE id = %s FOR UPDATE", (schedule_id,))
+    cur = await conn.execute(_CLAIM_TOKEN_FOR_UPDATE, (schedule_id,))
     row = await cur.fetchone()
     if row is None or row[0] != claim:
         raise ClaimLost(
@@ -266,11 +270,7 @@ class PgSchedules:
         async with self._db.transaction() as conn:
             await _hold_claim(conn, run.scheduled_task_id, claim)
             if claim is not None and run.trigger == "scheduled":
-                cur = await conn.execute(
-                    f"SELECT {_RUN_COLS} FROM scheduled_runs WHERE scheduled_task_id = %s AND run_trigger = 'scheduled'"
-                    " AND scheduled_for = %s ORDER BY id LIMIT 1",
-                    (run.scheduled_task_id, run.scheduled_for),
-                )
+                cur = await conn.execute(_OCCURRENCE_RUN, (run.scheduled_task_id, run.scheduled_for))
                 taken = _runs_of(await cur.fetchall())
                 if taken:
                     raise OccurrenceTaken(taken[0])
