@@ -101,7 +101,7 @@ class _Nothing:
 def _app() -> web.Application:
     """The admin API's app with every extension the gateway installs (``Gateway.http_extensions``)."""
     n: Any = _Nothing()
-    api = AdminApi(n, n, n, n, n, HttpSettings())
+    api = AdminApi(n, n, n, n, n, HttpSettings(), n)
     app = api.app()
     schedule_routes(api, n)(app)
     EventsApi(n, n, SseSettings()).install(app)

@@ -664,6 +664,55 @@ async def test_principals(store: TaskStore) -> None:
     assert await store.get_principal(p.token_hash) == admin
 
 
+def _token_audit(action: str, p: Principal) -> AuditEntry:
+    return AuditEntry(
+        id=f"aud_{action}_{p.user}",
+        at=T0,
+        action=action,
+        object_type="token",
+        object_id=p.id,
+        result="ok",
+        actor=ActorRef("system", "gatewayd-cli"),
+        owner=p.user,
+    )
+
+
+async def test_revoked_tokens_are_gone_and_logged_for_every_cache(store: TaskStore) -> None:
+    alice = Principal(token_hash="a" * 64, user="alice", role="user", created_at=T0)
+    bob = Principal(token_hash="b" * 64, user="bob", role="viewer", created_at=T0 + 1)
+    start, none = await store.revocations_since(-1)
+    assert none == []
+    await store.put_principal(alice, _token_audit("token.created", alice))
+    await store.put_principal(bob)
+    assert await store.list_principals() == [alice, bob]
+    assert alice.id.startswith("tok_") and alice.token_hash not in alice.id and alice.id != bob.id
+
+    revoked = await store.revoke_principals([alice.token_hash, "c" * 64], [_token_audit("token.revoked", alice)])
+    assert revoked == [alice.token_hash]  # an unknown hash is not logged
+    assert await store.get_principal(alice.token_hash) is None
+    assert await store.list_principals() == [bob]
+    newest, hashes = await store.revocations_since(start)
+    assert hashes == [alice.token_hash] and newest > start
+    assert await store.revocations_since(newest) == (newest, [])
+    assert await store.revoke_principals([alice.token_hash], []) == []  # twice: nothing more
+    assert await store.revocations_since(newest) == (newest, [])
+    actions = [a.action for a in (await store.list_audit(AuditQuery(object_id=alice.id))).items]
+    assert actions == ["token.created", "token.revoked"]
+
+
+async def test_last_use_is_kept_beside_the_token_and_never_moves_back(store: TaskStore) -> None:
+    p = Principal(token_hash="d" * 64, user="dora", role="user", created_at=T0)
+    await store.put_principal(p)
+    await store.touch_principals({p.token_hash: T0 + 10, "e" * 64: T0})  # an unknown (revoked) hash: ignored
+    await store.touch_principals({p.token_hash: T0 + 5})
+    got = await store.get_principal(p.token_hash)
+    assert got is not None and got.last_used_at == T0 + 10
+    assert [x.last_used_at for x in await store.list_principals()] == [T0 + 10]
+    await store.put_principal(msgspec.structs.replace(p, role="admin"))  # a rewrite keeps the last use
+    got = await store.get_principal(p.token_hash)
+    assert got is not None and got.role == "admin" and got.last_used_at == T0 + 10
+
+
 async def test_nodes(store: TaskStore) -> None:
     assert await store.list_nodes() == []
     a = NodeRecord(id="node-b", kinds=["echo"], capacity=4, last_heartbeat_at=T0)

@@ -54,6 +54,7 @@ class MemoryStore(
         self._outbox: dict[int, bytes] = {}
         self._dead_letters: dict[str, DeadLetter] = {}  # by task id
         self._principals: dict[str, Principal] = {}
+        self._revocations: list[str] = []  # token hashes; the sequence is the index + 1
         self._nodes: dict[str, NodeRecord] = {}
         self._callbacks: dict[str, CallbackDelivery] = {}
         self._callback_letters: dict[str, CallbackDeadLetter] = {}
@@ -360,9 +361,37 @@ class MemoryStore(
         self._check_running()
         return self._principals.get(token_hash)
 
-    async def put_principal(self, principal: Principal) -> None:
+    async def put_principal(self, principal: Principal, audit: AuditEntry | None = None) -> None:
         self._check_running()
-        self._principals[principal.token_hash] = principal
+        old = self._principals.get(principal.token_hash)
+        last_used = old.last_used_at if old is not None else None
+        self._principals[principal.token_hash] = msgspec.structs.replace(principal, last_used_at=last_used)
+        if audit is not None:
+            self._append_audit(audit)
+
+    async def list_principals(self) -> list[Principal]:
+        self._check_running()
+        return [self._principals[h] for h in sorted(self._principals)]
+
+    async def revoke_principals(self, token_hashes: list[str], audit: list[AuditEntry]) -> list[str]:
+        self._check_running()
+        revoked = [h for h in dict.fromkeys(token_hashes) if self._principals.pop(h, None) is not None]
+        self._revocations.extend(revoked)
+        for entry in audit:
+            self._append_audit(entry)
+        return revoked
+
+    async def revocations_since(self, seq: int) -> tuple[int, list[str]]:
+        self._check_running()
+        newest = len(self._revocations)
+        return newest, ([] if seq < 0 else self._revocations[seq:])
+
+    async def touch_principals(self, used: dict[str, float]) -> None:
+        self._check_running()
+        for h, at in used.items():
+            p = self._principals.get(h)
+            if p is not None and (p.last_used_at is None or p.last_used_at < at):
+                self._principals[h] = msgspec.structs.replace(p, last_used_at=at)
 
     async def put_nodes(self, nodes: list[NodeRecord]) -> None:
         self._check_running()
@@ -387,9 +416,9 @@ class MemoryStore(
             rows = [d for d in rows if (d.due_at, d.id) > after]
         return rows[: max(0, limit)]
 
-    async def callback_backlog(self) -> int:
+    async def callback_backlog(self, owner: str | None = None) -> int:
         self._check_running()
-        return len(self._callbacks)
+        return sum(1 for d in self._callbacks.values() if owner is None or d.owner == owner)
 
     async def reschedule_callback(self, delivery: CallbackDelivery) -> None:
         self._check_running()

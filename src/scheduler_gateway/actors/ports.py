@@ -7,6 +7,7 @@ or a unique key lost), ``StorageError`` (the store failed). Illegal states are t
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Protocol
 
 import msgspec
@@ -91,8 +92,20 @@ class Page(msgspec.Struct, frozen=True):
 class Principal(msgspec.Struct, frozen=True, kw_only=True):
     token_hash: str
     user: str
-    role: str  # "admin" | "user"
+    role: str  # "admin" | "user" | "viewer"
     created_at: float
+    #: when a request last used it (written coalesced by the daemon; a column beside the document, not in it)
+    last_used_at: float | None = None
+
+    @property
+    def id(self) -> str:
+        """The token's public name (``gatewayd token list|revoke``): derived from the hash, and not the hash."""
+        return token_id(self.token_hash)
+
+
+def token_id(token_hash: str) -> str:
+    # a one-way function of the hash, so the id can be shown, logged and audited without showing the hash
+    return "tok_" + hashlib.sha256(b"gw-token-id\0" + token_hash.encode()).hexdigest()[:20]
 
 
 class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -219,8 +232,24 @@ class DeadLetterStore(Protocol):
 
 
 class PrincipalStore(Protocol):
+    """API tokens by hash. A revocation deletes the token and appends its hash to a revocation log, so every
+    instance's principal cache learns of it by reading what was appended after the last sequence it saw."""
+
     async def get_principal(self, token_hash: str) -> Principal | None: ...
-    async def put_principal(self, principal: Principal) -> None: ...
+    async def put_principal(self, principal: Principal, audit: AuditEntry | None = None) -> None: ...
+    async def list_principals(self) -> list[Principal]: ...
+    async def revoke_principals(self, token_hashes: list[str], audit: list[AuditEntry]) -> list[str]:
+        """Delete these tokens and log their revocation, with ``audit``, in one transaction; the hashes that
+        existed (and are now revoked)."""
+        ...
+
+    async def revocations_since(self, seq: int) -> tuple[int, list[str]]:
+        """The newest revocation sequence and the hashes revoked after ``seq`` (``seq=-1``: only the newest)."""
+        ...
+
+    async def touch_principals(self, used: dict[str, float]) -> None:
+        """Record when each token was last used (never moves a time back)."""
+        ...
 
 
 class NodeStore(Protocol):
@@ -237,7 +266,10 @@ class CallbackStore(Protocol):
         read through the ``(due_at, id)`` index, so the sender can look past one receiver's rows."""
         ...
 
-    async def callback_backlog(self) -> int: ...
+    async def callback_backlog(self, owner: str | None = None) -> int:
+        """How many deliveries are not yet made: of every task, or of ``owner``'s tasks (a user's overview)."""
+        ...
+
     async def reschedule_callback(self, delivery: CallbackDelivery) -> None:
         """Write a delivery's new attempt count, due time and last error (after a failed attempt)."""
         ...

@@ -12,28 +12,26 @@ import asyncio
 import gc
 import logging
 import os
-import secrets
 import signal
 import sys
-import time
 from pathlib import Path
 
 from scheduler_gateway.actors import failpoints
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterPolicy
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.retention import RetentionPolicy
-from scheduler_gateway.actors.ports import Principal
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.actors.task_service import TaskPolicy
 from scheduler_gateway.daemon.check import check_main
 from scheduler_gateway.daemon.config import Config, ConfigError, load_config, production_problems
 from scheduler_gateway.daemon.gateway import Gateway, GatewaySettings
-from scheduler_gateway.daemon.http.app import HttpSettings, token_hash
+from scheduler_gateway.daemon.http.app import HttpSettings
 from scheduler_gateway.daemon.nats.embedded import DataDirInUse, EmbeddedNats
 from scheduler_gateway.daemon.store.backup import backup_main
-from scheduler_gateway.daemon.store.select import Store, open_store
+from scheduler_gateway.daemon.store.select import Store
 from scheduler_gateway.daemon.store.transfer import export_main, import_main
 from scheduler_gateway.daemon.systemd_notify import SystemdNotifier
+from scheduler_gateway.daemon.tokens_cli import add_token_parser, create_principal, token_main
 
 log = logging.getLogger("gatewayd")
 
@@ -99,16 +97,6 @@ def settings_from_config(config: Config, nats_url: str, user: str | None, passwo
             batch=config.retention.batch,
         ),
     )
-
-
-def new_token() -> str:
-    return "gwt_" + secrets.token_urlsafe(32)
-
-
-async def create_principal(store: Store, user: str, role: str) -> str:
-    token = new_token()
-    await store.put_principal(Principal(token_hash=token_hash(token), user=user, role=role, created_at=time.time()))
-    return token
 
 
 def _load(path: Path | None) -> Config:
@@ -216,21 +204,6 @@ def _arm_failpoints(config: Config) -> bool:
     return True
 
 
-def cmd_token_create(args: argparse.Namespace) -> int:
-    config = _load(args.config)
-
-    async def create() -> str:
-        store = open_store(config.store_location)
-        await store.start()
-        try:
-            return await create_principal(store, args.user, args.role)
-        finally:
-            await store.stop()
-
-    print(asyncio.run(create()))
-    return 0
-
-
 def _use_uvloop() -> None:
     try:
         import uvloop
@@ -246,12 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", type=Path)
     check = sub.add_parser("check", help="validate the config and probe the data dir, the store and NATS")
     check.add_argument("--config", type=Path)
-    token = sub.add_parser("token", help="API tokens")
-    token_sub = token.add_subparsers(dest="token_command", required=True)
-    create = token_sub.add_parser("create", help="create a token and print it")
-    create.add_argument("--user", required=True)
-    create.add_argument("--role", choices=("admin", "user", "viewer"), default="user")
-    create.add_argument("--config", type=Path)
+    add_token_parser(sub)
     backup = sub.add_parser("backup", help="copy the store consistently while the daemon runs (SQLite backup API)")
     backup.add_argument("--to", type=Path, required=True, metavar="FILE", help="the backup file (replaced)")
     backup.add_argument("--config", type=Path)
@@ -277,11 +245,7 @@ def gatewayd_main(argv: list[str] | None = None) -> int:
     if args.command == "import":
         return import_main(args.config, args.source)
     if args.command == "token":
-        user = args.user.strip()
-        if not user or len(user) > 128:
-            print("gatewayd: --user must be 1 to 128 characters", file=sys.stderr)
-            return 2
-        return cmd_token_create(args)
+        return token_main(_load(args.config), args)
     return 2
 
 

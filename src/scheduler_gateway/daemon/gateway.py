@@ -43,6 +43,7 @@ from scheduler_gateway.daemon.http.callbacks import CallbacksApi, callback_route
 from scheduler_gateway.daemon.http.console import console_routes
 from scheduler_gateway.daemon.http.event_hub import EventHub, corrupt_event_auditor
 from scheduler_gateway.daemon.http.events import EventsApi, SseSettings, event_routes
+from scheduler_gateway.daemon.http.principals import RECHECK_S, PrincipalCache
 from scheduler_gateway.daemon.http.server import AdminRunner
 from scheduler_gateway.daemon.metrics import PrometheusMetrics, PrometheusRetentionMetrics
 from scheduler_gateway.daemon.metrics_events import EventCallbackMetrics
@@ -163,7 +164,10 @@ class Gateway:
             # one writer: the keeper yields to the hot path only while its writes wait (PostgreSQL: always)
             writes_waiting=self.store.writes_waiting if isinstance(self.store, SqliteStore) else None,
         )
-        self.api = AdminApi(self.service, self.store, self.nodes, self.metrics, self.readiness, s.http)
+        # API tokens: read once, then answered from memory kept true to the store's revocation log
+        sqlite = isinstance(self.store, SqliteStore)
+        self.principals = PrincipalCache(self.store, recheck_s=0.0 if sqlite else RECHECK_S)
+        self.api = AdminApi(self.service, self.store, self.nodes, self.metrics, self.readiness, s.http, self.principals)
         self._runner: web.AppRunner | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._flusher: asyncio.Task[None] | None = None
@@ -209,6 +213,7 @@ class Gateway:
         s = self.settings
         s.data_dir.mkdir(parents=True, exist_ok=True)
         await self.store.start()
+        await self.principals.start()
         await self.bus.connect()
         self.nodes.load(await self.store.list_nodes())
         if self.ha is not None:
@@ -281,6 +286,7 @@ class Gateway:
         with contextlib.suppress(GatewayError):
             await self._bounded("node registry flush", self.store.put_nodes(self.nodes.take_dirty()))
         await self._bounded("nats", self.bus.close())
+        await self._bounded("token cache", self.principals.stop())
         await self._bounded("store", self.store.stop())
         self._started = False
 

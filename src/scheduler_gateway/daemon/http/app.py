@@ -28,6 +28,7 @@ from scheduler_gateway.actors.ports import AdminStore
 from scheduler_gateway.actors.task_service import Caller, TaskService
 from scheduler_gateway.daemon.http.errors import error_response
 from scheduler_gateway.daemon.http.input import MAX_JSON_DEPTH, bearer_token_text, check_json_depth, decode_content
+from scheduler_gateway.daemon.http.principals import PrincipalCache
 from scheduler_gateway.daemon.metrics import PrometheusMetrics
 from scheduler_gateway.wire.errors import (
     Code,
@@ -83,6 +84,7 @@ class AdminApi:
         metrics: PrometheusMetrics,
         readiness: ReadinessProbe,
         settings: HttpSettings,
+        principals: PrincipalCache,
     ) -> None:
         self.service = service
         self.store = store
@@ -90,7 +92,7 @@ class AdminApi:
         self.metrics = metrics
         self.readiness = readiness
         self.settings = settings
-        self._principals: dict[str, Caller] = {}
+        self.principals = principals
         self._enc = msgspec.json.Encoder()
 
     # -- app -----------------------------------------------------------------------------------
@@ -146,15 +148,10 @@ class AdminApi:
             raise Unauthenticated("missing bearer token")
         if not bearer_token_text(token.strip()):
             raise Unauthenticated("invalid token")
-        digest = token_hash(token.strip())
-        caller = self._principals.get(digest)
-        if caller is None:
-            principal = await self.store.get_principal(digest)
-            if principal is None:
-                raise Unauthenticated("invalid token")
-            caller = Caller(principal.user, principal.role)
-            self._principals[digest] = caller
-        return msgspec.structs.replace(caller, request_id=rid)
+        principal = await self.principals.resolve(token_hash(token.strip()))
+        if principal is None:
+            raise Unauthenticated("invalid token")
+        return Caller(principal.user, principal.role, request_id=rid)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _json(self, value: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

@@ -135,8 +135,20 @@ class ComposedStore:
 
     # -- principals, nodes, health (nodes.py)
 
-    async def put_principal(self, principal: Principal) -> None:
-        await self._nodes.put_principal(principal)
+    async def put_principal(self, principal: Principal, audit: AuditEntry | None = None) -> None:
+        await self._nodes.put_principal(principal, audit)
+
+    async def list_principals(self) -> list[Principal]:
+        return await self._nodes.list_principals()
+
+    async def revoke_principals(self, token_hashes: list[str], audit: list[AuditEntry]) -> list[str]:
+        return await self._nodes.revoke_principals(token_hashes, audit)
+
+    async def revocations_since(self, seq: int) -> tuple[int, list[str]]:
+        return await self._nodes.revocations_since(seq)
+
+    async def touch_principals(self, used: dict[str, float]) -> None:
+        await self._nodes.touch_principals(used)
 
     async def put_nodes(self, nodes: list[NodeRecord]) -> None:
         await self._nodes.put_nodes(nodes)
@@ -155,8 +167,8 @@ class ComposedStore:
     async def pending_callbacks(self, limit: int, after: tuple[float, str] | None = None) -> list[CallbackDelivery]:
         return await self._callbacks.pending_callbacks(limit, after)
 
-    async def callback_backlog(self) -> int:
-        return await self._callbacks.callback_backlog()
+    async def callback_backlog(self, owner: str | None = None) -> int:
+        return await self._callbacks.callback_backlog(owner)
 
     async def reschedule_callback(self, delivery: CallbackDelivery) -> None:
         await self._callbacks.reschedule_callback(delivery)

@@ -35,6 +35,19 @@ THREAD_RUNNING_MIGRATION: tuple[str, ...] = (
 )
 
 
+#: Migration 9 (PostgreSQL: its migration 5): when a token was last used, and the log of revocations that
+#: every instance's principal cache reads from the last sequence it saw (docs/OPERATIONS.md, API tokens).
+TOKEN_MIGRATION: tuple[str, ...] = (
+    "ALTER TABLE principals ADD COLUMN last_used_at REAL",
+    # AUTOINCREMENT: a sequence is never reused, so a cache that saw seq N never misses a later revocation
+    """CREATE TABLE token_revocations (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        token_hash TEXT NOT NULL,
+        revoked_at REAL NOT NULL
+    )""",
+)
+
+
 # Each step is applied once, in order, in its own transaction, and recorded in ``schema_version``. Never
 # edit a released step: append a new one (a database in the field already ran the old text).
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -158,6 +171,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 8: the arbiter of "one running task per thread" where claims commit (the dispatcher's lanes only
     # anticipate it: an offer from before a restart is still claimed); PostgreSQL has had it from its first step
     THREAD_RUNNING_MIGRATION,
+    # 9: tokens: last use, and the revocation log the principal caches follow
+    TOKEN_MIGRATION,
 )
 
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 import sqlite3
 import time
 
+import msgspec
+
+from scheduler_gateway.actors.model.records import AuditEntry
 from scheduler_gateway.actors.ports import (
     NodeRecord,
     Principal,
 )
+from scheduler_gateway.daemon.store.change_rows import SQL_INSERT_AUDIT, audit_row
 from scheduler_gateway.daemon.store.common import (
     decode_or_raise,
     decode_rows,
@@ -21,14 +25,29 @@ _decode_principal = doc_decoder(Principal)
 _decode_node = doc_decoder(NodeRecord)
 
 
+def decode_principal(doc: bytes) -> Principal:
+    # the token hash is a credential's fingerprint: keep it out of the error and the log
+    return decode_or_raise(_decode_principal, doc, "principal", "(redacted)")
+
+
+def as_doc(principal: Principal) -> Principal:
+    """The stored document: the last use lives in its own column (written coalesced), not in the document."""
+    return msgspec.structs.replace(principal, last_used_at=None) if principal.last_used_at is not None else principal
+
+
+def with_last_use(principal: Principal, last_used_at: float | None) -> Principal:
+    return msgspec.structs.replace(principal, last_used_at=last_used_at) if last_used_at is not None else principal
+
+
 class SqliteNodes:
     """Principals (API tokens by hash), the node registry's snapshot, and the health row ``ping`` writes."""
 
     def __init__(self, db: SqliteDb) -> None:
         self._db = db
 
-    async def put_principal(self, principal: Principal) -> None:
-        row = (principal.token_hash, encode(principal))
+    async def put_principal(self, principal: Principal, audit: AuditEntry | None = None) -> None:
+        row = (principal.token_hash, encode(as_doc(principal)))
+        audit_values = audit_row(audit) if audit is not None else None
 
         def op(conn: sqlite3.Connection) -> None:
             conn.execute(
@@ -36,8 +55,55 @@ class SqliteNodes:
                 " ON CONFLICT (token_hash) DO UPDATE SET doc = excluded.doc",
                 row,
             )
+            if audit_values is not None:
+                conn.execute(SQL_INSERT_AUDIT, audit_values)
 
         await self._db.submit_op(op)
+
+    async def list_principals(self) -> list[Principal]:
+        rows = await self._db.fetchall("SELECT doc, last_used_at FROM principals ORDER BY token_hash")
+        return [with_last_use(decode_principal(doc), used) for doc, used in rows]
+
+    async def revoke_principals(self, token_hashes: list[str], audit: list[AuditEntry]) -> list[str]:
+        now = time.time()
+        hashes = list(dict.fromkeys(token_hashes))
+        audit_values = [audit_row(a) for a in audit]
+        revoked: list[str] = []
+
+        def op(conn: sqlite3.Connection) -> None:
+            revoked.clear()  # a retried op starts over
+            for h in hashes:
+                if conn.execute("DELETE FROM principals WHERE token_hash = ?", (h,)).rowcount:
+                    conn.execute("INSERT INTO token_revocations (token_hash, revoked_at) VALUES (?, ?)", (h, now))
+                    revoked.append(h)
+            conn.executemany(SQL_INSERT_AUDIT, audit_values)
+
+        await self._db.submit_op(op, len(hashes) + len(audit_values))
+        return revoked
+
+    async def revocations_since(self, seq: int) -> tuple[int, list[str]]:
+        # read on every API request (daemon/http/principals.py): the quick read on the loop, not the thread
+        if seq < 0:
+            rows = await self._db.quick_fetchall("SELECT coalesce(max(seq), 0) FROM token_revocations")
+            return int(rows[0][0]), []
+        rows = await self._db.quick_fetchall(
+            "SELECT seq, token_hash FROM token_revocations WHERE seq > ? ORDER BY seq", (seq,)
+        )
+        return (int(rows[-1][0]) if rows else seq), [str(r[1]) for r in rows]
+
+    async def touch_principals(self, used: dict[str, float]) -> None:
+        if not used:
+            return
+        rows = [(at, h, at) for h, at in used.items()]
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "UPDATE principals SET last_used_at = ? WHERE token_hash = ?"
+                " AND (last_used_at IS NULL OR last_used_at < ?)",
+                rows,
+            )
+
+        await self._db.submit_op(op, len(rows))
 
     async def put_nodes(self, nodes: list[NodeRecord]) -> None:
         if not nodes:
@@ -65,11 +131,10 @@ class SqliteNodes:
         await self._db.submit_op(op)
 
     async def get_principal(self, token_hash: str) -> Principal | None:
-        rows = await self._db.fetchall("SELECT doc FROM principals WHERE token_hash = ?", (token_hash,))
+        rows = await self._db.fetchall("SELECT doc, last_used_at FROM principals WHERE token_hash = ?", (token_hash,))
         if not rows:
             return None
-        # the token hash is a credential's fingerprint: keep it out of the error and the log
-        return decode_or_raise(_decode_principal, rows[0][0], "principal", "(redacted)")
+        return with_last_use(decode_principal(rows[0][0]), rows[0][1])
 
     async def list_nodes(self) -> list[NodeRecord]:
         rows = await self._db.fetchall("SELECT id, doc FROM nodes ORDER BY id")

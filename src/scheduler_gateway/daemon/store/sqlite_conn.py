@@ -99,6 +99,7 @@ class SqliteDb:
         self._wthread: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rconn: aiosqlite.Connection | None = None
+        self._qconn: sqlite3.Connection | None = None  # quick_read's, used on the loop's thread only
         self._queue: collections.deque[Work] = collections.deque()
         self._wakeup = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
@@ -139,6 +140,9 @@ class SqliteDb:
             rconn = await aiosqlite.connect(self.path, isolation_level=None)
             await rconn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             await rconn.execute("PRAGMA query_only = ON")
+            qconn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            qconn.execute("PRAGMA busy_timeout = 0")  # on the loop: never wait there (quick_read's docstring)
+            qconn.execute("PRAGMA query_only = ON")
         except (sqlite3.Error, StorageError) as exc:
             if rconn is not None:
                 await _close_quietly(rconn)
@@ -151,7 +155,7 @@ class SqliteDb:
         self._wthread = wthread
         # looked up once: 3.11's get_running_loop() makes a getpid() syscall on every call (a hot path)
         self._loop = asyncio.get_running_loop()
-        self._wconn, self._rconn = wconn, rconn
+        self._wconn, self._rconn, self._qconn = wconn, rconn, qconn
         self._changes_seen = wconn.total_changes
         self._dirty = asyncio.Event()  # of this loop (a store may be started again on another one)
         self._rows_since_checkpoint = 0
@@ -184,6 +188,9 @@ class SqliteDb:
             await self._stop_checkpointer()
             if self._rconn is not None:
                 await _close_quietly(self._rconn)
+            if self._qconn is not None:
+                self._qconn.close()
+                self._qconn = None
             if self._wconn is not None and self._wthread is not None:
                 await self._in_writer(self._wthread, _close_writer, self._wconn)
             if self._wthread is not None:
@@ -347,6 +354,22 @@ class SqliteDb:
         if not self._running or self._rconn is None:
             raise StorageError("the task store is not running")
         return self._rconn
+
+    async def quick_fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """A tiny indexed read on the event loop itself, for a read made on every request whose answer must be
+        current (the token revocation log): a few microseconds, where the hand-off to aiosqlite's thread costs
+        a loop turn or more. In WAL mode a reader does not wait for the writer; should the file be busy anyway
+        (a WAL recovery) it reads through the read connection instead, never waiting on the loop."""
+        conn = self._qconn
+        if not self._running or conn is None:
+            raise StorageError("the task store is not running")
+        try:
+            return conn.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            err = storage_error(exc)
+            if not is_busy(err):
+                raise err from exc
+        return await self.fetchall(sql, params)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         conn = self._reader()

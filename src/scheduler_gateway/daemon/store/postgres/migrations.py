@@ -208,6 +208,15 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # (columns..., id) order for state + kind and for a user's lists (owner + state, + kind, + both), so a page
     # of a rare combination is one index seek, not a walk of the common filter's rows
     TASK_LIST_MIGRATION,
+    # 5: tokens, as in the SQLite store (its migration 9): last use, and the revocation log
+    (
+        "ALTER TABLE principals ADD COLUMN last_used_at double precision",
+        f"""CREATE TABLE token_revocations (
+            seq bigserial PRIMARY KEY,
+            token_hash {_T} NOT NULL,
+            revoked_at double precision NOT NULL
+        )""",
+    ),
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)
