@@ -571,3 +571,35 @@ async def test_the_start_up_lock_is_held_by_one_instance_at_a_time_and_its_wait_
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_a_token_revoked_from_the_command_line_answers_401_on_every_instance_within_5_s(
+    cluster: list[Gateway], tmp_path: Path, pg_fresh_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from scheduler_gateway.daemon.cli import gatewayd_main
+
+    config = tmp_path / "gw.toml"
+    config.write_text(f'data_dir = "{tmp_path / "cli"}"\n[store]\nurl = "{pg_fresh_url}"\n')
+    capsys.readouterr()
+    assert await asyncio.to_thread(gatewayd_main, ["token", "create", "--user", "erin", "--config", str(config)]) == 0
+    token = capsys.readouterr().out.strip()
+    async with apis(cluster) as clients:
+        erin = [c.as_user(token) for c in clients]
+        for c in erin:  # every instance has it cached
+            assert (await c.call("GET", "/api/tasks"))[0] == 200
+        for gw in cluster:
+            await gw.principals.flush()
+        assert await asyncio.to_thread(gatewayd_main, ["token", "list", "--config", str(config)]) == 0
+        (line,) = [x for x in capsys.readouterr().out.splitlines() if " erin " in x]
+        token_id, _, _, _, last_used = line.split()
+        assert last_used.endswith("Z")
+
+        assert await asyncio.to_thread(gatewayd_main, ["token", "revoke", token_id, "--config", str(config)]) == 0
+        revoked_at = time.monotonic()
+
+        async def refused_everywhere() -> bool:
+            return all([(await c.call("GET", "/api/tasks"))[0] == 401 for c in erin])
+
+        await wait_for(refused_everywhere, 5.0)
+        assert time.monotonic() - revoked_at < 5.0
+        assert all([(await c.call("GET", "/api/tasks"))[0] == 200 for c in clients])  # the others still work
