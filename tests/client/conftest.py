@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,18 @@ ENVELOPE = (
     b'{"error":{"code":"SERVICE_UNAVAILABLE","message":"injected by the test proxy",'
     b'"requestId":"req_proxy","details":{}}}'
 )
+UNAUTHENTICATED = (
+    b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nX-Request-Id: req_proxy\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+)
+UNAUTHENTICATED_ENVELOPE = (
+    b'{"error":{"code":"UNAUTHENTICATED","message":"token revoked (injected by the test proxy)",'
+    b'"requestId":"req_proxy","details":{}}}'
+)
+REFUSALS = {
+    "503": SERVICE_UNAVAILABLE % (len(ENVELOPE), ENVELOPE),
+    "401": UNAUTHENTICATED % (len(UNAUTHENTICATED_ENVELOPE), UNAUTHENTICATED_ENVELOPE),
+}
 
 
 def base_url(gw: Gateway) -> str:
@@ -35,12 +48,13 @@ def base_url(gw: Gateway) -> str:
 class FaultProxy:
     """A TCP proxy in front of the gateway. ``fail_next(prefix, "drop")``: the next request starting with
     ``prefix`` reaches the gateway, but its answer is thrown away and the connection cut (the change is
-    made, the client never hears of it). ``fail_next(prefix, "503")``: the request is answered 503 by the
-    proxy and never reaches the gateway. ``sever()`` cuts every open connection."""
+    made, the client never hears of it). ``fail_next(prefix, "503")`` / ``"401"``: the request is answered
+    503 (or 401, as for a token revoked meanwhile) by the proxy and never reaches the gateway. ``after=n``
+    lets the first ``n`` matching requests through untouched. ``sever()`` cuts every open connection."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
-        self.actions: list[tuple[bytes, str]] = []
+        self.actions: list[list[Any]] = []  # [prefix, action, matching requests still let through]
         self.dropped = 0
         self.refused = 0
         self.requests: list[bytes] = []  # the first line of every request seen
@@ -56,8 +70,8 @@ class FaultProxy:
         self.server = await asyncio.start_server(self._spawn, "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
 
-    def fail_next(self, prefix: bytes, action: str) -> None:
-        self.actions.append((prefix, action))
+    def fail_next(self, prefix: bytes, action: str, *, after: int = 0) -> None:
+        self.actions.append([prefix, action, after])
 
     def sever(self) -> None:
         for t in list(self._transports):
@@ -70,6 +84,17 @@ class FaultProxy:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.server.wait_closed()
+
+    def _action_for(self, request: bytes) -> str | None:
+        """The action the request meets, if any (consumed), after the ``after`` requests it lets through."""
+        for i, (prefix, action, after) in enumerate(self.actions):
+            if request.startswith(prefix):
+                if after > 0:
+                    self.actions[i][2] = after - 1
+                    return None
+                del self.actions[i]
+                return str(action)
+        return None
 
     def _spawn(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
         task = asyncio.ensure_future(self._handle(cr, cw))
@@ -86,17 +111,15 @@ class FaultProxy:
             while data := await cr.read(65536):
                 if data[:8].split(b" ")[0] in (b"GET", b"POST", b"PATCH", b"DELETE", b"HEAD"):
                     self.requests.append(data.split(b"\r\n", 1)[0])
-                    for i, (prefix, action) in enumerate(self.actions):
-                        if data.startswith(prefix):
-                            del self.actions[i]
-                            if action == "503":
-                                self.refused += 1
-                                cw.write(SERVICE_UNAVAILABLE % (len(ENVELOPE), ENVELOPE))
-                                await cw.drain()
-                                cw.close()
-                                return
-                            dropping.set()
-                            break
+                    action = self._action_for(data)
+                    if action in REFUSALS:
+                        self.refused += 1
+                        cw.write(REFUSALS[action])
+                        await cw.drain()
+                        cw.close()
+                        return
+                    if action == "drop":
+                        dropping.set()
                 uw.write(data)
                 await uw.drain()
 

@@ -7,6 +7,7 @@ blocking). Bodies and answers are the wire types of ``scheduler_gateway.wire``; 
 
 from scheduler_gateway.wire.api import (
     AuditView,
+    BatchItemBody,
     CreateTaskBody,
     DeadLetterView,
     ErrorView,
@@ -27,6 +28,7 @@ from scheduler_gateway.wire.schedule_api import (
     UpdateScheduledTaskBody,
 )
 
+from ._batch import SubmitManyError
 from ._client import EventStream, GatewayClient
 from ._errors import (
     CONNECTION_FAILED,
@@ -56,6 +58,7 @@ from ._types import (
     Disconnect,
     Gap,
     ReadyView,
+    SubmitOutcome,
     SubmitResult,
     loads,
     raw,
@@ -68,6 +71,7 @@ __all__ = [
     "TASK_STATES",
     "TERMINAL_STATES",
     "AuditView",
+    "BatchItemBody",
     "CallbackDeadLetterView",
     "CheckView",
     "Conflict",
@@ -98,6 +102,8 @@ __all__ = [
     "RunView",
     "ScheduleBody",
     "ScheduledTaskView",
+    "SubmitManyError",
+    "SubmitOutcome",
     "SubmitResult",
     "SyncGatewayClient",
     "TaskAlreadyTerminal",

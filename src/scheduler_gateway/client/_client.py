@@ -206,9 +206,13 @@ class GatewayClient:
         chunk_size: int = MAX_BATCH,
     ) -> list[SubmitResult]:
         """Create many tasks through ``POST /api/tasks/batch``, ``chunk_size`` (at most 1000) per request.
-        Every item carries its own ``idempotencyKey`` (given, else a fresh uuid4), so a chunk is retried
-        whole after a lost answer or a 503 without creating anything twice. One result per item, in order:
-        its task, or its error; a chunk refused as a whole raises."""
+        Every item's ``idempotencyKey`` is settled before anything is sent (``idempotency_keys``, else the
+        key an item carries, else a fresh uuid4), so a chunk is retried whole after a lost answer or a 503
+        without creating anything twice. One ``SubmitResult`` per item, in order, with its key and
+        ``outcome``: ``created``, ``replayed`` or ``refused`` (the item alone: an outcome, not an exception).
+        A request that fails as a whole stops the call with ``SubmitManyError`` (also of the failure's own
+        class) carrying every item's outcome and key; ``submit_many(e.items)`` replays what was made and
+        creates only what is missing."""
         return await submit_batches(self, tasks, idempotency_keys, chunk_size)
 
     async def get(self, task_id: str) -> api.TaskView:

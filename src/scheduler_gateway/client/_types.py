@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 import msgspec
 
@@ -94,17 +94,34 @@ class _BatchView(msgspec.Struct, kw_only=True):
     items: list[_BatchItemView]
 
 
+SubmitOutcome = Literal["created", "replayed", "refused", "not_created", "unknown", "unsent"]
+"""What became of one item of ``submit_many`` (docs/CLIENT.md, Batches). With a task: ``created``, ``replayed``.
+Without: ``refused`` (the item alone, its own error), ``not_created`` (its request was refused as a whole),
+``unknown`` (its request got no usable answer: it may have been made), ``unsent`` (an earlier request failed)."""
+
+
 @dataclass(frozen=True)
 class SubmitResult:
     """One item of ``submit_many``, in request order: ``task`` (created, or ``replayed`` for a key used
-    before with the same body) or ``error`` (the exception the same request alone would have raised)."""
+    before with the same body) or ``error`` (the item's own refusal, the exception the same request alone
+    would have raised; or, for an item of a request that failed as a whole, that request's failure).
+    ``status`` is the item's own HTTP status, ``None`` when it has no answer of its own."""
 
     index: int
     idempotency_key: str
-    status: int
+    status: int | None
     task: TaskView | None = None
     replayed: bool = False
     error: GatewayClientError | None = field(default=None)
+    outcome: SubmitOutcome = None  # type: ignore[assignment]  # derived from the fields above when not given
+
+    def __post_init__(self) -> None:
+        if self.outcome is None:
+            if self.task is not None:
+                derived: SubmitOutcome = "replayed" if self.replayed else "created"
+            else:
+                derived = "refused" if self.status is not None else "unknown"
+            object.__setattr__(self, "outcome", derived)
 
     @property
     def ok(self) -> bool:
@@ -127,6 +144,7 @@ __all__ = [
     "ErrorView",
     "Gap",
     "ReadyView",
+    "SubmitOutcome",
     "SubmitResult",
     "loads",
     "raw",
