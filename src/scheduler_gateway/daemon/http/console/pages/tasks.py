@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 import msgspec
@@ -15,10 +15,14 @@ from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.model.records import AuditEntry, Task
 from scheduler_gateway.actors.ports import AuditQuery, TaskQuery
 from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.daemon.http.console.bulk import Confirmations
 from scheduler_gateway.daemon.http.console.pages.base import PAGE_SIZE, STATES, Pages
 from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
 from scheduler_gateway.wire.errors import Code, GatewayError, InvalidArgument, NotFound
 from scheduler_gateway.wire.ids import is_id
+
+if TYPE_CHECKING:
+    from scheduler_gateway.daemon.http.console.app import Console
 
 SCAN_LIMIT = 20_000  # rows one list page may scan for the filters the store cannot apply (label, thread, dates)
 BULK_BATCH = 50
@@ -31,6 +35,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "rework": frozenset({"succeeded", "failed"}),
 }
 BULK_ACTIONS = ("cancel", "retry")
+DONE_WORD = {"cancel": "canceled", "retry": "retried"}
+#: what a bulk action reports as "skipped because they changed": the task moved on since the confirmation
+#: (another revision), or it is gone (retention)
+CHANGED = frozenset({Code.REVISION_CONFLICT, Code.TASK_NOT_FOUND})
+CONFIRM_SHOWN = 50  # task ids the confirmation page lists (it acts on all it counts)
 EVENT_TYPES = (
     "task.created",
     "task.approved",
@@ -129,6 +138,10 @@ class TaskFilter(msgspec.Struct, kw_only=True):
 class TaskPages(Pages):
     """``/ui/tasks`` and below."""
 
+    def __init__(self, console: Console) -> None:
+        super().__init__(console)
+        self.confirmations = Confirmations()  # what the bulk confirmations of this console's sessions named
+
     def routes(self, r: web.UrlDispatcher) -> None:
         r.add_get("/ui/tasks", self.tasks)
         r.add_get("/ui/tasks/rows", self.task_rows)
@@ -196,48 +209,64 @@ class TaskPages(Pages):
         return self._render(request, "_task_rows.html", await self._task_list(request))
 
     async def bulk(self, request: web.Request) -> web.Response:
-        """Cancel or retry every task matching the filter: first a confirmation naming the count, then the
-        changes in batches, each through the task service (its own audit entry), plus one audit entry for the
-        whole bulk request."""
+        """Cancel or retry the tasks matching the filter, in two steps. Without a confirmation id: a page that
+        names the tasks it would act on (their count and ids), whose ids and revisions are kept server-side
+        under a random confirmation id bound to the session (``console/bulk.py``). With one: exactly those
+        tasks, in batches, each through the task service with the revision the confirmation saw (its own
+        history and audit entry), so a task that changed since is skipped and one that matches only now is
+        never touched; then one audit entry for the whole bulk request."""
         caller = self._writer(request)
+        session = self._session(request)
         form = await request.post()
         action = str(form.get("action", ""))
         if action not in BULK_ACTIONS:
             raise InvalidArgument("unknown bulk action", details={"field": "action"})
-        f = TaskFilter.of(form)
-        matching: list[Task] = []
-        cursor: str | None = None
-        while True:
-            items, cursor = await self._scan(caller, f, 500, cursor)
-            matching.extend(items)
-            if cursor is None:
-                break
-        candidates = [t for t in matching if t.state in ALLOWED[action]]
-        if form.get("confirm") != str(len(candidates)):
-            return self._render(
-                request,
-                "bulk_confirm.html",
-                {"action": action, "filter": f, "count": len(candidates), "total": len(matching)},
+        confirmation_id = str(form.get("confirmation", ""))
+        confirmed = self.confirmations.take(session.id, confirmation_id, action) if confirmation_id else None
+        if confirmed is None:
+            notice = (
+                "That confirmation expired or was already used; nothing was changed. This is what matches now."
+                if confirmation_id
+                else ""
             )
-        done, failed = 0, 0
-        for i in range(0, len(candidates), BULK_BATCH):
-            batch = candidates[i : i + BULK_BATCH]
+            return await self._confirm(request, caller, session.id, action, TaskFilter.of(form), notice)
+        done, skipped, refused = 0, 0, 0
+        refused_codes: dict[str, int] = {}
+        items = list(confirmed.tasks.items())
+        reason = "bulk cancel from the console" if action == "cancel" else None
+        for i in range(0, len(items), BULK_BATCH):
+            batch = items[i : i + BULK_BATCH]
             results = await asyncio.gather(
                 *(
-                    self.gw.service.act(
-                        caller, t.id, action, reason="bulk cancel from the console" if action == "cancel" else None
-                    )
-                    for t in batch
+                    self.gw.service.act(caller, task_id, action, expected_revision=revision, reason=reason)
+                    for task_id, revision in batch
                 ),
                 return_exceptions=True,
             )
             for res in results:
                 if isinstance(res, GatewayError):
-                    failed += 1
+                    if res.code in CHANGED:
+                        skipped += 1
+                    else:
+                        refused += 1
+                        refused_codes[res.code] = refused_codes.get(res.code, 0) + 1
                 elif isinstance(res, BaseException):
                     raise res
+                elif res[1]:  # a repeat: it was canceled meanwhile (a cancel repeats whatever the revision)
+                    skipped += 1
                 else:
                     done += 1
+        f = TaskFilter.of(confirmed.filter_args)
+        details: dict[str, Any] = {
+            "filter": f.query_args(),
+            "confirmed": len(items),
+            "matched": len(items),
+            "done": done,
+            "skipped": skipped,
+            "refused": refused,
+        }
+        if refused_codes:
+            details["refusedCodes"] = refused_codes
         await self.gw.store.append_audit(
             [
                 AuditEntry(
@@ -249,11 +278,46 @@ class TaskPages(Pages):
                     result="ok",
                     actor=caller.actor,
                     request_id=caller.request_id,
-                    details={"filter": f.query_args(), "matched": len(candidates), "done": done, "refused": failed},
+                    details=details,
                 )
             ]
         )
-        raise self._redirect("/ui/tasks?" + urlencode(f.query_args()), f"bulk {action}: {done} done, {failed} refused")
+        text = f"bulk {action}: {done} {DONE_WORD[action]}, {skipped} skipped because they changed"
+        if refused:
+            text += f", {refused} refused (" + ", ".join(f"{n} {c}" for c, n in sorted(refused_codes.items())) + ")"
+        raise self._redirect("/ui/tasks?" + urlencode(f.query_args()), text)
+
+    async def _confirm(
+        self, request: web.Request, caller: Caller, session_id: str, action: str, f: TaskFilter, notice: str
+    ) -> web.Response:
+        """The confirmation page: the tasks matching ``f`` now whose state allows ``action``, kept (id and
+        revision) under a new confirmation id that the page's form sends back."""
+        matching: list[Task] = []
+        cursor: str | None = None
+        while True:
+            items, cursor = await self._scan(caller, f, 500, cursor)
+            matching.extend(items)
+            if cursor is None:
+                break
+        candidates = [t for t in matching if t.state in ALLOWED[action]]
+        confirmation = (
+            self.confirmations.create(session_id, action, f.query_args(), {t.id: t.revision for t in candidates})
+            if candidates
+            else ""
+        )
+        return self._render(
+            request,
+            "bulk_confirm.html",
+            {
+                "action": action,
+                "filter": f,
+                "count": len(candidates),
+                "total": len(matching),
+                "confirmation": confirmation,
+                "shown": candidates[:CONFIRM_SHOWN],
+                "notice": notice,
+            },
+        )
 
     async def _task_context(self, request: web.Request, task_id: str) -> dict[str, Any]:
         caller = self._reader(request)

@@ -1,0 +1,63 @@
+"""What a bulk cancel / retry confirmed: the exact tasks (id and revision) the confirmation page named, kept in
+the daemon's memory under a random confirmation id that only the session it was shown to can use, once, before
+it expires. The action then acts on those tasks alone, each guarded by its revision, so a task created or
+changed after the confirmation is never touched (docs/CONSOLE.md, Bulk actions).
+
+In memory, like the sessions themselves (a restart signs everyone out, so it also forgets every confirmation);
+bounded: a few per session, a cap overall, each one as large as the set it names."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+
+import msgspec
+
+CONFIRM_TTL_S = 10 * 60
+PER_SESSION = 4  # a session's latest confirmations (several tabs); an older one is forgotten
+MAX_CONFIRMATIONS = 2_000
+
+
+class Confirmation(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    session_id: str
+    action: str
+    filter_args: dict[str, str]
+    tasks: dict[str, int]  # task id -> the revision the confirmation saw
+    expires_at: float
+
+
+class Confirmations:
+    def __init__(self, ttl_s: float = CONFIRM_TTL_S, clock: Callable[[], float] = time.time) -> None:
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._by_id: dict[str, Confirmation] = {}  # insertion order: oldest first
+
+    def create(self, session_id: str, action: str, filter_args: dict[str, str], tasks: dict[str, int]) -> str:
+        now = self._clock()
+        self._by_id = {k: c for k, c in self._by_id.items() if c.expires_at > now}
+        mine = [k for k, c in self._by_id.items() if c.session_id == session_id]
+        for k in mine[: max(0, len(mine) - PER_SESSION + 1)]:
+            del self._by_id[k]
+        while len(self._by_id) >= MAX_CONFIRMATIONS:
+            del self._by_id[next(iter(self._by_id))]
+        c = Confirmation(
+            id=secrets.token_urlsafe(24),
+            session_id=session_id,
+            action=action,
+            filter_args=dict(filter_args),
+            tasks=dict(tasks),
+            expires_at=now + self.ttl_s,
+        )
+        self._by_id[c.id] = c
+        return c.id
+
+    def take(self, session_id: str, confirmation_id: str, action: str) -> Confirmation | None:
+        """The confirmation, used up; None when it is unknown, expired, another session's or another action's
+        (and then it stays for its own session)."""
+        c = self._by_id.get(confirmation_id)
+        if c is None or c.session_id != session_id or c.action != action:
+            return None
+        del self._by_id[confirmation_id]
+        return c if c.expires_at > self._clock() else None
