@@ -1,6 +1,7 @@
 """Contract of the TaskStore port for cancel cascades, run against every implementation: a group of changes
 commits whole or not at all, a group that closes a subtree is refused while a task below it is still
-active, and no write leaves an active task under a canceled parent (or creates one under a terminal one)."""
+active, and no write leaves an active task under a canceled parent (or creates one under a terminal one).
+Also the console overview's counts (tasks by state and kind, the callback backlog), whole and of one owner."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from scheduler_gateway.wire.errors import Code, Conflict
 
-from .test_store_contract import assert_code, bump, create, harness, make_task, store, update
+from .test_store_contract import assert_code, bump, create, finish, harness, make_task, store, update
 
 __all__ = ["harness", "store"]  # the fixtures, imported for pytest
 
@@ -118,3 +119,18 @@ async def test_task_counts_group_by_state_and_kind(store: Any) -> None:
     assert sorted(await store.task_counts()) == [("failed", "work", 1), ("queued", "echo", 3)]
     assert sorted(await store.task_counts("alice")) == [("failed", "work", 1), ("queued", "echo", 2)]
     assert await store.task_counts("nobody") == []
+
+
+async def test_callback_backlog_of_an_owner_counts_its_tasks_deliveries(store: Any) -> None:
+    """The overview of a user shows the deliveries of its own tasks only; an admin's, every delivery."""
+    tasks = [make_task(n, owner=owner) for n, owner in enumerate(["alice", "bob", "bob", "carol"], start=1)]
+    await store.apply_many([create(t) for t in tasks])
+    await store.apply_many([finish(t, n) for n, t in enumerate(tasks[:3], start=1)])  # carol's has none
+    assert await store.callback_backlog() == 3
+    assert await store.callback_backlog(None) == 3
+    assert (await store.callback_backlog("alice"), await store.callback_backlog("bob")) == (1, 2)
+    assert await store.callback_backlog("carol") == 0 and await store.callback_backlog("nobody") == 0
+    (first, *_) = await store.pending_callbacks(10)  # alice's (the lowest id among equal due times)
+    await store.finish_callback(first.id)
+    assert first.owner == "alice" and await store.callback_backlog("alice") == 0
+    assert await store.callback_backlog() == 2 and await store.callback_backlog("bob") == 2

@@ -93,6 +93,7 @@ SUITES: dict[type, list[tuple[ModuleType, str]]] = {
         (contract, "test_callback_reschedule_finish_and_dead_letter"),
         (contract, "test_callback_dead_letters_list_by_owner_and_task_with_paging"),
         (contract, "test_redeliver_takes_the_letter_once"),
+        (cascade, "test_callback_backlog_of_an_owner_counts_its_tasks_deliveries"),
     ],
 }
 

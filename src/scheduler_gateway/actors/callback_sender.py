@@ -319,6 +319,10 @@ class CallbackSender(LoopActor):
         )
 
     # -- the callback dead-letter queue (the admin API) ------------------------------------------------
+    async def pending_of(self, user: str, is_admin: bool) -> int:
+        """Deliveries not yet made, counted by the store: of the user's own tasks, or of every task (an admin)."""
+        return await self._store.callback_backlog(None if is_admin else user)
+
     async def list_dead_letters(self, user: str, is_admin: bool, query: CallbackDeadLetterQuery) -> Page:
         if not is_admin:
             query = CallbackDeadLetterQuery(owner=user, task_id=query.task_id, limit=query.limit, cursor=query.cursor)

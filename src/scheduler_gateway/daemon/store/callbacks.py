@@ -25,6 +25,7 @@ from scheduler_gateway.daemon.store.common import (
 from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
 
 _SQL_INSERT_CALLBACK_LETTER = "INSERT INTO callback_dead_letters (id, task_id, owner, doc) VALUES (?, ?, ?, ?)"
+_SQL_BACKLOG_OF_OWNER = "SELECT count(*) FROM callback_deliveries d JOIN tasks t ON t.id = d.task_id WHERE t.owner = ?"
 _decode_callback = doc_decoder(CallbackDelivery)
 _decode_callback_letter = doc_decoder(CallbackDeadLetter)
 
@@ -48,8 +49,11 @@ class SqliteCallbacks:
         rows = await self._db.fetchall(sql, args)
         return decode_rows(_decode_callback, rows, "callback delivery")
 
-    async def callback_backlog(self) -> int:
-        rows = await self._db.fetchall("SELECT count(*) FROM callback_deliveries")
+    async def callback_backlog(self, owner: str | None = None) -> int:
+        if owner is None:
+            rows = await self._db.fetchall("SELECT count(*) FROM callback_deliveries")
+        else:  # each delivery's task by its primary key (the owner is a column: the task's document is not read)
+            rows = await self._db.fetchall(_SQL_BACKLOG_OF_OWNER, (owner,))
         return int(rows[0][0])
 
     async def reschedule_callback(self, delivery: CallbackDelivery) -> None:

@@ -1,6 +1,7 @@
 """The console's small in-memory history of the daemon's own counters: per minute over the last hour, the
-tasks that finished (tasks/s) and the queue latency of the tasks claimed (from queued to claimed). Fed by a
-task service listener (every committed transition), drawn as server-side SVG."""
+tasks that finished (tasks/s) and the queue latency of the tasks claimed (from queued to claimed), of every
+task and of each owner's (a ``user``'s overview shows its own). Fed by a task service listener (every committed
+transition), drawn as server-side SVG."""
 
 from __future__ import annotations
 
@@ -14,14 +15,42 @@ MINUTES = 60
 FINISHED = frozenset({"succeeded", "failed", "dead", "canceled"})
 
 
-class Minute:
-    __slots__ = ("claimed", "finished", "latency_sum", "minute")
+class Counts:
+    __slots__ = ("claimed", "finished", "latency_sum")
 
-    def __init__(self, minute: int) -> None:
-        self.minute = minute
+    def __init__(self) -> None:
         self.finished = 0
         self.claimed = 0
         self.latency_sum = 0.0
+
+    def add(self, other: Counts) -> None:
+        self.finished += other.finished
+        self.claimed += other.claimed
+        self.latency_sum += other.latency_sum
+
+    @property
+    def mean_latency_s(self) -> float:
+        return self.latency_sum / self.claimed if self.claimed else 0.0
+
+
+class Minute:
+    """One minute's counts: of every task, and of each owner's (the figures a ``user`` sees)."""
+
+    __slots__ = ("all", "by_owner", "minute")
+
+    def __init__(self, minute: int) -> None:
+        self.minute = minute
+        self.all = Counts()
+        self.by_owner: dict[str, Counts] = {}
+
+    def of(self, owner: str | None) -> Counts | None:
+        return self.all if owner is None else self.by_owner.get(owner)
+
+    def counts_for(self, owner: str) -> tuple[Counts, Counts]:
+        mine = self.by_owner.get(owner)
+        if mine is None:
+            mine = self.by_owner[owner] = Counts()
+        return self.all, mine
 
 
 class CounterHistory:
@@ -40,27 +69,38 @@ class CounterHistory:
     def on_transition(self, tr: sm.Transition) -> None:
         now = self._clock()
         if tr.task.state in FINISHED and (tr.before is None or tr.before.state not in FINISHED):
-            self._slot(now).finished += 1
+            for c in self._slot(now).counts_for(tr.task.owner):
+                c.finished += 1
         if tr.action == "claim" and tr.before is not None:
             queued_at = max(tr.before.updated_at or 0.0, tr.before.not_before or 0.0)
-            slot = self._slot(now)
-            slot.claimed += 1
-            slot.latency_sum += max(0.0, now - queued_at)
+            for c in self._slot(now).counts_for(tr.task.owner):
+                c.claimed += 1
+                c.latency_sum += max(0.0, now - queued_at)
 
-    def series(self) -> tuple[list[float], list[float]]:
-        """(tasks/s, mean queue latency in s) per minute, oldest first, the current minute last."""
+    def _minutes(self, owner: str | None) -> list[Counts | None]:
+        """The counts of every minute of the last hour (of ``owner``'s tasks, or of all), oldest first."""
         now_minute = int(self._clock() // 60)
-        rate: list[float] = []
-        latency: list[float] = []
+        out: list[Counts | None] = []
         for m in range(now_minute - MINUTES + 1, now_minute + 1):
             slot = self._slots[m % MINUTES]
-            if slot.minute != m:
-                rate.append(0.0)
-                latency.append(0.0)
-                continue
-            rate.append(slot.finished / 60.0)
-            latency.append(slot.latency_sum / slot.claimed if slot.claimed else 0.0)
+            out.append(slot.of(owner) if slot.minute == m else None)
+        return out
+
+    def series(self, owner: str | None = None) -> tuple[list[float], list[float]]:
+        """(tasks/s, mean queue latency in s) per minute, oldest first, the current minute last: of the tasks of
+        ``owner``, or of every task (None)."""
+        minutes = self._minutes(owner)
+        rate = [c.finished / 60.0 if c else 0.0 for c in minutes]
+        latency = [c.mean_latency_s if c else 0.0 for c in minutes]
         return rate, latency
+
+    def totals(self, owner: str | None = None) -> Counts:
+        """The last hour's counts together (of ``owner``'s tasks, or of every task)."""
+        total = Counts()
+        for c in self._minutes(owner):
+            if c is not None:
+                total.add(c)
+        return total
 
 
 def chart(values: list[float], unit: str, width: int = 600, height: int = 120) -> dict[str, Any]:

@@ -35,8 +35,14 @@ class PgCallbacks:
             )
         return decode_rows(_decode_callback, rows, "callback delivery")
 
-    async def callback_backlog(self) -> int:
-        rows = await self._db.fetch("SELECT count(*) FROM callback_deliveries")
+    async def callback_backlog(self, owner: str | None = None) -> int:
+        if owner is None:
+            rows = await self._db.fetch("SELECT count(*) FROM callback_deliveries")
+        else:  # each delivery's task by its primary key
+            rows = await self._db.fetch(
+                "SELECT count(*) FROM callback_deliveries d JOIN tasks t ON t.id = d.task_id WHERE t.owner = %s",
+                (owner,),
+            )
         return int(rows[0][0])
 
     async def reschedule_callback(self, delivery: CallbackDelivery) -> None:

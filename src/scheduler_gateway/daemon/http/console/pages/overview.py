@@ -22,9 +22,12 @@ class OverviewPages(Pages):
         r.add_get("/ui/stream", self.stream)
 
     async def overview(self, request: web.Request) -> web.Response:
+        """Every figure counts the caller's own tasks for a ``user``, every task for an admin or a viewer."""
         caller = self._reader(request)
+        owner = None if caller.is_admin else caller.user
         counts = await self._counts(caller)
-        rate, latency = self.console.history.series()
+        rate, latency = self.console.history.series(owner)
+        last_hour = self.console.history.totals(owner)
         letters = await self.gw.store.list_dead_letters(
             DeadLetterQuery(owner=None if caller.is_admin else caller.user, limit=10)
         )
@@ -41,7 +44,10 @@ class OverviewPages(Pages):
                 "latency": chart(latency, "s"),
                 "letters": letters.items,
                 "callback_letters": cb.items,
-                "callback_backlog": self.gw.callbacks.backlog,
+                "finished_hour": last_hour.finished,
+                "claimed_hour": last_hour.claimed,
+                "latency_hour": f"{last_hour.mean_latency_s:.3g} s",
+                "callback_backlog": await self.gw.callbacks.pending_of(caller.user, caller.is_admin),
                 "nodes": nodes,
             },
         )
