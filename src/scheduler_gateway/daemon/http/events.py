@@ -47,6 +47,13 @@ _SEQ_RE = re.compile(r"[0-9]{1,20}", re.ASCII)
 MAX_TYPES = 50
 MAX_SEQ = 2**64 - 1  # JetStream sequences are unsigned 64-bit
 
+#: Set on a request by whoever authenticated it when what it signed in with can end while the stream is open (the
+#: console's session, ``/ui/stream``): checked before every write and at least every ``ALIVE_CHECK_S`` while the
+#: stream waits; once it answers False the stream ends with ``SESSION_ENDED`` and nothing more is written.
+STREAM_ALIVE = web.RequestKey[Callable[[], bool]]("stream_alive")
+ALIVE_CHECK_S = 0.5
+SESSION_ENDED = "SESSION_ENDED"
+
 
 class SseSettings(msgspec.Struct, frozen=True, kw_only=True):
     keepalive_s: float = 15.0  # a ``: ping`` comment this often keeps proxies from closing an idle stream
@@ -170,8 +177,9 @@ class EventsApi:
         self, request: web.Request, resp: EventSourceResponse, sub: Subscriber, replay: Replay | None
     ) -> None:
         timeout_s = self.settings.send_timeout_s
+        alive = request.get(STREAM_ALIVE)
 
-        async def write(data: bytes) -> None:
+        async def send(data: bytes) -> None:
             try:
                 async with asyncio.timeout(timeout_s):
                     await resp.write(data)
@@ -180,6 +188,10 @@ class EventsApi:
                     request.transport.abort()
                 raise
 
+        async def write(data: bytes) -> None:
+            if not self._ended(alive, sub):  # no event for a session that ended, not even one already taken
+                await send(data)
+
         if replay is not None:
             try:
                 await self.hub.replay_into(sub, replay, write)
@@ -187,6 +199,7 @@ class EventsApi:
                 sub.close(UNAVAILABLE, f"the event stream is unavailable ({exc.message}); reconnect to resume")
                 self.metrics.sse_disconnects.labels(UNAVAILABLE).inc()
         while True:
+            self._ended(alive, sub)
             frames = sub.take()
             if frames:
                 await write(b"".join(frames))
@@ -195,9 +208,28 @@ class EventsApi:
                 reason, message = sub.closed
                 if reason != CLIENT_GONE:  # the hub counted its own reasons when it closed the stream
                     with contextlib.suppress(ConnectionResetError, TimeoutError):
-                        await write(disconnect_frame(reason, message))
+                        await send(disconnect_frame(reason, message))
                 return
+            await self._wait(sub, alive)
+
+    def _ended(self, alive: Callable[[], bool] | None, sub: Subscriber) -> bool:
+        """Whether the session the stream was opened with has ended; if so ``sub`` is closed with SESSION_ENDED."""
+        if alive is None or alive():
+            return False
+        if sub.closed is None:
+            sub.close(SESSION_ENDED, "the session ended (signed out, expired or revoked); sign in again")
+            self.metrics.sse_disconnects.labels(SESSION_ENDED).inc()
+        return True
+
+    @staticmethod
+    async def _wait(sub: Subscriber, alive: Callable[[], bool] | None) -> None:
+        """Until there is something for ``sub``, or at most ALIVE_CHECK_S when its session must be checked."""
+        if alive is None:
             await sub.wake.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(ALIVE_CHECK_S):
+                await sub.wake.wait()
 
 
 def event_routes(api: EventsApi) -> Callable[[web.Application], None]:

@@ -6,10 +6,13 @@ It holds no rule of its own: every read and change goes through the same service
 session, so owner isolation, the state machine, revisions and audit are the API's. A viewer reads like an
 admin and every change it posts answers 403.
 
-Security: the session cookie is ``HttpOnly`` and ``SameSite=Strict``; every changing request carries the
+Security: the session cookie is ``HttpOnly`` and ``SameSite=Strict``; sessions are capped per user and sign-in is
+rate-limited per client address (``sessions.py``), so no one can sign others out; every changing request carries the
 session's CSRF token (form field ``csrf`` or header ``X-CSRF-Token``); every ``/ui/`` answer has a strict
 ``Content-Security-Policy`` (scripts and styles from ``/ui/static/`` only, nothing inline); templates escape
-every value (Jinja2 autoescape).
+every value (Jinja2 autoescape). Nothing secret or user-supplied goes in a URL the console makes: a status line after
+an action is the session's flash (kept by this middleware from the handler's ``FlashRedirect``), never a query
+parameter, and the live stream (``/ui/stream``) ends when its session does (``STREAM_ALIVE``).
 
 The pages live in ``console/pages/``, one module per group (sign-in, overview, tasks, dead letters, schedules,
 nodes); ``Console`` holds the shared state, installs their routes and the console's middleware.
@@ -30,6 +33,7 @@ from scheduler_gateway.daemon.http.console.pages.base import (
     PAGE_SIZE,
     SESSION,
     STATES,
+    FlashRedirect,
     Pages,
     pretty_json,
     render,
@@ -52,10 +56,11 @@ from scheduler_gateway.daemon.http.console.pages.tasks import (
     TaskFilter,
     TaskPages,
 )
-from scheduler_gateway.daemon.http.console.sessions import Session, Sessions, csrf_ok
+from scheduler_gateway.daemon.http.console.sessions import LoginCsrf, Session, Sessions, SignInLimiter, csrf_ok
 from scheduler_gateway.daemon.http.console.stats import CounterHistory
 from scheduler_gateway.daemon.http.console.viewer import VIEWER, viewer_guard
 from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
+from scheduler_gateway.daemon.http.events import STREAM_ALIVE
 from scheduler_gateway.wire.errors import Forbidden, GatewayError
 from scheduler_gateway.wire.redact import redact_url
 
@@ -102,9 +107,21 @@ PAGE_GROUPS: tuple[type[Pages], ...] = (
 
 
 class Console:
-    def __init__(self, gw: ConsoleHost) -> None:
+    """The console's shared state: ``sessions``, the sign-in form's CSRF key (``login_csrf``) and the sign-in rate
+    limit (``sign_in_limit``), each replaceable (tests give smaller limits and their own clock)."""
+
+    def __init__(
+        self,
+        gw: ConsoleHost,
+        *,
+        sessions: Sessions | None = None,
+        login_csrf: LoginCsrf | None = None,
+        sign_in_limit: SignInLimiter | None = None,
+    ) -> None:
         self.gw = gw
-        self.sessions = Sessions()
+        self.sessions = sessions or Sessions()
+        self.login_csrf = login_csrf or LoginCsrf()
+        self.sign_in_limit = sign_in_limit or SignInLimiter()
         self.history = CounterHistory()
         gw.service.add_listener(self.history.on_transition)
 
@@ -138,6 +155,8 @@ class Console:
         session = self.sessions.get(request)
         if session is not None:
             request[SESSION] = session
+            sessions = self.sessions
+            request[STREAM_ALIVE] = lambda: sessions.alive(session)  # /ui/stream ends with the session
         try:
             if session is None and not public and request.match_info.http_exception is None:
                 if request.headers.get("HX-Request"):
@@ -150,6 +169,8 @@ class Console:
             else:
                 response = await handler(request)
         except web.HTTPRedirection as redirect:  # raised by a handler; answered as a plain response
+            if isinstance(redirect, FlashRedirect) and redirect.flash and session is not None:
+                session.flash = redirect.flash  # shown once on the next page: status lines never come from a URL
             response = see_other(redirect.headers.get("Location", "/ui/"))
         except GatewayError as exc:
             response = render(

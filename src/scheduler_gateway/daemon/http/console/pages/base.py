@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode
 
 import aiohttp_jinja2
 import jinja2
@@ -50,15 +49,29 @@ def ts(value: float | None) -> str:
     return fmt_ts(value) or "–"
 
 
+class FlashRedirect(web.HTTPSeeOther):
+    """A redirect after an action, with the status line to show once on the next page (``Pages._redirect``): the
+    console's middleware keeps ``flash`` in the session, never in the URL."""
+
+    def __init__(self, location: str, flash: str | None) -> None:
+        super().__init__(location)
+        self.flash = flash
+
+
 def render(request: web.Request, name: str, context: dict[str, Any], status: int = 200) -> web.Response:
-    """A template with what every page shows (the session, whether it may write, its CSRF token, a message)."""
+    """A template with what every page shows (the session, whether it may write, its CSRF token, its flash).
+
+    A full page takes the session's flash (it is shown this once); an htmx fragment leaves it for the next page."""
     session = request.get(SESSION)
+    flash = ""
+    if session is not None and session.flash and not request.headers.get("HX-Request"):
+        flash, session.flash = session.flash, None
     ctx = {
         "session": session,
         "can_write": session is not None and session.role != VIEWER,
         "csrf": session.csrf if session is not None else "",
         "path": request.path,
-        "message": request.query.get("msg", "")[:200],
+        "flash": flash,
         **context,
     }
     return aiohttp_jinja2.render_template(name, request, ctx, app_key=JINJA_KEY, status=status)
@@ -95,9 +108,8 @@ class Pages:
 
     @staticmethod
     def _redirect(location: str, msg: str | None = None) -> web.HTTPSeeOther:
-        if msg:
-            location += ("&" if "?" in location else "?") + urlencode({"msg": msg})
-        return web.HTTPSeeOther(location)
+        """A redirect (to raise) to ``location``; ``msg`` is shown once on the next page, from the session."""
+        return FlashRedirect(location, msg[:200] if msg else None)
 
     @staticmethod
     def _id(request: web.Request, prefix: str, code: str) -> str:

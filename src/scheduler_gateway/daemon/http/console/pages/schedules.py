@@ -24,13 +24,17 @@ def local_wall_time(at: float, timezone: str) -> str:
     return datetime.fromtimestamp(at, ZoneInfo(timezone)).replace(tzinfo=None).isoformat(timespec="seconds")
 
 
+#: The form fields of a schedule's spec: all that the live preview sends and reads.
+SPEC_FIELDS = ("type", "cron", "runAt", "timezone")
+
+
 class SchedulePages(Pages):
     """``/ui/schedules`` and below."""
 
     def routes(self, r: web.UrlDispatcher) -> None:
         r.add_get("/ui/schedules", self.schedules)
         r.add_get("/ui/schedules/new", self.schedule_new)
-        r.add_get("/ui/schedules/preview", self.schedule_preview)
+        r.add_post("/ui/schedules/preview", self.schedule_preview)
         r.add_post("/ui/schedules", self.schedule_create)
         r.add_get("/ui/schedules/{id}", self.schedule_page)
         r.add_get("/ui/schedules/{id}/edit", self.schedule_edit)
@@ -81,7 +85,11 @@ class SchedulePages(Pages):
         }
 
     async def schedule_preview(self, request: web.Request) -> web.Response:
-        return self._render(request, "_preview.html", {"preview": self._preview(request.query)})
+        """The form's live preview: a POST of the spec fields alone (the form sends nothing else), so neither the
+        CSRF token nor the payload is ever in a URL."""
+        form = await request.post()
+        spec = {k: form[k] for k in SPEC_FIELDS if isinstance(form.get(k), str)}
+        return self._render(request, "_preview.html", {"preview": self._preview(spec)})
 
     def _template_body(self, form: Any) -> sa.TemplateBody:
         raw: dict[str, Any] = {"kind": str(form.get("kind") or "").strip()}

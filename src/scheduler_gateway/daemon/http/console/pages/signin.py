@@ -1,14 +1,23 @@
-"""Sign-in and sign-out: a bearer token for a session cookie (docs/CONSOLE.md)."""
+"""Sign-in and sign-out: a bearer token for a session cookie (docs/CONSOLE.md, Signing in).
+
+Every ``POST /ui/login`` first takes a token from its client address's bucket (429 when it is empty), then needs
+the form's CSRF token (bound to this process, ``LoginCsrf``), then a valid API token."""
 
 from __future__ import annotations
 
-import secrets
+import math
 
 from aiohttp import web
 
 from scheduler_gateway.daemon.http.console.pages.base import Pages, see_other
-from scheduler_gateway.daemon.http.console.sessions import COOKIE, LOGIN_COOKIE, SESSION_TTL_S, csrf_ok, set_cookie
+from scheduler_gateway.daemon.http.console.sessions import (
+    COOKIE,
+    LOGIN_COOKIE,
+    client_address,
+    set_cookie,
+)
 from scheduler_gateway.daemon.http.input import bearer_token_text
+from scheduler_gateway.wire.errors import Unavailable
 
 
 class SignInPages(Pages):
@@ -24,29 +33,47 @@ class SignInPages(Pages):
         raise web.HTTPSeeOther("/ui/")
 
     async def login_form(self, request: web.Request, error: str = "", status: int = 200) -> web.Response:
-        login_csrf = secrets.token_urlsafe(24)
+        nonce, login_csrf = self.console.login_csrf.issue()
         resp = self._render(request, "login.html", {"login_csrf": login_csrf, "error": error}, status=status)
-        set_cookie(request, resp, LOGIN_COOKIE, login_csrf, 3600, production=self.gw.settings.production)
+        ttl = int(self.console.login_csrf.ttl_s)
+        set_cookie(request, resp, LOGIN_COOKIE, nonce, ttl, production=self.gw.settings.production)
         return resp
 
     async def login(self, request: web.Request) -> web.StreamResponse:
+        wait_s = self.console.sign_in_limit.take(client_address(request))
+        if wait_s > 0:
+            retry_after = max(1, math.ceil(wait_s))
+            resp = await self.login_form(
+                request,
+                f"Too many sign-in attempts from your address; wait {retry_after} s and try again.",
+                429,
+            )
+            resp.headers["Retry-After"] = str(retry_after)
+            return resp
         form = await request.post()
         given = form.get("csrf")
-        expected = request.cookies.get(LOGIN_COOKIE, "")
-        if not expected or not csrf_ok(expected, given if isinstance(given, str) else None):
+        if not self.console.login_csrf.check(
+            request.cookies.get(LOGIN_COOKIE), given if isinstance(given, str) else None
+        ):
             return await self.login_form(request, "The sign-in form expired; try again.", 403)
         token = form.get("token")
         token = token.strip() if isinstance(token, str) else ""
         principal = None
+        digest = ""
         if token and bearer_token_text(token):
             from scheduler_gateway.daemon.http.app import token_hash
 
-            principal = await self.gw.store.get_principal(token_hash(token))
+            digest = token_hash(token)
+            principal = await self.gw.store.get_principal(digest)
         if principal is None:
             return await self.login_form(request, "That token is not valid.", 401)
-        session = self.console.sessions.create(principal.user, principal.role)
+        try:
+            session = self.console.sessions.create(principal.user, principal.role, digest)
+        except Unavailable as exc:
+            return await self.login_form(request, exc.message, 503)
         resp = see_other("/ui/")
-        set_cookie(request, resp, COOKIE, session.id, SESSION_TTL_S, production=self.gw.settings.production)
+        ttl = int(self.console.sessions.ttl_s)
+        set_cookie(request, resp, COOKIE, session.id, ttl, production=self.gw.settings.production)
         resp.del_cookie(LOGIN_COOKIE, path="/ui/")
         return resp
 
