@@ -9,7 +9,9 @@ from playwright.async_api import Browser, expect
 
 from scheduler_gateway.actors.task_service import Caller, NewTask
 from scheduler_gateway.daemon.gateway import Gateway
+from scheduler_gateway.daemon.http.console import bulk
 from scheduler_gateway.daemon.http.console.bulk import Confirmations
+from scheduler_gateway.wire.errors import InvalidArgument
 
 from ..integration.harness import ALICE_TOKEN, Api
 from .test_console_browser import base, signed_in
@@ -69,3 +71,9 @@ def test_a_confirmation_is_bound_to_its_session_used_once_and_expires() -> None:
     # a session keeps only its few latest confirmations
     ids = [c.create("session-a", "cancel", {}, {f"tsk_{i}": 1}) for i in range(10)]
     assert c.take("session-a", ids[0], "cancel") is None and c.take("session-a", ids[-1], "cancel") is not None
+    # bounded: one confirmation names at most MAX_TASKS; together they hold at most MAX_HELD_TASKS (oldest go)
+    with pytest.raises(InvalidArgument, match="narrow the filter"):
+        c.create("session-a", "cancel", {}, dict.fromkeys((f"tsk_{i}" for i in range(bulk.MAX_TASKS + 1)), 1))
+    big = dict.fromkeys((f"tsk_{i}" for i in range(bulk.MAX_TASKS)), 1)
+    held = [c.create(f"session-{n}", "cancel", {}, big) for n in range(bulk.MAX_HELD_TASKS // bulk.MAX_TASKS + 1)]
+    assert c.take("session-0", held[0], "cancel") is None and c.take("session-5", held[-1], "cancel") is not None

@@ -4,7 +4,7 @@ it expires. The action then acts on those tasks alone, each guarded by its revis
 changed after the confirmation is never touched (docs/CONSOLE.md, Bulk actions).
 
 In memory, like the sessions themselves (a restart signs everyone out, so it also forgets every confirmation);
-bounded: a few per session, a cap overall, each one as large as the set it names."""
+bounded: a few per session, a cap on the tasks one names and on the tasks all of them hold together."""
 
 from __future__ import annotations
 
@@ -14,9 +14,13 @@ from collections.abc import Callable
 
 import msgspec
 
+from scheduler_gateway.wire.errors import InvalidArgument
+
 CONFIRM_TTL_S = 10 * 60
 PER_SESSION = 4  # a session's latest confirmations (several tabs); an older one is forgotten
 MAX_CONFIRMATIONS = 2_000
+MAX_TASKS = 100_000  # one confirmation names at most this many tasks (narrow the filter beyond)
+MAX_HELD_TASKS = 500_000  # task ids held by every confirmation together; the oldest go first
 
 
 class Confirmation(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,13 +39,18 @@ class Confirmations:
         self._by_id: dict[str, Confirmation] = {}  # insertion order: oldest first
 
     def create(self, session_id: str, action: str, filter_args: dict[str, str], tasks: dict[str, int]) -> str:
+        if len(tasks) > MAX_TASKS:
+            raise InvalidArgument(
+                f"a bulk action takes at most {MAX_TASKS} tasks at once ({len(tasks)} match): narrow the filter"
+            )
         now = self._clock()
         self._by_id = {k: c for k, c in self._by_id.items() if c.expires_at > now}
         mine = [k for k, c in self._by_id.items() if c.session_id == session_id]
         for k in mine[: max(0, len(mine) - PER_SESSION + 1)]:
             del self._by_id[k]
-        while len(self._by_id) >= MAX_CONFIRMATIONS:
-            del self._by_id[next(iter(self._by_id))]
+        held = sum(len(c.tasks) for c in self._by_id.values())
+        while self._by_id and (len(self._by_id) >= MAX_CONFIRMATIONS or held + len(tasks) > MAX_HELD_TASKS):
+            held -= len(self._by_id.pop(next(iter(self._by_id))).tasks)
         c = Confirmation(
             id=secrets.token_urlsafe(24),
             session_id=session_id,
