@@ -39,6 +39,7 @@ from scheduler_gateway.daemon.nats.embedded import (
     running_server_pid,
 )
 from scheduler_gateway.daemon.nats.nats_server import MAX_PAYLOAD_BYTES, find_binary, port_in_use
+from scheduler_gateway.daemon.store.integrity import CHECK_BUDGET_S, inspect_sqlite_file
 from scheduler_gateway.daemon.store.probe import describe_version, known_version, probe_postgres, sqlite_schema_version
 from scheduler_gateway.wire.redact import redact_url
 
@@ -152,9 +153,11 @@ def _probe_sqlite(uri: str) -> None:
         conn.close()
 
 
-def check_store(config: Config, data_dir_ok: bool = True) -> CheckResult:
+def check_store(config: Config, data_dir_ok: bool = True, *, deep: bool = False) -> CheckResult:
     """The store answers and takes a write (in a transaction rolled back), or could be created; its kind, its
-    URL (redacted) and its schema version. PostgreSQL: ``store/probe.py``."""
+    URL (redacted) and its schema version. PostgreSQL: ``store/probe.py``. An existing SQLite file is first
+    checked read-only (``store/integrity.py``: SQLite's ``quick_check`` within ``CHECK_BUDGET_S``, with
+    ``deep`` its ``integrity_check``); a damaged one fails with the remedy and is never written to."""
     location = config.store_location
     if location.kind == "postgresql":
         answer = probe_postgres(location)
@@ -164,12 +167,16 @@ def check_store(config: Config, data_dir_ok: bool = True) -> CheckResult:
         return CheckResult("store", False, f"{path} not checked: the data dir is not usable")
     try:
         if path.exists():
+            verdict = inspect_sqlite_file(path, deep=deep, budget_s=None if deep else CHECK_BUDGET_S)
+            if not verdict.ok:
+                return CheckResult("store", False, verdict.detail)
             # mode=rw: never create a database where the store adapter expects its own
             _probe_sqlite(path.absolute().as_uri() + "?mode=rw")
             ok, version = describe_version(
                 sqlite_schema_version(path.absolute().as_uri() + "?mode=ro"), known_version("sqlite")
             )
-            return CheckResult("store", ok, f"sqlite {path} opens and is writable, {version}")
+            detail = f"sqlite {path} opens and is writable, {version}" + (f"; {verdict.note}" if verdict.note else "")
+            return CheckResult("store", ok, detail, warning=ok and not verdict.complete and bool(verdict.note))
         probe = path.with_name(f".{path.name}.check-probe")
         try:
             _probe_sqlite(probe.absolute().as_uri() + "?mode=rwc")
@@ -305,12 +312,13 @@ def check_embedded_nats(config: Config) -> list[CheckResult]:
 # --------------------------------------------------------------------------- all of them
 
 
-def run_checks(config: Config) -> list[CheckResult]:
-    """Every check, in order. Runs its own event loop for NATS: call it where no loop is running."""
+def run_checks(config: Config, *, deep: bool = False) -> list[CheckResult]:
+    """Every check, in order. Runs its own event loop for NATS: call it where no loop is running. ``deep``:
+    the store file's full ``integrity_check`` instead of the time-bounded ``quick_check``."""
     results = [check_config(config)]
     data_dir = check_data_dir(config)
     results.append(data_dir)
-    results.append(check_store(config, data_dir_ok=data_dir.ok))
+    results.append(check_store(config, data_dir_ok=data_dir.ok, deep=deep))
     if config.embedded_nats:
         results.extend(check_embedded_nats(config))
     else:
@@ -328,14 +336,14 @@ def format_checks(results: list[CheckResult]) -> str:
     return "\n".join(lines)
 
 
-def check_main(config_path: Path | None, env: Mapping[str, str] | None = None) -> int:
-    """``gatewayd check``: print the lines; 0 when every check passes (warnings allowed), else 1."""
+def check_main(config_path: Path | None, env: Mapping[str, str] | None = None, *, deep: bool = False) -> int:
+    """``gatewayd check [--deep]``: print the lines; 0 when every check passes (warnings allowed), else 1."""
     try:
         config = load_config(config_path, os.environ if env is None else env)
     except ConfigError as exc:
         print(format_checks([CheckResult("config", False, p) for p in exc.problems]))
         return 1
-    results = run_checks(config)
+    results = run_checks(config, deep=deep)
     print(format_checks(results))
     sys.stdout.flush()
     return 0 if all(r.ok for r in results) else 1

@@ -28,10 +28,12 @@ from scheduler_gateway.daemon.gateway import Gateway, GatewaySettings
 from scheduler_gateway.daemon.http.app import HttpSettings
 from scheduler_gateway.daemon.nats.embedded import DataDirInUse, EmbeddedNats
 from scheduler_gateway.daemon.store.backup import backup_main
+from scheduler_gateway.daemon.store.integrity import NEWER_REMEDY, RUN_BUDGET_S, inspect_sqlite_file
 from scheduler_gateway.daemon.store.select import Store
 from scheduler_gateway.daemon.store.transfer import export_main, import_main
 from scheduler_gateway.daemon.systemd_notify import SystemdNotifier
 from scheduler_gateway.daemon.tokens_cli import add_token_parser, create_principal, token_main
+from scheduler_gateway.wire.errors import GatewayError
 
 log = logging.getLogger("gatewayd")
 
@@ -108,7 +110,35 @@ def _load(path: Path | None) -> Config:
         raise SystemExit(2) from None
 
 
+def _store_file_problem(config: Config) -> str | None:
+    """Before anything starts: a SQLite store file that is damaged or of a newer schema is refused with one line
+    naming it and the remedy (``store/integrity.py``, read-only: nothing is written to it). Start-up spends at
+    most ``RUN_BUDGET_S`` on SQLite's ``quick_check``; ``gatewayd check --deep`` runs the full check."""
+    if config.store_location.kind != "sqlite":
+        return None
+    verdict = inspect_sqlite_file(config.store_path, budget_s=RUN_BUDGET_S)
+    if not verdict.ok:
+        return verdict.detail
+    if verdict.note:
+        log.info("task store %s: %s", config.store_path, verdict.note)
+    return None
+
+
+def _start_failure(config: Config, exc: GatewayError) -> str:
+    """One line for a store (or NATS) that refused the start: what failed, where, and for a newer schema the
+    remedy. Messages of ``GatewayError`` never carry a secret; the store is named redacted."""
+    where = config.store_location.redacted if config.store_location.kind == "postgresql" else str(config.store_path)
+    message = exc.message
+    if "schema version" in message and "knows versions up to" in message:
+        return f"the store {where}: {message}; {NEWER_REMEDY}"
+    return f"cannot start ({exc.code}): {message} (store {where})"
+
+
 async def _run(config: Config) -> int:
+    problem = _store_file_problem(config)
+    if problem is not None:
+        print(f"gatewayd: {problem}", file=sys.stderr)
+        return 1
     embedded: EmbeddedNats | None = None
     if config.nats.url is None:
         embedded = EmbeddedNats(config.data_dir, config.nats.embedded.port, subject_prefix=config.nats.subject_prefix)
@@ -116,6 +146,11 @@ async def _run(config: Config) -> int:
             creds = await asyncio.to_thread(embedded.start)
         except DataDirInUse as exc:
             print(f"gatewayd: {exc}", file=sys.stderr)
+            return 1
+        except OSError as exc:  # the data dir cannot take nats.json, the pid file or the server's config (full)
+            await asyncio.to_thread(embedded.stop)
+            name = f" {exc.filename}" if exc.filename else ""
+            print(f"gatewayd: cannot start the embedded NATS server: {exc.strerror or exc}{name}", file=sys.stderr)
             return 1
         url: str = creds.url
         user: str | None = creds.user
@@ -129,7 +164,11 @@ async def _run(config: Config) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await gateway.start()
+        try:
+            await gateway.start()
+        except GatewayError as exc:
+            print(f"gatewayd: {_start_failure(config, exc)}", file=sys.stderr)
+            return 1
         # Every task makes many short-lived objects; the default gen-0 threshold (700) runs the cyclic
         # collector thousands of times a second under load. Freeze what start-up built, collect less often.
         gc.freeze()
@@ -219,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", type=Path)
     check = sub.add_parser("check", help="validate the config and probe the data dir, the store and NATS")
     check.add_argument("--config", type=Path)
+    check.add_argument(
+        "--deep", action="store_true", help="check every page of the SQLite store file (integrity_check, no time bound)"
+    )
     add_token_parser(sub)
     backup = sub.add_parser("backup", help="copy the store consistently while the daemon runs (SQLite backup API)")
     backup.add_argument("--to", type=Path, required=True, metavar="FILE", help="the backup file (replaced)")
@@ -237,7 +279,7 @@ def gatewayd_main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         return cmd_run(args)
     if args.command == "check":
-        return check_main(args.config)
+        return check_main(args.config, deep=args.deep)
     if args.command == "backup":
         return backup_main(args.config, args.to)
     if args.command == "export":

@@ -35,7 +35,10 @@ def describe_version(found: int, known: int) -> tuple[bool, str]:
     if found == 0:
         return True, f"no schema yet (gatewayd run creates version {known})"
     if found > known:
-        return False, f"schema version {found} is newer than this gatewayd knows ({known})"
+        return False, (
+            f"schema version {found} is newer than this gatewayd knows ({known}); run the gatewayd version that"
+            ' wrote it, or restore a dump taken before the upgrade (docs/OPERATIONS.md, "A damaged store file")'
+        )
     if found < known:
         return True, f"schema version {found} (gatewayd run migrates it to {known})"
     return True, f"schema version {found}"
