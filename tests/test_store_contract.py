@@ -890,9 +890,17 @@ async def test_sqlite_migration_fills_the_dead_letter_columns(tmp_path: Path) ->
     _, old = sweep_letter(1, last_dead_at=T0, exhausted=True)
     doc = msgspec.json.encode(old).replace(b',"requeued":false', b"")  # written before the field existed
     with sqlite3.connect(path) as db:
-        # the dead-letter migration; undo it and the ones after it (retention, task lists, thread lanes)
+        # the dead-letter migration; undo it and the ones after it (retention, task lists, thread lanes,
+        # tokens, flow control)
         dl_version = 5
         db.execute("DELETE FROM schema_version WHERE version >= ?", (dl_version,))
+        for index in ("tasks_key_running", "uq_tasks_unique_live", "tasks_unique_recent"):
+            db.execute(f"DROP INDEX {index}")
+        for table in ("kinds", "task_starts", "token_revocations"):
+            db.execute(f"DROP TABLE {table}")
+        db.execute("ALTER TABLE tasks DROP COLUMN concurrency_key")
+        db.execute("ALTER TABLE tasks DROP COLUMN unique_key")
+        db.execute("ALTER TABLE principals DROP COLUMN last_used_at")
         db.execute("DROP INDEX uq_tasks_thread_running")
         for index in ("tasks_state_kind", "tasks_owner_state", "tasks_owner_kind", "tasks_owner_state_kind"):
             db.execute(f"DROP INDEX {index}")

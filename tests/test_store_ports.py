@@ -19,6 +19,7 @@ import pytest
 from scheduler_gateway.actors import ports
 from tests import test_store_contract as contract
 from tests import test_store_contract_cascade as cascade
+from tests import test_store_contract_flow as flow
 from tests import test_store_contract_idempotency as idempotency
 
 SUITES: dict[type, list[tuple[ModuleType, str]]] = {
@@ -40,6 +41,8 @@ SUITES: dict[type, list[tuple[ModuleType, str]]] = {
         (cascade, "test_task_counts_group_by_state_and_kind"),
     ],
     ports.TaskWrites: [
+        (flow, "test_a_claim_over_the_kinds_concurrency_is_refused_limited_alone"),
+        (flow, "test_one_live_task_per_unique_key_and_per_window"),
         (contract, "test_insert_get_round_trip_keeps_payload_bytes"),
         (contract, "test_result_bytes_and_error_round_trip"),
         (contract, "test_cas_success_bumps_revision"),
@@ -82,9 +85,14 @@ SUITES: dict[type, list[tuple[ModuleType, str]]] = {
     ],
     ports.PrincipalStore: [
         (contract, "test_principals"),
+        (contract, "test_revoked_tokens_are_gone_and_logged_for_every_cache"),
+        (contract, "test_last_use_is_kept_beside_the_token_and_never_moves_back"),
     ],
     ports.NodeStore: [
         (contract, "test_nodes"),
+    ],
+    ports.KindStore: [
+        (flow, "test_kind_settings_are_kept_with_their_audit_and_event"),
     ],
     ports.CallbackStore: [
         (contract, "test_callback_delivery_commits_with_its_change_and_is_listed_by_due_time"),

@@ -13,11 +13,13 @@ from collections.abc import Callable
 import msgspec
 
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
+from scheduler_gateway.actors.model.flow import Counts, KindSettings, duplicate, exceeded, limited
 from scheduler_gateway.actors.model.records import (
     ACTIVE_STATES,
     TERMINAL_STATES,
     AuditEntry,
     DeadLetter,
+    EventRecord,
     HistoryEntry,
     Task,
 )
@@ -54,6 +56,8 @@ class MemoryStore(
         self._outbox: dict[int, bytes] = {}
         self._dead_letters: dict[str, DeadLetter] = {}  # by task id
         self._principals: dict[str, Principal] = {}
+        self._kinds: dict[str, KindSettings] = {}
+        self._starts: list[tuple[str, str | None, float]] = []  # (kind, concurrency key, at) of the rates
         self._revocations: list[str] = []  # token hashes; the sequence is the index + 1
         self._nodes: dict[str, NodeRecord] = {}
         self._callbacks: dict[str, CallbackDelivery] = {}
@@ -172,6 +176,8 @@ class MemoryStore(
             refusal = parent_refusal(task, parent.state, inserting=change.expected_revision is None)
             if refusal is not None:
                 raise refusal
+        self._check_unique(change)
+        self._check_flow(change)
         if task.thread_id is not None and task.state == "running":
             # the SQLite and PostgreSQL stores' partial unique index uq_tasks_thread_running
             holder = self._thread_running.get(task.thread_id)
@@ -183,9 +189,61 @@ class MemoryStore(
                     details={"taskId": task.id, "threadId": task.thread_id},
                 )
 
+    def _check_unique(self, change: Change) -> None:
+        """The stores' partial unique index on live tasks, and the ``uniqueForSeconds`` window of a create."""
+        t = change.task
+        if t.unique_key is None:
+            return
+        if t.state not in TERMINAL_STATES:
+            for other in self._tasks.values():
+                if (
+                    other.id != t.id
+                    and other.unique_key == t.unique_key
+                    and (other.owner, other.kind) == (t.owner, t.kind)
+                    and other.state not in TERMINAL_STATES
+                ):
+                    raise duplicate(other.id, t.unique_key)
+        if change.expected_revision is None and t.unique_for_s is not None:
+            since = t.created_at - t.unique_for_s
+            recent = [
+                o
+                for o in self._tasks.values()
+                if o.unique_key == t.unique_key and (o.owner, o.kind) == (t.owner, t.kind) and o.created_at > since
+            ]
+            if recent:
+                raise duplicate(max(recent, key=lambda o: o.created_at).id, t.unique_key)
+
+    def _check_flow(self, change: Change) -> None:
+        """The stores' limit check of a claim (daemon/store/flow_rows.py), counting the claim itself."""
+        t = change.task
+        if change.history is None or change.history.action != "claim":
+            return
+        s = self._kinds.get(t.kind)
+        if s is None or not s.limits_starts:
+            return
+        at = t.started_at or t.updated_at
+        key = t.concurrency_key
+        running = [o for o in self._tasks.values() if o.kind == t.kind and o.state == "running" and o.id != t.id]
+        starts = [(k, a) for kind, k, a in self._starts if kind == t.kind]
+        window = s.rate.period_s if s.rate is not None else 0.0
+        key_window = s.key_rate.period_s if s.key_rate is not None else 0.0
+        counts = Counts(
+            running=len(running) + 1,
+            key_running=sum(1 for o in running if o.concurrency_key == key) + 1,
+            starts=1 + sum(1 for _, a in starts if a > at - window),
+            key_starts=1 + sum(1 for k, a in starts if k == key and a > at - key_window),
+        )
+        rule = exceeded(s, counts, key is not None)
+        if rule is not None:
+            raise limited(t.id, t.kind, key, rule)
+
     def _write(self, change: Change) -> None:
         task = change.task
         h = change.history
+        if h is not None and h.action == "claim":
+            s = self._kinds.get(task.kind)
+            if s is not None and s.counts_starts:
+                self._starts.append((task.kind, task.concurrency_key, task.started_at or task.updated_at))
         idem = change.idempotency
         dl = change.dead_letter
         self._tasks[task.id] = task
@@ -392,6 +450,31 @@ class MemoryStore(
             p = self._principals.get(h)
             if p is not None and (p.last_used_at is None or p.last_used_at < at):
                 self._principals[h] = msgspec.structs.replace(p, last_used_at=at)
+
+    # kinds
+
+    async def get_kind(self, kind: str) -> KindSettings | None:
+        self._check_running()
+        return self._kinds.get(kind)
+
+    async def list_kinds(self) -> list[KindSettings]:
+        self._check_running()
+        return [self._kinds[k] for k in sorted(self._kinds)]
+
+    async def put_kind(self, settings: KindSettings, audit: AuditEntry, event: EventRecord) -> None:
+        self._check_running()
+        self._kinds[settings.kind] = settings
+        self._append_audit(audit)
+        self._outbox[self._next_seq()] = msgspec.json.encode(event)
+
+    async def kind_counts(self) -> dict[str, dict[str, int]]:
+        self._check_running()
+        counts: dict[str, dict[str, int]] = {}
+        for t in self._tasks.values():
+            if t.state in ("queued", "running", "waiting_approval"):
+                by_state = counts.setdefault(t.kind, {})
+                by_state[t.state] = by_state.get(t.state, 0) + 1
+        return counts
 
     async def put_nodes(self, nodes: list[NodeRecord]) -> None:
         self._check_running()

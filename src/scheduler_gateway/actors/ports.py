@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import msgspec
 
 from .model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
+from .model.flow import KindSettings
 from .model.records import AuditEntry, DeadLetter, EventRecord, HistoryEntry, Task
 
 
@@ -252,6 +253,17 @@ class PrincipalStore(Protocol):
         ...
 
 
+class KindStore(Protocol):
+    """The flow settings of each kind (docs/FLOW.md). A write commits with its audit entry and its event."""
+
+    async def get_kind(self, kind: str) -> KindSettings | None: ...
+    async def list_kinds(self) -> list[KindSettings]: ...
+    async def put_kind(self, settings: KindSettings, audit: AuditEntry, event: EventRecord) -> None: ...
+    async def kind_counts(self) -> dict[str, dict[str, int]]:
+        """kind -> {state: count} of the live states (queued, running, waiting_approval)."""
+        ...
+
+
 class NodeStore(Protocol):
     async def put_nodes(self, nodes: list[NodeRecord]) -> None: ...
     async def list_nodes(self) -> list[NodeRecord]: ...
@@ -305,9 +317,9 @@ class CallbackSenderStore(CallbackStore, TaskReads, Protocol):
     """The callback sender: deliveries and their dead letters, and the task a delivery reports."""
 
 
-class AdminStore(PrincipalStore, DeadLetterStore, AuditStore, NodeStore, Protocol):
-    """The admin API's own reads and writes (tokens, dead letters, audit, node records); tasks go through
-    the task service."""
+class AdminStore(PrincipalStore, DeadLetterStore, AuditStore, NodeStore, KindStore, Protocol):
+    """The admin API's own reads and writes (tokens, dead letters, audit, node records, kind settings); tasks go
+    through the task service."""
 
 
 class ConsoleStore(AdminStore, TaskCounts, Protocol):
@@ -325,6 +337,7 @@ class TaskStore(
     DeadLetterStore,
     PrincipalStore,
     NodeStore,
+    KindStore,
     CallbackStore,
     Protocol,
 ):

@@ -17,6 +17,10 @@ from .redact import redacted_repr
 Seconds = Annotated[float, Meta(gt=0, le=31_536_000)]
 IdText = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
 Reason = Annotated[str, Meta(max_length=2000)]
+TRACEPARENT_DOC = (
+    "W3C trace context of the caller (also taken from the request's traceparent header); carried to the worker. "
+    "A malformed value is ignored: the task starts a trace of its own."
+)
 T = TypeVar("T")
 
 
@@ -46,6 +50,12 @@ class CreateTaskBody(_Body):
     callback_url: Annotated[str, Meta(max_length=2048)] | None = None
     callback_secret: Annotated[str, Meta(max_length=1024)] | None = None
     labels: dict[Annotated[str, Meta(min_length=1, max_length=128)], Annotated[str, Meta(max_length=1024)]] = {}
+    #: the caller's W3C trace context (else the request's ``traceparent`` header); a malformed one is ignored
+    traceparent: Annotated[str, Meta(description=TRACEPARENT_DOC)] | None = None
+    #: the lane its kind's per-key limits count in (a tenant, a customer): docs/FLOW.md
+    concurrency_key: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
+    unique_key: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
+    unique_for_seconds: Annotated[float, Meta(gt=0, le=366 * 86400)] | None = None
 
     __repr__ = redacted_repr
 
@@ -155,6 +165,11 @@ class TaskView(msgspec.Struct, rename="camel", kw_only=True):
     updated_at: str | None
     started_at: str | None
     finished_at: str | None
+    traceparent: str | None = None  # the W3C trace context the task was created with (or its create span's)
+    concurrency_key: str | None = None
+    unique_key: str | None = None
+    #: why a task that is not running has not started (docs/FLOW.md); null for running and terminal tasks
+    waiting_for: str | None = None
 
 
 class ActorView(msgspec.Struct):

@@ -76,6 +76,10 @@ class Task(msgspec.Struct, kw_only=True, frozen=True):
     lease_s: float = 30.0
     timeout_s: float = 3600.0
     last_settle: SettleMark | None = None
+    traceparent: str | None = None  # the W3C trace context it was created with (docs/OPERATIONS.md, Tracing)
+    concurrency_key: str | None = None  # the lane of its kind's per-key limits (docs/FLOW.md)
+    unique_key: str | None = None
+    unique_for_s: float | None = None
 
     @property
     def terminal(self) -> bool:

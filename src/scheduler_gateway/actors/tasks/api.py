@@ -77,6 +77,10 @@ class NewTask(msgspec.Struct, frozen=True, kw_only=True):
     callback_url: str | None = None
     callback_secret: str | None = None
     labels: dict[str, str] = {}
+    traceparent: str | None = None  # valid or None (the HTTP layer drops a malformed one)
+    concurrency_key: str | None = None
+    unique_key: str | None = None
+    unique_for_s: float | None = None
 
     __repr__ = redacted_repr
 

@@ -145,6 +145,10 @@ async def prepared_create(
         retry_backoff_s=spec.retry_backoff_s,
         lease_s=spec.lease_s or p.default_lease_s,
         timeout_s=spec.timeout_s or p.default_timeout_s,
+        traceparent=spec.traceparent,
+        concurrency_key=spec.concurrency_key,
+        unique_key=spec.unique_key,
+        unique_for_s=spec.unique_for_s if spec.unique_key is not None else None,
     )
     idem = None
     if idem_key is not None:

@@ -24,7 +24,11 @@ from scheduler_gateway.daemon.store.common import (
 )
 
 _TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
-SQL_INSERT_TASK = f"INSERT INTO tasks (id, {_TASK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+# the keys of flow control (docs/FLOW.md) are fixed at create too, and only inserted
+SQL_INSERT_TASK = (
+    f"INSERT INTO tasks (id, {_TASK_COLUMNS}, concurrency_key, unique_key)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 # A task's owner, kind, parent, run and creation time are fixed at its create (no transition of
 # actors/model/task_machine.py changes them), so an update does not SET those columns: SQLite rewrites the
 # entries of every index naming a column in the SET list, whether its value changed or not, and the indexes on
@@ -71,6 +75,12 @@ class ChangeRows:
     #: the task's ``finished_at`` while it is terminal, else None: the PostgreSQL store's ``finished_at``
     #: column, which retention purges by (SQLite derives it, a generated column: daemon/store/retention.py)
     finished_at: float | None = None
+    #: (concurrency_key, unique_key): inserted with the row, never updated
+    keys: tuple[str | None, str | None] = (None, None)
+    #: a claim (a queued task made running): (kind, concurrency key, when), the rows the flow rules count
+    claim: tuple[str, str | None, float] | None = None
+    #: a create with ``uniqueForSeconds``: (owner, kind, unique key, created after), the window it checks
+    unique_window: tuple[str, str, str, float] | None = None
 
     @property
     def parent_id(self) -> str | None:
@@ -99,12 +109,19 @@ class ChangeRows:
             task=t if t.parent_id is not None and t.state not in TERMINAL_STATES else None,
             lease_cols=running_deadlines(t),
             finished_at=t.finished_at if t.state in TERMINAL_STATES else None,
+            keys=(t.concurrency_key, t.unique_key),
+            claim=(t.kind, t.concurrency_key, t.started_at or t.updated_at)
+            if h is not None and h.action == "claim"
+            else None,
+            unique_window=(t.owner, t.kind, t.unique_key, t.created_at - t.unique_for_s)
+            if change.expected_revision is None and t.unique_key is not None and t.unique_for_s is not None
+            else None,
         )
 
     @property
     def insert_row(self) -> tuple[Any, ...]:
         v = self.task_values
-        return (v[-1], *v[:-1])
+        return (v[-1], *v[:-1], *self.keys)
 
     @property
     def update_row(self) -> tuple[Any, ...]:

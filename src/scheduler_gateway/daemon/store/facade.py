@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
-from scheduler_gateway.actors.model.records import AuditEntry, DeadLetter, Task
+from scheduler_gateway.actors.model.flow import KindSettings
+from scheduler_gateway.actors.model.records import AuditEntry, DeadLetter, EventRecord, Task
 from scheduler_gateway.actors.model.schedule import RunError, ScheduledRun, ScheduledTask, Thread
 from scheduler_gateway.actors.ports import (
     AuditQuery,
@@ -33,9 +34,11 @@ from scheduler_gateway.actors.schedule_ports import (
 if TYPE_CHECKING:
     from scheduler_gateway.daemon.store.callbacks import SqliteCallbacks
     from scheduler_gateway.daemon.store.dead_letters import SqliteDeadLetters
+    from scheduler_gateway.daemon.store.kinds import SqliteKinds
     from scheduler_gateway.daemon.store.nodes import SqliteNodes
     from scheduler_gateway.daemon.store.postgres.callbacks import PgCallbacks
     from scheduler_gateway.daemon.store.postgres.dead_letters import PgDeadLetters
+    from scheduler_gateway.daemon.store.postgres.kinds import PgKinds
     from scheduler_gateway.daemon.store.postgres.nodes import PgNodes
     from scheduler_gateway.daemon.store.postgres.retention import PgRetention
     from scheduler_gateway.daemon.store.postgres.schedules import PgSchedules
@@ -56,6 +59,7 @@ class ComposedStore:
     _callbacks: SqliteCallbacks | PgCallbacks
     _schedules: SqliteSchedules | PgSchedules
     _retention: SqliteRetention | PgRetention
+    _kinds: SqliteKinds | PgKinds
 
     # -- task writes and reads, idempotency keys, audit, outbox (tasks.py)
 
@@ -161,6 +165,20 @@ class ComposedStore:
 
     async def list_nodes(self) -> list[NodeRecord]:
         return await self._nodes.list_nodes()
+
+    # -- kinds (kinds.py)
+
+    async def get_kind(self, kind: str) -> KindSettings | None:
+        return await self._kinds.get_kind(kind)
+
+    async def list_kinds(self) -> list[KindSettings]:
+        return await self._kinds.list_kinds()
+
+    async def put_kind(self, settings: KindSettings, audit: AuditEntry, event: EventRecord) -> None:
+        await self._kinds.put_kind(settings, audit, event)
+
+    async def kind_counts(self) -> dict[str, dict[str, int]]:
+        return await self._kinds.kind_counts()
 
     # -- callback deliveries and callback dead letters (callbacks.py)
 

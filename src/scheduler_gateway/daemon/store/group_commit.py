@@ -30,6 +30,13 @@ from scheduler_gateway.daemon.store.common import (
     rollback_quietly,
     storage_error,
 )
+from scheduler_gateway.daemon.store.flow_rows import (
+    UNIQUE_LIVE_COLUMNS,
+    Settings,
+    limit_refusal,
+    live_duplicate,
+    unique_refusal,
+)
 from scheduler_gateway.wire.errors import (
     Code,
     Conflict,
@@ -142,6 +149,12 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
             raise _Fallback
         if any(_subtree_open(conn, w) for w in batch if isinstance(w, ChangeWork)):
             raise _Fallback
+        kinds: Settings = {}
+        for w in batch:
+            if isinstance(w, ChangeWork):
+                for r in w.rows:
+                    if limit_refusal(conn, r, kinds) is not None or unique_refusal(conn, r) is not None:
+                        raise _Fallback
     except (_Fallback, sqlite3.IntegrityError):
         conn.execute("ROLLBACK")
         raise _Fallback from None
@@ -210,7 +223,9 @@ def _write_change(conn: sqlite3.Connection, r: ChangeRows) -> None:
     if r.expected_revision is None:
         try:
             conn.execute(SQL_INSERT_TASK, r.insert_row)
-        except sqlite3.IntegrityError:
+        except sqlite3.IntegrityError as exc:
+            if UNIQUE_LIVE_COLUMNS in str(exc):
+                raise live_duplicate(conn, r) from None
             raise Conflict(
                 f"task {r.task_id} already exists", code=Code.REVISION_CONFLICT, details={"taskId": r.task_id}
             ) from None
@@ -218,6 +233,8 @@ def _write_change(conn: sqlite3.Connection, r: ChangeRows) -> None:
         try:
             cur = conn.execute(SQL_UPDATE_TASK, r.update_row)
         except sqlite3.IntegrityError as exc:
+            if UNIQUE_LIVE_COLUMNS in str(exc):  # a retry back into a live state while another task holds the key
+                raise live_duplicate(conn, r) from None
             if "tasks.thread_id" not in str(exc):
                 raise
             raise Conflict(
@@ -234,7 +251,7 @@ def _write_change(conn: sqlite3.Connection, r: ChangeRows) -> None:
                 code=Code.REVISION_CONFLICT,
                 details={"taskId": r.task_id, "expectedRevision": r.expected_revision, "revision": found[0]},
             )
-    refusal = _parent_refusal(conn, r)
+    refusal = _parent_refusal(conn, r) or unique_refusal(conn, r) or limit_refusal(conn, r, {})
     if refusal is not None:
         raise refusal
     if r.history is not None:

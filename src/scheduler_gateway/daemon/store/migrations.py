@@ -48,6 +48,30 @@ TOKEN_MIGRATION: tuple[str, ...] = (
 )
 
 
+#: Migration 10 (PostgreSQL: its migration 6): flow control (docs/FLOW.md). The settings of each kind; a task's
+#: concurrency and unique keys as columns (fixed at create); the running tasks of a key and the live tasks of a
+#: unique key as partial indexes, so tasks without keys cost nothing; the log of starts the rates count.
+FLOW_MIGRATION: tuple[str, ...] = (
+    "CREATE TABLE kinds (kind TEXT PRIMARY KEY, doc BLOB NOT NULL)",
+    "ALTER TABLE tasks ADD COLUMN concurrency_key TEXT",
+    "ALTER TABLE tasks ADD COLUMN unique_key TEXT",
+    "CREATE INDEX tasks_key_running ON tasks (kind, concurrency_key)"
+    " WHERE concurrency_key IS NOT NULL AND state = 'running'",
+    # the store decides "one live task per unique key": concurrent creates cannot both commit
+    "CREATE UNIQUE INDEX uq_tasks_unique_live ON tasks (owner, kind, unique_key)"
+    " WHERE unique_key IS NOT NULL AND state NOT IN ('succeeded', 'failed', 'canceled', 'dead')",
+    "CREATE INDEX tasks_unique_recent ON tasks (owner, kind, unique_key, created_at) WHERE unique_key IS NOT NULL",
+    """CREATE TABLE task_starts (
+        seq INTEGER PRIMARY KEY,
+        kind TEXT NOT NULL,
+        concurrency_key TEXT,
+        at REAL NOT NULL
+    )""",
+    "CREATE INDEX task_starts_kind ON task_starts (kind, at)",
+    "CREATE INDEX task_starts_key ON task_starts (kind, concurrency_key, at) WHERE concurrency_key IS NOT NULL",
+)
+
+
 # Each step is applied once, in order, in its own transaction, and recorded in ``schema_version``. Never
 # edit a released step: append a new one (a database in the field already ran the old text).
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -173,6 +197,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     THREAD_RUNNING_MIGRATION,
     # 9: tokens: last use, and the revocation log the principal caches follow
     TOKEN_MIGRATION,
+    # 10: flow control: kinds, the keys of a task, the starts the rates count
+    FLOW_MIGRATION,
 )
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from scheduler_gateway.daemon.store.callbacks import SqliteCallbacks
 from scheduler_gateway.daemon.store.dead_letters import SqliteDeadLetters
 from scheduler_gateway.daemon.store.facade import ComposedStore
+from scheduler_gateway.daemon.store.kinds import SqliteKinds
 from scheduler_gateway.daemon.store.migrations import MIGRATIONS
 from scheduler_gateway.daemon.store.nodes import SqliteNodes
 from scheduler_gateway.daemon.store.retention import SqliteRetention
@@ -41,6 +42,7 @@ class SqliteStore(ComposedStore):
         self._tasks = SqliteTasks(self._db)
         self._dead_letters = SqliteDeadLetters(self._db)
         self._nodes = SqliteNodes(self._db)
+        self._kinds = SqliteKinds(self._db)
         self._callbacks = SqliteCallbacks(self._db)
         self._schedules = SqliteSchedules(self._db, clock)
         self._retention = SqliteRetention(self._db)

@@ -217,6 +217,25 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
             revoked_at double precision NOT NULL
         )""",
     ),
+    # 6: flow control, as in the SQLite store (its migration 10)
+    (
+        f"CREATE TABLE kinds (kind {_T} PRIMARY KEY, doc bytea NOT NULL)",
+        f"ALTER TABLE tasks ADD COLUMN concurrency_key {_T}",
+        f"ALTER TABLE tasks ADD COLUMN unique_key {_T}",
+        "CREATE INDEX tasks_key_running ON tasks (kind, concurrency_key)"
+        " WHERE concurrency_key IS NOT NULL AND state = 'running'",
+        "CREATE UNIQUE INDEX uq_tasks_unique_live ON tasks (owner, kind, unique_key)"
+        " WHERE unique_key IS NOT NULL AND state NOT IN ('succeeded', 'failed', 'canceled', 'dead')",
+        "CREATE INDEX tasks_unique_recent ON tasks (owner, kind, unique_key, created_at) WHERE unique_key IS NOT NULL",
+        f"""CREATE TABLE task_starts (
+            seq bigserial PRIMARY KEY,
+            kind {_T} NOT NULL,
+            concurrency_key {_T},
+            at double precision NOT NULL
+        )""",
+        "CREATE INDEX task_starts_kind ON task_starts (kind, at)",
+        "CREATE INDEX task_starts_key ON task_starts (kind, concurrency_key, at) WHERE concurrency_key IS NOT NULL",
+    ),
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)

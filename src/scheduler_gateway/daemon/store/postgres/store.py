@@ -17,6 +17,7 @@ from scheduler_gateway.daemon.store.postgres.callbacks import PgCallbacks
 from scheduler_gateway.daemon.store.postgres.db import PgDb
 from scheduler_gateway.daemon.store.postgres.dead_letters import PgDeadLetters
 from scheduler_gateway.daemon.store.postgres.duties import PgDuties
+from scheduler_gateway.daemon.store.postgres.kinds import PgKinds
 from scheduler_gateway.daemon.store.postgres.migrations import PG_MIGRATIONS, SCHEMA_VERSION
 from scheduler_gateway.daemon.store.postgres.nodes import PgNodes
 from scheduler_gateway.daemon.store.postgres.retention import PgRetention
@@ -42,6 +43,7 @@ class PostgresStore(ComposedStore):
         self._tasks = PgTasks(self._db)
         self._dead_letters = PgDeadLetters(self._db)
         self._nodes = PgNodes(self._db)
+        self._kinds = PgKinds(self._db)
         self._callbacks = PgCallbacks(self._db)
         self._schedules = PgSchedules(self._db, clock)
         self._retention = PgRetention(self._db)

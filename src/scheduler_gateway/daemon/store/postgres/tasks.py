@@ -38,6 +38,12 @@ from scheduler_gateway.daemon.store.common import (
     int_cursor,
 )
 from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb, constraint_of, refusal_or_storage
+from scheduler_gateway.daemon.store.postgres.flow import (
+    SQL_OUTBOX_ORDER_LOCK,
+    limit_refusal,
+    live_duplicate,
+    unique_refusal,
+)
 from scheduler_gateway.wire.errors import (
     Code,
     Conflict,
@@ -53,8 +59,8 @@ _decode_idempotency = doc_decoder(IdempotencyRecord)
 
 _TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
 SQL_INSERT_TASK = (
-    f"INSERT INTO tasks (id, {_TASK_COLUMNS}, lease_expires_at, deadline_at, finished_at)"
-    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    f"INSERT INTO tasks (id, {_TASK_COLUMNS}, concurrency_key, unique_key, lease_expires_at, deadline_at,"
+    " finished_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
     " ON CONFLICT (id) DO NOTHING"
 )
 SQL_UPDATE_TASK = (
@@ -71,7 +77,6 @@ SQL_INSERT_AUDIT = (
     " ON CONFLICT (id) DO NOTHING"
 )
 SQL_INSERT_OUTBOX = "INSERT INTO outbox (body) VALUES (%s)"
-SQL_OUTBOX_ORDER_LOCK = "SELECT pg_advisory_xact_lock(7301)"  # 7301: the outbox's commit-order lock
 SQL_INSERT_IDEMPOTENCY = (
     "INSERT INTO idempotency (owner, key, doc, created_at) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
 )
@@ -92,6 +97,7 @@ _SQL_ACTIVE_BELOW = (
     " WHERE t.state NOT IN ('succeeded', 'failed', 'canceled', 'dead') ORDER BY t.id LIMIT 1"
 )
 THREAD_RUNNING_INDEX = "uq_tasks_thread_running"
+UNIQUE_LIVE_INDEX = "uq_tasks_unique_live"
 
 
 def _thread_busy(r: ChangeRows) -> Conflict:
@@ -107,15 +113,26 @@ async def write_change(conn: Conn, r: ChangeRows) -> None:
     """One change, statement by statement, so a refusal says which rule refused it. The caller's transaction
     (or savepoint) undoes the change's earlier writes when this raises."""
     try:
-        await _write_task(conn, r)
+        if r.keys[1] is None:
+            await _write_task(conn, r)
+        else:  # a unique task: its own savepoint, so the task the index found can be named after a violation
+            async with conn.transaction():
+                await _write_task(conn, r)
     except pg_errors.UniqueViolation as exc:
         if constraint_of(exc) == THREAD_RUNNING_INDEX:
             raise _thread_busy(r) from None
+        if constraint_of(exc) == UNIQUE_LIVE_INDEX:
+            raise await live_duplicate(conn, r) from None
         raise
-    refusal = await _parent_refusal(conn, r)
+    refusal = await _parent_refusal(conn, r) or await unique_refusal(conn, r)
     if refusal is not None:
         raise refusal
     await _write_companions(conn, r)
+    # after the outbox row: its commit-order lock is held, so every other claim either committed before this
+    # count reads (and is counted) or waits for this commit (and counts this one): exact across instances
+    refusal = await limit_refusal(conn, r)
+    if refusal is not None:
+        raise refusal
 
 
 async def _write_task(conn: Conn, r: ChangeRows) -> None:

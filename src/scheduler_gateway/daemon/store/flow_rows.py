@@ -1,0 +1,99 @@
+"""The flow rules where the SQLite store commits (docs/FLOW.md): a claim that would break a kind's limit, and a
+create that would duplicate a unique task, are refused inside the transaction that writes them.
+
+The writer runs one transaction at a time, so a count read after the claim was written, in the same
+transaction, is exact: no other claim can commit between the write and the check. A kind without settings
+costs a claim one primary-key read per batch.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from scheduler_gateway.actors.model.flow import Counts, KindSettings, duplicate, exceeded, limited
+from scheduler_gateway.daemon.store.change_rows import ChangeRows
+from scheduler_gateway.daemon.store.common import decode_or_raise, doc_decoder, fetch_one
+from scheduler_gateway.wire.errors import Conflict
+
+_decode_kind = doc_decoder(KindSettings)
+
+#: the partial unique index of migration 10, as SQLite names it in an IntegrityError
+UNIQUE_LIVE_COLUMNS = "tasks.owner, tasks.kind, tasks.unique_key"
+
+Settings = dict[str, KindSettings | None]  # the kinds a batch read, so each is read once per batch
+
+
+def kind_settings(conn: sqlite3.Connection, kind: str, cache: Settings) -> KindSettings | None:
+    if kind not in cache:
+        row = fetch_one(conn, "SELECT doc FROM kinds WHERE kind = ?", (kind,))
+        cache[kind] = None if row is None else decode_or_raise(_decode_kind, row[0], "kind", kind)
+    return cache[kind]
+
+
+def limit_refusal(conn: sqlite3.Connection, r: ChangeRows, cache: Settings) -> Conflict | None:
+    """After a claim was written: the rule it broke, counting itself (and recording its start for the rates)."""
+    if r.claim is None:
+        return None
+    kind, key, at = r.claim
+    s = kind_settings(conn, kind, cache)
+    if s is None or not s.limits_starts:
+        return None
+    if s.counts_starts:
+        conn.execute("DELETE FROM task_starts WHERE kind = ? AND at <= ?", (kind, at - s.longest_period_s))
+        conn.execute("INSERT INTO task_starts (kind, concurrency_key, at) VALUES (?, ?, ?)", (kind, key, at))
+    counts = Counts(
+        running=_count(conn, "SELECT count(*) FROM tasks WHERE state = 'running' AND kind = ?", (kind,))
+        if s.concurrency is not None
+        else 0,
+        key_running=_count(
+            conn,
+            "SELECT count(*) FROM tasks WHERE kind = ? AND concurrency_key = ? AND state = 'running'",
+            (kind, key),
+        )
+        if key is not None and s.key_concurrency is not None
+        else 0,
+        starts=_count(conn, "SELECT count(*) FROM task_starts WHERE kind = ? AND at > ?", (kind, at - s.rate.period_s))
+        if s.rate is not None
+        else 0,
+        key_starts=_count(
+            conn,
+            "SELECT count(*) FROM task_starts WHERE kind = ? AND concurrency_key = ? AND at > ?",
+            (kind, key, at - s.key_rate.period_s),
+        )
+        if key is not None and s.key_rate is not None
+        else 0,
+    )
+    rule = exceeded(s, counts, key is not None)
+    return None if rule is None else limited(r.task_id, kind, key, rule)
+
+
+def unique_refusal(conn: sqlite3.Connection, r: ChangeRows) -> Conflict | None:
+    """After a create with ``uniqueForSeconds`` was written: another task of its unique key made in the window."""
+    if r.unique_window is None:
+        return None
+    owner, kind, key, since = r.unique_window
+    row = fetch_one(
+        conn,
+        "SELECT id FROM tasks WHERE owner = ? AND kind = ? AND unique_key = ? AND created_at > ? AND id != ?"
+        " ORDER BY created_at DESC LIMIT 1",
+        (owner, kind, key, since, r.task_id),
+    )
+    return None if row is None else duplicate(str(row[0]), key)
+
+
+def live_duplicate(conn: sqlite3.Connection, r: ChangeRows) -> Conflict:
+    """The task the unique index found (an IntegrityError on this change's row)."""
+    owner, kind = r.task_values[0], r.task_values[1]
+    key = r.keys[1]
+    row = fetch_one(
+        conn,
+        "SELECT id FROM tasks WHERE owner = ? AND kind = ? AND unique_key = ? AND id != ?"
+        " AND state NOT IN ('succeeded', 'failed', 'canceled', 'dead') LIMIT 1",
+        (owner, kind, key, r.task_id),
+    )
+    return duplicate(str(row[0]) if row is not None else "", key or "")
+
+
+def _count(conn: sqlite3.Connection, sql: str, params: tuple[object, ...]) -> int:
+    row = fetch_one(conn, sql, params)
+    return int(row[0]) if row is not None else 0
