@@ -4,7 +4,9 @@ answers 401 at once, the revocation and the creation are audited, and lastUsedAt
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from scheduler_gateway.daemon.cli import gatewayd_main
 from scheduler_gateway.daemon.gateway import Gateway
 
-from .harness import Api
+from .harness import ADMIN_TOKEN, Api
 
 LINE = re.compile(r"^(tok_[0-9a-f]{20}) (\S+) (admin|user|viewer) (\S+Z) (\S+)$")
 
@@ -90,3 +92,33 @@ async def test_revoke_by_user_revokes_every_token_of_that_user_only(
     assert (await api.call("GET", "/api/tasks"))[0] == 200
     rc, _, err = await gatewayd(capsys, config, "revoke", "--user", "nobody")
     assert rc == 1 and "nobody" in err
+
+
+async def test_a_revocation_ends_the_tokens_console_sessions_and_their_live_streams(
+    gateway: Gateway, api: Api, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ..console.test_console_sessions import Browser
+
+    rc, out, _ = await gatewayd(capsys, config, "create", "--user", "frank", "--role", "admin")
+    token = out.strip()
+    idle, streaming, other = Browser(gateway), Browser(gateway), Browser(gateway)
+    try:
+        for b, t in ((idle, token), (streaming, token), (other, ADMIN_TOKEN)):
+            assert (await b.sign_in(t))[0] == 303
+        async with streaming.stream() as stream:
+            _, listing, _ = await gatewayd(capsys, config, "list")
+            token_id = next(line.split()[0] for line in listing.splitlines() if " frank " in line)
+            rc, _, err = await gatewayd(capsys, config, "revoke", token_id)
+            assert rc == 0, err
+            revoked = time.monotonic()
+            assert not await idle.signed_in()  # its next request goes to the sign-in page, at once
+            # no request comes from the streaming browser: the watcher reads the log within a second
+            with contextlib.suppress(TimeoutError):
+                while await stream.next(timeout_s=revoked + 3.0 - time.monotonic()) is not None:
+                    pass
+            assert stream.ended, "the live stream of a revoked token's session is still open after 3 s"
+        assert not await streaming.signed_in()
+        assert await other.signed_in()  # another token's session goes on
+    finally:
+        for b in (idle, streaming, other):
+            await b.close()

@@ -49,13 +49,13 @@ class PrincipalCache:
         self._known: dict[str, Principal] = {}
         self._revoked: set[str] = set()  # seen since start: a lookup racing a revocation never caches it
         self._used: dict[str, float] = {}  # token hash -> last use not yet written
-        self._listeners: list[Callable[[str], None]] = []
+        self._listeners: list[Callable[[str], object]] = []
         self._seq = -1  # -1: the log not read yet (the first read takes its newest sequence as the start)
         self._checked_at = float("-inf")
         self._reading: asyncio.Future[None] | None = None
         self._loop_task: asyncio.Task[None] | None = None
 
-    def on_revoked(self, listener: Callable[[str], None]) -> None:
+    def on_revoked(self, listener: Callable[[str], object]) -> None:
         """``listener(token_hash)`` once for every token revoked while this instance runs."""
         self._listeners.append(listener)
 

@@ -124,6 +124,9 @@ class Console:
         self.sign_in_limit = sign_in_limit or SignInLimiter()
         self.history = CounterHistory()
         gw.service.add_listener(self.history.on_transition)
+        # a revoked token's sessions end on this instance, their live streams with them (a lambda: tests
+        # replace ``sessions``)
+        gw.api.principals.on_revoked(lambda token_hash: self.sessions.end_token(token_hash))
 
     # -- installation ------------------------------------------------------------------------------
     def install(self, app: web.Application) -> None:
@@ -153,6 +156,9 @@ class Console:
             return await handler(request)
         public = request.path in ("/ui/login", "/ui") or request.path.startswith("/ui/static/")
         session = self.sessions.get(request)
+        if session is not None and await self.gw.api.principals.resolve(session.token_hash) is None:
+            self.sessions.end_token(session.token_hash)  # revoked: the revocation log said so just now
+            session = None
         if session is not None:
             request[SESSION] = session
             sessions = self.sessions

@@ -64,7 +64,7 @@ class SignInPages(Pages):
             from scheduler_gateway.daemon.http.app import token_hash
 
             digest = token_hash(token)
-            principal = await self.gw.store.get_principal(digest)
+            principal = await self.gw.api.principals.resolve(digest)
         if principal is None:
             return await self.login_form(request, "That token is not valid.", 401)
         try:
