@@ -133,6 +133,11 @@ class Worker(_Process):
     concurrency: int = 8
     nats_url: str | None = None  # an external nats-server (``--nats``) instead of the data dir's credentials
     proc: subprocess.Popen[bytes] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. OTEL_TRACES_EXPORTER for the tracing tests
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir.parent / f"worker-{self.node_id}.log"
 
     def start(self) -> None:
         log = open(self.data_dir.parent / f"worker-{self.node_id}.log", "ab")  # noqa: SIM115 handed to the child
@@ -150,6 +155,7 @@ class Worker(_Process):
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env={**os.environ, **self.extra_env},
             )
         finally:
             log.close()

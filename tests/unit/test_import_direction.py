@@ -90,11 +90,31 @@ def test_wire_imports_nothing_of_ours() -> None:
 @pytest.mark.parametrize("package", ["worker", "client"])
 def test_sdk_packages_import_wire_only(package: str) -> None:
     """The worker SDK (and the client, once it exists) is what users install next to their own code: it
-    brings the wire protocol and nothing of the daemon or the actors."""
+    brings the wire protocol and nothing of the daemon or the actors (and ``tracing``, which is wire-only too)."""
     if not (ROOT / package).is_dir():
         pytest.skip(f"no {package} package yet")
     for path, names in imports_of(package).items():
-        ours = ours_outside(names, (f"scheduler_gateway.{package}", "scheduler_gateway.wire"))
+        allowed = (f"scheduler_gateway.{package}", "scheduler_gateway.wire", "scheduler_gateway.tracing")
+        # ``from scheduler_gateway import tracing`` names the top package too; what it brings is checked by name
+        ours = ours_outside(names, allowed) - {"scheduler_gateway"}
+        assert not ours, f"{path} imports {ours}"
+
+
+def test_tracing_imports_wire_only() -> None:
+    """``scheduler_gateway.tracing`` (OpenTelemetry glue shared by gatewayd, the worker SDK and the client)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse((ROOT / "tracing.py").read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            names |= resolve(node, "scheduler_gateway.tracing", False)
+    assert not ours_outside(names, ("scheduler_gateway.wire", "scheduler_gateway.tracing"))
+
+
+def test_gatewayctl_is_built_on_the_client() -> None:
+    """``gatewayctl`` (``ctl``) speaks the HTTP API through ``scheduler_gateway.client`` only."""
+    for path, names in imports_of("ctl").items():
+        ours = ours_outside(names, ("scheduler_gateway.ctl", "scheduler_gateway.client", "scheduler_gateway.wire"))
         assert not ours, f"{path} imports {ours}"
 
 

@@ -184,6 +184,7 @@ class Dispatcher(LoopActor):
                 priority=task.priority,
                 lease_seconds=task.lease_s,
                 timeout_seconds=task.timeout_s,
+                traceparent=task.traceparent,
             )
         )
 

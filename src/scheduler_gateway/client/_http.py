@@ -16,6 +16,8 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
+from scheduler_gateway import tracing
+
 from ._errors import CONNECTION_FAILED, error_for, error_from_response
 from ._types import timestamp
 
@@ -107,6 +109,12 @@ def _keyed(key: str | None) -> Retry:
     return "safe" if key is not None else "connect"
 
 
+def _trace_headers() -> dict[str, str]:
+    """``traceparent`` of the caller's active span when the application runs OpenTelemetry, else nothing."""
+    traceparent = tracing.current_traceparent()
+    return {} if traceparent is None else {"traceparent": traceparent}
+
+
 async def send(
     client: GatewayClient,
     method: str,
@@ -119,7 +127,7 @@ async def send(
     ok: Iterable[int] = (),
     missing_ok_on_retry: bool = False,
 ) -> _Answer:
-    headers: dict[str, str] = {}
+    headers = _trace_headers()
     data: bytes | None = None
     if body is not None:
         data = msgspec.json.encode(_jsonable(body))

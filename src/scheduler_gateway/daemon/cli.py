@@ -16,6 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
+from scheduler_gateway import tracing
 from scheduler_gateway.actors import failpoints
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterPolicy
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
@@ -207,6 +208,8 @@ async def _ensure_dev_admin_token(store: Store, data_dir: Path) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args.config)
     logging.basicConfig(level=config.log.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tracing.use_task_log_format()  # a task's log lines end with task_id, attempt_id, trace_id
+    tracing.configure_from_env("gatewayd")  # spans only when OTEL_* ask for them and the otel extra is there
     # aiosqlite logs every query with its parameters at DEBUG (token hashes, payloads): never let it
     logging.getLogger("aiosqlite").setLevel(max(logging.INFO, logging.getLogger().getEffectiveLevel()))
     problems = production_problems(config)

@@ -35,6 +35,7 @@ from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.retention import RetentionKeeper
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
+from scheduler_gateway.daemon import task_spans
 from scheduler_gateway.daemon.config.store_url import StoreLocation, StoreUrlError, parse_store_url, sqlite_url
 from scheduler_gateway.daemon.ha import HighAvailability, default_instance_id
 from scheduler_gateway.daemon.http.app import AdminApi, HttpSettings
@@ -190,6 +191,7 @@ class Gateway:
         poster = self.callback_poster if self.ha is None else self.ha.fenced_poster(self.callback_poster)
         self.callbacks = CallbackSender(duty_store, poster, s.callbacks, clock, self.event_metrics)
         self.service.add_listener(self.callbacks.on_transition)
+        self.service.add_listener(task_spans.on_transition)  # claim and settle spans, task log lines
         self.event_metrics.track(lambda: self.events_api.connected, lambda: self.callbacks.backlog)
         self.http_extensions += [event_routes(self.events_api), callback_routes(CallbacksApi(self.callbacks))]
         # scheduled tasks and threads: the poller, the completion hook, the thread check, their routes

@@ -35,6 +35,8 @@ class Offer(_Wire, kw_only=True):
     lease_seconds: float = 30.0
     timeout_seconds: float = 3600.0
     request_id: str | None = None
+    #: the task's W3C trace context (docs/OPERATIONS.md, Tracing): the handler's span is its child; null: none
+    traceparent: str | None = None
 
 
 class ClaimRequest(_Wire, kw_only=True):

@@ -19,6 +19,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from scheduler_gateway import tracing
+
 from ._demo import register_demo_handlers
 from ._options import NatsOptions
 from ._registry import HandlerRegistry, load_handler_module, validate_kind, validate_node_id
@@ -197,6 +199,8 @@ def worker_main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    tracing.use_task_log_format()  # a task's log lines end with task_id, attempt_id, trace_id
+    tracing.configure_from_env("gateway-worker")  # a span per handler run when OTEL_* ask for export
     registry = build_registry(parser, args.handlers, args.kinds)
 
     async def main() -> int:

@@ -68,6 +68,7 @@ class TaskContext:
         "run_id",
         "task_id",
         "thread_id",
+        "traceparent",
     )
 
     def __init__(
@@ -81,6 +82,7 @@ class TaskContext:
         run_id: str | None = None,
         thread_id: str | None = None,
         request_id: str | None = None,
+        traceparent: str | None = None,
     ) -> None:
         self.task_id = task_id
         self.attempt_id = attempt_id
@@ -90,6 +92,9 @@ class TaskContext:
         self.run_id = run_id
         self.thread_id = thread_id
         self.request_id = request_id
+        #: the W3C trace context to pass on to the services the handler calls: its own span's when the worker
+        #: exports traces (docs/WORKERS.md, Tracing), else the task's as the offer brought it (None: no trace)
+        self.traceparent = traceparent
         self._progress: msgspec.Raw | None = None
         self._cancelled = False
 

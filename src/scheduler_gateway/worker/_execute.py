@@ -9,6 +9,7 @@ from typing import Final
 
 import msgspec
 
+from scheduler_gateway.wire import tracecontext
 from scheduler_gateway.wire.errors import Code
 from scheduler_gateway.wire.messages import Offer, Outcome, WireError
 
@@ -32,6 +33,11 @@ class _Running:
     # handles the request. ``lease_timer`` cancels the handler a margin before it.
     lease_deadline: float = 0.0
     lease_timer: asyncio.TimerHandle | None = None
+
+
+def log_extra(run: _Running) -> dict[str, str | None]:
+    """The structured ``extra`` of a log line about ``run``: task, attempt and trace ids (docs/WORKERS.md)."""
+    return tracecontext.log_extra(run.offer.task_id, run.offer.attempt_id, run.ctx.traceparent)
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ async def execute(run: _Running, fn: Handler) -> _Ending | None:
     except asyncio.CancelledError as exc:
         current = asyncio.current_task()
         if run.cancel_reason is not None:
-            log.info("task %s cancelled (%s); no settle", offer.task_id, run.cancel_reason)
+            log.info("task %s cancelled (%s); no settle", offer.task_id, run.cancel_reason, extra=log_extra(run))
             return None
         if run.shutdown:
             return _failed(Code.HANDLER_ERROR, "worker stopped before the handler finished", retryable=True)
@@ -79,7 +85,7 @@ async def execute(run: _Running, fn: Handler) -> _Ending | None:
         # The handler's own code let a CancelledError escape: a handler error like any other.
         return _failed(Code.HANDLER_ERROR, f"handler raised CancelledError {exc}", retryable=True)
     except Exception as exc:
-        log.warning("handler of task %s (%s) raised", offer.task_id, run.kind, exc_info=True)
+        log.warning("handler of task %s (%s) raised", offer.task_id, run.kind, exc_info=True, extra=log_extra(run))
         return _failed(Code.HANDLER_ERROR, str(exc) or type(exc).__name__, retryable=True)
 
 

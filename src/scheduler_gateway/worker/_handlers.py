@@ -9,16 +9,18 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Final
 
+from scheduler_gateway import tracing
 from scheduler_gateway.wire.messages import ClaimReply, Offer
 
 from ._context import Handler, TaskContext
-from ._execute import _Running, execute
+from ._execute import _Running, execute, log_extra
 
 if TYPE_CHECKING:
     from ._runtime import Worker
 
 log = logging.getLogger("scheduler_gateway.worker")
 
+TRACER: Final = "scheduler_gateway.worker"
 LEASE_MARGIN_MAX_S: Final = 1.0  # a handler whose lease was not renewed is cancelled this long before it
 LEASE_MARGIN_FRACTION: Final = 0.1  # ... or this fraction of leaseSeconds before, if that is shorter
 
@@ -46,6 +48,7 @@ def start_handler(w: Worker, kind: str, offer: Offer, reply: ClaimReply, sent: f
         run_id=offer.run_id,
         thread_id=offer.thread_id,
         request_id=offer.request_id,
+        traceparent=offer.traceparent,
     )
     run = _Running(offer=offer, ctx=ctx, kind=kind)
     w._running[lease_id] = run
@@ -53,22 +56,44 @@ def start_handler(w: Worker, kind: str, offer: Offer, reply: ClaimReply, sent: f
     run.task = asyncio.create_task(run_handler(w, run, fn), name=f"handler-{offer.task_id}")
     renew_lease(w, run, sent)
     w._heartbeats.wake()  # a short lease may need an earlier heartbeat
-    log.debug("running task %s attempt %s lease %s", offer.task_id, offer.attempt_id, lease_id)
+    log.debug("running task %s attempt %s lease %s", offer.task_id, offer.attempt_id, lease_id, extra=log_extra(run))
     return True
 
 
 async def run_handler(w: Worker, run: _Running, fn: Handler) -> None:
+    offer = run.offer
     try:
-        ending = await execute(run, fn)
+        # the handler's span: a child of the task's traceparent (a new root without one), active while it runs
+        with tracing.span(
+            TRACER, f"handle {run.kind}", offer.traceparent, kind="consumer", attributes=_attrs(w, run)
+        ) as span:
+            run.ctx.traceparent = span.traceparent
+            ending = await execute(run, fn)
+            if ending is None:
+                span.fail("CANCELLED", run.cancel_reason or "")
+            elif ending.error is not None:
+                span.fail(ending.error.code, ending.error.message)
     finally:
         finish(w, run)
     if ending is None:
         return  # cancelled by the gateway: it has already closed the attempt
     if run.cancel_reason is not None:
         # Cancelled while finishing: the gateway has already closed the attempt.
-        log.info("task %s cancelled (%s) as it finished; no settle", run.offer.task_id, run.cancel_reason)
+        reason = run.cancel_reason
+        log.info("task %s cancelled (%s) as it finished; no settle", run.offer.task_id, reason, extra=log_extra(run))
         return
     w._queue_settle(run, ending)
+
+
+def _attrs(w: Worker, run: _Running) -> dict[str, str | int]:
+    o = run.offer
+    return {
+        "gw.task.id": o.task_id,
+        "gw.attempt.id": o.attempt_id,
+        "gw.attempt.no": run.ctx.attempt_no,
+        "gw.task.kind": o.kind,
+        "gw.node.id": w.node_id,
+    }
 
 
 def finish(w: Worker, run: _Running) -> None:
@@ -110,5 +135,6 @@ def lease_lapsed(w: Worker, run: _Running) -> None:
         run.offer.task_id,
         lease_s - lease_margin(lease_s),
         lease_s,
+        extra=log_extra(run),
     )
     w._cancel_lease(lease_id, "lease not renewed in time")

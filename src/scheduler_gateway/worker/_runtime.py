@@ -28,7 +28,7 @@ from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.subjects import Subjects, node_inbox_prefix
 
 from ._claims import ClaimBatcher
-from ._execute import _Ending, _Running
+from ._execute import _Ending, _Running, log_extra
 from ._handlers import LEASE_MARGIN_FRACTION, LEASE_MARGIN_MAX_S, lease_margin, renew_lease
 from ._heartbeat import _Heartbeats
 from ._offers import handle_offer
@@ -403,7 +403,7 @@ class Worker:
         data, msg_id, outcome = encode_settle(run, ending, self.nc.max_payload)
         self._settling[lease_id] = _PendingSettle(offer.task_id, lease_id, offer.lease_seconds, run.ctx._progress)
         self._spawn(self._settle_tasks, self._publish_settle(lease_id, data, msg_id), "settle")
-        log.debug("task %s %s; settling", offer.task_id, outcome)
+        log.debug("task %s %s; settling", offer.task_id, outcome, extra=log_extra(run))
 
     async def _publish_settle(self, lease_id: str, data: bytes, msg_id: str) -> None:
         subject = self.subjects.settle(self.node_id)

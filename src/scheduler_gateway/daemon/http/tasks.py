@@ -18,7 +18,7 @@ from scheduler_gateway.actors.task_service import BatchItem, Caller, NewTask, Ta
 from scheduler_gateway.daemon.http.callback_client import target_host, target_problem
 from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
 from scheduler_gateway.daemon.http.input import MAX_JSON_DEPTH, check_json_depth, idempotency_key
-from scheduler_gateway.wire import api
+from scheduler_gateway.wire import api, tracecontext
 from scheduler_gateway.wire.errors import (
     GatewayError,
     InvalidArgument,
@@ -27,6 +27,7 @@ from scheduler_gateway.wire.errors import (
 from scheduler_gateway.wire.ids import is_id
 from scheduler_gateway.wire.timefmt import RANGE_TEXT, fmt_ts, parse_ts
 
+from . import task_spans
 from .context import CALLER, canonical_hash, page_args, task_id_arg
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ def task_view(t: Task) -> api.TaskView:
         updated_at=fmt_ts(t.updated_at),
         started_at=fmt_ts(t.started_at),
         finished_at=fmt_ts(t.finished_at),
+        traceparent=t.traceparent,
     )
 
 
@@ -112,7 +114,9 @@ class TaskRoutes:
         self.api._check_payload(req.payload)
         spec = self._new_task(req)
         key = idempotency_key(request.headers.get("Idempotency-Key"))
-        task, replayed = await self.service.create(caller, spec, key, canonical_hash(body) if key else "")
+        with task_spans.create_span(caller, spec, request.headers.get("traceparent")) as (spec, span):
+            task, replayed = await self.service.create(caller, spec, key, canonical_hash(body) if key else "")
+            task_spans.created(span, task.id, replayed)
         if replayed:
             return self.api._json(task_view(task), 200, {"Idempotent-Replayed": "true"})
         failpoints.hit("http.after_commit")  # committed, not answered
@@ -142,7 +146,10 @@ class TaskRoutes:
                 slots.append(n)
             except GatewayError as exc:
                 answers[n] = _item_error(exc)
-        for n, outcome in zip(slots, await self.service.create_many(caller, items), strict=True):
+        with task_spans.create_spans(caller, items, request.headers.get("traceparent")) as (items, spans):
+            outcomes = await self.service.create_many(caller, items)
+            task_spans.batch_created(spans, outcomes)
+        for n, outcome in zip(slots, outcomes, strict=True):
             if isinstance(outcome, GatewayError):
                 answers[n] = _item_error(outcome)
             else:
@@ -206,6 +213,7 @@ class TaskRoutes:
             thread_id=req.thread_id,
             run_id=req.run_id,
             requires_approval=req.requires_approval,
+            traceparent=tracecontext.normalized(req.traceparent),
             callback_url=req.callback_url,
             callback_secret=req.callback_secret or None,
             labels=req.labels,
