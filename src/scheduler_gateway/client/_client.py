@@ -16,7 +16,8 @@ import random
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
+from urllib.parse import quote
 
 import aiohttp
 import msgspec
@@ -25,12 +26,23 @@ from scheduler_gateway.wire import api
 from scheduler_gateway.wire import schedule_api as sa
 
 from ._batch import MAX_BATCH, MAX_BATCH_BYTES, submit_batches
-from ._errors import GatewayClientError
+from ._errors import CONNECTION_FAILED, GatewayClientError, error_for, error_from_response
 from ._events import EventStream, wait_for
-from ._http import USER_AGENT, Body, Retry, T, _Answer, _given, _id, _keyed, _new_key, send
-from ._types import TERMINAL_STATES, CallbackDeadLetterView, ReadyView, SubmitResult, raw, timestamp
+from ._http import USER_AGENT, Body, Retry, T, _Answer, _given, _id, _keyed, _new_key, _trace_headers, send
+from ._types import (
+    TERMINAL_STATES,
+    ArtifactView,
+    CallbackDeadLetterView,
+    KindView,
+    RateView,
+    ReadyView,
+    SubmitResult,
+    raw,
+    timestamp,
+)
 
 _NOT_SENT: Any = msgspec.Raw(b"")  # "no payload" in rework (a payload of null is raw(None))
+_UNCHANGED: Any = object()  # a kind's setting left as it is (None removes the limit)
 
 
 class GatewayClient:
@@ -384,6 +396,72 @@ class GatewayClient:
     async def ready(self) -> ReadyView:
         """``GET /readyz``: readiness and its checks (a 503 "not_ready" is an answer here, not an error)."""
         return self._decode((await self._call("GET", "/readyz", ok=(503,))).body, ReadyView)
+
+    # -- kinds (flow control) --------------------------------------------------------------------------
+    async def kinds(self, *, page_size: int = 100) -> list[KindView]:
+        """``GET /api/kinds``: every kind that has tasks or settings, with its limits and counts."""
+        return [k async for k in self._pages("/api/kinds", KindView, None, page_size)]
+
+    async def get_kind(self, kind: str) -> KindView:
+        return await self._get(f"/api/kinds/{_id(kind)}", KindView)
+
+    async def set_kind(
+        self,
+        kind: str,
+        *,
+        paused: bool = _UNCHANGED,
+        concurrency: int | None = _UNCHANGED,
+        key_concurrency: int | None = _UNCHANGED,
+        rate: RateView | tuple[int, float] | None = _UNCHANGED,
+        key_rate: RateView | tuple[int, float] | None = _UNCHANGED,
+    ) -> KindView:
+        """``PUT /api/kinds/{kind}`` (admin): only the settings given change; ``None`` removes that limit. A rate
+        is a ``RateView`` or ``(limit, period_seconds)``. Setting the same values again is harmless: retried."""
+        body: dict[str, Any] = {}
+        for key, value in (
+            ("paused", paused),
+            ("concurrency", concurrency),
+            ("keyConcurrency", key_concurrency),
+            ("rate", rate),
+            ("keyRate", key_rate),
+        ):
+            if value is _UNCHANGED:
+                continue
+            if isinstance(value, tuple):
+                value = RateView(limit=value[0], period_seconds=value[1])
+            body[key] = value
+        answer = await self._call("PUT", f"/api/kinds/{_id(kind)}", body=body)
+        return self._decode(answer.body, KindView)
+
+    async def pause_kind(self, kind: str) -> KindView:
+        """Start nothing more of ``kind`` (running tasks go on); a repeat is harmless."""
+        return self._decode((await self._call("POST", f"/api/kinds/{_id(kind)}/pause")).body, KindView)
+
+    async def resume_kind(self, kind: str) -> KindView:
+        return self._decode((await self._call("POST", f"/api/kinds/{_id(kind)}/resume")).body, KindView)
+
+    # -- artifacts -------------------------------------------------------------------------------------
+    def artifacts(self, task_id: str, *, page_size: int = 100) -> AsyncIterator[ArtifactView]:
+        """``GET /api/tasks/{id}/artifacts``: the task's artifacts, oldest first."""
+        return self._pages(f"/api/tasks/{_id(task_id)}/artifacts", ArtifactView, None, page_size)
+
+    async def download_artifact(self, task_id: str, name: str, out: IO[bytes], *, chunk_bytes: int = 1 << 16) -> int:
+        """Stream the artifact's bytes into ``out`` (never held whole in memory); the number of bytes written.
+        A refusal (``ARTIFACT_NOT_FOUND``, ``TASK_NOT_FOUND``...) raises before anything is written."""
+        path = f"/api/tasks/{_id(task_id)}/artifacts/{quote(name, safe='/')}"
+        try:
+            async with self._http().get(
+                self.base_url + path, headers=_trace_headers(), timeout=self.stream_timeout
+            ) as resp:
+                if resp.status != 200:
+                    raise error_from_response(resp.status, await resp.read(), resp.headers.get("X-Request-Id"))
+                written = 0
+                async for chunk in resp.content.iter_chunked(chunk_bytes):
+                    out.write(chunk)
+                    written += len(chunk)
+                return written
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            raise error_for(CONNECTION_FAILED, f"GET {path}: {type(exc).__name__}: {exc}") from exc
 
     # -- threads ---------------------------------------------------------------------------------------
     async def create_thread(self, title: str | None = None) -> sa.ThreadView:

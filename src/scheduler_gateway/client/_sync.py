@@ -140,6 +140,15 @@ class SyncGatewayClient:
     health = _blocking(GatewayClient.health)
     ready = _blocking(GatewayClient.ready)
 
+    # kinds and artifacts
+    kinds = _blocking(GatewayClient.kinds)
+    get_kind = _blocking(GatewayClient.get_kind)
+    set_kind = _blocking(GatewayClient.set_kind)
+    pause_kind = _blocking(GatewayClient.pause_kind)
+    resume_kind = _blocking(GatewayClient.resume_kind)
+    artifacts = _iterating(GatewayClient.artifacts)
+    download_artifact = _blocking(GatewayClient.download_artifact)
+
     # threads
     create_thread = _blocking(GatewayClient.create_thread)
     get_thread = _blocking(GatewayClient.get_thread)

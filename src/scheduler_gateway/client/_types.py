@@ -65,6 +65,44 @@ class CallbackDeadLetterView(msgspec.Struct, rename="camel", kw_only=True):
     created_at: str | None
 
 
+class RateView(msgspec.Struct, rename="camel", kw_only=True):
+    """A kind's rate limit: at most ``limit`` starts in any window of ``period_seconds`` (docs/API.md, Kinds)."""
+
+    limit: int
+    period_seconds: float
+
+
+class KindCountsView(msgspec.Struct, rename="camel", kw_only=True):
+    queued: int = 0
+    running: int = 0
+    waiting_approval: int = 0
+
+
+class KindView(msgspec.Struct, rename="camel", kw_only=True):
+    """A kind's flow settings and counts (``GET /api/kinds/{kind}``)."""
+
+    kind: str
+    paused: bool = False
+    concurrency: int | None = None
+    key_concurrency: int | None = None
+    rate: RateView | None = None
+    key_rate: RateView | None = None
+    counts: KindCountsView = msgspec.field(default_factory=KindCountsView)
+    updated_at: str | None = None
+
+
+class ArtifactView(msgspec.Struct, rename="camel", kw_only=True):
+    """One artifact of a task (``GET /api/tasks/{id}/artifacts``)."""
+
+    name: str
+    size: int
+    sha256: str
+    content_type: str | None = None
+    attempt_no: int | None = None
+    node_id: str | None = None
+    created_at: str | None = None
+
+
 class CheckView(msgspec.Struct, kw_only=True):
     ok: bool
     detail: str | None = None
@@ -138,11 +176,15 @@ class SubmitResult:
 __all__ = [
     "TASK_STATES",
     "TERMINAL_STATES",
+    "ArtifactView",
     "CallbackDeadLetterView",
     "CheckView",
     "Disconnect",
     "ErrorView",
     "Gap",
+    "KindCountsView",
+    "KindView",
+    "RateView",
     "ReadyView",
     "SubmitOutcome",
     "SubmitResult",
