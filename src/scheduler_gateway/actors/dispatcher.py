@@ -6,6 +6,12 @@ time, so a high-priority task never waits behind a deep backlog already in the s
 serial lanes: only the oldest queued task of a thread is offered, and only while no task of that thread
 is offered or running. A canceled or re-attempted task frees its slot at once; its stale offer, if one
 is still in the stream, is refused at claim.
+
+Flow control (docs/FLOW.md, actors/dispatch_flow.py): the ready tasks of a kind wait in one queue per
+``concurrencyKey``, and the keys take turns for each offer; a task is offered only when one more start would
+break none of its kind's rules (pause, concurrency, key concurrency, rates), the offers already out counted as
+starts to come. A key whose own limit binds sits out its turns until a slot of that key frees; a kind-wide
+limit holds the whole kind until a slot frees or a start leaves a rate's window (a timer).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import asyncio
 import bisect
 import heapq
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,6 +28,8 @@ import msgspec
 
 from scheduler_gateway.wire.messages import Offer
 
+from .dispatch_flow import FlowBook, Key, KindQueue
+from .model.flow import KindSettings
 from .model.records import Task
 from .ports import Bus, Metrics, NullMetrics
 from .runtime import LoopActor, Wakeup
@@ -54,10 +63,13 @@ class Dispatcher(LoopActor):
         self._max = max_offers_per_kind
         self._metrics = metrics or NullMetrics()
         self._queued: dict[str, Task] = {}
-        self._ready: dict[str, list[tuple[int, float, str, str]]] = {}
+        self._ready: dict[str, KindQueue] = {}
+        self.flow = FlowBook()
+        self._flow_timers: set[tuple[float, str]] = set()
         self._timers: list[tuple[float, str, str]] = []
         self._offered: dict[str, dict[str, str]] = {}  # kind -> task id -> attempt id
         self._offered_kind: dict[str, str] = {}  # task id -> kind
+        self._offered_key: dict[str, Key] = {}  # task id -> concurrency key, of the offered tasks
         self._lanes: dict[str, _Lane] = {}
         self._wake = Wakeup()
         self._encoder = msgspec.json.Encoder()
@@ -66,6 +78,12 @@ class Dispatcher(LoopActor):
     def update(self, task: Task) -> None:
         """A task was created or changed (called after its change is committed)."""
         self._unoffer(task.id, keep_attempt=task.attempt_id if task.state == "queued" else None)
+        if task.state == "running":
+            self.flow.running(task.id, task.kind, task.concurrency_key, task.started_at)
+        else:
+            freed = self.flow.stopped(task.id)
+            if freed is not None and freed[0] in self._ready:
+                self._ready[freed[0]].release(freed[1])
         if task.state == "queued":
             self._queued[task.id] = task
             if task.thread_id:
@@ -82,6 +100,67 @@ class Dispatcher(LoopActor):
         if task.thread_id:
             self._kick_lane(task.thread_id)
         self._wake.set()
+
+    def set_kind(self, settings: KindSettings) -> None:
+        """A kind's flow settings, new or changed (here or on another instance)."""
+        self.flow.set(settings)
+        queue = self._ready.get(settings.kind)
+        if queue is not None:
+            queue.release_all()  # each key is judged again by the new rules at its next turn
+        self._wake.set()
+
+    def waiting_for(self, task: Task) -> str | None:
+        """Why a task that is not running has not started (the task's ``waitingFor``), as far as this instance
+        sees; None for running and terminal tasks and for one on offer."""
+        if task.state == "waiting_approval":
+            return "approval"
+        if task.state != "queued" or task.id in self._offered_kind:
+            return None
+        if task.not_before > self._clock():
+            return "retry_backoff" if task.attempt_no > 1 else "not_before"
+        if task.thread_id and not self._lane_allows(task):
+            return "thread"
+        return self.flow.rule(task.kind, task.concurrency_key, self._clock(), *self._offered_counts(task))
+
+    def flow_figures(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+        """(kind, state) -> queued / running tasks, and (kind, reason) -> queued tasks held back (metrics)."""
+        tasks: Counter[tuple[str, str]] = Counter()
+        held: Counter[tuple[str, str]] = Counter()
+        rules: dict[tuple[str, Key], str | None] = {}  # the flow rule is the same for every task of a key
+        for t in self._queued.values():
+            tasks[(t.kind, "queued")] += 1
+            if t.id in self._offered_kind:
+                continue
+            lane = (t.kind, t.concurrency_key)
+            if lane not in rules or t.not_before > self._clock() or t.thread_id:
+                reason = self.waiting_for(t)
+                if t.not_before <= self._clock() and not t.thread_id:
+                    rules[lane] = reason
+            else:
+                reason = rules[lane]
+            if reason is not None:
+                held[(t.kind, reason)] += 1
+        for kind, n in self.flow.running_kind.items():
+            if n:
+                tasks[(kind, "running")] = n
+        return dict(tasks), dict(held)
+
+    def claim_refused(self, task: Task) -> None:
+        """The store refused a claim of this offer (a flow limit, or the thread's lane): the task goes back to
+        wait by the rules, so it is neither counted as on offer nor offered again while they bind."""
+        self._unoffer(task.id, keep_attempt=None)
+        if task.thread_id and task.thread_id in self._lanes:
+            self._lanes[task.thread_id].active.discard(task.id)
+        live = self._queued.get(task.id)
+        if live is not None:
+            self._schedule(live)
+        self._wake.set()
+
+    def _offered_counts(self, task: Task) -> tuple[int, int]:
+        offered = self._offered.get(task.kind, {})
+        key = task.concurrency_key
+        same_key = sum(1 for tid in offered if self._offered_key.get(tid) == key) if key is not None else 0
+        return len(offered), same_key
 
     def offered_count(self, kind: str) -> int:
         return len(self._offered.get(kind, ()))
@@ -100,13 +179,19 @@ class Dispatcher(LoopActor):
             return  # the same attempt is still on offer
         offered.pop(task_id, None)
         del self._offered_kind[task_id]
+        key = self._offered_key.pop(task_id, None)
+        queue = self._ready.get(kind)
+        if queue is not None:
+            queue.release(key)
 
     def _schedule(self, task: Task) -> None:
         if task.not_before > self._clock():
             heapq.heappush(self._timers, (task.not_before, task.id, task.attempt_id))
         else:
-            heap = self._ready.setdefault(task.kind, [])
-            heapq.heappush(heap, (-task.priority, task.created_at, task.id, task.attempt_id))
+            queue = self._ready.get(task.kind)
+            if queue is None:
+                queue = self._ready[task.kind] = KindQueue()
+            queue.push(task.concurrency_key, (-task.priority, task.created_at, task.id, task.attempt_id))
 
     def _lane_add(self, task: Task) -> None:
         assert task.thread_id is not None
@@ -147,29 +232,74 @@ class Dispatcher(LoopActor):
 
     def _pick(self, now: float) -> list[Task]:
         while self._timers and self._timers[0][0] <= now:
-            _, task_id, attempt_id = heapq.heappop(self._timers)
+            at, task_id, attempt_id = heapq.heappop(self._timers)
+            if not task_id:  # a flow timer: attempt_id names the kind
+                self._flow_timers.discard((at, attempt_id))
+                if attempt_id in self._ready:
+                    self._ready[attempt_id].release_all()
+                continue
             task = self._queued.get(task_id)
             if task is not None and task.attempt_id == attempt_id:
                 self._schedule(task)
         picked: list[Task] = []
-        for kind, heap in self._ready.items():
-            offered = self._offered.setdefault(kind, {})
-            while heap and len(offered) < self._max:
-                _, _, task_id, attempt_id = heapq.heappop(heap)
-                task = self._queued.get(task_id)
-                if task is None or task.attempt_id != attempt_id or task_id in offered:
-                    continue
-                if task.not_before > now:
-                    self._schedule(task)
-                    continue
-                if not self._lane_allows(task):
-                    continue  # re-scheduled when the lane frees
-                offered[task_id] = attempt_id
-                self._offered_kind[task_id] = kind
-                if task.thread_id:
-                    self._lanes[task.thread_id].active.add(task_id)
-                picked.append(task)
+        for kind, queue in self._ready.items():
+            self._pick_kind(kind, queue, now, picked)
         return picked
+
+    def _pick_kind(self, kind: str, queue: KindQueue, now: float, picked: list[Task]) -> None:
+        """Offer the kind's ready tasks, the keys taking turns, while the window and the flow rules allow."""
+        offered = self._offered.setdefault(kind, {})
+        limited = kind in self.flow.settings and self.flow.settings[kind].limits_starts
+        while queue.turns and len(offered) < self._max:
+            key = queue.take_turn()
+            heap = queue.heaps.get(key)
+            task = self._best(heap, offered, now) if heap else None
+            if heap is None or task is None:
+                queue.drop_key(key)
+                continue
+            if limited:
+                same_key = sum(1 for tid in offered if self._offered_key.get(tid) == key) if key is not None else 0
+                rule = self.flow.rule(kind, key, now, len(offered), same_key)
+                if rule is not None:
+                    heapq.heappush(heap, (-task.priority, task.created_at, task.id, task.attempt_id))
+                    if rule in ("kind_rate", "key_rate"):
+                        self._wake_at(self.flow.next_free_at(kind, now), kind)
+                    if rule.startswith("key_"):
+                        queue.hold(key)  # this key sits out its turns; the others go on
+                        continue
+                    queue.wait_first(key)  # the whole kind waits: a slot frees, or a start leaves a window
+                    return
+            if heap:
+                queue.end_turn(key)
+            else:
+                queue.drop_key(key)
+            offered[task.id] = task.attempt_id
+            self._offered_kind[task.id] = kind
+            self._offered_key[task.id] = key
+            if task.thread_id:
+                self._lanes[task.thread_id].active.add(task.id)
+            picked.append(task)
+
+    def _wake_at(self, at: float | None, kind: str) -> None:
+        """A timer (an entry with no task) at which the kind's rate-held keys take turns again."""
+        if at is not None and (at, kind) not in self._flow_timers:
+            self._flow_timers.add((at, kind))
+            heapq.heappush(self._timers, (at, "", kind))
+
+    def _best(self, heap: list[tuple[int, float, str, str]], offered: dict[str, str], now: float) -> Task | None:
+        """The key's best task that may be offered now; stale entries and tasks that must wait leave the heap."""
+        while heap:
+            _, _, task_id, attempt_id = heapq.heappop(heap)
+            task = self._queued.get(task_id)
+            if task is None or task.attempt_id != attempt_id or task_id in offered:
+                continue
+            if task.not_before > now:
+                self._schedule(task)
+                continue
+            if not self._lane_allows(task):
+                continue  # re-scheduled when the lane frees
+            return task
+        return None
 
     def _encode(self, task: Task) -> bytes:
         return self._encoder.encode(

@@ -6,10 +6,12 @@ actions, operations and codes come from fixed sets.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import Counter as Counter_
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 
 from scheduler_gateway.actors.model.retention import PURGE_KINDS
 from scheduler_gateway.actors.ports import StoreSize
@@ -59,6 +61,12 @@ class PrometheusMetrics:
             "gw_dead_letter_redrives_total",
             "Dead letters requeued, by redrive, force_retry or a retry of the task",
             ["action"],
+            registry=r,
+        )
+        self.claims_limited = Counter(
+            "gw_claims_limited_total",
+            "Claims refused LIMITED where they commit, by kind and flow rule (docs/FLOW.md)",
+            ["kind", "rule"],
             registry=r,
         )
         self.dead_letters = Gauge(
@@ -116,6 +124,44 @@ class PrometheusMetrics:
 
     def redriven(self, action: str) -> None:
         self.redrives.labels(action).inc()
+
+    def claim_limited(self, kind: str, rule: str) -> None:
+        self.claims_limited.labels(self.kind(kind), rule).inc()
+
+    def set_flow(self, figures: FlowFigures) -> None:
+        """The per-kind gauges, read at each scrape from ``figures()``."""
+        self.registry.register(_FlowCollector(figures, self.kind))
+
+
+#: (kind, state) -> queued / running tasks, and (kind, reason) -> queued tasks held back (their waitingFor)
+FlowFigures = Callable[[], tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]]
+
+
+class _FlowCollector:
+    def __init__(self, figures: FlowFigures, kind: Callable[[str], str]) -> None:
+        self._figures = figures
+        self._kind = kind
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        tasks, held = self._figures()
+        families = (
+            (GaugeMetricFamily("gw_kind_tasks", "Queued and running tasks per kind", labels=["kind", "state"]), tasks),
+            (
+                GaugeMetricFamily(
+                    "gw_kind_held_back",
+                    "Queued tasks not offered, per kind and the rule holding them (their waitingFor)",
+                    labels=["kind", "reason"],
+                ),
+                held,
+            ),
+        )
+        for family, values in families:
+            summed: Counter_[tuple[str, str]] = Counter_()
+            for (kind, label), n in values.items():
+                summed[(self._kind(kind), label)] += n  # kinds past MAX_KINDS share "other"
+            for labels, n in sorted(summed.items()):
+                family.add_metric(list(labels), n)
+            yield family
 
 
 def _count_of(counts: Callable[[], dict[str, int]], state: str) -> Callable[[], float]:

@@ -89,15 +89,25 @@ async def _claim(svc: TaskService, node_id: str, req: ClaimRequest) -> ClaimRepl
     try:
         new = await svc._commit(result, None)
     except Conflict as exc:
-        if exc.code != Code.THREAD_BUSY:
+        if exc.code == Code.THREAD_BUSY:
+            # the store holds the lane: another task of the thread runs (an offer from before a restart, another
+            # instance's). The node naks the offer; it is claimed once the lane is free.
+            details: dict[str, Any] = {"threadId": task.thread_id, "rule": "thread"}
+            message = f"thread {task.thread_id} already has a running task"
+        elif exc.code == Code.LIMITED:
+            # a flow limit of the kind binds where the claim commits (a stale offer, another instance's claim):
+            # the task stays queued and the node naks the offer (docs/FLOW.md)
+            details = {k: v for k, v in exc.details.items() if k != "taskId"}
+            message = exc.message
+            svc._metrics.claim_limited(task.kind, str(exc.details.get("rule", "")))
+        else:
             raise
-        # the store holds the lane: another task of the thread runs (an offer from before a restart, another
-        # instance's). The node naks the offer; it is claimed once the lane is free.
         await svc._refused(
             "claim", task, task.id, actor, error_code=Code.LIMITED, node_id=node_id, attempt_id=req.attempt_id,
-            details={"threadId": task.thread_id, "rule": "thread"},
+            details=details,
         )  # fmt: skip
-        return _claim_error(Code.LIMITED, f"thread {task.thread_id} already has a running task")
+        svc._dispatcher.claim_refused(task)
+        return _claim_error(Code.LIMITED, message)
     failpoints.hit("claim.after_commit")  # the task is running in the store; the node has no reply yet
     if new.thread_id is not None:
         failpoints.hit("claim.after_thread_commit")  # the thread's lane is taken; the node has no reply yet

@@ -114,6 +114,10 @@ class TaskService:
         for t in list(self._background):
             t.cancel()
 
+    def waiting_for(self, task: Task) -> str | None:
+        """Why the task has not started (its ``waitingFor``, docs/FLOW.md), judged on its live copy."""
+        return self._dispatcher.waiting_for(self._live.get(task.id, task))
+
     def add_listener(self, listener: Callable[[sm.Transition], None]) -> None:
         """Called after every committed transition (in the task's mailbox; keep it quick and non-blocking).
         What must be durable with the change belongs in the Change itself, not in a listener."""

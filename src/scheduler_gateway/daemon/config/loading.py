@@ -3,12 +3,14 @@ docstring, ``daemon/config/__init__.py``)."""
 
 from __future__ import annotations
 
+import re
 import socket
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scheduler_gateway.actors.model.flow import KindSettings, Rate
 from scheduler_gateway.daemon.config.model import (
     _NATS_HARD_MAX_PAYLOAD,
     _SUBJECT_PREFIX,
@@ -34,6 +36,38 @@ from scheduler_gateway.daemon.config.model import (
 from scheduler_gateway.daemon.config.reader import _Reader
 from scheduler_gateway.daemon.config.store_url import StoreUrlError, parse_store_url
 from scheduler_gateway.wire.redact import redact_one_url
+
+KIND_NAME = re.compile(r"[a-z0-9_.-]{1,64}")
+
+
+def _kinds(r: _Reader) -> tuple[KindSettings, ...]:
+    """``[kinds.<kind>]``: the starting flow settings of kinds that have none stored yet (docs/FLOW.md)."""
+    table = r.section("kinds").table
+    out: list[KindSettings] = []
+    for name in sorted(table):
+        if not KIND_NAME.fullmatch(name):
+            r.errors.append(f"[kinds.{name}]: a kind name is 1 to 64 of a-z 0-9 _ . -")
+            continue
+        k = r.section(f"kinds.{name}")
+        concurrency = k.optional_int("concurrency", lo=0)
+        key_concurrency = k.optional_int("key_concurrency", lo=1)
+        rate_limit = k.optional_int("rate_limit", lo=1)
+        rate_period = k.number("rate_period_s", 1.0, gt=0)
+        key_rate_limit = k.optional_int("key_rate_limit", lo=1)
+        key_rate_period = k.number("key_rate_period_s", 1.0, gt=0)
+        paused = k.boolean("paused", False)
+        k.finish()
+        out.append(
+            KindSettings(
+                kind=name,
+                paused=paused,
+                concurrency=concurrency,
+                key_concurrency=key_concurrency,
+                rate=Rate(limit=rate_limit, period_s=rate_period) if rate_limit is not None else None,
+                key_rate=Rate(limit=key_rate_limit, period_s=key_rate_period) if key_rate_limit is not None else None,
+            )
+        )
+    return tuple(out)
 
 
 def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
@@ -171,8 +205,11 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
     instance = InstanceConfig(id=in_s.string("id", f"{socket.gethostname()}-{http.port}", nonempty=True).strip())
     in_s.finish()
 
+    kinds = _kinds(r)
+
     root.finish(
         subsections=(
+            "kinds",
             "http",
             "nats",
             "callbacks",
@@ -198,6 +235,7 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
         callbacks=callbacks,
         deadletter=deadletter,
         dispatch=dispatch,
+        kinds=kinds,
         scheduler=scheduler,
         events=events,
         tasks=tasks,

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
+
+from scheduler_gateway.actors.model.flow import KindSettings
 from scheduler_gateway.daemon.config.store_url import StoreLocation, parse_store_url, sqlite_url
 from scheduler_gateway.wire.redact import REDACTED, redact_one_url, redact_url
 
@@ -193,6 +196,8 @@ class Config:
     callbacks: CallbacksConfig = field(default_factory=CallbacksConfig)
     deadletter: DeadletterConfig = field(default_factory=DeadletterConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
+    #: ``[kinds.<kind>]``: starting flow settings of kinds with none stored (docs/FLOW.md)
+    kinds: tuple[KindSettings, ...] = ()
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     events: EventsConfig = field(default_factory=EventsConfig)
     tasks: TasksConfig = field(default_factory=TasksConfig)
@@ -245,4 +250,6 @@ def _as_dict(obj: Any) -> Any:
         return [_as_dict(v) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
+    if isinstance(obj, msgspec.Struct):
+        return msgspec.to_builtins(obj)
     return obj

@@ -147,6 +147,12 @@ class _Section:
             return False
         return True
 
+    def optional_int(self, key: str, lo: int | None = None) -> int | None:
+        """An integer, or None when the key is not given (no limit)."""
+        if self._raw(key)[0] is _MISSING:
+            return None
+        return self.integer(key, 0, lo=lo)
+
     def number(self, key: str, default: float, lo: float | None = None, gt: float | None = None) -> float:
         value, from_env = self._raw(key)
         if value is _MISSING:
