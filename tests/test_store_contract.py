@@ -894,6 +894,7 @@ async def test_sqlite_migration_fills_the_dead_letter_columns(tmp_path: Path) ->
         # tokens, flow control)
         dl_version = 5
         db.execute("DELETE FROM schema_version WHERE version >= ?", (dl_version,))
+        db.execute("DROP TABLE artifacts")  # the artifact index (migration 11)
         for index in ("tasks_key_running", "uq_tasks_unique_live", "tasks_unique_recent"):
             db.execute(f"DROP INDEX {index}")
         for table in ("kinds", "task_starts", "token_revocations"):

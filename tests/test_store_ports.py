@@ -18,6 +18,7 @@ import pytest
 
 from scheduler_gateway.actors import ports
 from tests import test_store_contract as contract
+from tests import test_store_contract_artifacts as artifacts
 from tests import test_store_contract_cascade as cascade
 from tests import test_store_contract_flow as flow
 from tests import test_store_contract_idempotency as idempotency
@@ -93,6 +94,13 @@ SUITES: dict[type, list[tuple[ModuleType, str]]] = {
     ],
     ports.KindStore: [
         (flow, "test_kind_settings_are_kept_with_their_audit_and_event"),
+    ],
+    ports.ArtifactStore: [
+        (artifacts, "test_an_artifact_is_recorded_once_with_its_audit_and_event"),
+        (artifacts, "test_only_a_running_task_at_the_checked_revision_takes_an_artifact"),
+        (artifacts, "test_the_limits_refuse_and_write_nothing"),
+        (artifacts, "test_retention_marks_the_rows_of_old_finished_tasks_then_deletes_them"),
+        (artifacts, "test_retention_keeps_a_task_until_its_artifacts_are_gone"),
     ],
     ports.CallbackStore: [
         (contract, "test_callback_delivery_commits_with_its_change_and_is_listed_by_due_time"),

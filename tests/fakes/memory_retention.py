@@ -37,7 +37,9 @@ class MemoryRetention:
         kept = 0
         for _, task_id in due:
             letter = self._dead_letters.get(task_id)
-            if task_id in parents or task_id in run_tasks or (letter is not None and not letter.archived):
+            has_artifacts = any(k[0] == task_id for k in self._artifacts)  # they go first (ArtifactKeeper)
+            held = task_id in parents or task_id in run_tasks or has_artifacts
+            if held or (letter is not None and not letter.archived):
                 kept += 1
                 continue
             history = [k for k in self._history if k[0] == task_id]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from scheduler_gateway.actors.model.artifacts import ArtifactRecord
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
 from scheduler_gateway.actors.model.flow import Counts, KindSettings, duplicate, exceeded, limited
 from scheduler_gateway.actors.model.records import (
@@ -37,13 +38,14 @@ from scheduler_gateway.actors.ports import (
 )
 from scheduler_gateway.daemon.store.common import clamp_limit, int_cursor
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, StorageError, task_not_found
+from tests.fakes.memory_artifacts import MemoryArtifacts
 from tests.fakes.memory_retention import MemoryRetention
 from tests.fakes.memory_schedules import MemoryScheduleStore
 
 
 class MemoryStore(
-    MemoryScheduleStore, MemoryRetention
-):  # ScheduleStore: memory_schedules.py; RetentionStore: memory_retention.py
+    MemoryScheduleStore, MemoryRetention, MemoryArtifacts
+):  # ScheduleStore: memory_schedules.py; RetentionStore: memory_retention.py; ArtifactStore: memory_artifacts.py
     """``TaskStore`` on dicts. Every method runs without awaiting, so each change is atomic."""
 
     def __init__(self) -> None:
@@ -63,6 +65,7 @@ class MemoryStore(
         self._callbacks: dict[str, CallbackDelivery] = {}
         self._callback_letters: dict[str, CallbackDeadLetter] = {}
         self._thread_running: dict[str, str] = {}  # thread id -> the task that last ran in it
+        self._artifacts: dict[tuple[str, str], ArtifactRecord] = {}  # (task id, name) -> row, oldest first
         self._seq = 0  # shared by audit and outbox: only "grows" matters, as with AUTOINCREMENT
 
     async def start(self) -> None:

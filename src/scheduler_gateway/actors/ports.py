@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from .model.artifacts import ArtifactLimits, ArtifactRecord
 from .model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
 from .model.flow import KindSettings
 from .model.records import AuditEntry, DeadLetter, EventRecord, HistoryEntry, Task
@@ -302,10 +303,56 @@ class CallbackStore(Protocol):
         ...
 
 
+class ArtifactStore(Protocol):
+    """The artifact index (docs/ARTIFACTS.md): one row per recorded artifact, keyed ``(task_id, name)``, oldest
+    first. A row is written only after the gateway checked the stored bytes, and removed (with its task, by
+    retention) only after its bytes: ``mark_artifacts_removing`` first hides the rows whose bytes are about to go."""
+
+    async def record_artifact(
+        self, record: ArtifactRecord, audit: AuditEntry, event: EventRecord, *, task_revision: int,
+        limits: ArtifactLimits,
+    ) -> tuple[ArtifactRecord, bool]:  # fmt: skip
+        """In one transaction, the store arbitrating: REVISION_CONFLICT unless the task is ``running`` at
+        ``task_revision`` (its lease unchanged); the same name already recorded -> ``(existing, False)`` with the
+        same size and sha256, IDEMPOTENCY_CONFLICT with others; over ``limits`` (count, task bytes, artifact
+        bytes) -> PAYLOAD_TOO_LARGE; else the row, ``audit`` and ``event`` are written -> ``(record, True)``."""
+        ...
+
+    async def list_artifacts(self, task_id: str) -> list[ArtifactRecord]:
+        """The task's recorded artifacts, oldest first (rows being removed left out)."""
+        ...
+
+    async def get_artifact(self, task_id: str, name: str) -> ArtifactRecord | None: ...
+    async def artifact_counts(self, task_ids: list[str]) -> dict[str, int]:
+        """How many artifacts each of these tasks has (tasks without any left out)."""
+        ...
+
+    async def artifact_usage(self, task_id: str) -> tuple[int, int]:
+        """``(count, bytes)`` of the task's artifacts, rows being removed included (they still hold bytes)."""
+        ...
+
+    async def artifact_totals(self) -> tuple[int, int]:
+        """``(count, bytes)`` of every row: ``gw_artifacts_total``, ``gw_artifacts_bytes``."""
+        ...
+
+    async def mark_artifacts_removing(self, finished_before: float, limit: int) -> list[ArtifactRecord]:
+        """Mark the rows of terminal tasks finished at or before ``finished_before`` as being removed, and return
+        up to ``limit`` marked rows (those marked earlier, by a round that died, first)."""
+        ...
+
+    async def delete_artifacts(self, keys: list[tuple[str, str]]) -> int:
+        """Delete these ``(task_id, name)`` rows (their bytes are gone); the number deleted."""
+        ...
+
+    async def known_uploads(self, uploads: list[str]) -> set[str]:
+        """Which of these chunk ``upload`` names an index row holds (the orphan sweep keeps those)."""
+        ...
+
+
 # -- what each consumer takes, where it needs more than one port ----------------------------------------------
 
 
-class TaskServiceStore(TaskReads, TaskWrites, IdempotencyStore, AuditStore, DeadLetterStore, Protocol):
+class TaskServiceStore(TaskReads, TaskWrites, IdempotencyStore, AuditStore, DeadLetterStore, ArtifactStore, Protocol):
     """The task service: tasks, their keys, audit of refusals and repeats, dead letters it writes and redrives."""
 
 
@@ -339,6 +386,7 @@ class TaskStore(
     NodeStore,
     KindStore,
     CallbackStore,
+    ArtifactStore,
     Protocol,
 ):
     """Every narrow port: what a store adapter implements (``SqliteStore``, the memory store of the tests)."""

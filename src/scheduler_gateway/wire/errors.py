@@ -16,6 +16,7 @@ class Code:
     SCHEDULE_NOT_FOUND: Final = "SCHEDULE_NOT_FOUND"
     THREAD_NOT_FOUND: Final = "THREAD_NOT_FOUND"
     DEAD_LETTER_NOT_FOUND: Final = "DEAD_LETTER_NOT_FOUND"
+    ARTIFACT_NOT_FOUND: Final = "ARTIFACT_NOT_FOUND"  # a task's artifact of that name (docs/ARTIFACTS.md)
     NOT_FOUND: Final = "NOT_FOUND"
     INVALID_STATE_TRANSITION: Final = "INVALID_STATE_TRANSITION"
     TASK_ALREADY_TERMINAL: Final = "TASK_ALREADY_TERMINAL"
@@ -39,6 +40,8 @@ class Code:
     NODE_DRAINING: Final = "NODE_DRAINING"
     NOT_DUE: Final = "NOT_DUE"
     LIMITED: Final = "LIMITED"  # a thread's lane (or a flow limit) is full: the store refused the claim
+    # an artifact commit whose stored bytes differ from the size or sha256 the node reported (docs/WIRE.md)
+    DIGEST_MISMATCH: Final = "DIGEST_MISMATCH"
     # attempt failure reasons recorded in history
     TIMEOUT: Final = "TIMEOUT"
     HANDLER_ERROR: Final = "HANDLER_ERROR"

@@ -51,6 +51,10 @@ class Subjects:
     def cancel(self, node_id: str) -> str:
         return f"{self.prefix}.cancel.{node_id}"
 
+    def artifact(self, node_id: str) -> str:
+        """A node's artifact requests (begin, commit, abort: wire/artifacts.py)."""
+        return f"{self.prefix}.artifact.{node_id}"
+
     def event(self, aggregate_type: str, event_type: str) -> str:
         return f"{self.prefix}.evt.{aggregate_type}.{event_type}"
 

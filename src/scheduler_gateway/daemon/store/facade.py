@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
 from scheduler_gateway.actors.model.flow import KindSettings
 from scheduler_gateway.actors.model.records import AuditEntry, DeadLetter, EventRecord, Task
@@ -32,10 +33,12 @@ from scheduler_gateway.actors.schedule_ports import (
 )
 
 if TYPE_CHECKING:
+    from scheduler_gateway.daemon.store.artifacts import SqliteArtifacts
     from scheduler_gateway.daemon.store.callbacks import SqliteCallbacks
     from scheduler_gateway.daemon.store.dead_letters import SqliteDeadLetters
     from scheduler_gateway.daemon.store.kinds import SqliteKinds
     from scheduler_gateway.daemon.store.nodes import SqliteNodes
+    from scheduler_gateway.daemon.store.postgres.artifacts import PgArtifacts
     from scheduler_gateway.daemon.store.postgres.callbacks import PgCallbacks
     from scheduler_gateway.daemon.store.postgres.dead_letters import PgDeadLetters
     from scheduler_gateway.daemon.store.postgres.kinds import PgKinds
@@ -60,6 +63,7 @@ class ComposedStore:
     _schedules: SqliteSchedules | PgSchedules
     _retention: SqliteRetention | PgRetention
     _kinds: SqliteKinds | PgKinds
+    _artifacts: SqliteArtifacts | PgArtifacts
 
     # -- task writes and reads, idempotency keys, audit, outbox (tasks.py)
 
@@ -165,6 +169,38 @@ class ComposedStore:
 
     async def list_nodes(self) -> list[NodeRecord]:
         return await self._nodes.list_nodes()
+
+    # -- the artifact index (artifacts.py)
+
+    async def record_artifact(
+        self, record: ArtifactRecord, audit: AuditEntry, event: EventRecord, *, task_revision: int,
+        limits: ArtifactLimits,
+    ) -> tuple[ArtifactRecord, bool]:  # fmt: skip
+        return await self._artifacts.record_artifact(record, audit, event, task_revision=task_revision, limits=limits)
+
+    async def list_artifacts(self, task_id: str) -> list[ArtifactRecord]:
+        return await self._artifacts.list_artifacts(task_id)
+
+    async def get_artifact(self, task_id: str, name: str) -> ArtifactRecord | None:
+        return await self._artifacts.get_artifact(task_id, name)
+
+    async def artifact_counts(self, task_ids: list[str]) -> dict[str, int]:
+        return await self._artifacts.artifact_counts(task_ids)
+
+    async def artifact_usage(self, task_id: str) -> tuple[int, int]:
+        return await self._artifacts.artifact_usage(task_id)
+
+    async def artifact_totals(self) -> tuple[int, int]:
+        return await self._artifacts.artifact_totals()
+
+    async def mark_artifacts_removing(self, finished_before: float, limit: int) -> list[ArtifactRecord]:
+        return await self._artifacts.mark_artifacts_removing(finished_before, limit)
+
+    async def delete_artifacts(self, keys: list[tuple[str, str]]) -> int:
+        return await self._artifacts.delete_artifacts(keys)
+
+    async def known_uploads(self, uploads: list[str]) -> set[str]:
+        return await self._artifacts.known_uploads(uploads)
 
     # -- kinds (kinds.py)
 

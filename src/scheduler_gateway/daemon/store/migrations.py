@@ -6,6 +6,7 @@ import logging
 import sqlite3
 import time
 
+from scheduler_gateway.daemon.store.artifacts import ARTIFACT_MIGRATION
 from scheduler_gateway.daemon.store.common import (
     fetch_one,
     rollback_quietly,
@@ -199,6 +200,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     TOKEN_MIGRATION,
     # 10: flow control: kinds, the keys of a task, the starts the rates count
     FLOW_MIGRATION,
+    # 11: the artifact index (text in store/artifacts.py, next to its queries; docs/ARTIFACTS.md)
+    ARTIFACT_MIGRATION,
 )
 
 

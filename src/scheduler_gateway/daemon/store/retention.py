@@ -57,6 +57,8 @@ _SQL_DUE_TASKS = (
     " EXISTS (SELECT 1 FROM tasks c WHERE c.parent_id = t.id)"
     " OR EXISTS (SELECT 1 FROM dead_letters d WHERE d.task_id = t.id AND d.archived = 0)"
     f" OR EXISTS (SELECT 1 FROM scheduled_runs r WHERE r.task_id = t.id AND r.status IN {_ACTIVE_RUN_SQL})"
+    # its artifacts go first, bytes then rows (actors/artifacts.py, ArtifactKeeper): until then it is kept
+    " OR EXISTS (SELECT 1 FROM artifacts a WHERE a.task_id = t.id)"
     " FROM tasks t INDEXED BY tasks_finished"
     " WHERE t.finished_at IS NOT NULL AND t.finished_at <= ? AND (t.finished_at, t.id) > (?, ?)"
     " ORDER BY t.finished_at, t.id LIMIT ?"

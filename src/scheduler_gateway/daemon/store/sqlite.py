@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from scheduler_gateway.daemon.store.artifacts import SqliteArtifacts
 from scheduler_gateway.daemon.store.callbacks import SqliteCallbacks
 from scheduler_gateway.daemon.store.dead_letters import SqliteDeadLetters
 from scheduler_gateway.daemon.store.facade import ComposedStore
@@ -43,6 +44,7 @@ class SqliteStore(ComposedStore):
         self._dead_letters = SqliteDeadLetters(self._db)
         self._nodes = SqliteNodes(self._db)
         self._kinds = SqliteKinds(self._db)
+        self._artifacts = SqliteArtifacts(self._db)
         self._callbacks = SqliteCallbacks(self._db)
         self._schedules = SqliteSchedules(self._db, clock)
         self._retention = SqliteRetention(self._db)

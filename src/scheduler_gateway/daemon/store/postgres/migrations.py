@@ -28,6 +28,29 @@ _T = 'text COLLATE "C"'
 
 # Each step is applied once, in order, in its own transaction, and recorded in ``schema_version``. Never
 # edit a released step: append a new one (a database in the field already ran the old text).
+#: 7: the artifact index (queries in postgres/artifacts.py; docs/ARTIFACTS.md)
+PG_ARTIFACT_MIGRATION = (
+    f"""CREATE TABLE artifacts (
+        seq bigserial PRIMARY KEY,
+        task_id {_T} NOT NULL,
+        name {_T} NOT NULL,
+        size bigint NOT NULL,
+        sha256 {_T} NOT NULL,
+        content_type {_T} NOT NULL,
+        attempt_no integer NOT NULL,
+        node_id {_T} NOT NULL,
+        created_at double precision NOT NULL,
+        upload {_T} NOT NULL,
+        chunks integer NOT NULL,
+        owner {_T} NOT NULL,
+        removing boolean NOT NULL DEFAULT false
+    )""",
+    "CREATE UNIQUE INDEX uq_artifacts_task_name ON artifacts (task_id, name)",
+    "CREATE INDEX artifacts_upload ON artifacts (upload)",
+    "CREATE INDEX artifacts_removing ON artifacts (seq) WHERE removing",
+)
+
+
 PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 1: tasks, history, audit, idempotency, outbox, dead letters, principals, nodes, health
     (
@@ -236,6 +259,8 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX task_starts_kind ON task_starts (kind, at)",
         "CREATE INDEX task_starts_key ON task_starts (kind, concurrency_key, at) WHERE concurrency_key IS NOT NULL",
     ),
+    # 7: the artifact index, as in the SQLite store (its migration 11; text in postgres/artifacts.py)
+    PG_ARTIFACT_MIGRATION,
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)

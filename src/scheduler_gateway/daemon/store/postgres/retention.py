@@ -32,7 +32,9 @@ _ACTIVE_RUN_SQL = "('queued', 'running')"  # ACTIVE_RUN_STATUSES, the predicate 
 _REFERENCED = (
     "(EXISTS (SELECT 1 FROM tasks c WHERE c.parent_id = t.id)"
     " OR EXISTS (SELECT 1 FROM dead_letters d WHERE d.task_id = t.id AND NOT d.archived)"
-    f" OR EXISTS (SELECT 1 FROM scheduled_runs r WHERE r.task_id = t.id AND r.status IN {_ACTIVE_RUN_SQL}))"
+    f" OR EXISTS (SELECT 1 FROM scheduled_runs r WHERE r.task_id = t.id AND r.status IN {_ACTIVE_RUN_SQL})"
+    # its artifacts go first, bytes then rows (actors/artifacts.py, ArtifactKeeper): until then it is kept
+    " OR EXISTS (SELECT 1 FROM artifacts a WHERE a.task_id = t.id))"
 )
 
 # Due terminal tasks after the cursor, oldest finish first, each with whether something still refers to it.

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from scheduler_gateway.daemon.store.facade import ComposedStore
+from scheduler_gateway.daemon.store.postgres.artifacts import PgArtifacts
 from scheduler_gateway.daemon.store.postgres.callbacks import PgCallbacks
 from scheduler_gateway.daemon.store.postgres.db import PgDb
 from scheduler_gateway.daemon.store.postgres.dead_letters import PgDeadLetters
@@ -44,6 +45,7 @@ class PostgresStore(ComposedStore):
         self._dead_letters = PgDeadLetters(self._db)
         self._nodes = PgNodes(self._db)
         self._kinds = PgKinds(self._db)
+        self._artifacts = PgArtifacts(self._db)
         self._callbacks = PgCallbacks(self._db)
         self._schedules = PgSchedules(self._db, clock)
         self._retention = PgRetention(self._db)

@@ -1,0 +1,115 @@
+"""The artifact index (docs/ARTIFACTS.md): PostgreSQL, as the SQLite store's (``daemon/store/artifacts.py``).
+
+A record locks the task row (``FOR UPDATE``) first: a settle, expiry or cancel of another instance that commits
+meanwhile waits for it or is waited for, so an artifact is never recorded under a task that has moved on, and two
+records of one task are serialised, so the count and bytes limits hold across instances.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord
+from scheduler_gateway.actors.model.records import AuditEntry, EventRecord
+from scheduler_gateway.daemon.store.artifacts import COLUMNS, TERMINAL_SQL, decide, insert_values, record_of, task_moved
+from scheduler_gateway.daemon.store.change_rows import audit_row
+from scheduler_gateway.daemon.store.common import encode
+from scheduler_gateway.daemon.store.postgres.db import PgDb
+from scheduler_gateway.daemon.store.postgres.flow import SQL_OUTBOX_ORDER_LOCK
+from scheduler_gateway.daemon.store.postgres.tasks import SQL_INSERT_AUDIT, SQL_INSERT_OUTBOX
+
+# the table: postgres/migrations.py, step 7 (PG_ARTIFACT_MIGRATION)
+
+_SELECT = COLUMNS.replace("removing", "removing::int")
+_INSERT = f"INSERT INTO artifacts ({COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, false)"
+
+
+class PgArtifacts:
+    def __init__(self, db: PgDb) -> None:
+        self._db = db
+
+    async def record_artifact(
+        self, record: ArtifactRecord, audit: AuditEntry, event: EventRecord, *, task_revision: int,
+        limits: ArtifactLimits,
+    ) -> tuple[ArtifactRecord, bool]:  # fmt: skip
+        async with self._db.transaction() as conn:
+            cur = await conn.execute("SELECT state, revision FROM tasks WHERE id = %s FOR UPDATE", (record.task_id,))
+            row = await cur.fetchone()
+            if row is None or row[0] != "running" or int(row[1]) != task_revision:
+                raise task_moved(record.task_id)
+            cur = await conn.execute(
+                f"SELECT {_SELECT} FROM artifacts WHERE task_id = %s AND name = %s", (record.task_id, record.name)
+            )
+            found = await cur.fetchone()
+            cur = await conn.execute(
+                "SELECT count(*), coalesce(sum(size), 0) FROM artifacts WHERE task_id = %s", (record.task_id,)
+            )
+            usage: Any = await cur.fetchone()
+            existing = decide(record, record_of(found) if found else None, (int(usage[0]), int(usage[1])), limits)
+            if existing is not None:
+                return (existing, False)
+            await conn.execute(_INSERT, insert_values(record))
+            await conn.execute(SQL_INSERT_AUDIT, audit_row(audit))
+            await conn.execute(SQL_OUTBOX_ORDER_LOCK)
+            await conn.execute(SQL_INSERT_OUTBOX, (encode(event),))
+        return (record, True)
+
+    async def list_artifacts(self, task_id: str) -> list[ArtifactRecord]:
+        rows = await self._db.fetch(
+            f"SELECT {_SELECT} FROM artifacts WHERE task_id = %s AND NOT removing ORDER BY seq", (task_id,)
+        )
+        return [record_of(r) for r in rows]
+
+    async def get_artifact(self, task_id: str, name: str) -> ArtifactRecord | None:
+        rows = await self._db.fetch(
+            f"SELECT {_SELECT} FROM artifacts WHERE task_id = %s AND name = %s AND NOT removing", (task_id, name)
+        )
+        return record_of(rows[0]) if rows else None
+
+    async def artifact_counts(self, task_ids: list[str]) -> dict[str, int]:
+        if not task_ids:
+            return {}
+        rows = await self._db.fetch(
+            "SELECT task_id, count(*) FROM artifacts WHERE task_id = ANY(%s) AND NOT removing GROUP BY task_id",
+            (task_ids,),
+        )
+        return {str(r[0]): int(r[1]) for r in rows}
+
+    async def artifact_usage(self, task_id: str) -> tuple[int, int]:
+        rows = await self._db.fetch(
+            "SELECT count(*), coalesce(sum(size), 0) FROM artifacts WHERE task_id = %s", (task_id,)
+        )
+        return int(rows[0][0]), int(rows[0][1])
+
+    async def artifact_totals(self) -> tuple[int, int]:
+        rows = await self._db.fetch("SELECT count(*), coalesce(sum(size), 0) FROM artifacts")
+        return int(rows[0][0]), int(rows[0][1])
+
+    async def mark_artifacts_removing(self, finished_before: float, limit: int) -> list[ArtifactRecord]:
+        n = max(1, int(limit))
+        async with self._db.transaction() as conn:
+            await conn.execute(
+                "UPDATE artifacts SET removing = true WHERE NOT removing AND seq IN (SELECT a.seq FROM artifacts a"
+                f" JOIN tasks t ON t.id = a.task_id WHERE t.state IN {TERMINAL_SQL} AND t.finished_at IS NOT NULL"
+                " AND t.finished_at <= %s ORDER BY a.seq LIMIT %s)",
+                (finished_before, n),
+            )
+            cur = await conn.execute(f"SELECT {_SELECT} FROM artifacts WHERE removing ORDER BY seq LIMIT %s", (n,))
+            rows = await cur.fetchall()
+        return [record_of(r) for r in rows]
+
+    async def delete_artifacts(self, keys: list[tuple[str, str]]) -> int:
+        if not keys:
+            return 0
+        done = 0
+        async with self._db.transaction() as conn:
+            for task_id, name in keys:
+                cur = await conn.execute("DELETE FROM artifacts WHERE task_id = %s AND name = %s", (task_id, name))
+                done += cur.rowcount
+        return done
+
+    async def known_uploads(self, uploads: list[str]) -> set[str]:
+        if not uploads:
+            return set()
+        rows = await self._db.fetch("SELECT upload FROM artifacts WHERE upload = ANY(%s)", (uploads,))
+        return {str(r[0]) for r in rows}
