@@ -3,16 +3,24 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# two stamps: `make run` needs the package and its runtime dependencies only (a quick first command);
+# `make test` and the other targets add the test tools (pytest, Playwright, schemathesis, hypothesis...) and
+# the otel extra the tracing tests use. Each stamp is remade when pyproject.toml or constraints.txt changes.
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 
 .PHONY: run test lint ops-tools unit bench bench-quick bench-peers soak clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(RUN_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,otel]'
 	touch $(STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	VENV=$(VENV) bash scripts/dev-run.sh
 
 LINTED := src tests $(wildcard bench/*.py)
