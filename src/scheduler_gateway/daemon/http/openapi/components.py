@@ -12,6 +12,7 @@ from scheduler_gateway.daemon.http.app import TASK_STATES
 from scheduler_gateway.daemon.http.callbacks import CallbackDeadLetterView
 from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
 from scheduler_gateway.wire import api
+from scheduler_gateway.wire import kind_api as ka
 from scheduler_gateway.wire import schedule_api as sa
 from scheduler_gateway.wire.messages import Event
 
@@ -30,6 +31,7 @@ EVENT_TYPES = (
     "task.redriven",
     "task.force_retried",
     "task.reworked",
+    "kind.updated",
 )
 
 
@@ -82,6 +84,9 @@ _TYPES: list[Any] = [
     sa.ScheduledTaskView,
     sa.RunView,
     sa.TimesView,
+    ka.UpdateKindBody,
+    ka.KindView,
+    ka.KindList,
     Event,
     GapEvent,
     DisconnectEvent,

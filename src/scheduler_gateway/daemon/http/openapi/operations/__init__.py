@@ -3,7 +3,7 @@ one module per resource, in the document's order."""
 
 from scheduler_gateway.daemon.http.openapi.params import Op
 
-from . import callbacks, dead_letters, operations, schedules, tasks
+from . import callbacks, dead_letters, kinds, operations, schedules, tasks
 
 OPERATIONS: list[Op] = [
     *tasks.OPERATIONS,
@@ -11,6 +11,7 @@ OPERATIONS: list[Op] = [
     *operations.OPERATIONS,
     *callbacks.OPERATIONS,
     *schedules.OPERATIONS,
+    *kinds.OPERATIONS,
 ]
 
 __all__ = ["OPERATIONS"]
