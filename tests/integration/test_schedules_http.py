@@ -384,3 +384,20 @@ async def test_reserved_labels_cannot_be_forged(api: Api, node: HandNode) -> Non
     await wait_for(completed)
     runs = (await alice.call("GET", f"/api/scheduled-tasks/{s['id']}/runs"))[1]["items"]
     assert [(r["status"], r["taskId"]) for r in runs] == [("succeeded", run["taskId"])]
+
+
+async def test_an_occurrence_whose_unique_key_is_held_is_a_skipped_run(api: Api) -> None:
+    task = {"kind": "echo", "uniqueKey": "nightly-report", "concurrencyKey": "acme"}
+    holder = await api.create({**task, "payload": {"made": "by hand"}})  # queued: the key is held
+    s = await created(api, body({"type": "once", "runAt": soon(0.3)}, task=task))
+    assert s["task"]["uniqueKey"] == "nightly-report" and s["task"]["concurrencyKey"] == "acme"
+
+    async def ended() -> Any:
+        runs = (await api.call("GET", f"/api/scheduled-tasks/{s['id']}/runs"))[1]["items"]
+        return runs if runs and runs[0]["status"] != "running" else None
+
+    (run,) = await wait_for(ended)
+    assert run["status"] == "skipped" and run["error"]["code"] == "DUPLICATE_TASK", run
+    assert holder["id"] in run["error"]["message"]
+    status, err, _ = await api.call("POST", f"/api/scheduled-tasks/{s['id']}/trigger")  # by hand: refused
+    assert status == 409 and err["error"]["code"] == "DUPLICATE_TASK", err

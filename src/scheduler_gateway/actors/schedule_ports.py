@@ -49,6 +49,13 @@ class ThreadBusy(Conflict):
     code = Code.THREAD_BUSY
 
 
+class DuplicateOccurrence(Conflict):
+    """The occurrence's task would duplicate a live task of the template's ``uniqueKey`` (docs/FLOW.md): the
+    scheduled path records a skipped run; a manual trigger is refused."""
+
+    code = Code.DUPLICATE_TASK
+
+
 class ClaimLost(Conflict):
     """A write made under a schedule's claim found the claim no longer this holder's: the claim's lease ran out
     and another poll took it (or a reconcile gave it back) while this one was paused. Nothing was written."""

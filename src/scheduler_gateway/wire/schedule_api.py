@@ -38,6 +38,9 @@ class TemplateBody(_Body):
     max_attempts: Annotated[int, Meta(ge=1, le=1000)] | None = None
     timeout_seconds: Seconds | None = None
     lease_seconds: Seconds | None = None
+    concurrency_key: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
+    unique_key: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
+    unique_for_seconds: Annotated[float, Meta(gt=0, le=366 * 86400)] | None = None
 
 
 class TemplatePatchBody(_Body):
@@ -47,6 +50,9 @@ class TemplatePatchBody(_Body):
     max_attempts: Annotated[int, Meta(ge=1, le=1000)] | None = None
     timeout_seconds: Seconds | None = None
     lease_seconds: Seconds | None = None
+    concurrency_key: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
+    unique_key: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
+    unique_for_seconds: Annotated[float, Meta(gt=0, le=366 * 86400)] | None = None
 
 
 class ScheduleBody(_Body):
@@ -92,6 +98,9 @@ class TemplateView(msgspec.Struct, rename="camel", kw_only=True):
     max_attempts: int | None
     timeout_seconds: float | None
     lease_seconds: float | None
+    concurrency_key: str | None = None
+    unique_key: str | None = None
+    unique_for_seconds: float | None = None
 
 
 class ScheduledTaskView(msgspec.Struct, rename="camel", kw_only=True):

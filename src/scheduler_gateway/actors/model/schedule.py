@@ -105,6 +105,9 @@ class TaskTemplate(msgspec.Struct, frozen=True, kw_only=True):
     max_attempts: int | None = None
     timeout_s: float | None = None
     lease_s: float | None = None
+    concurrency_key: str | None = None  # flow control of the occurrence's task (docs/FLOW.md)
+    unique_key: str | None = None  # an occurrence that finds the key held is a skipped run
+    unique_for_s: float | None = None
 
 
 class RunError(msgspec.Struct, frozen=True):

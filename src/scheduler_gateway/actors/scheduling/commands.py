@@ -43,6 +43,12 @@ class NewSchedule(msgspec.Struct, frozen=True, kw_only=True):
     overlap_policy: str = "skip"
 
 
+TEMPLATE_FIELDS = (
+    "kind", "payload", "priority", "max_attempts", "timeout_s", "lease_s", "concurrency_key", "unique_key",
+    "unique_for_s",
+)  # fmt: skip
+
+
 class TemplatePatch(msgspec.Struct, frozen=True, kw_only=True):
     """None: not sent (docs/SCHEDULES.md: ``null`` means not sent)."""
 
@@ -52,17 +58,16 @@ class TemplatePatch(msgspec.Struct, frozen=True, kw_only=True):
     max_attempts: int | None = None
     timeout_s: float | None = None
     lease_s: float | None = None
+    concurrency_key: str | None = None
+    unique_key: str | None = None
+    unique_for_s: float | None = None
 
     def applied_to(self, current: TaskTemplate | None) -> TaskTemplate | None:
         if current is None:  # the stored template cannot be read: only a complete one repairs it
             if self.kind is None:
                 return None
             current = TaskTemplate(kind=self.kind)
-        changes = {
-            name: value
-            for name in ("kind", "payload", "priority", "max_attempts", "timeout_s", "lease_s")
-            if (value := getattr(self, name)) is not None
-        }
+        changes = {name: value for name in TEMPLATE_FIELDS if (value := getattr(self, name)) is not None}
         return msgspec.structs.replace(current, **changes)
 
 

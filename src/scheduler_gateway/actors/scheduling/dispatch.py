@@ -17,6 +17,7 @@ from ..schedule_ports import (
     ActiveRunConflict,
     ClaimedSchedule,
     ClaimLost,
+    DuplicateOccurrence,
     LaunchedTask,
     LaunchFailed,
     LaunchRecord,
@@ -160,6 +161,11 @@ async def _launch(
     except ThreadBusy as exc:
         err = RunError(Code.THREAD_BUSY, exc.message)
         if trigger == "scheduled" and task.skips_on_overlap:
+            return await _skipped(svc, task, run, now, err, claim)
+        return await _failed(svc, task, run, trigger, now, err, "conflict", claim)
+    except DuplicateOccurrence as exc:
+        err = RunError(Code.DUPLICATE_TASK, exc.message)
+        if trigger == "scheduled":  # the key is held: this occurrence has nothing to do (docs/FLOW.md)
             return await _skipped(svc, task, run, now, err, claim)
         return await _failed(svc, task, run, trigger, now, err, "conflict", claim)
     except LaunchFailed as exc:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from scheduler_gateway.wire.errors import GatewayError
+from scheduler_gateway.wire.errors import Code, Conflict, GatewayError
 
 from ..model.records import Task
 from ..model.schedule import RunError, ScheduledRun, ScheduledTask
 from ..ports import TaskReads
-from ..schedule_ports import LaunchedTask, LaunchFailed, ScheduleStore, ThreadBusy
+from ..schedule_ports import DuplicateOccurrence, LaunchedTask, LaunchFailed, ScheduleStore, ThreadBusy
 from ..tasks import RUN_LABEL, SCHEDULE_LABEL, Caller, NewTask, TaskService
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,9 @@ class TaskServiceLauncher:
                 max_attempts=t.max_attempts,
                 lease_s=t.lease_s,
                 timeout_s=t.timeout_s,
+                concurrency_key=t.concurrency_key,
+                unique_key=t.unique_key,
+                unique_for_s=t.unique_for_s if t.unique_key is not None else None,
                 thread_id=thread_id,
                 labels={SCHEDULE_LABEL: task.id, RUN_LABEL: run.id},
             )
@@ -57,6 +60,10 @@ class TaskServiceLauncher:
             return created.id
         except (ThreadBusy, LaunchFailed):
             raise
+        except Conflict as exc:
+            if exc.code != Code.DUPLICATE_TASK:
+                raise LaunchFailed(f"the task could not be created: {exc.message}", details={"code": exc.code}) from exc
+            raise DuplicateOccurrence(exc.message, details=exc.details) from None
         except asyncio.CancelledError:
             raise  # shutting down is control flow, not a launch result
         except GatewayError as exc:

@@ -47,6 +47,7 @@ from ..model.schedule import (
 )
 from ..schedule_ports import (
     CorruptStoredSchedule,
+    DuplicateOccurrence,
     LaunchFailed,
     NullScheduleMetrics,
     RunLauncher,
@@ -300,6 +301,8 @@ class ScheduleService:
         if result.outcome == "conflict":
             if err.code == Code.THREAD_BUSY:
                 raise ThreadBusy(err.message, details=details)
+            if err.code == Code.DUPLICATE_TASK:
+                raise DuplicateOccurrence(err.message, details=details)
             raise RunInProgress(err.message, details=details)
         raise LaunchFailed(err.message or "the run could not be launched", details=details)
 

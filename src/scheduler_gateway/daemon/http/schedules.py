@@ -52,6 +52,9 @@ def schedule_view(t: ScheduledTask) -> sa.ScheduledTaskView:
             max_attempts=tm.max_attempts,
             timeout_seconds=tm.timeout_s,
             lease_seconds=tm.lease_s,
+            concurrency_key=tm.concurrency_key,
+            unique_key=tm.unique_key,
+            unique_for_seconds=tm.unique_for_s,
         ),
         schedule=sa.ScheduleView(type=s.type, cron=s.cron, run_at=fmt_ts(s.run_at), timezone=s.timezone),
         context_mode=t.context_mode,
@@ -174,6 +177,9 @@ class _Routes:
                 max_attempts=t.max_attempts,
                 timeout_s=t.timeout_seconds,
                 lease_s=t.lease_seconds,
+                concurrency_key=t.concurrency_key,
+                unique_key=t.unique_key,
+                unique_for_s=t.unique_for_seconds,
             ),
             schedule=merge_spec(None, type=s.type, timezone=s.timezone, cron=s.cron, run_at=s.run_at),
             context_mode=body.context_mode,
@@ -210,6 +216,9 @@ class _Routes:
                 max_attempts=t.max_attempts,
                 timeout_s=t.timeout_seconds,
                 lease_s=t.lease_seconds,
+                concurrency_key=t.concurrency_key,
+                unique_key=t.unique_key,
+                unique_for_s=t.unique_for_seconds,
             )
         spec = None
         if body.schedule is not None:
