@@ -2,7 +2,7 @@
 (CONTRACT 5, docs/CLI.md): output, exit codes, refusals, paging, waits, a viewer's token, a gateway that is
 down, events tail across a cut connection, shell completion.
 
-``kinds`` and ``artifacts`` are left out: their routes (CONTRACT 2.10, 2.11) are not in the daemon yet."""
+``artifacts`` is left out: its routes (CONTRACT 2.11) are not in the daemon yet."""
 
 from __future__ import annotations
 
@@ -205,6 +205,24 @@ def test_dead_letters_schedules_and_nodes(gw: Daemon) -> None:
     assert nodes.returncode == 0 and "ctl-node" in nodes.stdout
     assert ok_json(ctl(gw, "nodes", "drain", "ctl-node"))["status"] == "draining"
     assert ok_json(ctl(gw, "nodes", "undrain", "ctl-node"))["status"] == "online"
+
+
+def test_kinds_list_get_set_pause_resume(gw: Daemon, viewer_file: Path) -> None:
+    api(gw, "POST", "/api/tasks", {"kind": "flowkind"})
+    assert "flowkind" in [k["kind"] for k in ok_json(ctl(gw, "kinds", "list"))]
+    assert ok_json(ctl(gw, "kinds", "get", "flowkind")) == api(gw, "GET", "/api/kinds/flowkind")
+    kind = ok_json(ctl(gw, "kinds", "set", "flowkind", "--concurrency", "2", "--rate", "10/60"))
+    assert kind["concurrency"] == 2 and kind["rate"] == {"limit": 10, "periodSeconds": 60}
+    kind = ok_json(ctl(gw, "kinds", "set", "flowkind", "--concurrency", "none"))  # only what is given changes
+    assert kind["concurrency"] is None and kind["rate"] == {"limit": 10, "periodSeconds": 60}
+    assert ok_json(ctl(gw, "kinds", "pause", "flowkind"))["paused"] is True
+    p = ctl(gw, "kinds", "resume", "flowkind", token=viewer_file)
+    assert p.returncode == 1 and "FORBIDDEN" in p.stderr
+    assert ok_json(ctl(gw, "kinds", "resume", "flowkind"))["paused"] is False
+    p = ctl(gw, "kinds", "set", "flowkind", "--rate", "ten")
+    assert p.returncode == 2 and "a rate is N/PERIOD_S" in p.stderr
+    table = ctl(gw, "kinds", "list", "-O", "table")
+    assert table.returncode == 0 and table.stdout.split()[:3] == ["KIND", "PAUSED", "CONCURRENCY"]
 
 
 def test_completion_scripts_are_generated_and_bash_completes(gw: Daemon) -> None:

@@ -24,6 +24,7 @@ import msgspec
 
 from scheduler_gateway.wire import api
 from scheduler_gateway.wire import schedule_api as sa
+from scheduler_gateway.wire.kind_api import KindList
 
 from ._batch import MAX_BATCH, MAX_BATCH_BYTES, submit_batches
 from ._errors import CONNECTION_FAILED, GatewayClientError, error_for, error_from_response
@@ -398,9 +399,9 @@ class GatewayClient:
         return self._decode((await self._call("GET", "/readyz", ok=(503,))).body, ReadyView)
 
     # -- kinds (flow control) --------------------------------------------------------------------------
-    async def kinds(self, *, page_size: int = 100) -> list[KindView]:
-        """``GET /api/kinds``: every kind that has tasks or settings, with its limits and counts."""
-        return [k async for k in self._pages("/api/kinds", KindView, None, page_size)]
+    async def kinds(self) -> list[KindView]:
+        """``GET /api/kinds``: every kind that has tasks or settings, with its limits and counts (one answer)."""
+        return (await self._get("/api/kinds", KindList)).items
 
     async def get_kind(self, kind: str) -> KindView:
         return await self._get(f"/api/kinds/{_id(kind)}", KindView)

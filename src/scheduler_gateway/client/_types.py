@@ -10,6 +10,7 @@ from typing import Any, Final, Literal, TypeVar
 import msgspec
 
 from scheduler_gateway.wire.api import ErrorView, TaskView
+from scheduler_gateway.wire.kind_api import KindCountsView, KindView, RateView
 
 from ._errors import GatewayClientError
 
@@ -63,32 +64,6 @@ class CallbackDeadLetterView(msgspec.Struct, rename="camel", kw_only=True):
     last_error: str
     attempt_count: int
     created_at: str | None
-
-
-class RateView(msgspec.Struct, rename="camel", kw_only=True):
-    """A kind's rate limit: at most ``limit`` starts in any window of ``period_seconds`` (docs/API.md, Kinds)."""
-
-    limit: int
-    period_seconds: float
-
-
-class KindCountsView(msgspec.Struct, rename="camel", kw_only=True):
-    queued: int = 0
-    running: int = 0
-    waiting_approval: int = 0
-
-
-class KindView(msgspec.Struct, rename="camel", kw_only=True):
-    """A kind's flow settings and counts (``GET /api/kinds/{kind}``)."""
-
-    kind: str
-    paused: bool = False
-    concurrency: int | None = None
-    key_concurrency: int | None = None
-    rate: RateView | None = None
-    key_rate: RateView | None = None
-    counts: KindCountsView = msgspec.field(default_factory=KindCountsView)
-    updated_at: str | None = None
 
 
 class ArtifactView(msgspec.Struct, rename="camel", kw_only=True):

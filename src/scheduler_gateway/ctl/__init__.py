@@ -7,6 +7,7 @@ file) or no gateway to talk to. The token is read from its file or variable and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -34,9 +35,9 @@ def _complete(parser: Any) -> None:
 
 
 def completion_script(shell: str) -> str:
-    import argcomplete
+    from argcomplete.shell_integration import shellcode
 
-    return str(argcomplete.shellcode(["gatewayctl"], shell=shell))
+    return str(shellcode(["gatewayctl"], shell=shell))
 
 
 def resolve_url(given: str | None, env: dict[str, str] | None = None) -> str:
@@ -142,10 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_OK if (args.group, args.action) == ("events", "tail") else 130
     except BrokenPipeError:  # `gatewayctl ... | head`: the reader left
-        try:
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - nothing more is written; quiet the flush at exit
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # quiet the flush at exit (the Python docs' recipe)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
 
 
