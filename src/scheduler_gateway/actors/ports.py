@@ -428,6 +428,7 @@ class Metrics(Protocol):
     def offers_published(self, kind: str, count: int) -> None: ...
     def cancel_propagated(self, count: int) -> None: ...
     def redriven(self, action: str) -> None: ...
+    def claim_limited(self, kind: str, rule: str) -> None: ...
 
 
 class NullMetrics:
@@ -453,6 +454,9 @@ class NullMetrics:
         pass
 
     def redriven(self, action: str) -> None:
+        pass
+
+    def claim_limited(self, kind: str, rule: str) -> None:
         pass
 
 

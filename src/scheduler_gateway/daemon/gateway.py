@@ -28,7 +28,9 @@ from scheduler_gateway.actors.dead_letter_keeper import DeadLetterKeeper, DeadLe
 from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.duties import LeaseTiming
 from scheduler_gateway.actors.event_relay import EventRelay
+from scheduler_gateway.actors.kinds import REFRESH_S, KindService
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
+from scheduler_gateway.actors.model.flow import KindSettings
 from scheduler_gateway.actors.model.records import ActorRef, AuditEntry
 from scheduler_gateway.actors.model.retention import RetentionPolicy
 from scheduler_gateway.actors.nodes import NodeRegistry
@@ -44,12 +46,14 @@ from scheduler_gateway.daemon.http.callbacks import CallbacksApi, callback_route
 from scheduler_gateway.daemon.http.console import console_routes
 from scheduler_gateway.daemon.http.event_hub import EventHub, corrupt_event_auditor
 from scheduler_gateway.daemon.http.events import EventsApi, SseSettings, event_routes
+from scheduler_gateway.daemon.http.kinds import KindRoutes
 from scheduler_gateway.daemon.http.principals import RECHECK_S, PrincipalCache
 from scheduler_gateway.daemon.http.server import AdminRunner
 from scheduler_gateway.daemon.metrics import PrometheusMetrics, PrometheusRetentionMetrics
 from scheduler_gateway.daemon.metrics_events import EventCallbackMetrics
 from scheduler_gateway.daemon.nats.bus import NatsBus, NodeInputs
 from scheduler_gateway.daemon.scheduling import Scheduling
+from scheduler_gateway.daemon.store.outbox_mark import outbox_high_water
 from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.select import open_store
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
@@ -75,6 +79,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     events_max_age_s: float = 604800
     events_max_msgs: int = 10000
     max_offers_per_kind: int = 64
+    kinds: tuple[KindSettings, ...] = ()  # [kinds.<kind>]: starting flow settings (docs/FLOW.md)
     policy: TaskPolicy = TaskPolicy()
     dead_letters: DeadLetterPolicy = DeadLetterPolicy()
     http: HttpSettings = HttpSettings()
@@ -122,6 +127,8 @@ class Gateway:
             replicas=s.stream_replicas,
             events_max_age_s=s.events_max_age_s,
             events_max_msgs=s.events_max_msgs,
+            # a GW_EVENTS made anew (its JetStream store lost) starts above every seq the outbox handed out
+            events_first_seq=lambda: outbox_high_water(self.store),
         )
         self.dispatcher = Dispatcher(self.bus, clock, s.max_offers_per_kind, self.metrics)
         self.nodes = NodeRegistry(clock, on_new_kinds=self._announce_kinds)
@@ -198,6 +205,12 @@ class Gateway:
         self.scheduling = Scheduling(
             s.scheduler, self.store, self.service, self.api, self.metrics, self.http_extensions, clock
         )
+        # kinds as objects: flow settings for the dispatcher, re-read from the store when instances share it
+        self.kinds = KindService(
+            self.store, self.dispatcher.set_kind, clock, defaults=s.kinds, refresh_s=REFRESH_S if self.ha else None
+        )
+        self.http_extensions.append(KindRoutes(self.api, self.kinds, self.store, self.nodes).install)
+        self.metrics.set_flow(self.dispatcher.flow_figures)
         self.http_extensions.append(console_routes(self))  # the web console at /ui/ and the viewer role
         if self.ha is not None:
             self.ha.attach(
@@ -222,6 +235,7 @@ class Gateway:
             grace = s.policy.recovery_grace_s if s.policy.recovery_grace_s is not None else s.policy.default_lease_s
             if not await self.ha.prepare(grace):
                 self.scheduling.actor.reconciled = True  # others are live: their runs are not leftovers
+        await self.kinds.start()  # before the service hands the dispatcher its queued tasks
         await self.service.start()
         await self.dispatcher.start()
         if self.ha is None:  # else the leader runs them (daemon/ha.py)
@@ -278,6 +292,7 @@ class Gateway:
         await self._bounded("callback sender", self.callbacks.stop())
         await self._bounded("callback client", self.callback_poster.close())
         await self._bounded("scheduler", self.scheduling.stop())
+        await self._bounded("kinds", self.kinds.stop())
         await self._bounded("task service", self.service.stop())
         await self._bounded("event relay", self.relay.stop())
         if self._flusher is not None:

@@ -43,7 +43,7 @@ def _item_error(exc: GatewayError) -> api.BatchItemResult:
     )
 
 
-def task_view(t: Task) -> api.TaskView:
+def task_view(t: Task, waiting_for: str | None = None) -> api.TaskView:
     return api.TaskView(
         id=t.id,
         kind=t.kind,
@@ -72,6 +72,9 @@ def task_view(t: Task) -> api.TaskView:
         started_at=fmt_ts(t.started_at),
         finished_at=fmt_ts(t.finished_at),
         traceparent=t.traceparent,
+        concurrency_key=t.concurrency_key,
+        unique_key=t.unique_key,
+        waiting_for=waiting_for,
     )
 
 
@@ -97,6 +100,9 @@ class TaskRoutes:
         self.api = api
         self.service = service
 
+    def _view(self, task: Task) -> api.TaskView:
+        return task_view(task, self.service.waiting_for(task))
+
     def install(self, app: web.Application) -> None:
         r = app.router
         r.add_post("/api/tasks", self.create_task)
@@ -118,9 +124,9 @@ class TaskRoutes:
             task, replayed = await self.service.create(caller, spec, key, canonical_hash(body) if key else "")
             task_spans.created(span, task.id, replayed)
         if replayed:
-            return self.api._json(task_view(task), 200, {"Idempotent-Replayed": "true"})
+            return self.api._json(self._view(task), 200, {"Idempotent-Replayed": "true"})
         failpoints.hit("http.after_commit")  # committed, not answered
-        return self.api._json(task_view(task), 201)
+        return self.api._json(self._view(task), 201)
 
     async def create_tasks_batch(self, request: web.Request) -> web.Response:
         """``POST /api/tasks/batch``: 1 to 1000 creates, each answered alone, all accepted ones committed."""
@@ -155,7 +161,7 @@ class TaskRoutes:
             else:
                 task, replayed = outcome
                 answers[n] = api.BatchItemResult(
-                    status=200 if replayed else 201, task=task_view(task), replayed=replayed
+                    status=200 if replayed else 201, task=self._view(task), replayed=replayed
                 )
         failpoints.hit("http.after_commit")  # committed, not answered
         return self.api._json(api.BatchCreateAnswer(items=[a for a in answers if a is not None]))
@@ -185,6 +191,8 @@ class TaskRoutes:
                 ) from None
         if req.parent_id is not None and not is_id(req.parent_id, "tsk"):
             raise InvalidArgument("parentId is not a task id", details={"field": "parentId"})
+        if req.unique_for_seconds is not None and req.unique_key is None:
+            raise InvalidArgument("uniqueForSeconds needs a uniqueKey", details={"field": "uniqueForSeconds"})
         if req.callback_secret is not None and req.callback_url is None:
             raise InvalidArgument("callbackSecret needs a callbackUrl", details={"field": "callbackSecret"})
         if req.callback_url is not None:
@@ -214,6 +222,9 @@ class TaskRoutes:
             run_id=req.run_id,
             requires_approval=req.requires_approval,
             traceparent=tracecontext.normalized(req.traceparent),
+            concurrency_key=req.concurrency_key,
+            unique_key=req.unique_key,
+            unique_for_s=req.unique_for_seconds,
             callback_url=req.callback_url,
             callback_secret=req.callback_secret or None,
             labels=req.labels,
@@ -237,11 +248,11 @@ class TaskRoutes:
                 cursor=cursor,
             ),
         )
-        return self.api._json(api.ListView([task_view(t) for t in items], next_cursor))
+        return self.api._json(api.ListView([self._view(t) for t in items], next_cursor))
 
     async def get_task(self, request: web.Request) -> web.Response:
         task = await self.service.get(request[CALLER], task_id_arg(request))
-        return self.api._json(task_view(task))
+        return self.api._json(self._view(task))
 
     async def task_history(self, request: web.Request) -> web.Response:
         limit, cursor = page_args(request)
@@ -280,6 +291,6 @@ class TaskRoutes:
             if not repeated:
                 failpoints.hit("http.after_commit")  # committed, not answered
             headers = {"Idempotent-Replayed": "true"} if repeated and key else None
-            return self.api._json(task_view(task), 200, headers)
+            return self.api._json(self._view(task), 200, headers)
 
         return handle
