@@ -7,6 +7,7 @@ down, events tail across a cut connection, shell completion.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -223,6 +224,29 @@ def test_kinds_list_get_set_pause_resume(gw: Daemon, viewer_file: Path) -> None:
     assert p.returncode == 2 and "a rate is N/PERIOD_S" in p.stderr
     table = ctl(gw, "kinds", "list", "-O", "table")
     assert table.returncode == 0 and table.stdout.split()[:3] == ["KIND", "PAUSED", "CONCURRENCY"]
+
+
+def test_progress_goes_to_stderr_only_when_it_is_a_terminal(gw: Daemon) -> None:
+    import pty
+
+    for i in range(3):
+        api(gw, "POST", "/api/tasks", {"kind": "progresskind", "labels": {"n": str(i)}})
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OTEL_"))}
+    args = [CTL, "--url", gw.base, "--token-file", str(gw.data_dir / "admin.token"), "tasks", "list"]
+    try:
+        p = subprocess.run([*args, "--kind", "progresskind"], env=env, stdout=subprocess.PIPE, stderr=slave, timeout=30)
+        os.close(slave)
+        shown = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(master, 4096):
+                shown += chunk
+    finally:
+        os.close(master)
+    assert p.returncode == 0 and len(json.loads(p.stdout)) == 3  # stdout is a pipe: JSON
+    assert b"tasks: 1 fetched" in shown and shown.endswith(b"\r\x1b[K")  # shown, then erased
+    quiet = subprocess.run([*args, "--kind", "progresskind"], env=env, capture_output=True, timeout=30)
+    assert quiet.returncode == 0 and quiet.stderr == b""
 
 
 def test_completion_scripts_are_generated_and_bash_completes(gw: Daemon) -> None:
