@@ -487,3 +487,19 @@ async def test_sync_events(gateway: Gateway) -> None:
             return out
 
     assert await asyncio.to_thread(use) == ["task.created", "task.canceled"]
+
+
+async def test_kinds_and_the_flow_fields_of_a_task(client: GatewayClient) -> None:
+    view = await client.set_kind("echo", concurrency=2, key_concurrency=1, rate=(10, 1.0))
+    assert (view.concurrency, view.key_concurrency, view.rate and view.rate.limit) == (2, 1, 10)
+    view = await client.set_kind("echo", rate=None)  # None removes a limit, the others stay
+    assert view.rate is None and view.concurrency == 2
+    assert (await client.pause_kind("echo")).paused
+    t = await client.submit("echo", {"n": 1}, concurrency_key="acme", unique_key="sync-1")
+    assert (t.concurrency_key, t.unique_key, t.waiting_for) == ("acme", "sync-1", "kind_paused")
+    with pytest.raises(Conflict) as dup:
+        await client.submit("echo", {"n": 2}, unique_key="sync-1")
+    assert dup.value.code == "DUPLICATE_TASK" and dup.value.details["taskId"] == t.id
+    assert not (await client.resume_kind("echo")).paused
+    assert [k.kind for k in await client.kinds()] == ["echo"]
+    assert (await client.get_kind("echo")).counts.queued == 1

@@ -170,8 +170,13 @@ class GatewayClient:
         callback_url: str | None = None,
         callback_secret: str | None = None,
         labels: Mapping[str, str] | None = None,
+        concurrency_key: str | None = None,
+        unique_key: str | None = None,
+        unique_for_seconds: float | None = None,
+        traceparent: str | None = None,
     ) -> api.CreateTaskBody:
-        """A ``CreateTaskBody`` from Python values (``payload`` is encoded to JSON)."""
+        """A ``CreateTaskBody`` from Python values (``payload`` is encoded to JSON). ``concurrency_key`` and
+        ``unique_key`` are flow control's (docs/FLOW.md)."""
         return api.CreateTaskBody(
             kind=kind,
             payload=raw(payload),
@@ -188,6 +193,10 @@ class GatewayClient:
             callback_url=callback_url,
             callback_secret=callback_secret,
             labels=dict(labels or {}),
+            concurrency_key=concurrency_key,
+            unique_key=unique_key,
+            unique_for_seconds=unique_for_seconds,
+            traceparent=traceparent,
         )
 
     async def submit(
