@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from scheduler_gateway.daemon.http.app import AdminApi, HttpSettings
+from scheduler_gateway.daemon.http.artifacts import ArtifactRoutes
 from scheduler_gateway.daemon.http.callbacks import CallbacksApi
 from scheduler_gateway.daemon.http.events import EventsApi, SseSettings
 from scheduler_gateway.daemon.http.schedules import schedule_routes
@@ -106,6 +107,7 @@ def _app() -> web.Application:
     schedule_routes(api, n)(app)
     EventsApi(n, n, SseSettings()).install(app)
     CallbacksApi(n).install(app)
+    ArtifactRoutes(api, n, n).install(app)
     return app
 
 

@@ -112,6 +112,7 @@ async def test_a_real_receiver_verifies_the_signature_and_the_fields(
         "result": {"answer": 42},
         "error": None,
         "finishedAt": done["finishedAt"],
+        "artifacts": [],  # the task's artifacts (docs/ARTIFACTS.md): none here
     }
     assert await gateway.store.callback_backlog() == 0
 

@@ -103,6 +103,7 @@ def test_a_delivery_fixes_the_body_and_the_callback_id() -> None:
         "result": None,
         "error": {"code": "HANDLER_ERROR", "message": "boom"},
         "finishedAt": "2026-01-01T00:00:08.000Z",
+        "artifacts": [],  # the task's artifacts (docs/ARTIFACTS.md): none here
     }
     # the secret travels with the delivery (its task may be purged before a redelivery), never in the body
     # it POSTs nor in the repr a log line would show

@@ -19,6 +19,7 @@ from pathlib import Path
 from scheduler_gateway import tracing
 from scheduler_gateway.actors import failpoints
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterPolicy
+from scheduler_gateway.actors.model.artifacts import ArtifactLimits
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.retention import RetentionPolicy
 from scheduler_gateway.actors.scheduler import SchedulerSettings
@@ -99,6 +100,12 @@ def settings_from_config(config: Config, nats_url: str, user: str | None, passwo
             runs_per_schedule=config.retention.runs_per_schedule,
             interval_s=config.retention.interval_s,
             batch=config.retention.batch,
+        ),
+        artifacts=ArtifactLimits(
+            max_bytes=config.artifacts.max_bytes,
+            max_per_task=config.artifacts.max_per_task,
+            max_task_bytes=config.artifacts.max_task_bytes,
+            orphan_after_s=config.artifacts.orphan_after_s,
         ),
     )
 

@@ -29,6 +29,7 @@ from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.duties import LeaseTiming
 from scheduler_gateway.actors.event_relay import EventRelay
 from scheduler_gateway.actors.kinds import REFRESH_S, KindService
+from scheduler_gateway.actors.model.artifacts import ArtifactLimits
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.flow import KindSettings
 from scheduler_gateway.actors.model.records import ActorRef, AuditEntry
@@ -38,6 +39,7 @@ from scheduler_gateway.actors.retention import RetentionKeeper
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
 from scheduler_gateway.daemon import task_spans
+from scheduler_gateway.daemon.artifacts import Artifacts
 from scheduler_gateway.daemon.config.store_url import StoreLocation, StoreUrlError, parse_store_url, sqlite_url
 from scheduler_gateway.daemon.ha import HighAvailability, default_instance_id
 from scheduler_gateway.daemon.http.app import AdminApi, HttpSettings
@@ -87,6 +89,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     sse: SseSettings = SseSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
     retention: RetentionPolicy = RetentionPolicy()
+    artifacts: ArtifactLimits = ArtifactLimits()  # [artifacts] (docs/ARTIFACTS.md)
     production: bool = False  # mode = "production": e.g. the console's cookies are always Secure
     #: ``[store] url``; None: the SQLite file ``<data_dir>/gateway.db``. May carry a password: never logged.
     store_url: str | None = None
@@ -207,10 +210,16 @@ class Gateway:
         )
         # kinds as objects: flow settings for the dispatcher, re-read from the store when instances share it
         self.kinds = KindService(
-            self.store, self.dispatcher.set_kind, clock, defaults=s.kinds, refresh_s=REFRESH_S if self.ha else None
+            self.store,
+            self.dispatcher.set_kind,
+            clock,
+            defaults=s.kinds,
+            refresh_s=REFRESH_S if self.ha else None,
+            on_committed=self.relay.notify,  # kind.updated reaches the stream at once, as task events do
         )
         self.http_extensions.append(KindRoutes(self.api, self.kinds, self.store, self.nodes).install)
         self.metrics.set_flow(self.dispatcher.flow_figures)
+        self.artifacts = Artifacts(self, s.artifacts)  # the bucket, node requests, keeper, routes
         self.http_extensions.append(console_routes(self))  # the web console at /ui/ and the viewer role
         if self.ha is not None:
             self.ha.attach(
@@ -254,6 +263,7 @@ class Gateway:
                 claim_many=self.service.claim_many,
             )
         )
+        await self.artifacts.start()  # gw.artifact.<node> and the keeper (before the routes are installed)
         self._flusher = asyncio.create_task(self._flush_nodes())
         if self.ha is not None:
             await self.ha.start()
@@ -284,6 +294,7 @@ class Gateway:
             await self._bounded("http", self._runner.cleanup())
             self._runner = None
         await self._bounded("node inputs", self.bus.stop_serving())
+        await self._bounded("artifacts", self.artifacts.stop())
         if self.ha is not None:
             await self._bounded("duties", self.ha.stop())
         await self._bounded("dispatcher", self.dispatcher.stop())

@@ -170,6 +170,8 @@ class TaskView(msgspec.Struct, rename="camel", kw_only=True):
     unique_key: str | None = None
     #: why a task that is not running has not started (docs/FLOW.md); null for running and terminal tasks
     waiting_for: str | None = None
+    #: how many artifacts the task has (docs/ARTIFACTS.md)
+    artifact_count: int = 0
 
 
 class ActorView(msgspec.Struct):

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from .artifacts import ArtifactInfo
 from .messages import NULL
 
 CALLBACK_ID_HEADER = "X-Callback-Id"
@@ -34,6 +35,8 @@ class CallbackBody(msgspec.Struct, rename="camel", frozen=True, kw_only=True, om
     result: msgspec.Raw = NULL
     error: CallbackError | None = None
     finished_at: str | None = None
+    #: the task's artifacts when it reached this state (CONTRACT 2.11), oldest first
+    artifacts: list[ArtifactInfo] = []
 
 
 def callback_id(task_id: str, revision: int) -> str:

@@ -20,6 +20,7 @@ listed in ``__all__`` is private.
 
 from __future__ import annotations
 
+from ._artifacts import ArtifactRefused
 from ._context import MAX_PROGRESS_BYTES, Handler, ProgressTooLarge, TaskContext, TaskFailed
 from ._options import NatsOptions, WorkerTimings
 from ._registry import HandlerRegistry, default_registry, handler, load_handler_module
@@ -27,6 +28,7 @@ from ._runtime import Worker
 
 __all__ = [
     "MAX_PROGRESS_BYTES",
+    "ArtifactRefused",
     "Handler",
     "HandlerRegistry",
     "NatsOptions",

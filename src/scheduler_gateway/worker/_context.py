@@ -60,6 +60,7 @@ class TaskContext:
     __slots__ = (
         "_cancelled",
         "_progress",
+        "_uploader",
         "attempt_id",
         "attempt_no",
         "kind",
@@ -97,6 +98,8 @@ class TaskContext:
         self.traceparent = traceparent
         self._progress: msgspec.Raw | None = None
         self._cancelled = False
+        #: set by the runtime (worker/_artifacts.py): where ``put_artifact`` sends the bytes
+        self._uploader: Any = None
 
     @property
     def cancelled(self) -> bool:
@@ -122,6 +125,17 @@ class TaskContext:
             self._progress = msgspec.Raw(data)
         # Yield once: a tight handler loop that only calls heartbeat() still sees a cancel.
         await asyncio.sleep(0)
+
+    async def put_artifact(self, name: str, data: Any, content_type: str | None = None) -> dict[str, Any]:
+        """Attach a file or blob to the task (docs/WORKERS.md, Artifacts): ``data`` is bytes, a path, or an async
+        iterator of bytes, streamed in chunks (never held whole in memory). ``content_type`` None: guessed from
+        the name (else ``application/octet-stream``). Returns ``{name, size, sha256, contentType}``; the same name
+        and bytes again is a repeat (the same answer). Raises ``ArtifactRefused`` with a stable ``code`` (a bad
+        name, over a limit, another digest under that name, the lease gone), and nothing is recorded."""
+        if self._uploader is None:
+            raise RuntimeError("put_artifact works in a handler the worker runs")
+        result: dict[str, Any] = await self._uploader.put(name, data, content_type)
+        return result
 
     def __repr__(self) -> str:
         return f"TaskContext(task_id={self.task_id!r}, attempt_id={self.attempt_id!r}, kind={self.kind!r})"

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Final
 from scheduler_gateway import tracing
 from scheduler_gateway.wire.messages import ClaimReply, Offer
 
+from ._artifacts import Uploader
 from ._context import Handler, TaskContext
 from ._execute import _Running, execute, log_extra
 
@@ -50,6 +51,7 @@ def start_handler(w: Worker, kind: str, offer: Offer, reply: ClaimReply, sent: f
         request_id=offer.request_id,
         traceparent=offer.traceparent,
     )
+    ctx._uploader = Uploader(w, offer.task_id, lease_id)  # ctx.put_artifact
     run = _Running(offer=offer, ctx=ctx, kind=kind)
     w._running[lease_id] = run
     w._attempts[offer.attempt_id] = lease_id

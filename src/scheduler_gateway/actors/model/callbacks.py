@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from scheduler_gateway.wire.artifacts import ArtifactInfo
 from scheduler_gateway.wire.callbacks import CallbackBody, CallbackError, callback_id
 from scheduler_gateway.wire.timefmt import fmt_ts
 
@@ -106,8 +107,10 @@ def wants_callback(task: Task) -> bool:
     return task.callback_url is not None and task.state in TERMINAL_STATES
 
 
-def new_delivery(delivery_id: str, task: Task, now: float) -> CallbackDelivery:
-    """The delivery for a task that just reached a terminal state (due at once)."""
+def new_delivery(
+    delivery_id: str, task: Task, now: float, artifacts: list[ArtifactInfo] | None = None
+) -> CallbackDelivery:
+    """The delivery for a task that just reached a terminal state (due at once), with its ``artifacts``."""
     assert task.callback_url is not None
     body = CallbackBody(
         task_id=task.id,
@@ -117,6 +120,7 @@ def new_delivery(delivery_id: str, task: Task, now: float) -> CallbackDelivery:
         result=task.result,
         error=CallbackError(task.error.code, task.error.message) if task.error else None,
         finished_at=fmt_ts(task.finished_at if task.finished_at is not None else task.updated_at),
+        artifacts=list(artifacts or []),
     )
     return CallbackDelivery(
         id=delivery_id,

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from scheduler_gateway.wire.artifacts import ArtifactInfo
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, task_not_found
 from scheduler_gateway.wire.messages import (
     CancelNotice,
@@ -45,7 +46,7 @@ from ..nodes import NodeRegistry
 from ..ports import Change, IdempotencyRecord, Metrics, NullMetrics, TaskQuery, TaskServiceStore
 from ..runtime import KeyedMailboxes
 from ..shared_tasks import SharedTasks
-from . import actions, creation, dead_letters, node_protocol, shared
+from . import actions, artifact_lease, creation, dead_letters, node_protocol, shared
 from .api import BatchItem, BatchOutcome, Caller, NewTask, SettleOutcome, TaskPolicy
 from .keys import KeySlots
 from .records import ERROR_REASONS, STALE_RETRIES, StaleWrite, stale_or
@@ -113,6 +114,10 @@ class TaskService:
         await self._boxes.stop()
         for t in list(self._background):
             t.cancel()
+
+    async def artifact_counts(self, task_ids: list[str]) -> dict[str, int]:
+        """How many artifacts each task has (``artifactCount``; tasks without any left out)."""
+        return await self._store.artifact_counts(task_ids) if task_ids else {}
 
     def waiting_for(self, task: Task) -> str | None:
         """Why the task has not started (its ``waitingFor``, docs/FLOW.md), judged on its live copy."""
@@ -247,6 +252,16 @@ class TaskService:
     async def settle(self, node_id: str, msg: Settle) -> SettleOutcome:
         return await node_protocol.settle(self, node_id, msg)
 
+    async def check_artifact_lease(self, node_id: str, task_id: str, lease_id: str) -> Task:
+        """The running task whose current lease ``node_id`` holds (actors/artifacts.py), else the refusal."""
+        return await artifact_lease.check_lease(self, node_id, task_id, lease_id)
+
+    async def under_artifact_lease(
+        self, node_id: str, task_id: str, lease_id: str, fn: Callable[[Task], Awaitable[T]]
+    ) -> T:
+        """``fn(task)`` in the task's mailbox, the lease checked there first (recording an artifact)."""
+        return await artifact_lease.under_lease(self, node_id, task_id, lease_id, fn)
+
     async def expire_lease(self, task_id: str, lease_id: str) -> None:
         """The lease watcher's call: fail the attempt if its lease ran out (re-checked on the current task)."""
         await self._lease_expired(task_id, lease_id)
@@ -321,7 +336,7 @@ class TaskService:
         idempotency: IdempotencyRecord | None = None,
         dead_letter: DeadLetter | None = None,
     ) -> Task:
-        change = self._change(tr, request_id, audit_details, idempotency, dead_letter)
+        change = self._change(tr, request_id, audit_details, idempotency, dead_letter, await self._artifacts_of(tr))
         try:
             await self._store.apply(change)
         except Conflict as exc:
@@ -339,7 +354,7 @@ class TaskService:
         """Commit several transitions whole or not at all (a cancel with its cascade); the first one carries
         the request's idempotency record."""
         changes = [
-            self._change(tr, request_id, details, idempotency if n == 0 else None, None)
+            self._change(tr, request_id, details, idempotency if n == 0 else None, None, await self._artifacts_of(tr))
             for n, (tr, details) in enumerate(parts)
         ]
         try:
@@ -356,6 +371,7 @@ class TaskService:
         audit_details: dict[str, Any] | None,
         idempotency: IdempotencyRecord | None,
         dead_letter: DeadLetter | None,
+        artifacts: list[ArtifactInfo] | None = None,
     ) -> Change:
         task = tr.task
         now = task.updated_at
@@ -393,8 +409,18 @@ class TaskService:
             idempotency=idempotency,
             dead_letter=dead_letter,
             # durable with the terminal change itself: the callback cannot be lost between the two
-            callback=new_delivery(idgen.new_id("cbd"), task, now) if wants_callback(task) else None,
+            callback=new_delivery(idgen.new_id("cbd"), task, now, artifacts) if wants_callback(task) else None,
         )
+
+    async def _artifacts_of(self, tr: sm.Transition) -> list[ArtifactInfo] | None:
+        """The artifacts a callback reports (CONTRACT 2.11): read only for a terminal change that has a callback
+        (in the task's mailbox, where artifacts are recorded too, so none is recorded after this read)."""
+        if not wants_callback(tr.task):
+            return None
+        return [
+            ArtifactInfo(name=r.name, size=r.size, sha256=r.sha256, content_type=r.content_type)
+            for r in await self._store.list_artifacts(tr.task.id)
+        ]
 
     def _after_commit(self, tr: sm.Transition) -> None:
         task = tr.task

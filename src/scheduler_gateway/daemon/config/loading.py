@@ -15,6 +15,7 @@ from scheduler_gateway.daemon.config.model import (
     _NATS_HARD_MAX_PAYLOAD,
     _SUBJECT_PREFIX,
     LOG_LEVELS,
+    ArtifactsConfig,
     CallbacksConfig,
     Config,
     ConfigError,
@@ -185,6 +186,15 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
     )
     rt_s.finish()
 
+    ar_s = r.section("artifacts")
+    artifacts = ArtifactsConfig(
+        max_bytes=ar_s.integer("max_bytes", 5368709120, lo=0),
+        max_per_task=ar_s.integer("max_per_task", 1000, lo=0),
+        max_task_bytes=ar_s.integer("max_task_bytes", 21474836480, lo=0),
+        orphan_after_s=ar_s.number("orphan_after_s", 3600.0, gt=0),
+    )
+    ar_s.finish()
+
     lg_s = r.section("log")
     log = LogConfig(level=lg_s.choice("level", "INFO", LOG_LEVELS, upper=True))
     lg_s.finish()
@@ -220,6 +230,7 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
             "tasks",
             "recovery",
             "retention",
+            "artifacts",
             "log",
             "store",
             "instance",
@@ -241,6 +252,7 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
         tasks=tasks,
         recovery=recovery,
         retention=retention,
+        artifacts=artifacts,
         log=log,
         store=StoreConfig(url=store_url),
         instance=instance,

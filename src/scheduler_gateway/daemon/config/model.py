@@ -163,6 +163,16 @@ class RetentionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ArtifactsConfig:
+    """``[artifacts]`` (docs/ARTIFACTS.md): bytes per artifact, artifacts and bytes per task, orphan age."""
+
+    max_bytes: int = 5368709120
+    max_per_task: int = 1000
+    max_task_bytes: int = 21474836480
+    orphan_after_s: float = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
 class StoreConfig:
     """``url`` None: the SQLite file ``<data_dir>/gateway.db`` (``Config.store_url``)."""
 
@@ -203,6 +213,7 @@ class Config:
     tasks: TasksConfig = field(default_factory=TasksConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    artifacts: ArtifactsConfig = field(default_factory=ArtifactsConfig)
     log: LogConfig = field(default_factory=LogConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     instance: InstanceConfig = field(default_factory=InstanceConfig)

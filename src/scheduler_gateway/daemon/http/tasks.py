@@ -43,7 +43,7 @@ def _item_error(exc: GatewayError) -> api.BatchItemResult:
     )
 
 
-def task_view(t: Task, waiting_for: str | None = None) -> api.TaskView:
+def task_view(t: Task, waiting_for: str | None = None, artifact_count: int = 0) -> api.TaskView:
     return api.TaskView(
         id=t.id,
         kind=t.kind,
@@ -75,6 +75,7 @@ def task_view(t: Task, waiting_for: str | None = None) -> api.TaskView:
         concurrency_key=t.concurrency_key,
         unique_key=t.unique_key,
         waiting_for=waiting_for,
+        artifact_count=artifact_count,
     )
 
 
@@ -100,8 +101,12 @@ class TaskRoutes:
         self.api = api
         self.service = service
 
-    def _view(self, task: Task) -> api.TaskView:
-        return task_view(task, self.service.waiting_for(task))
+    def _view(self, task: Task, artifact_count: int = 0) -> api.TaskView:
+        return task_view(task, self.service.waiting_for(task), artifact_count)
+
+    async def _counted(self, task: Task) -> api.TaskView:
+        """The view with its ``artifactCount`` read from the artifact index (docs/ARTIFACTS.md)."""
+        return self._view(task, (await self.service.artifact_counts([task.id])).get(task.id, 0))
 
     def install(self, app: web.Application) -> None:
         r = app.router
@@ -248,11 +253,12 @@ class TaskRoutes:
                 cursor=cursor,
             ),
         )
-        return self.api._json(api.ListView([self._view(t) for t in items], next_cursor))
+        counts = await self.service.artifact_counts([t.id for t in items])
+        return self.api._json(api.ListView([self._view(t, counts.get(t.id, 0)) for t in items], next_cursor))
 
     async def get_task(self, request: web.Request) -> web.Response:
         task = await self.service.get(request[CALLER], task_id_arg(request))
-        return self.api._json(self._view(task))
+        return self.api._json(await self._counted(task))
 
     async def task_history(self, request: web.Request) -> web.Response:
         limit, cursor = page_args(request)
@@ -291,6 +297,6 @@ class TaskRoutes:
             if not repeated:
                 failpoints.hit("http.after_commit")  # committed, not answered
             headers = {"Idempotent-Replayed": "true"} if repeated and key else None
-            return self.api._json(self._view(task), 200, headers)
+            return self.api._json(await self._counted(task), 200, headers)
 
         return handle

@@ -10,7 +10,10 @@ A node user may only act as its own node. It may publish:
   consumer) and ``$JS.API.CONSUMER.MSG.NEXT.GW_DISPATCH.*`` (its raw pull requests). A consumer
   name is one subject token and ``*`` matches whole tokens only, so the rule names the stream's
   consumers, all of which are the gateway's ``gw-kind-<kind>`` ones;
-- the acks, naks and terms of offers: ``$JS.ACK.GW_DISPATCH.>``.
+- the acks, naks and terms of offers: ``$JS.ACK.GW_DISPATCH.>``;
+- its artifact requests ``<prefix>.artifact.<id>`` and the chunks of its uploads, on
+  ``$O.GW_ARTIFACTS.C.<id>.>`` only (JetStream stores them in the bucket's stream; the publish ack comes back on
+  its inbox). It cannot read the bucket (no consumer, no direct get), purge or delete in it, or write a meta.
 
 It may subscribe to ``<prefix>.cancel.<id>`` and to its own inboxes ``_GW_INBOX.<id>.>``. The
 worker connects with that inbox prefix (nats-py's ``inbox_prefix``), so the replies to its claims,
@@ -33,6 +36,7 @@ spells out the production shape, one user per node.
 from __future__ import annotations
 
 from scheduler_gateway.daemon.nats.nats_server import NatsPermissions
+from scheduler_gateway.wire.artifacts import node_chunk_subjects
 from scheduler_gateway.wire.subjects import DISPATCH_STREAM, Subjects, node_inbox_prefix
 
 __all__ = ["DEV_NODE_ID", "node_inbox_prefix", "node_permissions"]
@@ -51,6 +55,10 @@ def node_permissions(node_id: str, subjects: Subjects = Subjects()) -> NatsPermi
             f"$JS.API.CONSUMER.INFO.{DISPATCH_STREAM}.*",
             f"$JS.API.CONSUMER.MSG.NEXT.{DISPATCH_STREAM}.*",
             f"$JS.ACK.{DISPATCH_STREAM}.>",
+            # artifacts (docs/WIRE.md, Artifacts): its requests, and chunks under its own node id only; it can
+            # neither read, purge nor delete anything in the bucket, nor write an object's meta
+            subjects.artifact(node_id),
+            node_chunk_subjects(node_id),
         ],
         subscribe_allow=[
             subjects.cancel(node_id),

@@ -14,6 +14,7 @@ from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
 from scheduler_gateway.wire import api
 from scheduler_gateway.wire import kind_api as ka
 from scheduler_gateway.wire import schedule_api as sa
+from scheduler_gateway.wire.artifacts import ArtifactView
 from scheduler_gateway.wire.messages import Event
 
 REF = "#/components/schemas/{name}"
@@ -61,6 +62,7 @@ _PAGES: dict[str, Any] = {
     "ThreadPage": api.Page[sa.ThreadView],
     "ScheduledTaskPage": api.Page[sa.ScheduledTaskView],
     "RunPage": api.Page[sa.RunView],
+    "ArtifactPage": api.Page[ArtifactView],
 }
 _TYPES: list[Any] = [
     api.ErrorEnvelope,

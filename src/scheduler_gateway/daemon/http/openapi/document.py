@@ -14,6 +14,7 @@ from scheduler_gateway.daemon.http.events import MAX_TYPES
 from scheduler_gateway.daemon.http.openapi.components import EVENT_TYPES
 from scheduler_gateway.daemon.http.openapi.components import schemas as component_schemas
 from scheduler_gateway.daemon.http.openapi.operations import OPERATIONS
+from scheduler_gateway.daemon.http.openapi.operations.artifacts import DOWNLOAD_PATH, download_operation
 from scheduler_gateway.daemon.http.openapi.params import IDEMPOTENCY_KEY, Op, query_param, ref
 
 _ERROR_TEXT = {
@@ -182,6 +183,7 @@ def build_document(version: str = "0.1.0") -> dict[str, Any]:
     for op in OPERATIONS:
         paths.setdefault(op.path, {})[op.method] = _operation(op)
     paths["/api/events"] = {"get": _events_operation()}
+    paths[DOWNLOAD_PATH] = {"get": download_operation(lambda s: {"$ref": f"#/components/responses/Error{s}"})}
     paths[OPENAPI_PATH] = {"get": _openapi_operation()}
     return {
         "openapi": "3.1.0",

@@ -1,0 +1,482 @@
+"""Artifacts (CONTRACT 2.11, docs/ARTIFACTS.md): the node's requests, the reads, retention and orphans.
+
+``ArtifactService`` answers a node's ``begin``, ``commit`` and ``abort`` (wire/artifacts.py). A commit is
+decided in three steps: the quick checks (lease, name, limits, the same name already recorded), the bytes (the
+bucket reads the stored chunks back and compares their size and sha256 with what the node reported; a mismatch
+drops them), then, in the task's mailbox, the lease checked again and the row recorded by the store, which
+arbitrates (``ArtifactStore.record_artifact``: only at the revision the lease was checked at). The object's meta
+is written before the row, so every row has its bytes; a crash between the two leaves an object without a row,
+an orphan the keeper removes after ``orphan_after_s`` (or a retried commit records).
+
+``ArtifactKeeper`` runs retention and the orphan sweep: rows of tasks past ``[retention] tasks_s`` are marked
+(hidden), their bytes removed, then the rows; chunks and objects no row names, older than ``orphan_after_s``, are
+removed. A round that dies half way is finished by the next: marked rows come back first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+import msgspec
+
+from scheduler_gateway.wire.artifacts import (
+    DEFAULT_CONTENT_TYPE,
+    ArtifactAbort,
+    ArtifactBegin,
+    ArtifactCommit,
+    ArtifactError,
+    ArtifactInfo,
+    ArtifactReply,
+    ArtifactRequest,
+    chunk_token,
+    content_type_problem,
+    name_problem,
+    object_name,
+    upload_id_ok,
+)
+from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidArgument, NotFound, PayloadTooLarge
+
+from . import idgen
+from .model.artifacts import (
+    ArtifactLimits,
+    ArtifactRecord,
+    event_data,
+    name_refusal,
+    repeat_or_conflict,
+    room,
+    size_refusal,
+)
+from .model.records import ActorRef, AuditEntry, AuditResult, EventRecord, Task
+from .ports import ArtifactStore, AuditStore
+from .runtime import LoopActor, Wakeup
+
+log = logging.getLogger(__name__)
+RECORD_RETRIES = 3
+
+
+class ArtifactBucket(Protocol):
+    """The bytes (the daemon's JetStream object store adapter, daemon/nats/artifacts.py)."""
+
+    def upload_settings(self) -> tuple[str, int]:
+        """``(chunk subject template, chunk size)``: where nodes publish and how big a chunk may be."""
+        ...
+
+    async def verify(self, upload: str, size: int, sha256: str) -> int:
+        """Read the stored chunks of ``upload`` back: their count when they hold exactly ``size`` bytes with that
+        sha256; else GatewayError DIGEST_MISMATCH (the chunks stay: the caller drops them)."""
+        ...
+
+    async def write_meta(self, record: ArtifactRecord) -> None:
+        """Make the object ``<taskId>/<name>`` name the record's chunks (the object store's meta)."""
+        ...
+
+    async def remove(self, record: ArtifactRecord) -> None:
+        """Remove the record's object: its meta and its chunks (nothing when already gone)."""
+        ...
+
+    async def drop_upload(self, upload: str) -> None:
+        """Purge the chunks of ``upload`` (nothing when already gone)."""
+        ...
+
+    async def remove_object(self, object_name: str, upload: str) -> None:
+        """Remove the meta ``object_name`` while it still names ``upload`` (an orphan object: no row names it)."""
+        ...
+
+    async def listing(self) -> tuple[list[str], list[str]]:
+        """Every upload the bucket holds chunks of, and every object name it holds a meta of (one request)."""
+        ...
+
+    async def last_at(self, upload: str) -> float | None:
+        """When the newest chunk of ``upload`` was stored (None: it holds none)."""
+        ...
+
+    async def meta_of(self, object_name: str) -> tuple[str, float] | None:
+        """The upload the meta ``object_name`` names and when it was written (None: no such meta)."""
+        ...
+
+    def read(self, record: ArtifactRecord, start: int, end: int) -> AsyncIterator[bytes]:
+        """The bytes ``start`` to ``end`` (inclusive) of the record's object, chunk by chunk."""
+        ...
+
+
+class ArtifactIndex(ArtifactStore, AuditStore, Protocol):
+    """What the artifact service writes: the index and the audit of refusals."""
+
+
+def info_of(r: ArtifactRecord) -> ArtifactInfo:
+    return ArtifactInfo(name=r.name, size=r.size, sha256=r.sha256, content_type=r.content_type)
+
+
+def refused(exc: GatewayError) -> ArtifactReply:
+    return ArtifactReply(ok=False, error=ArtifactError(code=exc.code, message=exc.message))
+
+
+class LeaseHolder(Protocol):
+    """The task service's side: the lease check, and running a step in the task's mailbox."""
+
+    async def check_artifact_lease(self, node_id: str, task_id: str, lease_id: str) -> Task: ...
+    async def under_artifact_lease(
+        self, node_id: str, task_id: str, lease_id: str, fn: Callable[[Task], Awaitable[Any]]
+    ) -> Any: ...
+
+
+class ArtifactService:
+    def __init__(
+        self,
+        store: ArtifactIndex,
+        bucket: ArtifactBucket,
+        tasks: LeaseHolder,
+        limits: ArtifactLimits,
+        clock: Callable[[], float],
+        *,
+        on_recorded: Callable[[ArtifactRecord], None] | None = None,
+        on_committed: Callable[[], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._bucket = bucket
+        self._tasks = tasks
+        self.limits = limits
+        self._clock = clock
+        self._on_recorded = on_recorded or (lambda r: None)
+        self._on_committed = on_committed or (lambda: None)
+
+    # -- node requests -------------------------------------------------------------------------------------
+    async def handle(self, node_id: str, req: ArtifactRequest) -> ArtifactReply:
+        try:
+            match req:
+                case ArtifactBegin():
+                    return await self._begin(node_id, req)
+                case ArtifactCommit():
+                    return await self._commit(node_id, req)
+                case ArtifactAbort():
+                    return await self._abort(node_id, req)
+        except GatewayError as exc:
+            return refused(exc)
+        raise AssertionError("unreachable")
+
+    async def _begin(self, node_id: str, req: ArtifactBegin) -> ArtifactReply:
+        task = await self._checked(node_id, req.task_id, req.lease_id, req.name, req.content_type, "begin")
+        existing = await self._store.get_artifact(task.id, req.name)
+        hinted = existing is not None and req.size is not None and req.sha256 is not None
+        if hinted and existing and await self._same_or_refuse(node_id, task, existing, req.size or 0, req.sha256 or ""):
+            return ArtifactReply(ok=True, artifact=info_of(existing), repeat=True)
+        count, used = await self._store.artifact_usage(task.id)
+        try:
+            left = room(self.limits, count, used)
+            if req.size is not None and req.size > left:
+                raise PayloadTooLarge(
+                    f"an artifact of {req.size} bytes is over this task's limits ({left} bytes left)",
+                    details={"size": req.size, "maxBytes": left},
+                )
+        except PayloadTooLarge as exc:
+            await self._audit_refusal(node_id, task, req.name, exc.code, exc.message)
+            raise
+        upload_id = idgen.new_id("upl")
+        template, chunk_size = self._bucket.upload_settings()
+        return ArtifactReply(
+            ok=True,
+            upload_id=upload_id,
+            subject=template.format(node=node_id, upload=upload_id),
+            chunk_size=chunk_size,
+            max_bytes=left,
+        )
+
+    async def _commit(self, node_id: str, req: ArtifactCommit) -> ArtifactReply:
+        if not upload_id_ok(req.upload_id):
+            raise InvalidArgument("uploadId is not one the gateway handed out", details={"field": "uploadId"})
+        upload = chunk_token(node_id, req.upload_id)
+        checked = await self._checked_upload(node_id, req, upload)
+        if isinstance(checked, ArtifactReply):
+            return checked
+        task, chunks = checked
+        record = ArtifactRecord(
+            task_id=task.id,
+            name=req.name,
+            size=req.size,
+            sha256=req.sha256,
+            content_type=req.content_type or DEFAULT_CONTENT_TYPE,
+            attempt_no=task.attempt_no,
+            node_id=node_id,
+            created_at=self._clock(),
+            upload=upload,
+            chunks=chunks,
+            owner=task.owner,
+        )
+        await self._bucket.write_meta(record)  # bytes first: the row is never without them
+        try:
+            kept, created = await self._record(node_id, req, record)
+        except GatewayError as exc:
+            if exc.code not in (Code.STORAGE_ERROR, Code.SERVICE_UNAVAILABLE):  # else the node retries the commit
+                await self._undo(record)
+            raise
+        if not created:  # a commit of the same name and digest won meanwhile: its bytes stay, ours go
+            await self._bucket.write_meta(kept)
+            await self._bucket.drop_upload(upload)
+            return ArtifactReply(ok=True, artifact=info_of(kept), repeat=True)
+        self._on_recorded(kept)
+        self._on_committed()
+        return ArtifactReply(ok=True, artifact=info_of(kept))
+
+    async def _checked_upload(self, node_id: str, req: ArtifactCommit, upload: str) -> tuple[Task, int] | ArtifactReply:
+        """The quick checks, then the bytes; a refusal for good drops the upload at once (not as an orphan)."""
+        try:
+            task = await self._checked(node_id, req.task_id, req.lease_id, req.name, req.content_type, "commit")
+            existing = await self._store.get_artifact(task.id, req.name)
+            if existing is not None:
+                await self._same_or_refuse(node_id, task, existing, req.size, req.sha256)
+                await self._bucket.drop_upload(upload)
+                return ArtifactReply(ok=True, artifact=info_of(existing), repeat=True)
+            count, used = await self._store.artifact_usage(task.id)
+            refusal = size_refusal(self.limits, req.size, count, used)
+            if refusal is not None:
+                await self._audit_refusal(node_id, task, req.name, refusal.code, refusal.message)
+                raise refusal
+            try:
+                chunks = await self._bucket.verify(upload, req.size, req.sha256)
+            except GatewayError as exc:
+                if exc.code == Code.DIGEST_MISMATCH:
+                    await self._audit_refusal(node_id, task, req.name, exc.code, exc.message)
+                raise
+        except GatewayError as exc:
+            if exc.code not in (Code.STORAGE_ERROR, Code.SERVICE_UNAVAILABLE, Code.INTERNAL):
+                await self._bucket.drop_upload(upload)
+            raise
+        return task, chunks
+
+    async def _undo(self, record: ArtifactRecord) -> None:
+        """A record refused after its meta was written (the lease moved on meanwhile): its object goes, unless a
+        commit of the same name won, whose meta is put back."""
+        existing = await self._store.get_artifact(record.task_id, record.name)
+        if existing is None:
+            await self._bucket.remove(record)
+        elif existing.upload != record.upload:
+            await self._bucket.write_meta(existing)
+            await self._bucket.drop_upload(record.upload)
+
+    async def _record(self, node_id: str, req: ArtifactCommit, record: ArtifactRecord) -> tuple[ArtifactRecord, bool]:
+        """In the task's mailbox: the lease again, then the store's compare-and-set on the task's revision."""
+        last: GatewayError | None = None
+        for _ in range(RECORD_RETRIES):
+
+            async def step(task: Task) -> tuple[ArtifactRecord, bool]:
+                audit = self._audit(node_id, task, record.name, "ok", details=event_data(record))
+                event = EventRecord(
+                    id=idgen.new_id("evt"),
+                    type="task.artifact_added",
+                    aggregate_type="task",
+                    aggregate_id=task.id,
+                    owner=task.owner,
+                    revision=task.revision,
+                    at=record.created_at,
+                    request_id=None,
+                    data=event_data(record),
+                )
+                done: tuple[ArtifactRecord, bool] = await self._store.record_artifact(
+                    record, audit, event, task_revision=task.revision, limits=self.limits
+                )
+                return done
+
+            try:
+                result: tuple[ArtifactRecord, bool] = await self._tasks.under_artifact_lease(
+                    node_id, req.task_id, req.lease_id, step
+                )
+                return result
+            except Conflict as exc:
+                if exc.code != Code.REVISION_CONFLICT:
+                    await self._audit_refusal_id(node_id, req.task_id, req.name, exc.code, exc.message)
+                    raise
+                last = exc  # another instance moved the task: check the lease again on the fresh row
+            except GatewayError as exc:
+                await self._audit_refusal_id(node_id, req.task_id, req.name, exc.code, exc.message)
+                raise
+        assert last is not None
+        raise last
+
+    async def _abort(self, node_id: str, req: ArtifactAbort) -> ArtifactReply:
+        if not upload_id_ok(req.upload_id):
+            raise InvalidArgument("uploadId is not one the gateway handed out", details={"field": "uploadId"})
+        upload = chunk_token(node_id, req.upload_id)
+        if await self._store.known_uploads([upload]):
+            return ArtifactReply(ok=True)  # recorded: an abort never removes a recorded artifact
+        await self._bucket.drop_upload(upload)
+        return ArtifactReply(ok=True)
+
+    async def _checked(
+        self, node_id: str, task_id: str, lease_id: str, name: str, content_type: str | None, step: str
+    ) -> Task:
+        problem = name_refusal(name_problem(name))
+        if problem is None and content_type is not None and content_type_problem(content_type):
+            problem = InvalidArgument(content_type_problem(content_type) or "", details={"field": "contentType"})
+        try:
+            task = await self._tasks.check_artifact_lease(node_id, task_id, lease_id)
+        except GatewayError as exc:
+            await self._audit_refusal_id(node_id, task_id, name if problem is None else "?", exc.code, exc.message)
+            raise
+        if problem is not None:
+            await self._audit_refusal(node_id, task, "?", problem.code, problem.message)
+            raise problem
+        return task
+
+    async def _same_or_refuse(self, node_id: str, task: Task, existing: ArtifactRecord, size: int, sha: str) -> bool:
+        try:
+            return repeat_or_conflict(existing, size, sha)
+        except Conflict as exc:
+            await self._audit_refusal(node_id, task, existing.name, exc.code, exc.message)
+            raise
+
+    # -- reads (the HTTP API and the console; who may read the task may read its artifacts) ------------------
+    async def list(self, task_id: str) -> list[ArtifactRecord]:
+        return await self._store.list_artifacts(task_id)
+
+    async def get(self, task_id: str, name: str) -> ArtifactRecord:
+        record = await self._store.get_artifact(task_id, name)
+        if record is None:
+            raise NotFound(f"task {task_id} has no artifact {name!r}", code=Code.ARTIFACT_NOT_FOUND)
+        return record
+
+    def read(self, record: ArtifactRecord, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
+        return self._bucket.read(record, start, record.size - 1 if end is None else end)
+
+    # -- audit -----------------------------------------------------------------------------------------------
+    def _audit(
+        self,
+        node_id: str,
+        task: Task | None,
+        name: str,
+        result: AuditResult,
+        *,
+        task_id: str | None = None,
+        error_code: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> AuditEntry:
+        return AuditEntry(
+            id=idgen.new_id("aud"),
+            at=self._clock(),
+            action="artifact.add",
+            object_type="task",
+            object_id=task.id if task else (task_id or "?"),
+            result=result,
+            actor=ActorRef("node", node_id),
+            owner=task.owner if task else None,
+            run_id=task.run_id if task else None,
+            attempt_id=task.attempt_id if task else None,
+            node_id=node_id,
+            old_revision=task.revision if task else None,
+            new_revision=task.revision if task else None,
+            error_code=error_code,
+            details={"name": name, **(details or {})},
+        )
+
+    async def _audit_refusal(self, node_id: str, task: Task, name: str, code: str, why: str) -> None:
+        await self._append(self._audit(node_id, task, name, "refused", error_code=code, details={"why": why[:200]}))
+
+    async def _audit_refusal_id(self, node_id: str, task_id: str, name: str, code: str, why: str) -> None:
+        entry = self._audit(node_id, None, name, "refused", task_id=task_id, error_code=code)
+        await self._append(msgspec.structs.replace(entry, details={**entry.details, "why": why[:200]}))
+
+    async def _append(self, entry: AuditEntry) -> None:
+        try:
+            await self._store.append_audit([entry])
+        except GatewayError:
+            log.exception("could not write the audit entry of a refused artifact of %s", entry.object_id)
+
+
+class ArtifactKeeper(LoopActor):
+    """Retention of artifacts (with their tasks, bytes first) and the orphan sweep. ``tasks_s``: how long after
+    its finish a task is kept (``[retention] tasks_s``); every ``interval_s`` a round."""
+
+    name = "artifact-keeper"
+
+    def __init__(
+        self,
+        store: ArtifactStore,
+        bucket: ArtifactBucket,
+        limits: ArtifactLimits,
+        clock: Callable[[], float],
+        *,
+        tasks_s: float,
+        interval_s: float = 60.0,
+        batch: int = 200,
+        on_totals: Callable[[int, int], None] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        super().__init__()
+        self._store = store
+        self._bucket = bucket
+        self._limits = limits
+        self._clock = clock
+        self._tasks_s = tasks_s
+        self._interval_s = interval_s
+        self._batch = batch
+        self._on_totals = on_totals or (lambda n, b: None)
+        self._sleep = sleep
+        self._wake = Wakeup()
+        self.removed = 0
+        self.orphans_removed = 0
+        self._recorded: set[str] = set()  # object names a row was seen for (never orphans while it lasts)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.round()
+            except GatewayError as exc:
+                log.warning("artifact keeper: round failed (%s); trying again next round", exc.code)
+            except Exception as exc:  # NATS away: the next round tries again
+                log.warning("artifact keeper: round failed (%s); trying again next round", type(exc).__name__)
+            await self._wake.wait(self._interval_s)
+
+    async def round(self) -> None:
+        await self.remove_expired()
+        await self.sweep_orphans()
+        self._on_totals(*await self._store.artifact_totals())
+
+    async def remove_expired(self) -> int:
+        """Mark, remove the bytes of, then delete the rows of tasks past retention; the rows deleted."""
+        done = 0
+        while True:
+            rows = await self._store.mark_artifacts_removing(self._clock() - self._tasks_s, self._batch)
+            if not rows:
+                return done
+            for r in rows:
+                await self._bucket.remove(r)
+                self._recorded.discard(object_name(r.task_id, r.name))
+            done += await self._store.delete_artifacts([(r.task_id, r.name) for r in rows])
+            self.removed += len(rows)
+            if len(rows) < self._batch:
+                return done
+
+    async def sweep_orphans(self) -> int:
+        """Remove chunks and objects that no row names and that nothing was stored to for ``orphan_after_s``."""
+        cutoff = self._clock() - self._limits.orphan_after_s
+        uploads, objects = await self._bucket.listing()
+        known = await self._store.known_uploads(uploads) if uploads else set()
+        removed = 0
+        for upload in uploads:
+            if upload in known:
+                continue
+            at = await self._bucket.last_at(upload)
+            if at is not None and at <= cutoff:
+                await self._bucket.drop_upload(upload)
+                removed += 1
+        for name in objects:
+            if name in self._recorded:
+                continue
+            task_id, _, artifact = name.partition("/")
+            if await self._store.get_artifact(task_id, artifact) is not None:
+                self._recorded.add(name)  # recorded names stay until retention removes them
+                continue
+            meta = await self._bucket.meta_of(name)
+            if meta is not None and meta[1] <= cutoff:
+                await self._bucket.remove_object(name, meta[0])
+                await self._bucket.drop_upload(meta[0])
+                removed += 1
+        if removed:
+            log.info("artifact keeper: removed %d orphan uploads (never recorded)", removed)
+        self.orphans_removed += removed
+        return removed

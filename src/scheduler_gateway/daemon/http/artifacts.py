@@ -1,0 +1,143 @@
+"""Artifact routes (CONTRACT 2.11, docs/API.md#artifacts): a task's list, and one artifact's bytes (GET, HEAD).
+
+Who may read the task may read its artifacts: the task is read first with the caller (another user's task
+answers 404 TASK_NOT_FOUND exactly like a missing one). The bytes are streamed from the bucket a few chunks at a
+time (gatewayd never holds a whole artifact), with ``ETag: "<sha256>"`` (an ``If-None-Match`` naming it answers
+304), ``Accept-Ranges: bytes`` and one ``Range: bytes=a-b`` (206 with ``Content-Range``; a range outside the
+artifact answers 416 with ``Content-Range: bytes */<size>``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import TYPE_CHECKING
+from urllib.parse import quote
+
+from aiohttp import web
+
+from scheduler_gateway.actors.artifacts import ArtifactService
+from scheduler_gateway.actors.model.artifacts import ArtifactRecord
+from scheduler_gateway.actors.task_service import TaskService
+from scheduler_gateway.wire.api import ListView
+from scheduler_gateway.wire.artifacts import ArtifactView, name_problem
+from scheduler_gateway.wire.errors import Code, InvalidArgument, NotFound
+from scheduler_gateway.wire.timefmt import fmt_ts
+
+from .context import CALLER, REQUEST_ID, page_args, task_id_arg
+from .errors import error_response
+
+if TYPE_CHECKING:
+    from .app import AdminApi
+
+log = logging.getLogger(__name__)
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+def artifact_view(r: ArtifactRecord) -> ArtifactView:
+    return ArtifactView(
+        name=r.name,
+        size=r.size,
+        sha256=r.sha256,
+        content_type=r.content_type,
+        attempt_no=r.attempt_no,
+        node_id=r.node_id,
+        created_at=fmt_ts(r.created_at),
+    )
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | bool | None:
+    """``(start, end)`` inclusive for one satisfiable ``bytes=`` range; None: no (usable) Range, serve it all
+    (several ranges, another unit); False: not satisfiable (416)."""
+    if not header:
+        return None
+    m = _RANGE.match(header.strip().replace(" ", ""))
+    if m is None:
+        return None
+    first, last = m.group(1), m.group(2)
+    if not first and not last:
+        return None
+    if not first:  # the last N bytes
+        n = int(last)
+        return (max(0, size - n), size - 1) if n > 0 and size > 0 else False
+    start = int(first)
+    end = min(int(last), size - 1) if last else size - 1
+    if start >= size or (last and int(last) < start):
+        return False
+    return start, end
+
+
+def disposition(name: str) -> str:
+    base = name.rsplit("/", 1)[-1]
+    ascii_name = re.sub(r"[^A-Za-z0-9._-]", "_", base)
+    return f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(base)}"
+
+
+class ArtifactRoutes:
+    def __init__(self, api: AdminApi, tasks: TaskService, artifacts: ArtifactService) -> None:
+        self.api = api
+        self.tasks = tasks
+        self.artifacts = artifacts
+
+    def install(self, app: web.Application) -> None:
+        r = app.router
+        r.add_get("/api/tasks/{id}/artifacts", self.list_artifacts)
+        r.add_get("/api/tasks/{id}/artifacts/{name:.+}", self.get_artifact)  # HEAD too (aiohttp adds it)
+
+    async def list_artifacts(self, request: web.Request) -> web.Response:
+        task = await self.tasks.get(request[CALLER], task_id_arg(request))
+        limit, cursor = page_args(request)
+        start = 0
+        if cursor is not None:
+            if not cursor.isdigit():
+                raise InvalidArgument("cursor is not one this list handed out", details={"field": "cursor"})
+            start = int(cursor)
+        rows = await self.artifacts.list(task.id)
+        page = rows[start : start + limit]
+        next_cursor = str(start + limit) if start + limit < len(rows) else None
+        return self.api._json(ListView([artifact_view(r) for r in page], next_cursor))
+
+    async def get_artifact(self, request: web.Request) -> web.StreamResponse:
+        task = await self.tasks.get(request[CALLER], task_id_arg(request))
+        name = request.match_info["name"]
+        if name_problem(name) is not None:  # no such name can exist: answered like an unknown one
+            raise NotFound(f"task {task.id} has no artifact {name!r}", code=Code.ARTIFACT_NOT_FOUND)
+        record = await self.artifacts.get(task.id, name)
+        etag = f'"{record.sha256}"'
+        headers = {
+            "ETag": etag,
+            "Accept-Ranges": "bytes",
+            "Content-Disposition": disposition(record.name),
+            "Cache-Control": "private, max-age=0, must-revalidate",
+            "X-Content-Type-Options": "nosniff",
+        }
+        if_none = request.headers.get("If-None-Match")
+        if if_none is not None and (if_none.strip() == "*" or etag in [t.strip() for t in if_none.split(",")]):
+            return web.Response(status=304, headers=headers)
+        wanted = parse_range(request.headers.get("Range"), record.size)
+        if wanted is False:
+            resp = error_response(
+                Code.INVALID_ARGUMENT,
+                f"range outside the artifact's {record.size} bytes",
+                request.get(REQUEST_ID, ""),
+                status=416,
+            )
+            resp.headers["Content-Range"] = f"bytes */{record.size}"
+            return resp
+        start, end = wanted if isinstance(wanted, tuple) else (0, record.size - 1)
+        status = 206 if isinstance(wanted, tuple) else 200
+        if status == 206:
+            headers["Content-Range"] = f"bytes {start}-{end}/{record.size}"
+        out = web.StreamResponse(status=status, headers=headers)
+        out.content_type = record.content_type.split(";")[0].strip()
+        if ";" in record.content_type:
+            out.headers["Content-Type"] = record.content_type
+        out.content_length = max(0, end - start + 1)
+        await out.prepare(request)
+        if request.method == "HEAD" or record.size == 0:
+            await out.write_eof()
+            return out
+        async for data in self.artifacts.read(record, start, end):
+            await out.write(data)
+        await out.write_eof()
+        return out

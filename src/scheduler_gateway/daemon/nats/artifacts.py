@@ -1,0 +1,280 @@
+"""The artifact bucket ``GW_ARTIFACTS`` (nats-py's JetStream object store) and the node responder on
+``gw.artifact.<nodeId>`` (docs/WIRE.md, Artifacts).
+
+Nodes publish chunks themselves to ``$O.GW_ARTIFACTS.C.<nodeId>.<uploadId>`` (their NATS user may publish there
+and nowhere else in the bucket); this adapter reads them back through a short-lived pull consumer of its own
+(memory storage, no acks, a few chunks fetched at a time, so gatewayd never holds more than a handful of chunks
+of an artifact), writes the object's meta in the object store's format (``nats object ls GW_ARTIFACTS`` lists
+the artifacts as ``<taskId>/<name>``), purges chunks and metas, and lists what the bucket holds for the orphan
+sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+from nats.js.errors import NotFoundError
+
+from scheduler_gateway.actors.model.artifacts import ArtifactRecord
+from scheduler_gateway.wire.artifacts import (
+    BUCKET,
+    BUCKET_STREAM,
+    DEFAULT_CHUNK_SIZE,
+    ArtifactError,
+    ArtifactReply,
+    ArtifactRequest,
+    object_name,
+)
+from scheduler_gateway.wire.errors import Code, GatewayError, Unavailable
+from scheduler_gateway.wire.messages import NODE_ID_PATTERN
+from scheduler_gateway.wire.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+CHUNKS_PREFIX = f"$O.{BUCKET}.C."
+META_PREFIX = f"$O.{BUCKET}.M."
+#: chunks fetched per pull: what gatewayd holds of one artifact at a time (x the chunk size)
+FETCH_BATCH = 8
+FETCH_TIMEOUT_S = 5.0
+API_TIMEOUT_S = 10.0
+_decode_request: Callable[[bytes], ArtifactRequest] = msgspec.json.Decoder(ArtifactRequest).decode
+_encode = msgspec.json.Encoder().encode
+
+
+def _meta_subject(name: str) -> str:
+    return META_PREFIX + base64.urlsafe_b64encode(name.encode()).decode()
+
+
+def _digest(sha256_hex: str) -> str:
+    return "SHA-256=" + base64.urlsafe_b64encode(bytes.fromhex(sha256_hex)).decode()
+
+
+def _ts(value: datetime | None) -> float:
+    return value.timestamp() if value is not None else 0.0
+
+
+async def ensure_bucket(js: JetStreamContext, replicas: int = 1) -> None:
+    """Create the object store bucket ``GW_ARTIFACTS`` (file storage, ``replicas`` copies) unless it exists; an
+    existing one keeps its data (its replicas follow ``[nats] stream_replicas`` at start, daemon/nats/streams.py)."""
+    try:
+        await js.stream_info(BUCKET_STREAM)
+        return
+    except NotFoundError:
+        pass
+    with contextlib.suppress(Exception):  # created by another gatewayd meanwhile: the stream_info below says
+        await js.create_object_store(
+            BUCKET,
+            config=api.ObjectStoreConfig(
+                description="gateway task artifacts (docs/ARTIFACTS.md)",
+                storage=api.StorageType.FILE,
+                replicas=replicas,
+            ),
+        )
+    await js.stream_info(BUCKET_STREAM)
+
+
+class JetStreamArtifacts:
+    """The ``ArtifactBucket`` port (actors/artifacts.py) on one NATS connection (the gateway's)."""
+
+    def __init__(self, nc: Client, js: JetStreamContext) -> None:
+        self._nc = nc
+        self._js = js
+
+    def upload_settings(self) -> tuple[str, int]:
+        # a chunk and its headers fit in one message of this server, with room to spare
+        size = max(1024, min(DEFAULT_CHUNK_SIZE, int(self._nc.max_payload) - 8192))
+        return CHUNKS_PREFIX + "{node}.{upload}", size
+
+    async def _chunks(self, upload: str) -> AsyncIterator[Msg]:
+        """Every chunk message of ``upload`` as stored now, oldest first (a pull consumer of its own)."""
+        subject = CHUNKS_PREFIX + upload
+        try:
+            sub = await self._js.pull_subscribe(
+                subject,
+                stream=BUCKET_STREAM,
+                config=api.ConsumerConfig(
+                    ack_policy=api.AckPolicy.NONE,
+                    deliver_policy=api.DeliverPolicy.ALL,
+                    mem_storage=True,
+                    num_replicas=1,
+                    inactive_threshold=30.0,
+                    max_ack_pending=-1,
+                ),
+                pending_bytes_limit=FETCH_BATCH * (DEFAULT_CHUNK_SIZE + 65536) * 2,
+            )
+        except Exception as exc:
+            raise Unavailable(f"the artifact bucket does not answer ({type(exc).__name__})") from exc
+        try:
+            pending = await self._pending(sub)
+            while pending > 0:
+                try:
+                    msgs = await sub.fetch(min(FETCH_BATCH, pending), timeout=FETCH_TIMEOUT_S)
+                except TimeoutError as exc:
+                    raise Unavailable("the artifact bucket did not deliver a chunk in time") from exc
+                for msg in msgs:
+                    pending = int(msg.metadata.num_pending)
+                    yield msg
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            with contextlib.suppress(Exception):
+                await self._js.delete_consumer(BUCKET_STREAM, sub._consumer)
+
+    async def _pending(self, sub: Any) -> int:
+        info = await sub.consumer_info()
+        return int(info.num_pending or 0)
+
+    async def verify(self, upload: str, size: int, sha256: str) -> int:
+        h, seen, chunks = hashlib.sha256(), 0, 0
+        async for msg in self._chunks(upload):
+            seen += len(msg.data)
+            chunks += 1
+            if seen > size:
+                break
+            h.update(msg.data)
+        if seen != size or h.hexdigest() != sha256:
+            why = f"{seen} bytes stored" if seen != size else "the stored bytes have another sha256"
+            raise GatewayError(
+                f"the upload does not match the reported size and sha256 ({why})",
+                code=Code.DIGEST_MISMATCH,
+                details={"size": size, "sha256": sha256},
+            )
+        return chunks
+
+    async def write_meta(self, record: ArtifactRecord) -> None:
+        name = object_name(record.task_id, record.name)
+        info = api.ObjectInfo(
+            name=name,
+            bucket=BUCKET,
+            nuid=record.upload,
+            size=record.size,
+            chunks=record.chunks,
+            digest=_digest(record.sha256),
+            mtime=datetime.fromtimestamp(record.created_at, UTC).isoformat(),
+            headers={"Content-Type": [record.content_type]},
+            options=api.ObjectMetaOptions(max_chunk_size=self.upload_settings()[1]),
+        )
+        await self._js.publish(
+            _meta_subject(name),
+            json.dumps(info.as_dict()).encode(),
+            timeout=API_TIMEOUT_S,
+            headers={api.Header.ROLLUP: "sub"},
+        )
+
+    async def drop_upload(self, upload: str) -> None:
+        await self._js.purge_stream(BUCKET_STREAM, subject=CHUNKS_PREFIX + upload)
+
+    async def remove(self, record: ArtifactRecord) -> None:
+        await self.drop_upload(record.upload)  # the bytes, then the meta that names them
+        await self._js.purge_stream(BUCKET_STREAM, subject=_meta_subject(object_name(record.task_id, record.name)))
+
+    async def remove_object(self, name: str, upload: str) -> None:
+        meta = await self.meta_of(name)
+        if meta is not None and meta[0] == upload:
+            await self._js.purge_stream(BUCKET_STREAM, subject=_meta_subject(name))
+
+    async def listing(self) -> tuple[list[str], list[str]]:
+        info = await self._js.stream_info(BUCKET_STREAM, subjects_filter=f"$O.{BUCKET}.>")
+        uploads, objects = [], []
+        for subject in info.state.subjects or {}:
+            if subject.startswith(CHUNKS_PREFIX):
+                uploads.append(subject[len(CHUNKS_PREFIX) :])
+            elif subject.startswith(META_PREFIX):
+                with contextlib.suppress(ValueError, UnicodeDecodeError):
+                    objects.append(base64.urlsafe_b64decode(subject[len(META_PREFIX) :]).decode())
+        return uploads, objects
+
+    async def last_at(self, upload: str) -> float | None:
+        try:
+            msg = await self._js.get_last_msg(BUCKET_STREAM, CHUNKS_PREFIX + upload)
+        except NotFoundError:
+            return None
+        return _ts(msg.time)
+
+    async def meta_of(self, name: str) -> tuple[str, float] | None:
+        try:
+            msg = await self._js.get_last_msg(BUCKET_STREAM, _meta_subject(name))
+        except NotFoundError:
+            return None
+        try:
+            nuid = str(json.loads(msg.data or b"{}")["nuid"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        return nuid, _ts(msg.time)
+
+    async def read(self, record: ArtifactRecord, start: int, end: int) -> AsyncIterator[bytes]:
+        """Bytes ``start``..``end`` (inclusive) of the first ``record.chunks`` chunks: whatever was published
+        under the upload after it was recorded is never read."""
+        offset, left = 0, record.chunks
+        async for msg in self._chunks(record.upload):
+            if left <= 0 or offset > end:
+                break
+            left -= 1
+            data = msg.data
+            lo, hi = offset, offset + len(data)
+            offset = hi
+            if hi <= start:
+                continue
+            yield data[max(0, start - lo) : min(len(data), end + 1 - lo)]
+
+
+class ArtifactResponder:
+    """Answers ``gw.artifact.<nodeId>`` requests (queue group ``gw-gateway``, like claims and heartbeats)."""
+
+    def __init__(
+        self, nc: Client, subjects: Subjects, handle: Callable[[str, ArtifactRequest], Awaitable[ArtifactReply]]
+    ) -> None:
+        self._nc = nc
+        self._subjects = subjects
+        self._handle = handle
+        self._sub: Any = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, queue: str) -> None:
+        async def cb(msg: Msg) -> None:
+            t = asyncio.ensure_future(self._on(msg))
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+        self._sub = await self._nc.subscribe(self._subjects.wildcard("artifact"), queue=queue, cb=cb)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
+
+    async def _on(self, msg: Msg) -> None:
+        import re
+
+        node = self._subjects.node_of(msg.subject)
+        try:
+            if not re.match(NODE_ID_PATTERN, node):
+                raise GatewayError("bad node id in subject", code=Code.INVALID_ARGUMENT)
+            reply = await self._handle(node, _decode_request(msg.data))
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+            reply = ArtifactReply(ok=False, error=ArtifactError(code=Code.INVALID_ARGUMENT, message=str(exc)[:200]))
+        except GatewayError as exc:
+            reply = ArtifactReply(ok=False, error=ArtifactError(code=exc.code, message=exc.message))
+        except Exception as exc:
+            log.exception("artifact request failed")
+            reply = ArtifactReply(
+                ok=False, error=ArtifactError(code=Code.SERVICE_UNAVAILABLE, message=type(exc).__name__)
+            )
+        if msg.reply:
+            with contextlib.suppress(Exception):  # the node gave up: it retries
+                await msg.respond(_encode(reply))

@@ -1,0 +1,190 @@
+"""``ctx.put_artifact``: a handler's file or blob, streamed to the gateway's artifact bucket (docs/WORKERS.md,
+Artifacts; the protocol is docs/WIRE.md, Artifacts).
+
+The bytes go in chunks (the size the gateway hands out, 256 KiB by default), at most ``WINDOW`` of them
+unacknowledged at a time, so a 1 GiB file never sits in the worker's memory: a path is read a chunk at a time in
+a thread, an async iterator is re-chunked as it yields. The sha256 is computed as the chunks go. Then the
+gateway checks what it stored against the size and digest and records it; its refusal raises ``ArtifactRefused``
+with the stable code (the handler may catch it; uncaught, the attempt fails like any exception).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import mimetypes
+import os
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+
+from scheduler_gateway.wire.artifacts import (
+    DEFAULT_CONTENT_TYPE,
+    ArtifactAbort,
+    ArtifactBegin,
+    ArtifactCommit,
+    ArtifactReply,
+    ArtifactRequest,
+    content_type_problem,
+    name_problem,
+)
+from scheduler_gateway.wire.errors import Code
+
+if TYPE_CHECKING:
+    from ._runtime import Worker
+
+WINDOW: Final = 8  # chunks in flight (published, not yet acked by JetStream)
+REQUEST_TIMEOUT_S: Final = 10.0
+COMMIT_RETRIES: Final = 3
+_encode = msgspec.json.Encoder().encode
+_decode_reply = msgspec.json.Decoder(ArtifactReply).decode
+
+
+class ArtifactRefused(Exception):
+    """The gateway (or the SDK, before sending anything) refused an artifact: ``code`` is stable
+    (INVALID_ARGUMENT, PAYLOAD_TOO_LARGE, IDEMPOTENCY_CONFLICT, DIGEST_MISMATCH, LEASE_EXPIRED,
+    LEASE_NOT_FOUND, TASK_ALREADY_TERMINAL, FORBIDDEN, SERVICE_UNAVAILABLE). Nothing was recorded."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+Data = bytes | bytearray | memoryview | str | os.PathLike[str] | AsyncIterable[bytes]
+
+
+class Uploader:
+    """One handler's artifacts, on its worker's NATS connection."""
+
+    def __init__(self, worker: Worker, task_id: str, lease_id: str) -> None:
+        self._w = worker
+        self._task_id = task_id
+        self._lease_id = lease_id
+
+    async def _request(self, req: ArtifactRequest, timeout_s: float = REQUEST_TIMEOUT_S) -> ArtifactReply:
+        w = self._w
+        try:
+            msg = await w.nc.request(w.subjects.artifact(w.node_id), _encode(req), timeout=timeout_s)
+        except Exception as exc:  # no gateway answered in time: the caller may retry
+            raise ArtifactRefused(
+                Code.SERVICE_UNAVAILABLE, f"no answer from the gateway ({type(exc).__name__})"
+            ) from None
+        try:
+            return _decode_reply(msg.data)
+        except msgspec.DecodeError:
+            raise ArtifactRefused(Code.SERVICE_UNAVAILABLE, "the gateway's answer does not decode") from None
+
+    @staticmethod
+    def _raise(reply: ArtifactReply) -> None:
+        if not reply.ok:
+            err = reply.error
+            raise ArtifactRefused(err.code if err else Code.INTERNAL, err.message if err else "refused")
+
+    async def put(self, name: str, data: Data, content_type: str | None) -> dict[str, Any]:
+        problem = name_problem(name)
+        if problem is not None:
+            raise ArtifactRefused(Code.INVALID_ARGUMENT, problem)
+        if content_type is None:
+            content_type = mimetypes.guess_type(name)[0] or DEFAULT_CONTENT_TYPE
+        elif content_type_problem(content_type):
+            raise ArtifactRefused(Code.INVALID_ARGUMENT, content_type_problem(content_type) or "")
+        size = sha = None
+        if isinstance(data, bytes | bytearray | memoryview):
+            blob = bytes(data)
+            size, sha = len(blob), hashlib.sha256(blob).hexdigest()  # a repeat answers before any upload
+        begin = await self._request(
+            ArtifactBegin(
+                task_id=self._task_id, lease_id=self._lease_id, name=name, content_type=content_type, size=size,
+                sha256=sha,
+            )
+        )  # fmt: skip
+        self._raise(begin)
+        if begin.artifact is not None:  # the same name and digest were recorded already
+            done: dict[str, Any] = msgspec.to_builtins(begin.artifact)
+            return done
+        assert begin.upload_id is not None and begin.subject is not None
+        chunk_size = begin.chunk_size or 256 * 1024
+        limit = begin.max_bytes if begin.max_bytes is not None else 1 << 62
+        try:
+            size, sha = await self._upload(begin.subject, _chunks(data, chunk_size), limit)
+        except BaseException:
+            abort = ArtifactAbort(task_id=self._task_id, lease_id=self._lease_id, upload_id=begin.upload_id)
+            with contextlib.suppress(BaseException):  # best effort: unrecorded chunks are orphans, removed in time
+                await asyncio.shield(self._request(abort))
+            raise
+        commit = ArtifactCommit(
+            task_id=self._task_id, lease_id=self._lease_id, upload_id=begin.upload_id, name=name, size=size,
+            sha256=sha, content_type=content_type,
+        )  # fmt: skip
+        timeout = 30.0 + size / (50 * 1024 * 1024)  # the gateway reads the bytes back before it answers
+        for attempt in range(1, COMMIT_RETRIES + 1):
+            # a commit is safe to repeat: the same upload again answers as a repeat once it is recorded
+            try:
+                reply = await self._request(commit, timeout)
+                self._raise(reply)
+            except ArtifactRefused as exc:
+                if exc.code != Code.SERVICE_UNAVAILABLE or attempt == COMMIT_RETRIES:
+                    raise
+                await asyncio.sleep(1.0)
+                continue
+            assert reply.artifact is not None
+            return msgspec.to_builtins(reply.artifact)  # type: ignore[no-any-return]
+        raise AssertionError("unreachable")
+
+    async def _upload(self, subject: str, chunks: AsyncIterator[bytes], limit: int) -> tuple[int, str]:
+        js = self._w.js
+        h, total = hashlib.sha256(), 0
+        window: set[asyncio.Future[Any]] = set()
+
+        async def drain(keep: int) -> None:
+            while len(window) > keep:
+                done, _ = await asyncio.wait(window, return_when=asyncio.FIRST_COMPLETED)
+                for fut in done:
+                    window.discard(fut)
+                    fut.result()  # a refused publish (no stream, permissions) fails the upload
+
+        try:
+            async for chunk in chunks:
+                total += len(chunk)
+                if total > limit:
+                    raise ArtifactRefused(Code.PAYLOAD_TOO_LARGE, f"the artifact is over its limit of {limit} bytes")
+                h.update(chunk)
+                await drain(WINDOW - 1)
+                window.add(asyncio.ensure_future(js.publish(subject, chunk, timeout=REQUEST_TIMEOUT_S)))
+            await drain(0)
+        finally:
+            for fut in window:
+                fut.cancel()
+        return total, h.hexdigest()
+
+
+async def _chunks(data: Data, size: int) -> AsyncIterator[bytes]:
+    """``data`` as chunks of ``size`` bytes (the last one shorter)."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        view = memoryview(bytes(data))
+        for i in range(0, len(view), size):
+            yield bytes(view[i : i + size])
+        return
+    if isinstance(data, str | os.PathLike):
+        loop = asyncio.get_running_loop()
+        with open(data, "rb") as f:  # noqa: ASYNC230  (each read runs in a thread below)
+            while True:
+                chunk = await loop.run_in_executor(None, f.read, size)
+                if not chunk:
+                    return
+                yield chunk
+    if not hasattr(data, "__aiter__"):
+        raise ArtifactRefused(Code.INVALID_ARGUMENT, "data is bytes, a path or an async iterator of bytes")
+    buf = bytearray()
+    async for piece in data:
+        if not isinstance(piece, bytes | bytearray | memoryview):
+            raise ArtifactRefused(Code.INVALID_ARGUMENT, "an async iterator of artifact data yields bytes")
+        buf += piece
+        while len(buf) >= size:
+            yield bytes(buf[:size])
+            del buf[:size]
+    if buf:
+        yield bytes(buf)
