@@ -36,7 +36,7 @@ from ._options import NatsOptions, WorkerTimings
 from ._pull import _KindPuller, nak
 from ._registry import HandlerRegistry, validate_kind, validate_node_id
 from ._settle import _PendingSettle, encode_settle, publish_until_acked
-from ._tasks import _forget, _wait_all, _wait_until
+from ._tasks import _cancel_all, _forget, _wait_until
 
 log = logging.getLogger("scheduler_gateway.worker")
 
@@ -229,15 +229,11 @@ class Worker:
         log.info("node %s stopping (grace %.1f s, %d running)", self.node_id, grace_s, len(self._running))
 
         # 1. No more pulls. Cancelling a puller unsubscribes its inbox, which withdraws its request.
-        for t in self._puller_tasks:
-            t.cancel()
-        await _wait_all(self._puller_tasks)
+        await _cancel_all(self._puller_tasks, "pull")
 
         # 2. Offers being claimed finish their claim (a granted claim becomes a running handler).
         await _wait_until(self._offer_tasks, deadline)
-        for t in list(self._offer_tasks):
-            t.cancel()
-        await _wait_all(self._offer_tasks)
+        await _cancel_all(list(self._offer_tasks), "offer")
         await self._claims.close()
 
         # 3. Running handlers get the rest of the grace period; heartbeats keep their leases alive.
@@ -265,9 +261,7 @@ class Worker:
                 "the gateway will expire the lease and retry the task",
                 lease_id,
             )
-        for t in list(self._settle_tasks):
-            t.cancel()
-        await _wait_all(self._settle_tasks)
+        await _cancel_all(list(self._settle_tasks), "settle")
 
         # 5. Heartbeats end last, then the connection.
         await self._heartbeats.stop()

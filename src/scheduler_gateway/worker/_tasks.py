@@ -23,6 +23,27 @@ async def _wait_all(tasks: Iterable[asyncio.Future[Any]]) -> None:
         await asyncio.wait(pending)
 
 
+#: how often a task that outlived its cancel is cancelled again, and how many times before giving up on it
+RECANCEL_S = 0.25
+RECANCEL_ROUNDS = 40
+
+
+async def _cancel_all(tasks: Iterable[asyncio.Future[Any]], what: str) -> None:
+    """Cancel ``tasks`` and wait until they are done, cancelling again the ones still running every
+    ``RECANCEL_S``: on Python 3.11 ``asyncio.wait_for`` (which nats-py's requests and our own waits use) drops a
+    cancellation that arrives as its inner future completes, and a task that lost its cancel would run on
+    forever (a stopping worker waited on it without end). After ``RECANCEL_ROUNDS`` the rest is left, logged."""
+    pending = {t for t in tasks if not t.done()}
+    for _ in range(RECANCEL_ROUNDS):
+        if not pending:
+            return
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
+    if pending:
+        log.error("%d %s task(s) ignore cancellation; leaving them", len(pending), what)
+
+
 async def _wait_until(tasks: Iterable[asyncio.Future[Any]], deadline: float) -> None:
     """Wait for ``tasks`` until ``deadline``; a set is re-read each round, as it may grow meanwhile."""
     while True:
