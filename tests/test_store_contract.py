@@ -891,9 +891,19 @@ async def test_sqlite_migration_fills_the_dead_letter_columns(tmp_path: Path) ->
     doc = msgspec.json.encode(old).replace(b',"requeued":false', b"")  # written before the field existed
     with sqlite3.connect(path) as db:
         # the dead-letter migration; undo it and the ones after it (retention, task lists, thread lanes,
-        # tokens, flow control)
+        # tokens, flow control, artifacts, the console's filters and figures)
         dl_version = 5
         db.execute("DELETE FROM schema_version WHERE version >= ?", (dl_version,))
+        # the console's filters and figures (migration 12)
+        triggers = ("tasks_labels_insert", "tasks_labels_delete", "tasks_minutes_finished", "tasks_minutes_claimed")
+        for trigger in triggers:
+            db.execute(f"DROP TRIGGER {trigger}")
+        for index in ("tasks_node", "tasks_error_code", "tasks_concurrency_key"):
+            db.execute(f"DROP INDEX {index}")
+        for table in ("task_labels", "task_minutes"):
+            db.execute(f"DROP TABLE {table}")
+        db.execute("ALTER TABLE tasks DROP COLUMN node_id")
+        db.execute("ALTER TABLE tasks DROP COLUMN error_code")
         db.execute("DROP TABLE artifacts")  # the artifact index (migration 11)
         for index in ("tasks_key_running", "uq_tasks_unique_live", "tasks_unique_recent"):
             db.execute(f"DROP INDEX {index}")

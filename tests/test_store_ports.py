@@ -22,6 +22,7 @@ from tests import test_store_contract_artifacts as artifacts
 from tests import test_store_contract_cascade as cascade
 from tests import test_store_contract_flow as flow
 from tests import test_store_contract_idempotency as idempotency
+from tests import test_store_contract_search as search
 
 SUITES: dict[type, list[tuple[ModuleType, str]]] = {
     ports.StoreLifecycle: [
@@ -40,6 +41,12 @@ SUITES: dict[type, list[tuple[ModuleType, str]]] = {
     ],
     ports.TaskCounts: [
         (cascade, "test_task_counts_group_by_state_and_kind"),
+    ],
+    ports.TaskSearchStore: [
+        (search, "test_search_filters_order_cursors_and_count"),
+        (search, "test_search_pages_forward_and_back"),
+        (search, "test_task_refs_are_the_matching_ids_with_their_revisions"),
+        (search, "test_minute_figures_are_written_with_each_transition_and_survive_a_reopen"),
     ],
     ports.TaskWrites: [
         (flow, "test_a_claim_over_the_kinds_concurrency_is_refused_limited_alone"),

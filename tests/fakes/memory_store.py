@@ -41,10 +41,11 @@ from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, StorageE
 from tests.fakes.memory_artifacts import MemoryArtifacts
 from tests.fakes.memory_retention import MemoryRetention
 from tests.fakes.memory_schedules import MemoryScheduleStore
+from tests.fakes.memory_search import MemorySearch
 
 
 class MemoryStore(
-    MemoryScheduleStore, MemoryRetention, MemoryArtifacts
+    MemoryScheduleStore, MemoryRetention, MemoryArtifacts, MemorySearch
 ):  # ScheduleStore: memory_schedules.py; RetentionStore: memory_retention.py; ArtifactStore: memory_artifacts.py
     """``TaskStore`` on dicts. Every method runs without awaiting, so each change is atomic."""
 
@@ -66,6 +67,7 @@ class MemoryStore(
         self._callback_letters: dict[str, CallbackDeadLetter] = {}
         self._thread_running: dict[str, str] = {}  # thread id -> the task that last ran in it
         self._artifacts: dict[tuple[str, str], ArtifactRecord] = {}  # (task id, name) -> row, oldest first
+        MemorySearch.__init__(self)  # the console's per-minute figures
         self._seq = 0  # shared by audit and outbox: only "grows" matters, as with AUTOINCREMENT
 
     async def start(self) -> None:
@@ -249,6 +251,7 @@ class MemoryStore(
                 self._starts.append((task.kind, task.concurrency_key, task.started_at or task.updated_at))
         idem = change.idempotency
         dl = change.dead_letter
+        self.count_transition(self._tasks.get(task.id), task)
         self._tasks[task.id] = task
         if task.thread_id is not None and task.state == "running":
             self._thread_running[task.thread_id] = task.id

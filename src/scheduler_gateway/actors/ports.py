@@ -56,6 +56,82 @@ class TaskQuery(msgspec.Struct, frozen=True, kw_only=True):
     cursor: str | None = None  # the last id of the previous page; pages go by id, oldest first
 
 
+class TaskSearch(msgspec.Struct, frozen=True, kw_only=True):
+    """The console's task list (docs/CONSOLE.md): every filter is applied in the store's query, through an index.
+
+    ``states`` empty: any state; ``label`` is ``(key, value)``; ``created_from``/``created_to`` bound
+    ``created_at`` (inclusive); ``id_prefix`` matches the start of the id. Ordered by id, newest first unless
+    ``newest_first`` is false; ``after`` continues past that id in the list's order (the next page),
+    ``before`` gives the page that ends just before that id (the previous page)."""
+
+    owner: str | None = None
+    states: tuple[str, ...] = ()
+    kind: str | None = None
+    node_id: str | None = None
+    error_code: str | None = None
+    label: tuple[str, str] | None = None
+    concurrency_key: str | None = None
+    parent_id: str | None = None
+    run_id: str | None = None
+    thread_id: str | None = None
+    created_from: float | None = None
+    created_to: float | None = None
+    id_prefix: str | None = None
+    newest_first: bool = True
+    limit: int = 50
+    after: str | None = None
+    before: str | None = None
+
+    def matches(self, t: Task) -> bool:
+        """The filters (not the cursor) on one task: what the memory store does and what a test checks."""
+        return (
+            (self.owner is None or t.owner == self.owner)
+            and (not self.states or t.state in self.states)
+            and (self.kind is None or t.kind == self.kind)
+            and (self.node_id is None or t.node_id == self.node_id)
+            and (self.error_code is None or (t.state in ("failed", "dead") and t.error is not None
+                                             and t.error.code == self.error_code))
+            and (self.label is None or t.labels.get(self.label[0]) == self.label[1])
+            and (self.concurrency_key is None or t.concurrency_key == self.concurrency_key)
+            and (self.parent_id is None or t.parent_id == self.parent_id)
+            and (self.run_id is None or t.run_id == self.run_id)
+            and (self.thread_id is None or t.thread_id == self.thread_id)
+            and (self.created_from is None or t.created_at >= self.created_from)
+            and (self.created_to is None or t.created_at <= self.created_to)
+            and (self.id_prefix is None or t.id.startswith(self.id_prefix))
+        )  # fmt: skip
+
+
+class TaskSearchPage(msgspec.Struct, frozen=True, kw_only=True):
+    """One page of a ``TaskSearch``: ``next_cursor`` goes on (``after``), ``prev_cursor`` goes back (``before``);
+    None where there is nothing more that way."""
+
+    items: list[Task]
+    next_cursor: str | None
+    prev_cursor: str | None
+
+
+class TaskRef(msgspec.Struct, frozen=True):
+    """A task as a bulk confirmation keeps it: its id, the revision it had and its state then."""
+
+    id: str
+    revision: int
+    state: str
+
+
+class MinuteCounts(msgspec.Struct, frozen=True, kw_only=True):
+    """One minute (``minute`` = epoch seconds // 60) of one kind's transitions, counted where they commit:
+    tasks that reached a terminal state (``finished``; ``failed`` of them failed or dead), attempts started
+    (``claimed``) and the sum of their queue latencies (from ``not_before`` to the claim)."""
+
+    minute: int
+    kind: str
+    finished: int = 0
+    failed: int = 0
+    claimed: int = 0
+    latency_sum_s: float = 0.0
+
+
 class AuditQuery(msgspec.Struct, frozen=True, kw_only=True):
     owner: str | None = None
     object_id: str | None = None
@@ -174,6 +250,25 @@ class TaskWrites(Protocol):
 class TaskCounts(Protocol):
     async def task_counts(self, owner: str | None = None) -> list[tuple[str, str, int]]:
         """``(state, kind, count)`` of every task (of ``owner``, when given): the console's overview."""
+        ...
+
+
+class TaskSearchStore(Protocol):
+    """The console's reads (docs/CONSOLE.md): task lists with every filter in the query, their counts, the
+    snapshot a bulk action confirms, and the per-minute figures of the charts (written with each transition)."""
+
+    async def search_tasks(self, query: TaskSearch) -> TaskSearchPage: ...
+    async def count_tasks(self, query: TaskSearch) -> int:
+        """How many tasks match the query's filters (its cursors and limit ignored)."""
+        ...
+
+    async def task_refs(self, query: TaskSearch, limit: int) -> list[TaskRef]:
+        """Id, revision and state of up to ``limit`` matching tasks, in the query's order (cursors ignored)."""
+        ...
+
+    async def task_minutes(self, since_minute: int, owner: str | None = None) -> list[MinuteCounts]:
+        """Per minute and kind from ``since_minute`` on, of ``owner``'s tasks (None: every task); minutes
+        without a transition are left out. Oldest first."""
         ...
 
 
@@ -369,14 +464,16 @@ class AdminStore(PrincipalStore, DeadLetterStore, AuditStore, NodeStore, KindSto
     through the task service."""
 
 
-class ConsoleStore(AdminStore, TaskCounts, Protocol):
-    """The web console: what the admin API reads and writes itself, and the task counts of its overview."""
+class ConsoleStore(AdminStore, TaskCounts, TaskSearchStore, ArtifactStore, Protocol):
+    """The web console: what the admin API reads and writes itself, the task counts of its overview, its task
+    lists and charts, and a task's artifacts."""
 
 
 class TaskStore(
     StoreLifecycle,
     TaskReads,
     TaskCounts,
+    TaskSearchStore,
     TaskWrites,
     IdempotencyStore,
     AuditStore,

@@ -16,6 +16,7 @@ from scheduler_gateway.actors.ports import (
     Change,
     DeadLetterQuery,
     IdempotencyRecord,
+    MinuteCounts,
     NodeRecord,
     OutboxRow,
     Page,
@@ -23,6 +24,9 @@ from scheduler_gateway.actors.ports import (
     PurgeResult,
     StoreSize,
     TaskQuery,
+    TaskRef,
+    TaskSearch,
+    TaskSearchPage,
 )
 from scheduler_gateway.actors.schedule_ports import (
     ClaimedSchedule,
@@ -45,9 +49,11 @@ if TYPE_CHECKING:
     from scheduler_gateway.daemon.store.postgres.nodes import PgNodes
     from scheduler_gateway.daemon.store.postgres.retention import PgRetention
     from scheduler_gateway.daemon.store.postgres.schedules import PgSchedules
+    from scheduler_gateway.daemon.store.postgres.search import PgSearch
     from scheduler_gateway.daemon.store.postgres.tasks import PgTasks
     from scheduler_gateway.daemon.store.retention import SqliteRetention
     from scheduler_gateway.daemon.store.schedules import SqliteSchedules
+    from scheduler_gateway.daemon.store.search import SqliteSearch
     from scheduler_gateway.daemon.store.tasks import SqliteTasks
 
 __all__ = ["ComposedStore"]
@@ -64,6 +70,7 @@ class ComposedStore:
     _retention: SqliteRetention | PgRetention
     _kinds: SqliteKinds | PgKinds
     _artifacts: SqliteArtifacts | PgArtifacts
+    _search: SqliteSearch | PgSearch
 
     # -- task writes and reads, idempotency keys, audit, outbox (tasks.py)
 
@@ -99,6 +106,20 @@ class ComposedStore:
 
     async def task_counts(self, owner: str | None = None) -> list[tuple[str, str, int]]:
         return await self._tasks.task_counts(owner)
+
+    # -- the console's task lists and charts (search.py, postgres/search.py)
+
+    async def search_tasks(self, query: TaskSearch) -> TaskSearchPage:
+        return await self._search.search_tasks(query)
+
+    async def count_tasks(self, query: TaskSearch) -> int:
+        return await self._search.count_tasks(query)
+
+    async def task_refs(self, query: TaskSearch, limit: int) -> list[TaskRef]:
+        return await self._search.task_refs(query, limit)
+
+    async def task_minutes(self, since_minute: int, owner: str | None = None) -> list[MinuteCounts]:
+        return await self._search.task_minutes(since_minute, owner)
 
     async def get_idempotency_many(self, owner: str, keys: list[str]) -> dict[str, IdempotencyRecord]:
         return await self._tasks.get_idempotency_many(owner, keys)

@@ -13,6 +13,7 @@ from scheduler_gateway.daemon.store.common import (
 )
 from scheduler_gateway.daemon.store.retention import RETENTION_MIGRATION, prepare_auto_vacuum, switch_auto_vacuum
 from scheduler_gateway.daemon.store.schedule_rows import SCHEDULE_GENERATION_MIGRATION, SCHEDULE_MIGRATION
+from scheduler_gateway.daemon.store.search import SEARCH_MIGRATION
 from scheduler_gateway.wire.errors import (
     StorageError,
 )
@@ -202,6 +203,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     FLOW_MIGRATION,
     # 11: the artifact index (text in store/artifacts.py, next to its queries; docs/ARTIFACTS.md)
     ARTIFACT_MIGRATION,
+    # 12: the console's task filters (node, error code, labels, concurrency key) and per-minute figures
+    # (text in store/search.py, next to its queries; docs/CONSOLE.md)
+    SEARCH_MIGRATION,
 )
 
 

@@ -25,6 +25,7 @@ from scheduler_gateway.daemon.store.migrations import MIGRATIONS
 from scheduler_gateway.daemon.store.nodes import SqliteNodes
 from scheduler_gateway.daemon.store.retention import SqliteRetention
 from scheduler_gateway.daemon.store.schedules import SqliteSchedules
+from scheduler_gateway.daemon.store.search import SqliteSearch
 from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
 from scheduler_gateway.daemon.store.tasks import SqliteTasks
 
@@ -48,6 +49,7 @@ class SqliteStore(ComposedStore):
         self._callbacks = SqliteCallbacks(self._db)
         self._schedules = SqliteSchedules(self._db, clock)
         self._retention = SqliteRetention(self._db)
+        self._search = SqliteSearch(self._db.fetchall)
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"

@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 
 from scheduler_gateway.daemon.store.migrations import TASK_LIST_MIGRATION
+from scheduler_gateway.daemon.store.postgres.search import PG_SEARCH_MIGRATION
 from scheduler_gateway.wire.errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -261,6 +262,9 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # 7: the artifact index, as in the SQLite store (its migration 11; text in postgres/artifacts.py)
     PG_ARTIFACT_MIGRATION,
+    # 8: the console's task filters and per-minute figures, as in the SQLite store (its migration 12; text in
+    # postgres/search.py)
+    PG_SEARCH_MIGRATION,
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)

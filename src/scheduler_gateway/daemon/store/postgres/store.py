@@ -23,6 +23,7 @@ from scheduler_gateway.daemon.store.postgres.migrations import PG_MIGRATIONS, SC
 from scheduler_gateway.daemon.store.postgres.nodes import PgNodes
 from scheduler_gateway.daemon.store.postgres.retention import PgRetention
 from scheduler_gateway.daemon.store.postgres.schedules import PgSchedules
+from scheduler_gateway.daemon.store.postgres.search import PgSearch
 from scheduler_gateway.daemon.store.postgres.shared import PgShared
 from scheduler_gateway.daemon.store.postgres.tasks import PgTasks
 from scheduler_gateway.wire.redact import redact_one_url
@@ -49,6 +50,7 @@ class PostgresStore(ComposedStore):
         self._callbacks = PgCallbacks(self._db)
         self._schedules = PgSchedules(self._db, clock)
         self._retention = PgRetention(self._db)
+        self._search = PgSearch(self._db)
         # several instances (daemon/ha.py): duty leases and live instances, persisted leases and the watch
         self.duties = PgDuties(self._db)
         self.shared = PgShared(self._db)

@@ -1,0 +1,136 @@
+"""The console's task lists and charts in the PostgreSQL store (``TaskSearchStore``; the SQLite store's
+``store/search.py`` says what each piece is for, and builds the SQL both share).
+
+Migration 8 (``PG_SEARCH_MIGRATION``): ``tasks.node_id`` and ``tasks.error_code`` are plain columns that one
+trigger function, ``gw_task_row``, sets from the document when a task is inserted or changes state (a
+heartbeat, which keeps the state, costs one comparison), with partial ``(column, id)`` indexes;
+``task_labels`` is filled on insert and emptied on delete by the same function; ``task_minutes`` is counted
+by it on every state change, in the transaction that commits the change. The task writes of
+``postgres/tasks.py`` are left as they are. The document is read as ``json`` with its ``\\u0000`` escapes
+read as spaces (PostgreSQL refuses them, and a payload may hold one).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from scheduler_gateway.actors.ports import MinuteCounts, TaskRef, TaskSearch, TaskSearchPage
+from scheduler_gateway.daemon.store.search import (
+    MINUTES_KEPT,
+    count_sql,
+    make_page,
+    minute_rows,
+    minutes_sql,
+    page_sql,
+    refs_sql,
+)
+
+if TYPE_CHECKING:  # the migrations import this module's migration text, and db.py imports the migrations
+    from scheduler_gateway.daemon.store.postgres.db import PgDb
+
+_T = 'text COLLATE "C"'
+
+
+def _json(doc: str) -> str:
+    """The document as ``json``; a ``\\u0000`` escape (which PostgreSQL's JSON operators refuse) read as a space, as
+    the retention migration reads it: only ids, codes, times and labels are taken from it."""
+    return f"replace(convert_from({doc}, 'UTF8'), '\\u0000', '\\u0020')::json"
+
+
+_FUNCTION = f"""CREATE FUNCTION gw_task_row() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    j json;
+    at double precision;
+    terminal text[] := ARRAY['succeeded', 'failed', 'canceled', 'dead'];
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        DELETE FROM task_labels WHERE task_id = OLD.id;
+        RETURN OLD;
+    END IF;
+    j := replace(convert_from(NEW.doc, 'UTF8'), '\\u0000', '\\u0020')::json;
+    NEW.node_id := j->>'node_id';
+    NEW.error_code := CASE WHEN NEW.state IN ('failed', 'dead') THEN j->'error'->>'code' END;
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO task_labels (key, value, task_id)
+            SELECT l.key, l.value, NEW.id FROM json_each_text(j->'labels') l
+            ON CONFLICT DO NOTHING;
+        RETURN NEW;
+    END IF;
+    IF NEW.state = ANY (terminal) AND NOT OLD.state = ANY (terminal) THEN
+        at := coalesce((j->>'finished_at')::double precision, (j->>'updated_at')::double precision);
+        INSERT INTO task_minutes AS m (minute, owner, kind, finished, failed)
+            VALUES (floor(at / 60)::bigint, NEW.owner, NEW.kind, 1, CASE WHEN NEW.state IN ('failed', 'dead')
+                    THEN 1 ELSE 0 END)
+            ON CONFLICT (minute, owner, kind) DO UPDATE SET finished = m.finished + 1,
+                failed = m.failed + excluded.failed;
+        DELETE FROM task_minutes WHERE minute < floor(at / 60)::bigint - {MINUTES_KEPT};
+    ELSIF OLD.state = 'queued' AND NEW.state = 'running' THEN
+        at := coalesce((j->>'started_at')::double precision, (j->>'updated_at')::double precision);
+        INSERT INTO task_minutes AS m (minute, owner, kind, claimed, latency_sum)
+            VALUES (floor(at / 60)::bigint, NEW.owner, NEW.kind, 1, greatest(0.0, at - OLD.not_before))
+            ON CONFLICT (minute, owner, kind) DO UPDATE SET claimed = m.claimed + 1,
+                latency_sum = m.latency_sum + excluded.latency_sum;
+    END IF;
+    RETURN NEW;
+END
+$$"""
+
+PG_SEARCH_MIGRATION: tuple[str, ...] = (
+    f"ALTER TABLE tasks ADD COLUMN node_id {_T}",
+    f"ALTER TABLE tasks ADD COLUMN error_code {_T}",
+    f"""CREATE TABLE task_labels (
+        key {_T} NOT NULL,
+        value {_T} NOT NULL,
+        task_id {_T} NOT NULL,
+        PRIMARY KEY (key, value, task_id)
+    )""",
+    "CREATE INDEX task_labels_task ON task_labels (task_id)",
+    f"""CREATE TABLE task_minutes (
+        minute bigint NOT NULL,
+        owner {_T} NOT NULL,
+        kind {_T} NOT NULL,
+        finished bigint NOT NULL DEFAULT 0,
+        failed bigint NOT NULL DEFAULT 0,
+        claimed bigint NOT NULL DEFAULT 0,
+        latency_sum double precision NOT NULL DEFAULT 0,
+        PRIMARY KEY (minute, owner, kind)
+    )""",
+    "CREATE INDEX task_minutes_owner ON task_minutes (owner, minute)",
+    # the tasks already stored, before the trigger counts anything
+    f"UPDATE tasks SET node_id = {_json('doc')}->>'node_id',"
+    f" error_code = CASE WHEN state IN ('failed', 'dead') THEN {_json('doc')}->'error'->>'code' END",
+    "INSERT INTO task_labels (key, value, task_id) SELECT l.key, l.value, t.id FROM tasks t,"
+    f" json_each_text({_json('t.doc')}->'labels') l ON CONFLICT DO NOTHING",
+    "CREATE INDEX tasks_node ON tasks (node_id, id) WHERE node_id IS NOT NULL",
+    "CREATE INDEX tasks_error_code ON tasks (error_code, id) WHERE error_code IS NOT NULL",
+    "CREATE INDEX tasks_concurrency_key ON tasks (concurrency_key, id) WHERE concurrency_key IS NOT NULL",
+    _FUNCTION,
+    "CREATE TRIGGER tasks_row_insert BEFORE INSERT ON tasks FOR EACH ROW EXECUTE FUNCTION gw_task_row()",
+    "CREATE TRIGGER tasks_row_state BEFORE UPDATE ON tasks FOR EACH ROW"
+    " WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION gw_task_row()",
+    "CREATE TRIGGER tasks_row_delete AFTER DELETE ON tasks FOR EACH ROW EXECUTE FUNCTION gw_task_row()",
+)
+
+
+class PgSearch:
+    """``TaskSearchStore`` on the PostgreSQL pool."""
+
+    def __init__(self, db: PgDb) -> None:
+        self._db = db
+
+    async def search_tasks(self, query: TaskSearch) -> TaskSearchPage:
+        sql, params, backwards = page_sql(query, "%s", "t.id, t.doc")
+        return make_page(query, list(await self._db.fetch(sql, params)), backwards)
+
+    async def count_tasks(self, query: TaskSearch) -> int:
+        sql, params = count_sql(query, "%s")
+        rows = await self._db.fetch(sql, params)
+        return int(rows[0][0])
+
+    async def task_refs(self, query: TaskSearch, limit: int) -> list[TaskRef]:
+        sql, params = refs_sql(query, "%s", max(0, limit))
+        return [TaskRef(str(r[0]), int(r[1]), str(r[2])) for r in await self._db.fetch(sql, params)]
+
+    async def task_minutes(self, since_minute: int, owner: str | None = None) -> list[MinuteCounts]:
+        sql, params = minutes_sql(since_minute, owner, "%s")
+        return minute_rows(await self._db.fetch(sql, params))

@@ -1,0 +1,141 @@
+"""Contract of the console's reads (``TaskSearchStore``, docs/CONSOLE.md), run against every implementation: the
+task list's filters (several states, kind, owner, node, error code, label, concurrency key, created from/to,
+id prefix) are the store's, newest or oldest first, with cursors both ways and the count of all that match;
+the refs a bulk confirmation keeps; and the per-minute figures written with each transition (finished, failed,
+claimed with their queue latency), per owner, surviving a reopen."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from scheduler_gateway.actors.model.records import TaskError
+from scheduler_gateway.actors.ports import TaskRef, TaskSearch
+
+from .test_store_contract import T0, Harness, bump, create, harness, make_task, store, tid, update
+
+__all__ = ["harness", "store"]  # the fixtures, imported for pytest
+
+
+def _tasks() -> list[Any]:
+    out = []
+    for n in range(1, 13):
+        state = ("queued", "running", "failed", "dead")[n % 4]
+        fields: dict[str, Any] = {
+            "state": state,
+            "owner": "alice" if n % 3 else "bob",
+            "kind": "echo" if n % 2 else "mail",
+            "labels": {"team": "red" if n <= 6 else "blue"},
+            "concurrency_key": f"c{n % 2}",
+        }
+        if state != "queued":
+            fields["node_id"] = f"node-{n % 3}"
+        if state in ("failed", "dead"):
+            fields["error"] = TaskError(code="BOOM" if n % 5 else "OTHER", message="x")
+        if n == 7:  # PostgreSQL's JSON operators refuse \u0000: the store's columns are still filled in
+            fields["payload"] = msgspec.Raw(b'{"text": "a\\u0000b"}')
+        out.append(make_task(n, **fields))
+    return out
+
+
+async def test_search_filters_order_cursors_and_count(store: Any) -> None:
+    tasks = _tasks()
+    await store.apply_many([create(t) for t in tasks])
+    queries = [
+        TaskSearch(),
+        TaskSearch(states=("failed", "dead")),
+        TaskSearch(owner="bob"),
+        TaskSearch(kind="mail", states=("running",)),
+        TaskSearch(node_id="node-1"),
+        TaskSearch(error_code="BOOM"),
+        TaskSearch(label=("team", "red")),
+        TaskSearch(label=("team", "blue"), owner="alice", kind="echo"),
+        TaskSearch(concurrency_key="c1"),
+        TaskSearch(created_from=T0 + 3, created_to=T0 + 7),
+        TaskSearch(id_prefix=tid(1)[:-1]),  # tasks 1..9
+        TaskSearch(id_prefix=tid(11)),
+        TaskSearch(label=("team", "none")),
+    ]
+    for q in queries:
+        want = sorted((t.id for t in tasks if q.matches(t)), reverse=True)
+        page = await store.search_tasks(q)
+        assert [t.id for t in page.items] == want, q
+        assert await store.count_tasks(q) == len(want), q
+        oldest = msgspec.structs.replace(q, newest_first=False)
+        assert [t.id for t in (await store.search_tasks(oldest)).items] == want[::-1], q
+    # an error code is that of a failed or dead task only: a queued task that kept one does not match
+    retried = make_task(20, state="queued", error=TaskError(code="BOOM"))
+    await store.apply(create(retried))
+    assert retried.id not in [t.id for t in (await store.search_tasks(TaskSearch(error_code="BOOM"))).items]
+
+
+async def test_search_pages_forward_and_back(store: Any) -> None:
+    tasks = [make_task(n) for n in range(1, 12)]
+    await store.apply_many([create(t) for t in tasks])
+    newest = [t.id for t in reversed(tasks)]
+    p1 = await store.search_tasks(TaskSearch(limit=4))
+    assert [t.id for t in p1.items] == newest[:4] and p1.prev_cursor is None and p1.next_cursor == newest[3]
+    p2 = await store.search_tasks(TaskSearch(limit=4, after=p1.next_cursor))
+    assert [t.id for t in p2.items] == newest[4:8] and p2.prev_cursor == newest[4]
+    p3 = await store.search_tasks(TaskSearch(limit=4, after=p2.next_cursor))
+    assert [t.id for t in p3.items] == newest[8:] and p3.next_cursor is None
+    back = await store.search_tasks(TaskSearch(limit=4, before=p3.prev_cursor))
+    assert [t.id for t in back.items] == newest[4:8] and back.next_cursor == newest[7]
+    assert back.prev_cursor == newest[4]
+    first = await store.search_tasks(TaskSearch(limit=4, before=back.prev_cursor))
+    assert [t.id for t in first.items] == newest[:4] and first.prev_cursor is None
+    # oldest first: the same, the other way round
+    o1 = await store.search_tasks(TaskSearch(limit=5, newest_first=False))
+    assert [t.id for t in o1.items] == [t.id for t in tasks[:5]]
+    o2 = await store.search_tasks(TaskSearch(limit=5, newest_first=False, after=o1.next_cursor))
+    assert [t.id for t in o2.items] == [t.id for t in tasks[5:10]]
+    ob = await store.search_tasks(TaskSearch(limit=5, newest_first=False, before=o2.prev_cursor))
+    assert [t.id for t in ob.items] == [t.id for t in tasks[:5]] and ob.prev_cursor is None
+
+
+async def test_task_refs_are_the_matching_ids_with_their_revisions(store: Any) -> None:
+    a, b, c = make_task(1), make_task(2, state="failed"), make_task(3)
+    await store.apply_many([create(t) for t in (a, b, c)])
+    await store.apply(update(a, bump(a)))
+    refs = await store.task_refs(TaskSearch(states=("queued",)), 10)
+    assert refs == [TaskRef(c.id, 1, "queued"), TaskRef(a.id, 2, "queued")]
+    assert await store.task_refs(TaskSearch(), 1) == [TaskRef(c.id, 1, "queued")]
+
+
+async def test_minute_figures_are_written_with_each_transition_and_survive_a_reopen(harness: Harness) -> None:
+    store = harness.store
+    minute = int(T0 // 60)
+    mine = [make_task(n, kind="echo", not_before=T0 - 10) for n in (1, 2, 3)]
+    theirs = make_task(4, owner="bob", kind="mail", not_before=T0 - 5)
+    await store.apply_many([create(t) for t in [*mine, theirs]])
+    claimed = []
+    for t in [*mine, theirs]:
+        c = bump(t, state="running", node_id="n1", started_at=T0 + 20, updated_at=T0 + 20)
+        await store.apply(update(t, c, "claim"))
+        claimed.append(c)
+    # a heartbeat (same state) and a refused claim count nothing
+    hb = bump(claimed[0], lease_expires_at=T0 + 99)
+    await store.apply(update(claimed[0], hb, "heartbeat"))
+    ends = [
+        bump(hb, state="succeeded", finished_at=T0 + 70, updated_at=T0 + 70),
+        bump(claimed[1], state="failed", error=TaskError(code="X"), finished_at=T0 + 75, updated_at=T0 + 75),
+        bump(claimed[3], state="dead", error=TaskError(code="Y"), finished_at=T0 + 80, updated_at=T0 + 80),
+    ]
+    befores = [hb, claimed[1], claimed[3]]
+    for before, end in zip(befores, ends, strict=True):
+        await store.apply(update(before, end, "settle"))
+    rows = {(m.minute, m.kind): m for m in await store.task_minutes(minute)}
+    assert rows[(minute, "echo")].claimed == 3 and rows[(minute, "echo")].latency_sum_s == 90.0
+    assert rows[(minute, "mail")].claimed == 1 and rows[(minute, "mail")].latency_sum_s == 25.0
+    assert (rows[(minute + 1, "echo")].finished, rows[(minute + 1, "echo")].failed) == (2, 1)
+    assert (rows[(minute + 1, "mail")].finished, rows[(minute + 1, "mail")].failed) == (1, 1)
+    alice = await store.task_minutes(minute, "alice")
+    assert {m.kind for m in alice} == {"echo"} and sum(m.finished for m in alice) == 2
+    assert [(m.minute, m.kind) for m in await store.task_minutes(minute + 1, "bob")] == [(minute + 1, "mail")]
+    # a retry of a finished task and its second finish count again; nothing is counted twice by a reopen
+    again = bump(ends[0], state="queued", finished_at=None)
+    await store.apply(update(ends[0], again, "retry"))
+    if harness.name != "memory":
+        store = await harness.reopen()
+        assert {(m.minute, m.kind): m for m in await store.task_minutes(minute)} == rows
