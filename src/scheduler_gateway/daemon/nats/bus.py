@@ -24,7 +24,7 @@ from nats.js.errors import NotFoundError
 
 from scheduler_gateway.actors import failpoints
 from scheduler_gateway.daemon.nats.publisher import AckedPublisher
-from scheduler_gateway.daemon.nats.streams import ensure_kind_consumer, ensure_streams
+from scheduler_gateway.daemon.nats.streams import bring_to_replicas, ensure_kind_consumer, ensure_streams
 from scheduler_gateway.wire.errors import Code, GatewayError
 from scheduler_gateway.wire.messages import (
     MAX_BATCH_CLAIMS,
@@ -80,6 +80,7 @@ class NatsBus:
         events_max_age_s: float = 604800,
         events_max_msgs: int = 10000,
         settle_max_inflight: int = 4096,
+        events_first_seq: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
         self._url = url
         self._user = user
@@ -89,6 +90,7 @@ class NatsBus:
         self._events_max_age_s = events_max_age_s
         self._events_max_msgs = events_max_msgs
         self._settle_max_inflight = settle_max_inflight
+        self._events_first_seq = events_first_seq
         self.nc: Client | None = None
         self.js: JetStreamContext | None = None
         self._kinds: set[str] = set()
@@ -139,7 +141,9 @@ class NatsBus:
             replicas=self._replicas,
             events_max_age_s=self._events_max_age_s,
             events_max_msgs=self._events_max_msgs,
+            events_first_seq=self._events_first_seq,
         )
+        await bring_to_replicas(self.js, self._replicas)
 
     async def serve(self, inputs: NodeInputs) -> None:
         """Start answering claims and heartbeats and consuming settles."""
@@ -167,6 +171,7 @@ class NatsBus:
                     ack_policy=AckPolicy.EXPLICIT,
                     ack_wait=SETTLE_ACK_WAIT_S,
                     max_ack_pending=self._settle_max_inflight,
+                    num_replicas=self._replicas,
                 ),
                 pending_msgs_limit=self._settle_max_inflight * 4,
             )
@@ -179,9 +184,10 @@ class NatsBus:
         assert self.js is not None
         try:
             info = await self.js.consumer_info(SETTLE_STREAM, SETTLE_CONSUMER)
-            if info.config.ack_wait != SETTLE_ACK_WAIT_S:
-                await self.js.add_consumer(SETTLE_STREAM, config=info.config.evolve(ack_wait=SETTLE_ACK_WAIT_S))
-                log.info("settle consumer: ack wait set to %g s", SETTLE_ACK_WAIT_S)
+            if info.config.ack_wait != SETTLE_ACK_WAIT_S or (info.config.num_replicas or 0) != self._replicas:
+                config = info.config.evolve(ack_wait=SETTLE_ACK_WAIT_S, num_replicas=self._replicas)
+                await self.js.add_consumer(SETTLE_STREAM, config=config)
+                log.info("settle consumer: ack wait %g s, %d replicas", SETTLE_ACK_WAIT_S, self._replicas)
         except Exception as exc:  # the consumer still works with its old wait; say so once
             log.warning("settle consumer: ack wait not updated (%s)", type(exc).__name__)
 
@@ -323,7 +329,7 @@ class NatsBus:
         """Publish ``(kind, attempt_id, body)`` offers together; one result (None or the error) per offer."""
         assert self.js is not None
         for kind in {k for k, _, _ in items} - self._kinds:
-            await ensure_kind_consumer(self.js, self.subjects, kind)
+            await ensure_kind_consumer(self.js, self.subjects, kind, self._replicas)
             self._kinds.add(kind)
         acks = await self._publish_all([(self.subjects.dispatch(kind), msg_id, body) for kind, msg_id, body in items])
         return [ack if isinstance(ack, BaseException) else None for ack in acks]
@@ -333,7 +339,7 @@ class NatsBus:
         assert self.js is not None
         for kind in kinds:
             if kind not in self._kinds:
-                await ensure_kind_consumer(self.js, self.subjects, kind)
+                await ensure_kind_consumer(self.js, self.subjects, kind, self._replicas)
                 self._kinds.add(kind)
 
     async def publish_cancel(self, node_id: str, body: bytes) -> None:
@@ -406,7 +412,13 @@ class NatsBus:
         for name in (DISPATCH_STREAM, SETTLE_STREAM, "GW_EVENTS"):
             try:
                 info = await asyncio.wait_for(self.js.stream_info(name), 2.0)
-                out[name] = (True, f"{info.state.messages} messages")
+                detail = f"{info.state.messages} messages"
+                if info.cluster is not None and (info.config.num_replicas or 1) > 1:
+                    peers = info.cluster.replicas or []
+                    current = sum(1 for p in peers if p.current) + (1 if info.cluster.leader else 0)
+                    leader = info.cluster.leader or "no leader"
+                    detail += f", R{info.config.num_replicas} ({current} current, leader {leader})"
+                out[name] = (True, detail)
             except Exception as exc:
                 out[name] = (False, type(exc).__name__)
         return out
