@@ -77,6 +77,9 @@ async def test_create_read_list_and_isolation(api: Api) -> None:
         "maxAttempts": None,
         "timeoutSeconds": None,
         "leaseSeconds": None,
+        "concurrencyKey": None,
+        "uniqueKey": None,
+        "uniqueForSeconds": None,
     }
     assert s["nextRunAt"].endswith(":00:00.000Z") and s["runCount"] == 0 and s["lastRunStatus"] is None
     assert (await alice.call("GET", f"/api/scheduled-tasks/{s['id']}"))[1] == s
