@@ -143,3 +143,20 @@ async def test_unique_tasks_one_of_concurrent_creates_and_per_item_in_a_batch(ga
     assert status == 200 and again["id"] == first["id"] and headers["Idempotent-Replayed"] == "true"
     status, err, _ = await api.call("POST", "/api/tasks", {"kind": "echo", "uniqueForSeconds": 5})
     assert status == 400 and err["error"]["details"]["field"] == "uniqueForSeconds"
+
+
+async def test_a_change_is_a_kind_updated_event_for_admins_and_a_user_sees_none(gateway: Gateway, api: Api) -> None:
+    from .sse import sse
+
+    async with sse(api) as admin_stream, sse(api.as_user(ALICE_TOKEN)) as alice_stream:
+        await api.call("PUT", "/api/kinds/echo", {"concurrency": 5})
+        mine = await api.create({"kind": "echo"}, key=None)
+        (frame,) = await admin_stream.take(1, where=lambda f: f.event == "kind.updated")
+        assert frame.data["aggregateType"] == "kind" and frame.data["aggregateId"] == "echo"
+        assert frame.data["data"]["changed"] == ["concurrency"]
+        assert frame.data["data"]["settings"]["concurrency"] == 5
+        await api.as_user(ALICE_TOKEN).create({"kind": "echo"})
+        (first,) = await alice_stream.take(1)
+        assert first.event == "task.created" and first.data["aggregateId"] != mine["id"]  # no kind.updated
+    text = (await api.call("GET", "/metrics"))[1].decode()
+    assert 'gw_kind_tasks{kind="echo",state="queued"}' in text
