@@ -55,7 +55,7 @@ from scheduler_gateway.daemon.metrics import PrometheusMetrics, PrometheusRetent
 from scheduler_gateway.daemon.metrics_events import EventCallbackMetrics
 from scheduler_gateway.daemon.nats.bus import NatsBus, NodeInputs
 from scheduler_gateway.daemon.scheduling import Scheduling
-from scheduler_gateway.daemon.store.outbox_mark import outbox_high_water
+from scheduler_gateway.daemon.store.outbox_mark import first_event_seq
 from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.select import open_store
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
@@ -131,7 +131,7 @@ class Gateway:
             events_max_age_s=s.events_max_age_s,
             events_max_msgs=s.events_max_msgs,
             # a GW_EVENTS made anew (its JetStream store lost) starts above every seq the outbox handed out
-            events_first_seq=lambda: outbox_high_water(self.store),
+            events_first_seq=lambda: first_event_seq(self.store),
         )
         self.dispatcher = Dispatcher(self.bus, clock, s.max_offers_per_kind, self.metrics)
         self.nodes = NodeRegistry(clock, on_new_kinds=self._announce_kinds)

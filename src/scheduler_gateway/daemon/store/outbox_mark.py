@@ -20,3 +20,8 @@ async def outbox_high_water(store: SqliteStore | PostgresStore) -> int:
     else:
         rows = await store._db.fetch("SELECT pg_sequence_last_value(pg_get_serial_sequence('outbox', 'seq')::regclass)")
     return int(rows[0][0]) if rows and rows[0][0] is not None else 0
+
+
+async def first_event_seq(store: SqliteStore | PostgresStore) -> int:
+    """Where a ``GW_EVENTS`` made anew starts: just above the high-water mark."""
+    return await outbox_high_water(store) + 1

@@ -1,0 +1,100 @@
+"""A lost JetStream store (issue 22, point 4; CONTRACT 2.6, docs/OPERATIONS.md "A lost JetStream store").
+
+The nats-server's data is deleted while the gateway is stopped (a wiped volume, a new host): at the next start
+the streams are created again, every queued task is offered again and the running one whose settle was lost
+runs again once its lease ran out (nothing stuck), and ``GW_EVENTS`` goes on above the last seq the store's
+outbox handed out, so an SSE client resuming with its Last-Event-ID misses nothing and sees no seq twice. A
+later start (the stream now exists) changes nothing.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import nats
+
+from scheduler_gateway.actors.task_service import TaskPolicy
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
+from scheduler_gateway.wire.subjects import DISPATCH_STREAM, EVENTS_STREAM, SETTLE_STREAM
+
+from .harness import Api, HandNode, api_client, running_gateway, wait_for
+from .sse import sse
+
+
+async def stream_state(url: str, name: str) -> tuple[int, int]:
+    nc = await nats.connect(url)
+    try:
+        info = await nc.jetstream().stream_info(name)
+        return int(info.state.first_seq), int(info.state.last_seq)
+    finally:
+        await nc.close()
+
+
+async def test_a_lost_jetstream_store_is_rebuilt_at_start_and_nothing_is_lost_or_stuck(tmp_path: Path) -> None:
+    server = NatsServerProcess(store_dir=tmp_path / "nats")
+    server.start()
+    node: HandNode | None = None
+    policy = TaskPolicy(recovery_grace_s=0.5)
+    try:
+        async with running_gateway(tmp_path / "gw", server.url, policy=policy) as gw, api_client(gw) as api:
+            queued = [(await api.create({"kind": "echo", "payload": i}))["id"] for i in range(10)]
+            node = await HandNode.connect(server.url, "node-l")
+            running = await api.create({"kind": "echo", "payload": "r", "leaseSeconds": 1})
+            ((offer, msg),) = [o for o in await node.pull("echo", 11) if o[0].task_id == running["id"]][:1]
+            await msg.ack()
+            claim = await node.claim(offer.task_id, offer.attempt_id)
+            assert claim.ok, claim
+            await node.close()
+            node = None
+            # every event is in the stream (the outbox drained) before the store is lost
+            await wait_for(lambda: _outbox_empty(gw))
+            _, last_seq = await stream_state(server.url, EVENTS_STREAM)
+            assert last_seq >= 12
+        server.stop()
+        shutil.rmtree(tmp_path / "nats" / "jetstream")  # the JetStream store is lost
+        server.start()
+
+        async with running_gateway(tmp_path / "gw", server.url, policy=policy) as gw, api_client(gw) as api:
+            for stream in (DISPATCH_STREAM, SETTLE_STREAM):
+                await stream_state(server.url, stream)  # made again
+            first, _ = await stream_state(server.url, EVENTS_STREAM)
+            assert first == last_seq + 1, (first, last_seq)
+            async with sse(Api(api.session, api.base), last_event_id=last_seq) as events:
+                # every queued task offered again, and the lost running attempt once its lease ran out
+                node = await HandNode.connect(server.url, "node-l")
+                seen: dict[str, int] = {}
+
+                async def all_offered() -> bool:
+                    for o, m in await node.pull("echo", 11, timeout_s=1):
+                        await m.ack()
+                        if o.task_id not in seen:
+                            got = await node.claim(o.task_id, o.attempt_id)
+                            assert got.ok and got.lease_id is not None, got
+                            await node.settle(o.task_id, o.attempt_id, got.lease_id, result=o.task_id)
+                        seen[o.task_id] = seen.get(o.task_id, 0) + 1
+                    return set(seen) >= {*queued, running["id"]}
+
+                await wait_for(all_offered, timeout_s=20)
+                for tid in [*queued, running["id"]]:
+                    task = await api.wait_state(tid, {"succeeded"}, timeout_s=10)
+                    assert task["result"] == tid
+                redone = await api.task(running["id"])
+                assert redone["attemptNo"] == 2, redone  # the lost attempt failed (LEASE_EXPIRED) and ran again
+                frames = await events.take(1)
+                assert frames[0].event != "gap" and frames[0].seq == last_seq + 1, frames
+        await node.close()
+        node = None
+
+        # a later start finds the stream it made and goes on as usual
+        async with running_gateway(tmp_path / "gw", server.url, policy=policy) as gw, api_client(gw) as api:
+            status, body, _ = await api.call("GET", "/readyz")
+            assert status == 200, body
+    finally:
+        if node is not None:
+            await node.close()
+        server.stop()
+
+
+async def _outbox_empty(gw: object) -> bool:
+    return await gw.store.outbox_size() == 0  # type: ignore[attr-defined, no-any-return]
