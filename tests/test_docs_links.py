@@ -15,6 +15,7 @@ from scheduler_gateway.daemon.http.app import AdminApi, HttpSettings
 from scheduler_gateway.daemon.http.artifacts import ArtifactRoutes
 from scheduler_gateway.daemon.http.callbacks import CallbacksApi
 from scheduler_gateway.daemon.http.events import EventsApi, SseSettings
+from scheduler_gateway.daemon.http.kinds import KindRoutes
 from scheduler_gateway.daemon.http.schedules import schedule_routes
 from scheduler_gateway.wire.errors import Code
 
@@ -108,6 +109,7 @@ def _app() -> web.Application:
     EventsApi(n, n, SseSettings()).install(app)
     CallbacksApi(n).install(app)
     ArtifactRoutes(api, n, n).install(app)
+    KindRoutes(api, n, n, n).install(app)
     return app
 
 
