@@ -1,17 +1,16 @@
 """Issue 19, point 6: a ``user``'s overview counts only its own tasks (tasks by state, throughput, queue latency,
-callback backlog); an admin's counts everyone's. In Chromium, plus the counter history alone."""
+callback backlog); an admin's counts everyone's. In Chromium, plus the figures read from the store alone."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
+import time
 
 import pytest
 from playwright.async_api import Browser, expect
 
 from scheduler_gateway.actors.task_service import Caller, NewTask
 from scheduler_gateway.daemon.gateway import Gateway
-from scheduler_gateway.daemon.http.console.stats import CounterHistory
+from scheduler_gateway.daemon.http.console.stats import HourFigures, since_minute
 from scheduler_gateway.daemon.nats.nats_server import free_port
 
 from ..integration.harness import ALICE_TOKEN, BOB_TOKEN, HandNode
@@ -49,24 +48,15 @@ async def test_a_users_overview_counts_its_own_tasks(gateway: Gateway, node: Han
         await page.context.close()
 
 
-def test_the_counter_history_keeps_each_owners_figures() -> None:
-    now = [6000.0]
-    h = CounterHistory(clock=lambda: now[0])
-
-    def tr(owner: str, action: str, before: str, after: str) -> Any:
-        def task(state: str) -> SimpleNamespace:
-            return SimpleNamespace(owner=owner, state=state, updated_at=now[0] - 2, not_before=0.0)
-
-        return SimpleNamespace(task=task(after), before=task(before), action=action)  # what on_transition reads
-
-    h.on_transition(tr("alice", "claim", "queued", "running"))
-    h.on_transition(tr("alice", "cancel", "running", "canceled"))
-    h.on_transition(tr("bob", "cancel", "queued", "canceled"))
-    h.on_transition(tr("bob", "cancel", "queued", "canceled"))
-    assert (h.totals("alice").finished, h.totals("alice").claimed) == (1, 1)
-    assert (h.totals("bob").finished, h.totals("bob").claimed) == (2, 0)
-    assert (h.totals(None).finished, h.totals(None).claimed) == (3, 1)
-    assert h.series("bob")[0][-1] == pytest.approx(2 / 60) and h.series("alice")[1][-1] == pytest.approx(2.0)
-    assert h.series("carol") == ([0.0] * 60, [0.0] * 60)
-    now[0] += 3600  # an hour on, everything has aged out
-    assert h.totals(None).finished == 0 and h.totals("alice").claimed == 0
+async def test_the_hour_figures_come_from_the_store_alone(gateway: Gateway) -> None:
+    """The charts hold nothing in the console's memory: a new process on the same store (here: the figures read
+    straight from it, as any instance would) shows the same hour, a user's own figures only."""
+    now = time.time()
+    a, _ = await gateway.service.create(ALICE, NewTask(kind="hour"))
+    b, _ = await gateway.service.create(BOB, NewTask(kind="hour"))
+    for caller, task in ((ALICE, a), (BOB, b)):
+        await gateway.service.act(caller, task.id, "cancel")
+    rows = await gateway.store.task_minutes(since_minute(now))
+    assert HourFigures(rows, now).by_kind["hour"].finished == 2
+    alice = HourFigures(await gateway.store.task_minutes(since_minute(now), "alice"), now)
+    assert alice.total.finished == 1 and alice.series()[0][-1] == pytest.approx(1 / 60)

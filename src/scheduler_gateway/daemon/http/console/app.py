@@ -35,12 +35,17 @@ from scheduler_gateway.daemon.http.console.pages.base import (
     STATES,
     FlashRedirect,
     Pages,
+    ago,
+    duration,
+    iso,
     pretty_json,
     render,
     see_other,
+    size,
     ts,
 )
 from scheduler_gateway.daemon.http.console.pages.dead_letters import DeadLetterPages
+from scheduler_gateway.daemon.http.console.pages.kinds import KindPages
 from scheduler_gateway.daemon.http.console.pages.nodes import NodePages
 from scheduler_gateway.daemon.http.console.pages.overview import OverviewPages
 from scheduler_gateway.daemon.http.console.pages.schedules import SchedulePages, local_wall_time
@@ -57,7 +62,6 @@ from scheduler_gateway.daemon.http.console.pages.tasks import (
     TaskPages,
 )
 from scheduler_gateway.daemon.http.console.sessions import LoginCsrf, Session, Sessions, SignInLimiter, csrf_ok
-from scheduler_gateway.daemon.http.console.stats import CounterHistory
 from scheduler_gateway.daemon.http.console.viewer import VIEWER, viewer_guard
 from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
 from scheduler_gateway.daemon.http.events import STREAM_ALIVE
@@ -101,6 +105,7 @@ PAGE_GROUPS: tuple[type[Pages], ...] = (
     OverviewPages,
     TaskPages,
     DeadLetterPages,
+    KindPages,
     SchedulePages,
     NodePages,
 )
@@ -122,8 +127,6 @@ class Console:
         self.sessions = sessions or Sessions()
         self.login_csrf = login_csrf or LoginCsrf()
         self.sign_in_limit = sign_in_limit or SignInLimiter()
-        self.history = CounterHistory()
-        gw.service.add_listener(self.history.on_transition)
         # a revoked token's sessions end on this instance, their live streams with them (a lambda: tests
         # replace ``sessions``)
         gw.api.principals.on_revoked(lambda token_hash: self.sessions.end_token(token_hash))
@@ -140,6 +143,10 @@ class Console:
         env.filters["ts"] = ts
         env.filters["json"] = pretty_json
         env.filters["redact_url"] = redact_url
+        env.filters["ago"] = ago
+        env.filters["iso"] = iso
+        env.filters["duration"] = duration
+        env.filters["size"] = size
         app.middlewares.append(viewer_guard)
         app.middlewares.append(self._ui_middleware)
         r = app.router

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from scheduler_gateway.actors.artifacts import ArtifactService
 from scheduler_gateway.actors.callback_sender import CallbackSender
+from scheduler_gateway.actors.dispatcher import Dispatcher
+from scheduler_gateway.actors.kinds import KindService
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.ports import ConsoleStore
 from scheduler_gateway.actors.scheduler import ScheduleService
@@ -26,6 +29,11 @@ class HostScheduling(Protocol):
     def service(self) -> ScheduleService: ...
 
 
+class HostArtifacts(Protocol):
+    @property
+    def service(self) -> ArtifactService | None: ...
+
+
 class ConsoleHost(Protocol):
     @property
     def settings(self) -> HostSettings: ...
@@ -43,3 +51,9 @@ class ConsoleHost(Protocol):
     def events_api(self) -> EventsApi: ...
     @property
     def scheduling(self) -> HostScheduling: ...
+    @property
+    def kinds(self) -> KindService: ...
+    @property
+    def dispatcher(self) -> Dispatcher: ...
+    @property
+    def artifacts(self) -> HostArtifacts: ...

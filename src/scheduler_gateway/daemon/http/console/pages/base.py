@@ -3,6 +3,7 @@ the base of a page group (its routes, and the helpers to render, read the sessio
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,50 @@ def see_other(location: str | Any) -> web.Response:
 
 def ts(value: float | None) -> str:
     return fmt_ts(value) or "–"
+
+
+def iso(value: float | None) -> str:
+    """The exact time, for a ``<time datetime>`` and its hover title."""
+    return fmt_ts(value) or ""
+
+
+def ago(value: float | None, now: float | None = None) -> str:
+    """A relative time: "12 s ago", "3 min ago", "5 h ago", "2 d ago" ("in 3 min" ahead)."""
+    if value is None:
+        return "–"
+    delta = (time.time() if now is None else now) - value
+    text = duration(abs(delta), coarse=True)
+    return f"{text} ago" if delta >= 0 else f"in {text}"
+
+
+def duration(seconds: float | None, coarse: bool = False) -> str:
+    """A span of time: "850 ms", "4.2 s", "3 min 5 s", "2 h 10 min", "3 d 4 h" (``coarse``: the largest unit)."""
+    if seconds is None:
+        return "–"
+    s = max(0.0, seconds)
+    if s < 1 and not coarse:
+        return f"{s * 1000:.0f} ms"
+    if s < 60:
+        return f"{s:.0f} s" if coarse or s >= 10 else f"{s:.1f} s"
+    units = ((86400, "d"), (3600, "h"), (60, "min"), (1, "s"))
+    for i, (size, name) in enumerate(units[:-1]):
+        if s >= size:
+            big, rest = divmod(int(s), size)
+            small_size, small_name = units[i + 1]
+            return f"{big} {name}" if coarse else f"{big} {name} {rest // small_size} {small_name}"
+    return f"{s:.0f} s"  # pragma: no cover (s >= 60 is caught above)
+
+
+def size(n: int | None) -> str:
+    """A byte count: "512 B", "3.4 KiB", "12.0 MiB"."""
+    if n is None:
+        return "–"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
 
 
 class FlashRedirect(web.HTTPSeeOther):

@@ -1,43 +1,207 @@
-"""The dead letters page: task dead letters (retry, force-retry) and callback dead letters (redeliver)."""
+"""The dead letters page: task dead letters filtered by view (active, exhausted, archived) and reason, each with
+retry (redrive) and force-retry, and both in bulk, for the rows selected or all that match, after a confirmation
+that keeps exactly the letters it named (``console/bulk.py``); callback dead letters (redeliver)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
 from aiohttp import web
 
+from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetterQuery
+from scheduler_gateway.actors.model.records import AuditEntry, DeadLetter
 from scheduler_gateway.actors.ports import DeadLetterQuery
+from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.daemon.http.console.bulk import MAX_TASKS, Confirmations
 from scheduler_gateway.daemon.http.console.pages.base import Pages
-from scheduler_gateway.wire.errors import NotFound
+from scheduler_gateway.wire.errors import GatewayError, InvalidArgument, NotFound
+
+if TYPE_CHECKING:
+    from scheduler_gateway.daemon.http.console.app import Console
+
+VIEWS = ("active", "exhausted", "archived")
+BULK_ACTIONS = ("retry", "force-retry")
+BATCH = 50
+SHOWN = 50
+
+
+def letter_mark(d: DeadLetter) -> int:
+    """What a confirmation keeps of a letter: it changed if it died again (or was requeued) since."""
+    return int(d.last_dead_at * 1000) * 2 + int(d.requeued)
 
 
 class DeadLetterPages(Pages):
-    """``/ui/deadletters`` and ``/ui/callbacks/{id}/redeliver``."""
+    """``/ui/deadletters``, its bulk actions, and ``/ui/callbacks/{id}/redeliver``."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(console)
+        self.confirmations = Confirmations()
 
     def routes(self, r: web.UrlDispatcher) -> None:
         r.add_get("/ui/deadletters", self.dead_letters)
+        r.add_post("/ui/deadletters/bulk", self.bulk)
         r.add_post("/ui/deadletters/{id}/{action}", self.dead_letter_action)
         r.add_post("/ui/callbacks/{id}/redeliver", self.redeliver)
 
+    @staticmethod
+    def _filter(data: Any) -> tuple[str, str | None]:
+        view = str(data.get("view") or "active")
+        reason = (str(data.get("reason") or "")).strip()[:100] or None
+        return (view if view in VIEWS else "active"), reason
+
+    @staticmethod
+    def _query(caller: Caller, view: str, reason: str | None, **extra: Any) -> DeadLetterQuery:
+        return DeadLetterQuery(
+            owner=None if caller.is_admin else caller.user,
+            dead_reason=reason,
+            exhausted=True if view == "exhausted" else (False if view == "active" else None),
+            archived=view == "archived",
+            **extra,
+        )
+
     async def dead_letters(self, request: web.Request) -> web.Response:
         caller = self._reader(request)
-        view = request.query.get("view", "active")
-        if view not in ("active", "exhausted", "archived"):
-            view = "active"
+        view, reason = self._filter(request.query)
         page = await self.gw.store.list_dead_letters(
-            DeadLetterQuery(
-                owner=None if caller.is_admin else caller.user,
-                exhausted=True if view == "exhausted" else None,
-                archived=view == "archived",
-                limit=200,
-                cursor=request.query.get("cursor") or None,
-            )
+            self._query(caller, view, reason, limit=200, cursor=request.query.get("cursor") or None)
         )
         cb = await self.gw.callbacks.list_dead_letters(caller.user, caller.is_admin, CallbackDeadLetterQuery(limit=200))
+        args = {"view": view, **({"reason": reason} if reason else {})}
         return self._render(
             request,
             "deadletters.html",
-            {"view": view, "letters": page.items, "next_cursor": page.next_cursor, "callback_letters": cb.items},
+            {
+                "view": view,
+                "reason": reason or "",
+                "args": args,
+                "letters": page.items,
+                "next_qs": urlencode({**args, "cursor": page.next_cursor}) if page.next_cursor else "",
+                "callback_letters": cb.items,
+            },
         )
+
+    async def _matching(self, caller: Caller, view: str, reason: str | None) -> list[DeadLetter]:
+        out: list[DeadLetter] = []
+        cursor: str | None = None
+        while True:
+            page = await self.gw.store.list_dead_letters(self._query(caller, view, reason, limit=500, cursor=cursor))
+            out.extend(page.items)
+            if len(out) > MAX_TASKS:
+                raise InvalidArgument(f"a bulk action takes at most {MAX_TASKS} letters at once: narrow the filter")
+            if page.next_cursor is None:
+                return out
+            cursor = page.next_cursor
+
+    async def _selected(self, caller: Caller, ids: list[str]) -> list[DeadLetter]:
+        out: list[DeadLetter] = []
+        for i in list(dict.fromkeys(ids))[:MAX_TASKS]:
+            d = await self.gw.store.get_dead_letter(i)
+            if d is not None and (caller.is_admin or d.owner == caller.user):
+                out.append(d)
+        return out
+
+    async def bulk(self, request: web.Request) -> web.Response:
+        """Retry (redrive) or force-retry dead letters in two steps, as the task list's bulk actions: the
+        confirmation keeps the letters it named (each with when it last died); confirmed, each is redriven
+        through the task service unless it died again or was requeued since (skipped), then one audit entry."""
+        caller = self._writer(request)
+        session = self._session(request)
+        form = await request.post()
+        op = str(form.get("op", ""))
+        action, _, op_scope = op.partition(":") if op else (str(form.get("action", "")), "", "")
+        if action not in BULK_ACTIONS:
+            raise InvalidArgument("unknown bulk action", details={"field": "action"})
+        reason = str(form.get("forceReason", "")).strip()[:500]
+        if action == "force-retry" and not reason:
+            raise self._redirect("/ui/deadletters?view=exhausted", "a bulk force-retry needs a reason")
+        view, dead_reason = self._filter(form)
+        confirmation_id = str(form.get("confirmation", ""))
+        confirmed = self.confirmations.take(session.id, confirmation_id, action) if confirmation_id else None
+        if confirmed is None:
+            scope = op_scope or str(form.get("scope", "matching"))
+            if scope == "selected":
+                ids = [str(v) for v in form.getall("id", []) if isinstance(v, str)]
+                letters = await self._selected(caller, ids)
+            else:
+                letters = await self._matching(caller, view, dead_reason)
+            candidates = [d for d in letters if action == "force-retry" or not d.exhausted]
+            args = {"view": view, **({"reason": dead_reason} if dead_reason else {})}
+            cid = (
+                self.confirmations.create(
+                    session.id, action, {**args, "_scope": scope, "_reason": reason},
+                    {d.dead_letter_id: letter_mark(d) for d in candidates},
+                )
+                if candidates
+                else ""
+            )  # fmt: skip
+            return self._render(
+                request,
+                "deadletters_confirm.html",
+                {
+                    "action": action,
+                    "scope": scope,
+                    "args": args,
+                    "force_reason": reason,
+                    "count": len(candidates),
+                    "total": len(letters),
+                    "shown": candidates[:SHOWN],
+                    "confirmation": cid,
+                    "notice": "That confirmation expired or was already used; nothing was changed."
+                    if confirmation_id
+                    else "",
+                },
+            )
+        done, skipped, refused = 0, 0, 0
+        items = list(confirmed.tasks.items())
+        force_reason = confirmed.filter_args.get("_reason") or None
+
+        async def one(letter_id: str, mark: int) -> str:
+            d = await self.gw.store.get_dead_letter(letter_id)
+            if d is None or letter_mark(d) != mark:
+                return "skipped"
+            try:
+                await self.gw.service.redrive(caller, letter_id, force=action == "force-retry", reason=force_reason)
+            except (NotFound, GatewayError) as exc:
+                return "skipped" if isinstance(exc, NotFound) or "CONFLICT" in exc.code else "refused"
+            return "done"
+
+        for i in range(0, len(items), BATCH):
+            for res in await asyncio.gather(*(one(k, v) for k, v in items[i : i + BATCH])):
+                done += res == "done"
+                skipped += res == "skipped"
+                refused += res == "refused"
+        args = {k: v for k, v in confirmed.filter_args.items() if not k.startswith("_")}
+        await self.gw.store.append_audit(
+            [
+                AuditEntry(
+                    id=idgen.new_id("aud"),
+                    at=time.time(),
+                    action=f"bulk_{action.replace('-', '_')}",
+                    object_type="dead_letters",
+                    object_id=", ".join(f"{k}={v}" for k, v in args.items())[:200],
+                    result="ok",
+                    actor=caller.actor,
+                    request_id=caller.request_id,
+                    details={
+                        "scope": confirmed.filter_args.get("_scope", "matching"),
+                        "filter": args,
+                        "reason": force_reason,
+                        "confirmed": len(items),
+                        "done": done,
+                        "skipped": skipped,
+                        "refused": refused,
+                    },
+                )
+            ]
+        )
+        text = f"bulk {action}: {done} requeued, {skipped} skipped because they changed"
+        if refused:
+            text += f", {refused} refused"
+        raise self._redirect("/ui/deadletters?" + urlencode(args), text)
 
     async def dead_letter_action(self, request: web.Request) -> web.StreamResponse:
         caller = self._writer(request)

@@ -11,28 +11,34 @@ from scheduler_gateway.actors.ports import DeadLetterQuery
 from scheduler_gateway.actors.task_service import Caller
 from scheduler_gateway.daemon.http.app import CALLER
 from scheduler_gateway.daemon.http.console.pages.base import STATES, Pages
-from scheduler_gateway.daemon.http.console.stats import chart
+from scheduler_gateway.daemon.http.console.stats import HourFigures, chart, since_minute
 
 
 class OverviewPages(Pages):
     """``/ui/`` and ``/ui/stream``."""
 
     def routes(self, r: web.UrlDispatcher) -> None:
+        r.add_get("/", self.root)
         r.add_get("/ui/", self.overview)
         r.add_get("/ui/stream", self.stream)
+
+    async def root(self, request: web.Request) -> web.Response:
+        """A browser opening the daemon's root lands on the console (the JSON API stays under ``/api``)."""
+        return web.Response(status=302, headers={"Location": "/ui/"})
 
     async def overview(self, request: web.Request) -> web.Response:
         """Every figure counts the caller's own tasks for a ``user``, every task for an admin or a viewer."""
         caller = self._reader(request)
         owner = None if caller.is_admin else caller.user
         counts = await self._counts(caller)
-        rate, latency = self.console.history.series(owner)
-        last_hour = self.console.history.totals(owner)
+        now = time.time()
+        hour = HourFigures(await self.gw.store.task_minutes(since_minute(now), owner), now)
+        rate, latency = hour.series()
+        last_hour = hour.total
         letters = await self.gw.store.list_dead_letters(
             DeadLetterQuery(owner=None if caller.is_admin else caller.user, limit=10)
         )
         cb = await self.gw.callbacks.list_dead_letters(caller.user, caller.is_admin, CallbackDeadLetterQuery(limit=10))
-        now = time.time()
         nodes = [(n, self.gw.nodes.status(n, now)) for n in self.gw.nodes.all()]
         return self._render(
             request,
@@ -45,6 +51,7 @@ class OverviewPages(Pages):
                 "letters": letters.items,
                 "callback_letters": cb.items,
                 "finished_hour": last_hour.finished,
+                "failed_hour": last_hour.failed,
                 "claimed_hour": last_hour.claimed,
                 "latency_hour": f"{last_hour.mean_latency_s:.3g} s",
                 "callback_backlog": await self.gw.callbacks.pending_of(caller.user, caller.is_admin),

@@ -13,10 +13,12 @@ from aiohttp import web
 
 from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.model.records import AuditEntry, Task
-from scheduler_gateway.actors.ports import AuditQuery, TaskQuery
+from scheduler_gateway.actors.ports import AuditQuery, TaskQuery, TaskRef, TaskSearch
 from scheduler_gateway.actors.task_service import Caller
-from scheduler_gateway.daemon.http.console.bulk import Confirmations
-from scheduler_gateway.daemon.http.console.pages.base import PAGE_SIZE, STATES, Pages
+from scheduler_gateway.daemon.http.artifacts import ArtifactRoutes
+from scheduler_gateway.daemon.http.console.bulk import MAX_TASKS, Confirmations
+from scheduler_gateway.daemon.http.console.pages.base import STATES, Pages
+from scheduler_gateway.daemon.http.context import CALLER
 from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
 from scheduler_gateway.wire.errors import Code, GatewayError, InvalidArgument, NotFound
 from scheduler_gateway.wire.ids import is_id
@@ -24,7 +26,7 @@ from scheduler_gateway.wire.ids import is_id
 if TYPE_CHECKING:
     from scheduler_gateway.daemon.http.console.app import Console
 
-SCAN_LIMIT = 20_000  # rows one list page may scan for the filters the store cannot apply (label, thread, dates)
+SCAN_LIMIT = 20_000  # kept for importers; every filter is now the store's (TaskSearchStore)
 BULK_BATCH = 50
 TERMINAL = frozenset({"succeeded", "failed", "canceled", "dead"})
 ALLOWED: dict[str, frozenset[str]] = {
@@ -35,11 +37,13 @@ ALLOWED: dict[str, frozenset[str]] = {
     "rework": frozenset({"succeeded", "failed"}),
 }
 BULK_ACTIONS = ("cancel", "retry")
+BULK_SCOPES = ("selected", "matching")
 DONE_WORD = {"cancel": "canceled", "retry": "retried"}
 #: what a bulk action reports as "skipped because they changed": the task moved on since the confirmation
 #: (another revision), or it is gone (retention)
 CHANGED = frozenset({Code.REVISION_CONFLICT, Code.TASK_NOT_FOUND})
 CONFIRM_SHOWN = 50  # task ids the confirmation page lists (it acts on all it counts)
+PAGE_SIZES = (25, 50, 100, 200)
 EVENT_TYPES = (
     "task.created",
     "task.approved",
@@ -55,18 +59,40 @@ EVENT_TYPES = (
     "task.force_retried",
     "task.reworked",
 )
-FILTER_FIELDS = ("state", "kind", "label", "parentId", "runId", "threadId", "createdFrom", "createdTo")
+#: the list's filters as URL parameters (``state`` may repeat, or list states with commas)
+FILTER_FIELDS = (
+    "state",
+    "kind",
+    "owner",
+    "node",
+    "errorCode",
+    "label",
+    "concurrencyKey",
+    "parentId",
+    "runId",
+    "threadId",
+    "createdFrom",
+    "createdTo",
+    "id",
+)
 
 
 class TaskFilter(msgspec.Struct, kw_only=True):
-    state: str | None = None
+    """The task list's filter, as the URL carries it (so a reload or a shared link shows the same list)."""
+
+    states: tuple[str, ...] = ()
     kind: str | None = None
+    owner: str | None = None  # admin and viewer only; a user's list is its own
+    node: str | None = None
+    error_code: str | None = None
     label: str | None = None  # key=value
+    concurrency_key: str | None = None
     parent_id: str | None = None
     run_id: str | None = None
     thread_id: str | None = None
     created_from: str | None = None  # datetime-local, UTC
     created_to: str | None = None
+    id_prefix: str | None = None
 
     @classmethod
     def of(cls, data: Any) -> TaskFilter:
@@ -74,31 +100,51 @@ class TaskFilter(msgspec.Struct, kw_only=True):
             v = (data.get(name) or "").strip()
             return v[:200] or None
 
+        raw_states = data.getall("state", []) if hasattr(data, "getall") else [data.get("state") or ""]
+        states: list[str] = []
+        for raw in raw_states:
+            for st in str(raw).split(","):
+                st = st.strip()
+                if st and st not in states:
+                    if st not in STATES:
+                        raise InvalidArgument(f"unknown state {st[:40]}", details={"field": "state"})
+                    states.append(st)
+        label = get("label")
+        if label is not None and "=" not in label:
+            raise InvalidArgument("a label filter is key=value", details={"field": "label"})
         f = cls(
-            state=get("state"),
+            states=tuple(s for s in STATES if s in states),
             kind=get("kind"),
-            label=get("label"),
+            owner=get("owner"),
+            node=get("node"),
+            error_code=get("errorCode"),
+            label=label,
+            concurrency_key=get("concurrencyKey"),
             parent_id=get("parentId"),
             run_id=get("runId"),
             thread_id=get("threadId"),
             created_from=get("createdFrom"),
             created_to=get("createdTo"),
+            id_prefix=get("id"),
         )
-        if f.state is not None and f.state not in STATES:
-            raise InvalidArgument(f"unknown state {f.state[:40]}", details={"field": "state"})
         f.bounds()  # refuse a malformed date now
         return f
 
     def query_args(self) -> dict[str, str]:
         pairs = {
-            "state": self.state,
+            "state": ",".join(self.states),
             "kind": self.kind,
+            "owner": self.owner,
+            "node": self.node,
+            "errorCode": self.error_code,
             "label": self.label,
+            "concurrencyKey": self.concurrency_key,
             "parentId": self.parent_id,
             "runId": self.run_id,
             "threadId": self.thread_id,
             "createdFrom": self.created_from,
             "createdTo": self.created_to,
+            "id": self.id_prefix,
         }
         return {k: v for k, v in pairs.items() if v}
 
@@ -118,21 +164,49 @@ class TaskFilter(msgspec.Struct, kw_only=True):
 
         return parse(self.created_from, "createdFrom"), parse(self.created_to, "createdTo")
 
-    @property
-    def post_filtered(self) -> bool:
-        return bool(self.label or self.thread_id or self.created_from or self.created_to)
-
-    def matches(self, t: Task) -> bool:
+    def search(self, caller: Caller, **extra: Any) -> TaskSearch:
+        """The store's query: a user's own tasks only, whatever ``owner`` says."""
+        lo, hi = self.bounds()
+        label = None
         if self.label:
             key, _, value = self.label.partition("=")
-            if t.labels.get(key.strip()) != value.strip():
-                return False
-        if self.thread_id and t.thread_id != self.thread_id:
-            return False
-        lo, hi = self.bounds()
-        if lo is not None and t.created_at < lo:
-            return False
-        return not (hi is not None and t.created_at > hi)
+            label = (key.strip(), value.strip())
+        return TaskSearch(
+            owner=(self.owner if caller.is_admin else caller.user),
+            states=self.states,
+            kind=self.kind,
+            node_id=self.node,
+            error_code=self.error_code,
+            label=label,
+            concurrency_key=self.concurrency_key,
+            parent_id=self.parent_id,
+            run_id=self.run_id,
+            thread_id=self.thread_id,
+            created_from=lo,
+            created_to=hi,
+            id_prefix=self.id_prefix,
+            **extra,
+        )
+
+
+class Row(msgspec.Struct, frozen=True):
+    """A task as its list row shows it."""
+
+    task: Task
+    waiting_for: str | None
+    last_attempt_s: float | None  # the duration of the last attempt (so far, while it runs)
+
+
+def row_of(task: Task, waiting_for: str | None, now: float) -> Row:
+    spent: float | None = None
+    if task.started_at is not None:
+        if task.state == "running":
+            spent = now - task.started_at
+        elif task.finished_at is not None and task.finished_at >= task.started_at:
+            spent = task.finished_at - task.started_at
+        elif task.state in ("queued", "failed", "dead") and task.updated_at >= task.started_at:
+            spent = task.updated_at - task.started_at  # the attempt that failed
+    return Row(task, waiting_for, spent)
 
 
 class TaskPages(Pages):
@@ -148,59 +222,51 @@ class TaskPages(Pages):
         r.add_post("/ui/tasks/bulk", self.bulk)
         r.add_get("/ui/tasks/{id}", self.task_page)
         r.add_get("/ui/tasks/{id}/live", self.task_live)
+        r.add_get("/ui/tasks/{id}/artifacts/{name:.+}", self.artifact)
         r.add_post("/ui/tasks/{id}/{action}", self.task_action)
-
-    async def _scan(
-        self, caller: Caller, f: TaskFilter, limit: int, cursor: str | None
-    ) -> tuple[list[Task], str | None]:
-        base = TaskQuery(state=f.state, kind=f.kind, parent_id=f.parent_id, run_id=f.run_id, cursor=cursor)
-        if not f.post_filtered:
-            return await self.gw.service.list_tasks(caller, msgspec.structs.replace(base, limit=limit))
-        out: list[Task] = []
-        scanned = 0
-        cur = cursor
-        while True:
-            items, nxt = await self.gw.service.list_tasks(caller, msgspec.structs.replace(base, limit=500, cursor=cur))
-            for t in items:
-                if f.matches(t):
-                    out.append(t)
-                    if len(out) == limit:
-                        return out, t.id
-            scanned += len(items)
-            if nxt is None or scanned >= SCAN_LIMIT:
-                return out, nxt
-            cur = nxt
 
     async def _task_list(self, request: web.Request) -> dict[str, Any]:
         caller = self._reader(request)
         q = request.query
-        search = (q.get("id") or "").strip()
         f = TaskFilter.of(q)
-        cursor = q.get("cursor") or None
-        if search:
-            try:
-                items = [await self.gw.service.get(caller, search)] if is_id(search, "tsk") else []
-            except NotFound:
-                items = []
-            nxt = None
-        else:
-            items, nxt = await self._scan(caller, f, PAGE_SIZE, cursor)
+        newest = q.get("order", "newest") != "oldest"
+        try:
+            size = int(q.get("size", "50"))
+        except ValueError:
+            size = 50
+        size = size if size in PAGE_SIZES else 50
+        after = q.get("after") or None
+        before = None if after else (q.get("before") or None)
+        query = f.search(caller, newest_first=newest, limit=size, after=after, before=before)
+        page, total = await asyncio.gather(self.gw.store.search_tasks(query), self.gw.store.count_tasks(query))
+        now = time.time()
+        rows = [row_of(t, self.gw.service.waiting_for(t) if t.state == "queued" else None, now) for t in page.items]
         args = f.query_args()
-        if search:
-            args["id"] = search
+        view = {**args, **({"order": "oldest"} if not newest else {}), **({"size": str(size)} if size != 50 else {})}
+        here = {**view, **({"after": after} if after else {}), **({"before": before} if before else {})}
         return {
-            "tasks": items,
+            "rows": rows,
+            "tasks": page.items,
+            "total": total,
             "filter": f,
-            "search": search,
+            "search": f.id_prefix or "",
             "states": STATES,
             "args": args,
-            "qs": urlencode(args),
-            "cursor": cursor or "",
-            "next_qs": urlencode({**args, "cursor": nxt}) if nxt else "",
+            "qs": urlencode(view),
+            "here_qs": urlencode(here),
+            "newest": newest,
+            "size": size,
+            "page_sizes": PAGE_SIZES,
+            "cursor": after or before or "",
+            "next_qs": urlencode({**view, "after": page.next_cursor}) if page.next_cursor else "",
+            "prev_qs": urlencode({**view, "before": page.prev_cursor}) if page.prev_cursor else "",
+            "order_qs": urlencode({**args, **({"size": str(size)} if size != 50 else {}),
+                                   **({} if not newest else {"order": "oldest"})}),
             "live": q.get("live") != "0",
             "event_types": EVENT_TYPES,
             "bulk_actions": BULK_ACTIONS,
-        }
+            "is_admin": caller.is_admin,
+        }  # fmt: skip
 
     async def tasks(self, request: web.Request) -> web.Response:
         return self._render(request, "tasks.html", await self._task_list(request))
@@ -209,16 +275,18 @@ class TaskPages(Pages):
         return self._render(request, "_task_rows.html", await self._task_list(request))
 
     async def bulk(self, request: web.Request) -> web.Response:
-        """Cancel or retry the tasks matching the filter, in two steps. Without a confirmation id: a page that
-        names the tasks it would act on (their count and ids), whose ids and revisions are kept server-side
-        under a random confirmation id bound to the session (``console/bulk.py``). With one: exactly those
-        tasks, in batches, each through the task service with the revision the confirmation saw (its own
-        history and audit entry), so a task that changed since is skipped and one that matches only now is
-        never touched; then one audit entry for the whole bulk request."""
+        """Cancel or retry tasks in two steps: the rows selected (``scope=selected``, their ``id`` fields) or all
+        that match the filter (``scope=matching``). Without a confirmation id: a page that names the tasks it would
+        act on (their count and ids), whose ids and revisions are kept server-side under a random confirmation id
+        bound to the session (``console/bulk.py``): a snapshot, so a task that matches only later is never part of
+        it. With one: exactly those tasks, in batches, each through the task service with the revision the
+        confirmation saw (its own history and audit entry), so a task that changed since is skipped; then one
+        audit entry for the whole bulk request, with the actor, the scope, the filter and the counts."""
         caller = self._writer(request)
         session = self._session(request)
         form = await request.post()
-        action = str(form.get("action", ""))
+        op = str(form.get("op", ""))  # a button of the list: "<action>:<scope>"
+        action, _, op_scope = op.partition(":") if op else (str(form.get("action", "")), "", "")
         if action not in BULK_ACTIONS:
             raise InvalidArgument("unknown bulk action", details={"field": "action"})
         confirmation_id = str(form.get("confirmation", ""))
@@ -229,7 +297,11 @@ class TaskPages(Pages):
                 if confirmation_id
                 else ""
             )
-            return await self._confirm(request, caller, session.id, action, TaskFilter.of(form), notice)
+            scope = op_scope or str(form.get("scope", "matching"))
+            if scope not in BULK_SCOPES:
+                raise InvalidArgument("unknown bulk scope", details={"field": "scope"})
+            ids = [str(v) for v in form.getall("id", []) if isinstance(v, str)] if scope == "selected" else []
+            return await self._confirm(request, caller, session.id, action, TaskFilter.of(form), scope, ids, notice)
         done, skipped, refused = 0, 0, 0
         refused_codes: dict[str, int] = {}
         items = list(confirmed.tasks.items())
@@ -256,8 +328,11 @@ class TaskPages(Pages):
                     skipped += 1
                 else:
                     done += 1
-        f = TaskFilter.of(confirmed.filter_args)
+        filter_args = dict(confirmed.filter_args)
+        scope = filter_args.pop("_scope", "matching")
+        f = TaskFilter.of(filter_args)
         details: dict[str, Any] = {
+            "scope": scope,
             "filter": f.query_args(),
             "confirmed": len(items),
             "matched": len(items),
@@ -273,8 +348,8 @@ class TaskPages(Pages):
                     id=idgen.new_id("aud"),
                     at=time.time(),
                     action=f"bulk_{action}",
-                    object_type="task_filter",
-                    object_id=f.text()[:200],
+                    object_type="task_filter" if scope == "matching" else "task_selection",
+                    object_id=(f.text() if scope == "matching" else f"{len(items)} selected tasks")[:200],
                     result="ok",
                     actor=caller.actor,
                     request_id=caller.request_id,
@@ -287,21 +362,47 @@ class TaskPages(Pages):
             text += f", {refused} refused (" + ", ".join(f"{n} {c}" for c, n in sorted(refused_codes.items())) + ")"
         raise self._redirect("/ui/tasks?" + urlencode(f.query_args()), text)
 
+    async def _selected(self, caller: Caller, ids: list[str]) -> list[TaskRef]:
+        """The selected tasks the caller may see, as they are now (an unknown or another user's id is left out)."""
+        wanted = list(dict.fromkeys(i for i in ids if is_id(i, "tsk")))[:MAX_TASKS]
+        out: list[TaskRef] = []
+        for i in range(0, len(wanted), 200):
+            got = await asyncio.gather(
+                *(self.gw.service.get(caller, tid) for tid in wanted[i : i + 200]), return_exceptions=True
+            )
+            for t in got:
+                if isinstance(t, Task):
+                    out.append(TaskRef(t.id, t.revision, t.state))
+                elif isinstance(t, BaseException) and not isinstance(t, NotFound):
+                    raise t
+        return out
+
     async def _confirm(
-        self, request: web.Request, caller: Caller, session_id: str, action: str, f: TaskFilter, notice: str
+        self,
+        request: web.Request,
+        caller: Caller,
+        session_id: str,
+        action: str,
+        f: TaskFilter,
+        scope: str,
+        ids: list[str],
+        notice: str,
     ) -> web.Response:
-        """The confirmation page: the tasks matching ``f`` now whose state allows ``action``, kept (id and
-        revision) under a new confirmation id that the page's form sends back."""
-        matching: list[Task] = []
-        cursor: str | None = None
-        while True:
-            items, cursor = await self._scan(caller, f, 500, cursor)
-            matching.extend(items)
-            if cursor is None:
-                break
-        candidates = [t for t in matching if t.state in ALLOWED[action]]
+        """The confirmation page: the selected tasks, or those matching ``f`` now (a snapshot read through the
+        store's index, at most ``MAX_TASKS`` of them), whose state allows ``action``; kept (id and revision) under
+        a new confirmation id that the page's form sends back."""
+        if scope == "selected":
+            refs = await self._selected(caller, ids)
+        else:
+            refs = await self.gw.store.task_refs(f.search(caller), MAX_TASKS + 1)
+            if len(refs) > MAX_TASKS:
+                raise InvalidArgument(
+                    f"a bulk action takes at most {MAX_TASKS} tasks at once (more match): narrow the filter"
+                )
+        candidates = [r for r in refs if r.state in ALLOWED[action]]
+        filter_args = {**f.query_args(), "_scope": scope}
         confirmation = (
-            self.confirmations.create(session_id, action, f.query_args(), {t.id: t.revision for t in candidates})
+            self.confirmations.create(session_id, action, filter_args, {r.id: r.revision for r in candidates})
             if candidates
             else ""
         )
@@ -311,8 +412,10 @@ class TaskPages(Pages):
             {
                 "action": action,
                 "filter": f,
+                "scope": scope,
+                "selected": len(ids),
                 "count": len(candidates),
-                "total": len(matching),
+                "total": len(refs),
                 "confirmation": confirmation,
                 "shown": candidates[:CONFIRM_SHOWN],
                 "notice": notice,
@@ -328,7 +431,10 @@ class TaskPages(Pages):
         )
         children, _ = await self.gw.service.list_tasks(caller, TaskQuery(parent_id=task_id, limit=100))
         letter = await self.gw.store.get_dead_letter_for_task(task_id)
+        artifacts = await self.gw.store.list_artifacts(task_id)
         return {
+            "artifacts": artifacts,
+            "waiting_for": self.gw.service.waiting_for(task),
             "task": task,
             "history": history,
             "audit": audit.items,
@@ -360,6 +466,15 @@ class TaskPages(Pages):
             loaded = ctx["task"].revision
         ctx["loaded_revision"] = loaded
         return self._render(request, "_task_live.html", ctx)
+
+    async def artifact(self, request: web.Request) -> web.StreamResponse:
+        """An artifact's bytes for the session's caller: the API's own route (``GET /api/tasks/{id}/artifacts/
+        {name}``, streamed, with its Range, ETag and Content-Disposition), so who may read the task may read it."""
+        service = self.gw.artifacts.service
+        if service is None:
+            raise NotFound("artifacts are not served here", code=Code.ARTIFACT_NOT_FOUND)
+        request[CALLER] = self._reader(request)
+        return await ArtifactRoutes(self.gw.api, self.gw.service, service).get_artifact(request)
 
     async def task_action(self, request: web.Request) -> web.StreamResponse:
         caller = self._writer(request)
