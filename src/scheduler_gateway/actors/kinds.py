@@ -3,7 +3,9 @@
 
 The store's check at claim time is what holds the limits exactly; this service only keeps the dispatcher's
 copy current: on every change made here, and (several instances) by reading the store's settings every
-``refresh_s``, so a change made on another instance reaches this one's dispatcher within that time.
+``refresh_s``, so a change made on another instance reaches this one's dispatcher within that time. A write's
+``kind.updated`` event is in the outbox when ``put_kind`` returns; ``on_committed`` (the event relay's wake-up,
+as for task changes) moves it to the stream at once instead of at the relay's next idle poll.
 """
 
 from __future__ import annotations
@@ -37,9 +39,11 @@ class KindService:
         *,
         defaults: tuple[KindSettings, ...] = (),
         refresh_s: float | None = None,
+        on_committed: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
         self._sink = sink
+        self._on_committed = on_committed
         self._clock = clock
         self._defaults = defaults
         self._refresh_s = refresh_s
@@ -71,9 +75,7 @@ class KindService:
     def known(self) -> list[KindSettings]:
         return list(self._known.values())
 
-    async def update(
-        self, kind: str, changes: dict[str, Any], actor: ActorRef, request_id: str | None
-    ) -> KindSettings:
+    async def update(self, kind: str, changes: dict[str, Any], actor: ActorRef, request_id: str | None) -> KindSettings:
         """Apply ``changes`` (fields of ``FIELDS``) to the stored settings; audited, evented, offered by."""
         unknown = set(changes) - set(FIELDS)
         if unknown:
@@ -119,6 +121,8 @@ class KindService:
             data={"settings": data, "changed": changed},
         )
         await self._store.put_kind(new, audit, event)
+        if self._on_committed is not None:
+            self._on_committed()
         self._take(new)
 
     def _take(self, settings: KindSettings) -> None:
