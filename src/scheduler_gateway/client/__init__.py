@@ -28,6 +28,7 @@ from scheduler_gateway.wire.schedule_api import (
     UpdateScheduledTaskBody,
 )
 
+from ._artifacts import DIGEST_MISMATCH, ArtifactStream
 from ._batch import SubmitManyError
 from ._client import EventStream, GatewayClient
 from ._errors import (
@@ -71,9 +72,11 @@ from ._types import (
 
 __all__ = [
     "CONNECTION_FAILED",
+    "DIGEST_MISMATCH",
     "HTTP_ERROR",
     "TASK_STATES",
     "TERMINAL_STATES",
+    "ArtifactStream",
     "ArtifactView",
     "AuditView",
     "BatchItemBody",

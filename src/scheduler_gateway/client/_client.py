@@ -16,8 +16,7 @@ import random
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import IO, Any
-from urllib.parse import quote
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -26,10 +25,11 @@ from scheduler_gateway.wire import api
 from scheduler_gateway.wire import schedule_api as sa
 from scheduler_gateway.wire.kind_api import KindList
 
+from ._artifacts import CHUNK_BYTES, ArtifactStream, Destination, download
 from ._batch import MAX_BATCH, MAX_BATCH_BYTES, submit_batches
-from ._errors import CONNECTION_FAILED, GatewayClientError, error_for, error_from_response
+from ._errors import GatewayClientError
 from ._events import EventStream, wait_for
-from ._http import USER_AGENT, Body, Retry, T, _Answer, _given, _id, _keyed, _new_key, _trace_headers, send
+from ._http import USER_AGENT, Body, Retry, T, _Answer, _given, _id, _keyed, _new_key, send
 from ._types import (
     TERMINAL_STATES,
     ArtifactView,
@@ -452,26 +452,31 @@ class GatewayClient:
 
     # -- artifacts -------------------------------------------------------------------------------------
     def artifacts(self, task_id: str, *, page_size: int = 100) -> AsyncIterator[ArtifactView]:
-        """``GET /api/tasks/{id}/artifacts``: the task's artifacts, oldest first."""
+        """``GET /api/tasks/{id}/artifacts``: the task's artifacts, oldest first, page by page."""
         return self._pages(f"/api/tasks/{_id(task_id)}/artifacts", ArtifactView, None, page_size)
 
-    async def download_artifact(self, task_id: str, name: str, out: IO[bytes], *, chunk_bytes: int = 1 << 16) -> int:
-        """Stream the artifact's bytes into ``out`` (never held whole in memory); the number of bytes written.
-        A refusal (``ARTIFACT_NOT_FOUND``, ``TASK_NOT_FOUND``...) raises before anything is written."""
-        path = f"/api/tasks/{_id(task_id)}/artifacts/{quote(name, safe='/')}"
-        try:
-            async with self._http().get(
-                self.base_url + path, headers=_trace_headers(), timeout=self.stream_timeout
-            ) as resp:
-                if resp.status != 200:
-                    raise error_from_response(resp.status, await resp.read(), resp.headers.get("X-Request-Id"))
-                written = 0
-                async for chunk in resp.content.iter_chunked(chunk_bytes):
-                    out.write(chunk)
-                    written += len(chunk)
-                return written
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-            raise error_for(CONNECTION_FAILED, f"GET {path}: {type(exc).__name__}: {exc}") from exc
+    async def list_artifacts(self, task_id: str) -> list[ArtifactView]:
+        """The task's artifacts, oldest first, every page (a task has at most ``[artifacts] max_per_task``)."""
+        return [a async for a in self.artifacts(task_id, page_size=500)]
+
+    def open_artifact(
+        self, task_id: str, name: str, *, start: int = 0, end: int | None = None, chunk_bytes: int = CHUNK_BYTES
+    ) -> ArtifactStream:
+        """The artifact's bytes as an async iterator of chunks (``start``..``end`` inclusive; None: to the end),
+        resumed with ``Range`` after a cut connection. ``async with client.open_artifact(t, n) as s`` opens it
+        (a refusal raises there) and tells ``s.size``, ``s.sha256``, ``s.content_type``; ``async for chunk in
+        s`` reads it."""
+        return ArtifactStream(self, task_id, name, start=start, end=end, chunk_bytes=chunk_bytes)
+
+    async def download_artifact(
+        self, task_id: str, name: str, to: Destination, *, chunk_bytes: int = CHUNK_BYTES, verify: bool = True
+    ) -> int:
+        """Stream the artifact to ``to``, a path or a binary file object (never held whole in memory); the
+        number of bytes written. A path is written as ``<path>.part`` and renamed once all bytes arrived with
+        the artifact's sha256 (``verify``; else ``DIGEST_MISMATCH``), so a refused or cut download leaves no
+        file under the name. A refusal (``ARTIFACT_NOT_FOUND``, ``TASK_NOT_FOUND``...) raises before anything
+        is written."""
+        return await download(self, task_id, name, to, chunk_bytes=chunk_bytes, verify=verify)
 
     # -- threads ---------------------------------------------------------------------------------------
     async def create_thread(self, title: str | None = None) -> sa.ThreadView:
@@ -545,6 +550,7 @@ __all__ = [
     "MAX_BATCH",
     "MAX_BATCH_BYTES",
     "USER_AGENT",
+    "ArtifactStream",
     "Body",
     "EventStream",
     "GatewayClient",

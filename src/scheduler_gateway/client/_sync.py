@@ -147,7 +147,15 @@ class SyncGatewayClient:
     pause_kind = _blocking(GatewayClient.pause_kind)
     resume_kind = _blocking(GatewayClient.resume_kind)
     artifacts = _iterating(GatewayClient.artifacts)
+    list_artifacts = _blocking(GatewayClient.list_artifacts)
     download_artifact = _blocking(GatewayClient.download_artifact)
+
+    def open_artifact(
+        self, task_id: str, name: str, *, start: int = 0, end: int | None = None, chunk_bytes: int = 1 << 20
+    ) -> Iterator[bytes]:
+        """The artifact's bytes as a plain iterator of chunks (a refusal raises at the first ``next``); close
+        the iterator, or run it to its end, to release the connection."""
+        return self._iterate(self._client.open_artifact(task_id, name, start=start, end=end, chunk_bytes=chunk_bytes))
 
     # threads
     create_thread = _blocking(GatewayClient.create_thread)

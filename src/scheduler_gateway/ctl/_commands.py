@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -274,10 +273,9 @@ async def artifacts_get(ctx: Ctx, a: Any) -> None:
         await ctx.gw.download_artifact(a.task_id, a.name, sys.stdout.buffer)
         sys.stdout.buffer.flush()
         return
-    part = f"{a.out}.part"
-    with open(part, "wb") as fh:  # noqa: ASYNC230 - the command's one file, written as the bytes come
-        await ctx.gw.download_artifact(a.task_id, a.name, fh)
-    os.replace(part, a.out)  # a refused or cut download leaves no half file under the name
+    # the client writes FILE.part and renames it once every byte arrived with the artifact's sha256: a refused,
+    # cut or corrupt download leaves no half file under the name
+    await ctx.gw.download_artifact(a.task_id, a.name, a.out)
 
 
 async def events_tail(ctx: Ctx, a: Any) -> None:

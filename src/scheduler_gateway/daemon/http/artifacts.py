@@ -137,7 +137,10 @@ class ArtifactRoutes:
         if request.method == "HEAD" or record.size == 0:
             await out.write_eof()
             return out
-        async for data in self.artifacts.read(record, start, end):
-            await out.write(data)
-        await out.write_eof()
+        try:
+            async for data in self.artifacts.read(record, start, end):
+                await out.write(data)
+            await out.write_eof()
+        except ConnectionResetError:  # the reader went away mid-way (aiohttp's reset error is one): not ours
+            log.debug("artifact %s of %s: the client left after part of the bytes", record.name, task.id)
         return out
