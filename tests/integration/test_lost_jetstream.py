@@ -4,7 +4,7 @@ The nats-server's data is deleted while the gateway is stopped (a wiped volume, 
 the streams are created again, every queued task is offered again and the running one whose settle was lost
 runs again once its lease ran out (nothing stuck), and ``GW_EVENTS`` goes on above the last seq the store's
 outbox handed out, so an SSE client resuming with its Last-Event-ID misses nothing and sees no seq twice. A
-later start (the stream now exists) changes nothing.
+later start (the stream now exists) changes nothing. A stream at its byte limit holds nothing up either.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import shutil
 from pathlib import Path
 
 import nats
+import pytest
+from nats.js.api import DiscardPolicy
 
 from scheduler_gateway.actors.task_service import TaskPolicy
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
@@ -98,3 +100,43 @@ async def test_a_lost_jetstream_store_is_rebuilt_at_start_and_nothing_is_lost_or
 
 async def _outbox_empty(gw: object) -> bool:
     return await gw.store.outbox_size() == 0  # type: ignore[attr-defined, no-any-return]
+
+
+async def test_the_event_stream_at_its_byte_limit_keeps_events_in_the_outbox_until_there_is_room(
+    tmp_path: Path, fresh_nats: NatsServerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GW_EVENTS refuses publishes (an operator's max_bytes with discard new, or the server's max_file_store): creates
+    go on, the relay says so once, /readyz is 503 naming the events, nothing is lost; once there is room every
+    event goes out in order."""
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+        await api.create({"kind": "echo", "payload": "first"})
+        await wait_for(lambda: _outbox_empty(gw))
+        nc = await nats.connect(fresh_nats.url)
+        try:
+            js = nc.jetstream()
+            info = await js.stream_info(EVENTS_STREAM)
+            last = int(info.state.last_seq)
+            full = info.config.evolve(max_bytes=int(info.state.bytes) + 64, discard=DiscardPolicy.NEW)
+            await js.update_stream(full)
+            async with sse(Api(api.session, api.base), last_event_id=last) as events:
+                made = [(await api.create({"kind": "echo", "payload": i}))["id"] for i in range(10)]
+
+                async def degraded() -> bool:
+                    status, body, _ = await api.call("GET", "/readyz")
+                    return status == 503 and body["checks"]["events"]["ok"] is False
+
+                await wait_for(degraded, timeout_s=10)
+                assert await gw.store.outbox_size() >= 10  # waiting in the store, not lost
+                assert any("the outbox keeps the events" in r.getMessage() for r in caplog.records)
+
+                await js.update_stream(info.config)  # room again
+                made.append((await api.create({"kind": "echo", "payload": "wake"}))["id"])
+                frames = await events.take(len(made), timeout_s=20, where=lambda f: f.event == "task.created")
+                assert [f.data["aggregateId"] for f in frames] == made
+            seqs = [f.seq for f in frames]
+            assert seqs == sorted(seqs) and seqs[0] > last
+            await wait_for(lambda: _outbox_empty(gw))
+            status, body, _ = await api.call("GET", "/readyz")
+            assert status == 200, body
+        finally:
+            await nc.close()

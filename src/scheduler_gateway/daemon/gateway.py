@@ -14,6 +14,7 @@ import contextlib
 import io
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -66,6 +67,8 @@ from scheduler_gateway.wire.subjects import Subjects
 log = logging.getLogger(__name__)
 
 NODE_FLUSH_S = 2.0
+#: /readyz: a SQLite store whose file system has less free than this is not ready (its writes fail or soon will)
+STORE_MIN_FREE_BYTES = 1024 * 1024
 STOP_STEP_TIMEOUT_S = 15.0
 
 
@@ -388,6 +391,19 @@ class Gateway:
             except GatewayError as exc:
                 log.warning("node registry flush failed: %s", exc.code)
 
+    def _store_disk_full(self) -> str | None:
+        """SQLite: why the store's file system cannot take writes (under ``STORE_MIN_FREE_BYTES`` free), or None."""
+        path = self.store_location.path
+        if path is None:
+            return None
+        try:
+            free = shutil.disk_usage(path.parent).free
+        except OSError:
+            return None  # the ping and the data dir check say what is wrong
+        if free >= STORE_MIN_FREE_BYTES:
+            return None
+        return f"STORAGE_ERROR: disk full ({free // 1024} KiB free where {path.name} lives)"
+
     async def readiness(self) -> dict[str, tuple[bool, str]]:
         checks: dict[str, tuple[bool, str]] = {}
         try:
@@ -395,6 +411,9 @@ class Gateway:
             checks["store"] = (True, f"{self.store_location.kind} writable")
         except (GatewayError, TimeoutError) as exc:
             checks["store"] = (False, getattr(exc, "code", "timeout"))
+        full = self._store_disk_full()
+        if full is not None:  # the ping's one-row write may still fit where a task's writes do not
+            checks["store"] = (False, full)
         probe = self.settings.data_dir / ".ready-probe"
         try:
             probe.write_bytes(b"ok")
