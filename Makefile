@@ -48,7 +48,7 @@ soak: $(STAMP)
 
 # the console's screenshots in docs/console/ (docs/CONSOLE.md), taken by its browser tests
 screenshots: $(STAMP)
-	CONSOLE_SCREENSHOTS=1 $(PY) -m pytest -q tests/console/test_console_browser.py
+	CONSOLE_SCREENSHOTS=1 $(PY) -m pytest -q -m "" tests/console/test_console_browser.py tests/console/test_console_operator.py
 
 bench: $(STAMP)
 	$(PY) bench/bench_gateway.py --n 20000

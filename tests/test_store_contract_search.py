@@ -62,6 +62,7 @@ async def test_search_filters_order_cursors_and_count(store: Any) -> None:
         page = await store.search_tasks(q)
         assert [t.id for t in page.items] == want, q
         assert await store.count_tasks(q) == len(want), q
+        assert await store.count_tasks(q, cap=3) == min(3, len(want)), q
         oldest = msgspec.structs.replace(q, newest_first=False)
         assert [t.id for t in (await store.search_tasks(oldest)).items] == want[::-1], q
     # an error code is that of a failed or dead task only: a queued task that kept one does not match

@@ -60,8 +60,9 @@ class MemorySearch:
         page = page[:n]
         return TaskSearchPage(items=page, next_cursor=page[-1].id if more and page else None, prev_cursor=None)
 
-    async def count_tasks(self, query: TaskSearch) -> int:
-        return len(self._matching(query))
+    async def count_tasks(self, query: TaskSearch, cap: int | None = None) -> int:
+        n = len(self._matching(query))
+        return n if cap is None else min(n, max(0, cap))
 
     async def task_refs(self, query: TaskSearch, limit: int) -> list[TaskRef]:
         return [TaskRef(t.id, t.revision, t.state) for t in self._matching(query)[: max(0, limit)]]

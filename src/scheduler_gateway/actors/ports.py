@@ -258,8 +258,9 @@ class TaskSearchStore(Protocol):
     snapshot a bulk action confirms, and the per-minute figures of the charts (written with each transition)."""
 
     async def search_tasks(self, query: TaskSearch) -> TaskSearchPage: ...
-    async def count_tasks(self, query: TaskSearch) -> int:
-        """How many tasks match the query's filters (its cursors and limit ignored)."""
+    async def count_tasks(self, query: TaskSearch, cap: int | None = None) -> int:
+        """How many tasks match the query's filters (its cursors and limit ignored); with ``cap``, counting stops
+        there (the answer is at most ``cap``), so a count over a million rows costs what ``cap`` rows cost."""
         ...
 
     async def task_refs(self, query: TaskSearch, limit: int) -> list[TaskRef]:

@@ -112,8 +112,8 @@ class ComposedStore:
     async def search_tasks(self, query: TaskSearch) -> TaskSearchPage:
         return await self._search.search_tasks(query)
 
-    async def count_tasks(self, query: TaskSearch) -> int:
-        return await self._search.count_tasks(query)
+    async def count_tasks(self, query: TaskSearch, cap: int | None = None) -> int:
+        return await self._search.count_tasks(query, cap)
 
     async def task_refs(self, query: TaskSearch, limit: int) -> list[TaskRef]:
         return await self._search.task_refs(query, limit)

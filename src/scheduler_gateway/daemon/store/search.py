@@ -168,9 +168,11 @@ def refs_sql(q: TaskSearch, mark: str, limit: int) -> tuple[str, list[Any]]:
     )
 
 
-def count_sql(q: TaskSearch, mark: str) -> tuple[str, list[Any]]:
+def count_sql(q: TaskSearch, mark: str, cap: int | None = None) -> tuple[str, list[Any]]:
     source, where, params = where_of(q, mark)
-    return f"SELECT count(*) FROM {source} WHERE {where}", params
+    if cap is None:
+        return f"SELECT count(*) FROM {source} WHERE {where}", params
+    return f"SELECT count(*) FROM (SELECT 1 FROM {source} WHERE {where} LIMIT {mark}) capped", [*params, max(0, cap)]
 
 
 def minutes_sql(since_minute: int, owner: str | None, mark: str) -> tuple[str, list[Any]]:
@@ -213,8 +215,8 @@ class SqliteSearch:
         sql, params, backwards = page_sql(query, "?", "t.id, t.doc")
         return make_page(query, list(await self._fetchall(sql, params)), backwards)
 
-    async def count_tasks(self, query: TaskSearch) -> int:
-        sql, params = count_sql(query, "?")
+    async def count_tasks(self, query: TaskSearch, cap: int | None = None) -> int:
+        sql, params = count_sql(query, "?", cap)
         rows = await self._fetchall(sql, params)
         return int(rows[0][0])
 

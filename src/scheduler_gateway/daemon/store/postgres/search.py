@@ -122,8 +122,8 @@ class PgSearch:
         sql, params, backwards = page_sql(query, "%s", "t.id, t.doc")
         return make_page(query, list(await self._db.fetch(sql, params)), backwards)
 
-    async def count_tasks(self, query: TaskSearch) -> int:
-        sql, params = count_sql(query, "%s")
+    async def count_tasks(self, query: TaskSearch, cap: int | None = None) -> int:
+        sql, params = count_sql(query, "%s", cap)
         rows = await self._db.fetch(sql, params)
         return int(rows[0][0])
 

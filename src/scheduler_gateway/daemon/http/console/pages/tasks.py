@@ -44,6 +44,9 @@ DONE_WORD = {"cancel": "canceled", "retry": "retried"}
 CHANGED = frozenset({Code.REVISION_CONFLICT, Code.TASK_NOT_FOUND})
 CONFIRM_SHOWN = 50  # task ids the confirmation page lists (it acts on all it counts)
 PAGE_SIZES = (25, 50, 100, 200)
+#: the list counts the matching tasks up to this many, and says "more than" beyond (a count of every task of a
+#: million-task store would cost more than the page): also the most one bulk action takes
+COUNT_CAP = MAX_TASKS
 EVENT_TYPES = (
     "task.created",
     "task.approved",
@@ -238,7 +241,9 @@ class TaskPages(Pages):
         after = q.get("after") or None
         before = None if after else (q.get("before") or None)
         query = f.search(caller, newest_first=newest, limit=size, after=after, before=before)
-        page, total = await asyncio.gather(self.gw.store.search_tasks(query), self.gw.store.count_tasks(query))
+        page, total = await asyncio.gather(
+            self.gw.store.search_tasks(query), self.gw.store.count_tasks(query, cap=COUNT_CAP + 1)
+        )
         now = time.time()
         rows = [row_of(t, self.gw.service.waiting_for(t) if t.state == "queued" else None, now) for t in page.items]
         args = f.query_args()
@@ -247,7 +252,8 @@ class TaskPages(Pages):
         return {
             "rows": rows,
             "tasks": page.items,
-            "total": total,
+            "total": min(total, COUNT_CAP),
+            "total_more": total > COUNT_CAP,
             "filter": f,
             "search": f.id_prefix or "",
             "states": STATES,
