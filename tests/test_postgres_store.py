@@ -192,3 +192,29 @@ async def test_a_purge_under_a_lost_fence_is_refused(pg_url: str) -> None:
         assert await store.get_task(t.id) is not None
     finally:
         await store.stop()
+
+
+async def test_a_rate_counts_each_start_on_the_database_clock(two: tuple[PostgresStore, PostgresStore]) -> None:
+    """Found by the simulation (two instances 4 s apart started two tasks in one instant under a rate of one per
+    2 s): a start is counted when its claim commits, on the database's clock, whatever the deciding instance's
+    clock said (``startedAt`` an hour behind, an hour ahead, or a claim decided before a long pause)."""
+    from scheduler_gateway.actors.model.flow import KindSettings, Rate
+    from scheduler_gateway.actors.model.records import ActorRef, AuditEntry, EventRecord
+
+    from .test_store_contract import create
+    from .test_store_contract_flow import claim
+
+    a, b = two
+    await a.put_kind(
+        KindSettings(kind="echo", rate=Rate(limit=1, period_s=60.0)),
+        AuditEntry(id="aud_rate", at=T0, action="kind.update", object_type="kind", object_id="echo", result="ok",
+                   actor=ActorRef("user", "admin")),
+        EventRecord(id="evt_rate", type="kind.updated", aggregate_type="kind", aggregate_id="echo", owner=None,
+                    revision=None, at=T0, request_id=None),
+    )  # fmt: skip
+    behind, ahead = make_task(1), make_task(2)
+    await a.apply_many([create(behind), create(ahead)])
+    await a.apply(claim(behind, T0 - 3600.0))  # an instance whose clock is an hour behind
+    with pytest.raises(Conflict) as info:
+        await b.apply(claim(ahead, T0 + 3600.0))  # another's, an hour ahead, in the same minute of the database
+    assert info.value.code == Code.LIMITED and info.value.details["rule"] == "kind_rate"

@@ -148,6 +148,11 @@ def update(old: Task, new: Task, action: str = "approve", *, lease_id: str | Non
 
 Reopen = Callable[[], Awaitable[TaskStore]]
 
+#: The PostgreSQL harness's clock (the database's own outside tests): PostgreSQL counts a rate's start at its
+#: clock when the claim commits, so the flow tests' claims set it to their time (test_store_contract_flow.claim);
+#: the other stores count the claim's own ``startedAt``, the same time.
+PG_CLOCK = [T0]
+
 
 class Harness:
     """A started store, and how to stop it and open the same data again."""
@@ -161,7 +166,7 @@ class Harness:
     def _new(self) -> Any:
         if self.name == "postgres":
             assert self.pg_url is not None
-            return PostgresStore(self.pg_url)
+            return PostgresStore(self.pg_url, clock=lambda: PG_CLOCK[0])
         return SqliteStore(self.path) if self.name == "sqlite" else MemoryStore()
 
     async def reopen(self) -> Any:

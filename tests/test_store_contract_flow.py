@@ -14,7 +14,7 @@ from scheduler_gateway.actors.model.flow import KindSettings, Rate
 from scheduler_gateway.actors.model.records import ActorRef, AuditEntry, EventRecord, Task
 from scheduler_gateway.wire.errors import Code, Conflict
 
-from .test_store_contract import T0, assert_code, bump, create, harness, make_task, store, update
+from .test_store_contract import PG_CLOCK, T0, assert_code, bump, create, harness, make_task, store, update
 
 __all__ = ["harness", "store"]  # the fixtures, imported for pytest
 
@@ -38,6 +38,7 @@ async def put(store: Any, settings: KindSettings, n: int = 1) -> None:
 
 
 def claim(t: Task, at: float) -> Any:
+    PG_CLOCK[0] = at  # the claim commits at ``at`` on PostgreSQL's clock too
     running = bump(t, state="running", lease_id=f"lse_{t.id[4:]}", started_at=at, updated_at=at)
     return update(t, running, "claim", lease_id=running.lease_id)
 

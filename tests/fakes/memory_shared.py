@@ -153,6 +153,7 @@ class SharedMemoryStore(MemoryStore):
     def __init__(self, clock: Callable[[], float]) -> None:
         super().__init__()
         self.clock = clock
+        self.flow_clock = clock  # a rate counts each start when it commits, on the store's clock
         self.shared = MemorySharedTasks(self)
         self.duties = MemoryDuties(self, clock)
         for name in FENCED_WRITES:

@@ -61,6 +61,9 @@ class MemoryStore(
         self._principals: dict[str, Principal] = {}
         self._kinds: dict[str, KindSettings] = {}
         self._starts: list[tuple[str, str | None, float]] = []  # (kind, concurrency key, at) of the rates
+        #: the store's clock for the starts a rate counts (PostgreSQL's own: the claim's commit, whichever instance
+        #: decided it); None: the claim's own time, as SQLite counts (one process, its clock the store's)
+        self.flow_clock: Callable[[], float] | None = None
         self._revocations: list[str] = []  # token hashes; the sequence is the index + 1
         self._nodes: dict[str, NodeRecord] = {}
         self._callbacks: dict[str, CallbackDelivery] = {}
@@ -226,7 +229,7 @@ class MemoryStore(
         s = self._kinds.get(t.kind)
         if s is None or not s.limits_starts:
             return
-        at = t.started_at or t.updated_at
+        at = self._start_at(t)
         key = t.concurrency_key
         running = [o for o in self._tasks.values() if o.kind == t.kind and o.state == "running" and o.id != t.id]
         starts = [(k, a) for kind, k, a in self._starts if kind == t.kind]
@@ -242,13 +245,16 @@ class MemoryStore(
         if rule is not None:
             raise limited(t.id, t.kind, key, rule)
 
+    def _start_at(self, t: Task) -> float:
+        return self.flow_clock() if self.flow_clock is not None else (t.started_at or t.updated_at)
+
     def _write(self, change: Change) -> None:
         task = change.task
         h = change.history
         if h is not None and h.action == "claim":
             s = self._kinds.get(task.kind)
             if s is not None and s.counts_starts:
-                self._starts.append((task.kind, task.concurrency_key, task.started_at or task.updated_at))
+                self._starts.append((task.kind, task.concurrency_key, self._start_at(task)))
         idem = change.idempotency
         dl = change.dead_letter
         self.count_transition(self._tasks.get(task.id), task)

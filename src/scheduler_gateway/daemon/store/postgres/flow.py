@@ -5,14 +5,22 @@ transaction that writes them.
 Several instances claim at once here. Every task change takes the outbox's commit-order lock before it
 commits (postgres/tasks.py), and the limit check runs after it: under READ COMMITTED each count statement sees
 every claim committed before it began, and no claim can commit between this one's count and its commit.
+
+A start is counted at the database's clock under that lock, not at the claim's ``startedAt``: that is the
+deciding instance's clock, which may be seconds off another's, and a claim decided before a pause commits long
+after it; by their own times two starts committed within a window could be a window apart (found by the
+simulation, tests/simulation: two instances 4 s apart started two tasks in one instant under a rate of one per
+2 s).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from scheduler_gateway.actors.model.flow import Counts, KindSettings, duplicate, exceeded, limited
 from scheduler_gateway.daemon.store.change_rows import ChangeRows
 from scheduler_gateway.daemon.store.common import decode_or_raise, doc_decoder
-from scheduler_gateway.daemon.store.postgres.db import Conn
+from scheduler_gateway.daemon.store.postgres.db import DB_NOW, Conn
 from scheduler_gateway.wire.errors import Conflict
 
 _decode_kind = doc_decoder(KindSettings)
@@ -25,20 +33,29 @@ async def _scalar(conn: Conn, sql: str, params: tuple[object, ...]) -> int:
     return int(row[0]) if row is not None else 0
 
 
+async def _now(conn: Conn) -> float:
+    cur = await conn.execute(f"SELECT {DB_NOW}")
+    row = await cur.fetchone()
+    assert row is not None
+    return float(row[0])
+
+
 async def kind_settings(conn: Conn, kind: str) -> KindSettings | None:
     cur = await conn.execute("SELECT doc FROM kinds WHERE kind = %s", (kind,))
     row = await cur.fetchone()
     return None if row is None else decode_or_raise(_decode_kind, row[0], "kind", kind)
 
 
-async def limit_refusal(conn: Conn, r: ChangeRows) -> Conflict | None:
+async def limit_refusal(conn: Conn, r: ChangeRows, clock: Callable[[], float] | None = None) -> Conflict | None:
+    """``clock``: the store's clock (tests); None, always outside tests: the database's."""
     if r.claim is None:
         return None
-    kind, key, at = r.claim
+    kind, key, _decided_at = r.claim
     s = await kind_settings(conn, kind)
     if s is None or not s.limits_starts:
         return None
     await conn.execute(SQL_OUTBOX_ORDER_LOCK)  # held already when the change wrote an event; re-entrant
+    at = clock() if clock is not None else await _now(conn)  # the start, when it commits (see the module doc)
     if s.counts_starts:
         await conn.execute("DELETE FROM task_starts WHERE kind = %s AND at <= %s", (kind, at - s.longest_period_s))
         await conn.execute("INSERT INTO task_starts (kind, concurrency_key, at) VALUES (%s, %s, %s)", (kind, key, at))

@@ -40,9 +40,10 @@ class PostgresStore(ComposedStore):
     def __init__(
         self, url: str, *, min_size: int = 1, max_size: int = 10, clock: Callable[[], float] | None = None
     ) -> None:
-        """``clock``: the store's clock for claim leases; None (always, outside tests) is the database's own."""
+        """``clock``: the store's clock for claim leases and the starts a rate counts; None (always, outside
+        tests) is the database's own."""
         self._db = PgDb(url, min_size=min_size, max_size=max_size)
-        self._tasks = PgTasks(self._db)
+        self._tasks = PgTasks(self._db, clock)
         self._dead_letters = PgDeadLetters(self._db)
         self._nodes = PgNodes(self._db)
         self._kinds = PgKinds(self._db)

@@ -10,6 +10,8 @@ in another transaction waits for this one, and then its subtree guard sees the n
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 from psycopg import errors as pg_errors
 
@@ -109,9 +111,10 @@ def _thread_busy(r: ChangeRows) -> Conflict:
     )
 
 
-async def write_change(conn: Conn, r: ChangeRows) -> None:
+async def write_change(conn: Conn, r: ChangeRows, clock: Callable[[], float] | None = None) -> None:
     """One change, statement by statement, so a refusal says which rule refused it. The caller's transaction
-    (or savepoint) undoes the change's earlier writes when this raises."""
+    (or savepoint) undoes the change's earlier writes when this raises. ``clock``: the store's clock for the
+    starts a rate counts (tests); None: the database's."""
     try:
         if r.keys[1] is None:
             await _write_task(conn, r)
@@ -130,7 +133,7 @@ async def write_change(conn: Conn, r: ChangeRows) -> None:
     await _write_companions(conn, r)
     # after the outbox row: its commit-order lock is held, so every other claim either committed before this
     # count reads (and is counted) or waits for this commit (and counts this one): exact across instances
-    refusal = await limit_refusal(conn, r)
+    refusal = await limit_refusal(conn, r, clock)
     if refusal is not None:
         raise refusal
 
@@ -216,13 +219,14 @@ async def subtree_open(conn: Conn, root: str) -> Conflict | None:
 class PgTasks:
     """Task rows with their history, idempotency keys, the audit trail and the event outbox."""
 
-    def __init__(self, db: PgDb) -> None:
+    def __init__(self, db: PgDb, clock: Callable[[], float] | None = None) -> None:
         self._db = db
+        self._clock = clock  # None: the database's clock for the starts a rate counts (postgres/flow.py)
 
     async def apply(self, change: Change) -> None:
         rows = ChangeRows.of(change)
         async with self._db.transaction() as conn:
-            await write_change(conn, rows)
+            await write_change(conn, rows, self._clock)
 
     async def apply_many(self, changes: list[Change]) -> list[BaseException | None]:
         if not changes:
@@ -234,7 +238,7 @@ class PgTasks:
                 for r in rows:
                     try:
                         async with conn.transaction():  # a savepoint: a refusal undoes only its own writes
-                            await write_change(conn, r)
+                            await write_change(conn, r, self._clock)
                     except GatewayError as exc:  # a refusal (a driver failure propagates: the batch fails)
                         results.append(exc)
                     else:
@@ -251,7 +255,7 @@ class PgTasks:
         rows = [ChangeRows.of(c) for c in changes]
         async with self._db.transaction() as conn:
             for r in rows:
-                await write_change(conn, r)
+                await write_change(conn, r, self._clock)
             if subtree_root is not None:
                 refusal = await subtree_open(conn, subtree_root)
                 if refusal is not None:
