@@ -395,3 +395,31 @@ async def test_retention_removes_bytes_then_rows_and_orphans_go_after_their_age(
             assert await gw.store.list_artifacts(task_id) == []
         finally:
             await node.close()
+
+
+async def test_a_commit_of_chunks_past_half_their_orphan_age_is_refused_and_dropped(
+    tmp_path: Path, fresh_nats: NatsServerProcess
+) -> None:
+    """The sweep removes chunks no row names once they are orphan_after_s old and cannot know of a commit under
+    way: a row is written only for chunks younger than half that, so it never lands on bytes the sweep took."""
+    async with (
+        running_gateway(tmp_path / "gw", fresh_nats.url, artifacts=ArtifactLimits(orphan_after_s=1.0)) as gw,
+        api_client(gw) as api,
+    ):
+        node = await HandNode.connect(fresh_nats.url, "node-a")
+        try:
+            task_id, lease = await _claimed(api, node)
+            begin = await _begin(node, ArtifactBegin(task_id=task_id, lease_id=lease, name="late.bin"))
+            await node.nc.jetstream().publish(begin.subject or "", b"late bytes")
+            await asyncio.sleep(0.7)  # past half of orphan_after_s, before the sweep may take them
+            r = await _begin(node, ArtifactCommit(
+                task_id=task_id, lease_id=lease, upload_id=begin.upload_id or "", name="late.bin", size=10,
+                sha256=hashlib.sha256(b"late bytes").hexdigest(),
+            ))  # fmt: skip
+            assert not r.ok and r.error is not None and r.error.code == "INVALID_ARGUMENT", r
+            assert "too old" in r.error.message
+            assert await gw.store.list_artifacts(task_id) == []
+            assert gw.artifacts.bucket is not None
+            assert await gw.artifacts.bucket.listing() == ([], [])  # dropped at once, meta and chunks
+        finally:
+            await node.close()

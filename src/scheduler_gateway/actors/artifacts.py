@@ -39,7 +39,7 @@ from scheduler_gateway.wire.artifacts import (
 )
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidArgument, NotFound, PayloadTooLarge
 
-from . import idgen
+from . import failpoints, idgen
 from .model.artifacts import (
     ArtifactLimits,
     ArtifactRecord,
@@ -205,8 +205,11 @@ class ArtifactService:
             chunks=chunks,
             owner=task.owner,
         )
+        failpoints.hit("artifact.after_verify")  # the bytes are checked; no meta, no row
         await self._bucket.write_meta(record)  # bytes first: the row is never without them
+        failpoints.hit("artifact.after_meta")  # an object no row names yet: recorded by a retried commit, or an orphan
         try:
+            await self._fresh_or_refuse(node_id, task, record)
             kept, created = await self._record(node_id, req, record)
         except GatewayError as exc:
             if exc.code not in (Code.STORAGE_ERROR, Code.SERVICE_UNAVAILABLE):  # else the node retries the commit
@@ -245,6 +248,22 @@ class ArtifactService:
                 await self._bucket.drop_upload(upload)
             raise
         return task, chunks
+
+    async def _fresh_or_refuse(self, node_id: str, task: Task, record: ArtifactRecord) -> None:
+        """The keeper removes chunks no row names once nothing was stored to them for ``orphan_after_s``. A row
+        is recorded only while its newest chunk is younger than half that, so the keeper, which cannot know of a
+        commit under way (on any instance), never removes the bytes of a row that is about to be recorded: the
+        store's write has half of ``orphan_after_s`` to land. An older upload (a commit sent again long after,
+        across a restart) is refused, and its node uploads again."""
+        at = await self._bucket.last_at(record.upload)
+        if at is None or self._clock() - at > self.limits.orphan_after_s / 2:
+            why = "its chunks are gone" if at is None else "its chunks are too old (the keeper may remove them)"
+            exc = InvalidArgument(
+                f"the upload cannot be recorded: {why}; upload the artifact again",
+                details={"field": "uploadId", "reason": "gone" if at is None else "expired"},
+            )
+            await self._audit_refusal(node_id, task, record.name, exc.code, exc.message)
+            raise exc
 
     async def _undo(self, record: ArtifactRecord) -> None:
         """A record refused after its meta was written (the lease moved on meanwhile): its object goes, unless a

@@ -44,6 +44,8 @@ NAMES: dict[str, str] = {
     "claim.after_commit": "a claim is committed (the task is running); the reply to the node is not yet sent",
     "claim.after_thread_commit": "a claim of a thread's task is committed; the reply to the node is not yet sent",
     "schedule.after_claim": "a due schedule is claimed for its occurrence; the occurrence's run is not yet inserted",
+    "artifact.after_verify": "an upload's stored bytes were read back and match; its object's meta is not yet written",
+    "artifact.after_meta": "an upload's bytes are checked and its object's meta written; its index row is not yet",
 }
 
 

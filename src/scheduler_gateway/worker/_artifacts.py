@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 WINDOW: Final = 8  # chunks in flight (published, not yet acked by JetStream)
 REQUEST_TIMEOUT_S: Final = 10.0
-COMMIT_RETRIES: Final = 3
+COMMIT_RETRIES: Final = 3  # the commit is sent again for up to this many times its timeout
+COMMIT_PAUSE_S: Final = 0.5  # between two sends of a commit no gateway answered
 _encode = msgspec.json.Encoder().encode
 _decode_reply = msgspec.json.Decoder(ArtifactReply).decode
 
@@ -120,19 +121,38 @@ class Uploader:
             sha256=sha, content_type=content_type,
         )  # fmt: skip
         timeout = 30.0 + size / (50 * 1024 * 1024)  # the gateway reads the bytes back before it answers
-        for attempt in range(1, COMMIT_RETRIES + 1):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + COMMIT_RETRIES * timeout
+        while True:
             # a commit is safe to repeat: the same upload again answers as a repeat once it is recorded
             try:
-                reply = await self._request(commit, timeout)
+                reply = await self._commit_once(commit, timeout)
                 self._raise(reply)
             except ArtifactRefused as exc:
-                if exc.code != Code.SERVICE_UNAVAILABLE or attempt == COMMIT_RETRIES:
+                if exc.code != Code.SERVICE_UNAVAILABLE or loop.time() >= deadline:
                     raise
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(COMMIT_PAUSE_S)
                 continue
             assert reply.artifact is not None
             return msgspec.to_builtins(reply.artifact)  # type: ignore[no-any-return]
-        raise AssertionError("unreachable")
+
+    async def _commit_once(self, commit: ArtifactCommit, timeout_s: float) -> ArtifactReply:
+        """One commit request; when the connection is re-made meanwhile (the gateway may have restarted and
+        lost it), SERVICE_UNAVAILABLE at once rather than after the whole timeout, so the caller sends again."""
+        reconnected = getattr(self._w, "reconnected", None)
+        if not isinstance(reconnected, asyncio.Event):
+            return await self._request(commit, timeout_s)
+        request = asyncio.ensure_future(self._request(commit, timeout_s))
+        waiter = asyncio.ensure_future(reconnected.wait())
+        try:
+            await asyncio.wait({request, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if not request.done():
+                request.cancel()
+        if request.done() and not request.cancelled():
+            return request.result()
+        raise ArtifactRefused(Code.SERVICE_UNAVAILABLE, "the connection to NATS was re-made during the commit")
 
     async def _upload(self, subject: str, chunks: AsyncIterator[bytes], limit: int) -> tuple[int, str]:
         js = self._w.js

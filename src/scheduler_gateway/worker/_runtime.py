@@ -108,6 +108,9 @@ class Worker:
         self._closing = False
         self._cancel_sub: Subscription | None = None
         self._conn_errors: set[str] = set()
+        #: set (and replaced by a fresh one) at each reconnect: a request waiting for its reply (an artifact's
+        #: commit) sends again at once, since the gateway that had it may have restarted meanwhile
+        self.reconnected = asyncio.Event()
 
     # ---------------------------------------------------------------- public state
 
@@ -310,6 +313,8 @@ class Worker:
     async def _on_reconnected(self) -> None:
         self._conn_errors.clear()
         log.info("node %s reconnected to NATS", self.node_id)
+        event, self.reconnected = self.reconnected, asyncio.Event()
+        event.set()
         for puller in self._pullers:
             puller.abort_request()
         self._heartbeats.wake(now=True)
