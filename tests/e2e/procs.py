@@ -16,6 +16,12 @@ from pathlib import Path
 from scheduler_gateway.daemon.nats.nats_server import free_port
 
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _repo_on_path() -> dict[str, str]:
+    """PYTHONPATH with the repository root first, so a worker's ``--handlers tests.e2e...`` module imports."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
 
 
 def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
@@ -134,6 +140,7 @@ class Worker(_Process):
     nats_url: str | None = None  # an external nats-server (``--nats``) instead of the data dir's credentials
     proc: subprocess.Popen[bytes] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. OTEL_TRACES_EXPORTER for the tracing tests
+    handlers: tuple[str, ...] = ()  # ``--handlers`` modules (importable from the repository root)
 
     @property
     def log_path(self) -> Path:
@@ -151,11 +158,12 @@ class Worker(_Process):
                     self.kinds,
                     "--concurrency",
                     str(self.concurrency),
+                    *(arg for module in self.handlers for arg in ("--handlers", module)),
                     *(["--nats", self.nats_url] if self.nats_url else ["--data-dir", str(self.data_dir)]),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **self.extra_env},
+                env={**os.environ, **(_repo_on_path() if self.handlers else {}), **self.extra_env},
             )
         finally:
             log.close()

@@ -15,7 +15,10 @@ there. With several, a task's claim, heartbeats and settle may each be answered 
 - every instance's ``LiveSync`` brings its live copies (what its dispatcher offers and its lease clock
   watches) in line with the store, so a task claimed or settled elsewhere leaves its offer window;
 - at takeover the leader re-offers every queued task (``reoffer_queued``): the tasks a dead instance was
-  offering. ``Nats-Msg-Id`` = attempt id makes a repeated offer of one attempt a no-op in JetStream.
+  offering. ``Nats-Msg-Id`` = attempt id makes a repeated offer of one attempt a no-op in JetStream;
+- the leader does the same when another instance goes away (``GoneInstances``: its row aged out or was deleted
+  by a clean stop): the queued tasks that instance created or requeued and had not offered (held back by a
+  flow limit, a thread's lane or the offer window) are known to no other dispatcher.
 """
 
 from __future__ import annotations
@@ -159,3 +162,47 @@ async def reoffer_queued(
         cursor = getattr(got, "next_cursor", None)
         if cursor is None:
             return n
+
+
+class GoneInstances(LoopActor):
+    """The leader's duty: when an instance it saw alive is gone, take every queued task into the live copies.
+
+    Each instance offers the queued tasks it knows (its creates, its requeues); those it held back (a binding
+    flow limit, a thread's lane, beyond the offer window) live only in its dispatcher. When it dies or stops,
+    nobody else would offer them until some read brings them into another instance's live copies. So every
+    ``interval_s`` the leader reads which instances are alive (``live_ids``: the rows refreshed recently, on the
+    store's clock) and, when one it saw before is missing, runs ``reoffer`` (``reoffer_queued``, as at
+    takeover). A re-read that fails is tried again at the next round."""
+
+    name = "gone-instances"
+
+    def __init__(
+        self,
+        live_ids: Callable[[], Awaitable[set[str]]],
+        reoffer: Callable[[], Awaitable[int]],
+        own_id: str,
+        *,
+        interval_s: float = 2.0,
+    ) -> None:
+        super().__init__()
+        self._live_ids = live_ids
+        self._reoffer = reoffer
+        self._own_id = own_id
+        self._interval_s = interval_s
+        self._wake = Wakeup()
+        self.reoffers = 0
+
+    async def run(self) -> None:
+        seen: set[str] | None = None  # the instances alive at the last round (None: not read yet as leader)
+        while True:
+            try:
+                alive = await self._live_ids() - {self._own_id}
+                gone = sorted(seen - alive) if seen is not None else []
+                if gone:
+                    n = await self._reoffer()
+                    self.reoffers += 1
+                    log.info("instance(s) %s gone: %d queued tasks re-read for offering", ", ".join(gone), n)
+                seen = alive  # after the re-read: one that failed is tried again next round
+            except GatewayError as exc:
+                log.warning("gone instances: read failed (%s); retrying", exc.code)
+            await self._wake.wait(self._interval_s)

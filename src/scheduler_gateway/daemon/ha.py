@@ -7,7 +7,8 @@ row ``leader`` in ``duty_leases`` and runs the singleton duties under its fencin
 
 - the lease watcher (running attempts whose lease or deadline passed, whoever claimed them),
 - the event relay (outbox -> ``GW_EVENTS``), the callback sender, the dead-letter keeper, retention,
-- at takeover: re-offering every queued task (a dead instance's offers).
+- at takeover, and when another instance is gone (``GoneInstances``): re-offering every queued task (what a
+  dead or stopped instance offered or held back).
 
 The relay's, the callback sender's and retention's store writes run under the fence (``FencedStore``: the
 store checks the lease row in the write's transaction). What the database cannot fence is checked against
@@ -48,7 +49,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from scheduler_gateway.actors.duties import LEADER, FenceToken, InstanceRecord, Leadership, LeaseTiming, fenced
 from scheduler_gateway.actors.ports import CallbackPost, CallbackPoster
-from scheduler_gateway.actors.shared_tasks import LeaseWatcher, LiveSync, reoffer_queued
+from scheduler_gateway.actors.shared_tasks import GoneInstances, LeaseWatcher, LiveSync, reoffer_queued
 from scheduler_gateway.actors.task_service import TaskService
 from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError
@@ -212,6 +213,7 @@ class HighAvailability:
         self._on_gained_extra: list[Callable[[], Any]] = []
         self._service: TaskService | None = None
         self.watcher: LeaseWatcher | None = None
+        self.gone: GoneInstances | None = None
         self.live_sync: LiveSync | None = None
         self._beat: asyncio.Task[None] | None = None
         self.started_at = clock()
@@ -231,7 +233,10 @@ class HighAvailability:
         service.share(self.store.shared)
         self.watcher = LeaseWatcher(self.store.shared, service, self._clock)
         self.live_sync = LiveSync(self.store.shared, service)
-        self.duties = {"lease-watcher": self.watcher, **duties}
+        self.gone = GoneInstances(
+            self._live_ids, lambda: reoffer_queued(self.store.list_tasks, service), self.instance_id
+        )
+        self.duties = {"lease-watcher": self.watcher, "gone-instances": self.gone, **duties}
 
     async def prepare(self, grace_s: float) -> bool:
         """Before the task service starts: decide whether this instance starts a cluster that was down, then
@@ -361,6 +366,9 @@ class HighAvailability:
         await self.store.duties.instance_seen(
             InstanceRecord(id=self.instance_id, started_at=self.started_at, last_seen_at=time.time(), info=info)
         )
+
+    async def _live_ids(self) -> set[str]:
+        return {r.id for r in await self.store.duties.live_instances(INSTANCE_ALIVE_S)}
 
     async def _beat_loop(self) -> None:
         while True:
