@@ -23,7 +23,9 @@ import msgspec
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from scheduler_gateway.actors.model.records import TERMINAL_STATES, HistoryEntry
+from scheduler_gateway.actors.kinds import KindService
+from scheduler_gateway.actors.model.flow import KindSettings, Rate
+from scheduler_gateway.actors.model.records import TERMINAL_STATES, ActorRef, AuditEntry, EventRecord, HistoryEntry
 from scheduler_gateway.actors.model.schedule import ScheduleSpec, TaskTemplate
 from scheduler_gateway.actors.scheduler import NewSchedule, SchedulePatch, SpecPatch, TemplatePatch
 from scheduler_gateway.actors.task_service import Caller, NewTask
@@ -33,6 +35,7 @@ from scheduler_gateway.wire.messages import ClaimRequest, HeartbeatRequest, Leas
 from tests.fakes.memory_store import MemoryStore
 
 from .durable_view import MemoryView, SqliteView
+from .flow_invariants import FairTurns, FlowLog
 from .invariants import ChangeLog, Facts, LiveView, snapshot_violations, summarize
 from .sim_world import EPOCHS, MAX_SKEW_S, SCHEDULE_POLICY, TASK_POLICY, Cut, NodeLease, Pending, Sim, SimNode
 
@@ -66,6 +69,23 @@ FREEZE_AT = (
 #: Several instances: the longest single advance (each virtual second costs every instance's timers)
 MULTI_MAX_ADVANCE_S = 601.0
 KEYS = ("k1", "k2", "k3")
+# flow control (CONTRACT 2.10): a few concurrency keys (tenants) and unique keys, and the settings a kind takes
+CKEYS = ("ta", "tb", "tc")
+UKEYS = ("u1", "u2")
+UKEY_CHOICES = (None, None, None, None, None, *UKEYS)  # a unique key on one create in four or so
+UNIQUE_FOR = (None, None, 5.0, 60.0)
+RATES = st.builds(Rate, limit=st.integers(1, 3), period_s=st.sampled_from([2.0, 5.0, 20.0]))
+KIND_CHANGES = st.fixed_dictionaries(
+    {},
+    optional={
+        "paused": st.sampled_from([False, False, True]),  # a paused kind starts nothing: not too often
+        "concurrency": st.sampled_from([None, 0, 1, 1, 2, 3]),
+        "key_concurrency": st.sampled_from([None, 1, 1, 2]),
+        "rate": st.none() | RATES,
+        "key_rate": st.none() | RATES,
+    },
+)
+ADMIN = ActorRef("user", "root")
 SCHEDULE_OPS = (
     "patch_title",
     "patch_to_once",
@@ -103,10 +123,13 @@ def digest(*parts: Any) -> str:
 class Outcome:
     """What a client saw: a value, an error code, or nothing (the process died under it)."""
 
-    def __init__(self, value: Any = None, code: str | None = None, lost: bool = False) -> None:
+    def __init__(
+        self, value: Any = None, code: str | None = None, lost: bool = False, error: GatewayError | None = None
+    ) -> None:
         self.value = value
         self.code = code
         self.lost = lost
+        self.error = error
 
     @property
     def ok(self) -> bool:
@@ -141,6 +164,10 @@ class SimMachine(RuleBasedStateMachine):
         self.claims: dict[str, list[tuple[tuple[int, int], int]]] = {}
         self.claim_no = 0
         self.sched_lease: dict[str, float | None] = {}
+        # flow control: the rules judged at every commit, and the dispatchers' turns at every offer
+        self.flow = FlowLog(coverage=COVERAGE)
+        self.fair = FairTurns(COVERAGE)
+        self.step_started = 0.0
 
     # -- plumbing ------------------------------------------------------------------------------------
     @initialize(
@@ -170,6 +197,7 @@ class SimMachine(RuleBasedStateMachine):
             self.sim = Sim(self.seed, self.store_factory(), EPOCHS[epoch])
             self.view = MemoryView(self.sim.durable)
         self.sim.write_hooks.append(self._on_store_call)
+        self.sim.offer_watch = self.fair
         self.sim.boot()
         STATS["examples"] += 1
 
@@ -232,15 +260,22 @@ class SimMachine(RuleBasedStateMachine):
 
     def _on_store_call(self, name: str, args: tuple[Any, ...], result: Any) -> None:
         self._fence_checks(name, args, result)
+        assert self.sim is not None
+        now = self.sim.now()  # the store's clock, at the commit
         if name == "apply":
             self.log.feed(args[0])
+            self.flow.feed(args[0], now)
         elif name == "apply_group":  # whole or not at all: it returned, so every change is written
             for change in args[0]:
                 self.log.feed(change)
+                self.flow.feed(change, now)
         elif name == "apply_many":
             for change, refused in zip(args[0], result, strict=True):
                 if refused is None:
                     self.log.feed(change)
+                    self.flow.feed(change, now)
+        elif name == "put_kind":
+            self.flow.kind_written(args[0])
         elif name == "put_dead_letter":
             self.log.put_letter(args[0])
         elif name in ("insert_schedule", "save_schedule", "record_launch", "record_completion", "delete_schedule"):
@@ -279,10 +314,11 @@ class SimMachine(RuleBasedStateMachine):
         self.sim.steps += 1
         STATS["steps"] += 1
         self.advanced = advance
+        self.step_started = self.sim.now()
         try:
             result = self.sim.run(make(), advance, cut)
         except GatewayError as exc:
-            return Outcome(code=exc.code)
+            return Outcome(code=exc.code, error=exc)
         if isinstance(result, Cut):
             self.sim.crash()
             return Outcome(lost=True)
@@ -332,6 +368,10 @@ class SimMachine(RuleBasedStateMachine):
         delay=st.sampled_from([None, 0.0, 20.0, 400.0]),
         lease=st.sampled_from([None, 10.0, 60.0]),
         timeout=st.sampled_from([None, 45.0, 200.0]),
+        ckey=st.none() | st.sampled_from(CKEYS),
+        ukey=st.sampled_from(UKEY_CHOICES),
+        ufor=st.sampled_from(UNIQUE_FOR),
+        priority=st.sampled_from([0, 0, 0, 5]),
     )
     def create_task(
         self,
@@ -347,6 +387,10 @@ class SimMachine(RuleBasedStateMachine):
         delay: float | None,
         lease: float | None,
         timeout: float | None,
+        ckey: str | None,
+        ukey: str | None,
+        ufor: float | None,
+        priority: int,
     ) -> None:
         assert self.sim is not None
         parent_id = self.pick_task(parent) if parent is not None else None
@@ -371,9 +415,13 @@ class SimMachine(RuleBasedStateMachine):
             lease_s=lease,
             timeout_s=timeout,
             retry_backoff_s=5.0,
+            priority=priority,
+            concurrency_key=ckey,
+            unique_key=ukey,
+            unique_for_s=ufor if ukey is not None else None,
         )
         body = digest("create", kind, parent_id, thread_id, labels, approval, callback, max_attempts, delay, lease,
-                      timeout, spec.payload)  # fmt: skip
+                      timeout, spec.payload, priority, ckey, ukey, spec.unique_for_s)  # fmt: skip
         parent_state = self._stored_state(parent_id) if parent_id else None
         out = self.do(lambda: self.w.service.create(caller(user, self.next_rid()), spec, key, body))
         if out.ok:
@@ -387,17 +435,49 @@ class SimMachine(RuleBasedStateMachine):
                 self.problem(f"create under {parent_state} parent {parent_id} answered 201 (expected 409)")
             if labels.startswith("reserved") and not replayed:
                 self.problem(f"create with reserved labels {label_map} answered 201 (expected 400)")
+        elif out.code == Code.DUPLICATE_TASK:
+            self._duplicate_named(user, spec, out.error)
         self._idem_check(user, key, "create", body, out)
+
+    def _duplicate_named(self, user: str, spec: NewTask, err: GatewayError | None) -> None:
+        """A DUPLICATE_TASK names a task of the same owner, kind and uniqueKey that holds the key: live, or
+        made within ``uniqueForSeconds``, or ended during this very step (after it refused)."""
+        COVERAGE["flow: creates refused DUPLICATE_TASK"] += 1
+        named = str(err.details.get("taskId", "")) if err is not None else ""
+        other = self.view.task(named)
+        if spec.unique_key is None or other is None:
+            self.problem(f"DUPLICATE_TASK for a create with uniqueKey {spec.unique_key} names {named!r}: no such task")
+            return
+        if (other.owner, other.kind, other.unique_key) != (user, spec.kind, spec.unique_key):
+            self.problem(f"DUPLICATE_TASK for {user}/{spec.kind}/{spec.unique_key} names {named} of "
+                         f"{other.owner}/{other.kind}/{other.unique_key}")  # fmt: skip
+        elif other.state in TERMINAL_STATES and spec.unique_for_s is None:
+            last = self.view.history_after(named, other.revision - 1)
+            if not last or last[-1].at < self.step_started - MAX_SKEW_S:
+                self.problem(f"DUPLICATE_TASK without uniqueForSeconds names {named}, {other.state} before the create")
 
     @rule(
         user=st.sampled_from(USERS),
         kinds=st.lists(st.sampled_from(KINDS), min_size=2, max_size=4),
         thread=st.none() | st.integers(0, 20),
         approvals=st.lists(st.booleans(), min_size=4, max_size=4),
+        ckeys=st.lists(st.none() | st.sampled_from(CKEYS), min_size=4, max_size=4),
+        ukeys=st.lists(st.sampled_from(UKEY_CHOICES), min_size=4, max_size=4),
+        ufor=st.sampled_from(UNIQUE_FOR),
     )
-    def create_batch(self, user: str, kinds: list[str], thread: int | None, approvals: list[bool]) -> None:
+    def create_batch(
+        self,
+        user: str,
+        kinds: list[str],
+        thread: int | None,
+        approvals: list[bool],
+        ckeys: list[str | None],
+        ukeys: list[str | None],
+        ufor: float | None,
+    ) -> None:
         """``POST /api/tasks/batch``: a few tasks in one request, all in one thread when ``thread`` is given
-        (a chain of steps), some waiting for approval."""
+        (a chain of steps), some waiting for approval, with concurrency and unique keys (a unique key twice in one
+        batch: the second is refused alone)."""
         from scheduler_gateway.actors.tasks.api import BatchItem
 
         assert self.sim is not None
@@ -411,6 +491,9 @@ class SimMachine(RuleBasedStateMachine):
                     thread_id=thread_id,
                     requires_approval=approvals[n],
                     retry_backoff_s=5.0,
+                    concurrency_key=ckeys[n],
+                    unique_key=ukeys[n],
+                    unique_for_s=ufor if ukeys[n] is not None else None,
                 )
             )
             for n, kind in enumerate(kinds)
@@ -418,7 +501,10 @@ class SimMachine(RuleBasedStateMachine):
         out = self.do(lambda: self.w.service.create_many(caller(user, self.next_rid()), items))
         if not out.ok:
             return
-        for res in out.value:
+        for item, res in zip(items, out.value, strict=True):
+            if isinstance(res, GatewayError) and res.code == Code.DUPLICATE_TASK:
+                COVERAGE["flow: batch items refused DUPLICATE_TASK"] += 1
+                self._duplicate_named(user, item.spec, res)
             if isinstance(res, BaseException):
                 continue
             task, replayed = res
@@ -593,9 +679,20 @@ class SimMachine(RuleBasedStateMachine):
         once=st.sampled_from(["+61", "+3600", "+7200", "dst0", "dst1", "dst2", "dst3"]),
         reuse=st.none() | st.integers(0, 20),
         max_attempts=st.integers(1, 2),
+        ckey=st.none() | st.sampled_from(CKEYS),
+        ukey=st.sampled_from(UKEY_CHOICES),
     )
     def create_schedule(
-        self, user: str, kind: str, cron: str | None, zone: str, once: str, reuse: int | None, max_attempts: int
+        self,
+        user: str,
+        kind: str,
+        cron: str | None,
+        zone: str,
+        once: str,
+        reuse: int | None,
+        max_attempts: int,
+        ckey: str | None,
+        ukey: str | None,
     ) -> None:
         spec = self._spec(cron, zone, once)
         if spec is None:
@@ -605,7 +702,14 @@ class SimMachine(RuleBasedStateMachine):
             thread_id = self.threads[reuse % len(self.threads)][0]
         cmd = NewSchedule(
             title="s",
-            template=TaskTemplate(kind=kind, payload=msgspec.Raw(b"{}"), max_attempts=max_attempts, lease_s=30.0),
+            template=TaskTemplate(
+                kind=kind,
+                payload=msgspec.Raw(b"{}"),
+                max_attempts=max_attempts,
+                lease_s=30.0,
+                concurrency_key=ckey,
+                unique_key=ukey,
+            ),
             schedule=spec,
             context_mode="reuse_thread" if thread_id else "fresh_thread_per_run",
             thread_id=thread_id,
@@ -693,8 +797,7 @@ class SimMachine(RuleBasedStateMachine):
                 if out2.ok and (not out2.value.ok or out2.value.lease_id != reply.lease_id):
                     self.problem(f"second claim of {offer.attempt_id} by {node.id} answered {out2.value}")
         elif reply.error is not None and reply.error.code in (Code.NOT_DUE, Code.NODE_DRAINING, "LIMITED"):
-            bus.offers[attempt_id] = offer  # nak: redelivered later
-            bus.offer_order.append(attempt_id)
+            self._nak(offer, reply.error)
 
     @rule(n=st.integers(0, 2))
     def claim_all(self, n: int) -> None:
@@ -726,8 +829,19 @@ class SimMachine(RuleBasedStateMachine):
                 if offer.thread_id:
                     COVERAGE["thread claims"] += 1
             elif reply.error is not None and reply.error.code in (Code.NOT_DUE, Code.NODE_DRAINING, "LIMITED"):
-                bus.offers[offer.attempt_id] = offer  # nak: redelivered later
-                bus.offer_order.append(offer.attempt_id)
+                self._nak(offer, reply.error)
+
+    def _nak(self, offer: Any, error: WireError) -> None:
+        """The node naks the offer: JetStream redelivers it later (once: a re-publish of the attempt meanwhile is
+        the same message, ``Nats-Msg-Id``)."""
+        assert self.sim is not None
+        if error.code == Code.LIMITED:
+            rule = error.message.rpartition("(")[2].rstrip(")") if error.message.endswith(")") else "thread"
+            COVERAGE[f"flow: claims refused LIMITED ({rule})"] += 1
+        bus = self.sim.bus
+        if offer.attempt_id not in bus.offers:
+            bus.offers[offer.attempt_id] = offer
+            bus.offer_order.append(offer.attempt_id)
 
     @rule(n=st.integers(0, 2), stale=st.booleans(), forged=st.booleans())
     def heartbeat(self, n: int, stale: bool, forged: bool) -> None:
@@ -865,6 +979,36 @@ class SimMachine(RuleBasedStateMachine):
         assert self.sim is not None
         hist: list[HistoryEntry] = self.view.history_after(task_id, since)
         return any(h.action in ("settle", "attempt_failed") and h.actor.type == "node" for h in hist)
+
+    # -- flow control: kinds' settings ----------------------------------------------------------------
+    @rule(
+        kind=st.sampled_from(KINDS),
+        changes=KIND_CHANGES,
+        via=st.sampled_from(["service", "service", "other", "store"]),
+    )
+    def set_kind(self, kind: str, changes: dict[str, Any], via: str) -> None:
+        """``PUT /api/kinds/{kind}`` (pause and resume among them): through the target instance's KindService,
+        which hands the settings to its dispatcher; ``other``: through another instance's (the target learns them
+        by its refresh); ``store``: another writer straight to the store (a third instance): with one instance
+        its dispatcher offers by stale settings until a restart, and only the store's check holds the limits."""
+        assert self.sim is not None
+        target = self.w
+        svc: KindService = target.kinds
+        if via == "other" and self.instances > 1:
+            svc = next(w for w in self.sim.worlds if w is not None and w is not target).kinds
+        elif via != "service":
+            via = "store"
+            svc = KindService(
+                _RecordedKinds(self.sim.durable, self.flow.kind_written),
+                lambda s: None,
+                self.sim.wall,
+                on_committed=target.relay.notify,  # one instance: its relay finds the event (its poll, sooner)
+            )
+        out = self.do(lambda: svc.update(kind, changes, ADMIN, self.next_rid()))
+        if out.ok:
+            COVERAGE[f"flow: kind settings changed ({via})"] += 1
+            if out.value.paused:
+                COVERAGE["flow: kind paused"] += 1
 
     # -- the clock, crashes and faults -------------------------------------------------------------------
     @rule(seconds=st.sampled_from(ADVANCES))
@@ -1021,6 +1165,7 @@ class SimMachine(RuleBasedStateMachine):
         if self.w.store.fail_ops == 0:
             self.faulted = False if self.advanced >= 60.0 else self.faulted
         found += self.log.violations + self.log.pending_cascades() + self.problems
+        found += self.flow.violations + self.fair.violations
         if liveness and not self.sim.bus.down and self._outbox_late():
             found.append("events_reach_the_stream: the outbox kept events after time passed")
         found += [f"loop_error: {e}" for e in self.sim.loop_errors]
@@ -1066,6 +1211,28 @@ class SimMachine(RuleBasedStateMachine):
 
 async def _idle() -> None:
     return None
+
+
+class _RecordedKinds:
+    """The kinds port of the durable store for a writer outside every instance; its writes reach the flow log
+    as the instances' do (through their store gates)."""
+
+    def __init__(self, store: Any, on_put: Callable[[KindSettings], None]) -> None:
+        self._store = store
+        self._on_put = on_put
+
+    async def get_kind(self, kind: str) -> KindSettings | None:
+        return await self._store.get_kind(kind)  # type: ignore[no-any-return]
+
+    async def list_kinds(self) -> list[KindSettings]:
+        return await self._store.list_kinds()  # type: ignore[no-any-return]
+
+    async def put_kind(self, settings: KindSettings, audit: AuditEntry, event: EventRecord) -> None:
+        await self._store.put_kind(settings, audit, event)
+        self._on_put(settings)
+
+    async def kind_counts(self) -> dict[str, dict[str, int]]:
+        return await self._store.kind_counts()  # type: ignore[no-any-return]
 
 
 def _iso(ts: float) -> str:

@@ -33,6 +33,7 @@ from typing import Any
 import msgspec
 
 from scheduler_gateway.actors import callback_sender as callback_sender_mod
+from scheduler_gateway.actors import dispatcher as dispatcher_mod
 from scheduler_gateway.actors import event_relay as event_relay_mod
 from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.callback_sender import CallbackSender
@@ -40,6 +41,7 @@ from scheduler_gateway.actors.dead_letter_keeper import DeadLetterKeeper, DeadLe
 from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.duties import LeaseTiming
 from scheduler_gateway.actors.event_relay import EventRelay
+from scheduler_gateway.actors.kinds import KindService
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.schedule import SchedulePolicy
 from scheduler_gateway.actors.nodes import NodeRegistry
@@ -50,6 +52,8 @@ from scheduler_gateway.wire.errors import StorageError
 from scheduler_gateway.wire.ids import RAND_BITS, format_id
 from scheduler_gateway.wire.messages import Offer
 from scheduler_gateway.wire.subjects import Subjects
+
+from .flow_invariants import WatchedQueue
 
 # Start instants just before a daylight-saving change (the schedules use these zones).
 EPOCHS = {
@@ -80,6 +84,9 @@ LIVE_SYNC_S = 5.0
 INSTANCE_BEAT_S = 4.0
 #: Several instances: how far an instance's clock may be from the store's, each way
 MAX_SKEW_S = 2.0
+#: Several instances: how often each re-reads the kinds' settings (daemon/gateway.py: 1 s); longer here, as each
+#: virtual second costs every instance's timers, and the store's check holds the limits meanwhile anyway
+KIND_REFRESH_S = 15.0
 CALLBACK_POLICY = CallbackPolicy(secret="sim-callback-secret-0123456789", retry_delays_s=(1.0, 5.0), timeout_s=5.0)
 
 
@@ -474,6 +481,8 @@ class World:
         self.bus = BusGate(sim.bus, self.freezer)
         self.poster = SimPoster(random.Random(sim.seed * 1000 + incarnation * 10 + index + 1), self.freezer)
         self.dispatcher = Dispatcher(self.bus, clock, max_offers_per_kind=6)  # type: ignore[arg-type]
+        if sim.offer_watch is not None:
+            sim.offer_watch.install(self.dispatcher)
         self.nodes = NodeRegistry(clock)
         self.ha: Any = None
         duty_store: Any = self.store
@@ -487,6 +496,14 @@ class World:
             self.ha.leadership._mono = sim.loop.time  # a monotonic clock: it runs on through a freeze
             duty_store, duty_bus = self.ha.fenced_store, self.ha.fenced_bus(self.bus)
         self.relay = EventRelay(duty_store, duty_bus, Subjects("gw"), clock)
+        # kinds as objects (daemon/gateway.py): settings for the dispatcher, re-read when instances share the store
+        self.kinds = KindService(
+            self.store,
+            self.dispatcher.set_kind,
+            clock,
+            refresh_s=KIND_REFRESH_S if sim.shared else None,
+            on_committed=self.relay.notify,
+        )
         self.service = TaskService(
             self.store,  # type: ignore[arg-type]
             self.dispatcher,
@@ -534,6 +551,7 @@ class World:
             grace = TASK_POLICY.recovery_grace_s if TASK_POLICY.recovery_grace_s is not None else 30.0
             if not await self.ha.prepare(grace):
                 self.scheduler.reconciled = True  # others are live: their runs are not leftovers
+        await self.kinds.start()  # before the service hands the dispatcher its queued tasks
         await self.service.start()
         await self.dispatcher.start()
         if self.ha is None:
@@ -606,6 +624,11 @@ class Sim:
             self._count_aiosqlite()
         self.worlds: list[World | None] = [None] * instances
         self.writer = -1  # the instance whose store call the hooks are told about
+        #: watches every offer a dispatcher decides (flow_invariants.FairTurns), installed in each world
+        self.offer_watch: Any = None
+        # each kind's queue remembers the turns of its keys (flow_invariants.WatchedQueue)
+        self._saved_kind_queue = dispatcher_mod.KindQueue  # type: ignore[attr-defined]
+        dispatcher_mod.KindQueue = WatchedQueue  # type: ignore[attr-defined]
 
     @property
     def world(self) -> World | None:
@@ -769,6 +792,7 @@ class Sim:
                 conn_cls = aiosqlite.core.Connection
                 conn_cls._execute, conn_cls._connect, conn_cls.close = self._aiosqlite_saved  # type: ignore[method-assign]
             event_relay_mod.IDLE_POLL_S = self._saved_relay_idle
+            dispatcher_mod.KindQueue = self._saved_kind_queue  # type: ignore[attr-defined]
             self._ha_mod.INSTANCE_BEAT_S = self._saved_beat
             callback_sender_mod.IDLE_POLL_S = self._saved_cb_idle
 
