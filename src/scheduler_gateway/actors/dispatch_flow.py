@@ -9,6 +9,7 @@ offer or another instance's claim is still refused there.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -72,6 +73,29 @@ class KindQueue:
         self.held.discard(key)
 
 
+#: every this many recorded starts, the per-key start logs of keys that started nothing lately are dropped
+KEY_SWEEP_EVERY = 4096
+
+
+def _record(times: deque[float], at: float) -> None:
+    """A start into a log kept in time order (a start learnt late, from another instance, goes in its place)."""
+    if not times or at >= times[-1]:
+        times.append(at)
+    else:
+        bisect.insort(times, at)
+
+
+def _trim(times: deque[float], horizon: float) -> None:
+    while times and times[0] <= horizon:
+        times.popleft()
+
+
+def _since(times: deque[float], since: float) -> int:
+    """How many logged starts are after ``since``: a binary search, not a walk over the window (a loose rate of
+    thousands per second keeps thousands in it, and the dispatcher asks before every offer)."""
+    return len(times) - bisect.bisect_right(times, since)
+
+
 class FlowBook:
     """Running attempts and start times by kind and key, and the settings they are judged by."""
 
@@ -80,7 +104,9 @@ class FlowBook:
         self._running: dict[str, tuple[str, Key]] = {}  # task id -> (kind, key)
         self.running_kind: Counter[str] = Counter()
         self.running_key: Counter[tuple[str, Key]] = Counter()
-        self._starts: dict[str, deque[tuple[float, Key]]] = {}  # kinds with a rate: (at, key), oldest first
+        self._starts: dict[str, deque[float]] = {}  # kinds with a rate or key rate: start times, oldest first
+        self._key_starts: dict[tuple[str, str], deque[float]] = {}  # kinds with a key rate: per key, oldest first
+        self._recorded = 0
 
     def set(self, settings: KindSettings) -> None:
         self.settings[settings.kind] = settings
@@ -93,7 +119,20 @@ class FlowBook:
         self.running_key[(kind, key)] += 1
         s = self.settings.get(kind)
         if s is not None and s.counts_starts and started_at is not None:
-            self._starts.setdefault(kind, deque()).append((started_at, key))
+            _record(self._starts.setdefault(kind, deque()), started_at)
+            if s.key_rate is not None and key is not None:
+                _record(self._key_starts.setdefault((kind, key), deque()), started_at)
+                self._recorded += 1
+                if self._recorded % KEY_SWEEP_EVERY == 0:
+                    self._sweep_keys(started_at)
+
+    def _sweep_keys(self, now: float) -> None:
+        for lane in list(self._key_starts):
+            s = self.settings.get(lane[0])
+            times = self._key_starts[lane]
+            _trim(times, now - (s.longest_period_s if s is not None else 0.0))
+            if not times:
+                del self._key_starts[lane]
 
     def stopped(self, task_id: str) -> tuple[str, Key] | None:
         """The task left running: its (kind, key), else None if it was not counted."""
@@ -105,11 +144,9 @@ class FlowBook:
                 del self.running_key[where]
         return where
 
-    def _window(self, kind: str, s: KindSettings, now: float) -> deque[tuple[float, Key]]:
+    def _window(self, kind: str, s: KindSettings, now: float) -> deque[float]:
         starts = self._starts.setdefault(kind, deque())
-        horizon = now - s.longest_period_s
-        while starts and starts[0][0] <= horizon:
-            starts.popleft()
+        _trim(starts, now - s.longest_period_s)
         return starts
 
     def rule(self, kind: str, key: Key, now: float, offered: int, offered_key: int) -> Rule | None:
@@ -121,11 +158,14 @@ class FlowBook:
         if s.counts_starts:
             window = self._window(kind, s, now)
             if s.rate is not None:
-                since = now - s.rate.period_s
-                starts = sum(1 for at, _ in window if at > since)
+                starts = _since(window, now - s.rate.period_s)
             if s.key_rate is not None and key is not None:
-                since = now - s.key_rate.period_s
-                key_starts = sum(1 for at, k in window if k == key and at > since)
+                times = self._key_starts.get((kind, key))
+                if times is not None:
+                    _trim(times, now - s.longest_period_s)
+                    key_starts = _since(times, now - s.key_rate.period_s)
+                    if not times:
+                        del self._key_starts[(kind, key)]
         c = Counts(
             running=self.running_kind[kind] + offered,
             key_running=self.running_key[(kind, key)] + offered_key,
@@ -143,7 +183,7 @@ class FlowBook:
         times = []
         for rate in (s.rate, s.key_rate):
             if rate is not None:
-                first = next((at for at, _ in window if at > now - rate.period_s), None)
-                if first is not None:
-                    times.append(first + rate.period_s)
+                first = bisect.bisect_right(window, now - rate.period_s)  # the oldest start inside the window
+                if first < len(window):
+                    times.append(window[first] + rate.period_s)
         return min(times) if times else None
