@@ -177,6 +177,13 @@ class Api:
                 raise RuntimeError(f"GET {path} {params} -> {resp.status}: {body[:200]!r}")
             return json.loads(body)
 
+    async def put(self, path: str, body: dict[str, Any]) -> Any:
+        async with self.http.put(path, json=body) as resp:
+            raw = await resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"PUT {path} {body} -> {resp.status}: {raw[:200]!r}")
+            return json.loads(raw)
+
     async def any_in_state(self, state: str, run_id: str) -> bool:
         page = await self.get("/api/tasks", state=state, runId=run_id, limit=1)
         return bool(page["items"])
@@ -204,14 +211,24 @@ class Submission:
     last_at: float = 0.0
 
 
-async def submit(api: Api, run_id: str, n: int, rate: float, concurrency: int) -> Submission:
-    """Create n echo tasks: burst = `concurrency` senders back to back; paced = task i offered at t0 + i/rate.
+def echo_body(i: int) -> dict[str, Any]:
+    return {"kind": "echo", "payload": {"i": i}}
+
+
+BodyOf = Callable[[int], dict[str, Any]]
+
+
+async def submit(
+    api: Api, run_id: str, n: int, rate: float, concurrency: int, body_of: BodyOf = echo_body
+) -> Submission:
+    """Create n tasks (``body_of(i)``, echo by default): burst = `concurrency` senders back to back; paced = task
+    i offered at t0 + i/rate.
 
     No retries: a retried POST without an idempotency key could create a task twice, which would then look
     like a gateway duplicate. A failed POST is counted in `errors` instead.
     """
     sub = Submission()
-    bodies = [json.dumps({"kind": "echo", "payload": {"i": i}, "runId": run_id}).encode() for i in range(n)]
+    bodies = [json.dumps({**body_of(i), "runId": run_id}).encode() for i in range(n)]
     hdrs = {"Content-Type": "application/json"}
 
     async def post(i: int) -> None:
@@ -264,7 +281,7 @@ async def submit(api: Api, run_id: str, n: int, rate: float, concurrency: int) -
 
 
 async def submit_batches(
-    client: GatewayClient, run_id: str, n: int, rate: float, size: int, concurrency: int
+    client: GatewayClient, run_id: str, n: int, rate: float, size: int, concurrency: int, body_of: BodyOf = echo_body
 ) -> Submission:
     """Create n echo tasks through the client's ``submit_many`` (``POST /api/tasks/batch``), ``size`` per
     request, ``concurrency`` requests in flight. Burst: back to back; paced: chunk k offered at t0 + k*size/rate.
@@ -274,8 +291,7 @@ async def submit_batches(
     """
     sub = Submission()
     chunks = [
-        [{"kind": "echo", "payload": {"i": i}, "runId": run_id} for i in range(start, min(n, start + size))]
-        for start in range(0, n, size)
+        [{**body_of(i), "runId": run_id} for i in range(start, min(n, start + size))] for start in range(0, n, size)
     ]
 
     async def post(chunk: list[dict[str, Any]]) -> None:
@@ -395,6 +411,64 @@ async def check_histories(api: Api, ids: list[str], concurrency: int = 16) -> di
     }
 
 
+# ------------------------------------------------------------------------------------------------ flow control
+
+
+@dataclass(frozen=True)
+class FlowProfile:
+    """How a repetition sets up flow control (docs/FLOW.md) on the bench's task kind: the kind's settings
+    (``PUT /api/kinds/{kind}``), whether the tasks carry a ``concurrencyKey`` (task i: ``k{i % keys}``), and whether
+    the queue is filled first, with the kind paused, and then drained (the clock starts at the resume)."""
+
+    name: str
+    settings: dict[str, Any] | None = None
+    keys: int = 0
+    prefill: bool = False
+    slot_limit: int = 0  # a binding concurrency: the hand-off latency of each freed slot is computed
+
+
+def flow_profiles(args: argparse.Namespace) -> dict[str, FlowProfile]:
+    loose = {"concurrency": args.loose_concurrency, "rate": {"limit": args.loose_rate, "periodSeconds": 1}}
+    return {
+        "none": FlowProfile("none"),
+        "loose": FlowProfile("loose", loose),
+        "none-prefill": FlowProfile("none-prefill", prefill=True),
+        "loose-prefill": FlowProfile("loose-prefill", loose, prefill=True),
+        "keys": FlowProfile("keys", {"keyConcurrency": 1}, keys=args.keys, prefill=True),
+        "keys-free": FlowProfile("keys-free", keys=args.keys, prefill=True),
+        "slot": FlowProfile("slot", {"concurrency": args.slot_limit}, prefill=True, slot_limit=args.slot_limit),
+    }
+
+
+def task_body(args: argparse.Namespace, flow: FlowProfile | None) -> BodyOf:
+    """Task i of a measured run: ``--task-kind`` (echo, or sleep for ``--task-seconds``), keyed by the profile."""
+    keys = flow.keys if flow is not None else 0
+
+    def body(i: int) -> dict[str, Any]:
+        payload: Any = {"seconds": args.task_seconds} if args.task_kind == "sleep" else {"i": i}
+        out: dict[str, Any] = {"kind": args.task_kind, "payload": payload}
+        if keys:
+            out["concurrencyKey"] = f"k{i % keys}"
+        return out
+
+    return body
+
+
+def handoffs(terminal: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """The latency from a slot freeing to the next held task starting, for a kind whose ``limit`` slots are busy all
+    along (a prefilled queue): the i-th start (i >= limit) can only follow the (i - limit)-th end, and with the
+    queue never empty it is that end which let it start. So latency i = start[i] - end[i - limit], from the tasks'
+    own ``startedAt`` (claim) and ``finishedAt`` (settle) stamps, millisecond resolution. A start earlier than the
+    end that freed its slot (beyond the stamps' rounding) would mean more than ``limit`` running: counted."""
+    starts = sorted(ts for t in terminal if (ts := parse_ts(t["startedAt"])) is not None)
+    ends = sorted(ts for t in terminal if (ts := parse_ts(t["finishedAt"])) is not None)
+    lat = [starts[i] - ends[i - limit] for i in range(limit, min(len(starts), len(ends) + limit))]
+    rec: dict[str, Any] = {"handoffs": len(lat), "handoff_over_limit": sum(1 for x in lat if x < -0.0015)}
+    rec.update(lat_ms("handoff", lat))
+    rec["handoff_mean_ms"] = 1e3 * statistics.fmean(lat) if lat else float("nan")
+    return rec
+
+
 async def start_py_spy(pid: int, out: str, duration_s: int) -> asyncio.subprocess.Process | None:
     exe = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
     if exe is None:
@@ -422,7 +496,7 @@ async def start_py_spy(pid: int, out: str, duration_s: int) -> asyncio.subproces
 
 
 async def drive_gateway(
-    args: argparse.Namespace, daemon: Daemon, probe: CpuProbe, profile: bool, how: str
+    args: argparse.Namespace, daemon: Daemon, probe: CpuProbe, profile: bool, how: str, flow: FlowProfile | None = None
 ) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=60)
     conn = aiohttp.TCPConnector(limit=args.http_concurrency + 8, keepalive_timeout=120)
@@ -439,20 +513,39 @@ async def drive_gateway(
         if warm.errors:
             raise RuntimeError(f"warm-up POSTs failed: {warm.errors}")
 
+        kind_path = f"/api/kinds/{args.task_kind}"
+        if flow is not None and flow.prefill:
+            await api.put(kind_path, {"paused": True})  # the queue fills first; the clock starts at the resume
+        elif flow is not None and flow.settings:
+            await api.put(kind_path, flow.settings)
+        body_of = task_body(args, flow)
         run_id = "bench-" + secrets.token_hex(6)
         spy = None
-        probe.begin()
+        prefill = flow is not None and flow.prefill
+        if not prefill:
+            probe.begin()
         t0 = time.monotonic()
         if how == "batch":
             client = GatewayClient(daemon.base, session=http, timeout_s=120.0)
-            work = submit_batches(client, run_id, args.n, args.rate, args.batch_size, args.batch_concurrency)
+            work = submit_batches(
+                client, run_id, args.n, args.rate, args.batch_size, args.batch_concurrency, body_of=body_of
+            )
         else:
-            work = submit(api, run_id, args.n, args.rate, args.http_concurrency)
+            work = submit(api, run_id, args.n, args.rate, args.http_concurrency, body_of=body_of)
         submitting = asyncio.create_task(work)
-        if profile:
+        if profile and not prefill:
             spy = await start_py_spy(probe.pids["gatewayd"][0] or 0, args.py_spy_out, args.py_spy_duration)
         # no completion polling while submitting; the deadline counts from the last POST's answer
         await asyncio.wait({submitting})
+        resume_at: float | None = None
+        if prefill:
+            assert flow is not None
+            probe.begin()
+            t0 = time.monotonic()
+            resume_at = time.time()
+            await api.put(kind_path, {**(flow.settings or {}), "paused": False})
+            if profile:
+                spy = await start_py_spy(probe.pids["gatewayd"][0] or 0, args.py_spy_out, args.py_spy_duration)
         complete = await wait_drained(api, run_id, time.monotonic() + args.timeout, args.poll)
         window_s = time.monotonic() - t0
         sub = submitting.result()
@@ -484,11 +577,20 @@ async def drive_gateway(
         if c is not None and f is not None:
             e2e.append(f - c)
     span = (max(finished_at) - min(created_at)) if created_at and finished_at else float("nan")
+    if resume_at is not None and finished_at:
+        span = max(finished_at) - resume_at  # a prefilled queue: from the resume to the last settle
     states: dict[str, int] = {}
     for t in tasks:
         states[t["state"]] = states.get(t["state"], 0) + 1
+    system = "gateway" if how == "single" else "gateway-batch"
     rec: dict[str, Any] = {
-        "system": "gateway" if how == "single" else "gateway-batch",
+        "system": system if flow is None else f"{system}[{flow.name}]",
+        "flow": None if flow is None else flow.name,
+        "flow_settings": None if flow is None else flow.settings,
+        "flow_keys": None if flow is None else flow.keys,
+        "prefill": prefill,
+        "task_kind": args.task_kind,
+        "task_seconds": args.task_seconds if args.task_kind == "sleep" else None,
         "submit": how,
         "batch_size": args.batch_size if how == "batch" else None,
         "batch_concurrency": args.batch_concurrency if how == "batch" else None,
@@ -514,6 +616,8 @@ async def drive_gateway(
     rec.update(lat_ms("http_create", sub.http_s))
     rec.update(dups)
     rec.update(cpu)
+    if flow is not None and flow.slot_limit:
+        rec.update(handoffs(terminal, flow.slot_limit))
     return rec
 
 
@@ -521,7 +625,8 @@ def start_workers(args: argparse.Namespace, daemon: Daemon, prefix: str, workers
     """Start ``--workers`` echo workers of the running ``daemon`` (appended to ``workers``, for the caller to stop)
     and the CPU probe over gatewayd, its nats-server and them."""
     for i in range(args.workers):
-        w = Worker(daemon.data_dir, f"{prefix}{i}", kinds="echo", concurrency=args.concurrency)
+        kinds = "echo" if args.task_kind == "echo" else f"echo,{args.task_kind}"  # the warm-up is echo
+        w = Worker(daemon.data_dir, f"{prefix}{i}", kinds=kinds, concurrency=args.concurrency)
         w.start()
         workers.append(w)
     assert daemon.proc is not None
@@ -545,7 +650,9 @@ def stop_daemon(daemon: Daemon) -> None:
                 daemon.kill_orphan_nats()
 
 
-def run_gateway_rep(args: argparse.Namespace, scratch: Path, profile: bool, how: str = "single") -> dict[str, Any]:
+def run_gateway_rep(
+    args: argparse.Namespace, scratch: Path, profile: bool, how: str = "single", flow: FlowProfile | None = None
+) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="gw-", dir=scratch))
     daemon = Daemon(tmp / "data")
     workers: list[Worker] = []
@@ -553,7 +660,7 @@ def run_gateway_rep(args: argparse.Namespace, scratch: Path, profile: bool, how:
     try:
         daemon.start(timeout_s=60.0)
         probe = start_workers(args, daemon, "bench-w", workers)
-        rec = run_async(args, drive_gateway(args, daemon, probe, profile, how))
+        rec = run_async(args, drive_gateway(args, daemon, probe, profile, how, flow))
         rec["gatewayd_pid"] = daemon.proc.pid
         ok = True
         return rec
@@ -953,13 +1060,48 @@ def ratios(records: list[dict[str, Any]]) -> list[str]:
 
 
 def short(rec: dict[str, Any]) -> str:
-    return (
+    line = (
         f"{rec['system']:13s} {rec['tasks_per_s']:8.0f} tasks/s ({rec['secs']:.2f} s)"
         f" queue {rec['queue_p50_ms']:.1f}/{rec['queue_p95_ms']:.1f}/{rec['queue_p99_ms']:.1f}"
         f" exec {rec['exec_p50_ms']:.1f}/{rec['exec_p95_ms']:.1f}/{rec['exec_p99_ms']:.1f} ms"
         f" dup {rec['duplicates']} lost {rec['lost']} cpu {rec['machine_cpu_pct']:.0f}%"
-        f" ({rec['cpu_ms_per_task']:.3f} ms/task)"
+        f" ({rec['cpu_ms_per_task']:.3f} ms/task, other {rec['other_cpu_pct']:.0f}%)"
     )
+    if "handoff_p99_ms" in rec:
+        line += (
+            f" hand-off p50/p95/p99/max {rec['handoff_p50_ms']:.1f}/{rec['handoff_p95_ms']:.1f}"
+            f"/{rec['handoff_p99_ms']:.1f}/{rec['handoff_max_ms']:.1f} ms over-limit {rec['handoff_over_limit']}"
+        )
+    return line
+
+
+def flow_summary(records: list[dict[str, Any]]) -> list[str]:
+    """``--flow``: per profile the tasks/s of every repetition, in run order, and the ratio of medians to its base
+    (loose -> none, loose-prefill -> none-prefill, keys -> keys-free); the hand-off latencies of ``slot``."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        if r.get("flow"):
+            by.setdefault(r["flow"], []).append(r)
+    bases = {"loose": "none", "loose-prefill": "none-prefill", "keys": "keys-free"}
+    lines = []
+    for name, recs in by.items():
+        tps = [r["tasks_per_s"] for r in recs]
+        other = ", ".join(f"{r['other_cpu_pct']:.0f}%" for r in recs)
+        line = f"flow {name}: tasks/s {', '.join(f'{x:,.0f}' for x in tps)} (median {statistics.median(tps):,.0f});"
+        line += f" other load {other}"
+        base = bases.get(name)
+        if base in by:
+            ratio = statistics.median(tps) / statistics.median(r["tasks_per_s"] for r in by[base])
+            line += f"; {name} / {base} = {ratio:.3f} ({100 * (ratio - 1):+.1f}%)"
+        if any("handoff_p99_ms" in r for r in recs):
+            cells = [
+                f"{r['handoff_p50_ms']:.1f}/{r['handoff_p95_ms']:.1f}/{r['handoff_p99_ms']:.1f}/{r['handoff_max_ms']:.1f}"
+                for r in recs
+            ]
+            line += f"; hand-off p50/p95/p99/max ms per rep: {', '.join(cells)}"
+            line += f"; starts before a freed slot: {sum(r['handoff_over_limit'] for r in recs)}"
+        lines.append(line)
+    return lines
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -1002,6 +1144,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-uvloop", dest="uvloop", action="store_false", help="client and floor on plain asyncio")
     p.add_argument("--py-spy-out", default=None, help="profile gatewayd with py-spy (raw folded stacks) in rep 1")
     p.add_argument("--py-spy-duration", type=int, default=10, help="seconds of py-spy recording (default 10)")
+    p.add_argument(
+        "--flow",
+        default="",
+        help="flow-control profiles of the task kind (docs/FLOW.md), comma-separated, each its own gateway run per\n"
+        "repetition, interleaved (their order reversed every other repetition): none (no settings), loose\n"
+        "(--loose-concurrency and --loose-rate per second: set, not binding), none-prefill and loose-prefill (the\n"
+        "same, the queue filled with the kind paused, the clock from the resume), keys (--keys concurrencyKeys,\n"
+        "keyConcurrency 1, prefilled), keys-free (the same keys, no limit, prefilled), slot (concurrency\n"
+        "--slot-limit, prefilled: the latency from a freed slot to the next start)",
+    )
+    p.add_argument("--keys", type=int, default=2000, help="concurrencyKeys of --flow keys / keys-free (default 2000)")
+    p.add_argument("--slot-limit", type=int, default=8, help="the kind's concurrency in --flow slot (default 8)")
+    p.add_argument("--loose-concurrency", type=int, default=10000, help="--flow loose: concurrency (default 10000)")
+    p.add_argument("--loose-rate", type=int, default=1000000, help="--flow loose: starts per second (default 1000000)")
+    p.add_argument("--task-kind", default="echo", choices=["echo", "sleep"], help="the measured tasks' kind")
+    p.add_argument("--task-seconds", type=float, default=0.02, help="--task-kind sleep: each task's sleep (0.02)")
     p.add_argument("--keep", action="store_true", help="keep the temp dirs (logs, databases)")
     p.add_argument("--tag", default="", help="free text stored with each record")
     p.add_argument("--role", default="main", choices=["main", "floor-worker"], help=argparse.SUPPRESS)
@@ -1044,15 +1202,27 @@ def main(argv: list[str] | None = None) -> int:
     skip = {"gateway": args.skip_gateway or "single" not in submits}
     skip["gateway-batch"] = args.skip_gateway or "batch" not in submits
     skip.update({"floor": args.skip_floor, "dramatiq": not peers})
+    known = flow_profiles(args)
+    names = [n.strip() for n in args.flow.split(",") if n.strip()]
+    if any(n not in known for n in names):
+        raise SystemExit(f"--flow: some of {', '.join(known)}, not {args.flow!r}")
+    flows: list[FlowProfile | None] = [known[n] for n in names] or [None]
     profiled = False
     try:
         for rep in range(args.reps):
+            runs: list[tuple[str, FlowProfile | None]] = []
             for system in [s for s, skipped in skip.items() if not skipped]:
+                if system.startswith("gateway"):
+                    # base and variants side by side; every other repetition in the reverse order (ABBA)
+                    runs += [(system, f) for f in (flows if rep % 2 == 0 else flows[::-1])]
+                else:
+                    runs.append((system, None))
+            for system, flow in runs:
                 if system.startswith("gateway"):
                     profile = bool(args.py_spy_out) and not profiled
                     profiled = profiled or profile
                     how = "single" if system == "gateway" else "batch"
-                    result = run_gateway_rep(args, scratch, profile=profile, how=how)
+                    result = run_gateway_rep(args, scratch, profile=profile, how=how, flow=flow)
                 elif system == "floor":
                     result = run_floor_rep(args, scratch)
                 else:
@@ -1070,6 +1240,9 @@ def main(argv: list[str] | None = None) -> int:
         print(table(records))
         print()
         print("\n".join(ratios(records)))
+        if names:
+            print()
+            print("\n".join(flow_summary(records)))
     return 0
 
 
