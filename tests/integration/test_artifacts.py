@@ -32,7 +32,7 @@ from scheduler_gateway.worker import ArtifactRefused, HandlerRegistry, NatsOptio
 from .harness import ALICE_TOKEN, BOB_TOKEN, Api, HandNode, api_client, running_gateway
 
 SUBJECTS = Subjects()
-BIG = 700 * 1024 + 123  # a few chunks, the last one short
+BIG = 2 * 1024 * 1024 + 700 * 1024 + 123  # a few chunks (1 MiB), the last one short
 
 
 async def until(predicate: Any, timeout_s: float = 10.0) -> None:
@@ -119,9 +119,9 @@ async def test_a_handler_puts_bytes_a_path_and_an_iterator_and_the_api_serves_th
     assert headers["ETag"] == etag and headers["Content-Length"] == str(BIG)
     assert headers["Content-Disposition"].startswith('attachment; filename="big.bin"')
     assert headers["Accept-Ranges"] == "bytes"
-    status, body, headers = await alice.call("GET", f"{base}/data/big.bin", headers={"Range": "bytes=300000-600001"})
-    assert status == 206 and body == blob(BIG)[300000:600002]
-    assert headers["Content-Range"] == f"bytes 300000-600001/{BIG}"
+    status, body, headers = await alice.call("GET", f"{base}/data/big.bin", headers={"Range": "bytes=1000000-2200001"})
+    assert status == 206 and body == blob(BIG)[1000000:2200002]
+    assert headers["Content-Range"] == f"bytes 1000000-2200001/{BIG}"
     status, body, _ = await alice.call("GET", f"{base}/data/big.bin", headers={"Range": "bytes=-10"})
     assert status == 206 and body == blob(BIG)[-10:]
     status, _, headers = await alice.call("GET", f"{base}/data/big.bin", headers={"Range": f"bytes={BIG}-"})

@@ -21,7 +21,7 @@ from msgspec import Meta
 BUCKET: Final = "GW_ARTIFACTS"
 BUCKET_STREAM: Final = f"OBJ_{BUCKET}"
 #: the chunk size the gateway hands out when the server allows it (the last chunk of an upload is shorter)
-DEFAULT_CHUNK_SIZE: Final = 256 * 1024
+DEFAULT_CHUNK_SIZE: Final = 1024 * 1024
 NAME_MAX: Final = 255
 _NAME_RE = re.compile(r"^[A-Za-z0-9._/-]{1,255}$")
 _UPLOAD_RE = re.compile(r"^upl_[A-Za-z0-9]{1,64}$")

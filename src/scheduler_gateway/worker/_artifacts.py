@@ -1,7 +1,7 @@
 """``ctx.put_artifact``: a handler's file or blob, streamed to the gateway's artifact bucket (docs/WORKERS.md,
 Artifacts; the protocol is docs/WIRE.md, Artifacts).
 
-The bytes go in chunks (the size the gateway hands out, 256 KiB by default), at most ``WINDOW`` of them
+The bytes go in chunks (the size the gateway hands out, 1 MiB by default), at most ``WINDOW`` of them
 unacknowledged at a time, so a 1 GiB file never sits in the worker's memory: a path is read a chunk at a time in
 a thread, an async iterator is re-chunked as it yields. The sha256 is computed as the chunks go. Then the
 gateway checks what it stored against the size and digest and records it; its refusal raises ``ArtifactRefused``
@@ -35,7 +35,7 @@ from scheduler_gateway.wire.errors import Code
 if TYPE_CHECKING:
     from ._runtime import Worker
 
-WINDOW: Final = 8  # chunks in flight (published, not yet acked by JetStream)
+WINDOW: Final = 16  # chunks in flight (published, not yet acked by JetStream)
 REQUEST_TIMEOUT_S: Final = 10.0
 COMMIT_RETRIES: Final = 3  # the commit is sent again for up to this many times its timeout
 COMMIT_PAUSE_S: Final = 0.5  # between two sends of a commit no gateway answered

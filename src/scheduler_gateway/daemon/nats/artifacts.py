@@ -47,6 +47,8 @@ CHUNKS_PREFIX = f"$O.{BUCKET}.C."
 META_PREFIX = f"$O.{BUCKET}.M."
 #: chunks fetched per pull: what gatewayd holds of one artifact at a time (x the chunk size)
 FETCH_BATCH = 8
+#: an upload of at most this many chunks is read back with direct gets instead of a consumer of its own
+DIRECT_MAX_CHUNKS = 4
 FETCH_TIMEOUT_S = 5.0
 API_TIMEOUT_S = 10.0
 _decode_request: Callable[[bytes], ArtifactRequest] = msgspec.json.Decoder(ArtifactRequest).decode
@@ -136,9 +138,24 @@ class JetStreamArtifacts:
         info = await sub.consumer_info()
         return int(info.num_pending or 0)
 
+    async def _few_chunks(self, upload: str) -> AsyncIterator[Any]:
+        """The chunks of a small upload, one direct get each (``next_by_subj``), then one that finds none: no
+        consumer to create and delete, which costs the server more than the bytes of a few chunks."""
+        subject, seq = CHUNKS_PREFIX + upload, 1
+        while True:
+            try:
+                msg = await self._js.get_msg(BUCKET_STREAM, seq=seq, subject=subject, next=True)
+            except NotFoundError:
+                return
+            except Exception as exc:
+                raise Unavailable(f"the artifact bucket does not answer ({type(exc).__name__})") from exc
+            yield msg
+            seq = int(msg.seq or 0) + 1
+
     async def verify(self, upload: str, size: int, sha256: str) -> int:
         h, seen, chunks = hashlib.sha256(), 0, 0
-        async for msg in self._chunks(upload):
+        few = size <= DIRECT_MAX_CHUNKS * self.upload_settings()[1]
+        async for msg in self._few_chunks(upload) if few else self._chunks(upload):
             seen += len(msg.data)
             chunks += 1
             if seen > size:
