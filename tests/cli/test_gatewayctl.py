@@ -1,13 +1,13 @@
 """``gatewayctl`` run as a subprocess against a real gatewayd (embedded nats-server, SQLite) and a real worker
 (CONTRACT 5, docs/CLI.md): output, exit codes, refusals, paging, waits, a viewer's token, a gateway that is
-down, events tail across a cut connection, shell completion.
-
-``artifacts`` is left out: its routes (CONTRACT 2.11) are not in the daemon yet."""
+down, events tail across a cut connection, shell completion, and artifacts list/get of the task docs/ARTIFACTS.md's
+handler example ran (the worker loads it through tests/e2e/artifact_handlers.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -35,7 +35,10 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d = Daemon(data_dir=tmp_path_factory.mktemp("ctl") / "var")
     d.start()
     with stopped_by_pid(d):
-        w = Worker(d.data_dir, "ctl-node", kinds="echo,sleep,fail", concurrency=4)
+        w = Worker(
+            d.data_dir, "ctl-node", kinds="echo,sleep,fail,report", concurrency=4,
+            handlers=("tests.e2e.artifact_handlers",),
+        )  # fmt: skip
         w.start()
         try:
             yield d
@@ -224,6 +227,48 @@ def test_kinds_list_get_set_pause_resume(gw: Daemon, viewer_file: Path) -> None:
     assert p.returncode == 2 and "a rate is N/PERIOD_S" in p.stderr
     table = ctl(gw, "kinds", "list", "-O", "table")
     assert table.returncode == 0 and table.stdout.split()[:3] == ["KIND", "PAUSED", "CONCURRENCY"]
+
+
+def test_artifacts_list_and_get_of_the_docs_example(gw: Daemon, viewer_file: Path, tmp_path: Path) -> None:
+    export = tmp_path / "export.csv"
+    export.write_bytes(b"".join(b"%d,row %d\n" % (i, i) for i in range(40_000)))  # ~0.4 MB: a few chunks
+    task = ok_json(
+        ctl(
+            gw,
+            "tasks",
+            "submit",
+            "report",
+            "--payload",
+            json.dumps({"export": str(export)}),
+            "--wait",
+            "--output",
+            "json",
+        )
+    )
+    assert task["state"] == "succeeded", task
+    assert task["artifactCount"] == 3 and task["result"]["export"] == hashlib.sha256(export.read_bytes()).hexdigest()
+    listed = ok_json(ctl(gw, "artifacts", "list", task["id"], "--output", "json"))
+    assert listed == api(gw, "GET", f"/api/tasks/{task['id']}/artifacts")["items"]
+    assert [(a["name"], a["contentType"]) for a in listed] == [
+        ("summary.txt", "text/plain"), ("data/export.csv", "text/csv"),
+        ("logs/run.log", "text/plain; charset=utf-8"),
+    ]  # fmt: skip
+    table = ctl(gw, "artifacts", "list", task["id"], "--output", "table", token=viewer_file)  # a viewer reads them
+    assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:3] == ["NAME", "SIZE", "TYPE"]
+    assert table.stdout.splitlines()[1].split()[:2] == ["summary.txt", "7"]
+    # get: to stdout, or -o FILE (written whole or not at all)
+    p = ctl(gw, "artifacts", "get", task["id"], "summary.txt")
+    assert p.returncode == 0 and p.stdout == "3 rows\n", p.stderr
+    out = tmp_path / "got" / "export.csv"
+    out.parent.mkdir()
+    p = ctl(gw, "artifacts", "get", task["id"], "data/export.csv", "-o", str(out))
+    assert p.returncode == 0 and p.stdout == "", p.stderr
+    assert out.read_bytes() == export.read_bytes() and sorted(os.listdir(out.parent)) == ["export.csv"]
+    # an unknown name: exit 1 with the code, and no file under the name
+    missing = tmp_path / "got" / "nope.txt"
+    p = ctl(gw, "artifacts", "get", task["id"], "nope.txt", "-o", str(missing))
+    assert p.returncode == 1 and "ARTIFACT_NOT_FOUND" in p.stderr and not missing.exists()
+    assert sorted(os.listdir(out.parent)) == ["export.csv"]
 
 
 def test_progress_goes_to_stderr_only_when_it_is_a_terminal(gw: Daemon) -> None:
