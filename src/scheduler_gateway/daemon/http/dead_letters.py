@@ -86,7 +86,9 @@ class DeadLetterRoutes:
             letter, task = await self.service.redrive(
                 request[CALLER], request.match_info["id"], force=force, reason=reason
             )
-            return self.api._json(api.RedriveView(**dead_letter_fields(letter), task=task_view(task, self.service.waiting_for(task))))
+            return self.api._json(
+                api.RedriveView(**dead_letter_fields(letter), task=task_view(task, self.service.waiting_for(task)))
+            )
 
         return handle
 
