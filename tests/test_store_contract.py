@@ -900,9 +900,7 @@ async def test_sqlite_migration_fills_the_dead_letter_columns(tmp_path: Path) ->
         dl_version = 5
         db.execute("DELETE FROM schema_version WHERE version >= ?", (dl_version,))
         # the console's filters and figures (migration 12)
-        triggers = ("tasks_labels_insert", "tasks_labels_delete", "tasks_minutes_finished", "tasks_minutes_claimed")
-        for trigger in triggers:
-            db.execute(f"DROP TRIGGER {trigger}")
+        db.execute("DROP TRIGGER tasks_labels_delete")
         for index in ("tasks_node", "tasks_error_code", "tasks_concurrency_key"):
             db.execute(f"DROP INDEX {index}")
         for table in ("task_labels", "task_minutes"):

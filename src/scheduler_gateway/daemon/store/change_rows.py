@@ -14,6 +14,7 @@ from scheduler_gateway.actors.model.records import (
     TERMINAL_STATES,
     AuditEntry,
     DeadLetter,
+    HistoryEntry,
     Task,
 )
 from scheduler_gateway.actors.ports import (
@@ -26,16 +27,16 @@ from scheduler_gateway.daemon.store.common import (
 _TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
 # the keys of flow control (docs/FLOW.md) are fixed at create too, and only inserted
 SQL_INSERT_TASK = (
-    f"INSERT INTO tasks (id, {_TASK_COLUMNS}, concurrency_key, unique_key)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    f"INSERT INTO tasks (id, {_TASK_COLUMNS}, concurrency_key, unique_key, node_id, error_code)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 # A task's owner, kind, parent, run and creation time are fixed at its create (no transition of
 # actors/model/task_machine.py changes them), so an update does not SET those columns: SQLite rewrites the
 # entries of every index naming a column in the SET list, whether its value changed or not, and the indexes on
 # them (tasks_owner, tasks_kind, tasks_parent, tasks_run, tasks_owner_kind) would be rewritten on every change.
 SQL_UPDATE_TASK = (
-    "UPDATE tasks SET state = ?, revision = ?, priority = ?, thread_id = ?, not_before = ?, doc = ?"
-    " WHERE id = ? AND revision = ?"
+    "UPDATE tasks SET state = ?, revision = ?, priority = ?, thread_id = ?, not_before = ?, doc = ?,"
+    " node_id = ?, error_code = ? WHERE id = ? AND revision = ?"
 )
 SQL_INSERT_HISTORY = "INSERT INTO task_history (task_id, revision, lease_id, doc) VALUES (?, ?, ?, ?)"
 # Audit entries are immutable and named by id: writing the same one twice (a retried append) is a no-op.
@@ -81,6 +82,12 @@ class ChangeRows:
     claim: tuple[str, str | None, float] | None = None
     #: a create with ``uniqueForSeconds``: (owner, kind, unique key, created after), the window it checks
     unique_window: tuple[str, str, str, float] | None = None
+    #: the console's columns (store/search.py): (node_id, error_code), set from the task on every write
+    search: tuple[str | None, str | None] = (None, None)
+    #: an insert's labels as task_labels rows (key, value, task id)
+    labels: list[tuple[str, str, str]] | None = None
+    #: a claim or a change into a terminal state: its task_minutes row (SQL_ADD_MINUTE's values)
+    minute: tuple[int, str, str, int, int, int, float] | None = None
 
     @property
     def parent_id(self) -> str | None:
@@ -116,6 +123,11 @@ class ChangeRows:
             unique_window=(t.owner, t.kind, t.unique_key, t.created_at - t.unique_for_s)
             if change.expected_revision is None and t.unique_key is not None and t.unique_for_s is not None
             else None,
+            search=(t.node_id, t.error.code if t.error is not None and t.state in ("failed", "dead") else None),
+            labels=[(k, v, t.id) for k, v in t.labels.items()]
+            if change.expected_revision is None and t.labels
+            else None,
+            minute=_minute(t, h),
         )
 
     @property
@@ -126,7 +138,26 @@ class ChangeRows:
     @property
     def update_row(self) -> tuple[Any, ...]:
         v = self.task_values  # owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at,
-        return (v[2], v[3], v[4], v[7], v[9], v[10], v[11], self.expected_revision)  # not_before, doc, id
+        return (v[2], v[3], v[4], v[7], v[9], v[10], *self.search, v[11], self.expected_revision)  # not_before,
+        # doc, id
+
+    @property
+    def sqlite_insert_row(self) -> tuple[Any, ...]:
+        """``SQL_INSERT_TASK``'s values: the insert row and the console's columns (SQLite's statement)."""
+        return (*self.insert_row, *self.search)
+
+
+def _minute(t: Task, h: HistoryEntry | None) -> tuple[int, str, str, int, int, int, float] | None:
+    """The charts' count of a claim (with its queue latency) or of a change into a terminal state."""
+    if h is None:
+        return None
+    if h.action == "claim" and h.to_state == "running":
+        at = t.started_at or t.updated_at
+        return (int(at // 60), t.owner, t.kind, 0, 0, 1, max(0.0, at - t.not_before))
+    if h.to_state in TERMINAL_STATES and (h.from_state is None or h.from_state not in TERMINAL_STATES):
+        at = t.finished_at or t.updated_at
+        return (int(at // 60), t.owner, t.kind, 1, 1 if t.state in ("failed", "dead") else 0, 0, 0.0)
+    return None
 
 
 def running_deadlines(t: Task) -> tuple[float | None, float | None]:

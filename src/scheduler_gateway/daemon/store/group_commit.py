@@ -37,6 +37,7 @@ from scheduler_gateway.daemon.store.flow_rows import (
     live_duplicate,
     unique_refusal,
 )
+from scheduler_gateway.daemon.store.search import MINUTES_KEPT, SQL_ADD_MINUTE, SQL_DROP_OLD_MINUTES, SQL_INSERT_LABEL
 from scheduler_gateway.wire.errors import (
     Code,
     Conflict,
@@ -91,6 +92,8 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
     idempotency: list[tuple[Any, ...]] = []
     dead_letters: list[tuple[Any, ...]] = []
     callbacks: list[tuple[Any, ...]] = []
+    labels: list[tuple[str, str, str]] = []
+    minutes: list[tuple[Any, ...]] = []
     ops: list[Op] = []
     updated_ids: set[str] = set()
     for work in batch:
@@ -103,7 +106,7 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
                 # CAS in the batch named this id (that CAS must see the task as missing).
                 if r.task_id in updated_ids:
                     raise _Fallback
-                inserts.append(r.insert_row)
+                inserts.append(r.sqlite_insert_row)
             else:
                 updated_ids.add(r.task_id)
                 updates.append(r.update_row)
@@ -119,6 +122,10 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
                 dead_letters.append(r.dead_letter)
             if r.callback is not None:
                 callbacks.append(r.callback)
+            if r.labels:
+                labels.extend(r.labels)
+            if r.minute is not None:
+                minutes.append(r.minute)
 
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -141,6 +148,11 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
             conn.executemany(SQL_UPSERT_DEAD_LETTER, dead_letters)
         if callbacks:
             conn.executemany(SQL_INSERT_CALLBACK, callbacks)
+        if labels:
+            conn.executemany(SQL_INSERT_LABEL, labels)
+        if minutes:
+            conn.executemany(SQL_ADD_MINUTE, minutes)
+            conn.execute(SQL_DROP_OLD_MINUTES, (minutes[-1][0] - MINUTES_KEPT,))
         for op in ops:
             op(conn)
         # the rules that need a read: checked after every write, so a refusal sends the batch to the slow
@@ -222,7 +234,7 @@ def _write_change(conn: sqlite3.Connection, r: ChangeRows) -> None:
     """One change, statement by statement, so a refusal can say which rule refused it."""
     if r.expected_revision is None:
         try:
-            conn.execute(SQL_INSERT_TASK, r.insert_row)
+            conn.execute(SQL_INSERT_TASK, r.sqlite_insert_row)
         except sqlite3.IntegrityError as exc:
             if UNIQUE_LIVE_COLUMNS in str(exc):
                 raise live_duplicate(conn, r) from None
@@ -281,6 +293,11 @@ def _write_change(conn: sqlite3.Connection, r: ChangeRows) -> None:
                 f"dead letter {r.dead_letter[0]} already belongs to another task",
                 details={"deadLetterId": r.dead_letter[0]},
             ) from None
+    if r.labels:
+        conn.executemany(SQL_INSERT_LABEL, r.labels)
+    if r.minute is not None:
+        conn.execute(SQL_ADD_MINUTE, r.minute)
+        conn.execute(SQL_DROP_OLD_MINUTES, (r.minute[0] - MINUTES_KEPT,))
     if r.callback is not None:
         try:
             conn.execute(SQL_INSERT_CALLBACK, r.callback)

@@ -3,16 +3,16 @@
 Migration 12 (``SEARCH_MIGRATION``; PostgreSQL: ``postgres/search.py``) gives every filter of the task list an
 index, without touching the task writes of ``change_rows.py``:
 
-- ``tasks.node_id`` and ``tasks.error_code`` (the error code of a failed or dead task): VIRTUAL generated
-  columns read from the document, each with a partial ``(column, id)`` index, so a page by id seeks them.
-- ``task_labels (key, value, task_id)``: a task's labels, fixed at create, filled by a trigger on insert and
-  emptied by one on delete (retention); a label filter walks its primary key, which is in task id order.
+- ``tasks.node_id`` and ``tasks.error_code`` (the error code of a failed or dead task): columns the writer
+  sets from the task it writes, each with a partial ``(column, id)`` index, so a page by id seeks them.
+- ``task_labels (key, value, task_id)``: a task's labels, fixed at create, written with its insert and
+  emptied by a trigger on delete (retention); a label filter walks its primary key, which is in task id order.
 - ``tasks_concurrency_key``: ``(concurrency_key, id)`` for the tasks that have one.
 - ``task_minutes (minute, owner, kind)``: per minute, the tasks that reached a terminal state (and how many of
   them failed or died) and the attempts started with their queue latency (``not_before`` to the claim, as
-  ``gw_task_queue_latency_seconds``). Written by triggers on the task row's state, so every transition counts
-  once, in the transaction that commits it (rolled back with it, on any instance sharing the store); the
-  charts read at most an hour of rows. A finish drops the rows older than a day.
+  ``gw_task_queue_latency_seconds``). Added by the writer for each claim and each change into a terminal
+  state, in the transaction that commits it (rolled back with it); the charts read at most an hour of rows.
+  Each batch that adds to them drops the rows older than a day.
 """
 
 from __future__ import annotations
@@ -28,20 +28,15 @@ _decode_task = doc_decoder(Task)
 
 MINUTES_KEPT = 24 * 60  # rows of task_minutes older than this many minutes are dropped
 
-_TERMINAL = "('succeeded', 'failed', 'canceled', 'dead')"
-_DOC = "CAST(NEW.doc AS TEXT)"
-_FINISH_MINUTE = (
-    f"CAST(coalesce(json_extract({_DOC}, '$.finished_at'), json_extract({_DOC}, '$.updated_at')) / 60 AS INTEGER)"
-)
-_START_AT = f"coalesce(json_extract({_DOC}, '$.started_at'), json_extract({_DOC}, '$.updated_at'))"
-
 SEARCH_MIGRATION: tuple[str, ...] = (
-    # json_valid first: a damaged document reads as NULL here (and is reported by the reads) instead of failing
-    # every write of its row
-    "ALTER TABLE tasks ADD COLUMN node_id TEXT GENERATED ALWAYS AS (CASE WHEN json_valid(CAST(doc AS TEXT))"
-    " THEN json_extract(CAST(doc AS TEXT), '$.node_id') END) VIRTUAL",
-    "ALTER TABLE tasks ADD COLUMN error_code TEXT GENERATED ALWAYS AS (CASE WHEN state IN ('failed', 'dead')"
-    " AND json_valid(CAST(doc AS TEXT)) THEN json_extract(CAST(doc AS TEXT), '$.error.code') END) VIRTUAL",
+    # plain columns the writer sets from the task it encodes (change_rows.ChangeRows.search): reading them out
+    # of the document in SQL (generated columns, triggers) parsed every document on every write, more than
+    # doubling a task change's cost; the backfill below reads the documents once
+    "ALTER TABLE tasks ADD COLUMN node_id TEXT",
+    "ALTER TABLE tasks ADD COLUMN error_code TEXT",
+    "UPDATE tasks SET node_id = json_extract(CAST(doc AS TEXT), '$.node_id'),"
+    " error_code = CASE WHEN state IN ('failed', 'dead') THEN json_extract(CAST(doc AS TEXT), '$.error.code') END"
+    " WHERE json_valid(CAST(doc AS TEXT))",
     "CREATE INDEX tasks_node ON tasks (node_id, id) WHERE node_id IS NOT NULL",
     "CREATE INDEX tasks_error_code ON tasks (error_code, id) WHERE error_code IS NOT NULL",
     "CREATE INDEX tasks_concurrency_key ON tasks (concurrency_key, id) WHERE concurrency_key IS NOT NULL",
@@ -55,9 +50,7 @@ SEARCH_MIGRATION: tuple[str, ...] = (
     "INSERT OR IGNORE INTO task_labels (key, value, task_id)"
     " SELECT j.key, CAST(j.value AS TEXT), t.id FROM tasks t, json_each(CAST(t.doc AS TEXT), '$.labels') j"
     " WHERE json_valid(CAST(t.doc AS TEXT))",
-    f"CREATE TRIGGER tasks_labels_insert AFTER INSERT ON tasks WHEN json_valid({_DOC}) BEGIN"
-    " INSERT OR IGNORE INTO task_labels (key, value, task_id)"
-    f" SELECT key, CAST(value AS TEXT), NEW.id FROM json_each({_DOC}, '$.labels'); END",
+    # labels are written with their task's insert; a purged task takes its labels with it
     "CREATE TRIGGER tasks_labels_delete AFTER DELETE ON tasks BEGIN"
     " DELETE FROM task_labels WHERE task_id = OLD.id; END",
     """CREATE TABLE task_minutes (
@@ -71,19 +64,18 @@ SEARCH_MIGRATION: tuple[str, ...] = (
         PRIMARY KEY (minute, owner, kind)
     ) WITHOUT ROWID""",
     "CREATE INDEX task_minutes_owner ON task_minutes (owner, minute)",
-    "CREATE TRIGGER tasks_minutes_finished AFTER UPDATE OF state ON tasks"
-    f" WHEN NEW.state IN {_TERMINAL} AND OLD.state NOT IN {_TERMINAL} AND json_valid({_DOC}) BEGIN"
-    " INSERT INTO task_minutes (minute, owner, kind, finished, failed)"
-    f" VALUES ({_FINISH_MINUTE}, NEW.owner, NEW.kind, 1, NEW.state IN ('failed', 'dead'))"
-    " ON CONFLICT (minute, owner, kind) DO UPDATE SET finished = finished + 1, failed = failed + excluded.failed;"
-    f" DELETE FROM task_minutes WHERE minute < {_FINISH_MINUTE} - {MINUTES_KEPT}; END",
-    "CREATE TRIGGER tasks_minutes_claimed AFTER UPDATE OF state ON tasks"
-    f" WHEN OLD.state = 'queued' AND NEW.state = 'running' AND json_valid({_DOC}) BEGIN"
-    " INSERT INTO task_minutes (minute, owner, kind, claimed, latency_sum)"
-    f" VALUES (CAST({_START_AT} / 60 AS INTEGER), NEW.owner, NEW.kind, 1, max(0.0, {_START_AT} - OLD.not_before))"
-    " ON CONFLICT (minute, owner, kind) DO UPDATE SET claimed = claimed + 1,"
-    " latency_sum = latency_sum + excluded.latency_sum; END",
 )
+
+#: a transition's count for the charts, added into its minute's row in the transaction that commits it
+SQL_ADD_MINUTE = (
+    "INSERT INTO task_minutes (minute, owner, kind, finished, failed, claimed, latency_sum)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (minute, owner, kind)"
+    " DO UPDATE SET finished = finished + excluded.finished,"
+    " failed = failed + excluded.failed, claimed = claimed + excluded.claimed,"
+    " latency_sum = latency_sum + excluded.latency_sum"
+)
+SQL_DROP_OLD_MINUTES = "DELETE FROM task_minutes WHERE minute < ?"
+SQL_INSERT_LABEL = "INSERT OR IGNORE INTO task_labels (key, value, task_id) VALUES (?, ?, ?)"
 
 
 def _prefix_end(prefix: str) -> str:
