@@ -518,7 +518,7 @@ def test_check_reads_and_probes_an_existing_store(tmp_path: Path) -> None:
 
     (tmp_path / "gateway.db").write_bytes(b"this is no database, just bytes" * 100)
     store = by_name(run_checks(config))["store"]
-    assert not store.ok and "not a database" in store.detail
+    assert not store.ok and "is damaged (not a SQLite database" in store.detail and "gatewayd backup" in store.detail
 
 
 def test_format_checks_aligns_one_line_per_check() -> None:

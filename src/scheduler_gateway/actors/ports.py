@@ -428,7 +428,7 @@ class ArtifactStore(Protocol):
         ...
 
     async def artifact_totals(self) -> tuple[int, int]:
-        """``(count, bytes)`` of every row: ``gw_artifacts_total``, ``gw_artifacts_bytes``."""
+        """``(count, bytes)`` of every row: ``gw_artifacts``, ``gw_artifacts_bytes``."""
         ...
 
     async def mark_artifacts_removing(self, finished_before: float, limit: int) -> list[ArtifactRecord]:

@@ -29,7 +29,7 @@ GATEWAY_QUEUE = "gw-gateway"
 class ArtifactMetrics:
     def __init__(self, registry: object) -> None:
         self.total = Gauge(
-            "gw_artifacts_total",
+            "gw_artifacts",
             "Artifacts in the index (as of the keeper's last round, plus those this instance recorded since)",
             registry=registry,  # type: ignore[arg-type]
         )
