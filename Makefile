@@ -30,8 +30,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/mypy
 
+# two test processes, a test file each at a time (module fixtures stay in one process): the suite waits on
+# servers, leases and browsers more than it computes
 test: lint ops-tools
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # promtool, systemd-analyze and openssl for tests/ops: installed (as root, with apt-get) only when missing
 ops-tools:

@@ -122,6 +122,7 @@ async def kill_the_gateways_server_under_load(
     )
 
 
+@pytest.mark.slow  # a failover under the suite's parallel load can outlast its waits; in make soak
 async def test_r3_streams_and_consumers_and_a_killed_server_loses_nothing(
     tmp_path: Path, nats_cluster: NatsCluster
 ) -> None:
