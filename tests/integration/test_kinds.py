@@ -55,7 +55,8 @@ async def test_settings_are_set_read_audited_and_refused_by_the_rules(gateway: G
     assert (await api.as_user(ALICE_TOKEN).call("POST", "/api/kinds/echo/resume"))[0] == 403
     status, view, _ = await api.call("GET", "/api/kinds/echo")
     assert view["paused"] and view["concurrency"] == 3  # nothing changed on a refusal
-    assert (await api.call("GET", "/api/kinds/nothing"))[0] == 404
+    status, fresh, _ = await api.call("GET", "/api/kinds/nothing")  # a kind never used: no limits, no tasks
+    assert status == 200 and fresh["concurrency"] is None and not fresh["paused"] and fresh["updatedAt"] is None
 
 
 async def test_a_binding_concurrency_limit_holds_tasks_unoffered_until_a_slot_frees(

@@ -15,7 +15,7 @@ from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.ports import KindStore
 from scheduler_gateway.actors.task_service import Caller
 from scheduler_gateway.wire import kind_api as ka
-from scheduler_gateway.wire.errors import Forbidden, InvalidArgument, NotFound
+from scheduler_gateway.wire.errors import Forbidden, InvalidArgument
 from scheduler_gateway.wire.messages import KIND_PATTERN
 from scheduler_gateway.wire.timefmt import fmt_ts
 
@@ -95,10 +95,9 @@ class KindRoutes:
 
     async def get_kind(self, request: web.Request) -> web.Response:
         kind = self._kind(request)
+        # any kind name is a kind: one never used answers its (empty) settings, as a PUT would start from
         settings = await self.store.get_kind(kind)
         counts = (await self.store.kind_counts()).get(kind, {})
-        if settings is None and not counts and kind not in {k for n in self.nodes.all() for k in n.kinds}:
-            raise NotFound(f"kind {kind} has no tasks, no settings and no node")
         return self.api._json(kind_view(settings or KindSettings(kind=kind), counts))
 
     async def put_kind(self, request: web.Request) -> web.Response:
