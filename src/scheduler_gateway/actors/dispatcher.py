@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import heapq
 import logging
 from collections import Counter
@@ -116,34 +117,37 @@ class Dispatcher(LoopActor):
             return "approval"
         if task.state != "queued" or task.id in self._offered_kind:
             return None
-        if task.not_before > self._clock():
-            return "retry_backoff" if task.attempt_no > 1 else "not_before"
-        if task.thread_id and not self._lane_allows(task):
-            return "thread"
-        return self.flow.rule(task.kind, task.concurrency_key, self._clock(), *self._offered_counts(task))
+        return self._held_by(task, self._clock(), self._flow_rule)
 
     def flow_figures(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
         """(kind, state) -> queued / running tasks, and (kind, reason) -> queued tasks held back (metrics)."""
         tasks: Counter[tuple[str, str]] = Counter()
         held: Counter[tuple[str, str]] = Counter()
-        rules: dict[tuple[str, Key], str | None] = {}  # the flow rule is the same for every task of a key
+        now = self._clock()
+        rules = functools.cache(self._flow_rule)  # one answer per key: the same for all its tasks
         for t in self._queued.values():
             tasks[(t.kind, "queued")] += 1
-            if t.id in self._offered_kind:
-                continue
-            lane = (t.kind, t.concurrency_key)
-            if lane not in rules or t.not_before > self._clock() or t.thread_id:
-                reason = self.waiting_for(t)
-                if t.not_before <= self._clock() and not t.thread_id:
-                    rules[lane] = reason
-            else:
-                reason = rules[lane]
+            reason = None if t.id in self._offered_kind else self._held_by(t, now, rules)
             if reason is not None:
                 held[(t.kind, reason)] += 1
         for kind, n in self.flow.running_kind.items():
             if n:
                 tasks[(kind, "running")] = n
         return dict(tasks), dict(held)
+
+    def _held_by(self, task: Task, now: float, flow_rule: Callable[[str, Key, float], str | None]) -> str | None:
+        """What holds an unoffered queued task: its own time, its thread, then its kind's flow rules."""
+        if task.not_before > now:
+            return "retry_backoff" if task.attempt_no > 1 else "not_before"
+        if task.thread_id and not self._lane_allows(task):
+            return "thread"
+        return flow_rule(task.kind, task.concurrency_key, now)
+
+    def _flow_rule(self, kind: str, key: Key, now: float) -> str | None:
+        """The rule one more start of (kind, key) would break, counting the offers out as starts to come."""
+        offered = self._offered.get(kind, {})
+        same_key = sum(1 for tid in offered if self._offered_key.get(tid) == key) if key is not None else 0
+        return self.flow.rule(kind, key, now, len(offered), same_key)
 
     def claim_refused(self, task: Task) -> None:
         """The store refused a claim of this offer (a flow limit, or the thread's lane): the task goes back to
@@ -155,12 +159,6 @@ class Dispatcher(LoopActor):
         if live is not None:
             self._schedule(live)
         self._wake.set()
-
-    def _offered_counts(self, task: Task) -> tuple[int, int]:
-        offered = self._offered.get(task.kind, {})
-        key = task.concurrency_key
-        same_key = sum(1 for tid in offered if self._offered_key.get(tid) == key) if key is not None else 0
-        return len(offered), same_key
 
     def offered_count(self, kind: str) -> int:
         return len(self._offered.get(kind, ()))
@@ -258,8 +256,7 @@ class Dispatcher(LoopActor):
                 queue.drop_key(key)
                 continue
             if limited:
-                same_key = sum(1 for tid in offered if self._offered_key.get(tid) == key) if key is not None else 0
-                rule = self.flow.rule(kind, key, now, len(offered), same_key)
+                rule = self._flow_rule(kind, key, now)
                 if rule is not None:
                     heapq.heappush(heap, (-task.priority, task.created_at, task.id, task.attempt_id))
                     if rule in ("kind_rate", "key_rate"):
