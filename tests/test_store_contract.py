@@ -899,6 +899,7 @@ async def test_sqlite_migration_fills_the_dead_letter_columns(tmp_path: Path) ->
         # tokens, flow control, artifacts, the console's filters and figures)
         dl_version = 5
         db.execute("DELETE FROM schema_version WHERE version >= ?", (dl_version,))
+        db.execute("DROP TABLE artifact_usage")  # a task's artifact count and bytes (migration 13)
         # the console's filters and figures (migration 12)
         db.execute("DROP TRIGGER tasks_labels_delete")
         for index in ("tasks_node", "tasks_error_code", "tasks_concurrency_key"):

@@ -119,6 +119,7 @@ async def test_the_limits_refuse_and_write_nothing(store: Any) -> None:
         await put(store, t, rec(t, "d", size=1))  # max_per_task
     assert exc.value.details["limit"] == "max_per_task"
     assert [r.name for r in await store.list_artifacts(t.id)] == ["a", "b", "c"]
+    assert await store.artifact_usage(t.id) == (3, 902)  # the refusals counted nothing
 
 
 async def test_retention_marks_the_rows_of_old_finished_tasks_then_deletes_them(store: Any) -> None:
@@ -136,7 +137,10 @@ async def test_retention_marks_the_rows_of_old_finished_tasks_then_deletes_them(
     assert await store.get_artifact(t.id, "a") is None
     assert await store.artifact_usage(t.id) == (2, 20)
     assert [r.name for r in await store.mark_artifacts_removing(T0 + 10, 10)] == ["a", "b"]
-    assert await store.delete_artifacts([(t.id, "a"), (t.id, "b"), (t.id, "gone")]) == 2
+    assert await store.delete_artifacts([(t.id, "a"), (t.id, "gone")]) == 1
+    assert await store.artifact_usage(t.id) == (1, 10)
+    assert await store.delete_artifacts([(t.id, "a"), (t.id, "b")]) == 1  # a twice: counted once
+    assert await store.artifact_usage(t.id) == (0, 0) and await store.artifact_usage(live.id) == (1, 10)
     assert await store.delete_artifacts([]) == 0
     assert await store.list_artifacts(t.id) == [] and await store.artifact_totals() == (1, 10)
     assert await store.mark_artifacts_removing(T0 + 10, 10) == []
@@ -154,3 +158,27 @@ async def test_retention_keeps_a_task_until_its_artifacts_are_gone(store: Any) -
     await store.delete_artifacts([(t.id, "a")])
     result = await store.purge_tasks(T0 + 2, 10)
     assert result.purged["tasks"] == 1 and await store.get_task(t.id) is None
+
+
+async def test_the_sqlite_usage_migration_counts_the_artifacts_already_recorded(tmp_path: Any) -> None:
+    import sqlite3
+
+    from scheduler_gateway.daemon.store.migrations import MIGRATIONS
+    from scheduler_gateway.daemon.store.sqlite import SqliteStore
+
+    path = tmp_path / "gw.sqlite3"
+    s = SqliteStore(path)
+    await s.start()
+    t = await running(s, 7)
+    await put(s, t, rec(t, "a", size=10))
+    await put(s, t, rec(t, "b", size=32))
+    await s.stop()
+    with sqlite3.connect(path) as db:  # as written before the usage table existed
+        db.execute("DROP TABLE artifact_usage")
+        db.execute("DELETE FROM schema_version WHERE version = ?", (len(MIGRATIONS),))
+    s = SqliteStore(path)
+    await s.start()
+    try:
+        assert await s.artifact_usage(t.id) == (2, 42)
+    finally:
+        await s.stop()

@@ -25,7 +25,15 @@ from scheduler_gateway.actors.model.retention import RetentionPolicy
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.nats.auth import node_permissions
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess, NatsUser
-from scheduler_gateway.wire.artifacts import BUCKET_STREAM, ArtifactBegin, ArtifactCommit, ArtifactReply, chunk_subject
+from scheduler_gateway.wire.artifacts import (
+    BUCKET_STREAM,
+    INLINE_MAX,
+    ArtifactBegin,
+    ArtifactCommit,
+    ArtifactPut,
+    ArtifactReply,
+    chunk_subject,
+)
 from scheduler_gateway.wire.subjects import Subjects, node_inbox_prefix
 from scheduler_gateway.worker import ArtifactRefused, HandlerRegistry, NatsOptions, TaskContext, Worker
 
@@ -170,7 +178,9 @@ async def test_a_handler_puts_bytes_a_path_and_an_iterator_and_the_api_serves_th
     assert set(body_["artifacts"][0]) == {"name", "size", "sha256", "contentType"}
 
 
-async def _begin(node: HandNode, req: ArtifactBegin | ArtifactCommit, node_id: str | None = None) -> ArtifactReply:
+async def _begin(
+    node: HandNode, req: ArtifactBegin | ArtifactCommit | ArtifactPut, node_id: str | None = None
+) -> ArtifactReply:
     msg = await node.nc.request(SUBJECTS.artifact(node_id or node.node_id), msgspec.json.encode(req), timeout=30)
     return msgspec.json.decode(msg.data, type=ArtifactReply)
 
@@ -277,6 +287,78 @@ async def test_the_node_protocol_refuses_what_the_contract_refuses(
             assert fresh.ok
             r = await _begin(node, ArtifactBegin(task_id=task2, lease_id=old, name="a.txt"))
             assert r.error is not None and r.error.code == "LEASE_EXPIRED"
+        finally:
+            await node.close()
+            await other.close()
+
+
+async def test_a_small_artifact_in_one_put_is_checked_recorded_and_refused_as_a_commit_is(
+    tmp_path: Path, fresh_nats: NatsServerProcess
+) -> None:
+    limits = ArtifactLimits(max_bytes=INLINE_MAX, max_per_task=3, max_task_bytes=INLINE_MAX + 10, orphan_after_s=3600)
+    async with running_gateway(tmp_path / "gw", fresh_nats.url, artifacts=limits) as gw, api_client(gw) as api:
+        node = await HandNode.connect(fresh_nats.url, "node-a")
+        other = await HandNode.connect(fresh_nats.url, "node-b")
+        try:
+            task_id, lease = await _claimed(api, node)
+            data = b"three rows\n"
+            put = ArtifactPut(
+                task_id=task_id, lease_id=lease, name="summary.txt", size=len(data),
+                sha256=hashlib.sha256(data).hexdigest(), data=data,
+            )  # fmt: skip
+            # the bytes must be what the node reported: size, then digest
+            for bad in (
+                msgspec.structs.replace(put, size=len(data) + 1),
+                msgspec.structs.replace(put, sha256=hashlib.sha256(b"other").hexdigest()),
+            ):
+                r = await _begin(node, bad)
+                assert r.error is not None and r.error.code == "DIGEST_MISMATCH"
+            # more than a put carries; a bad name; another node's lease; an unknown lease
+            r = await _begin(node, msgspec.structs.replace(put, data=b"x" * (INLINE_MAX + 1), size=INLINE_MAX + 1))
+            assert r.error is not None and r.error.code in ("INVALID_ARGUMENT", "PAYLOAD_TOO_LARGE")
+            r = await _begin(node, msgspec.structs.replace(put, name="../up"))
+            assert r.error is not None and r.error.code == "INVALID_ARGUMENT"
+            r = await _begin(other, put)
+            assert r.error is not None and r.error.code == "FORBIDDEN"
+            r = await _begin(node, msgspec.structs.replace(put, lease_id="lse_nope"))
+            assert r.error is not None and r.error.code == "LEASE_NOT_FOUND"
+            info = await gw.bus.js.stream_info(BUCKET_STREAM, subjects_filter="$O.GW_ARTIFACTS.>")  # type: ignore[union-attr]
+            assert not (info.state.subjects or {})  # nothing refused was stored
+            # recorded once, served by the API; a repeat; another digest a conflict
+            r = await _begin(node, put)
+            assert r.ok and not r.repeat and r.artifact is not None and r.artifact.sha256 == put.sha256
+            r = await _begin(node, put)
+            assert r.ok and r.repeat
+            r = await _begin(
+                node,
+                msgspec.structs.replace(
+                    put, data=b"changed\n", size=8, sha256=hashlib.sha256(b"changed\n").hexdigest()
+                ),
+            )
+            assert r.error is not None and r.error.code == "IDEMPOTENCY_CONFLICT"
+            status, body, _ = await api.call("GET", f"/api/tasks/{task_id}/artifacts/summary.txt")
+            assert (status, body) == (200, data)
+            # the task's byte limit counts what was recorded (11 of INLINE_MAX + 10 bytes)
+            big = b"b" * INLINE_MAX
+            r = await _begin(
+                node, ArtifactPut(task_id=task_id, lease_id=lease, name="big.bin", size=len(big),
+                                  sha256=hashlib.sha256(big).hexdigest(), data=big)
+            )  # fmt: skip
+            assert r.error is not None and r.error.code == "PAYLOAD_TOO_LARGE"
+            # an empty artifact has no chunk and is served as empty
+            r = await _begin(
+                node,
+                msgspec.structs.replace(put, name="empty", data=b"", size=0, sha256=hashlib.sha256(b"").hexdigest()),
+            )
+            assert r.ok and r.artifact is not None and r.artifact.size == 0
+            status, body, _ = await api.call("GET", f"/api/tasks/{task_id}/artifacts/empty")
+            assert (status, body) == (200, b"")
+            assert (await api.task(task_id))["artifactCount"] == 2
+            # a finished task takes nothing more
+            await node.settle(task_id, CLAIMED[lease], lease, "succeeded", None)
+            await api.wait_state(task_id, {"succeeded"})
+            r = await _begin(node, msgspec.structs.replace(put, name="late.txt"))
+            assert r.error is not None and r.error.code == "TASK_ALREADY_TERMINAL"
         finally:
             await node.close()
             await other.close()

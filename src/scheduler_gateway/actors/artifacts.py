@@ -1,10 +1,11 @@
 """Artifacts (CONTRACT 2.11, docs/ARTIFACTS.md): the node's requests, the reads, retention and orphans.
 
-``ArtifactService`` answers a node's ``begin``, ``commit`` and ``abort`` (wire/artifacts.py). A commit is
+``ArtifactService`` answers a node's ``begin``, ``commit``, ``put`` and ``abort`` (wire/artifacts.py). A commit is
 decided in three steps: the quick checks (lease, name, limits, the same name already recorded), the bytes (the
 bucket reads the stored chunks back and compares their size and sha256 with what the node reported; a mismatch
 drops them), then, in the task's mailbox, the lease checked again and the row recorded by the store, which
-arbitrates (``ArtifactStore.record_artifact``: only at the revision the lease was checked at). The object's meta
+arbitrates (``ArtifactStore.record_artifact``: only at the revision the lease was checked at). A ``put`` carries
+its bytes: the gateway checks them itself, stores them as one chunk, then goes on as a commit. The object's meta
 is written before the row, so every row has its bytes; a crash between the two leaves an object without a row,
 an orphan the keeper removes after ``orphan_after_s`` (or a retried commit records).
 
@@ -16,6 +17,7 @@ removed. A round that dies half way is finished by the next: marked rows come ba
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
@@ -24,11 +26,13 @@ import msgspec
 
 from scheduler_gateway.wire.artifacts import (
     DEFAULT_CONTENT_TYPE,
+    INLINE_MAX,
     ArtifactAbort,
     ArtifactBegin,
     ArtifactCommit,
     ArtifactError,
     ArtifactInfo,
+    ArtifactPut,
     ArtifactReply,
     ArtifactRequest,
     chunk_token,
@@ -71,6 +75,10 @@ class ArtifactBucket(Protocol):
 
     async def write_meta(self, record: ArtifactRecord) -> None:
         """Make the object ``<taskId>/<name>`` name the record's chunks (the object store's meta)."""
+        ...
+
+    async def put_chunk(self, upload: str, data: bytes) -> None:
+        """Store ``data`` as the one chunk of ``upload`` (the bytes of a ``put``), acknowledged by the bucket."""
         ...
 
     async def remove(self, record: ArtifactRecord) -> None:
@@ -151,6 +159,8 @@ class ArtifactService:
                     return await self._begin(node_id, req)
                 case ArtifactCommit():
                     return await self._commit(node_id, req)
+                case ArtifactPut():
+                    return await self._put(node_id, req)
                 case ArtifactAbort():
                     return await self._abort(node_id, req)
         except GatewayError as exc:
@@ -205,19 +215,85 @@ class ArtifactService:
             chunks=chunks,
             owner=task.owner,
         )
+        return await self._finish(node_id, task, req.lease_id, record, self._fresh_or_refuse)
+
+    async def _put(self, node_id: str, req: ArtifactPut) -> ArtifactReply:
+        """A small artifact whose bytes came with the request: checked here, stored as one chunk, recorded."""
+        task = await self._checked(node_id, req.task_id, req.lease_id, req.name, req.content_type, "put")
+        existing = await self._store.get_artifact(task.id, req.name)
+        if existing is not None:
+            await self._same_or_refuse(node_id, task, existing, req.size, req.sha256)
+            return ArtifactReply(ok=True, artifact=info_of(existing), repeat=True)
+        if len(req.data) > INLINE_MAX:
+            raise InvalidArgument(
+                f"a put carries at most {INLINE_MAX} bytes; upload a bigger artifact in chunks (begin, commit)",
+                details={"field": "data"},
+            )
+        count, used = await self._store.artifact_usage(task.id)
+        refusal: GatewayError | None = size_refusal(self.limits, req.size, count, used)
+        if refusal is None and (len(req.data) != req.size or hashlib.sha256(req.data).hexdigest() != req.sha256):
+            why = f"{len(req.data)} bytes sent" if len(req.data) != req.size else "the bytes have another sha256"
+            refusal = GatewayError(
+                f"the bytes do not match the reported size and sha256 ({why})",
+                code=Code.DIGEST_MISMATCH,
+                details={"size": req.size, "sha256": req.sha256},
+            )
+        if refusal is not None:
+            await self._audit_refusal(node_id, task, req.name, refusal.code, refusal.message)
+            raise refusal
+        upload = chunk_token(node_id, idgen.new_id("upl"))
+        stored_at = self._clock()
+        if req.data:
+            await self._bucket.put_chunk(upload, req.data)
+        record = ArtifactRecord(
+            task_id=task.id,
+            name=req.name,
+            size=req.size,
+            sha256=req.sha256,
+            content_type=req.content_type or DEFAULT_CONTENT_TYPE,
+            attempt_no=task.attempt_no,
+            node_id=node_id,
+            created_at=stored_at,
+            upload=upload,
+            chunks=1 if req.data else 0,
+            owner=task.owner,
+        )
+
+        async def fresh_or_refuse(node_id: str, task: Task, record: ArtifactRecord) -> None:
+            # the chunk was stored at ``stored_at`` (no older on the bucket's clock): the same rule as a commit's
+            if self._clock() - stored_at > self.limits.orphan_after_s / 2:
+                exc = InvalidArgument(
+                    "the upload cannot be recorded: its chunks are too old (the keeper may remove them);"
+                    " upload the artifact again",
+                    details={"field": "uploadId", "reason": "expired"},
+                )
+                await self._audit_refusal(node_id, task, record.name, exc.code, exc.message)
+                raise exc
+
+        return await self._finish(node_id, task, req.lease_id, record, fresh_or_refuse)
+
+    async def _finish(
+        self,
+        node_id: str,
+        task: Task,
+        lease_id: str,
+        record: ArtifactRecord,
+        fresh_or_refuse: Callable[[str, Task, ArtifactRecord], Awaitable[None]],
+    ) -> ArtifactReply:
+        """Stored and checked bytes: the meta, then the row (in the task's mailbox, the lease checked again)."""
         failpoints.hit("artifact.after_verify")  # the bytes are checked; no meta, no row
         await self._bucket.write_meta(record)  # bytes first: the row is never without them
         failpoints.hit("artifact.after_meta")  # an object no row names yet: recorded by a retried commit, or an orphan
         try:
-            await self._fresh_or_refuse(node_id, task, record)
-            kept, created = await self._record(node_id, req, record)
+            await fresh_or_refuse(node_id, task, record)
+            kept, created = await self._record(node_id, lease_id, record)
         except GatewayError as exc:
             if exc.code not in (Code.STORAGE_ERROR, Code.SERVICE_UNAVAILABLE):  # else the node retries the commit
                 await self._undo(record)
             raise
         if not created:  # a commit of the same name and digest won meanwhile: its bytes stay, ours go
             await self._bucket.write_meta(kept)
-            await self._bucket.drop_upload(upload)
+            await self._bucket.drop_upload(record.upload)
             return ArtifactReply(ok=True, artifact=info_of(kept), repeat=True)
         self._on_recorded(kept)
         self._on_committed()
@@ -275,7 +351,7 @@ class ArtifactService:
             await self._bucket.write_meta(existing)
             await self._bucket.drop_upload(record.upload)
 
-    async def _record(self, node_id: str, req: ArtifactCommit, record: ArtifactRecord) -> tuple[ArtifactRecord, bool]:
+    async def _record(self, node_id: str, lease_id: str, record: ArtifactRecord) -> tuple[ArtifactRecord, bool]:
         """In the task's mailbox: the lease again, then the store's compare-and-set on the task's revision."""
         last: GatewayError | None = None
         for _ in range(RECORD_RETRIES):
@@ -300,16 +376,16 @@ class ArtifactService:
 
             try:
                 result: tuple[ArtifactRecord, bool] = await self._tasks.under_artifact_lease(
-                    node_id, req.task_id, req.lease_id, step
+                    node_id, record.task_id, lease_id, step
                 )
                 return result
             except Conflict as exc:
                 if exc.code != Code.REVISION_CONFLICT:
-                    await self._audit_refusal_id(node_id, req.task_id, req.name, exc.code, exc.message)
+                    await self._audit_refusal_id(node_id, record.task_id, record.name, exc.code, exc.message)
                     raise
                 last = exc  # another instance moved the task: check the lease again on the fresh row
             except GatewayError as exc:
-                await self._audit_refusal_id(node_id, req.task_id, req.name, exc.code, exc.message)
+                await self._audit_refusal_id(node_id, record.task_id, record.name, exc.code, exc.message)
                 raise
         assert last is not None
         raise last

@@ -1,12 +1,14 @@
-"""Artifacts on the wire (docs/WIRE.md, Artifacts; docs/ARTIFACTS.md): the node's begin / commit / abort
+"""Artifacts on the wire (docs/WIRE.md, Artifacts; docs/ARTIFACTS.md): the node's begin / commit / put / abort
 requests on ``gw.artifact.<nodeId>``, the bucket's subjects, the name rule and the HTTP view.
 
-How bytes travel: the node asks to begin (the gateway checks the lease, the name and the limits and hands out an
-upload id), publishes the bytes itself, in chunks, to JetStream on ``$O.GW_ARTIFACTS.C.<nodeId>.<uploadId>``
-(the only chunk subjects its NATS user may publish to), then asks to commit with the size and sha256 it computed
-as it sent them. The gateway reads the stored chunks back, checks size and digest, writes the object's meta (the
-object store's own format, so ``nats object`` tools see it) and records the index row in the store. A node can
-never read, purge or delete anything in the bucket, nor write meta: only the gateway can.
+How bytes travel: an artifact of at most ``INLINE_MAX`` bytes goes in one ``put`` request, its bytes inside:
+the gateway hashes them, stores them as one chunk and records them. A bigger one: the node asks to begin (the
+gateway checks the lease, the name and the limits and hands out an upload id), publishes the bytes itself, in
+chunks, to JetStream on ``$O.GW_ARTIFACTS.C.<nodeId>.<uploadId>`` (the only chunk subjects its NATS user may
+publish to), then asks to commit with the size and sha256 it computed as it sent them. The gateway reads the
+stored chunks back, checks size and digest, writes the object's meta (the object store's own format, so ``nats
+object`` tools see it) and records the index row in the store. A node can never read, purge or delete anything
+in the bucket, nor write meta: only the gateway can.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ BUCKET: Final = "GW_ARTIFACTS"
 BUCKET_STREAM: Final = f"OBJ_{BUCKET}"
 #: the chunk size the gateway hands out when the server allows it (the last chunk of an upload is shorter)
 DEFAULT_CHUNK_SIZE: Final = 1024 * 1024
+#: the most bytes a ``put`` request carries inline (base64 in the JSON: a third more on the wire)
+INLINE_MAX: Final = 64 * 1024
 NAME_MAX: Final = 255
 _NAME_RE = re.compile(r"^[A-Za-z0-9._/-]{1,255}$")
 _UPLOAD_RE = re.compile(r"^upl_[A-Za-z0-9]{1,64}$")
@@ -106,6 +110,20 @@ class ArtifactCommit(_Wire, tag="commit", tag_field="op"):
     content_type: str | None = None
 
 
+class ArtifactPut(_Wire, tag="put", tag_field="op"):
+    """A small artifact in one request: ``data`` (at most ``INLINE_MAX`` bytes, base64 in the JSON) with the
+    ``size`` and ``sha256`` the node computed. The gateway checks both against ``data``, stores it as the
+    object's one chunk and records it; repeating the request is safe (the same name and digest is a repeat)."""
+
+    task_id: str
+    lease_id: str
+    name: str
+    size: Size
+    sha256: Sha256
+    data: bytes
+    content_type: str | None = None
+
+
 class ArtifactAbort(_Wire, tag="abort", tag_field="op"):
     """Drop an upload the node gave up on (over a limit, the handler failed): its chunks are purged now."""
 
@@ -114,7 +132,7 @@ class ArtifactAbort(_Wire, tag="abort", tag_field="op"):
     upload_id: str
 
 
-ArtifactRequest = ArtifactBegin | ArtifactCommit | ArtifactAbort
+ArtifactRequest = ArtifactBegin | ArtifactCommit | ArtifactPut | ArtifactAbort
 
 
 class ArtifactInfo(msgspec.Struct, rename="camel", kw_only=True):
@@ -133,7 +151,7 @@ class ArtifactError(_Wire):
 
 class ArtifactReply(_Wire):
     """The answer to any artifact request. ``begin``: ``uploadId``, ``subject``, ``chunkSize`` and ``maxBytes``
-    (what this upload may still hold), or ``artifact`` with ``repeat: true``. ``commit``: ``artifact`` (with
+    (what this upload may still hold), or ``artifact`` with ``repeat: true``. ``commit`` and ``put``: ``artifact`` (with
     ``repeat`` when that name and digest were already recorded). Refused: ``ok: false`` and ``error``."""
 
     ok: bool
@@ -163,4 +181,4 @@ class ArtifactPage(msgspec.Struct, rename="camel", kw_only=True):
     next_cursor: str | None = None
 
 
-Op = Literal["begin", "commit", "abort"]
+Op = Literal["begin", "commit", "put", "abort"]

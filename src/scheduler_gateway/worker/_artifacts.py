@@ -1,7 +1,8 @@
 """``ctx.put_artifact``: a handler's file or blob, streamed to the gateway's artifact bucket (docs/WORKERS.md,
 Artifacts; the protocol is docs/WIRE.md, Artifacts).
 
-The bytes go in chunks (the size the gateway hands out, 1 MiB by default), at most ``WINDOW`` of them
+An artifact of at most ``INLINE_MAX`` bytes given as bytes goes in one ``put`` request, its bytes inside. Others
+go in chunks (the size the gateway hands out, 1 MiB by default), at most ``WINDOW`` of them
 unacknowledged at a time, so a 1 GiB file never sits in the worker's memory: a path is read a chunk at a time in
 a thread, an async iterator is re-chunked as it yields. The sha256 is computed as the chunks go. Then the
 gateway checks what it stored against the size and digest and records it; its refusal raises ``ArtifactRefused``
@@ -22,9 +23,11 @@ import msgspec
 
 from scheduler_gateway.wire.artifacts import (
     DEFAULT_CONTENT_TYPE,
+    INLINE_MAX,
     ArtifactAbort,
     ArtifactBegin,
     ArtifactCommit,
+    ArtifactPut,
     ArtifactReply,
     ArtifactRequest,
     content_type_problem,
@@ -96,6 +99,12 @@ class Uploader:
         if isinstance(data, bytes | bytearray | memoryview):
             blob = bytes(data)
             size, sha = len(blob), hashlib.sha256(blob).hexdigest()  # a repeat answers before any upload
+            if size <= INLINE_MAX:
+                put = ArtifactPut(
+                    task_id=self._task_id, lease_id=self._lease_id, name=name, size=size, sha256=sha, data=blob,
+                    content_type=content_type,
+                )  # fmt: skip
+                return await self._until_answered(put, REQUEST_TIMEOUT_S)
         begin = await self._request(
             ArtifactBegin(
                 task_id=self._task_id, lease_id=self._lease_id, name=name, content_type=content_type, size=size,
@@ -121,12 +130,16 @@ class Uploader:
             sha256=sha, content_type=content_type,
         )  # fmt: skip
         timeout = 30.0 + size / (50 * 1024 * 1024)  # the gateway reads the bytes back before it answers
+        return await self._until_answered(commit, timeout)
+
+    async def _until_answered(self, request: ArtifactCommit | ArtifactPut, timeout_s: float) -> dict[str, Any]:
+        """Send a commit or a put until a gateway answers it (for up to ``COMMIT_RETRIES`` timeouts): both are
+        safe to repeat, the same name and digest again answering as a repeat once it is recorded."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + COMMIT_RETRIES * timeout
+        deadline = loop.time() + COMMIT_RETRIES * timeout_s
         while True:
-            # a commit is safe to repeat: the same upload again answers as a repeat once it is recorded
             try:
-                reply = await self._commit_once(commit, timeout)
+                reply = await self._commit_once(request, timeout_s)
                 self._raise(reply)
             except ArtifactRefused as exc:
                 if exc.code != Code.SERVICE_UNAVAILABLE or loop.time() >= deadline:
@@ -136,7 +149,7 @@ class Uploader:
             assert reply.artifact is not None
             return msgspec.to_builtins(reply.artifact)  # type: ignore[no-any-return]
 
-    async def _commit_once(self, commit: ArtifactCommit, timeout_s: float) -> ArtifactReply:
+    async def _commit_once(self, commit: ArtifactCommit | ArtifactPut, timeout_s: float) -> ArtifactReply:
         """One commit request; when the connection is re-made meanwhile (the gateway may have restarted and
         lost it), SERVICE_UNAVAILABLE at once rather than after the whole timeout, so the caller sends again."""
         reconnected = getattr(self._w, "reconnected", None)

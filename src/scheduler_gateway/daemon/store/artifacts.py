@@ -42,6 +42,21 @@ ARTIFACT_MIGRATION = (
     "CREATE INDEX artifacts_removing ON artifacts (seq) WHERE removing = 1",
 )
 
+# a task's artifact count and bytes, kept with every insert and delete in the same transaction, so the limits
+# (max_per_task, max_task_bytes) are checked in one row read, not by summing the task's artifacts at each commit
+ARTIFACT_USAGE_MIGRATION = (
+    "CREATE TABLE artifact_usage (task_id TEXT PRIMARY KEY, count INTEGER NOT NULL, bytes INTEGER NOT NULL)",
+    "INSERT INTO artifact_usage (task_id, count, bytes) SELECT task_id, count(*), sum(size) FROM artifacts"
+    " GROUP BY task_id",
+)
+SQL_USAGE = "SELECT count, bytes FROM artifact_usage WHERE task_id = ?"
+SQL_USAGE_ADD = (
+    "INSERT INTO artifact_usage (task_id, count, bytes) VALUES (?, 1, ?)"
+    " ON CONFLICT (task_id) DO UPDATE SET count = count + 1, bytes = bytes + excluded.bytes"
+)
+SQL_USAGE_SUB = "UPDATE artifact_usage SET count = count - 1, bytes = bytes - ? WHERE task_id = ?"
+SQL_USAGE_PRUNE = "DELETE FROM artifact_usage WHERE task_id = ? AND count <= 0"
+
 COLUMNS = "task_id, name, size, sha256, content_type, attempt_no, node_id, created_at, upload, chunks, owner, removing"
 SQL_INSERT = f"INSERT INTO artifacts ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)"
 
@@ -102,9 +117,7 @@ class SqliteArtifacts:
             found = conn.execute(
                 f"SELECT {COLUMNS} FROM artifacts WHERE task_id = ? AND name = ?", (record.task_id, record.name)
             ).fetchone()
-            usage = conn.execute(
-                "SELECT count(*), coalesce(sum(size), 0) FROM artifacts WHERE task_id = ?", (record.task_id,)
-            ).fetchone()
+            usage = conn.execute(SQL_USAGE, (record.task_id,)).fetchone() or (0, 0)
             try:
                 existing = decide(record, record_of(found) if found else None, (int(usage[0]), int(usage[1])), limits)
             except GatewayError as exc:  # another digest (IDEMPOTENCY_CONFLICT), a limit (PAYLOAD_TOO_LARGE)
@@ -112,6 +125,7 @@ class SqliteArtifacts:
             if existing is not None:
                 return (existing, False)
             conn.execute(SQL_INSERT, insert_values(record))
+            conn.execute(SQL_USAGE_ADD, (record.task_id, record.size))
             conn.execute(SQL_INSERT_AUDIT, audit_values)
             conn.execute(SQL_INSERT_OUTBOX, outbox)
             return (record, True)
@@ -144,10 +158,8 @@ class SqliteArtifacts:
         return out
 
     async def artifact_usage(self, task_id: str) -> tuple[int, int]:
-        rows = await self._db.fetchall(
-            "SELECT count(*), coalesce(sum(size), 0) FROM artifacts WHERE task_id = ?", (task_id,)
-        )
-        return int(rows[0][0]), int(rows[0][1])
+        rows = await self._db.fetchall(SQL_USAGE, (task_id,))
+        return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
 
     async def artifact_totals(self) -> tuple[int, int]:
         rows = await self._db.fetchall("SELECT count(*), coalesce(sum(size), 0) FROM artifacts")
@@ -173,9 +185,16 @@ class SqliteArtifacts:
 
     async def delete_artifacts(self, keys: list[tuple[str, str]]) -> int:
         def op(conn: sqlite3.Connection) -> int:
-            return sum(
-                conn.execute("DELETE FROM artifacts WHERE task_id = ? AND name = ?", key).rowcount for key in keys
-            )
+            done = 0
+            for task_id, name in keys:
+                row = conn.execute(
+                    "DELETE FROM artifacts WHERE task_id = ? AND name = ? RETURNING size", (task_id, name)
+                ).fetchone()
+                if row is not None:
+                    conn.execute(SQL_USAGE_SUB, (int(row[0]), task_id))
+                    conn.execute(SQL_USAGE_PRUNE, (task_id,))
+                    done += 1
+            return done
 
         if not keys:
             return 0

@@ -6,7 +6,7 @@ import logging
 import sqlite3
 import time
 
-from scheduler_gateway.daemon.store.artifacts import ARTIFACT_MIGRATION
+from scheduler_gateway.daemon.store.artifacts import ARTIFACT_MIGRATION, ARTIFACT_USAGE_MIGRATION
 from scheduler_gateway.daemon.store.common import (
     fetch_one,
     rollback_quietly,
@@ -206,6 +206,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 12: the console's task filters (node, error code, labels, concurrency key) and per-minute figures
     # (text in store/search.py, next to its queries; docs/CONSOLE.md)
     SEARCH_MIGRATION,
+    # 13: a task's artifact count and bytes, kept by every insert and delete (store/artifacts.py)
+    ARTIFACT_USAGE_MIGRATION,
 )
 
 

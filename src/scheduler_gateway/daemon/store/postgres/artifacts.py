@@ -21,6 +21,13 @@ from scheduler_gateway.daemon.store.postgres.tasks import SQL_INSERT_AUDIT, SQL_
 # the table: postgres/migrations.py, step 7 (PG_ARTIFACT_MIGRATION)
 
 _SELECT = COLUMNS.replace("removing", "removing::int")
+_USAGE = "SELECT count, bytes FROM artifact_usage WHERE task_id = %s"
+# the task row is locked (FOR UPDATE) by every writer of its artifacts, so these never race
+_USAGE_ADD = (
+    "INSERT INTO artifact_usage (task_id, count, bytes) VALUES (%s, 1, %s)"
+    " ON CONFLICT (task_id) DO UPDATE SET count = artifact_usage.count + 1,"
+    " bytes = artifact_usage.bytes + excluded.bytes"
+)
 _INSERT = f"INSERT INTO artifacts ({COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, false)"
 
 
@@ -41,14 +48,13 @@ class PgArtifacts:
                 f"SELECT {_SELECT} FROM artifacts WHERE task_id = %s AND name = %s", (record.task_id, record.name)
             )
             found = await cur.fetchone()
-            cur = await conn.execute(
-                "SELECT count(*), coalesce(sum(size), 0) FROM artifacts WHERE task_id = %s", (record.task_id,)
-            )
-            usage: Any = await cur.fetchone()
+            cur = await conn.execute(_USAGE, (record.task_id,))
+            usage: Any = await cur.fetchone() or (0, 0)
             existing = decide(record, record_of(found) if found else None, (int(usage[0]), int(usage[1])), limits)
             if existing is not None:
                 return (existing, False)
             await conn.execute(_INSERT, insert_values(record))
+            await conn.execute(_USAGE_ADD, (record.task_id, record.size))
             await conn.execute(SQL_INSERT_AUDIT, audit_row(audit))
             await conn.execute(SQL_OUTBOX_ORDER_LOCK)
             await conn.execute(SQL_INSERT_OUTBOX, (encode(event),))
@@ -76,10 +82,8 @@ class PgArtifacts:
         return {str(r[0]): int(r[1]) for r in rows}
 
     async def artifact_usage(self, task_id: str) -> tuple[int, int]:
-        rows = await self._db.fetch(
-            "SELECT count(*), coalesce(sum(size), 0) FROM artifacts WHERE task_id = %s", (task_id,)
-        )
-        return int(rows[0][0]), int(rows[0][1])
+        rows = await self._db.fetch(_USAGE, (task_id,))
+        return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
 
     async def artifact_totals(self) -> tuple[int, int]:
         rows = await self._db.fetch("SELECT count(*), coalesce(sum(size), 0) FROM artifacts")
@@ -104,8 +108,18 @@ class PgArtifacts:
         done = 0
         async with self._db.transaction() as conn:
             for task_id, name in keys:
-                cur = await conn.execute("DELETE FROM artifacts WHERE task_id = %s AND name = %s", (task_id, name))
-                done += cur.rowcount
+                cur = await conn.execute(
+                    "DELETE FROM artifacts WHERE task_id = %s AND name = %s RETURNING size", (task_id, name)
+                )
+                row = await cur.fetchone()
+                if row is None:
+                    continue
+                done += 1
+                await conn.execute(
+                    "UPDATE artifact_usage SET count = count - 1, bytes = bytes - %s WHERE task_id = %s",
+                    (int(row[0]), task_id),
+                )
+                await conn.execute("DELETE FROM artifact_usage WHERE task_id = %s AND count <= 0", (task_id,))
         return done
 
     async def known_uploads(self, uploads: list[str]) -> set[str]:

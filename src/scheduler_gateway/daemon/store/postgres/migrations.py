@@ -50,6 +50,11 @@ PG_ARTIFACT_MIGRATION = (
     "CREATE INDEX artifacts_upload ON artifacts (upload)",
     "CREATE INDEX artifacts_removing ON artifacts (seq) WHERE removing",
 )
+PG_ARTIFACT_USAGE_MIGRATION = (
+    f"CREATE TABLE artifact_usage (task_id {_T} PRIMARY KEY, count bigint NOT NULL, bytes bigint NOT NULL)",
+    "INSERT INTO artifact_usage (task_id, count, bytes) SELECT task_id, count(*), sum(size) FROM artifacts"
+    " GROUP BY task_id",
+)
 
 
 PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -265,6 +270,8 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 8: the console's task filters and per-minute figures, as in the SQLite store (its migration 12; text in
     # postgres/search.py)
     PG_SEARCH_MIGRATION,
+    # 9: a task's artifact count and bytes, as in the SQLite store (its migration 13)
+    PG_ARTIFACT_USAGE_MIGRATION,
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)
