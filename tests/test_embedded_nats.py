@@ -562,3 +562,94 @@ async def test_per_user_permissions_render_into_a_config_the_server_enforces(tmp
     finally:
         await nc.close()
         server.stop()
+
+
+# --------------------------------------------------------------------------- the watch (daemon/nats/embedded_watch.py)
+
+
+def test_healthz_problem_and_restart_of_the_embedded_server(embedded: EmbeddedNats) -> None:
+    """/healthz answers on a loopback monitoring port; a server that exited is a problem; ``restart`` brings a new
+    process up on the same port and store, the pid file naming it."""
+    creds = embedded.start()
+    assert embedded.server is not None
+    assert embedded.server.healthz()[0] == 200 and embedded.problem() is None
+    asyncio.run(_add_stream(creds))
+    old, new = embedded.restart()
+    assert old != new and embedded.pid == new and alive(new or 0)
+    assert embedded.url == creds.url and asyncio.run(_stream_names(creds)) == ["KEEP"]
+    assert (embedded.data_dir / PID_FILE).read_text().strip() == str(new)
+    os.kill(new or 0, signal.SIGKILL)
+    embedded.server.proc.wait(5)  # type: ignore[union-attr]
+    problem = embedded.problem()
+    assert problem is not None and "exited" in problem
+
+
+class _FakeEmbedded:
+    """What the watch uses of ``EmbeddedNats``: a scripted problem, restarts counted."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.now: str | None = None
+        self.cured_by_restart = True
+        self.restarted = 0
+        self.server_running = True
+
+    def problem(self) -> str | None:
+        return self.now
+
+    def restart(self) -> tuple[int, int]:
+        self.restarted += 1
+        if self.cured_by_restart:
+            self.now = None
+        return 100 + self.restarted, 101 + self.restarted
+
+
+async def test_the_watch_restarts_a_server_whose_stream_cannot_write_once_the_disk_has_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scheduler_gateway.daemon.nats.embedded_watch import RECOVERY_GRACE_S, RESTART_BACKOFF_S, EmbeddedNatsWatch
+
+    fake = _FakeEmbedded(tmp_path)
+    reensured: list[int] = []
+
+    async def reensure() -> None:
+        reensured.append(fake.restarted)
+
+    now = [1000.0]
+    watch = EmbeddedNatsWatch(fake, on_restarted=reensure, clock=lambda: now[0])  # type: ignore[arg-type]
+    free = {"bytes": 0}
+    monkeypatch.setattr(watch, "_free_bytes", lambda: free["bytes"])
+    await watch.check()
+    assert watch.health() is None
+    fake.now = "JetStream stream '$G > GW_SETTLE' write error: write ...: no space left on device"
+    await watch.check()  # the disk is still full: said, not restarted
+    health = watch.health()
+    assert health is not None and health[0] is False and "GW_SETTLE" in health[1] and fake.restarted == 0
+    free["bytes"] = 64 * 1024 * 1024
+    await watch.check()
+    assert fake.restarted == 1 and reensured == [1]
+    await watch.check()
+    assert watch.health() is None and watch.restarts == 1
+    # a problem a restart does not cure is tried again only after the backoff (and the recovery grace)
+    fake.cured_by_restart = False
+    fake.now = "JetStream stream '$G > GW_EVENTS' write error: input/output error"
+    await watch.check()
+    assert fake.restarted == 1  # within the grace after the last restart: JetStream may be recovering
+    now[0] += RECOVERY_GRACE_S
+    await watch.check()
+    assert fake.restarted == 2
+    now[0] += RECOVERY_GRACE_S
+    await watch.check()
+    assert fake.restarted == 3  # the backoff (2 s, then 4 s) had passed with the grace
+    now[0] += RECOVERY_GRACE_S + 1
+    fake.server_running = False  # a dead process is not waited for by the grace, only by the backoff
+    for _ in range(6):
+        await watch.check()
+        now[0] += RESTART_BACKOFF_S
+    assert 3 < fake.restarted < 3 + 6 and watch.health() is not None  # backing off
+    # what a restart does not cure is only said
+    other = EmbeddedNatsWatch(_FakeEmbedded(tmp_path))  # type: ignore[arg-type]
+    other.embedded.now = "JetStream stream '$G > X' could not be recovered"  # type: ignore[attr-defined]
+    monkeypatch.setattr(other, "_free_bytes", lambda: free["bytes"])
+    await other.check()
+    assert other.health() is not None and other.embedded.restarted == 0  # type: ignore[attr-defined]

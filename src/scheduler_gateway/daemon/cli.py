@@ -28,7 +28,8 @@ from scheduler_gateway.daemon.check import check_main
 from scheduler_gateway.daemon.config import Config, ConfigError, load_config, production_problems
 from scheduler_gateway.daemon.gateway import Gateway, GatewaySettings
 from scheduler_gateway.daemon.http.app import HttpSettings
-from scheduler_gateway.daemon.nats.embedded import DataDirInUse, EmbeddedNats
+from scheduler_gateway.daemon.nats.embedded import DataDirInUse, EmbeddedNats, NatsCredentials
+from scheduler_gateway.daemon.nats.embedded_watch import EmbeddedNatsWatch
 from scheduler_gateway.daemon.store.backup import backup_main
 from scheduler_gateway.daemon.store.integrity import NEWER_REMEDY, RUN_BUDGET_S, inspect_sqlite_file
 from scheduler_gateway.daemon.store.select import Store
@@ -143,6 +144,30 @@ def _start_failure(config: Config, exc: GatewayError) -> str:
     return f"cannot start ({exc.code}): {message} (store {where})"
 
 
+async def _start_embedded(config: Config) -> tuple[EmbeddedNats, NatsCredentials] | None:
+    """The embedded NATS server started and the gateway's credentials; None (said in one line) when it cannot."""
+    embedded = EmbeddedNats(config.data_dir, config.nats.embedded.port, subject_prefix=config.nats.subject_prefix)
+    try:
+        return embedded, await asyncio.to_thread(embedded.start)
+    except DataDirInUse as exc:
+        print(f"gatewayd: {exc}", file=sys.stderr)
+    except OSError as exc:  # the data dir cannot take nats.json, the pid file or the server's config (full)
+        await asyncio.to_thread(embedded.stop)
+        name = f" {exc.filename}" if exc.filename else ""
+        print(f"gatewayd: cannot start the embedded NATS server: {exc.strerror or exc}{name}", file=sys.stderr)
+    return None
+
+
+def _watch(embedded: EmbeddedNats | None, gateway: Gateway) -> EmbeddedNatsWatch | None:
+    """The embedded server is ours to keep usable: restarted when a stream of it cannot write (a disk that was
+    full) and there is room again, its state in /readyz's ``nats`` check (``embedded_watch``)."""
+    if embedded is None:
+        return None
+    watch = EmbeddedNatsWatch(embedded, on_restarted=gateway.bus.reensure)
+    gateway.nats_health = watch.health
+    return watch
+
+
 async def _run(config: Config) -> int:
     problem = _store_file_problem(config)
     if problem is not None:
@@ -150,23 +175,17 @@ async def _run(config: Config) -> int:
         return 1
     embedded: EmbeddedNats | None = None
     if config.nats.url is None:
-        embedded = EmbeddedNats(config.data_dir, config.nats.embedded.port, subject_prefix=config.nats.subject_prefix)
-        try:
-            creds = await asyncio.to_thread(embedded.start)
-        except DataDirInUse as exc:
-            print(f"gatewayd: {exc}", file=sys.stderr)
+        started = await _start_embedded(config)
+        if started is None:
             return 1
-        except OSError as exc:  # the data dir cannot take nats.json, the pid file or the server's config (full)
-            await asyncio.to_thread(embedded.stop)
-            name = f" {exc.filename}" if exc.filename else ""
-            print(f"gatewayd: cannot start the embedded NATS server: {exc.strerror or exc}{name}", file=sys.stderr)
-            return 1
+        embedded, creds = started
         url: str = creds.url
         user: str | None = creds.user
         password: str | None = creds.password
     else:
         url, user, password = config.nats.url, config.nats.user, config.nats.password
     gateway = Gateway(settings_from_config(config, url, user, password))
+    watch = _watch(embedded, gateway)
     notifier = SystemdNotifier()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -191,11 +210,15 @@ async def _run(config: Config) -> int:
             print(
                 f"gatewayd: embedded NATS at {url}; worker credentials in {embedded.node_credentials_path}", flush=True
             )
+            assert watch is not None
+            await watch.start()
         notifier.ready()
         await stop.wait()
         log.info("stopping: no new work; finishing in-flight writes")
         notifier.stopping()
     finally:
+        if watch is not None:
+            await watch.stop()  # no restart of the server while the gateway stops
         await notifier.aclose()
         await gateway.stop()
         if embedded is not None:

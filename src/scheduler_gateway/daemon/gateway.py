@@ -187,6 +187,8 @@ class Gateway:
         self._flusher: asyncio.Task[None] | None = None
         self.http_port = s.http_port
         self._started = False
+        #: what else says NATS is unusable while connected (the embedded server's watch, ``embedded_watch``)
+        self.nats_health: Callable[[], tuple[bool, str] | None] | None = None
         # more routes on the same app (same auth, request ids and error envelope): added before start()
         self.http_extensions: list[Callable[[web.Application], None]] = []
         # events over SSE (the hub starts and stops with the HTTP app) and result callbacks
@@ -422,6 +424,9 @@ class Gateway:
         except OSError as exc:
             checks["data_dir"] = (False, exc.strerror or "not writable")
         checks["nats"] = (self.bus.connected, "connected" if self.bus.connected else "disconnected")
+        trouble = self.nats_health() if self.nats_health is not None else None
+        if trouble is not None:  # connected, and still JetStream cannot write (a stream's critical write error)
+            checks["nats"] = trouble
         if self.bus.connected:
             for name, result in (await self.bus.stream_health()).items():
                 checks[f"stream:{name}"] = result

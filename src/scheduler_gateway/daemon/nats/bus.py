@@ -9,6 +9,7 @@ holds up the subscription behind it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -96,6 +97,7 @@ class NatsBus:
         self._kinds: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._subs: list[Any] = []
+        self._settle_sub: Any = None
         self.connected = False
         self._closing = False
         self._publisher: AckedPublisher | None = None
@@ -145,6 +147,36 @@ class NatsBus:
         )
         await bring_to_replicas(self.js, self._replicas)
 
+    async def reensure(self, timeout_s: float = 15.0) -> None:
+        """After the server was restarted under us (the embedded one, ``embedded_watch``): once reconnected,
+        the streams, the kind consumers this process made and the settle consumer exist again (made anew if the
+        restart lost them). Each call is idempotent; a store that kept them changes nothing."""
+        assert self.nc is not None and self.js is not None
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not self.nc.is_connected:
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError("NATS not reconnected")
+            await asyncio.sleep(0.05)
+        await ensure_streams(
+            self.js,
+            self.subjects,
+            replicas=self._replicas,
+            events_max_age_s=self._events_max_age_s,
+            events_max_msgs=self._events_max_msgs,
+            events_first_seq=self._events_first_seq,
+        )
+        for kind in sorted(self._kinds):
+            await ensure_kind_consumer(self.js, self.subjects, kind, self._replicas)
+        try:
+            await self.js.consumer_info(SETTLE_STREAM, SETTLE_CONSUMER)
+        except NotFoundError:
+            if self._settle_sub is not None:  # its consumer is gone: subscribe again, which makes it
+                log.warning("JetStream: the settle consumer was lost; made again")
+                with contextlib.suppress(Exception):
+                    await self._settle_sub.unsubscribe()
+                self._subs.remove(self._settle_sub)
+                await self._subscribe_settles()
+
     async def serve(self, inputs: NodeInputs) -> None:
         """Start answering claims and heartbeats and consuming settles."""
         assert self.nc is not None and self.js is not None
@@ -160,23 +192,26 @@ class NatsBus:
                 self.subjects.wildcard("heartbeat"), queue=GATEWAY_QUEUE, cb=self._spawn_cb(self._on_heartbeat)
             )
         )
-        self._subs.append(
-            await self.js.subscribe(
-                self.subjects.wildcard("settle"),
-                queue=SETTLE_CONSUMER,
-                stream=SETTLE_STREAM,
-                cb=self._spawn_cb(self._on_settle),
-                manual_ack=True,
-                config=ConsumerConfig(
-                    ack_policy=AckPolicy.EXPLICIT,
-                    ack_wait=SETTLE_ACK_WAIT_S,
-                    max_ack_pending=self._settle_max_inflight,
-                    num_replicas=self._replicas,
-                ),
-                pending_msgs_limit=self._settle_max_inflight * 4,
-            )
-        )
+        await self._subscribe_settles()
         await self._settle_ack_wait()
+
+    async def _subscribe_settles(self) -> None:
+        assert self.js is not None
+        self._settle_sub = await self.js.subscribe(
+            self.subjects.wildcard("settle"),
+            queue=SETTLE_CONSUMER,
+            stream=SETTLE_STREAM,
+            cb=self._spawn_cb(self._on_settle),
+            manual_ack=True,
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=SETTLE_ACK_WAIT_S,
+                max_ack_pending=self._settle_max_inflight,
+                num_replicas=self._replicas,
+            ),
+            pending_msgs_limit=self._settle_max_inflight * 4,
+        )
+        self._subs.append(self._settle_sub)
 
     async def _settle_ack_wait(self) -> None:
         """The durable settle consumer keeps the config it was made with: bring one made by an earlier version
@@ -199,6 +234,7 @@ class NatsBus:
             except Exception as exc:  # connection already gone: nothing to unsubscribe from
                 log.debug("unsubscribe: %s", type(exc).__name__)
         self._subs.clear()
+        self._settle_sub = None
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
 

@@ -237,6 +237,10 @@ class EmbeddedNats:
         return self.server.pid if self.server is not None else None
 
     @property
+    def server_running(self) -> bool:
+        return self.server is not None and self.server.running
+
+    @property
     def url(self) -> str | None:
         return self.server.url if self.server is not None else None
 
@@ -308,6 +312,7 @@ class EmbeddedNats:
             host=self.host,
             users=self.users(gateway_password, node_password),
             pid_file=self.pid_file,
+            monitor_port=0,  # /healthz on loopback: what ``EmbeddedNatsWatch`` asks (a stream that cannot write)
         )
         server.start(timeout_s)
         self.server = server
@@ -316,6 +321,41 @@ class EmbeddedNats:
         write_credentials(self.gateway_credentials_path, self.gateway_credentials)
         write_credentials(self.node_credentials_path, self.node_credentials)
         return self.gateway_credentials
+
+    def restart(self, timeout_s: float = 10.0) -> tuple[int | None, int | None]:
+        """Stop our server (by its pid) and start it again: the same config, port, users and JetStream store, the
+        lock kept throughout. Clients reconnect by themselves. What clears a stream's critical write error (the
+        server keeps one until it opens the store again). Returns (old pid, new pid). Blocking."""
+        server = self.server
+        if server is None:
+            raise RuntimeError("the embedded NATS server was not started")
+        old = server.pid
+        server.stop(timeout_s)
+        server.start(timeout_s)
+        return old, server.pid
+
+    def problem(self, timeout_s: float = 2.0) -> str | None:
+        """Why the running server cannot serve JetStream, or None: it exited, or ``/healthz`` says a stream cannot
+        write (or JetStream is off). A server that does not answer in time is not called broken here (load).
+        Blocking."""
+        server = self.server
+        if server is None:
+            return None
+        if not server.running:
+            return f"the embedded nats-server exited (code {server.exit_code})"
+        try:
+            status, body = server.healthz(timeout_s)
+        except (OSError, RuntimeError):
+            return None
+        if status == 200:
+            return None
+        try:
+            data = json.loads(body)
+            detail = str(data.get("error") or data.get("status") or body)
+        except (ValueError, AttributeError):
+            detail = body.strip()
+        detail = detail[:300]
+        return detail if detail.startswith("JetStream") else f"JetStream unusable: {detail}"
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the server (by its pid), remove the pid file, release the lock; the credential files stay."""

@@ -16,6 +16,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,6 +116,9 @@ class NatsServerProcess:
     proc: subprocess.Popen[bytes] | None = None
     #: Written with the child's pid right after it is spawned, removed by ``stop``/``kill``.
     pid_file: Path | None = None
+    #: The HTTP monitoring port on ``host`` (``/healthz``); None: none; 0: a free one, picked at each start.
+    monitor_port: int | None = None
+    _monitor_bound: int | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
@@ -135,6 +140,8 @@ class NatsServerProcess:
             "max_pending: 67108864",
             f"jetstream {{ store_dir: {_quote(str(self.store_dir / 'jetstream'))} }}",
         ]
+        if self._monitor_bound is not None:
+            lines.append(f"http: {_quote(f'{self.host}:{self._monitor_bound}')}")
         if self.users:
             body = ", ".join(u.config_text() for u in self.users)
             lines.append(f"authorization {{ users: [ {body} ] }}")
@@ -146,6 +153,8 @@ class NatsServerProcess:
         elif port_in_use(self.host, self.port):
             # else the readiness probe below would take the other listener for our server
             raise OSError(f"{self.host}:{self.port} is already in use; nats-server cannot listen there")
+        if self.monitor_port is not None:
+            self._monitor_bound = self.monitor_port or free_port()
         self.store_dir.mkdir(parents=True, exist_ok=True)
         conf = self.config_path
         # created 0600 before anything is written: the file holds the users' passwords
@@ -182,6 +191,30 @@ class NatsServerProcess:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"nothing listens on {self.host}:{self.port} after {timeout_s} s")
             time.sleep(0.02)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def exit_code(self) -> int | None:
+        """The child's exit status once it ended on its own (None: running, or never started)."""
+        return self.proc.poll() if self.proc is not None else None
+
+    def healthz(self, timeout_s: float = 2.0) -> tuple[int, str]:
+        """``GET /healthz`` of the monitoring port: (HTTP status, body). 200: JetStream and every stream can
+        write; 503 names what cannot (``JetStream stream '$G > GW_SETTLE' write error: ... no space left on
+        device``: a critical write error, which the server keeps until it restarts). Raises ``OSError`` when
+        nothing answers (no monitoring port: ``RuntimeError``). Blocking."""
+        if self._monitor_bound is None:
+            raise RuntimeError("this nats-server has no monitoring port")
+        url = f"http://{self.host}:{self._monitor_bound}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+                return int(resp.status), resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as exc:  # 503 and the like carry the reason in the body
+            with exc:
+                return int(exc.code), exc.read().decode(errors="replace")
 
     def _remove_pid_file(self, pid: int) -> None:
         """Only while it still names our child: a later server of the same directory may own it now."""
