@@ -13,7 +13,7 @@ import pytest
 from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord
 from scheduler_gateway.actors.model.records import ActorRef, AuditEntry, EventRecord, Task
 from scheduler_gateway.actors.ports import AuditQuery
-from scheduler_gateway.wire.errors import Code, Conflict, PayloadTooLarge
+from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, PayloadTooLarge
 
 from .test_store_contract import T0, assert_code, bump, create, harness, make_task, store, update
 
@@ -163,7 +163,7 @@ async def test_retention_keeps_a_task_until_its_artifacts_are_gone(store: Any) -
 async def test_the_sqlite_usage_migration_counts_the_artifacts_already_recorded(tmp_path: Any) -> None:
     import sqlite3
 
-    from scheduler_gateway.daemon.store.migrations import MIGRATIONS
+    from scheduler_gateway.daemon.store.artifacts import ARTIFACT_USAGE_MIGRATION
     from scheduler_gateway.daemon.store.sqlite import SqliteStore
 
     path = tmp_path / "gw.sqlite3"
@@ -173,12 +173,42 @@ async def test_the_sqlite_usage_migration_counts_the_artifacts_already_recorded(
     await put(s, t, rec(t, "a", size=10))
     await put(s, t, rec(t, "b", size=32))
     await s.stop()
-    with sqlite3.connect(path) as db:  # as written before the usage table existed
+    with sqlite3.connect(path) as db:  # the rows as written before the usage table existed, then its migration
         db.execute("DROP TABLE artifact_usage")
-        db.execute("DELETE FROM schema_version WHERE version = ?", (len(MIGRATIONS),))
+        for sql in ARTIFACT_USAGE_MIGRATION:
+            db.execute(sql)
     s = SqliteStore(path)
     await s.start()
     try:
         assert await s.artifact_usage(t.id) == (2, 42)
     finally:
         await s.stop()
+
+
+async def test_a_row_past_its_freshness_deadline_on_the_stores_clock_is_refused(store: Any) -> None:
+    import time
+
+    from .test_store_contract import PG_CLOCK
+
+    saved, PG_CLOCK[0] = PG_CLOCK[0], time.time()  # the PostgreSQL harness's clock (the database's outside tests)
+    try:
+        await _past_the_deadline(store)
+    finally:
+        PG_CLOCK[0] = saved
+
+
+async def _past_the_deadline(store: Any) -> None:
+    import time
+
+    t = await running(store, 8)
+    late = rec(t, "late.bin")
+    audit, event = audit_event(late)
+    with pytest.raises(GatewayError) as exc:
+        await store.record_artifact(
+            late, audit, event, task_revision=t.revision, limits=LIMITS, fresh_until=time.time() - 5
+        )
+    assert exc.value.code == Code.INVALID_ARGUMENT and exc.value.details["reason"] == "expired"
+    assert await store.get_artifact(t.id, "late.bin") is None and await store.artifact_usage(t.id) == (0, 0)
+    assert await store.record_artifact(
+        late, audit, event, task_revision=t.revision, limits=LIMITS, fresh_until=time.time() + 3600
+    ) == (late, True)

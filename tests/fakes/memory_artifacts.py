@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord
+from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord, expired_upload
 from scheduler_gateway.actors.model.records import TERMINAL_STATES, AuditEntry, EventRecord
 from scheduler_gateway.daemon.store.artifacts import decide, task_moved
 
@@ -17,9 +17,11 @@ if TYPE_CHECKING:
 class MemoryArtifacts:
     async def record_artifact(
         self: MemoryStore, record: ArtifactRecord, audit: AuditEntry, event: EventRecord, *, task_revision: int,
-        limits: ArtifactLimits,
+        limits: ArtifactLimits, fresh_until: float | None = None,
     ) -> tuple[ArtifactRecord, bool]:  # fmt: skip
         self._check_running()
+        if fresh_until is not None and self.store_clock() > fresh_until:
+            raise expired_upload()
         task = self._tasks.get(record.task_id)
         if task is None or task.state != "running" or task.revision != task_revision:
             raise task_moved(record.task_id)

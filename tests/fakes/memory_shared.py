@@ -154,6 +154,7 @@ class SharedMemoryStore(MemoryStore):
         super().__init__()
         self.clock = clock
         self.flow_clock = clock  # a rate counts each start when it commits, on the store's clock
+        self.store_clock = clock
         self.shared = MemorySharedTasks(self)
         self.duties = MemoryDuties(self, clock)
         for name in FENCED_WRITES:

@@ -7,6 +7,7 @@ the SQLite file does). Semantics and error codes are the SQLite store's; the sha
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -64,6 +65,8 @@ class MemoryStore(
         #: the store's clock for the starts a rate counts (PostgreSQL's own: the claim's commit, whichever instance
         #: decided it); None: the claim's own time, as SQLite counts (one process, its clock the store's)
         self.flow_clock: Callable[[], float] | None = None
+        #: the store's clock where a write is judged by it (an artifact's freshness); the simulation's virtual one
+        self.store_clock: Callable[[], float] = time.time
         self._revocations: list[str] = []  # token hashes; the sequence is the index + 1
         self._nodes: dict[str, NodeRecord] = {}
         self._callbacks: dict[str, CallbackDelivery] = {}

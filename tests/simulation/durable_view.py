@@ -11,8 +11,11 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from scheduler_gateway.actors.model.artifacts import ArtifactRecord
 from scheduler_gateway.actors.model.records import DeadLetter, HistoryEntry, Task
 from scheduler_gateway.actors.model.schedule import ScheduledRun, ScheduledTask
+from scheduler_gateway.daemon.store.artifacts import COLUMNS as ARTIFACT_COLUMNS
+from scheduler_gateway.daemon.store.artifacts import record_of
 from scheduler_gateway.daemon.store.dead_letters import _decode_dead_letter
 from scheduler_gateway.daemon.store.schedule_rows import _RUN_COLS, _SCHED_COLS, _SCHED_FROM, _runs_of, _tasks_of
 from scheduler_gateway.daemon.store.tasks import _decode_history, _decode_task
@@ -63,6 +66,9 @@ class MemoryView:
 
     def letters(self) -> dict[str, DeadLetter]:
         return dict(self.store._dead_letters)
+
+    def artifacts(self) -> list[ArtifactRecord]:
+        return list(self.store._artifacts.values())
 
 
 class SqliteView:
@@ -116,3 +122,6 @@ class SqliteView:
 
     def letters(self) -> dict[str, DeadLetter]:
         return {tid: _decode_dead_letter(doc) for tid, doc in self._rows("SELECT task_id, doc FROM dead_letters")}
+
+    def artifacts(self) -> list[ArtifactRecord]:
+        return [record_of(r) for r in self._rows(f"SELECT {ARTIFACT_COLUMNS} FROM artifacts ORDER BY seq")]

@@ -30,14 +30,28 @@ from scheduler_gateway.actors.model.schedule import ScheduleSpec, TaskTemplate
 from scheduler_gateway.actors.scheduler import NewSchedule, SchedulePatch, SpecPatch, TemplatePatch
 from scheduler_gateway.actors.task_service import Caller, NewTask
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
+from scheduler_gateway.wire.artifacts import ArtifactBegin, ArtifactCommit, ArtifactPut, ArtifactReply
 from scheduler_gateway.wire.errors import Code, GatewayError
 from scheduler_gateway.wire.messages import ClaimRequest, HeartbeatRequest, LeaseReport, Settle, WireError
 from tests.fakes.memory_store import MemoryStore
 
+from .artifact_invariants import artifact_violations, recorded_under_its_lease
 from .durable_view import MemoryView, SqliteView
 from .flow_invariants import FairTurns, FlowLog
 from .invariants import ChangeLog, Facts, LiveView, snapshot_violations, summarize
-from .sim_world import EPOCHS, MAX_SKEW_S, SCHEDULE_POLICY, TASK_POLICY, Cut, NodeLease, Pending, Sim, SimNode
+from .sim_world import (
+    ARTIFACT_CHUNK,
+    ARTIFACT_KEEPER_S,
+    EPOCHS,
+    MAX_SKEW_S,
+    SCHEDULE_POLICY,
+    TASK_POLICY,
+    Cut,
+    NodeLease,
+    Pending,
+    Sim,
+    SimNode,
+)
 
 USERS = ("alice", "bob", "root")  # root is an admin
 KINDS = ("echo", "work")
@@ -65,6 +79,9 @@ FREEZE_AT = (
     "publish_offers",
     "pending_callbacks+",
     "acquire_duty",
+    "record_artifact",
+    "bucket_write_meta",
+    "bucket_verify",
 )
 #: Several instances: the longest single advance (each virtual second costs every instance's timers)
 MULTI_MAX_ADVANCE_S = 601.0
@@ -86,6 +103,18 @@ KIND_CHANGES = st.fixed_dictionaries(
     },
 )
 ADMIN = ActorRef("user", "root")
+# artifacts: a few names (so the same name comes again, with the same or other bytes), sizes across the chunk
+# size and the limits (sim_world.ARTIFACT_LIMITS: 900 per artifact, 1500 and 4 per task)
+ART_NAMES = ("a.txt", "a.txt", "logs/b.log", "c.bin", "d", "e/f/g.json")
+ART_SIZES = (0, 5, 130, 300, 300, 700, 1000)
+ART_HOW = ("put", "put", "chunks", "chunks", "abandon", "corrupt")
+ART_LEASE = ("current", "current", "current", "current", "old", "foreign")
+
+
+def art_bytes(name: str, version: int, size: int) -> bytes:
+    return (f"{name}:{version};".encode() * (size // 4 + 2))[:size]
+
+
 SCHEDULE_OPS = (
     "patch_title",
     "patch_to_once",
@@ -168,6 +197,7 @@ class SimMachine(RuleBasedStateMachine):
         self.flow = FlowLog(coverage=COVERAGE)
         self.fair = FairTurns(COVERAGE)
         self.step_started = 0.0
+        self.artifacts_due = False  # a clock step long enough for the artifact keeper's rounds
 
     # -- plumbing ------------------------------------------------------------------------------------
     @initialize(
@@ -195,8 +225,10 @@ class SimMachine(RuleBasedStateMachine):
             self.view: MemoryView | SqliteView = SqliteView(path)
         else:
             self.sim = Sim(self.seed, self.store_factory(), EPOCHS[epoch])
+            self.sim.durable.store_clock = self.sim.wall  # one process: its clock is the store's
             self.view = MemoryView(self.sim.durable)
         self.sim.write_hooks.append(self._on_store_call)
+        self.sim.write_hooks.append(self._artifact_recorded)
         self.sim.offer_watch = self.fair
         self.sim.boot()
         STATS["examples"] += 1
@@ -284,6 +316,13 @@ class SimMachine(RuleBasedStateMachine):
         elif name == "claim_due":
             for c in result:
                 self._schedule_written(c.task.id, name)
+
+    def _artifact_recorded(self, name: str, args: tuple[Any, ...], result: Any) -> None:
+        if name == "record_artifact" and result[1]:
+            COVERAGE["artifacts recorded"] += 1
+            found = recorded_under_its_lease(args[0], args[1].old_revision, self.view.history_after)
+            if found is not None:
+                self.problem(found)
 
     def _schedule_written(self, sid: str, why: str) -> None:
         assert self.sim is not None
@@ -1003,6 +1042,95 @@ class SimMachine(RuleBasedStateMachine):
 
         self.do(later, advance=wait + 0.01)
 
+    @rule(
+        n=st.integers(0, 2),
+        i=st.integers(0, 10),
+        name=st.sampled_from(ART_NAMES),
+        size=st.sampled_from(ART_SIZES),
+        version=st.sampled_from([0, 0, 0, 1]),
+        how=st.sampled_from(ART_HOW),
+        lease=st.sampled_from(ART_LEASE),
+    )
+    def put_artifact(self, n: int, i: int, name: str, size: int, version: int, how: str, lease: str) -> None:
+        """A handler's artifact: in one ``put``, or begun, published in chunks by the node itself and committed;
+        ``abandon``: the node dies mid-upload (chunks, no commit); ``corrupt``: the commit reports other bytes.
+        ``old``: a lease the node held before; ``foreign``: another node's current lease, sent by this one."""
+        assert self.sim is not None
+        chosen = self._artifact_lease(n, i, lease)
+        if chosen is None:
+            return
+        node, held = chosen
+        data = art_bytes(name, version, size)
+        sha = hashlib.sha256(data).hexdigest()
+        bucket = self.sim.bucket
+        sim = self.sim
+        task_id, lease_id = held.task_id, held.lease_id
+
+        async def chunked() -> ArtifactReply:
+            w = self.w
+            begin = await w.artifacts.handle(
+                node.id, ArtifactBegin(task_id=task_id, lease_id=lease_id, name=name, size=size, sha256=sha)
+            )
+            if not begin.ok or begin.artifact is not None:
+                return begin  # type: ignore[no-any-return]
+            upload = begin.subject  # sim_world.BucketGate: "<node>.<upload id>"
+            pieces = [data[k : k + ARTIFACT_CHUNK] for k in range(0, len(data), ARTIFACT_CHUNK)]
+            for k, piece in enumerate(pieces):
+                if how == "abandon" and k == len(pieces) // 2:
+                    return ArtifactReply(ok=False)  # the node died here: its chunks stay, never committed
+                bucket.node_publish(upload, piece, sim.now())
+                await asyncio.sleep(0)
+            if how == "abandon":
+                return ArtifactReply(ok=False)
+            reported = sha if how != "corrupt" else hashlib.sha256(data + b"!").hexdigest()
+            commit = ArtifactCommit(
+                task_id=task_id, lease_id=lease_id, upload_id=upload.rpartition(".")[2], name=name, size=size,
+                sha256=reported,
+            )  # fmt: skip
+            return await w.artifacts.handle(node.id, commit)  # type: ignore[no-any-return]
+
+        async def put() -> ArtifactReply:
+            req = ArtifactPut(task_id=task_id, lease_id=lease_id, name=name, size=size, sha256=sha, data=data)
+            return await self.w.artifacts.handle(node.id, req)  # type: ignore[no-any-return]
+
+        out = self.do(put if how == "put" else chunked)
+        if not out.ok or how == "abandon":
+            return
+        self._judge_artifact(out.value, how, task_id, name, sha)
+
+    def _artifact_lease(self, n: int, i: int, lease: str) -> tuple[SimNode, NodeLease] | None:
+        """Who sends, under which lease: node ``n`` with a lease it held before (``old``) or with another node's
+        (``foreign``); else the first node from ``n`` on that runs something, with one of its leases."""
+        node = self.nodes[n]
+        if lease == "old":
+            return (node, node.old_leases[-1 - i % len(node.old_leases)]) if node.old_leases else None
+        if lease == "foreign":
+            other = self.nodes[(n + 1) % len(self.nodes)]
+            return (node, list(other.leases.values())[i % len(other.leases)]) if other.leases else None
+        for m in range(len(self.nodes)):
+            runner = self.nodes[(n + m) % len(self.nodes)]
+            if runner.leases:
+                return runner, list(runner.leases.values())[i % len(runner.leases)]
+        return None
+
+    def _judge_artifact(self, reply: ArtifactReply, how: str, task_id: str, name: str, sha: str) -> None:
+        """What the node was told agrees with the index."""
+        answer = "repeat" if reply.repeat else "ok" if reply.ok else reply.error.code if reply.error else "?"
+        COVERAGE[f"artifact {how}: {answer}"] += 1
+        row = next((r for r in self.view.artifacts() if r.task_id == task_id and r.name == name), None)
+        if reply.ok and how == "corrupt" and not reply.repeat:
+            self.problem(f"a commit reporting other bytes than stored was recorded: {task_id}/{name}")
+        if reply.ok and not reply.repeat and (row is None or row.sha256 != sha):
+            self.problem(f"artifact {task_id}/{name} answered as recorded is not in the index with its digest")
+        if reply.ok and reply.repeat and row is not None and row.sha256 != sha and how != "corrupt":
+            self.problem(f"artifact {task_id}/{name} answered as a repeat of other bytes")
+        if (
+            reply.error is not None
+            and reply.error.code == Code.IDEMPOTENCY_CONFLICT
+            and (row is None or row.sha256 == sha)
+        ):
+            self.problem(f"artifact {task_id}/{name} refused as a conflict without another digest recorded")
+
     def _changed_by_settle(self, task_id: str, since: int) -> bool:
         assert self.sim is not None
         hist: list[HistoryEntry] = self.view.history_after(task_id, since)
@@ -1044,6 +1172,7 @@ class SimMachine(RuleBasedStateMachine):
         if self.instances > 1:
             seconds = min(seconds, MULTI_MAX_ADVANCE_S)
         self.do(_idle, advance=seconds)
+        self.artifacts_due = seconds >= 2 * ARTIFACT_KEEPER_S
 
     @precondition(lambda self: bool(self.schedule_ids))
     @rule()
@@ -1194,6 +1323,8 @@ class SimMachine(RuleBasedStateMachine):
             self.faulted = False if self.advanced >= 60.0 else self.faulted
         found += self.log.violations + self.log.pending_cascades() + self.problems
         found += self.flow.violations + self.fair.violations
+        due, self.artifacts_due = self.artifacts_due and liveness and not self.sim.bus.down, False
+        found += artifact_violations(self.view.artifacts(), facts.tasks, self.sim.bucket, self.sim.now(), due=due)
         if liveness and not self.sim.bus.down and self._outbox_late():
             found.append("events_reach_the_stream: the outbox kept events after time passed")
         found += [f"loop_error: {e}" for e in self.sim.loop_errors]

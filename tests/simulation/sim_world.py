@@ -36,19 +36,22 @@ from scheduler_gateway.actors import callback_sender as callback_sender_mod
 from scheduler_gateway.actors import dispatcher as dispatcher_mod
 from scheduler_gateway.actors import event_relay as event_relay_mod
 from scheduler_gateway.actors import idgen
+from scheduler_gateway.actors.artifacts import ArtifactKeeper, ArtifactService
 from scheduler_gateway.actors.callback_sender import CallbackSender
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterKeeper, DeadLetterPolicy
 from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.duties import LeaseTiming
 from scheduler_gateway.actors.event_relay import EventRelay
 from scheduler_gateway.actors.kinds import KindService
+from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.schedule import SchedulePolicy
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.ports import CallbackPost
 from scheduler_gateway.actors.scheduler import Scheduler, ScheduleService, TaskServiceLauncher
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
-from scheduler_gateway.wire.errors import StorageError
+from scheduler_gateway.wire.artifacts import object_name
+from scheduler_gateway.wire.errors import Code, GatewayError, StorageError
 from scheduler_gateway.wire.ids import RAND_BITS, format_id
 from scheduler_gateway.wire.messages import Offer
 from scheduler_gateway.wire.subjects import Subjects
@@ -87,6 +90,12 @@ MAX_SKEW_S = 2.0
 #: Several instances: how often each re-reads the kinds' settings (daemon/gateway.py: 1 s); longer here, as each
 #: virtual second costs every instance's timers, and the store's check holds the limits meanwhile anyway
 KIND_REFRESH_S = 15.0
+#: Artifacts: small limits (so the limits are met), chunks of a few bytes (so an upload has several), an orphan
+#: age and a retention the clock steps reach; the keeper looks about four times per orphan age, as gatewayd does
+ARTIFACT_LIMITS = ArtifactLimits(max_bytes=900, max_per_task=4, max_task_bytes=1500, orphan_after_s=240.0)
+ARTIFACT_CHUNK = 128
+ARTIFACT_KEEP_TASKS_S = 1800.0
+ARTIFACT_KEEPER_S = 60.0
 CALLBACK_POLICY = CallbackPolicy(secret="sim-callback-secret-0123456789", retry_delays_s=(1.0, 5.0), timeout_s=5.0)
 
 
@@ -424,6 +433,110 @@ class BusGate:
         return len(events), (events[-1].msg_id if events else None)
 
 
+class SimBucket:
+    """The object store bucket ``GW_ARTIFACTS`` as JetStream keeps it; it outlives gateway crashes.
+
+    ``chunks``: upload (``<node>.<upload id>``) -> the chunk messages stored under it, each with the time it was
+    stored (the server's clock: the store's); ``metas``: object name -> (upload, when written). A node publishes
+    chunks itself (``node_publish``); everything else is the gateway's, through its ``BucketGate``."""
+
+    def __init__(self) -> None:
+        self.chunks: dict[str, list[tuple[bytes, float]]] = {}
+        self.metas: dict[str, tuple[str, float]] = {}
+
+    def node_publish(self, upload: str, data: bytes, at: float) -> None:
+        self.chunks.setdefault(upload, []).append((data, at))
+
+    def bytes_of(self, upload: str, chunks: int) -> bytes | None:
+        """The first ``chunks`` chunks of ``upload`` joined, or None when it holds fewer."""
+        stored = self.chunks.get(upload, [])
+        if len(stored) < chunks:
+            return None
+        return b"".join(data for data, _ in stored[:chunks])
+
+
+class BucketGate:
+    """The ``ArtifactBucket`` port (actors/artifacts.py) for one incarnation, on the shared ``SimBucket``: every
+    call is an await point where a frozen instance stops, and fails once the process died or NATS is down."""
+
+    def __init__(self, bucket: SimBucket, bus: SimBus, wall: Callable[[], float], freezer: Freezer) -> None:
+        self._bucket = bucket
+        self._bus = bus
+        self._wall = wall  # the server's clock stamps what it stores
+        self._freezer = freezer
+        self.alive = True
+
+    async def _io(self, name: str) -> None:
+        await asyncio.sleep(0)
+        if await self._freezer.gate(name):
+            raise asyncio.CancelledError()
+        if not self.alive or self._bus.down:
+            raise ConnectionError("NATS unreachable (simulated)")
+
+    def upload_settings(self) -> tuple[str, int]:
+        return "{node}.{upload}", ARTIFACT_CHUNK
+
+    def watch(self, upload: str) -> None:
+        pass  # the simulated bucket checks by reading back: the verdict is the same
+
+    async def verify(self, upload: str, size: int, sha256: str) -> int:
+        await self._io("bucket_verify")
+        import hashlib
+
+        h, seen, n = hashlib.sha256(), 0, 0
+        for data, _ in self._bucket.chunks.get(upload, []):
+            if seen >= size and n:
+                break
+            seen += len(data)
+            n += 1
+            h.update(data)
+        if seen != size or h.hexdigest() != sha256:
+            raise GatewayError("the upload does not match the reported size and sha256", code=Code.DIGEST_MISMATCH)
+        return n
+
+    async def write_meta(self, record: ArtifactRecord) -> None:
+        await self._io("bucket_write_meta")
+        self._bucket.metas[object_name(record.task_id, record.name)] = (record.upload, self._wall())
+
+    async def put_chunk(self, upload: str, data: bytes) -> None:
+        await self._io("bucket_put_chunk")
+        self._bucket.chunks.setdefault(upload, []).append((data, self._wall()))
+
+    async def remove(self, record: ArtifactRecord) -> None:
+        await self._io("bucket_remove")
+        self._bucket.chunks.pop(record.upload, None)
+        await self._io("bucket_remove")  # two purges: a crash may come between them
+        self._bucket.metas.pop(object_name(record.task_id, record.name), None)
+
+    async def drop_upload(self, upload: str) -> None:
+        await self._io("bucket_drop_upload")
+        self._bucket.chunks.pop(upload, None)
+
+    async def remove_object(self, object_name: str, upload: str) -> None:
+        await self._io("bucket_remove_object")
+        meta = self._bucket.metas.get(object_name)
+        if meta is not None and meta[0] == upload:
+            del self._bucket.metas[object_name]
+
+    async def listing(self) -> tuple[list[str], list[str]]:
+        await self._io("bucket_listing")
+        return sorted(u for u, c in self._bucket.chunks.items() if c), sorted(self._bucket.metas)
+
+    async def last_at(self, upload: str) -> float | None:
+        await self._io("bucket_last_at")
+        stored = self._bucket.chunks.get(upload)
+        return stored[-1][1] if stored else None
+
+    async def meta_of(self, object_name: str) -> tuple[str, float] | None:
+        await self._io("bucket_meta_of")
+        return self._bucket.metas.get(object_name)
+
+    async def read(self, record: ArtifactRecord, start: int, end: int) -> Any:
+        await self._io("bucket_read")
+        data = self._bucket.bytes_of(record.upload, record.chunks) or b""
+        yield data[start : end + 1]
+
+
 class SimPoster:
     """The callback receivers: answers 2xx or a failure, by a seeded coin."""
 
@@ -479,6 +592,7 @@ class World:
         self.freezer = Freezer(on_freeze=lambda: sim.disarm_others(index))
         self.store = StoreGate(sim.durable, sim.store_hook(index), self.freezer)
         self.bus = BusGate(sim.bus, self.freezer)
+        self.bucket = BucketGate(sim.bucket, sim.bus, sim.wall, self.freezer)
         self.poster = SimPoster(random.Random(sim.seed * 1000 + incarnation * 10 + index + 1), self.freezer)
         self.dispatcher = Dispatcher(self.bus, clock, max_offers_per_kind=6)  # type: ignore[arg-type]
         if sim.offer_watch is not None:
@@ -515,6 +629,16 @@ class World:
             rng=random.Random(sim.seed * 7919 + incarnation * 10 + index),
         )
         self.keeper = DeadLetterKeeper(duty_store, self.service, DEAD_LETTER_POLICY, clock)
+        # artifacts (daemon/artifacts.py): every instance answers nodes and runs the keeper (its steps idempotent)
+        self.artifacts = ArtifactService(self.store, self.bucket, self.service, ARTIFACT_LIMITS, clock)  # type: ignore[arg-type]
+        self.artifact_keeper = ArtifactKeeper(
+            self.store,  # type: ignore[arg-type]
+            self.bucket,
+            ARTIFACT_LIMITS,
+            clock,
+            tasks_s=ARTIFACT_KEEP_TASKS_S,
+            interval_s=ARTIFACT_KEEPER_S,
+        )
         poster: Any = self.poster if self.ha is None else self.ha.fenced_poster(self.poster)
         self.callbacks = CallbackSender(duty_store, poster, CALLBACK_POLICY, clock)
         self.service.add_listener(self.callbacks.on_transition)
@@ -559,12 +683,14 @@ class World:
             await self.keeper.start()
             await self.callbacks.start()
         await self.scheduler.start()
+        await self.artifact_keeper.start()
         if self.ha is not None:
             await self.ha.start()
 
     def close_handles(self) -> None:
         self.store.alive = False
         self.bus.alive = False
+        self.bucket.alive = False
         self.poster.alive = False
         self.freezer.thaw()  # what waited at a gate now meets the dead handles
 
@@ -596,6 +722,7 @@ class Sim:
         self.durable = durable
         self.sqlite_path = sqlite_path
         self.bus = SimBus()
+        self.bucket = SimBucket()
         self.ids = SimIds(self.wall)
         self.incarnation = 0
         self.crashes = 0

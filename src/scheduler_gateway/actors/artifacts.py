@@ -48,6 +48,7 @@ from .model.artifacts import (
     ArtifactLimits,
     ArtifactRecord,
     event_data,
+    expired_upload,
     name_refusal,
     repeat_or_conflict,
     room,
@@ -66,6 +67,11 @@ class ArtifactBucket(Protocol):
 
     def upload_settings(self) -> tuple[str, int]:
         """``(chunk subject template, chunk size)``: where nodes publish and how big a chunk may be."""
+        ...
+
+    def watch(self, upload: str) -> None:
+        """A chunked upload was begun here: the bucket may start checking its chunks as they are stored, so that
+        ``verify`` need not read them all back (an optimisation: ``verify`` is right either way)."""
         ...
 
     async def verify(self, upload: str, size: int, sha256: str) -> int:
@@ -186,6 +192,7 @@ class ArtifactService:
             raise
         upload_id = idgen.new_id("upl")
         template, chunk_size = self._bucket.upload_settings()
+        self._bucket.watch(chunk_token(node_id, upload_id))
         return ArtifactReply(
             ok=True,
             upload_id=upload_id,
@@ -215,7 +222,7 @@ class ArtifactService:
             chunks=chunks,
             owner=task.owner,
         )
-        return await self._finish(node_id, task, req.lease_id, record, self._fresh_or_refuse)
+        return await self._finish(node_id, task, req.lease_id, record, self._deadline)
 
     async def _put(self, node_id: str, req: ArtifactPut) -> ArtifactReply:
         """A small artifact whose bytes came with the request: checked here, stored as one chunk, recorded."""
@@ -259,18 +266,11 @@ class ArtifactService:
             owner=task.owner,
         )
 
-        async def fresh_or_refuse(node_id: str, task: Task, record: ArtifactRecord) -> None:
-            # the chunk was stored at ``stored_at`` (no older on the bucket's clock): the same rule as a commit's
-            if self._clock() - stored_at > self.limits.orphan_after_s / 2:
-                exc = InvalidArgument(
-                    "the upload cannot be recorded: its chunks are too old (the keeper may remove them);"
-                    " upload the artifact again",
-                    details={"field": "uploadId", "reason": "expired"},
-                )
-                await self._audit_refusal(node_id, task, record.name, exc.code, exc.message)
-                raise exc
+        async def deadline(node_id: str, task: Task, record: ArtifactRecord) -> float | None:
+            # the chunk was stored at ``stored_at`` (no later on the bucket's clock): the rule of a commit's chunks
+            return stored_at + self.limits.orphan_after_s / 2 if record.chunks else None
 
-        return await self._finish(node_id, task, req.lease_id, record, fresh_or_refuse)
+        return await self._finish(node_id, task, req.lease_id, record, deadline)
 
     async def _finish(
         self,
@@ -278,15 +278,14 @@ class ArtifactService:
         task: Task,
         lease_id: str,
         record: ArtifactRecord,
-        fresh_or_refuse: Callable[[str, Task, ArtifactRecord], Awaitable[None]],
+        deadline: Callable[[str, Task, ArtifactRecord], Awaitable[float | None]],
     ) -> ArtifactReply:
         """Stored and checked bytes: the meta, then the row (in the task's mailbox, the lease checked again)."""
         failpoints.hit("artifact.after_verify")  # the bytes are checked; no meta, no row
         await self._bucket.write_meta(record)  # bytes first: the row is never without them
         failpoints.hit("artifact.after_meta")  # an object no row names yet: recorded by a retried commit, or an orphan
         try:
-            await fresh_or_refuse(node_id, task, record)
-            kept, created = await self._record(node_id, lease_id, record)
+            kept, created = await self._record(node_id, lease_id, record, await deadline(node_id, task, record))
         except GatewayError as exc:
             if exc.code not in (Code.STORAGE_ERROR, Code.SERVICE_UNAVAILABLE):  # else the node retries the commit
                 await self._undo(record)
@@ -325,21 +324,22 @@ class ArtifactService:
             raise
         return task, chunks
 
-    async def _fresh_or_refuse(self, node_id: str, task: Task, record: ArtifactRecord) -> None:
-        """The keeper removes chunks no row names once nothing was stored to them for ``orphan_after_s``. A row
-        is recorded only while its newest chunk is younger than half that, so the keeper, which cannot know of a
-        commit under way (on any instance), never removes the bytes of a row that is about to be recorded: the
-        store's write has half of ``orphan_after_s`` to land. An older upload (a commit sent again long after,
-        across a restart) is refused, and its node uploads again."""
+    async def _deadline(self, node_id: str, task: Task, record: ArtifactRecord) -> float | None:
+        """Until when (the store's clock) the row may be written: half of ``orphan_after_s`` after the newest
+        chunk was stored (None: an empty artifact has no chunk). The keeper removes chunks no row names once
+        nothing was stored to them for ``orphan_after_s``; it cannot know of a commit under way on any instance,
+        so the store refuses a row past this deadline, in the transaction, on its own clock: a gatewayd paused
+        between its checks and the write (a freeze, a long GC) never records a row whose bytes were swept. An
+        upload already past it (a commit sent again long after, across a restart) is refused here; its node
+        uploads again."""
+        if record.chunks == 0:
+            return None
         at = await self._bucket.last_at(record.upload)
         if at is None or self._clock() - at > self.limits.orphan_after_s / 2:
-            why = "its chunks are gone" if at is None else "its chunks are too old (the keeper may remove them)"
-            exc = InvalidArgument(
-                f"the upload cannot be recorded: {why}; upload the artifact again",
-                details={"field": "uploadId", "reason": "gone" if at is None else "expired"},
-            )
+            exc = expired_upload(gone=at is None)
             await self._audit_refusal(node_id, task, record.name, exc.code, exc.message)
             raise exc
+        return at + self.limits.orphan_after_s / 2
 
     async def _undo(self, record: ArtifactRecord) -> None:
         """A record refused after its meta was written (the lease moved on meanwhile): its object goes, unless a
@@ -351,8 +351,11 @@ class ArtifactService:
             await self._bucket.write_meta(existing)
             await self._bucket.drop_upload(record.upload)
 
-    async def _record(self, node_id: str, lease_id: str, record: ArtifactRecord) -> tuple[ArtifactRecord, bool]:
-        """In the task's mailbox: the lease again, then the store's compare-and-set on the task's revision."""
+    async def _record(
+        self, node_id: str, lease_id: str, record: ArtifactRecord, fresh_until: float | None
+    ) -> tuple[ArtifactRecord, bool]:
+        """In the task's mailbox: the lease again, then the store's compare-and-set on the task's revision (and its
+        clock against ``fresh_until``)."""
         last: GatewayError | None = None
         for _ in range(RECORD_RETRIES):
 
@@ -370,7 +373,7 @@ class ArtifactService:
                     data=event_data(record),
                 )
                 done: tuple[ArtifactRecord, bool] = await self._store.record_artifact(
-                    record, audit, event, task_revision=task.revision, limits=self.limits
+                    record, audit, event, task_revision=task.revision, limits=self.limits, fresh_until=fresh_until
                 )
                 return done
 

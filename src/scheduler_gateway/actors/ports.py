@@ -406,12 +406,14 @@ class ArtifactStore(Protocol):
 
     async def record_artifact(
         self, record: ArtifactRecord, audit: AuditEntry, event: EventRecord, *, task_revision: int,
-        limits: ArtifactLimits,
+        limits: ArtifactLimits, fresh_until: float | None = None,
     ) -> tuple[ArtifactRecord, bool]:  # fmt: skip
         """In one transaction, the store arbitrating: REVISION_CONFLICT unless the task is ``running`` at
         ``task_revision`` (its lease unchanged); the same name already recorded -> ``(existing, False)`` with the
         same size and sha256, IDEMPOTENCY_CONFLICT with others; over ``limits`` (count, task bytes, artifact
-        bytes) -> PAYLOAD_TOO_LARGE; else the row, ``audit`` and ``event`` are written -> ``(record, True)``."""
+        bytes) -> PAYLOAD_TOO_LARGE; the store's clock past ``fresh_until`` -> INVALID_ARGUMENT (``reason``
+        ``expired``: the keeper may have removed the bytes); else the row, ``audit`` and ``event`` are written
+        -> ``(record, True)``."""
         ...
 
     async def list_artifacts(self, task_id: str) -> list[ArtifactRecord]:

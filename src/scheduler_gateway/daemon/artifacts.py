@@ -100,3 +100,5 @@ class Artifacts:
             await self._responder.stop()
         if self.keeper is not None:
             await self.keeper.stop()
+        if self.bucket is not None:
+            await self.bucket.stop()

@@ -120,3 +120,12 @@ def repeat_or_conflict(existing: ArtifactRecord, size: int, sha256: str) -> bool
 def event_data(record: ArtifactRecord) -> dict[str, object]:
     """The ``task.artifact_added`` event's data (CONTRACT 2.11)."""
     return {"name": record.name, "size": record.size, "sha256": record.sha256, "contentType": record.content_type}
+
+
+def expired_upload(*, gone: bool = False) -> InvalidArgument:
+    """An upload whose chunks may be (or were) removed as an orphan: refused, for the node to upload again."""
+    why = "its chunks are gone" if gone else "its chunks are too old (the keeper may remove them)"
+    return InvalidArgument(
+        f"the upload cannot be recorded: {why}; upload the artifact again",
+        details={"field": "uploadId", "reason": "gone" if gone else "expired"},
+    )

@@ -2,7 +2,10 @@
 ``gw.artifact.<nodeId>`` (docs/WIRE.md, Artifacts).
 
 Nodes publish chunks themselves to ``$O.GW_ARTIFACTS.C.<nodeId>.<uploadId>`` (their NATS user may publish there
-and nowhere else in the bucket); this adapter reads them back through a short-lived pull consumer of its own
+and nowhere else in the bucket). From a chunked upload's begin, the instance that handed it out reads its chunks
+as they are stored and hashes them (``watch``), so a commit answers as soon as the last chunk is in rather than
+after reading the whole upload again; a commit that reaches another instance, or comes after the watch gave up,
+is checked by reading the chunks back. Both read through a short-lived pull consumer of its own
 (memory storage, no acks, a few chunks fetched at a time, so gatewayd never holds more than a handful of chunks
 of an artifact), writes the object's meta in the object store's format (``nats object ls GW_ARTIFACTS`` lists
 the artifacts as ``<taskId>/<name>``), purges chunks and metas, and lists what the bucket holds for the orphan
@@ -50,6 +53,8 @@ FETCH_BATCH = 8
 #: an upload of at most this many chunks is read back with direct gets instead of a consumer of its own
 DIRECT_MAX_CHUNKS = 4
 FETCH_TIMEOUT_S = 5.0
+#: a watch with no new chunk for this long stops (the node died or went quiet); its commit reads the chunks back
+WATCH_IDLE_S = 30.0
 API_TIMEOUT_S = 10.0
 _decode_request: Callable[[bytes], ArtifactRequest] = msgspec.json.Decoder(ArtifactRequest).decode
 _encode = msgspec.json.Encoder().encode
@@ -87,20 +92,77 @@ async def ensure_bucket(js: JetStreamContext, replicas: int = 1) -> None:
     await js.stream_info(BUCKET_STREAM)
 
 
+class _Watch:
+    """One upload's chunks hashed as they are stored (``JetStreamArtifacts.watch``)."""
+
+    def __init__(self) -> None:
+        self.hash = hashlib.sha256()
+        self.seen = 0
+        self.chunks = 0
+        self.more = asyncio.Event()  # set at each chunk, and when the watch ends
+        self.done = False  # ended: gave up or failed; its figures are what it saw
+        self.task: asyncio.Task[None] | None = None
+
+
 class JetStreamArtifacts:
     """The ``ArtifactBucket`` port (actors/artifacts.py) on one NATS connection (the gateway's)."""
 
     def __init__(self, nc: Client, js: JetStreamContext) -> None:
         self._nc = nc
         self._js = js
+        self._watches: dict[str, _Watch] = {}
+
+    def watch(self, upload: str) -> None:
+        """Start hashing ``upload``'s chunks as the node stores them (a chunked upload was just begun)."""
+        if upload in self._watches:
+            return
+        w = self._watches[upload] = _Watch()
+        w.task = asyncio.ensure_future(self._follow(upload, w))
+
+    async def _follow(self, upload: str, w: _Watch) -> None:
+        try:
+            async for msg in self._chunks(upload, follow=True):
+                w.hash.update(msg.data)
+                w.seen += len(msg.data)
+                w.chunks += 1
+                w.more.set()
+        except Exception as exc:  # the commit reads the chunks back instead
+            log.debug("artifact watch of %s ended: %s", upload, type(exc).__name__)
+        finally:
+            w.done = True
+            w.more.set()
+            self._watches.pop(upload, None)
+
+    async def _watched(self, upload: str, size: int) -> tuple[int, int, str] | None:
+        """What the watch of ``upload`` saw once it holds ``size`` bytes (or more): (bytes, chunks, sha256); None
+        when there is no watch or it ended short (the commit then reads the chunks back)."""
+        w = self._watches.get(upload)
+        if w is None:
+            return None
+        while w.seen < size and not w.done:
+            w.more.clear()
+            await w.more.wait()
+        if w.task is not None:
+            w.task.cancel()
+        self._watches.pop(upload, None)
+        if w.seen < size:
+            return None
+        return w.seen, w.chunks, w.hash.hexdigest()
+
+    async def stop(self) -> None:
+        for w in list(self._watches.values()):
+            if w.task is not None:
+                w.task.cancel()
+        self._watches.clear()
 
     def upload_settings(self) -> tuple[str, int]:
         # a chunk and its headers fit in one message of this server, with room to spare
         size = max(1024, min(DEFAULT_CHUNK_SIZE, int(self._nc.max_payload) - 8192))
         return CHUNKS_PREFIX + "{node}.{upload}", size
 
-    async def _chunks(self, upload: str) -> AsyncIterator[Msg]:
-        """Every chunk message of ``upload`` as stored now, oldest first (a pull consumer of its own)."""
+    async def _chunks(self, upload: str, follow: bool = False) -> AsyncIterator[Msg]:
+        """Every chunk message of ``upload`` as stored now, oldest first (a pull consumer of its own); with
+        ``follow``, also those stored later, until none came for ``WATCH_IDLE_S``."""
         subject = CHUNKS_PREFIX + upload
         try:
             sub = await self._js.pull_subscribe(
@@ -120,11 +182,17 @@ class JetStreamArtifacts:
             raise Unavailable(f"the artifact bucket does not answer ({type(exc).__name__})") from exc
         try:
             pending = await self._pending(sub)
-            while pending > 0:
+            loop = asyncio.get_running_loop()
+            last = loop.time()
+            while pending > 0 or (follow and loop.time() - last < WATCH_IDLE_S):
                 try:
-                    msgs = await sub.fetch(min(FETCH_BATCH, pending), timeout=FETCH_TIMEOUT_S)
+                    batch = min(FETCH_BATCH, pending) if pending > 0 else FETCH_BATCH
+                    msgs = await sub.fetch(batch, timeout=1.0 if follow else FETCH_TIMEOUT_S)
                 except TimeoutError as exc:
+                    if follow:
+                        continue
                     raise Unavailable("the artifact bucket did not deliver a chunk in time") from exc
+                last = loop.time()
                 for msg in msgs:
                     pending = int(msg.metadata.num_pending)
                     yield msg
@@ -153,6 +221,21 @@ class JetStreamArtifacts:
             seq = int(msg.seq or 0) + 1
 
     async def verify(self, upload: str, size: int, sha256: str) -> int:
+        watched = await self._watched(upload, size)
+        if watched is not None:
+            seen, chunks, digest = watched
+        else:
+            seen, chunks, digest = await self._read_back(upload, size)
+        if seen != size or digest != sha256:
+            why = f"{seen} bytes stored" if seen != size else "the stored bytes have another sha256"
+            raise GatewayError(
+                f"the upload does not match the reported size and sha256 ({why})",
+                code=Code.DIGEST_MISMATCH,
+                details={"size": size, "sha256": sha256},
+            )
+        return chunks
+
+    async def _read_back(self, upload: str, size: int) -> tuple[int, int, str]:
         h, seen, chunks = hashlib.sha256(), 0, 0
         few = size <= DIRECT_MAX_CHUNKS * self.upload_settings()[1]
         async for msg in self._few_chunks(upload) if few else self._chunks(upload):
@@ -163,14 +246,7 @@ class JetStreamArtifacts:
             h.update(msg.data)
             if few and seen == size:
                 break  # the reported bytes are all here: what a node publishes after them is never read
-        if seen != size or h.hexdigest() != sha256:
-            why = f"{seen} bytes stored" if seen != size else "the stored bytes have another sha256"
-            raise GatewayError(
-                f"the upload does not match the reported size and sha256 ({why})",
-                code=Code.DIGEST_MISMATCH,
-                details={"size": size, "sha256": sha256},
-            )
-        return chunks
+        return seen, chunks, h.hexdigest()
 
     async def write_meta(self, record: ArtifactRecord) -> None:
         name = object_name(record.task_id, record.name)

@@ -8,9 +8,17 @@ the task service checked the lease at: the store arbitrates, so a settle or an e
 from __future__ import annotations
 
 import sqlite3
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord, repeat_or_conflict, size_refusal
+from scheduler_gateway.actors.model.artifacts import (
+    ArtifactLimits,
+    ArtifactRecord,
+    expired_upload,
+    repeat_or_conflict,
+    size_refusal,
+)
 from scheduler_gateway.actors.model.records import AuditEntry, EventRecord
 from scheduler_gateway.daemon.store.change_rows import SQL_INSERT_AUDIT, SQL_INSERT_OUTBOX, audit_row
 from scheduler_gateway.daemon.store.common import Refusal, encode
@@ -101,16 +109,20 @@ def task_moved(task_id: str) -> Conflict:
 
 
 class SqliteArtifacts:
-    def __init__(self, db: SqliteDb) -> None:
+    def __init__(self, db: SqliteDb, clock: Callable[[], float] = time.time) -> None:
         self._db = db
+        self._clock = clock  # read in the writer's transaction: a paused process reads it when it goes on
 
     async def record_artifact(
         self, record: ArtifactRecord, audit: AuditEntry, event: EventRecord, *, task_revision: int,
-        limits: ArtifactLimits,
+        limits: ArtifactLimits, fresh_until: float | None = None,
     ) -> tuple[ArtifactRecord, bool]:  # fmt: skip
         audit_values, outbox = audit_row(audit), (encode(event),)
+        clock = self._clock
 
         def op(conn: sqlite3.Connection) -> Any:
+            if fresh_until is not None and clock() > fresh_until:
+                return Refusal(expired_upload())
             row = conn.execute("SELECT state, revision FROM tasks WHERE id = ?", (record.task_id,)).fetchone()
             if row is None or row[0] != "running" or int(row[1]) != task_revision:
                 return Refusal(task_moved(record.task_id))

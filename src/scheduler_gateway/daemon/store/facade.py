@@ -195,9 +195,11 @@ class ComposedStore:
 
     async def record_artifact(
         self, record: ArtifactRecord, audit: AuditEntry, event: EventRecord, *, task_revision: int,
-        limits: ArtifactLimits,
+        limits: ArtifactLimits, fresh_until: float | None = None,
     ) -> tuple[ArtifactRecord, bool]:  # fmt: skip
-        return await self._artifacts.record_artifact(record, audit, event, task_revision=task_revision, limits=limits)
+        return await self._artifacts.record_artifact(
+            record, audit, event, task_revision=task_revision, limits=limits, fresh_until=fresh_until
+        )
 
     async def list_artifacts(self, task_id: str) -> list[ArtifactRecord]:
         return await self._artifacts.list_artifacts(task_id)

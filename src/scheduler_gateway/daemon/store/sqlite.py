@@ -45,7 +45,7 @@ class SqliteStore(ComposedStore):
         self._dead_letters = SqliteDeadLetters(self._db)
         self._nodes = SqliteNodes(self._db)
         self._kinds = SqliteKinds(self._db)
-        self._artifacts = SqliteArtifacts(self._db)
+        self._artifacts = SqliteArtifacts(self._db, clock)
         self._callbacks = SqliteCallbacks(self._db)
         self._schedules = SqliteSchedules(self._db, clock)
         self._retention = SqliteRetention(self._db)

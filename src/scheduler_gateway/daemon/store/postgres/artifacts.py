@@ -7,14 +7,15 @@ records of one task are serialised, so the count and bytes limits hold across in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord
+from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord, expired_upload
 from scheduler_gateway.actors.model.records import AuditEntry, EventRecord
 from scheduler_gateway.daemon.store.artifacts import COLUMNS, TERMINAL_SQL, decide, insert_values, record_of, task_moved
 from scheduler_gateway.daemon.store.change_rows import audit_row
 from scheduler_gateway.daemon.store.common import encode
-from scheduler_gateway.daemon.store.postgres.db import PgDb
+from scheduler_gateway.daemon.store.postgres.db import DB_NOW, PgDb
 from scheduler_gateway.daemon.store.postgres.flow import SQL_OUTBOX_ORDER_LOCK
 from scheduler_gateway.daemon.store.postgres.tasks import SQL_INSERT_AUDIT, SQL_INSERT_OUTBOX
 
@@ -32,18 +33,24 @@ _INSERT = f"INSERT INTO artifacts ({COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s
 
 
 class PgArtifacts:
-    def __init__(self, db: PgDb) -> None:
+    def __init__(self, db: PgDb, clock: Callable[[], float] | None = None) -> None:
         self._db = db
+        self._clock = clock  # None: the database's clock, at the transaction (whichever instance writes)
 
     async def record_artifact(
         self, record: ArtifactRecord, audit: AuditEntry, event: EventRecord, *, task_revision: int,
-        limits: ArtifactLimits,
+        limits: ArtifactLimits, fresh_until: float | None = None,
     ) -> tuple[ArtifactRecord, bool]:  # fmt: skip
         async with self._db.transaction() as conn:
-            cur = await conn.execute("SELECT state, revision FROM tasks WHERE id = %s FOR UPDATE", (record.task_id,))
+            cur = await conn.execute(
+                f"SELECT state, revision, {DB_NOW} FROM tasks WHERE id = %s FOR UPDATE", (record.task_id,)
+            )
             row = await cur.fetchone()
             if row is None or row[0] != "running" or int(row[1]) != task_revision:
                 raise task_moved(record.task_id)
+            now = self._clock() if self._clock is not None else float(row[2])
+            if fresh_until is not None and now > fresh_until:
+                raise expired_upload()
             cur = await conn.execute(
                 f"SELECT {_SELECT} FROM artifacts WHERE task_id = %s AND name = %s", (record.task_id, record.name)
             )

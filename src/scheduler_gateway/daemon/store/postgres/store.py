@@ -47,7 +47,7 @@ class PostgresStore(ComposedStore):
         self._dead_letters = PgDeadLetters(self._db)
         self._nodes = PgNodes(self._db)
         self._kinds = PgKinds(self._db)
-        self._artifacts = PgArtifacts(self._db)
+        self._artifacts = PgArtifacts(self._db, clock)
         self._callbacks = PgCallbacks(self._db)
         self._schedules = PgSchedules(self._db, clock)
         self._retention = PgRetention(self._db)
