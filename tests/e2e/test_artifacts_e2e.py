@@ -181,17 +181,18 @@ async def test_a_worker_killed_mid_upload_records_nothing_and_its_task_is_retrie
 
 
 @pytest.mark.parametrize("point", ["artifact.after_verify", "artifact.after_meta"])
+@pytest.mark.parametrize(("size", "orphan_after_s"), [(5 * 1024 * 1024 + 17, 60.0), (2000, 8.0)], ids=["chunks", "put"])
 async def test_gatewayd_killed_between_bytes_and_index_records_the_commit_sent_again(
-    tmp_path: Path, cleanup: list[Daemon | Worker], point: str
+    tmp_path: Path, cleanup: list[Daemon | Worker], point: str, size: int, orphan_after_s: float
 ) -> None:
-    """The worker lives on: it reconnects to the restarted gatewayd and sends its commit again, which checks
-    the bytes again and records them once (orphan_after_s is long enough here for the chunks to stay fresh)."""
-    d = started(tmp_path, failpoints=point, orphan_after_s=60)
+    """The worker lives on: it reconnects to the restarted gatewayd and sends its commit (or its put) again. A
+    commit checks the bytes again and records them once (orphan_after_s is long enough here for the chunks to stay
+    fresh); a put stores its bytes again under a new upload, and the first one's chunk (and meta) go as orphans."""
+    d = started(tmp_path, failpoints=point, orphan_after_s=orphan_after_s)
     cleanup.append(d)
     w = Worker(d.data_dir, "node-a", kinds="art.put", concurrency=2, handlers=HANDLERS)
     cleanup.append(w)
     w.start()
-    size = 5 * 1024 * 1024 + 17
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         api = Api(session, d.base, d.token)
         task = await api.create({"kind": "art.put", "payload": {"name": "out/blob.bin", "size": size, "seed": 5}})
@@ -199,7 +200,7 @@ async def test_gatewayd_killed_between_bytes_and_index_records_the_commit_sent_a
         d.start()  # same data dir and ports: the worker reconnects and sends its commit again
         done = (await inv.wait_terminal(api, [task["id"]], timeout_s=60))[task["id"]]
         assert done["state"] == "succeeded" and done["attemptNo"] == 1, done  # the first attempt's commit
-        rows = await assert_rows_have_bytes(api, Bucket(d), [task["id"]], orphan_after_s=60)
+        rows = await assert_rows_have_bytes(api, Bucket(d), [task["id"]], orphan_after_s=orphan_after_s)
         assert [(r["name"], r["size"], r["sha256"]) for r in rows] == [("out/blob.bin", size, expected_sha256(size, 5))]
         assert done["artifactCount"] == 1 and done["result"]["artifacts"][0]["sha256"] == rows[0]["sha256"]
         audit = await inv.audit(api, task["id"], "artifact.add")
