@@ -95,6 +95,15 @@ from scheduler_gateway.daemon.store.change_rows import (  # noqa: E402
     SQL_INSERT_TASK,
     ChangeRows,
 )
+from scheduler_gateway.daemon.store.search import (  # noqa: E402
+    MINUTES_KEPT,
+    SQL_ADD_COUNT,
+    SQL_ADD_MINUTE,
+    SQL_DROP_OLD_MINUTES,
+    SQL_INSERT_CREATED_OFF,
+    SQL_INSERT_LABEL,
+    summed_counts,
+)
 from scheduler_gateway.daemon.store.sqlite import SqliteStore  # noqa: E402
 from scheduler_gateway.wire.ids import RAND_BITS, format_id  # noqa: E402
 
@@ -105,6 +114,7 @@ STATES = (("succeeded", 0.90), ("failed", 0.07), ("canceled", 0.03))
 OWNERS = ("alice", "bob", "carol")
 BACKLOG_KIND = "backlog"
 NODES = ("node-a", "node-b")
+TEAMS = ("red", "green", "blue", "gold", "grey")
 DB_NAME = "gateway.db"
 USER_TOKEN = "user.token"  # alice's API token (role user: every list she makes is filtered by owner)
 
@@ -162,6 +172,8 @@ def _lifecycle(svc: _Service, rng: random.Random, i: int, created: float, now: f
     owner = OWNERS[i % len(OWNERS)]
     end = _pick(rng, STATES)
     task = _new_task(rng, owner, kind, {"i": i, "to": f"user{i % 997}@example.com", "size": 3}, created)
+    if i % 10 == 0:  # one task in ten carries a label (the console's label filter), without drawing from rng
+        task = msgspec.structs.replace(task, labels={"team": TEAMS[(i // 10) % len(TEAMS)]})
     user = ActorRef("user", owner)
     # idempotency keys live 24 h: a real store holds them for the last day's tasks only
     idem = None
@@ -216,11 +228,14 @@ def _queued(svc: _Service, rng: random.Random, i: int, created: float) -> list[A
 
 
 def _write(conn: sqlite3.Connection, tasks: list[list[Any]]) -> None:
-    """One transaction: the final row of each task, every history and audit row, the idempotency keys."""
-    task_rows, history, audit, idem = [], [], [], []
+    """One transaction: the final row of each task, every history and audit row, the idempotency keys, and the
+    console's rows the writer adds (labels, minutes, counts by owner/kind/state of the final rows)."""
+    task_rows, history, audit, idem, labels, minutes, created_off, counts = [], [], [], [], [], [], [], []
     for changes in tasks:
         rows = [ChangeRows.of(c) for c in changes]
-        task_rows.append(rows[-1].insert_row)
+        task_rows.append(rows[-1].sqlite_insert_row)  # the final row, with the console's columns
+        final = rows[-1].task_values
+        counts.append((final[0], final[1], final[2], 1))
         for r in rows:
             if r.history is not None:
                 history.append(r.history)
@@ -228,12 +243,26 @@ def _write(conn: sqlite3.Connection, tasks: list[list[Any]]) -> None:
                 audit.append(r.audit)
             if r.idempotency is not None:
                 idem.append(r.idempotency)
+            if r.labels:
+                labels.extend(r.labels)
+            if r.minute is not None:
+                minutes.append(r.minute)
+            if r.created_off is not None:
+                created_off.append(r.created_off)
     conn.execute("BEGIN IMMEDIATE")
     conn.executemany(SQL_INSERT_TASK, task_rows)
     conn.executemany(SQL_INSERT_HISTORY, history)
     conn.executemany(SQL_INSERT_AUDIT, audit)
     if idem:
         conn.executemany(SQL_INSERT_IDEMPOTENCY, idem)
+    if labels:
+        conn.executemany(SQL_INSERT_LABEL, labels)
+    if minutes:
+        conn.executemany(SQL_ADD_MINUTE, minutes)
+        conn.execute(SQL_DROP_OLD_MINUTES, (int(time.time() // 60) - MINUTES_KEPT,))
+    if created_off:
+        conn.executemany(SQL_INSERT_CREATED_OFF, created_off)
+    conn.executemany(SQL_ADD_COUNT, summed_counts(counts))
     conn.execute("COMMIT")
 
 

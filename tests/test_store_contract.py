@@ -887,6 +887,16 @@ async def test_sqlite_task_list_filters_seek_an_index_in_id_order(
     assert len(page.items) == (50 if filters == {"state": "queued"} else 0)
 
 
+def undo_console_counts(db: sqlite3.Connection) -> None:
+    """Undo SQLite migration 14 (the console's counts, a user's node / error code lists, created ranges by id),
+    for a test that migrates a file from an older version."""
+    db.execute("DROP TRIGGER task_counts_delete")
+    for index in ("tasks_owner_node", "tasks_owner_error_code"):
+        db.execute(f"DROP INDEX {index}")
+    for table in ("task_counts", "task_created_off"):
+        db.execute(f"DROP TABLE {table}")
+
+
 async def test_sqlite_migration_fills_the_dead_letter_columns(tmp_path: Path) -> None:
     path = tmp_path / "gw.sqlite3"
     s = SqliteStore(path)
@@ -899,6 +909,7 @@ async def test_sqlite_migration_fills_the_dead_letter_columns(tmp_path: Path) ->
         # tokens, flow control, artifacts, the console's filters and figures)
         dl_version = 5
         db.execute("DELETE FROM schema_version WHERE version >= ?", (dl_version,))
+        undo_console_counts(db)
         db.execute("DROP TABLE artifact_usage")  # a task's artifact count and bytes (migration 13)
         # the console's filters and figures (migration 12)
         db.execute("DROP TRIGGER tasks_labels_delete")

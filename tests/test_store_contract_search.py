@@ -9,9 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import pytest
 
-from scheduler_gateway.actors.model.records import TaskError
+from scheduler_gateway.actors.model.records import Task, TaskError
 from scheduler_gateway.actors.ports import TaskRef, TaskSearch
+from scheduler_gateway.wire.errors import GatewayError
+from scheduler_gateway.wire.ids import format_id
 
 from .test_store_contract import T0, Harness, bump, create, harness, make_task, store, tid, update
 
@@ -140,3 +143,94 @@ async def test_minute_figures_are_written_with_each_transition_and_survive_a_reo
     if harness.name != "memory":
         store = await harness.reopen()
         assert {(m.minute, m.kind): m for m in await store.task_minutes(minute)} == rows
+
+
+async def _check_counts(store: Any, live: list[Task]) -> None:
+    for owner in (None, "alice", "bob"):
+        want: dict[tuple[str, str], int] = {}
+        for t in live:
+            if owner is None or t.owner == owner:
+                want[(t.state, t.kind)] = want.get((t.state, t.kind), 0) + 1
+        got = {(s, k): n for s, k, n in await store.task_counts(owner)}
+        assert got == want, owner
+    for q in (
+        TaskSearch(),
+        TaskSearch(owner="alice"),
+        TaskSearch(kind="echo", states=("queued", "dead")),
+        TaskSearch(owner="bob", kind="mail", states=("failed",)),
+    ):
+        n = sum(1 for t in live if q.matches(t))
+        assert await store.count_tasks(q) == n and await store.count_tasks(q, cap=2) == min(2, n), q
+    kinds: dict[str, dict[str, int]] = {}
+    for t in live:
+        if t.state in ("queued", "running", "waiting_approval"):
+            kinds.setdefault(t.kind, {})[t.state] = kinds.setdefault(t.kind, {}).get(t.state, 0) + 1
+    assert await store.kind_counts() == kinds
+
+
+async def test_counts_by_owner_kind_and_state_follow_every_write(harness: Harness) -> None:
+    """The overview's and kinds' figures and a list's count (SQLite: ``task_counts``, kept by the writer) after
+    creates, changes of state (a batch and one by one), a heartbeat, a refused change and a purge."""
+    store = harness.store
+    tasks = _tasks()
+    await store.apply_many([create(t) for t in tasks])
+    now = {t.id: t for t in tasks}
+
+    async def move(t: Task, **fields: Any) -> None:
+        """A change as the task service makes it: its history entry names the state it leaves (the batch
+        below names none, so the writer reads it)."""
+        new = bump(now[t.id], **fields)
+        change = update(now[t.id], new, "settle")
+        assert change.history is not None
+        history = msgspec.structs.replace(change.history, from_state=now[t.id].state)
+        await store.apply(msgspec.structs.replace(change, history=history))
+        now[t.id] = new
+
+    queued = [t for t in tasks if t.state == "queued"]
+    await move(queued[0], state="running", node_id="n1")
+    await move(queued[0], state="succeeded", finished_at=T0 + 5)
+    await move(queued[1], state="canceled", finished_at=T0 + 5)
+    running = [t for t in tasks if t.state == "running"]
+    await move(running[0], lease_expires_at=T0 + 50)  # a heartbeat: the same state
+    with pytest.raises(GatewayError):  # a stale revision: nothing moves
+        await store.apply(update(queued[0], bump(queued[0], state="failed"), "settle"))
+    await store.apply_many([update(now[t.id], bump(now[t.id], state="dead")) for t in running[1:]])
+    for t in running[1:]:
+        now[t.id] = bump(now[t.id], state="dead")
+
+    await _check_counts(store, list(now.values()))
+    if harness.name != "memory":
+        await harness.reopen()
+        store = harness.store
+        await _check_counts(store, list(now.values()))
+    # a purge takes its tasks off the counts
+    gone = await store.purge_tasks(T0 + 10, 100)
+    assert gone.purged.get("tasks", 0) >= 2, gone
+    for t in list(now.values()):
+        if await store.get_task(t.id) is None:
+            del now[t.id]
+    await _check_counts(store, list(now.values()))
+
+
+async def test_a_created_range_is_exact_whatever_the_ids_say(store: Any) -> None:
+    """Ids minted with their creation time and ids that do not tell it (the SQLite store seeks a created
+    range by id and lists the others apart): the same answer, at the edges too, with every other filter."""
+
+    def real(n: int, at: float, **fields: Any) -> Task:
+        return make_task(n, id=format_id("tsk", int(at * 1000), n), created_at=at, **fields)
+
+    tasks = [real(n, T0 + n * 2.5, owner="bob" if n % 3 == 0 else "alice") for n in range(1, 40)]
+    tasks += [make_task(n, created_at=T0 + (n - 100) * 3.1) for n in range(100, 110)]  # ids without a time
+    tasks.append(real(200, T0 + 30, labels={"team": "red"}))
+    tasks.append(make_task(201, created_at=T0 + 31, labels={"team": "red"}))
+    await store.apply_many([create(t) for t in tasks])
+    for lo, hi in ((T0 + 10, T0 + 40), (T0 + 12.5, T0 + 12.5), (None, T0 + 20), (T0 + 80, None), (T0 + 2, T0 + 99)):
+        for extra in ({}, {"owner": "bob"}, {"label": ("team", "red")}, {"states": ("queued", "failed")}):
+            q = TaskSearch(created_from=lo, created_to=hi, limit=500, **extra)
+            want = sorted((t.id for t in tasks if q.matches(t)), reverse=True)
+            assert [t.id for t in (await store.search_tasks(q)).items] == want, q
+            assert await store.count_tasks(q) == len(want), q
+            page = await store.search_tasks(msgspec.structs.replace(q, limit=3))
+            assert [t.id for t in page.items] == want[:3], q
+            refs = await store.task_refs(q, 500)
+            assert [r.id for r in refs] == want, q

@@ -23,6 +23,7 @@ from scheduler_gateway.actors.ports import (
 from scheduler_gateway.daemon.store.common import (
     encode,
 )
+from scheduler_gateway.daemon.store.search import created_off_row
 
 _TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
 # the keys of flow control (docs/FLOW.md) are fixed at create too, and only inserted
@@ -88,6 +89,14 @@ class ChangeRows:
     labels: list[tuple[str, str, str]] | None = None
     #: a claim or a change into a terminal state: its task_minutes row (SQL_ADD_MINUTE's values)
     minute: tuple[int, str, str, int, int, int, float] | None = None
+    #: an insert whose id does not tell its creation time: its task_created_off row (store/search.py)
+    created_off: tuple[str, float] | None = None
+    #: its moves in task_counts (owner, kind, state, +1 / -1): a create's state, a change's old and new state
+    #: (the history entry's ``from_state``: the state at the revision the CAS names)
+    counts: tuple[tuple[str, str, str, int], ...] = ()
+    #: an update whose history entry does not name the state it leaves (or that has none): the writer reads the
+    #: row's state before it (the task service's changes always name it)
+    state_unknown: bool = False
 
     @property
     def parent_id(self) -> str | None:
@@ -128,6 +137,9 @@ class ChangeRows:
             if change.expected_revision is None and t.labels
             else None,
             minute=_minute(t, h),
+            created_off=created_off_row(t) if change.expected_revision is None else None,
+            counts=_counts(t, h, change.expected_revision is None),
+            state_unknown=change.expected_revision is not None and (h is None or h.from_state is None),
         )
 
     @property
@@ -145,6 +157,14 @@ class ChangeRows:
     def sqlite_insert_row(self) -> tuple[Any, ...]:
         """``SQL_INSERT_TASK``'s values: the insert row and the console's columns (SQLite's statement)."""
         return (*self.insert_row, *self.search)
+
+
+def _counts(t: Task, h: HistoryEntry | None, insert: bool) -> tuple[tuple[str, str, str, int], ...]:
+    if insert:
+        return ((t.owner, t.kind, t.state, 1),)
+    if h is None or h.from_state is None or h.from_state == t.state:
+        return ()  # the same state, or one the writer reads (state_unknown)
+    return ((t.owner, t.kind, h.from_state, -1), (t.owner, t.kind, t.state, 1))
 
 
 def _minute(t: Task, h: HistoryEntry | None) -> tuple[int, str, str, int, int, int, float] | None:

@@ -37,7 +37,16 @@ from scheduler_gateway.daemon.store.flow_rows import (
     live_duplicate,
     unique_refusal,
 )
-from scheduler_gateway.daemon.store.search import MINUTES_KEPT, SQL_ADD_MINUTE, SQL_DROP_OLD_MINUTES, SQL_INSERT_LABEL
+from scheduler_gateway.daemon.store.search import (
+    MINUTES_KEPT,
+    SQL_ADD_COUNT,
+    SQL_ADD_MINUTE,
+    SQL_DROP_OLD_MINUTES,
+    SQL_INSERT_CREATED_OFF,
+    SQL_INSERT_LABEL,
+    SQL_STATE_OF,
+    summed_counts,
+)
 from scheduler_gateway.wire.errors import (
     Code,
     Conflict,
@@ -94,6 +103,8 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
     callbacks: list[tuple[Any, ...]] = []
     labels: list[tuple[str, str, str]] = []
     minutes: list[tuple[Any, ...]] = []
+    created_off: list[tuple[str, float]] = []
+    counts: list[tuple[str, str, str, int]] = []
     ops: list[Op] = []
     updated_ids: set[str] = set()
     for work in batch:
@@ -126,6 +137,11 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
                 labels.extend(r.labels)
             if r.minute is not None:
                 minutes.append(r.minute)
+            if r.created_off is not None:
+                created_off.append(r.created_off)
+            if r.state_unknown:  # its old state is read before it, in the order of the batch
+                raise _Fallback
+            counts.extend(r.counts)
 
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -153,6 +169,10 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
         if minutes:
             conn.executemany(SQL_ADD_MINUTE, minutes)
             conn.execute(SQL_DROP_OLD_MINUTES, (minutes[-1][0] - MINUTES_KEPT,))
+        if created_off:
+            conn.executemany(SQL_INSERT_CREATED_OFF, created_off)
+        if counts:
+            conn.executemany(SQL_ADD_COUNT, summed_counts(counts))
         for op in ops:
             op(conn)
         # the rules that need a read: checked after every write, so a refusal sends the batch to the slow
@@ -230,8 +250,19 @@ def _write_group(conn: sqlite3.Connection, work: ChangeWork) -> None:
         raise refusal
 
 
+def _read_moves(conn: sqlite3.Connection, r: ChangeRows) -> tuple[tuple[str, str, str, int], ...]:
+    """The task_counts moves of an update that carries no history entry: its row's state read before it."""
+    row = fetch_one(conn, SQL_STATE_OF, (r.task_id, r.expected_revision))
+    old, new = (None if row is None else str(row[0])), str(r.task_values[2])
+    if old is None or old == new:
+        return ()
+    owner, kind = str(r.task_values[0]), str(r.task_values[1])
+    return ((owner, kind, old, -1), (owner, kind, new, 1))
+
+
 def _write_change(conn: sqlite3.Connection, r: ChangeRows) -> None:
     """One change, statement by statement, so a refusal can say which rule refused it."""
+    moves = _read_moves(conn, r) if r.state_unknown else r.counts
     if r.expected_revision is None:
         try:
             conn.execute(SQL_INSERT_TASK, r.sqlite_insert_row)
@@ -295,6 +326,10 @@ def _write_change(conn: sqlite3.Connection, r: ChangeRows) -> None:
             ) from None
     if r.labels:
         conn.executemany(SQL_INSERT_LABEL, r.labels)
+    if r.created_off is not None:
+        conn.execute(SQL_INSERT_CREATED_OFF, r.created_off)
+    if moves:
+        conn.executemany(SQL_ADD_COUNT, summed_counts(moves))
     if r.minute is not None:
         conn.execute(SQL_ADD_MINUTE, r.minute)
         conn.execute(SQL_DROP_OLD_MINUTES, (r.minute[0] - MINUTES_KEPT,))

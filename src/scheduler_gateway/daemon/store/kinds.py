@@ -15,6 +15,11 @@ SQL_LIVE_COUNTS = (
     "SELECT kind, state, count(*) FROM tasks WHERE state IN ('queued', 'running', 'waiting_approval')"
     " GROUP BY kind, state"
 )
+#: SQLite: the same counts from task_counts (migration 14, store/search.py), not a scan of the live tasks
+SQL_LIVE_COUNTS_KEPT = (
+    "SELECT kind, state, sum(n) FROM task_counts WHERE state IN ('queued', 'running', 'waiting_approval')"
+    " GROUP BY kind, state HAVING sum(n) > 0"
+)
 
 
 def live_counts(rows: list[tuple[str, str, int]]) -> dict[str, dict[str, int]]:
@@ -49,4 +54,4 @@ class SqliteKinds:
         await self._db.submit_op(op, 3)
 
     async def kind_counts(self) -> dict[str, dict[str, int]]:
-        return live_counts([(r[0], r[1], r[2]) for r in await self._db.fetchall(SQL_LIVE_COUNTS)])
+        return live_counts([(r[0], r[1], r[2]) for r in await self._db.fetchall(SQL_LIVE_COUNTS_KEPT)])

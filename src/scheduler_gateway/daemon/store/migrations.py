@@ -13,7 +13,7 @@ from scheduler_gateway.daemon.store.common import (
 )
 from scheduler_gateway.daemon.store.retention import RETENTION_MIGRATION, prepare_auto_vacuum, switch_auto_vacuum
 from scheduler_gateway.daemon.store.schedule_rows import SCHEDULE_GENERATION_MIGRATION, SCHEDULE_MIGRATION
-from scheduler_gateway.daemon.store.search import SEARCH_MIGRATION
+from scheduler_gateway.daemon.store.search import COUNTS_MIGRATION, SEARCH_MIGRATION
 from scheduler_gateway.wire.errors import (
     StorageError,
 )
@@ -208,6 +208,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     SEARCH_MIGRATION,
     # 13: a task's artifact count and bytes, kept by every insert and delete (store/artifacts.py)
     ARTIFACT_USAGE_MIGRATION,
+    # 14: the console on a million tasks: tasks per (owner, kind, state), a user's node and error code lists,
+    # created ranges sought by id (text in store/search.py; docs/PERFORMANCE.md, Console)
+    COUNTS_MIGRATION,
 )
 
 

@@ -17,16 +17,21 @@ index, without touching the task writes of ``change_rows.py``:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from scheduler_gateway.actors.model.records import Task
 from scheduler_gateway.actors.ports import MinuteCounts, TaskRef, TaskSearch, TaskSearchPage
 from scheduler_gateway.daemon.store.common import clamp_limit, decode_rows, doc_decoder
+from scheduler_gateway.wire.ids import RAND_BITS, format_id
 
 _decode_task = doc_decoder(Task)
 
 MINUTES_KEPT = 24 * 60  # rows of task_minutes older than this many minutes are dropped
+#: a task whose id's time is further than this from its ``created_at`` has a ``task_created_off`` row
+CREATED_SLACK_S = 5.0
 
 SEARCH_MIGRATION: tuple[str, ...] = (
     # plain columns the writer sets from the task it encodes (change_rows.ChangeRows.search): reading them out
@@ -66,6 +71,66 @@ SEARCH_MIGRATION: tuple[str, ...] = (
     "CREATE INDEX task_minutes_owner ON task_minutes (owner, minute)",
 )
 
+
+def _id_ms_sql() -> str:
+    """The time (ms) in a task id's first 12 hex digits, in SQL (the backfill of ``task_created_off``)."""
+    return " + ".join(f"(instr('0123456789abcdef', substr(id, {5 + k}, 1)) - 1) * {16 ** (11 - k)}" for k in range(12))
+
+
+_TASK_COUNT_MINUS = "UPDATE task_counts SET n = n - 1 WHERE owner = OLD.owner AND kind = OLD.kind AND state = OLD.state"
+
+#: migration 14: what makes every console page cheap on a million tasks (docs/PERFORMANCE.md, Console)
+COUNTS_MIGRATION: tuple[str, ...] = (
+    # tasks per (owner, kind, state), added to by the writer in the transaction of each task write (a
+    # batch's creates and state changes summed per row: change_rows.ChangeRows.counts), so the overview, the
+    # kinds pages and the count of a list filtered by owner/kind/state read it instead of counting up to a
+    # million rows. Triggers did the same for 14 us per create and 30 per claim plus settle; a delete (retention
+    # only) still takes its count off in one
+    """CREATE TABLE task_counts (
+        owner TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        state TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        PRIMARY KEY (owner, kind, state)
+    ) WITHOUT ROWID""",
+    "INSERT INTO task_counts (owner, kind, state, n) SELECT owner, kind, state, count(*) FROM tasks"
+    " GROUP BY owner, kind, state",
+    # a user's list by node or error code: every list of a user carries owner, and (node_id, id) would read
+    # each of the node's rows for its owner
+    "CREATE INDEX tasks_owner_node ON tasks (owner, node_id, id) WHERE node_id IS NOT NULL",
+    "CREATE INDEX tasks_owner_error_code ON tasks (owner, error_code, id) WHERE error_code IS NOT NULL",
+    # a created range is sought as a range of ids (ids are minted from the clock at create, CREATED_SLACK_S):
+    # the tasks whose id does not tell their creation time (imported, or a clock that jumped) are listed here,
+    # written by the writer with the insert (change_rows.ChangeRows.created_off), emptied by the delete trigger
+    """CREATE TABLE task_created_off (
+        task_id TEXT PRIMARY KEY,
+        created_at REAL NOT NULL
+    ) WITHOUT ROWID""",
+    "CREATE INDEX task_created_off_at ON task_created_off (created_at)",
+    "INSERT INTO task_created_off (task_id, created_at) SELECT id, created_at FROM tasks"
+    " WHERE NOT (length(id) = 36 AND substr(id, 1, 4) = 'tsk_' AND NOT substr(id, 5) GLOB '*[^0-9a-f]*'"
+    f" AND abs(({_id_ms_sql()}) - created_at * 1000) <= {CREATED_SLACK_S * 1000})",
+    # a purge (retention, the only delete of tasks) takes its tasks off the counts
+    f"CREATE TRIGGER task_counts_delete AFTER DELETE ON tasks BEGIN {_TASK_COUNT_MINUS};"
+    " DELETE FROM task_created_off WHERE task_id = OLD.id; END",
+)
+SQL_INSERT_CREATED_OFF = "INSERT OR IGNORE INTO task_created_off (task_id, created_at) VALUES (?, ?)"
+SQL_ADD_COUNT = (
+    "INSERT INTO task_counts (owner, kind, state, n) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (owner, kind, state) DO UPDATE SET n = n + excluded.n"
+)
+SQL_STATE_OF = "SELECT state FROM tasks WHERE id = ? AND revision = ?"
+
+
+def summed_counts(moves: Iterable[tuple[str, str, str, int]]) -> list[tuple[str, str, str, int]]:
+    """``SQL_ADD_COUNT``'s rows of many moves: one per (owner, kind, state), those that add up to 0 left out."""
+    total: dict[tuple[str, str, str], int] = {}
+    for owner, kind, state, n in moves:
+        key = (owner, kind, state)
+        total[key] = total.get(key, 0) + n
+    return [(*k, n) for k, n in total.items() if n]
+
+
 #: a transition's count for the charts, added into its minute's row in the transaction that commits it
 SQL_ADD_MINUTE = (
     "INSERT INTO task_minutes (minute, owner, kind, finished, failed, claimed, latency_sum)"
@@ -83,15 +148,24 @@ def _prefix_end(prefix: str) -> str:
     return prefix + "\U0010ffff"
 
 
-def where_of(q: TaskSearch, mark: str) -> tuple[str, str, list[Any]]:
-    """``(FROM ..., WHERE ..., params)`` of the query's filters; ``mark`` is the driver's placeholder. A label
-    filter drives from ``task_labels`` (its key is in task id order); every other filter is an equality or a
-    range the tasks' ``(column, id)`` indexes answer."""
-    where: list[str] = []
+Arm = tuple[str, list[str], list[Any]]  # (FROM ..., WHERE terms, params) of one SELECT of a compound
+
+
+def _arms(q: TaskSearch, mark: str, sqlite: bool) -> list[Arm]:
+    """The query's filters as the SELECTs whose union is the answer, each ordered by its own ``(column, id)``
+    index. A label filter drives from ``task_labels`` (its key is in task id order); every other filter is an
+    equality or a range an index answers. Several states are one SELECT each (``state IN`` cannot keep the id
+    order of ``(state, id)``: the whole match would be sorted for a page). ``sqlite``: SQLite's planning, where a
+    created range is sought as a range of ids (``created_id_window``) plus the few tasks whose id does not tell
+    their creation time (``task_created_off``)."""
+    terms: list[str] = []
     params: list[Any] = []
     source = "tasks t"
     if q.label is not None:
-        source = f"task_labels l JOIN tasks t ON t.id = l.task_id AND l.key = {mark} AND l.value = {mark}"
+        # SQLite: CROSS JOIN keeps the label's rows outside (its planner would walk a user's (owner, id) index and
+        # probe the labels of every task of the owner)
+        join = "CROSS JOIN" if sqlite else "JOIN"
+        source = f"task_labels l {join} tasks t ON t.id = l.task_id AND l.key = {mark} AND l.value = {mark}"
         params += [q.label[0], q.label[1]]
     for column, value in (
         ("owner", q.owner),
@@ -104,36 +178,118 @@ def where_of(q: TaskSearch, mark: str) -> tuple[str, str, list[Any]]:
         ("thread_id", q.thread_id),
     ):
         if value is not None:
-            where.append(f"t.{column} = {mark}")
+            terms.append(f"t.{column} = {mark}")
             params.append(value)
-    if q.states:
-        where.append(f"t.state IN ({', '.join([mark] * len(q.states))})")
-        params += list(q.states)
-    if q.created_from is not None:
-        where.append(f"t.created_at >= {mark}")
-        params.append(q.created_from)
-    if q.created_to is not None:
-        where.append(f"t.created_at <= {mark}")
-        params.append(q.created_to)
     if q.id_prefix:
-        where.append(f"t.id >= {mark} AND t.id < {mark}")
+        terms.append(f"t.id >= {mark} AND t.id < {mark}")
         params += [q.id_prefix, _prefix_end(q.id_prefix)]
-    return source, " AND ".join(where) or "1 = 1", params
+    arms: list[Arm] = []
+    for states in [(st,) for st in q.states] if len(q.states) > 1 else [q.states]:
+        a_terms, a_params = list(terms), list(params)
+        if states:
+            a_terms.append(f"t.state = {mark}")
+            a_params.append(states[0])
+        arms += _created_arms(q, mark, sqlite, (source, a_terms, a_params))
+    return arms
 
 
-def page_sql(q: TaskSearch, mark: str, columns: str) -> tuple[str, list[Any], bool]:
+def _created_arms(q: TaskSearch, mark: str, by_id: bool, arm: Arm) -> list[Arm]:
+    source, terms, params = arm
+    lo, hi = q.created_from, q.created_to
+    if lo is None and hi is None:
+        return [arm]
+    exact, exact_params = [], []
+    if lo is not None:
+        exact.append(f"t.created_at >= {mark}")
+        exact_params.append(lo)
+    if hi is not None:
+        exact.append(f"t.created_at <= {mark}")
+        exact_params.append(hi)
+    if not by_id:
+        return [(source, [*terms, *exact], [*params, *exact_params])]
+    (w_lo, w_hi), (in_lo, in_hi) = created_id_window(lo, hi)
+    # the ids a task created in the range can have, then: inside the inner window the id alone answers (the
+    # index is enough to count), near the edges the creation time does
+    k = _key(source)
+    main = [
+        *terms,
+        f"{k} >= {mark} AND {k} <= {mark}",
+        f"({k} >= {mark} AND {k} <= {mark} OR {' AND '.join(exact)})",
+        f"{k} NOT IN (SELECT task_id FROM task_created_off)",
+    ]
+    main_params = [*params, w_lo, w_hi, in_lo, in_hi, *exact_params]
+    off_exact = [e.replace("t.created_at", "o.created_at") for e in exact]
+    # driven from the few off rows (CROSS JOIN: SQLite keeps them outside)
+    link = "o.task_id = t.id" if k == "t.id" else "o.task_id = t.id AND o.task_id = l.task_id"
+    off = (f"task_created_off o CROSS JOIN {source}", [*terms, *off_exact, link], [*params, *exact_params])
+    return [(source, main, main_params), off]
+
+
+def created_id_window(lo: float | None, hi: float | None) -> tuple[tuple[str, str], tuple[str, str]]:
+    """For a created range [lo, hi] (either end open): the ids a task created in it has unless it is in
+    ``task_created_off`` (its id's time within ``CREATED_SLACK_S`` of ``created_at``), and the inner window of ids
+    whose task, if not in ``task_created_off``, was created inside the range."""
+    slack_ms = CREATED_SLACK_S * 1000
+    w_lo = _task_id(math.floor(lo * 1000 - slack_ms), 0) if lo is not None else _task_id(0, 0)
+    w_hi = _task_id(math.ceil(hi * 1000 + slack_ms), _RAND_MAX) if hi is not None else _task_id(_MS_MAX, _RAND_MAX)
+    in_lo = _task_id(math.ceil(lo * 1000 + slack_ms), 0) if lo is not None else _task_id(0, 0)
+    in_hi = _task_id(math.floor(hi * 1000 - slack_ms), _RAND_MAX) if hi is not None else _task_id(_MS_MAX, _RAND_MAX)
+    return (w_lo, w_hi), (in_lo, in_hi)
+
+
+_RAND_MAX = (1 << RAND_BITS) - 1
+_MS_MAX = (1 << 48) - 1
+_TASK_ID = re.compile(r"tsk_[0-9a-f]{32}")
+
+
+def _task_id(ms: int, rand: int) -> str:
+    return format_id("tsk", min(max(ms, 0), _MS_MAX), rand)
+
+
+def created_off_row(t: Task) -> tuple[str, float] | None:
+    """``task_created_off``'s row of a task whose id does not tell its creation time within
+    ``CREATED_SLACK_S`` (None for every task gatewayd creates: its id is minted with ``created_at``)."""
+    if _TASK_ID.fullmatch(t.id) and abs(int(t.id[4:16], 16) - t.created_at * 1000) <= CREATED_SLACK_S * 1000:
+        return None
+    return (t.id, t.created_at)
+
+
+def _key(source: str) -> str:
+    """The id column an arm is ordered by: a label's own (its primary key is in task id order; ``t.id`` would
+    sort every labelled task for a page), else the task's."""
+    return "l.task_id" if source.startswith("task_labels l") else "t.id"
+
+
+def _union(arms: list[Arm], columns: str, order: str, mark: str, limit_params: list[Any]) -> tuple[str, list[Any]]:
+    """One SELECT per arm, each ordered by id with its own LIMIT (its index's order: no sort of the whole
+    match), merged and cut to the limit; one arm is the plain SELECT."""
+    if len(arms) == 1:
+        source, terms, params = arms[0]
+        where = " AND ".join(terms) or "1 = 1"
+        sql = f"SELECT {columns} FROM {source} WHERE {where} ORDER BY {_key(source)} {order} LIMIT {mark}"
+        return sql, [*params, *limit_params]
+    parts, all_params = [], []
+    for i, (source, terms, params) in enumerate(arms):
+        where = " AND ".join(terms) or "1 = 1"
+        one = f"SELECT {columns} FROM {source} WHERE {where} ORDER BY {_key(source)} {order} LIMIT {mark}"
+        parts.append(f"SELECT * FROM ({one}) a{i}")
+        all_params += [*params, *limit_params]
+    return " UNION ALL ".join(parts) + f" ORDER BY id {order} LIMIT {mark}", [*all_params, *limit_params]
+
+
+def page_sql(q: TaskSearch, mark: str, columns: str, sqlite: bool = False) -> tuple[str, list[Any], bool]:
     """The SQL of one page (``limit + 1`` rows, to know whether there is more) and whether it reads backwards
     (a ``before`` page is read in the reverse order, then turned round)."""
-    source, where, params = where_of(q, mark)
+    arms = _arms(q, mark, sqlite)
     backwards = q.before is not None and q.after is None
     descending = q.newest_first != backwards
     cursor = q.before if backwards else q.after
     if cursor is not None:
-        where += f" AND t.id {'<' if descending else '>'} {mark}"
-        params.append(cursor)
+        arms = [(src, [*terms, f"{_key(src)} {'<' if descending else '>'} {mark}"], [*params, cursor])
+                for src, terms, params in arms]  # fmt: skip
     order = "DESC" if descending else "ASC"
-    params.append(clamp_limit(q.limit) + 1)
-    return f"SELECT {columns} FROM {source} WHERE {where} ORDER BY t.id {order} LIMIT {mark}", params, backwards
+    sql, params = _union(arms, columns, order, mark, [clamp_limit(q.limit) + 1])
+    return sql, params, backwards
 
 
 def make_page(q: TaskSearch, rows: list[Any], backwards: bool) -> TaskSearchPage:
@@ -151,20 +307,33 @@ def make_page(q: TaskSearch, rows: list[Any], backwards: bool) -> TaskSearchPage
     return TaskSearchPage(items=items, next_cursor=last if more else None, prev_cursor=first if q.after else None)
 
 
-def refs_sql(q: TaskSearch, mark: str, limit: int) -> tuple[str, list[Any]]:
-    source, where, params = where_of(q, mark)
+def refs_sql(q: TaskSearch, mark: str, limit: int, sqlite: bool = False) -> tuple[str, list[Any]]:
     order = "DESC" if q.newest_first else "ASC"
-    return (
-        f"SELECT t.id, t.revision, t.state FROM {source} WHERE {where} ORDER BY t.id {order} LIMIT {mark}",
-        [*params, limit],
-    )
+    return _union(_arms(q, mark, sqlite), "t.id, t.revision, t.state", order, mark, [limit])
 
 
-def count_sql(q: TaskSearch, mark: str, cap: int | None = None) -> tuple[str, list[Any]]:
-    source, where, params = where_of(q, mark)
-    if cap is None:
-        return f"SELECT count(*) FROM {source} WHERE {where}", params
-    return f"SELECT count(*) FROM (SELECT 1 FROM {source} WHERE {where} LIMIT {mark}) capped", [*params, max(0, cap)]
+def count_sql(q: TaskSearch, mark: str, cap: int | None = None, sqlite: bool = False) -> tuple[str, list[Any]]:
+    """The count of every arm, summed (the caller cuts the sum to ``cap``)."""
+    arms = _arms(q, mark, sqlite)
+    if q.label is not None and arms == [(arms[0][0], [], arms[0][2])]:
+        # the label alone: its rows are its tasks' (a purge takes them with the task), no task row is read
+        arms = [("task_labels l", [f"l.key = {mark} AND l.value = {mark}"], [q.label[0], q.label[1]])]
+    parts, all_params = [], []
+    for i, (source, terms, params) in enumerate(arms):
+        where = " AND ".join(terms) or "1 = 1"
+        if cap is None:
+            parts.append(f"(SELECT count(*) FROM {source} WHERE {where})")
+            all_params += params
+        else:
+            parts.append(f"(SELECT count(*) FROM (SELECT 1 FROM {source} WHERE {where} LIMIT {mark}) c{i})")
+            all_params += [*params, max(0, cap)]
+    return "SELECT " + " + ".join(parts), all_params
+
+
+def counted_by_state(q: TaskSearch) -> bool:
+    """The query filters by owner, kind and states only: ``task_counts`` answers its count exactly."""
+    others = (q.label, q.node_id, q.error_code, q.concurrency_key, q.parent_id, q.run_id, q.thread_id)
+    return all(v is None for v in others) and q.created_from is None and q.created_to is None and not q.id_prefix
 
 
 def minutes_sql(since_minute: int, owner: str | None, mark: str) -> tuple[str, list[Any]]:
@@ -197,6 +366,19 @@ def minute_rows(rows: Sequence[Any]) -> list[MinuteCounts]:
 Fetch = Callable[[str, Sequence[Any]], Any]
 
 
+def state_counts_sql(q: TaskSearch) -> tuple[str, list[Any]]:
+    """The exact count of a ``counted_by_state`` query, from ``task_counts`` (SQLite)."""
+    terms, params = ["n > 0"], []
+    for column, value in (("owner", q.owner), ("kind", q.kind)):
+        if value is not None:
+            terms.append(f"{column} = ?")
+            params.append(value)
+    if q.states:
+        terms.append(f"state IN ({', '.join('?' * len(q.states))})")
+        params += list(q.states)
+    return f"SELECT coalesce(sum(n), 0) FROM task_counts WHERE {' AND '.join(terms)}", params
+
+
 class SqliteSearch:
     """``TaskSearchStore`` on the SQLite store's reader connection."""
 
@@ -204,16 +386,19 @@ class SqliteSearch:
         self._fetchall = fetchall
 
     async def search_tasks(self, query: TaskSearch) -> TaskSearchPage:
-        sql, params, backwards = page_sql(query, "?", "t.id, t.doc")
+        sql, params, backwards = page_sql(query, "?", "t.id, t.doc", sqlite=True)
         return make_page(query, list(await self._fetchall(sql, params)), backwards)
 
     async def count_tasks(self, query: TaskSearch, cap: int | None = None) -> int:
-        sql, params = count_sql(query, "?", cap)
-        rows = await self._fetchall(sql, params)
-        return int(rows[0][0])
+        if counted_by_state(query):
+            sql, params = state_counts_sql(query)
+        else:
+            sql, params = count_sql(query, "?", cap, sqlite=True)
+        n = int((await self._fetchall(sql, params))[0][0])
+        return n if cap is None else min(n, max(0, cap))
 
     async def task_refs(self, query: TaskSearch, limit: int) -> list[TaskRef]:
-        sql, params = refs_sql(query, "?", max(0, limit))
+        sql, params = refs_sql(query, "?", max(0, limit), sqlite=True)
         return [TaskRef(str(r[0]), int(r[1]), str(r[2])) for r in await self._fetchall(sql, params)]
 
     async def task_minutes(self, since_minute: int, owner: str | None = None) -> list[MinuteCounts]:

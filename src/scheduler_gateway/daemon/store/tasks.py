@@ -102,10 +102,15 @@ class SqliteTasks:
         return decode_or_raise(_decode_task, rows[0][0], "task", task_id)
 
     async def list_tasks(self, query: TaskQuery) -> Page:
+        # a parent's or a run's tasks are few: their (column, id) index answers, and owner, state and kind are
+        # tested on its rows (``+column`` keeps the planner off (owner, id), which is in the page's order too
+        # and would read every task of the owner for a task page's children)
+        narrow = query.parent_id is not None or query.run_id is not None
+        plus = "+" if narrow else ""
         filters = (
-            ("owner", query.owner),
-            ("state", query.state),
-            ("kind", query.kind),
+            (f"{plus}owner", query.owner),
+            (f"{plus}state", query.state),
+            (f"{plus}kind", query.kind),
             ("parent_id", query.parent_id),
             ("run_id", query.run_id),
         )
@@ -132,8 +137,11 @@ class SqliteTasks:
         return task is not None and task.lease_id == lease_id
 
     async def task_counts(self, owner: str | None = None) -> list[tuple[str, str, int]]:
+        # task_counts (migration 14, store/search.py) is kept with every task write: no scan of the tasks
         where, params = ("", ()) if owner is None else (" WHERE owner = ?", (owner,))
-        rows = await self._db.fetchall(f"SELECT state, kind, count(*) FROM tasks{where} GROUP BY state, kind", params)
+        rows = await self._db.fetchall(
+            f"SELECT state, kind, sum(n) FROM task_counts{where} GROUP BY state, kind HAVING sum(n) > 0", params
+        )
         return [(str(r[0]), str(r[1]), int(r[2])) for r in rows]
 
     async def active_tasks(self) -> list[Task]:
@@ -172,7 +180,9 @@ class SqliteTasks:
 
     async def list_audit(self, query: AuditQuery) -> Page:
         filters = (
-            ("owner", query.owner),
+            # one object's entries are few: audit_object answers, owner is tested on them (the planner would
+            # otherwise walk audit_owner, in seq order too, through every entry of the owner)
+            ("+owner" if query.object_id is not None else "owner", query.owner),
             ("object_id", query.object_id),
             ("action", query.action),
             ("request_id", query.request_id),

@@ -124,8 +124,8 @@ class PgSearch:
 
     async def count_tasks(self, query: TaskSearch, cap: int | None = None) -> int:
         sql, params = count_sql(query, "%s", cap)
-        rows = await self._db.fetch(sql, params)
-        return int(rows[0][0])
+        n = int((await self._db.fetch(sql, params))[0][0])  # the sum of the arms' counts, each up to cap
+        return n if cap is None else min(n, max(0, cap))
 
     async def task_refs(self, query: TaskSearch, limit: int) -> list[TaskRef]:
         sql, params = refs_sql(query, "%s", max(0, limit))
