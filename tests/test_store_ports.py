@@ -47,6 +47,8 @@ SUITES: dict[type, list[tuple[ModuleType, str]]] = {
         (search, "test_search_pages_forward_and_back"),
         (search, "test_task_refs_are_the_matching_ids_with_their_revisions"),
         (search, "test_minute_figures_are_written_with_each_transition_and_survive_a_reopen"),
+        (search, "test_counts_by_owner_kind_and_state_follow_every_write"),
+        (search, "test_a_created_range_is_exact_whatever_the_ids_say"),
     ],
     ports.TaskWrites: [
         (flow, "test_a_claim_over_the_kinds_concurrency_is_refused_limited_alone"),

@@ -61,6 +61,27 @@ async def run_and_fail(gw: Gateway, node: HandNode, kind: str, code: str) -> str
     raise AssertionError(f"{task.id} did not die")
 
 
+async def test_the_count_is_exact_where_the_store_keeps_it_and_says_more_than_beyond_its_cap(
+    gateway: Gateway, browser: Browser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filter by state, kind and owner is counted exactly (the store's kept counts, a million tasks cost the
+    same); any other filter is counted up to COUNT_CAP (here 3) and says "More than" beyond."""
+    from scheduler_gateway.daemon.http.console.pages import tasks as task_pages
+
+    monkeypatch.setattr(task_pages, "COUNT_CAP", 3)
+    for _ in range(5):
+        await gateway.service.create(ALICE, NewTask(kind="cnt", labels={"team": "red"}))
+    page = await signed_in(browser, gateway)
+    summary = page.locator("p.summary")
+    await page.goto(base(gateway) + "/ui/tasks?live=0&kind=cnt&state=queued")
+    await expect(page.locator("#total-count")).to_have_text("5")
+    await expect(summary).not_to_contain_text("More than")
+    await page.goto(base(gateway) + "/ui/tasks?live=0&label=team%3Dred")
+    await expect(page.locator("#total-count")).to_have_text("3")
+    await expect(summary).to_contain_text("More than 3 tasks match")
+    await page.context.close()
+
+
 async def test_the_task_list_an_operator_reads(gateway: Gateway, api: Api, node: HandNode, browser: Browser) -> None:
     dead = await run_and_fail(gateway, node, "ops", "BOOM")
     await gateway.kinds.update("held", {"paused": True}, ActorRef("user", "admin"), None)

@@ -64,6 +64,9 @@ class MemorySearch:
         n = len(self._matching(query))
         return n if cap is None else min(n, max(0, cap))
 
+    async def kept_count(self, query: TaskSearch) -> int | None:
+        return None  # nothing kept: the console counts, capped
+
     async def task_refs(self, query: TaskSearch, limit: int) -> list[TaskRef]:
         return [TaskRef(t.id, t.revision, t.state) for t in self._matching(query)[: max(0, limit)]]
 

@@ -263,6 +263,11 @@ class TaskSearchStore(Protocol):
         there (the answer is at most ``cap``), so a count over a million rows costs what ``cap`` rows cost."""
         ...
 
+    async def kept_count(self, query: TaskSearch) -> int | None:
+        """The exact count of the matching tasks when the store keeps it without counting rows (SQLite: a query
+        by owner, kind and states, from the counts its writer keeps), else None (count with ``count_tasks``)."""
+        ...
+
     async def task_refs(self, query: TaskSearch, limit: int) -> list[TaskRef]:
         """Id, revision and state of up to ``limit`` matching tasks, in the query's order (cursors ignored)."""
         ...

@@ -115,6 +115,9 @@ class ComposedStore:
     async def count_tasks(self, query: TaskSearch, cap: int | None = None) -> int:
         return await self._search.count_tasks(query, cap)
 
+    async def kept_count(self, query: TaskSearch) -> int | None:
+        return await self._search.kept_count(query)
+
     async def task_refs(self, query: TaskSearch, limit: int) -> list[TaskRef]:
         return await self._search.task_refs(query, limit)
 

@@ -13,6 +13,12 @@ index, without touching the task writes of ``change_rows.py``:
   ``gw_task_queue_latency_seconds``). Added by the writer for each claim and each change into a terminal
   state, in the transaction that commits it (rolled back with it); the charts read at most an hour of rows.
   Each batch that adds to them drops the rows older than a day.
+
+Migration 14 (``COUNTS_MIGRATION``, SQLite only) makes every page cheap on a million tasks (docs/PERFORMANCE.md,
+Console): ``task_counts`` (tasks per owner, kind and state, added to by the writer with each write; the overview,
+the kinds pages and ``kept_count``), ``(owner, node_id, id)`` and ``(owner, error_code, id)`` for a user's lists,
+and ``task_created_off``, the tasks whose id does not tell their creation time, so a created range is sought as
+a range of ids and stays exact.
 """
 
 from __future__ import annotations
@@ -390,12 +396,18 @@ class SqliteSearch:
         return make_page(query, list(await self._fetchall(sql, params)), backwards)
 
     async def count_tasks(self, query: TaskSearch, cap: int | None = None) -> int:
-        if counted_by_state(query):
-            sql, params = state_counts_sql(query)
-        else:
-            sql, params = count_sql(query, "?", cap, sqlite=True)
+        kept = await self.kept_count(query)
+        if kept is not None:
+            return kept if cap is None else min(kept, max(0, cap))
+        sql, params = count_sql(query, "?", cap, sqlite=True)
         n = int((await self._fetchall(sql, params))[0][0])
         return n if cap is None else min(n, max(0, cap))
+
+    async def kept_count(self, query: TaskSearch) -> int | None:
+        if not counted_by_state(query):
+            return None
+        sql, params = state_counts_sql(query)
+        return int((await self._fetchall(sql, params))[0][0])
 
     async def task_refs(self, query: TaskSearch, limit: int) -> list[TaskRef]:
         sql, params = refs_sql(query, "?", max(0, limit), sqlite=True)

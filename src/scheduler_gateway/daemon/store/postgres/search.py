@@ -127,6 +127,9 @@ class PgSearch:
         n = int((await self._db.fetch(sql, params))[0][0])  # the sum of the arms' counts, each up to cap
         return n if cap is None else min(n, max(0, cap))
 
+    async def kept_count(self, query: TaskSearch) -> int | None:
+        return None  # no counts are kept (a counter row per owner/kind/state would serialize the instances)
+
     async def task_refs(self, query: TaskSearch, limit: int) -> list[TaskRef]:
         sql, params = refs_sql(query, "%s", max(0, limit))
         return [TaskRef(str(r[0]), int(r[1]), str(r[2])) for r in await self._db.fetch(sql, params)]

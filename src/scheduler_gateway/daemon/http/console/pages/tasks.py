@@ -241,9 +241,10 @@ class TaskPages(Pages):
         after = q.get("after") or None
         before = None if after else (q.get("before") or None)
         query = f.search(caller, newest_first=newest, limit=size, after=after, before=before)
-        page, total = await asyncio.gather(
-            self.gw.store.search_tasks(query), self.gw.store.count_tasks(query, cap=COUNT_CAP + 1)
-        )
+        page, kept = await asyncio.gather(self.gw.store.search_tasks(query), self.gw.store.kept_count(query))
+        # the exact count where the store keeps it (a filter by state, kind and owner only), else counted up to
+        # COUNT_CAP and shown as "more than" beyond
+        total = kept if kept is not None else await self.gw.store.count_tasks(query, cap=COUNT_CAP + 1)
         now = time.time()
         rows = [row_of(t, self.gw.service.waiting_for(t) if t.state == "queued" else None, now) for t in page.items]
         args = f.query_args()
@@ -252,8 +253,8 @@ class TaskPages(Pages):
         return {
             "rows": rows,
             "tasks": page.items,
-            "total": min(total, COUNT_CAP),
-            "total_more": total > COUNT_CAP,
+            "total": total if kept is not None else min(total, COUNT_CAP),
+            "total_more": kept is None and total > COUNT_CAP,
             "filter": f,
             "search": f.id_prefix or "",
             "states": STATES,
