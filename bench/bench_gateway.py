@@ -495,6 +495,24 @@ async def start_py_spy(pid: int, out: str, duration_s: int) -> asyncio.subproces
     )
 
 
+class _Spies:
+    """py-spy on gatewayd (``out``) and on each worker process (``out`` + ``.worker<i>``)."""
+
+    def __init__(self, procs: list[asyncio.subprocess.Process]) -> None:
+        self.procs = procs
+
+    async def wait(self) -> None:
+        for p in self.procs:
+            await p.wait()
+
+
+async def start_py_spies(probe: CpuProbe, out: str, duration_s: int) -> _Spies:
+    targets = [(probe.pids["gatewayd"][0] or 0, out)]
+    targets += [(pid or 0, f"{out}.worker{i}") for i, pid in enumerate(probe.pids.get("workers", []))]
+    spies = [await start_py_spy(pid, path, duration_s) for pid, path in targets if pid]
+    return _Spies([s for s in spies if s is not None])
+
+
 async def drive_gateway(
     args: argparse.Namespace, daemon: Daemon, probe: CpuProbe, profile: bool, how: str, flow: FlowProfile | None = None
 ) -> dict[str, Any]:
@@ -534,7 +552,7 @@ async def drive_gateway(
             work = submit(api, run_id, args.n, args.rate, args.http_concurrency, body_of=body_of)
         submitting = asyncio.create_task(work)
         if profile and not prefill:
-            spy = await start_py_spy(probe.pids["gatewayd"][0] or 0, args.py_spy_out, args.py_spy_duration)
+            spy = await start_py_spies(probe, args.py_spy_out, args.py_spy_duration)
         # no completion polling while submitting; the deadline counts from the last POST's answer
         await asyncio.wait({submitting})
         resume_at: float | None = None
@@ -545,7 +563,7 @@ async def drive_gateway(
             resume_at = time.time()
             await api.put(kind_path, {**(flow.settings or {}), "paused": False})
             if profile:
-                spy = await start_py_spy(probe.pids["gatewayd"][0] or 0, args.py_spy_out, args.py_spy_duration)
+                spy = await start_py_spies(probe, args.py_spy_out, args.py_spy_duration)
         complete = await wait_drained(api, run_id, time.monotonic() + args.timeout, args.poll)
         window_s = time.monotonic() - t0
         sub = submitting.result()
@@ -1142,7 +1160,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--peer-senders", type=int, default=1, help="threads sending the Dramatiq messages (default 1, sequential)"
     )
     p.add_argument("--no-uvloop", dest="uvloop", action="store_false", help="client and floor on plain asyncio")
-    p.add_argument("--py-spy-out", default=None, help="profile gatewayd with py-spy (raw folded stacks) in rep 1")
+    p.add_argument(
+        "--py-spy-out",
+        default=None,
+        help="profile gatewayd (this file) and each worker (this file + .worker<i>) with py-spy in rep 1",
+    )
     p.add_argument("--py-spy-duration", type=int, default=10, help="seconds of py-spy recording (default 10)")
     p.add_argument(
         "--flow",

@@ -35,6 +35,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess, NatsUser, free_port
 from scheduler_gateway.daemon.nats.streams import ensure_kind_consumer, ensure_streams
 from scheduler_gateway.wire.messages import (
+    SETTLE_BATCH_HEADER,
     CancelNotice,
     ClaimBatchReply,
     ClaimMessage,
@@ -47,6 +48,7 @@ from scheduler_gateway.wire.messages import (
     Offer,
     RevokedLease,
     Settle,
+    SettleBatch,
     WireError,
     settle_msg_id,
 )
@@ -130,6 +132,7 @@ class FakeGateway:
     _js: JetStreamContext | None = None
     _settles: Any = None
     _settle_queue: asyncio.Queue[Msg] = field(default_factory=asyncio.Queue)
+    _unpacked: list[tuple[Settle, dict[str, str]]] = field(default_factory=list)  # of a batch, not yet returned
     _claim_sub: Any = None
 
     @property
@@ -255,6 +258,8 @@ class FakeGateway:
 
     async def next_settle(self, node_id: str, within_s: float = 5.0) -> tuple[Settle, dict[str, str]] | None:
         """The next settle of ``node_id`` (acked), or None; other nodes' settles are acked and skipped."""
+        if self._unpacked:
+            return self._unpacked.pop(0)
         deadline = time.monotonic() + within_s
         while (remaining := deadline - time.monotonic()) > 0.01:
             try:
@@ -262,8 +267,15 @@ class FakeGateway:
             except TimeoutError:
                 return None
             await m.ack()
-            if SUBJECTS.node_of(m.subject) == node_id:
-                return msgspec.json.decode(m.data, type=Settle), dict(m.headers or {})
+            if SUBJECTS.node_of(m.subject) != node_id:
+                continue
+            headers = dict(m.headers or {})
+            if SETTLE_BATCH_HEADER not in headers:
+                return msgspec.json.decode(m.data, type=Settle), headers
+            # several settles in one message (docs/WIRE.md): the rest wait for the next calls
+            first, *rest = msgspec.json.decode(m.data, type=SettleBatch).settles
+            self._unpacked.extend((s, headers) for s in rest)
+            return first, headers
         return None
 
     def claims_of(self, node_id: str) -> list[ClaimRequest]:
@@ -513,7 +525,10 @@ async def test_fail_kind_settles_failed_with_the_retryable_flag(nats_server: Nat
             got = await gw.next_settle(s.node)
             assert got is not None
             results[got[0].attempt_id] = got[0]
-            assert got[1]["Nats-Msg-Id"] == settle_msg_id(got[0].lease_id, "failed", b"null")
+            if SETTLE_BATCH_HEADER in got[1]:  # the two ended together: one message (docs/WIRE.md)
+                assert got[1]["Nats-Msg-Id"].startswith("batch:") and got[1][SETTLE_BATCH_HEADER] == "2"
+            else:
+                assert got[1]["Nats-Msg-Id"] == settle_msg_id(got[0].lease_id, "failed", b"null")
         for retryable, offer in offers.items():
             settle = results[offer.attempt_id]
             assert settle.outcome == "failed"
@@ -1186,3 +1201,27 @@ async def test_gateway_worker_process_runs_offers_and_exits_0_on_sigterm(tmp_pat
             proc.kill()
             await proc.wait()
         await asyncio.to_thread(server.stop)
+
+
+async def test_settles_that_end_together_travel_in_one_message_and_a_lone_one_alone(
+    nats_server: NatsServerProcess,
+) -> None:
+    """docs/WIRE.md, Settles: the worker sends the settles queued within ``settle_linger_s`` of each other as one
+    ``SettleBatch`` (header ``Gw-Settle-Batch``, ``Nats-Msg-Id: batch:...``); a settle with none beside it goes in
+    the single form, so a gateway that never saw a batch still reads it."""
+    s = Setup()
+    echo = s.kind("echo")
+    async with (
+        gateway(nats_server.url, [echo]) as gw,
+        worker(nats_server.url, s.node, registry_of(**{echo: demo_handlers.echo}), concurrency=8),
+    ):
+        offers = [await gw.offer(echo, {"n": i}) for i in range(6)]
+        got = [await gw.next_settle(s.node) for _ in offers]
+        assert all(g is not None for g in got)
+        assert {g[0].attempt_id for g in got if g} == {o.attempt_id for o in offers}
+        batched = [g for g in got if g and SETTLE_BATCH_HEADER in g[1]]
+        assert batched, "six offers run at once, and no settles shared a message"
+        assert all(g[1]["Nats-Msg-Id"].startswith("batch:") for g in batched)
+        lone = await gw.offer(echo, {"n": "alone"})
+        one = await gw.next_settle(s.node)
+        assert one is not None and one[0].attempt_id == lone.attempt_id and SETTLE_BATCH_HEADER not in one[1]

@@ -171,6 +171,33 @@ async def test_settle_after_apply_the_redelivered_settle_is_a_repeat(
     await inv.check_task(api, task["id"], expected="succeeded")
 
 
+async def test_settle_after_apply_of_a_batch_every_settle_lands_once(
+    crashable: Crashable, session: aiohttp.ClientSession
+) -> None:
+    """Eight tasks that end together: the worker sends their settles in one message (docs/WIRE.md, a batch); the
+    gateway dies after committing them, before the ack. After the restart every task has ended once, the ones
+    committed before the kill unchanged; the redelivered batch is all repeats."""
+    crashable.start("settle.after_apply_batch", worker=False)
+    api = api_of(crashable, session)
+    body = {"kind": "sleep", "payload": {"seconds": 0.3}, "leaseSeconds": 2, "retryBackoffSeconds": 0}
+    status, created, _ = await api.call("POST", "/api/tasks/batch", {"tasks": [body] * 8})
+    assert status == 200, created
+    ids = [item["task"]["id"] for item in created["items"]]
+    # the worker comes after: its first pull takes all eight, which start and end together
+    crashable.worker = Worker(crashable.daemon.data_dir, "node-f", kinds="echo,sleep,fail", concurrency=8)
+    crashable.worker.start()
+    await crashable.crashed_at("settle.after_apply_batch")
+    crashed_at = time.time()
+    crashable.restart()
+    await inv.wait_terminal(api, ids, timeout_s=45)  # the settles after the first message wait in GW_SETTLE
+    applied_before_the_kill = 0
+    for task_id in ids:
+        await inv.check_task(api, task_id, expected="succeeded")
+        entries = await inv.assert_settle_applied_once(api, task_id)
+        applied_before_the_kill += entries[0]["at"] < fmt_ts(crashed_at)
+    assert applied_before_the_kill > 1, "no batch reached the gateway before the kill"
+
+
 @pytest.mark.slow
 async def test_settle_after_apply_redelivery_is_audited_as_a_repeat(
     crashable: Crashable, session: aiohttp.ClientSession

@@ -363,3 +363,52 @@ async def test_a_settle_consumer_from_an_earlier_version_gets_the_short_ack_wait
         finally:
             await nc.close()
     assert info.config.ack_wait == bus.SETTLE_ACK_WAIT_S == 10.0
+
+
+async def test_a_batch_of_settles_in_one_message_applies_each_once_and_a_redelivery_is_all_repeats(
+    api: Api, node: HandNode
+) -> None:
+    """The batch form of a settle (docs/WIRE.md, Settles): header ``Gw-Settle-Batch``, ``{settles: [...]}``. Each
+    settle is applied as if alone (one refused does not hold the others back); the same batch delivered again, as
+    after a crash between the commit and the ack, finds every one a repeat."""
+    from scheduler_gateway.wire.messages import SETTLE_BATCH_HEADER, Settle
+
+    claims = [await claimed(api, node, {"kind": "echo", "payload": {"n": i}}) for i in range(3)]
+    settles = [
+        Settle(task_id=t["id"], attempt_id=a, lease_id=lease, outcome="succeeded", result=msgspec.Raw(b'{"i":%d}' % i))
+        for i, (t, a, lease) in enumerate(claims)
+    ]
+    stale = Settle(
+        task_id=claims[0][0]["id"], attempt_id=claims[0][1], lease_id="lse_not_this_one", outcome="succeeded"
+    )
+    body = msgspec.json.encode({"settles": [*settles, stale]})
+    for n in range(2):  # delivered twice (a new msg id: JetStream's dedup would drop the copy)
+        await node.js.publish(
+            node.subjects.settle(node.node_id), body, headers={"Nats-Msg-Id": f"batch:{n}", SETTLE_BATCH_HEADER: "4"}
+        )
+    for i, (t, _, _) in enumerate(claims):
+        done = await api.wait_state(t["id"], {"succeeded"})
+        assert done["result"] == {"i": i}
+
+    async def audited() -> list[list[dict]]:
+        per_task = [[a for a in await audit(api, t["id"]) if a["action"] == "settle"] for t, _, _ in claims]
+        return per_task if all(len(e) >= 2 for e in per_task) and len(per_task[0]) >= 4 else []
+
+    for entries in await wait_for(audited):
+        assert sorted(a["result"] for a in entries if a["errorCode"] is None) == ["ok", "repeat"]
+    for t, _, _ in claims:
+        assert len(terminal_entries(await api.history(t["id"]))) == 1
+    # a batch that does not decode, or of too many: refused and audited, nothing applied
+    await node.js.publish(
+        node.subjects.settle(node.node_id), b'{"settles":[{"taskId":1}]}', headers={SETTLE_BATCH_HEADER: "1"}
+    )
+    too_many = msgspec.json.encode({"settles": [stale] * 257})
+    await node.js.publish(node.subjects.settle(node.node_id), too_many, headers={SETTLE_BATCH_HEADER: "257"})
+
+    async def refused() -> list[dict]:
+        status, body, _ = await api.call("GET", "/api/audit?action=settle&result=refused&limit=500")
+        assert status == 200
+        bad = [a for a in body["items"] if a["errorCode"] == "INVALID_ARGUMENT"]
+        return bad if len(bad) >= 2 else []
+
+    await wait_for(refused)

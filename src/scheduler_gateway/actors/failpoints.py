@@ -41,6 +41,7 @@ NAMES: dict[str, str] = {
     "schedule.after_task_create": "a scheduled run's task is created; the run's launch record is not yet written",
     "task.cancel_cascade": "a parent's cancel is committed; the cascade to its descendants is not yet done",
     "settle.after_apply": "a settle from GW_SETTLE was handled (committed); its JetStream ack is not yet sent",
+    "settle.after_apply_batch": "a message of several settles was handled (each committed); its ack is not yet sent",
     "claim.after_commit": "a claim is committed (the task is running); the reply to the node is not yet sent",
     "claim.after_thread_commit": "a claim of a thread's task is committed; the reply to the node is not yet sent",
     "schedule.after_claim": "a due schedule is claimed for its occurrence; the occurrence's run is not yet inserted",

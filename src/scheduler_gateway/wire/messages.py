@@ -126,6 +126,27 @@ class Settle(_Wire, kw_only=True):
     finished_at: str | None = None
 
 
+#: the header that marks a settle message holding several settles (``SettleBatch``), with their count
+SETTLE_BATCH_HEADER = "Gw-Settle-Batch"
+#: the most settles one batch message holds
+SETTLE_BATCH_MAX = 256
+
+
+class SettleBatch(_Wire, kw_only=True):
+    """node -> gateway on ``gw.settle.<nodeId>``, header ``Gw-Settle-Batch: <n>``: several settles in one
+    message (a node whose slots finished within a few milliseconds of each other). The gateway applies them and
+    acks the message once every one is committed (a redelivery finds them repeats). ``Nats-Msg-Id``:
+    ``batch:<sha256 of the settles' own ids, 32 hex>``."""
+
+    settles: list[Settle]
+
+
+def settle_batch_msg_id(msg_ids: list[str]) -> str:
+    import hashlib
+
+    return "batch:" + hashlib.sha256("\n".join(msg_ids).encode()).hexdigest()[:32]
+
+
 class CancelNotice(_Wire, kw_only=True):
     """gateway -> node on ``gw.cancel.<nodeId>`` (core NATS)."""
 

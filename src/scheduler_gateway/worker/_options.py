@@ -39,5 +39,7 @@ class WorkerTimings:
     bind_retry_s: float = 1.0
     settle_backoff_max_s: float = 2.0
     settle_publish_timeout_s: float = 2.0
+    # settles queued within this long of each other go in one message (0: each alone)
+    settle_linger_s: float = 0.002
     settle_flush_s: float = 10.0  # on stop(), after the handlers: how long to keep trying to publish settles
     heartbeat_timeout_s: float = 2.0

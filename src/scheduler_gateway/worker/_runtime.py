@@ -35,7 +35,7 @@ from ._offers import handle_offer
 from ._options import NatsOptions, WorkerTimings
 from ._pull import _KindPuller, nak
 from ._registry import HandlerRegistry, validate_kind, validate_node_id
-from ._settle import _PendingSettle, encode_settle, publish_until_acked
+from ._settle import SettleSender, _PendingSettle, encode_settle
 from ._tasks import _cancel_all, _forget, _wait_until
 
 log = logging.getLogger("scheduler_gateway.worker")
@@ -98,6 +98,7 @@ class Worker:
         self._offer_tasks: set[asyncio.Task[None]] = set()
         self._claims = ClaimBatcher(self._claim_request)
         self._settle_tasks: set[asyncio.Task[None]] = set()
+        self._settle_sender: SettleSender | None = None
         self._claiming: set[str] = set()  # attempt ids
         self._running: dict[str, _Running] = {}  # lease id -> running handler
         self._attempts: dict[str, str] = {}  # attempt id -> lease id
@@ -257,6 +258,8 @@ class Worker:
             )
 
         # 4. Every settle reaches JetStream before the connection closes (bounded, NATS may be gone).
+        if self._settle_sender is not None:
+            self._settle_sender.flush()  # the ones still lingering for company go now
         await _wait_until(self._settle_tasks, time.monotonic() + self.timings.settle_flush_s)
         for lease_id in list(self._settling):
             log.error(
@@ -401,15 +404,20 @@ class Worker:
         offer, lease_id = run.offer, run.ctx.lease_id
         data, msg_id, outcome = encode_settle(run, ending, self.nc.max_payload)
         self._settling[lease_id] = _PendingSettle(offer.task_id, lease_id, offer.lease_seconds, run.ctx._progress)
-        self._spawn(self._settle_tasks, self._publish_settle(lease_id, data, msg_id), "settle")
+        self._settler().queue(lease_id, data, msg_id)
         log.debug("task %s %s; settling", offer.task_id, outcome, extra=log_extra(run))
 
-    async def _publish_settle(self, lease_id: str, data: bytes, msg_id: str) -> None:
-        subject = self.subjects.settle(self.node_id)
-        try:
-            await publish_until_acked(self.nc, self.js, subject, lease_id, data, msg_id, self.timings)
-        finally:
-            self._settling.pop(lease_id, None)
+    def _settler(self) -> SettleSender:
+        if self._settle_sender is None:
+            self._settle_sender = SettleSender(
+                self.nc,
+                self.js,
+                self.subjects.settle(self.node_id),
+                self.timings,
+                lambda coro: self._spawn(self._settle_tasks, coro, "settle"),
+                lambda lease_id: self._settling.pop(lease_id, None),
+            )
+        return self._settle_sender
 
     # ---------------------------------------------------------------- helpers
 

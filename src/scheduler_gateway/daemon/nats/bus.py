@@ -30,6 +30,8 @@ from scheduler_gateway.wire.errors import Code, GatewayError
 from scheduler_gateway.wire.messages import (
     MAX_BATCH_CLAIMS,
     NODE_ID_PATTERN,
+    SETTLE_BATCH_HEADER,
+    SETTLE_BATCH_MAX,
     ClaimBatchReply,
     ClaimMessage,
     ClaimReply,
@@ -37,6 +39,7 @@ from scheduler_gateway.wire.messages import (
     HeartbeatReply,
     HeartbeatRequest,
     Settle,
+    SettleBatch,
     WireError,
 )
 from scheduler_gateway.wire.subjects import DISPATCH_STREAM, EVENTS_STREAM, SETTLE_CONSUMER, SETTLE_STREAM, Subjects
@@ -104,6 +107,7 @@ class NatsBus:
         self._claim_dec = msgspec.json.Decoder(ClaimMessage)
         self._hb_dec = msgspec.json.Decoder(HeartbeatRequest)
         self._settle_dec = msgspec.json.Decoder(Settle)
+        self._batch_dec = msgspec.json.Decoder(SettleBatch)
         self._enc = msgspec.json.Encoder()
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -333,13 +337,20 @@ class NatsBus:
             if node is None:
                 await self._inputs.refuse("settle", "?", Code.INVALID_ARGUMENT, "bad node id in subject")
             else:
+                batched = msg.headers is not None and SETTLE_BATCH_HEADER in msg.headers
                 try:
-                    settle = self._settle_dec.decode(msg.data)
+                    settles = (
+                        self._batch_dec.decode(msg.data).settles if batched else [self._settle_dec.decode(msg.data)]
+                    )
+                    if len(settles) > SETTLE_BATCH_MAX:
+                        raise msgspec.ValidationError(f"a settle batch holds at most {SETTLE_BATCH_MAX} settles")
                 except _MALFORMED as exc:
                     await self._inputs.refuse("settle", node, Code.INVALID_ARGUMENT, str(exc)[:200])
                 else:
-                    await self._inputs.settle(node, settle)
+                    await self._settle_all(node, settles)
                     failpoints.hit("settle.after_apply")  # handled and committed, not yet acked
+                    if len(settles) > 1:
+                        failpoints.hit("settle.after_apply_batch")
         except GatewayError as exc:
             # the store failed: leave the settle in the stream and try again shortly
             log.warning("settle not applied (%s); redelivering", exc.code)
@@ -350,6 +361,18 @@ class NatsBus:
             await self._ack(msg, nak_delay=1.0)
             return
         await self._ack(msg)
+
+    async def _settle_all(self, node: str, settles: list[Settle]) -> None:
+        """Apply every settle of a message (concurrently: their commits share the store's group commit); the
+        first failure is raised once all are done, and the message is redelivered: what was applied is then a
+        repeat."""
+        if len(settles) == 1:
+            await self._inputs.settle(node, settles[0])
+            return
+        outcomes = await asyncio.gather(*(self._inputs.settle(node, s) for s in settles), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def _ack(self, msg: Msg, nak_delay: float | None = None) -> None:
         try:
