@@ -153,6 +153,17 @@ class NatsServerProcess:
         elif port_in_use(self.host, self.port):
             # else the readiness probe below would take the other listener for our server
             raise OSError(f"{self.host}:{self.port} is already in use; nats-server cannot listen there")
+        # a monitoring port picked free here may be taken by another process before the server binds it (a
+        # free_port() race): the server then exits at once, and a fresh pick starts it
+        for attempt in range(3 if self.monitor_port == 0 else 1):
+            try:
+                self._start_once(timeout_s)
+                return
+            except RuntimeError:
+                if attempt == 2 or self.monitor_port != 0:
+                    raise
+
+    def _start_once(self, timeout_s: float) -> None:
         if self.monitor_port is not None:
             self._monitor_bound = self.monitor_port or free_port()
         self.store_dir.mkdir(parents=True, exist_ok=True)
