@@ -15,7 +15,7 @@ import pytest
 from scheduler_gateway.actors.model.callbacks import CallbackDelivery
 from scheduler_gateway.actors.model.records import DeadLetter
 from scheduler_gateway.actors.model.schedule import Thread
-from scheduler_gateway.actors.ports import AuditQuery, IdempotencyRecord, Principal
+from scheduler_gateway.actors.ports import AuditQuery, IdempotencyRecord, Principal, TaskSearch
 from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.daemon.store.transfer import TransferError, export_sqlite, import_postgres
@@ -35,7 +35,7 @@ async def fill(path: Path) -> dict[str, object]:
     store = SqliteStore(path)
     await store.start()
     try:
-        queued = make_task(1)
+        queued = make_task(1, labels={"team": "red"})
         await store.apply(create(queued, idempotency=KEY))
         done = make_task(2, callback_url="https://example.test/cb")
         await store.apply(create(done))
@@ -106,6 +106,9 @@ async def test_export_then_import_reads_back_the_same(tmp_path: Path, pg_url: st
             assert (await pg.history(task.id)).items == before_history[task.id]
         assert (await pg.list_audit(AuditQuery(limit=500))).items == before_audit
         assert await pg.get_dead_letter("dl_1") == held["letter"]
+        # the console's label filter finds the imported task (its labels are written with the import's rows)
+        labelled = await pg.search_tasks(TaskSearch(label=("team", "red")))
+        assert [t.id for t in labelled.items] == [make_task(1).id]
         assert await pg.get_idempotency("alice", "k1") == KEY
         assert await pg.get_principal("th_1") == PRINCIPAL
         assert await pg.get_thread(THREAD.id) == THREAD
