@@ -17,6 +17,7 @@ import pytest
 from scheduler_gateway.actors.failpoints import EXIT_CODE
 from scheduler_gateway.wire.timefmt import fmt_ts
 from tests.integration.harness import Api
+from tests.integration.sse import sse
 
 from . import invariants_api as inv
 from .procs import Daemon, Worker
@@ -317,3 +318,32 @@ async def test_schedule_after_task_create_manual_trigger_is_adopted(
     after = await inv.scheduled(api, sched["id"])
     assert (after["status"], after["nextRunAt"], after["runCount"]) == ("enabled", sched["nextRunAt"], 1), after
     assert after["lastRunStatus"] == "succeeded", after
+
+
+async def test_relay_after_publish_no_event_is_published_twice(
+    crashable: Crashable, session: aiohttp.ClientSession
+) -> None:
+    crashable.start("relay.after_publish", worker=False)
+    api = api_of(crashable, session)
+    status, answer, _ = await api.call("POST", "/api/tasks/batch", {"tasks": [ECHO] * 20})
+    assert status == 200, answer
+    ids = [item["task"]["id"] for item in answer["items"]]
+    await crashable.crashed_at("relay.after_publish")  # a round of several events committed in GW_EVENTS
+    crashable.restart()
+    crashable.worker = Worker(crashable.daemon.data_dir, "node-f", kinds="echo", concurrency=8)
+    crashable.worker.start()
+    await inv.wait_terminal(api, ids, timeout_s=30)
+    wanted = {(i, rev) for i in ids for rev in (1, 2, 3)}  # created, claimed, succeeded
+    seen: dict[tuple[str, int], list[int]] = {}
+    seqs: list[int] = []
+    async with sse(api, last_event_id=0) as stream:
+        while not wanted <= seen.keys():
+            frame = await stream.next(20)
+            assert frame is not None, f"the event stream ended; missing {sorted(wanted - seen.keys())[:3]}"
+            if frame.event == "gap":
+                continue
+            seqs.append(frame.seq)
+            if frame.data.get("aggregateType") == "task":
+                seen.setdefault((frame.data["aggregateId"], frame.data["revision"]), []).append(frame.seq)
+    assert all(len(v) == 1 for v in seen.values()), {k: v for k, v in seen.items() if len(v) > 1}
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # in order, no gap

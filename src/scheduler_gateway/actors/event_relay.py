@@ -32,7 +32,7 @@ from scheduler_gateway.wire.messages import Event
 from scheduler_gateway.wire.subjects import Subjects
 from scheduler_gateway.wire.timefmt import fmt_ts
 
-from . import idgen
+from . import failpoints, idgen
 from .model.records import SYSTEM, AuditEntry, EventRecord
 from .ports import Bus, OutboxRow, RelayStore
 from .runtime import LoopActor, Wakeup
@@ -113,6 +113,8 @@ class EventRelay(LoopActor):
             subject = self._subjects.event(rec.aggregate_type, rec.type.split(".")[-1])
             batch.append((row.seq, rec.id, (subject, rec.id, self._encoder.encode(to_wire(rec)))))
         failure = await self._publish(batch, done) if batch else None
+        if batch and len(done) > 1:
+            failpoints.hit("relay.after_publish")  # in the stream, the rows not yet deleted
         if done:
             await self._store.outbox_delete(done)
             self.relayed += len(done)

@@ -40,6 +40,7 @@ NAMES: dict[str, str] = {
     "http.after_commit": "a user's create or task action is committed; the HTTP reply is not yet sent",
     "schedule.after_task_create": "a scheduled run's task is created; the run's launch record is not yet written",
     "task.cancel_cascade": "a parent's cancel is committed; the cascade to its descendants is not yet done",
+    "relay.after_publish": "a relay round's events are in GW_EVENTS; their outbox rows are not yet deleted",
     "settle.after_apply": "a settle from GW_SETTLE was handled (committed); its JetStream ack is not yet sent",
     "settle.after_apply_batch": "a message of several settles was handled (each committed); its ack is not yet sent",
     "claim.after_commit": "a claim is committed (the task is running); the reply to the node is not yet sent",
