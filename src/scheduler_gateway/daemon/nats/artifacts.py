@@ -55,6 +55,8 @@ DIRECT_MAX_CHUNKS = 4
 FETCH_TIMEOUT_S = 5.0
 #: a watch with no new chunk for this long stops (the node died or went quiet); its commit reads the chunks back
 WATCH_IDLE_S = 30.0
+#: uploads watched at once per gatewayd (each a consumer and a task); the ones beyond are read back at commit
+MAX_WATCHES = 32
 API_TIMEOUT_S = 10.0
 _decode_request: Callable[[bytes], ArtifactRequest] = msgspec.json.Decoder(ArtifactRequest).decode
 _encode = msgspec.json.Encoder().encode
@@ -114,7 +116,7 @@ class JetStreamArtifacts:
 
     def watch(self, upload: str) -> None:
         """Start hashing ``upload``'s chunks as the node stores them (a chunked upload was just begun)."""
-        if upload in self._watches:
+        if upload in self._watches or len(self._watches) >= MAX_WATCHES:
             return
         w = self._watches[upload] = _Watch()
         w.task = asyncio.ensure_future(self._follow(upload, w))
