@@ -230,13 +230,6 @@ class Chaos:
         return "gw-a"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open (found by this soak, 2 of 2 runs): 2 of 900 tasks stay queued (waitingFor none) for good: their"
-    " attempt's lease (on the killed worker) ran out on gw-a, which requeued them and was killed ~15 s later; gw-b's"
-    " takeover re-offer does not bring them back (a re-offer under the same Nats-Msg-Id inside the 120 s duplicate"
-    " window is dropped by JetStream if the first offer was taken and never claimed?)",
-)
 @pytest.mark.timeout(420)
 async def test_chaos_soak_kills_cluster_servers_a_worker_and_a_gatewayd_in_turn(
     tmp_path: Path,

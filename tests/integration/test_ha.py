@@ -48,6 +48,7 @@ def fast_instance_beat(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 FAST_LEASE = LeaseTiming(lease_s=3.0, renew_s=0.5, trust_margin_s=1.0)
+REOFFER_S = 2.0
 FAST_SCHED = SchedulerSettings(min_once_delay_s=0, poll_interval_s=0.1, max_concurrent_runs=32)
 
 
@@ -286,6 +287,114 @@ async def test_a_lease_whose_claimer_died_is_expired_by_the_new_leader(
             await api_b.wait_state(task["id"], {"succeeded"})
             actions = [h["action"] for h in await api_b.history(task["id"])]
             assert actions == ["create", "claim", "attempt_failed", "claim", "settle"], actions
+    finally:
+        for gw in (a, b):
+            with contextlib.suppress(Exception):
+                await gw.stop()
+
+
+async def test_an_offer_lost_before_a_takeover_is_offered_again_by_the_new_leader(
+    tmp_path: Path, fresh_nats: NatsServerProcess, pg_fresh_url: str, node: HandNode
+) -> None:
+    """The chaos soak's 2 tasks queued for good: JetStream acked gw-a's offer while GW_DISPATCH elected a leader
+    and no node ever got it (here: a node takes it and acks it without a claim); gw-a is killed; gw-b's takeover
+    re-read offers the attempt again under the same Nats-Msg-Id, which JetStream drops as a duplicate within its
+    120 s window, and gw-b then counted the offer as out for good. Now the unclaimed offer is published again
+    under a new Nats-Msg-Id after ``reoffer_after_s`` and the task runs."""
+    a = await start_gateway(tmp_path, fresh_nats.url, pg_fresh_url, "gw-a", reoffer_after_s=REOFFER_S)
+    b = await start_gateway(tmp_path, fresh_nats.url, pg_fresh_url, "gw-b", reoffer_after_s=REOFFER_S)
+    try:
+        assert (await leader_of([a, b])) is a
+        async with apis([a, b]) as (api_a, api_b):
+            task = await api_a.create({"kind": "echo", "leaseSeconds": 5})
+            (lost, msg), *_ = await node.pull("echo")
+            await msg.ack()  # the offer is gone from the stream, unclaimed
+            await crash(a)
+            await leader_of([b])
+            assert b.ha is not None and b.ha.reoffered >= 1  # the takeover re-read took the task in
+            offers = await node.pull("echo", timeout_s=REOFFER_S + 8)
+            again = [(o, m) for o, m in offers if o.task_id == task["id"]]
+            assert again, f"the task was never offered again after the takeover ({offers})"
+            offer, m2 = again[0]
+            assert offer.attempt_id == lost.attempt_id
+            reply = await node.claim(offer.task_id, offer.attempt_id)
+            assert reply.ok, reply
+            await m2.ack()
+            await node.settle(offer.task_id, offer.attempt_id, reply.lease_id or "")
+            await api_b.wait_state(task["id"], {"succeeded"})
+            assert b.dispatcher.reoffered >= 1
+    finally:
+        for gw in (a, b):
+            with contextlib.suppress(Exception):
+                await gw.stop()
+
+
+async def test_a_lease_expired_first_by_another_instance_is_offered_by_this_one(
+    tmp_path: Path, fresh_nats: NatsServerProcess, pg_fresh_url: str, node: HandNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chaos soak's 13 tasks queued for good: gw-a and gw-b both expired a dead node's lease; gw-a committed
+    first, and gw-b's write lost its compare-and-set. gw-b took the stored copy into its live copies but not into
+    its dispatcher, which kept the task as running; every later read (live sync, the takeover's re-read) found the
+    live copy at the stored revision and changed nothing, so after gw-a died (its offer unpublished or lost)
+    nobody offered the task. Now a lost write's re-read is absorbed like any other instance's change."""
+    a = await start_gateway(tmp_path, fresh_nats.url, pg_fresh_url, "gw-a", reoffer_after_s=REOFFER_S)
+    b = await start_gateway(tmp_path, fresh_nats.url, pg_fresh_url, "gw-b", reoffer_after_s=REOFFER_S)
+    try:
+        assert (await leader_of([a, b])) is a and b.ha is not None and b.ha.live_sync is not None
+        await b.bus.stop_serving()  # a answers the claim
+        async with apis([a, b]) as (_api_a, api_b):
+            task = await api_b.create({"kind": "echo", "leaseSeconds": 2})  # in b's live copies and dispatcher
+            (first, msg), *_ = await node.pull("echo")
+            reply = await node.claim(first.task_id, first.attempt_id)
+            assert reply.ok, reply
+            await msg.ack()
+
+            async def running_on_b() -> bool:
+                live = b.service._live.get(task["id"])
+                return live is not None and live.state == "running"
+
+            await wait_for(running_on_b)
+            await b.ha.live_sync.stop()  # b learns of a's requeue only through its own lost write
+            await b.service.lease_clock.stop()
+            stale = await b.store.get_task(task["id"])
+            assert stale is not None and stale.state == "running"
+
+            async def requeued() -> Any:  # a's lease watcher or lease clock requeues it (the node is quiet)
+                got = await a.store.get_task(task["id"])
+                return got if got is not None and got.state == "queued" else None
+
+            again = await wait_for(requeued, timeout_s=10)
+            # b read the task before a's commit, and writes the same expiry after it: its compare-and-set loses
+            real_get = b.service._store.get_task
+            reads = iter([stale])
+
+            async def get_task(task_id: str) -> Any:
+                return next(reads, None) or await real_get(task_id)
+
+            monkeypatch.setattr(b.service._store, "get_task", get_task)
+            await b.service.expire_lease(task["id"], reply.lease_id or "")
+            assert b.service._live[task["id"]].revision == again.revision
+            assert b.dispatcher.backlog() == 1, "b's dispatcher does not know the requeued task"
+            # a dies before any node took its offer of the new attempt: b offers it
+            (lost, m1), *_ = await node.pull("echo")
+            assert lost.attempt_id == again.attempt_id
+            await m1.ack()  # a's offer is gone, unclaimed
+            await b.bus.serve(
+                NodeInputs(
+                    claim=b.service.claim, heartbeat=b.service.heartbeat, settle=b.service.settle,
+                    refuse=b._refuse_message,
+                )
+            )  # fmt: skip
+            await crash(a)
+            offers = await node.pull("echo", timeout_s=REOFFER_S + 8)
+            mine = [(o, m) for o, m in offers if o.attempt_id == again.attempt_id]
+            assert mine, offers
+            offer, m2 = mine[0]
+            r2 = await node.claim(offer.task_id, offer.attempt_id)
+            assert r2.ok, r2
+            await m2.ack()
+            await node.settle(offer.task_id, offer.attempt_id, r2.lease_id or "")
+            await api_b.wait_state(task["id"], {"succeeded"})
     finally:
         for gw in (a, b):
             with contextlib.suppress(Exception):

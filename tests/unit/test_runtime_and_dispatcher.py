@@ -17,16 +17,18 @@ from scheduler_gateway.wire.messages import Offer
 class FakeBus:
     def __init__(self) -> None:
         self.offers: list[Offer] = []
+        self.msg_ids: list[str] = []
         self.fail_next = 0
 
     async def publish_offers(self, items: list[tuple[str, str, bytes]]) -> list[BaseException | None]:
         out: list[BaseException | None] = []
-        for _, _, body in items:
+        for _, msg_id, body in items:
             if self.fail_next:
                 self.fail_next -= 1
                 out.append(ConnectionError("nats down"))
                 continue
             self.offers.append(msgspec.json.decode(body, type=Offer))
+            self.msg_ids.append(msg_id)
             out.append(None)
         return out
 
@@ -174,6 +176,47 @@ async def test_dispatcher_waits_for_not_before_and_retries_failed_publishes() ->
     finally:
         dm.PUBLISH_RETRY_S = old
         await d.stop()
+
+
+async def test_an_offer_left_unclaimed_is_published_again_under_a_new_msg_id() -> None:
+    """The chaos soak's 2 lost tasks: JetStream acked an offer during a leader election and no node ever got it;
+    every later offer of the attempt (another instance's, the takeover's re-read) used the attempt id as
+    Nats-Msg-Id, which JetStream drops as a duplicate for 120 s, and the dispatcher counted the offer as out
+    for good. An offer unclaimed for ``reoffer_after_s`` is published again as ``<attemptId>.<n>``, each wait
+    twice the one before; a claimed or re-attempted task is not."""
+    bus, clock = FakeBus(), Clock()
+    d = Dispatcher(bus, clock, reoffer_after_s=10.0)
+    await d.start()
+    d.update(task(1))
+    d.update(task(2))
+    await settle_loop()
+    assert sorted(bus.msg_ids) == ["att_001", "att_002"]
+    clock.now += 9.0
+    d.update(task(2, state="running", revision=2, lease_id="l", node_id="n"))  # 2 is claimed in time
+    await settle_loop()
+    assert len(bus.msg_ids) == 2
+    clock.now += 1.0
+    d._wake.set()
+    await settle_loop()
+    assert bus.msg_ids[2:] == ["att_001.1"] and d.offered_count("echo") == 1 and d.reoffered == 1
+    clock.now += 19.0  # the next wait is 20 s
+    d._wake.set()
+    await settle_loop()
+    assert bus.msg_ids[2:] == ["att_001.1"]
+    clock.now += 1.0
+    d._wake.set()
+    await settle_loop()
+    assert bus.msg_ids[2:] == ["att_001.1", "att_001.2"]
+    # a new attempt starts from its own attempt id again
+    d.update(task(1, state="running", revision=2, lease_id="l", node_id="n"))
+    d.update(task(1, revision=3, attempt_id="att_001b", attempt_no=2))
+    await settle_loop()
+    assert bus.msg_ids[-1] == "att_001b"
+    clock.now += 10.0
+    d._wake.set()
+    await settle_loop()
+    assert bus.msg_ids[-1] == "att_001b.1"
+    await d.stop()
 
 
 async def test_dispatcher_runs_a_thread_one_task_at_a_time_in_order() -> None:

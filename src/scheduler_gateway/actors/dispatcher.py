@@ -12,6 +12,15 @@ Flow control (docs/FLOW.md, actors/dispatch_flow.py): the ready tasks of a kind 
 break none of its kind's rules (pause, concurrency, key concurrency, rates), the offers already out counted as
 starts to come. A key whose own limit binds sits out its turns until a slot of that key frees; a kind-wide
 limit holds the whole kind until a slot frees or a start leaves a rate's window (a timer).
+
+An offer JetStream acked is not proof that a node will ever see it: a fault of the cluster (a stream or consumer
+leader elected again while the offer was stored or delivered) may lose it, and every other path that offers the
+attempt again (another instance's dispatcher, the leader's re-read at a takeover or when an instance is gone, a
+publish retried) uses the same ``Nats-Msg-Id``, which JetStream drops as a duplicate for 120 s after the first. So
+an offer still unclaimed ``reoffer_after_s`` after its publish (twice the offers' AckWait: a delivery to a node
+that died is redelivered first) is published again under ``<attemptId>.<n>``, the n-th re-offer of that attempt,
+and the wait doubles each time up to ``REOFFER_MAX_S``. A copy of an offer that is still in the stream is
+harmless: a claim of the attempt is granted once, and refused (the copy acked) once the attempt runs or ended.
 """
 
 from __future__ import annotations
@@ -38,6 +47,10 @@ from .runtime import LoopActor, Wakeup
 log = logging.getLogger(__name__)
 
 PUBLISH_RETRY_S = 1.0
+#: an offer unclaimed this long is published again (``reoffer_after_s``): twice the offers' AckWait (30 s)
+REOFFER_AFTER_S = 60.0
+#: the longest wait between two re-offers of one attempt (each waits twice as long as the one before)
+REOFFER_MAX_S = 900.0
 
 
 @dataclass
@@ -57,6 +70,7 @@ class Dispatcher(LoopActor):
         clock: Callable[[], float],
         max_offers_per_kind: int = 64,
         metrics: Metrics | None = None,
+        reoffer_after_s: float = REOFFER_AFTER_S,
     ) -> None:
         super().__init__()
         self._bus = bus
@@ -72,6 +86,14 @@ class Dispatcher(LoopActor):
         self._offered_kind: dict[str, str] = {}  # task id -> kind
         self._offered_key: dict[str, Key] = {}  # task id -> concurrency key, of the offered tasks
         self._lanes: dict[str, _Lane] = {}
+        #: task id -> when its published offer, if still unclaimed, is published again (offered tasks only)
+        self._reoffer_at: dict[str, float] = {}
+        self._next_reoffer = float("inf")  # no earlier than the earliest of ``_reoffer_at``
+        self._reoffer_s = reoffer_after_s
+        #: task id -> (attempt id, re-offers of it so far): the attempt's offers are published as
+        #: ``<attemptId>.<n>`` from its n-th re-offer on
+        self._reoffers: dict[str, tuple[str, int]] = {}
+        self.reoffered = 0  # offers published again because they went unclaimed
         self._wake = Wakeup()
         self._encoder = msgspec.json.Encoder()
 
@@ -79,6 +101,9 @@ class Dispatcher(LoopActor):
     def update(self, task: Task) -> None:
         """A task was created or changed (called after its change is committed)."""
         self._unoffer(task.id, keep_attempt=task.attempt_id if task.state == "queued" else None)
+        again = self._reoffers.get(task.id)
+        if again is not None and (task.state != "queued" or again[0] != task.attempt_id):
+            del self._reoffers[task.id]
         if task.state == "running":
             self.flow.running(task.id, task.kind, task.concurrency_key, task.started_at)
         else:
@@ -177,6 +202,7 @@ class Dispatcher(LoopActor):
             return  # the same attempt is still on offer
         offered.pop(task_id, None)
         del self._offered_kind[task_id]
+        self._reoffer_at.pop(task_id, None)
         key = self._offered_key.pop(task_id, None)
         queue = self._ready.get(kind)
         if queue is not None:
@@ -242,7 +268,46 @@ class Dispatcher(LoopActor):
         picked: list[Task] = []
         for kind, queue in self._ready.items():
             self._pick_kind(kind, queue, now, picked)
+        if self._next_reoffer <= now:
+            picked += self._unclaimed(now)
         return picked
+
+    def _unclaimed(self, now: float) -> list[Task]:
+        """The offered tasks whose offer went unclaimed past its time: each is published again under the next
+        ``Nats-Msg-Id`` of its attempt (they keep their place in the window)."""
+        again: list[Task] = []
+        for task_id, at in list(self._reoffer_at.items()):
+            if at > now:
+                continue
+            del self._reoffer_at[task_id]
+            task = self._queued.get(task_id)
+            if task is None or self._offered.get(task.kind, {}).get(task_id) != task.attempt_id:
+                continue
+            attempt, n = self._reoffers.get(task_id, (task.attempt_id, 0))
+            self._reoffers[task_id] = (task.attempt_id, n + 1 if attempt == task.attempt_id else 1)
+            again.append(task)
+        self._next_reoffer = min(self._reoffer_at.values(), default=float("inf"))
+        if again:
+            self.reoffered += len(again)
+            log.info("dispatcher: %d offers unclaimed for %.0f s or more; published again", len(again), self._reoffer_s)
+        return again
+
+    def _msg_id(self, task: Task) -> str:
+        """The offer's ``Nats-Msg-Id``: the attempt id, then ``<attemptId>.<n>`` from its n-th re-offer on."""
+        again = self._reoffers.get(task.id)
+        if again is None or again[0] != task.attempt_id:
+            return task.attempt_id
+        return f"{task.attempt_id}.{again[1]}"
+
+    def _published(self, task: Task, now: float) -> None:
+        """The offer is in the stream: when it is published again if nobody claimed it by then."""
+        if self._offered.get(task.kind, {}).get(task.id) != task.attempt_id:
+            return  # claimed, canceled or re-attempted while the publish was in flight
+        again = self._reoffers.get(task.id)
+        n = again[1] if again is not None and again[0] == task.attempt_id else 0
+        at = now + min(self._reoffer_s * 2 ** min(n, 16), max(REOFFER_MAX_S, self._reoffer_s))
+        self._reoffer_at[task.id] = at
+        self._next_reoffer = min(self._next_reoffer, at)
 
     def _pick_kind(self, kind: str, queue: KindQueue, now: float, picked: list[Task]) -> None:
         """Offer the kind's ready tasks, the keys taking turns, while the window and the flow rules allow."""
@@ -317,10 +382,11 @@ class Dispatcher(LoopActor):
 
     async def _publish(self, tasks: list[Task]) -> None:
         try:
-            results = await self._bus.publish_offers([(t.kind, t.attempt_id, self._encode(t)) for t in tasks])
+            results = await self._bus.publish_offers([(t.kind, self._msg_id(t), self._encode(t)) for t in tasks])
         except Exception as exc:  # the consumer could not be created (NATS away): every offer failed
             results = [exc] * len(tasks)
         failed = 0
+        now = self._clock()
         by_kind: dict[str, int] = {}
         for task, res in zip(tasks, results, strict=True):
             if isinstance(res, BaseException):
@@ -331,6 +397,7 @@ class Dispatcher(LoopActor):
                 if self._queued.get(task.id) is task:
                     self._schedule(task)
             else:
+                self._published(task, now)
                 by_kind[task.kind] = by_kind.get(task.kind, 0) + 1
         for kind, n in by_kind.items():
             self._metrics.offers_published(kind, n)
@@ -345,5 +412,5 @@ class Dispatcher(LoopActor):
             if picked:
                 await self._publish(picked)
                 continue
-            timeout = self._timers[0][0] - now if self._timers else None
-            await self._wake.wait(timeout)
+            due = min(self._timers[0][0] if self._timers else float("inf"), self._next_reoffer)
+            await self._wake.wait(due - now if due != float("inf") else None)

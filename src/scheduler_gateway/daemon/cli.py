@@ -61,6 +61,7 @@ def settings_from_config(config: Config, nats_url: str, user: str | None, passwo
         events_max_age_s=config.events.max_age_s,
         events_max_msgs=config.events.max_msgs,
         max_offers_per_kind=config.dispatch.max_offers_per_kind,
+        reoffer_after_s=config.dispatch.reoffer_after_s,
         kinds=config.kinds,
         policy=TaskPolicy(
             default_lease_s=t.default_lease_s,

@@ -84,6 +84,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     events_max_age_s: float = 604800
     events_max_msgs: int = 10000
     max_offers_per_kind: int = 64
+    reoffer_after_s: float = 60.0  # [dispatch] reoffer_after_s: an unclaimed offer is published again after it
     kinds: tuple[KindSettings, ...] = ()  # [kinds.<kind>]: starting flow settings (docs/FLOW.md)
     policy: TaskPolicy = TaskPolicy()
     dead_letters: DeadLetterPolicy = DeadLetterPolicy()
@@ -136,7 +137,9 @@ class Gateway:
             # a GW_EVENTS made anew (its JetStream store lost) starts above every seq the outbox handed out
             events_first_seq=lambda: first_event_seq(self.store),
         )
-        self.dispatcher = Dispatcher(self.bus, clock, s.max_offers_per_kind, self.metrics)
+        self.dispatcher = Dispatcher(
+            self.bus, clock, s.max_offers_per_kind, self.metrics, reoffer_after_s=s.reoffer_after_s
+        )
         self.nodes = NodeRegistry(clock, on_new_kinds=self._announce_kinds)
         # several instances on PostgreSQL: the leader's duties write under its fence (daemon/ha.py)
         self.ha = (

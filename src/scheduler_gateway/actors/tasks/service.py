@@ -465,9 +465,17 @@ class TaskService:
         return self._boxes.call(task_id, run)
 
     async def _refresh(self, task_id: str) -> None:
-        """Take a newer stored revision into the live copy (another writer committed it; its own bookkeeping
-        follows when that writer resumes)."""
+        """Take a newer stored revision into the live copy (another writer committed it). With one instance the
+        other writer is in this process and its own bookkeeping follows when it resumes. With several it is
+        another instance, whose bookkeeping is its own: the stored copy is absorbed, so this instance's
+        dispatcher and lease clock follow it too. (Before, the live copy moved alone: a lease that another
+        instance expired first left this one's dispatcher counting the requeued task as running, and no later
+        read changed that, since the live copy was already at the stored revision: the task was never offered
+        here, not even after a takeover.)"""
         stored = await self._store.get_task(task_id)
+        if self._shared is not None:
+            self.absorb(stored, task_id)
+            return
         live = self._live.get(task_id)
         if stored is None or live is None or stored.revision <= live.revision:
             return

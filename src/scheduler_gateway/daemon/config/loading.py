@@ -143,7 +143,10 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
     dl_s.finish()
 
     dp_s = r.section("dispatch")
-    dispatch = DispatchConfig(max_offers_per_kind=dp_s.integer("max_offers_per_kind", 64, lo=1))
+    dispatch = DispatchConfig(
+        max_offers_per_kind=dp_s.integer("max_offers_per_kind", 64, lo=1),
+        reoffer_after_s=dp_s.number("reoffer_after_s", 60.0, gt=0),
+    )
     dp_s.finish()
 
     sc_s = r.section("scheduler")

@@ -120,6 +120,7 @@ class DeadletterConfig:
 @dataclass(frozen=True, slots=True)
 class DispatchConfig:
     max_offers_per_kind: int = 64
+    reoffer_after_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
