@@ -26,6 +26,14 @@
     if (timer !== null) { return; }
     timer = setTimeout(refresh, Math.max(250, MIN_GAP_MS - (Date.now() - last)));
   };
+  // the hold is checked when a reload is sent: one already on its way when a row is ticked is not swapped in
+  // (it would drop the selection); the list reloads once the selection is cleared
+  document.addEventListener("htmx:beforeSwap", function (e) {
+    var el = rows();
+    if (el && e.detail.target === el && anySelected()) {
+      e.detail.shouldSwap = false; pending = true; if (held) { held.hidden = false; }
+    }
+  });
   var selectPage = document.getElementById("select-page");
   document.addEventListener("change", function (e) {
     var t = e.target;
@@ -47,6 +55,13 @@
     var es = new EventSource("/ui/stream");
     var types = (live.getAttribute("data-events") || "").split(" ");
     for (var k = 0; k < types.length; k++) { if (types[k]) { es.addEventListener(types[k], onEvent); } }
-    es.addEventListener("disconnect", function () { es.close(); });
+    // only a session that ended stops the list; any other reason (SLOW_CONSUMER when the page fell 4,096 events
+    // behind a flood, SHUTTING_DOWN, STREAM_RESET, UNAVAILABLE) is left to the EventSource, which reconnects with
+    // Last-Event-ID and resumes (docs/API.md)
+    es.addEventListener("disconnect", function (e) {
+      var reason = "";
+      try { reason = JSON.parse(e.data).reason; } catch (err) { reason = ""; }
+      if (reason === "SESSION_ENDED") { es.close(); } else { onEvent(); }
+    });
   }
 })();
