@@ -124,6 +124,25 @@ def info_of(r: ArtifactRecord) -> ArtifactInfo:
     return ArtifactInfo(name=r.name, size=r.size, sha256=r.sha256, content_type=r.content_type)
 
 
+def record_for(
+    task: Task, node_id: str, req: ArtifactCommit | ArtifactPut, upload: str, chunks: int, at: float
+) -> ArtifactRecord:
+    """The index row of a commit or a put of ``node_id`` for ``task``'s current attempt."""
+    return ArtifactRecord(
+        task_id=task.id,
+        name=req.name,
+        size=req.size,
+        sha256=req.sha256,
+        content_type=req.content_type or DEFAULT_CONTENT_TYPE,
+        attempt_no=task.attempt_no,
+        node_id=node_id,
+        created_at=at,
+        upload=upload,
+        chunks=chunks,
+        owner=task.owner,
+    )
+
+
 def refused(exc: GatewayError) -> ArtifactReply:
     return ArtifactReply(ok=False, error=ArtifactError(code=exc.code, message=exc.message))
 
@@ -209,19 +228,7 @@ class ArtifactService:
         if isinstance(checked, ArtifactReply):
             return checked
         task, chunks = checked
-        record = ArtifactRecord(
-            task_id=task.id,
-            name=req.name,
-            size=req.size,
-            sha256=req.sha256,
-            content_type=req.content_type or DEFAULT_CONTENT_TYPE,
-            attempt_no=task.attempt_no,
-            node_id=node_id,
-            created_at=self._clock(),
-            upload=upload,
-            chunks=chunks,
-            owner=task.owner,
-        )
+        record = record_for(task, node_id, req, upload, chunks, self._clock())
         return await self._finish(node_id, task, req.lease_id, record, self._deadline)
 
     async def _put(self, node_id: str, req: ArtifactPut) -> ArtifactReply:
@@ -252,19 +259,7 @@ class ArtifactService:
         stored_at = self._clock()
         if req.data:
             await self._bucket.put_chunk(upload, req.data)
-        record = ArtifactRecord(
-            task_id=task.id,
-            name=req.name,
-            size=req.size,
-            sha256=req.sha256,
-            content_type=req.content_type or DEFAULT_CONTENT_TYPE,
-            attempt_no=task.attempt_no,
-            node_id=node_id,
-            created_at=stored_at,
-            upload=upload,
-            chunks=1 if req.data else 0,
-            owner=task.owner,
-        )
+        record = record_for(task, node_id, req, upload, 1 if req.data else 0, stored_at)
 
         async def deadline(node_id: str, task: Task, record: ArtifactRecord) -> float | None:
             # the chunk was stored at ``stored_at`` (no later on the bucket's clock): the rule of a commit's chunks

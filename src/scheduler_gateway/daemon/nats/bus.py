@@ -141,6 +141,11 @@ class NatsBus:
         self.js = self.nc.jetstream()
         self._publisher = AckedPublisher(self.nc)
         await self._publisher.start()
+        await self._ensure_streams()
+        await bring_to_replicas(self.js, self._replicas)
+
+    async def _ensure_streams(self) -> None:
+        assert self.js is not None
         await ensure_streams(
             self.js,
             self.subjects,
@@ -149,7 +154,6 @@ class NatsBus:
             events_max_msgs=self._events_max_msgs,
             events_first_seq=self._events_first_seq,
         )
-        await bring_to_replicas(self.js, self._replicas)
 
     async def reensure(self, timeout_s: float = 15.0) -> None:
         """After the server was restarted under us (the embedded one, ``embedded_watch``): once reconnected,
@@ -161,14 +165,7 @@ class NatsBus:
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError("NATS not reconnected")
             await asyncio.sleep(0.05)
-        await ensure_streams(
-            self.js,
-            self.subjects,
-            replicas=self._replicas,
-            events_max_age_s=self._events_max_age_s,
-            events_max_msgs=self._events_max_msgs,
-            events_first_seq=self._events_first_seq,
-        )
+        await self._ensure_streams()
         for kind in sorted(self._kinds):
             await ensure_kind_consumer(self.js, self.subjects, kind, self._replicas)
         try:
