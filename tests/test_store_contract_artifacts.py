@@ -212,3 +212,25 @@ async def _past_the_deadline(store: Any) -> None:
     assert await store.record_artifact(
         late, audit, event, task_revision=t.revision, limits=LIMITS, fresh_until=time.time() + 3600
     ) == (late, True)
+
+
+def test_the_sqlite_retention_of_artifacts_walks_the_artifacts_not_the_finished_tasks(tmp_path: Any) -> None:
+    """A keeper round's mark reads the artifacts and probes each one's task: the planner, left to itself, walked
+    the finished tasks' index instead (5.8 s on the growth bench's million tasks with no artifact, in the writer,
+    every round; 53 us this way)."""
+    import asyncio
+    import sqlite3
+
+    from scheduler_gateway.daemon.store.artifacts import SQL_MARK_REMOVING
+    from scheduler_gateway.daemon.store.sqlite import SqliteStore
+
+    async def make() -> None:
+        s = SqliteStore(tmp_path / "gw.sqlite3")
+        await s.start()
+        await s.stop()
+
+    asyncio.run(make())
+    with sqlite3.connect(tmp_path / "gw.sqlite3") as db:
+        plan = [str(r[3]) for r in db.execute("EXPLAIN QUERY PLAN " + SQL_MARK_REMOVING, (T0, 10))]
+    inner = plan[plan.index("LIST SUBQUERY 1") + 1 :]  # the subquery that picks the rows
+    assert inner[0] == "SCAN a" and inner[1].startswith("SEARCH t USING"), plan

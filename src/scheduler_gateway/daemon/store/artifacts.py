@@ -65,6 +65,15 @@ SQL_USAGE_ADD = (
 SQL_USAGE_SUB = "UPDATE artifact_usage SET count = count - 1, bytes = bytes - ? WHERE task_id = ?"
 SQL_USAGE_PRUNE = "DELETE FROM artifact_usage WHERE task_id = ? AND count <= 0"
 
+# the artifacts of tasks past retention, oldest first. CROSS JOIN keeps artifacts the outer loop (a probe of the
+# task by its key per artifact): left to itself the planner walked the finished tasks' index, a million tasks
+# with no artifact, for seconds in the writer at every keeper round
+SQL_MARK_REMOVING = (
+    "UPDATE artifacts SET removing = 1 WHERE removing = 0 AND seq IN (SELECT a.seq FROM artifacts a"
+    f" CROSS JOIN tasks t ON t.id = a.task_id WHERE a.removing = 0 AND t.state IN {TERMINAL_SQL}"
+    " AND t.finished_at IS NOT NULL AND t.finished_at <= ? ORDER BY a.seq LIMIT ?)"
+)
+
 COLUMNS = "task_id, name, size, sha256, content_type, attempt_no, node_id, created_at, upload, chunks, owner, removing"
 SQL_INSERT = f"INSERT INTO artifacts ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)"
 
@@ -181,12 +190,7 @@ class SqliteArtifacts:
         n = max(1, int(limit))
 
         def op(conn: sqlite3.Connection) -> list[ArtifactRecord]:
-            conn.execute(
-                "UPDATE artifacts SET removing = 1 WHERE removing = 0 AND seq IN (SELECT a.seq FROM artifacts a"
-                f" JOIN tasks t ON t.id = a.task_id WHERE t.state IN {TERMINAL_SQL} AND t.finished_at IS NOT NULL"
-                " AND t.finished_at <= ? ORDER BY a.seq LIMIT ?)",
-                (finished_before, n),
-            )
+            conn.execute(SQL_MARK_REMOVING, (finished_before, n))
             rows = conn.execute(
                 f"SELECT {COLUMNS} FROM artifacts WHERE removing = 1 ORDER BY seq LIMIT ?", (n,)
             ).fetchall()
