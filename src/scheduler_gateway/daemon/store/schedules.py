@@ -188,9 +188,12 @@ class SqliteSchedules:
     async def claim_due(self, now: float, lease_s: float, limit: int) -> list[ClaimedSchedule]:
         if limit < 1:
             return []
-        store_now = self._clock()
+        clock = self._clock
 
         def fn(c: sqlite3.Connection) -> list[ClaimedSchedule]:
+            # the claim's lease and a taken-over claim's end on the clock of the transaction itself (a write may
+            # wait in the writer's queue, or for company: the lease counts from when it is written)
+            store_now = clock()
             # each branch is a range scan of its partial index, cut at ``limit`` before the merge
             ids = [
                 r[0]
