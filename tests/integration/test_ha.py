@@ -240,6 +240,19 @@ async def test_a_task_across_instances_ends_once_with_its_history(cluster: list[
         await wait_for(forgotten)
 
 
+async def run_offered(node: HandNode, api: Api, task_id: str, attempt_id: str, timeout_s: float = 10.0) -> None:
+    """The node pulls the offer of ``attempt_id``, claims it, acks it, settles it; the task ends succeeded."""
+    offers = await node.pull("echo", timeout_s=timeout_s)
+    mine = [(o, m) for o, m in offers if o.attempt_id == attempt_id]
+    assert mine, f"attempt {attempt_id} was not offered ({offers})"
+    offer, msg = mine[0]
+    reply = await node.claim(offer.task_id, offer.attempt_id)
+    assert reply.ok, reply
+    await msg.ack()
+    await node.settle(offer.task_id, offer.attempt_id, reply.lease_id or "")
+    await api.wait_state(task_id, {"succeeded"})
+
+
 async def test_a_lease_whose_claimer_died_is_expired_by_the_new_leader(
     tmp_path: Path, fresh_nats: NatsServerProcess, pg_fresh_url: str, node: HandNode
 ) -> None:
@@ -276,15 +289,7 @@ async def test_a_lease_whose_claimer_died_is_expired_by_the_new_leader(
             history = await api_b.history(task["id"])
             assert history[-1]["action"] == "attempt_failed" and history[-1]["reason"] == "LEASE_EXPIRED"
             # b offers the new attempt; the node finishes it there
-            offers = await node.pull("echo", timeout_s=10)
-            second = [(o, m) for o, m in offers if o.attempt_id == again.attempt_id]
-            assert second, offers
-            o2, m2 = second[0]
-            r2 = await node.claim(o2.task_id, o2.attempt_id)
-            assert r2.ok, r2
-            await m2.ack()
-            await node.settle(o2.task_id, o2.attempt_id, r2.lease_id or "")
-            await api_b.wait_state(task["id"], {"succeeded"})
+            await run_offered(node, api_b, task["id"], again.attempt_id)
             actions = [h["action"] for h in await api_b.history(task["id"])]
             assert actions == ["create", "claim", "attempt_failed", "claim", "settle"], actions
     finally:
@@ -312,16 +317,8 @@ async def test_an_offer_lost_before_a_takeover_is_offered_again_by_the_new_leade
             await crash(a)
             await leader_of([b])
             assert b.ha is not None and b.ha.reoffered >= 1  # the takeover re-read took the task in
-            offers = await node.pull("echo", timeout_s=REOFFER_S + 8)
-            again = [(o, m) for o, m in offers if o.task_id == task["id"]]
-            assert again, f"the task was never offered again after the takeover ({offers})"
-            offer, m2 = again[0]
-            assert offer.attempt_id == lost.attempt_id
-            reply = await node.claim(offer.task_id, offer.attempt_id)
-            assert reply.ok, reply
-            await m2.ack()
-            await node.settle(offer.task_id, offer.attempt_id, reply.lease_id or "")
-            await api_b.wait_state(task["id"], {"succeeded"})
+            # the same attempt, offered again after the takeover
+            await run_offered(node, api_b, task["id"], lost.attempt_id, timeout_s=REOFFER_S + 8)
             assert b.dispatcher.reoffered >= 1
     finally:
         for gw in (a, b):
@@ -386,15 +383,7 @@ async def test_a_lease_expired_first_by_another_instance_is_offered_by_this_one(
                 )
             )  # fmt: skip
             await crash(a)
-            offers = await node.pull("echo", timeout_s=REOFFER_S + 8)
-            mine = [(o, m) for o, m in offers if o.attempt_id == again.attempt_id]
-            assert mine, offers
-            offer, m2 = mine[0]
-            r2 = await node.claim(offer.task_id, offer.attempt_id)
-            assert r2.ok, r2
-            await m2.ack()
-            await node.settle(offer.task_id, offer.attempt_id, r2.lease_id or "")
-            await api_b.wait_state(task["id"], {"succeeded"})
+            await run_offered(node, api_b, task["id"], again.attempt_id, timeout_s=REOFFER_S + 8)
     finally:
         for gw in (a, b):
             with contextlib.suppress(Exception):

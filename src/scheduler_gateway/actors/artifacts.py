@@ -234,27 +234,23 @@ class ArtifactService:
     async def _put(self, node_id: str, req: ArtifactPut) -> ArtifactReply:
         """A small artifact whose bytes came with the request: checked here, stored as one chunk, recorded."""
         task = await self._checked(node_id, req.task_id, req.lease_id, req.name, req.content_type, "put")
-        existing = await self._store.get_artifact(task.id, req.name)
-        if existing is not None:
-            await self._same_or_refuse(node_id, task, existing, req.size, req.sha256)
-            return ArtifactReply(ok=True, artifact=info_of(existing), repeat=True)
         if len(req.data) > INLINE_MAX:
             raise InvalidArgument(
                 f"a put carries at most {INLINE_MAX} bytes; upload a bigger artifact in chunks (begin, commit)",
                 details={"field": "data"},
             )
-        count, used = await self._store.artifact_usage(task.id)
-        refusal: GatewayError | None = size_refusal(self.limits, req.size, count, used)
-        if refusal is None and (len(req.data) != req.size or hashlib.sha256(req.data).hexdigest() != req.sha256):
+        existing = await self._repeat_or_room(node_id, task, req)
+        if existing is not None:
+            return ArtifactReply(ok=True, artifact=info_of(existing), repeat=True)
+        if len(req.data) != req.size or hashlib.sha256(req.data).hexdigest() != req.sha256:
             why = f"{len(req.data)} bytes sent" if len(req.data) != req.size else "the bytes have another sha256"
-            refusal = GatewayError(
+            mismatch = GatewayError(
                 f"the bytes do not match the reported size and sha256 ({why})",
                 code=Code.DIGEST_MISMATCH,
                 details={"size": req.size, "sha256": req.sha256},
             )
-        if refusal is not None:
-            await self._audit_refusal(node_id, task, req.name, refusal.code, refusal.message)
-            raise refusal
+            await self._audit_refusal(node_id, task, req.name, mismatch.code, mismatch.message)
+            raise mismatch
         upload = chunk_token(node_id, idgen.new_id("upl"))
         stored_at = self._clock()
         if req.data:
@@ -297,16 +293,10 @@ class ArtifactService:
         """The quick checks, then the bytes; a refusal for good drops the upload at once (not as an orphan)."""
         try:
             task = await self._checked(node_id, req.task_id, req.lease_id, req.name, req.content_type, "commit")
-            existing = await self._store.get_artifact(task.id, req.name)
+            existing = await self._repeat_or_room(node_id, task, req)
             if existing is not None:
-                await self._same_or_refuse(node_id, task, existing, req.size, req.sha256)
                 await self._bucket.drop_upload(upload)
                 return ArtifactReply(ok=True, artifact=info_of(existing), repeat=True)
-            count, used = await self._store.artifact_usage(task.id)
-            refusal = size_refusal(self.limits, req.size, count, used)
-            if refusal is not None:
-                await self._audit_refusal(node_id, task, req.name, refusal.code, refusal.message)
-                raise refusal
             try:
                 chunks = await self._bucket.verify(upload, req.size, req.sha256)
             except GatewayError as exc:
@@ -412,6 +402,22 @@ class ArtifactService:
             await self._audit_refusal(node_id, task, "?", problem.code, problem.message)
             raise problem
         return task
+
+    async def _repeat_or_room(
+        self, node_id: str, task: Task, req: ArtifactCommit | ArtifactPut
+    ) -> ArtifactRecord | None:
+        """The recorded artifact of that name when it has the same digest (a repeat); else None when the task has
+        room for it. Another digest (IDEMPOTENCY_CONFLICT) or a limit (PAYLOAD_TOO_LARGE) is audited and raised."""
+        existing = await self._store.get_artifact(task.id, req.name)
+        if existing is not None:
+            await self._same_or_refuse(node_id, task, existing, req.size, req.sha256)
+            return existing
+        count, used = await self._store.artifact_usage(task.id)
+        refusal = size_refusal(self.limits, req.size, count, used)
+        if refusal is not None:
+            await self._audit_refusal(node_id, task, req.name, refusal.code, refusal.message)
+            raise refusal
+        return None
 
     async def _same_or_refuse(self, node_id: str, task: Task, existing: ArtifactRecord, size: int, sha: str) -> bool:
         try:

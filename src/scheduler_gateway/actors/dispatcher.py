@@ -283,8 +283,7 @@ class Dispatcher(LoopActor):
             task = self._queued.get(task_id)
             if task is None or self._offered.get(task.kind, {}).get(task_id) != task.attempt_id:
                 continue
-            attempt, n = self._reoffers.get(task_id, (task.attempt_id, 0))
-            self._reoffers[task_id] = (task.attempt_id, n + 1 if attempt == task.attempt_id else 1)
+            self._reoffers[task_id] = (task.attempt_id, self._reoffer_count(task) + 1)
             again.append(task)
         self._next_reoffer = min(self._reoffer_at.values(), default=float("inf"))
         if again:
@@ -292,19 +291,21 @@ class Dispatcher(LoopActor):
             log.info("dispatcher: %d offers unclaimed for %.0f s or more; published again", len(again), self._reoffer_s)
         return again
 
+    def _reoffer_count(self, task: Task) -> int:
+        """How many times the task's current attempt was offered again."""
+        again = self._reoffers.get(task.id)
+        return again[1] if again is not None and again[0] == task.attempt_id else 0
+
     def _msg_id(self, task: Task) -> str:
         """The offer's ``Nats-Msg-Id``: the attempt id, then ``<attemptId>.<n>`` from its n-th re-offer on."""
-        again = self._reoffers.get(task.id)
-        if again is None or again[0] != task.attempt_id:
-            return task.attempt_id
-        return f"{task.attempt_id}.{again[1]}"
+        n = self._reoffer_count(task)
+        return f"{task.attempt_id}.{n}" if n else task.attempt_id
 
     def _published(self, task: Task, now: float) -> None:
         """The offer is in the stream: when it is published again if nobody claimed it by then."""
         if self._offered.get(task.kind, {}).get(task.id) != task.attempt_id:
             return  # claimed, canceled or re-attempted while the publish was in flight
-        again = self._reoffers.get(task.id)
-        n = again[1] if again is not None and again[0] == task.attempt_id else 0
+        n = self._reoffer_count(task)
         at = now + min(self._reoffer_s * 2 ** min(n, 16), max(REOFFER_MAX_S, self._reoffer_s))
         self._reoffer_at[task.id] = at
         self._next_reoffer = min(self._next_reoffer, at)
