@@ -125,6 +125,9 @@ class FakeGateway:
     revoke: dict[str, str] = field(default_factory=dict)  # lease id -> reason, sent in heartbeat replies
     revoked_sent_at: dict[str, float] = field(default_factory=dict)
     answer_heartbeats: bool = True  # False: heartbeats are recorded but never answered (a partition)
+    #: the heartbeat replies say the gateway reads settle batches (gatewayd's do); False: a gateway of the
+    #: contract's single settles only
+    settle_batches: bool = False
     claims: list[tuple[str, ClaimRequest, float]] = field(default_factory=list)
     claim_requests: list[int] = field(default_factory=list)  # claims per request (1: the single form)
     heartbeats: list[tuple[str, HeartbeatRequest, float]] = field(default_factory=list)
@@ -219,7 +222,9 @@ class FakeGateway:
             for lease in req.leases
             if lease.lease_id not in self.revoke
         ]
-        reply = HeartbeatReply(extended=extended, revoked=revoked, draining=self.draining)
+        reply = HeartbeatReply(
+            extended=extended, revoked=revoked, draining=self.draining, settle_batches=self.settle_batches
+        )
         await msg.respond(msgspec.json.encode(reply))
 
     async def offer(
@@ -1206,15 +1211,26 @@ async def test_gateway_worker_process_runs_offers_and_exits_0_on_sigterm(tmp_pat
 async def test_settles_that_end_together_travel_in_one_message_and_a_lone_one_alone(
     nats_server: NatsServerProcess,
 ) -> None:
-    """docs/WIRE.md, Settles: the worker sends the settles queued within ``settle_linger_s`` of each other as one
-    ``SettleBatch`` (header ``Gw-Settle-Batch``, ``Nats-Msg-Id: batch:...``); a settle with none beside it goes in
-    the single form, so a gateway that never saw a batch still reads it."""
+    """docs/WIRE.md, Settles: once the gateway's heartbeat reply says it reads them (``settleBatches``), the worker
+    sends the settles queued within ``settle_linger_s`` of each other as one ``SettleBatch`` (header
+    ``Gw-Settle-Batch``, ``Nats-Msg-Id: batch:...``); a settle with none beside it goes in the single form; a
+    gateway that never said so gets every settle alone."""
     s = Setup()
     echo = s.kind("echo")
     async with (
         gateway(nats_server.url, [echo]) as gw,
         worker(nats_server.url, s.node, registry_of(**{echo: demo_handlers.echo}), concurrency=8),
     ):
+        # a gateway of the contract's single settles: six at once, each in a message of its own
+        first = [await gw.offer(echo, {"n": i}) for i in range(6)]
+        alone = [await gw.next_settle(s.node) for _ in first]
+        assert all(g is not None and SETTLE_BATCH_HEADER not in g[1] for g in alone), alone
+        gw.settle_batches = True
+        seen = len(gw.heartbeats)
+        for _ in range(100):  # until a reply saying so has gone out (two beats: one answered after the change)
+            if len(gw.heartbeats) >= seen + 2:
+                break
+            await asyncio.sleep(0.05)
         offers = [await gw.offer(echo, {"n": i}) for i in range(6)]
         got = [await gw.next_settle(s.node) for _ in offers]
         assert all(g is not None for g in got)

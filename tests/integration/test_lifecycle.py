@@ -373,6 +373,8 @@ async def test_a_batch_of_settles_in_one_message_applies_each_once_and_a_redeliv
     after a crash between the commit and the ack, finds every one a repeat."""
     from scheduler_gateway.wire.messages import SETTLE_BATCH_HEADER, Settle
 
+    # gatewayd says in its heartbeat replies that it reads them (a node sends batches only then)
+    assert (await node.heartbeat([])).settle_batches
     claims = [await claimed(api, node, {"kind": "echo", "payload": {"n": i}}) for i in range(3)]
     settles = [
         Settle(task_id=t["id"], attempt_id=a, lease_id=lease, outcome="succeeded", result=msgspec.Raw(b'{"i":%d}' % i))

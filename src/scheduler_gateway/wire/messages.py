@@ -109,6 +109,9 @@ class HeartbeatReply(_Wire, kw_only=True):
     extended: list[ExtendedLease] = []
     revoked: list[RevokedLease] = []
     draining: bool = False
+    #: the gateway reads ``SettleBatch`` messages: a node may send the settles that end together in one (absent,
+    #: as from a gateway that predates them: it sends each alone, the form CONTRACT 3 pins)
+    settle_batches: bool = False
 
 
 Outcome = Literal["succeeded", "failed"]

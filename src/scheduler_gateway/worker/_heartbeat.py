@@ -166,3 +166,4 @@ class _Heartbeats:
             if w._cancel_lease(revoked.lease_id, f"lease revoked: {revoked.reason}"):
                 log.info("lease %s of task %s revoked (%s)", revoked.lease_id, revoked.task_id, revoked.reason)
         w._set_draining(reply.draining)
+        w.settle_batches = reply.settle_batches

@@ -91,6 +91,8 @@ class Worker:
         self._stop_task: asyncio.Future[None] | None = None
         self._stopping = False
         self._draining = False
+        #: the gateway said (in a heartbeat reply) that it reads settles sent together in one message
+        self.settle_batches = False
         self._busy = 0  # offers being claimed + handlers running
         self._pull_gate = asyncio.Event()
         self._pullers: list[_KindPuller] = []
@@ -416,6 +418,7 @@ class Worker:
                 self.timings,
                 lambda coro: self._spawn(self._settle_tasks, coro, "settle"),
                 lambda lease_id: self._settling.pop(lease_id, None),
+                batching=lambda: self.settle_batches,
             )
         return self._settle_sender
 

@@ -120,8 +120,9 @@ _Item = tuple[str, bytes, str]  # lease id, the encoded settle, its Nats-Msg-Id
 
 
 class SettleSender:
-    """Queues settles and publishes them until acked: alone, or those queued within ``linger_s`` of each other
-    (and that fit one message) together as a ``SettleBatch``. ``spawn`` runs each publish as a task the worker
+    """Queues settles and publishes them until acked: alone, or, once the gateway said it reads them
+    (``batching()``), those queued within ``linger_s`` of each other (and that fit one message) together as a
+    ``SettleBatch``. ``spawn`` runs each publish as a task the worker
     waits for at stop; ``on_acked(lease_id)`` runs for every settle once JetStream holds it (or it is lost for
     good with the connection)."""
 
@@ -133,6 +134,7 @@ class SettleSender:
         timings: WorkerTimings,
         spawn: Callable[[Coroutine[Any, Any, None]], None],
         on_acked: Callable[[str], object],
+        batching: Callable[[], bool] = lambda: True,
     ) -> None:
         self._nc = nc
         self._js = js
@@ -140,12 +142,13 @@ class SettleSender:
         self._timings = timings
         self._spawn = spawn
         self._on_acked = on_acked
+        self._batching = batching
         self._pending: list[_Item] = []
         self._timer: asyncio.TimerHandle | None = None
 
     def queue(self, lease_id: str, data: bytes, msg_id: str) -> None:
         self._pending.append((lease_id, data, msg_id))
-        linger = self._timings.settle_linger_s
+        linger = self._timings.settle_linger_s if self._batching() else 0.0
         if linger <= 0 or len(self._pending) >= SETTLE_BATCH_MAX:
             self.flush()
         elif self._timer is None:

@@ -160,7 +160,9 @@ async def heartbeat(svc: TaskService, node_id: str, req: HeartbeatRequest) -> He
         )
     if extensions:
         await persist_extensions(svc, extensions, now, extended, revoked)
-    return HeartbeatReply(extended=extended, revoked=revoked, draining=svc._nodes.is_draining(node_id))
+    return HeartbeatReply(
+        extended=extended, revoked=revoked, draining=svc._nodes.is_draining(node_id), settle_batches=True
+    )
 
 
 async def settle(svc: TaskService, node_id: str, msg: Settle) -> SettleOutcome:
