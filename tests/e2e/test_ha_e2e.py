@@ -104,14 +104,21 @@ async def event_seqs(api: Api) -> list[int]:
 def settle_superseded(task_id: str, history: list[dict[str, Any]], settles: list[dict[str, Any]]) -> bool:
     """The settle audit of a task that succeeded once: exactly one settle applied (``ok``), the one in its history.
     A settle the killed instance had pulled from JetStream and never acked is redelivered after the consumer's
-    ack wait (30 s); if the attempt's lease ran out first, the lease clock failed that attempt, the task ran
-    again, and the late settle is refused ``LEASE_EXPIRED``: allowed, but only for an earlier attempt that the
-    history shows failed, never for the applied settle's own lease. True when that happened."""
+    ack wait (``SETTLE_ACK_WAIT_S``). Two outcomes are allowed for such a copy. If the killed instance had
+    committed it, the copy is answered ``repeat`` under the applied settle's own attempt and lease, changing
+    nothing. If the attempt's lease ran out first, the lease clock failed that attempt, the task ran again, and
+    the copy is refused ``LEASE_EXPIRED``, but only for an earlier attempt that the history shows failed, never
+    for the applied settle's own lease. True when a refused copy was seen."""
     applied = [e for e in settles if e["result"] == "ok"]
     assert len(applied) == 1, f"{task_id}: settle audit {settles}"
     (settle,) = [h for h in history if h["action"] == "settle"]
     assert applied[0]["attemptId"] == settle["attemptId"], f"{task_id}: {settles} vs {history}"
-    late = [e for e in settles if e["result"] != "ok"]
+    for e in settles:
+        if e["result"] == "repeat":
+            assert e["attemptId"] == settle["attemptId"], f"{task_id}: a repeat of another attempt: {e}"
+            assert e["details"]["leaseId"] == settle["leaseId"], f"{task_id}: a repeat under another lease: {e}"
+            assert e["newRevision"] is None, f"{task_id}: a repeat that changed the task: {e}"
+    late = [e for e in settles if e["result"] not in ("ok", "repeat")]
     expired = {h["revision"] - 1 for h in history if h["action"] == "attempt_failed" and h["reason"] == "LEASE_EXPIRED"}
     expired_leases = {h["leaseId"] for h in history if h["action"] == "claim" and h["revision"] in expired}
     for e in late:
