@@ -80,6 +80,45 @@ async def test_the_wal_is_checkpointed_and_stays_bounded(tmp_path: Path, interva
         assert conn.execute("SELECT count(*) FROM scratch").fetchone()[0] == batches * rows
 
 
+async def test_the_wal_starts_over_under_writes_and_reads_that_never_pause(tmp_path: Path) -> None:
+    """A burst: batches back to back and a reader reading all along. PASSIVE checkpoints copy the WAL but never
+    find a moment to start it over; the writer's catch-up does, so the WAL stays near its bound."""
+    path = tmp_path / "gw.db"
+    bound_frames = 1000  # ~4 MB
+    db = SqliteDb(path, checkpoint_interval_s=0.02, wal_catch_up_frames=bound_frames)
+    await db.start()
+    stop = asyncio.Event()
+    try:
+        await db.run(lambda c: c.execute("CREATE TABLE scratch (n INTEGER PRIMARY KEY, b BLOB)"))
+
+        async def reader() -> None:
+            while not stop.is_set():
+                await db.fetchall("SELECT b FROM scratch ORDER BY n DESC LIMIT 20")
+
+        readers = [asyncio.ensure_future(reader()) for _ in range(2)]
+        rows, batches = 50, 1200  # 60 MB written, 15 times the bound
+        largest = 0
+        for k in range(0, batches, 4):
+
+            def insert(start: int) -> Callable[[sqlite3.Connection], None]:
+                def op(c: sqlite3.Connection) -> None:
+                    c.executemany("INSERT INTO scratch VALUES (?, ?)", [(start + i, BLOB) for i in range(rows)])
+
+                return op
+
+            await asyncio.gather(*(db.run(insert((k + j) * rows), weight=rows) for j in range(4)))
+            largest = max(largest, wal_size(path))
+        stop.set()
+        await asyncio.gather(*readers)
+        written = batches * rows * len(BLOB)
+        assert largest < written / 5, (largest, written)
+        (count,) = (await db.fetchall("SELECT count(*) FROM scratch"))[0]
+        assert count == batches * rows
+    finally:
+        stop.set()
+        await db.stop()
+
+
 async def test_a_write_lock_held_elsewhere_is_waited_for_in_the_writer_thread_not_on_the_loop(tmp_path: Path) -> None:
     path = tmp_path / "gw.db"
     db = SqliteDb(path)

@@ -24,6 +24,15 @@ checkpoint every ``checkpoint_interval_s`` (it never blocks the writer or a read
 ``checkpoint_backstop_rows`` rows, the writer thread checkpoints between two batches. Reads use another
 connection through aiosqlite: in WAL mode it reads the last committed state while the writer writes.
 
+PASSIVE checkpoints alone do not keep the WAL short under a steady stream of writes. SQLite starts the WAL over
+only at a commit that finds all of it copied and no reader on a snapshot in it; with reads and writes all the
+time that moment hardly comes, and the WAL grew by ~40 KiB per task through a burst (1.6 GB for 40,000 tasks),
+every page lookup searching a longer WAL index. So once a checkpoint finds ``wal_catch_up_frames`` or more in
+the WAL, the writer checkpoints itself between two batches: a RESTART checkpoint, which copies the short rest
+(nothing is appended meanwhile) and waits up to ``CATCH_UP_WAIT_MS`` for the readers in the WAL to finish (reads
+are short; one that is not only makes this attempt give up). Its next commit starts the WAL over, and
+``journal_size_limit`` gives the file back down to that size.
+
 Every task write is a compare-and-set on ``revision``; the row, its history entry, audit entry, outbox
 event, idempotency key and dead letter commit together or not at all (docs/ARCHITECTURE.md, Inside gatewayd).
 """
@@ -34,6 +43,7 @@ import asyncio
 import collections
 import logging
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -83,6 +93,15 @@ CHECKPOINT_INTERVAL_S = 0.5
 #: Rows written since the checkpointer last finished after which the writer thread checkpoints itself (a bound on
 #: the WAL should the checkpointer fall behind; ~100 times SQLite's own 1 000-page interval at our row sizes).
 CHECKPOINT_BACKSTOP_ROWS = 200_000
+#: A WAL of at least this many frames at a checkpoint: the writer checkpoints and starts it over (module
+#: docstring). 262,144 frames are 1 GiB at 4 KiB pages, ~25,000 tasks of a burst. A bound on disk use and on the
+#: slowdown of a multi-GB WAL, set high because each catch-up holds the writer 6-17 ms: at 16,384 or 65,536
+#: frames that showed in the p99 of paced single creates (docs/PERFORMANCE.md, What each lever gave).
+WAL_CATCH_UP_FRAMES = 262_144
+#: How long the writer's catch-up checkpoint waits for readers of older snapshots.
+CATCH_UP_WAIT_MS = 200
+#: What the WAL file is cut back to when SQLite starts it over.
+WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 
 
 class SqliteDb:
@@ -101,6 +120,7 @@ class SqliteDb:
         max_batch: int = 512,
         checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
         checkpoint_backstop_rows: int = CHECKPOINT_BACKSTOP_ROWS,
+        wal_catch_up_frames: int = WAL_CATCH_UP_FRAMES,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
@@ -119,6 +139,8 @@ class SqliteDb:
         self._stopped: asyncio.Event | None = None  # set once a stop() finished; None while not stopping
         self._checkpoint_interval_s = checkpoint_interval_s
         self._checkpoint_backstop_rows = checkpoint_backstop_rows
+        self._wal_catch_up_frames = wal_catch_up_frames
+        self._catch_up = False  # the last checkpoint found a long WAL: the writer starts it over
         self._rows_since_checkpoint = 0  # rows written since a checkpoint last finished
         self._changes_seen = 0  # the write connection's total_changes when last looked at
         self._last_commit_end = float("-inf")  # loop time: when the writer last finished a batch
@@ -171,6 +193,7 @@ class SqliteDb:
         self._changes_seen = wconn.total_changes
         self._dirty = asyncio.Event()  # of this loop (a store may be started again on another one)
         self._rows_since_checkpoint = 0
+        self._catch_up = False
         self._queue.clear()
         self._wakeup = asyncio.Event()
         self._stop_requested = False
@@ -238,10 +261,12 @@ class SqliteDb:
                 continue
             self._checkpointing = True
             try:
-                if await self._in_writer(thread, _checkpoint, conn):
-                    self._rows_since_checkpoint -= written  # what was written meanwhile waits for the next one
+                frames = await self._in_writer(thread, _checkpoint, conn)
             finally:
                 self._checkpointing = False
+            if frames is not None:
+                self._rows_since_checkpoint -= written  # what was written meanwhile waits for the next one
+                self._catch_up = frames >= self._wal_catch_up_frames
 
     async def _stop_checkpointer(self) -> None:
         task, self._checkpointer = self._checkpointer, None
@@ -336,6 +361,9 @@ class SqliteDb:
             log.info("task store: %d rows since a checkpoint; the writer checkpoints", self._rows_since_checkpoint)
             self._rows_since_checkpoint = 0
             await self._in_writer(thread, _checkpoint, conn)
+        elif self._catch_up and not self._checkpointing:
+            self._catch_up = False
+            await self._in_writer(thread, _catch_up, conn)
         if _inline(batch):
             outcome = commit_batch(conn, batch, quiet_busy=True)
             if isinstance(outcome, StorageError) and is_busy(outcome):
@@ -452,6 +480,7 @@ def _open_writer(path: Path) -> sqlite3.Connection:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # for the migrations; SqliteDb.start() sets 0
         # checkpoints are the checkpointer's (module docstring), never inside a commit made on the loop
         conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES}")
     except BaseException:
         conn.close()
         raise
@@ -489,16 +518,30 @@ def _open_checkpointer(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _checkpoint(conn: sqlite3.Connection) -> bool:
-    """Copy what is committed in the WAL into the database file as far as readers allow, without waiting for
-    the writer or a reader (PASSIVE); the writer starts the WAL over once all of it was copied. False when it
-    failed."""
+def _catch_up(conn: sqlite3.Connection) -> None:
+    """The writer's own checkpoint of a long WAL (module docstring): copy all of it, waiting a little for the
+    readers in it, so that the writer's next commit starts the WAL over. It polls every half millisecond rather
+    than use SQLite's busy handler, whose sleeps (1, 2, 5, 10 ms...) made a reader's 0.2 ms cost the writer ~17."""
+    deadline = time.monotonic() + CATCH_UP_WAIT_MS / 1000
     try:
-        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        while conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()[0][0] and time.monotonic() < deadline:
+            time.sleep(0.0005)  # the copy is done by the first call; the next ones only wait for the readers
+    except sqlite3.Error as exc:  # the checkpointer's next round tries again
+        log.warning("task store: WAL catch-up checkpoint failed (%s)", type(exc).__name__)
+
+
+def _checkpoint(conn: sqlite3.Connection) -> int | None:
+    """Copy what is committed in the WAL into the database file as far as readers allow, without waiting for
+    the writer or a reader (PASSIVE). The frames in the WAL; None when it failed or another connection was
+    checkpointing."""
+    try:
+        rows = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()  # all: no statement left holding a read
     except sqlite3.Error as exc:  # the next one tries again; the WAL only grows meanwhile
         log.warning("task store: WAL checkpoint failed (%s)", type(exc).__name__)
-        return False
-    return True
+        return None
+    if not rows or rows[0][0] or rows[0][1] < 0:  # busy: another checkpoint was running
+        return None
+    return int(rows[0][1])
 
 
 def _close_writer(conn: sqlite3.Connection) -> None:
