@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from scheduler_gateway import tracing
+
 from .harness import BOB_TOKEN, Api
 from .sse import sse
 
@@ -117,3 +121,19 @@ async def test_the_depth_limit_is_the_same_for_a_task_alone_or_in_a_batch(api: A
     assert body["items"][1]["error"]["details"]["maxDepth"] == 64
     status, body = await batch(api, [{"kind": "echo", "payload": nested(200)}])  # deep past any item
     assert status == 400
+
+
+async def test_without_opentelemetry_each_item_keeps_its_traceparent_else_the_requests(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No spans are made then; the tasks keep the contexts they came with, as they would with spans."""
+    monkeypatch.setattr(tracing, "loaded", lambda: False)
+    own, header = f"00-{'1' * 32}-{'2' * 16}-01", f"00-{'3' * 32}-{'4' * 16}-01"
+    tasks = [{"kind": "echo", "traceparent": own}, {"kind": "echo"}, {"kind": "echo", "traceparent": "junk"}]
+    status, body = await batch(api, tasks, {"traceparent": header})
+    assert status == 200, body
+    assert [i["task"]["traceparent"] for i in body["items"]] == [own, header, header]
+    status, body = await batch(api, tasks, {"traceparent": "also junk"})
+    assert [i["task"].get("traceparent") for i in body["items"]] == [own, None, None]
+    status, body = await batch(api, tasks[1:2])
+    assert body["items"][0]["task"].get("traceparent") is None

@@ -25,7 +25,7 @@ class PrometheusMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self._kinds: set[str] = set()
-        self._transition_children: dict[tuple[str, str, str], Any] = {}
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}  # _child's
         self.transitions = Counter(
             "gw_task_transitions_total",
             "Task state changes by kind, action and resulting state",
@@ -98,17 +98,25 @@ class PrometheusMetrics:
 
     # -- Metrics port ----------------------------------------------------------------------------
     def transition(self, kind: str, action: str, to_state: str) -> None:
-        key = (kind, action, to_state)
-        child = self._transition_children.get(key)
-        if child is None:  # labels() costs a lock and a tuple build per call: keep the children (hot path)
-            child = self._transition_children[key] = self.transitions.labels(self.kind(kind), action, to_state)
-        child.inc()
+        self._child(self.transitions, self.kind(kind), action, to_state).inc()
 
     def queue_latency(self, kind: str, seconds: float) -> None:
-        self.queue_latency_s.labels(self.kind(kind)).observe(seconds)
+        self._child(self.queue_latency_s, self.kind(kind)).observe(seconds)
 
     def exec_latency(self, kind: str, outcome: str, seconds: float) -> None:
-        self.exec_latency_s.labels(self.kind(kind), outcome).observe(seconds)
+        self._child(self.exec_latency_s, self.kind(kind), outcome).observe(seconds)
+
+    def http_request(self, route: str, status: int) -> None:
+        self._child(self.http_requests, route, f"{status // 100}xx").inc()
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, kept: labels() costs a lock and a tuple build per call, and these are
+        called for every task and request. Bounded as the label values are (module docstring)."""
+        key = (metric, values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def lease_expired(self, kind: str) -> None:
         self.lease_expiries.labels(self.kind(kind)).inc()

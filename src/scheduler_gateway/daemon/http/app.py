@@ -138,7 +138,7 @@ class AdminApi:
             log.exception("request %s failed", rid)
             response = error_response(Code.INTERNAL, "internal error", rid)
         response.headers["X-Request-Id"] = rid
-        self.metrics.http_requests.labels(route, f"{response.status // 100}xx").inc()
+        self.metrics.http_request(route, response.status)
         return response
 
     async def _authenticate(self, request: web.Request, rid: str) -> Caller:
