@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from scheduler_gateway.actors.ports import Principal
-from scheduler_gateway.daemon.http.principals import PrincipalCache
+from scheduler_gateway.daemon.http.principals import REVOKE_SETTLE_S, SQLITE_RECHECK_S, PrincipalCache
 from scheduler_gateway.wire.errors import StorageError
 from tests.fakes.memory_store import MemoryStore
 
@@ -23,6 +23,7 @@ class CountingStore(MemoryStore):
         self.calls: dict[str, int] = {}
         self.fail = False
         self.before_get: asyncio.Event | None = None  # a get waits on it (a read racing a revocation)
+        self.before_log: asyncio.Event | None = None  # a log read waits on it (a slow read)
 
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
@@ -38,6 +39,8 @@ class CountingStore(MemoryStore):
 
     async def revocations_since(self, seq: int) -> tuple[int, list[str]]:
         self._count("log")
+        if self.before_log is not None:
+            await self.before_log.wait()
         return await super().revocations_since(seq)
 
     async def touch_principals(self, used: dict[str, float]) -> None:
@@ -86,6 +89,53 @@ async def test_a_revocation_by_another_process_is_seen_after_recheck_s(store: Co
         assert await c.resolve(ALICE.token_hash) is None
         assert ended == [ALICE.token_hash]
         assert await c.resolve(BOB.token_hash) == BOB
+    finally:
+        await c.stop()
+
+
+async def test_on_sqlite_a_request_sent_once_token_revoke_returned_is_refused(store: CountingStore) -> None:
+    """The worst case for the cache: its last read began just before the revocation committed, and requests
+    keep coming. ``gatewayd token revoke`` returns REVOKE_SETTLE_S after its commit; the request sent then is
+    answered by a read that began after the commit."""
+    clock = Clock()
+    c = cache(store, clock, recheck_s=SQLITE_RECHECK_S)
+    await c.start()
+    try:
+        for _ in range(3):
+            clock.now += SQLITE_RECHECK_S / 3
+            assert await c.resolve(ALICE.token_hash) == ALICE
+        reads = store.calls["log"]
+        clock.now += SQLITE_RECHECK_S  # a read now, and the revocation commits right after it
+        assert await c.resolve(ALICE.token_hash) == ALICE
+        assert store.calls["log"] == reads + 1
+        await store.revoke_principals([ALICE.token_hash], [])
+        clock.now += SQLITE_RECHECK_S / 2  # the cache's answer until its next read: the command has not returned
+        assert await c.resolve(ALICE.token_hash) == ALICE
+        clock.now += REVOKE_SETTLE_S - SQLITE_RECHECK_S / 2  # the command returned
+        assert await c.resolve(ALICE.token_hash) is None
+    finally:
+        await c.stop()
+
+
+async def test_a_read_under_way_that_began_too_long_ago_is_not_shared(store: CountingStore) -> None:
+    """A slow read began before the revocation; a request made recheck_s after it must not take its answer."""
+    clock = Clock()
+    c = cache(store, clock, recheck_s=0.05)
+    await c.start()
+    try:
+        assert await c.resolve(ALICE.token_hash) == ALICE
+        clock.now += 1
+        store.before_log = slow = asyncio.Event()
+        first = asyncio.ensure_future(c.resolve(ALICE.token_hash))  # its read waits, having read nothing yet
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        store.before_log = None
+        await store.revoke_principals([ALICE.token_hash], [])
+        clock.now += 0.06
+        # a read of its own, after the revocation (joining the slow one would wait for it)
+        assert await asyncio.wait_for(c.resolve(ALICE.token_hash), 2) is None
+        slow.set()
+        await first
     finally:
         await c.stop()
 

@@ -50,7 +50,7 @@ from scheduler_gateway.daemon.http.console import console_routes
 from scheduler_gateway.daemon.http.event_hub import EventHub, corrupt_event_auditor
 from scheduler_gateway.daemon.http.events import EventsApi, SseSettings, event_routes
 from scheduler_gateway.daemon.http.kinds import KindRoutes
-from scheduler_gateway.daemon.http.principals import RECHECK_S, PrincipalCache
+from scheduler_gateway.daemon.http.principals import RECHECK_S, SQLITE_RECHECK_S, PrincipalCache
 from scheduler_gateway.daemon.http.server import AdminRunner
 from scheduler_gateway.daemon.metrics import PrometheusMetrics, PrometheusRetentionMetrics
 from scheduler_gateway.daemon.metrics_events import EventCallbackMetrics
@@ -183,7 +183,7 @@ class Gateway:
         )
         # API tokens: read once, then answered from memory kept true to the store's revocation log
         sqlite = isinstance(self.store, SqliteStore)
-        self.principals = PrincipalCache(self.store, recheck_s=0.0 if sqlite else RECHECK_S)
+        self.principals = PrincipalCache(self.store, recheck_s=SQLITE_RECHECK_S if sqlite else RECHECK_S)
         self.api = AdminApi(self.service, self.store, self.nodes, self.metrics, self.readiness, s.http, self.principals)
         self._runner: web.AppRunner | None = None
         self._tasks: set[asyncio.Task[Any]] = set()

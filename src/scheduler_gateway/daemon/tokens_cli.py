@@ -23,6 +23,7 @@ from scheduler_gateway.actors.model.records import ActorRef, AuditEntry
 from scheduler_gateway.actors.ports import Principal
 from scheduler_gateway.daemon.config import Config
 from scheduler_gateway.daemon.http.app import token_hash
+from scheduler_gateway.daemon.http.principals import REVOKE_SETTLE_S
 from scheduler_gateway.daemon.store.select import Store, open_store
 from scheduler_gateway.wire.errors import GatewayError
 from scheduler_gateway.wire.timefmt import fmt_ts
@@ -78,6 +79,8 @@ async def revoke(store: Store, token: str | None, user: str | None) -> list[Prin
     revoked = set(
         await store.revoke_principals([p.token_hash for p in chosen], [_audit("token.revoked", p) for p in chosen])
     )
+    if revoked:  # a gatewayd on this file refuses the token from here on (daemon/http/principals.py)
+        await asyncio.sleep(REVOKE_SETTLE_S)
     return [p for p in chosen if p.token_hash in revoked]
 
 

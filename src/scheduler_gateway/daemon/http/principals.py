@@ -4,9 +4,12 @@ the store's revocations and recording when each token was last used.
 A token's principal is read from the store once and then answered from memory. A revocation (``gatewayd token
 revoke``, from another process or another instance sharing the store) deletes the token and appends its hash
 to the store's revocation log. Before answering from memory the cache reads what the log gained since the
-last sequence it saw. On SQLite that read takes microseconds on the loop itself and is made by every request,
-so a token is refused from the moment its revocation committed. On PostgreSQL it is made at most once every
-``recheck_s`` and shared by the requests that arrive meanwhile, so a token is refused by every request that
+last sequence it saw, unless a read of it began less than ``recheck_s`` ago; requests that come while a read
+is under way share it when it began less than ``recheck_s`` before them. So a request made ``recheck_s`` after a
+revocation committed is refused. On SQLite that is ``SQLITE_RECHECK_S`` (a read of a few microseconds on the loop,
+made at most every 5 ms instead of by every request under load), and ``gatewayd token revoke`` returns no sooner
+than ``REVOKE_SETTLE_S`` after its commit: every request sent once the command returned is refused, at once as
+far as anyone who ran it can tell. On PostgreSQL it is ``RECHECK_S``, so a token is refused by every request that
 comes ``recheck_s`` after its revocation, on every instance. A background loop makes the same read every
 ``watch_s`` even when no request comes, so listeners (the console, whose sessions and live streams end) hear
 of it, and writes the tokens' last use, coalesced, every ``flush_s`` (one write per interval, not per request).
@@ -25,6 +28,10 @@ from scheduler_gateway.actors.ports import Principal, PrincipalStore
 log = logging.getLogger(__name__)
 
 RECHECK_S = 0.05
+SQLITE_RECHECK_S = 0.005
+#: How long ``gatewayd token revoke`` waits after its commit: twice the SQLite recheck, so the read that answers
+#: any request sent after the command returned began after the commit.
+REVOKE_SETTLE_S = 2 * SQLITE_RECHECK_S
 WATCH_S = 1.0
 FLUSH_S = 30.0
 
@@ -53,6 +60,7 @@ class PrincipalCache:
         self._seq = -1  # -1: the log not read yet (the first read takes its newest sequence as the start)
         self._checked_at = float("-inf")
         self._reading: asyncio.Future[None] | None = None
+        self._reading_since = float("-inf")  # when the read in _reading was asked for
         self._loop_task: asyncio.Task[None] | None = None
 
     def on_revoked(self, listener: Callable[[str], object]) -> None:
@@ -101,9 +109,12 @@ class PrincipalCache:
         if self._recheck_s <= 0:  # a store whose read costs microseconds (SQLite's quick read): every time
             await self._read_log()
             return
-        if self._clock() - self._checked_at < self._recheck_s:
+        now = self._clock()
+        if now - self._checked_at < self._recheck_s:
             return
-        if self._reading is None or self._reading.done():
+        # a read under way serves this request only if it began recently enough to see what it must
+        if self._reading is None or self._reading.done() or now - self._reading_since >= self._recheck_s:
+            self._reading_since = now
             self._reading = asyncio.ensure_future(self._read_log())
         await asyncio.shield(self._reading)
 
