@@ -440,9 +440,13 @@ async def test_a_delete_that_keeps_failing_publishes_nothing_twice_and_logs_once
     assert "store unavailable" in relay_lines[0][1] and "relaying again" in relay_lines[1][1]
 
 
+@pytest.mark.parametrize("loss", ["raises", "silent"])
 async def test_a_publish_lost_mid_batch_keeps_the_stream_in_outbox_order(
-    tmp_path: Path, fresh_nats: NatsServerProcess, short_window: None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fresh_nats: NatsServerProcess, short_window: None, monkeypatch: pytest.MonkeyPatch, loss: str
 ) -> None:
+    """A round asks for one ack, its last event's; the second event is lost on the way, with an error or
+    silently (a message in the client's buffer when the connection broke). The events after it are refused
+    for the sequence they expect, the last ack says so, and the relay goes on from the stream's tail."""
     async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
         await gw.relay.stop()  # the events pile up in the outbox: the next round publishes them in one batch
         for _ in range(5):
@@ -450,19 +454,39 @@ async def test_a_publish_lost_mid_batch_keeps_the_stream_in_outbox_order(
         expected = _outbox_event_ids(gw)
         publisher = gw.bus._publisher
         assert publisher is not None
-        real_publish = publisher.publish
-        lost = {expected[1]}  # the second publish of the batch is lost (a reconnect), the later ones go through
+        real_publish, real_send = publisher.publish, publisher.send
+        lost = {expected[1]}
+        sent: list[tuple[str, bool]] = []  # (msg id, acked)
 
-        async def publish(subject: str, body: bytes, headers: dict[str, str]) -> Any:
+        def losing(headers: dict[str, str]) -> bool:
             if headers.get("Nats-Msg-Id") in lost:
                 lost.clear()
-                raise ConnectionError("reconnecting")
+                if loss == "raises":
+                    raise ConnectionError("reconnecting")
+                return True
+            return False
+
+        async def publish(subject: str, body: bytes, headers: dict[str, str]) -> Any:
+            sent.append((headers["Nats-Msg-Id"], True))
+            if losing(headers):
+                return asyncio.get_running_loop().create_future()  # never acked
             return await real_publish(subject, body, headers)
 
+        async def send(subject: str, body: bytes, headers: dict[str, str]) -> None:
+            sent.append((headers["Nats-Msg-Id"], False))
+            if not losing(headers):
+                await real_send(subject, body, headers)
+
         monkeypatch.setattr(publisher, "publish", publish)
+        monkeypatch.setattr(publisher, "send", send)
         await gw.relay.start()
         await wait_for(lambda: _outbox_empty(gw), timeout_s=20)
     assert await _stream_msg_ids(fresh_nats.url) == expected
+    # the first round asks for one ack, the last event's (or stops where the send failed); the next, from the
+    # stream's tail on, an ack per event
+    first = [(i, False) for i in expected[:-1]] + [(expected[-1], True)] if loss == "silent" else []
+    first = first or [(expected[0], False), (expected[1], False)]
+    assert sent == first + [(i, True) for i in expected[1:]]
 
 
 async def _outbox_empty(gw: Gateway) -> bool:

@@ -1186,10 +1186,11 @@ class SimMachine(RuleBasedStateMachine):
         if wait <= (2 * 86400 if self.instances == 1 else 2 * MULTI_MAX_ADVANCE_S):
             self.do(_idle, advance=wait)
 
-    @rule(what=st.sampled_from(["cut", "cut", "crash", "fault"]), k=st.integers(1, 40))
+    @rule(what=st.sampled_from(["cut", "cut", "crash", "fault", "lose"]), k=st.integers(1, 40))
     def chaos(self, what: str, k: int) -> None:
         """cut: the next step stops after k loop iterations (any await) and the process crash-restarts there;
-        crash: crash-restart now, at a quiet moment; fault: the next 1-3 store calls fail (StorageError)."""
+        crash: crash-restart now, at a quiet moment; fault: the next 1-3 store calls fail (StorageError);
+        lose: the next event publish of more than ``k % 4`` events loses that one on the way."""
         assert self.sim is not None
         if what == "cut":
             self.cut_next = k
@@ -1197,6 +1198,8 @@ class SimMachine(RuleBasedStateMachine):
             self.sim.steps += 1
             STATS["steps"] += 1
             self.sim.crash()
+        elif what == "lose":
+            self.sim.bus.lose_event_at = k % 4
         else:
             self.w.store.fail_ops = 1 + k % 3
             self.faulted = True

@@ -25,6 +25,7 @@ import contextvars
 import random
 import selectors
 import threading
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +48,7 @@ from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRec
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.schedule import SchedulePolicy
 from scheduler_gateway.actors.nodes import NodeRegistry
-from scheduler_gateway.actors.ports import CallbackPost
+from scheduler_gateway.actors.ports import CallbackPost, PublishUncertain
 from scheduler_gateway.actors.scheduler import Scheduler, ScheduleService, TaskServiceLauncher
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
 from scheduler_gateway.wire.artifacts import object_name
@@ -97,6 +98,9 @@ ARTIFACT_CHUNK = 128
 ARTIFACT_KEEP_TASKS_S = 1800.0
 ARTIFACT_KEEPER_S = 60.0
 CALLBACK_POLICY = CallbackPolicy(secret="sim-callback-secret-0123456789", retry_delays_s=(1.0, 5.0), timeout_s=5.0)
+
+
+BUS_COUNTS: Counter[str] = Counter()  # how the bus's event rounds went (the simulation's report)
 
 
 class _SimSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
@@ -355,6 +359,7 @@ class SimBus:
         self.duplicate_event_publishes = 0
         self.cancels: list[tuple[str, bytes]] = []
         self.down = False  # NATS unreachable: every publish fails
+        self.lose_event_at: int | None = None  # the next event publish of more than this many loses that one
 
     def take_offer(self, index: int) -> Offer | None:
         if not self.offer_order:
@@ -403,13 +408,32 @@ class BusGate:
         self._bus.cancels.append((node_id, body))
 
     async def publish_events(
-        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None, *, ack_each: bool = True
+    ) -> list[int | BaseException]:
+        out = await self._publish_events(items, expected_last_seq)
+        if ack_each or expected_last_seq is None or len(items) < 2:
+            return out
+        # only the last was acked: its sequence vouches for all, or nothing is known of any
+        if out[-1] == expected_last_seq + len(items):
+            BUS_COUNTS["event rounds acked by their last"] += 1
+            return list(range(expected_last_seq + 1, expected_last_seq + len(items) + 1))
+        BUS_COUNTS["event rounds uncertain"] += 1
+        return [PublishUncertain(f"the last ack: {out[-1]}") for _ in items]
+
+    async def _publish_events(
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None
     ) -> list[int | BaseException]:
         await self._pause_point("publish_events")
         out: list[int | BaseException] = []
+        lose = self._bus.lose_event_at
+        if lose is not None and lose < len(items):
+            self._bus.lose_event_at = None
+            BUS_COUNTS["event publishes lost mid-round"] += 1
         for i, (subject, msg_id, body) in enumerate(items):
             try:
                 self._check()
+                if i == lose:  # lost on the way (a reconnect): never stored, and no ack comes for it
+                    raise ConnectionError("publish lost (simulated)")
             except ConnectionError as exc:
                 out.append(exc)
                 continue

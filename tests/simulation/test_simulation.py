@@ -21,7 +21,7 @@ from hypothesis.internal.conjecture import engine as hypothesis_engine
 from hypothesis.stateful import run_state_machine_as_test
 
 from .machine import COVERAGE, STATS, SimMachine
-from .sim_world import Freezer
+from .sim_world import BUS_COUNTS, Freezer
 
 DEFAULT_SEED = 20_260_308
 MIN_STEPS = 20_000
@@ -46,6 +46,7 @@ def run_simulation(
     for key in STATS:
         STATS[key] = 0
     COVERAGE.clear()
+    BUS_COUNTS.clear()
     Freezer.taken = 0
     machine = type("SimMachineSeeded", (SimMachine,), {"on_sqlite": on_sqlite, "instances": instances})
     hypothesis_seed(seed)(machine)
@@ -75,7 +76,7 @@ def run_simulation(
             f"{STATS['steps']} steps in "
             f"{STATS['examples']} examples, "
             f"{STATS['crashes']} crash-restarts, {elapsed:.1f} s ({STATS['steps'] / max(elapsed, 1e-9):.0f} steps/s); "
-            + ", ".join(f"{k} {n}" for k, n in sorted(COVERAGE.items()))
+            + ", ".join(f"{k} {n}" for k, n in sorted((COVERAGE + BUS_COUNTS).items()))
         )
     return dict(STATS)
 

@@ -36,7 +36,7 @@ class FakeBus:
         pass
 
     async def publish_events(
-        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None, *, ack_each: bool = True
     ) -> list[int | BaseException]:
         return list(range(len(items)))
 

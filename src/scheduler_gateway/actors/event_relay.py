@@ -16,6 +16,11 @@ duplicate window, 2 minutes):
   one publish of a batch is lost (a reconnect), JetStream refuses every later one instead of storing them
   ahead of it; the relay reads the tail again and goes on from there.
 
+That chain also lets a round ask for one ack, the last event's, instead of one per event: the last is stored
+at the sequence it expects only if every event before it was. When that ack does not vouch for the round (an
+error, a timeout, another sequence), the relay reads the tail, and its next round asks for an ack per event,
+so a lasting fault is named and backed off from as before.
+
 A row that cannot be decoded is skipped with an audit entry; it never stops the relay.
 """
 
@@ -34,7 +39,7 @@ from scheduler_gateway.wire.timefmt import fmt_ts
 
 from . import failpoints, idgen
 from .model.records import SYSTEM, AuditEntry, EventRecord
-from .ports import Bus, OutboxRow, RelayStore
+from .ports import Bus, OutboxRow, PublishUncertain, RelayStore
 from .runtime import LoopActor, Wakeup
 
 log = logging.getLogger(__name__)
@@ -70,6 +75,7 @@ class EventRelay(LoopActor):
         self._trouble: str | None = None  # what is failing now (NATS_TROUBLE, STORE_TROUBLE), None: nothing
         self._trouble_since = 0.0
         self._failures = 0
+        self._ack_each = False  # the last round did not go in whole: ack each event of the next
 
     def notify(self) -> None:
         self._wake.set()
@@ -131,8 +137,15 @@ class EventRelay(LoopActor):
         ``done``. Returns why it stopped early, None when every row went in."""
         expected = self._tail_seq
         assert expected is not None
-        results = await self._bus.publish_events([item for _, _, item in batch], expected_last_seq=expected)
+        results = await self._bus.publish_events(
+            [item for _, _, item in batch], expected_last_seq=expected, ack_each=self._ack_each
+        )
+        # any round that did not go in whole has the tail read again and the next one acked event by event
+        self._ack_each = True
         for (seq, event_id, _), res in zip(batch, results, strict=True):
+            if isinstance(res, PublishUncertain):  # which went in, the tail tells
+                self._tail_seq = None
+                return None
             if isinstance(res, BaseException):
                 # this one (and, refused for the sequence they expected, every later one) waits for the next
                 # round, which reads the tail first: order holds and nothing goes in twice
@@ -145,6 +158,7 @@ class EventRelay(LoopActor):
                 return None
             expected = res
             self._tail_seq, self._tail_id = res, event_id
+        self._ack_each = False
         return None
 
     def _decode(self, row: OutboxRow) -> EventRecord | None:

@@ -497,6 +497,10 @@ class TaskStore(
     """Every narrow port: what a store adapter implements (``SqliteStore``, the memory store of the tests)."""
 
 
+class PublishUncertain(Exception):
+    """A publish whose items were not acked one by one, and whose last ack did not vouch for them all."""
+
+
 class Bus(Protocol):
     """What actors need from NATS (the adapter owns streams, consumers and reconnects)."""
 
@@ -507,13 +511,18 @@ class Bus(Protocol):
 
     async def publish_cancel(self, node_id: str, body: bytes) -> None: ...
     async def publish_events(
-        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None, *, ack_each: bool = True
     ) -> list[int | BaseException]:
         """Publish ``(subject, msg_id, body)`` to GW_EVENTS in order, acks awaited together; one stream
         sequence (or the error) per item. With ``expected_last_seq``, item ``i`` is stored only if the
         stream's last sequence is then ``expected_last_seq + i`` (``Nats-Expected-Last-Sequence``): after a
         lost publish every later item of the batch is refused rather than stored ahead of it. A duplicate
-        ``msg_id`` still in the stream's duplicate window answers the sequence it was stored at."""
+        ``msg_id`` still in the stream's duplicate window answers the sequence it was stored at.
+
+        ``ack_each=False`` (with ``expected_last_seq``): only the last item asks for an ack. Each item is
+        stored only right after the one before it, so an ack of the last at ``expected_last_seq + n`` means
+        every item is stored, at the sequences before it; any other answer (an error, a timeout, another
+        sequence) gives every item ``PublishUncertain``: some may be stored, which ones only the tail tells."""
         ...
 
     async def events_tail(self) -> tuple[int, str | None]:

@@ -145,11 +145,11 @@ class FencedBus:
         return getattr(self._bus, name)
 
     async def publish_events(
-        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None, *, ack_each: bool = True
     ) -> list[int | BaseException]:
         if not self._held():
             return [NotLeader("not the leader", code=Code.LEASE_CONFLICT) for _ in items]
-        result: list[int | BaseException] = await self._bus.publish_events(items, expected_last_seq)
+        result: list[int | BaseException] = await self._bus.publish_events(items, expected_last_seq, ack_each=ack_each)
         return result
 
     async def events_tail(self) -> tuple[int, str | None]:

@@ -24,6 +24,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from scheduler_gateway.actors import failpoints
+from scheduler_gateway.actors.ports import PublishUncertain
 from scheduler_gateway.daemon.nats.publisher import AckedPublisher
 from scheduler_gateway.daemon.nats.streams import bring_to_replicas, ensure_kind_consumer, ensure_streams
 from scheduler_gateway.wire.errors import Code, GatewayError
@@ -403,10 +404,16 @@ class NatsBus:
         await self.nc.publish(self.subjects.cancel(node_id), body)
 
     async def publish_events(
-        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None, *, ack_each: bool = True
     ) -> list[int | BaseException]:
-        acks = await self._publish_all(items, expected_last_seq)
-        return [ack if isinstance(ack, BaseException) else int(ack.seq) for ack in acks]
+        if ack_each or expected_last_seq is None or len(items) < 2:
+            acks = await self._publish_all(items, expected_last_seq)
+            return [ack if isinstance(ack, BaseException) else int(ack.seq) for ack in acks]
+        (last,) = await self._publish_all(items, expected_last_seq, ack_last_only=True)
+        if not isinstance(last, BaseException) and int(last.seq) == expected_last_seq + len(items):
+            return list(range(expected_last_seq + 1, expected_last_seq + len(items) + 1))
+        why = last if isinstance(last, BaseException) else f"the last stored at {last.seq}"
+        return [PublishUncertain(f"the batch's last ack: {why}") for _ in items]
 
     async def events_tail(self) -> tuple[int, str | None]:
         """GW_EVENTS's last sequence and the newest ``Nats-Msg-Id`` in it (the relay's resync point)."""
@@ -428,21 +435,30 @@ class NatsBus:
         return last, None
 
     async def _publish_all(
-        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None, ack_last_only: bool = False
     ) -> list[Any]:
         """Publish ``(subject, msg_id, body)`` in order with async acks, awaited together (one wait for the
         batch, not a wait_for per message); one PubAck or exception per item. With ``expected_last_seq``,
-        item ``i`` carries ``Nats-Expected-Last-Sequence: expected_last_seq + i``."""
+        item ``i`` carries ``Nats-Expected-Last-Sequence: expected_last_seq + i``. ``ack_last_only``: the
+        items before the last are sent without an ack, and the one result is the last's."""
         assert self.js is not None
-        assert self._publisher is not None
+        publisher = self._publisher
+        assert publisher is not None
         futures: list[asyncio.Future[Any] | BaseException] = []
+        last = len(items) - 1
         for i, (subject, msg_id, body) in enumerate(items):
             headers = {MSG_ID_HEADER: msg_id}
             if expected_last_seq is not None:
                 headers[EXPECTED_LAST_SEQ_HEADER] = str(expected_last_seq + i)
             try:
-                futures.append(await self._publisher.publish(subject, body, headers))
+                if ack_last_only and i < last:
+                    await publisher.send(subject, body, headers)
+                else:
+                    futures.append(await publisher.publish(subject, body, headers))
             except Exception as exc:
+                if ack_last_only:  # the chain breaks here: the rest would be refused, so it is not sent
+                    futures = [exc]
+                    break
                 futures.append(exc)
         pending = [f for f in futures if not isinstance(f, BaseException)]
         if pending:

@@ -90,6 +90,10 @@ class AckedPublisher:
             raise
         return fut
 
+    async def send(self, subject: str, body: bytes, headers: dict[str, str]) -> None:
+        """Send without asking for an ack (JetStream stores it all the same, or refuses it silently)."""
+        await self._nc.publish(subject, body, headers=headers)
+
     async def _on_ack(self, msg: Msg) -> None:
         fut = self._pending.pop(msg.subject[len(self._prefix) :], None)
         if fut is None or fut.done():
