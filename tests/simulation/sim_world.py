@@ -48,7 +48,7 @@ from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRec
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.schedule import SchedulePolicy
 from scheduler_gateway.actors.nodes import NodeRegistry
-from scheduler_gateway.actors.ports import CallbackPost, PublishUncertain
+from scheduler_gateway.actors.ports import CallbackPost, vouched_round
 from scheduler_gateway.actors.scheduler import Scheduler, ScheduleService, TaskServiceLauncher
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
 from scheduler_gateway.wire.artifacts import object_name
@@ -413,12 +413,10 @@ class BusGate:
         out = await self._publish_events(items, expected_last_seq)
         if ack_each or expected_last_seq is None or len(items) < 2:
             return out
-        # only the last was acked: its sequence vouches for all, or nothing is known of any
-        if out[-1] == expected_last_seq + len(items):
-            BUS_COUNTS["event rounds acked by their last"] += 1
-            return list(range(expected_last_seq + 1, expected_last_seq + len(items) + 1))
-        BUS_COUNTS["event rounds uncertain"] += 1
-        return [PublishUncertain(f"the last ack: {out[-1]}") for _ in items]
+        results = vouched_round(expected_last_seq, len(items), out[-1])  # only the last was acked
+        uncertain = isinstance(results[0], BaseException)
+        BUS_COUNTS["event rounds uncertain" if uncertain else "event rounds acked by their last"] += 1
+        return results
 
     async def _publish_events(
         self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None

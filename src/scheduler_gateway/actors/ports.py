@@ -501,6 +501,15 @@ class PublishUncertain(Exception):
     """A publish whose items were not acked one by one, and whose last ack did not vouch for them all."""
 
 
+def vouched_round(expected_last_seq: int, n: int, last: int | BaseException) -> list[int | BaseException]:
+    """The results of a round of ``n`` chained publishes of which only the last was acked (``Bus.publish_events``
+    with ``ack_each=False``): the last stored at ``expected_last_seq + n`` vouches for every one before it;
+    anything else (an error, another sequence) leaves every item uncertain."""
+    if last == expected_last_seq + n:
+        return list(range(expected_last_seq + 1, expected_last_seq + n + 1))
+    return [PublishUncertain(f"the round's last ack: {last}") for _ in range(n)]
+
+
 class Bus(Protocol):
     """What actors need from NATS (the adapter owns streams, consumers and reconnects)."""
 

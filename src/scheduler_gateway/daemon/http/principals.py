@@ -106,9 +106,6 @@ class PrincipalCache:
 
     # -- the revocation log ------------------------------------------------------------------------------
     async def _fresh(self) -> None:
-        if self._recheck_s <= 0:  # a store whose read costs microseconds (SQLite's quick read): every time
-            await self._read_log()
-            return
         now = self._clock()
         if now - self._checked_at < self._recheck_s:
             return

@@ -24,7 +24,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from scheduler_gateway.actors import failpoints
-from scheduler_gateway.actors.ports import PublishUncertain
+from scheduler_gateway.actors.ports import vouched_round
 from scheduler_gateway.daemon.nats.publisher import AckedPublisher
 from scheduler_gateway.daemon.nats.streams import bring_to_replicas, ensure_kind_consumer, ensure_streams
 from scheduler_gateway.wire.errors import Code, GatewayError
@@ -409,11 +409,16 @@ class NatsBus:
         if ack_each or expected_last_seq is None or len(items) < 2:
             acks = await self._publish_all(items, expected_last_seq)
             return [ack if isinstance(ack, BaseException) else int(ack.seq) for ack in acks]
-        (last,) = await self._publish_all(items, expected_last_seq, ack_last_only=True)
-        if not isinstance(last, BaseException) and int(last.seq) == expected_last_seq + len(items):
-            return list(range(expected_last_seq + 1, expected_last_seq + len(items) + 1))
-        why = last if isinstance(last, BaseException) else f"the last stored at {last.seq}"
-        return [PublishUncertain(f"the batch's last ack: {why}") for _ in items]
+        publisher = self._publisher
+        assert publisher is not None
+        n = len(items)
+        try:
+            for i, (subject, msg_id, body) in enumerate(items[:-1]):
+                await publisher.send(subject, body, _headers(msg_id, expected_last_seq + i))
+        except Exception as exc:  # the chain breaks here: the rest would be refused, so it is not sent
+            return vouched_round(expected_last_seq, n, exc)
+        (ack,) = await self._publish_all(items[-1:], expected_last_seq + n - 1)
+        return vouched_round(expected_last_seq, n, ack if isinstance(ack, BaseException) else int(ack.seq))
 
     async def events_tail(self) -> tuple[int, str | None]:
         """GW_EVENTS's last sequence and the newest ``Nats-Msg-Id`` in it (the relay's resync point)."""
@@ -435,30 +440,19 @@ class NatsBus:
         return last, None
 
     async def _publish_all(
-        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None, ack_last_only: bool = False
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
     ) -> list[Any]:
         """Publish ``(subject, msg_id, body)`` in order with async acks, awaited together (one wait for the
         batch, not a wait_for per message); one PubAck or exception per item. With ``expected_last_seq``,
-        item ``i`` carries ``Nats-Expected-Last-Sequence: expected_last_seq + i``. ``ack_last_only``: the
-        items before the last are sent without an ack, and the one result is the last's."""
+        item ``i`` carries ``Nats-Expected-Last-Sequence: expected_last_seq + i``."""
         assert self.js is not None
-        publisher = self._publisher
-        assert publisher is not None
+        assert self._publisher is not None
         futures: list[asyncio.Future[Any] | BaseException] = []
-        last = len(items) - 1
         for i, (subject, msg_id, body) in enumerate(items):
-            headers = {MSG_ID_HEADER: msg_id}
-            if expected_last_seq is not None:
-                headers[EXPECTED_LAST_SEQ_HEADER] = str(expected_last_seq + i)
+            headers = _headers(msg_id, None if expected_last_seq is None else expected_last_seq + i)
             try:
-                if ack_last_only and i < last:
-                    await publisher.send(subject, body, headers)
-                else:
-                    futures.append(await publisher.publish(subject, body, headers))
+                futures.append(await self._publisher.publish(subject, body, headers))
             except Exception as exc:
-                if ack_last_only:  # the chain breaks here: the rest would be refused, so it is not sent
-                    futures = [exc]
-                    break
                 futures.append(exc)
         pending = [f for f in futures if not isinstance(f, BaseException)]
         if pending:
@@ -503,3 +497,10 @@ def _claim_reply_of(outcome: ClaimReply | BaseException) -> ClaimReply:
         return ClaimReply(ok=False, error=WireError(code=outcome.code, message=outcome.message))
     log.error("claim handler failed: %s", type(outcome).__name__)
     return ClaimReply(ok=False, error=WireError(code=Code.INTERNAL, message="internal error"))
+
+
+def _headers(msg_id: str, expected_last_seq: int | None) -> dict[str, str]:
+    headers = {MSG_ID_HEADER: msg_id}
+    if expected_last_seq is not None:
+        headers[EXPECTED_LAST_SEQ_HEADER] = str(expected_last_seq)
+    return headers

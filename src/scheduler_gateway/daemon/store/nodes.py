@@ -82,7 +82,7 @@ class SqliteNodes:
         return revoked
 
     async def revocations_since(self, seq: int) -> tuple[int, list[str]]:
-        # read on every API request (daemon/http/principals.py): the quick read on the loop, not the thread
+        # read by API requests every few ms (daemon/http/principals.py): the quick read on the loop, not the thread
         if seq < 0:
             rows = await self._db.quick_fetchall("SELECT coalesce(max(seq), 0) FROM token_revocations")
             return int(rows[0][0]), []

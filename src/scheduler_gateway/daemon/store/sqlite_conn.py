@@ -401,8 +401,8 @@ class SqliteDb:
         return self._rconn
 
     async def quick_fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        """A tiny indexed read on the event loop itself, for a read made on every request whose answer must be
-        current (the token revocation log): a few microseconds, where the hand-off to aiosqlite's thread costs
+        """A tiny indexed read on the event loop itself, for a read made on the request path whose answer must
+        be current (the token revocation log): a few microseconds, where the hand-off to aiosqlite's thread costs
         a loop turn or more. In WAL mode a reader does not wait for the writer; should the file be busy anyway
         (a WAL recovery) it reads through the read connection instead, never waiting on the loop."""
         conn = self._qconn
