@@ -224,9 +224,13 @@ async def _true(value: bool) -> bool:
 
 async def test_corrupt_outbox_row_and_stream_message_are_skipped_and_audited(gateway: Gateway, api: Api) -> None:
     async with sse(api) as stream:
-        # a row nobody can decode, written behind the store's back
+        # rows nobody can decode, written behind the store's back: not JSON, and an event whose data is no object
+        not_an_object = (
+            b'{"id":"evt_x","type":"task.created","aggregate_type":"task","aggregate_id":"tsk_x","owner":null,'
+            b'"revision":1,"at":1.0,"request_id":null,"data":[1]}'
+        )
         with sqlite3.connect(gateway.settings.data_dir / "gateway.db", timeout=5) as db:
-            db.execute("INSERT INTO outbox (body) VALUES (?)", (b"{not json",))
+            db.executemany("INSERT INTO outbox (body) VALUES (?)", [(b"{not json",), (not_an_object,)])
         gateway.relay.notify()
         # and a message in the stream that is not an event
         nc = await nats.connect(gateway.settings.nats_url)
@@ -239,8 +243,8 @@ async def test_corrupt_outbox_row_and_stream_message_are_skipped_and_audited(gat
     assert frame.data["aggregateId"] == task["id"]
     status, audit, _ = await api.call("GET", "/api/audit?action=event_skipped")
     assert status == 200
-    kinds = {(a["objectType"], a["errorCode"]) for a in audit["items"]}
-    assert kinds == {("outbox", "CORRUPT_EVENT"), ("stream_event", "CORRUPT_EVENT")}
+    kinds = sorted((a["objectType"], a["errorCode"]) for a in audit["items"])
+    assert kinds == [("outbox", "CORRUPT_EVENT")] * 2 + [("stream_event", "CORRUPT_EVENT")]
 
 
 async def test_keepalive_comment(tmp_path: Path, fresh_nats: NatsServerProcess) -> None:

@@ -23,3 +23,37 @@ def test_stream_seq_matches_nats_metadata(reply: str) -> None:
 def test_stream_seq_refuses_what_is_no_delivery(reply: str | None) -> None:
     with pytest.raises((ValueError, IndexError)):
         stream_seq(reply)
+
+
+def test_fmt_ts_answers_what_datetime_answers_for_seconds_in_any_order() -> None:
+    import random
+    from datetime import UTC, datetime
+
+    from scheduler_gateway.wire import timefmt
+
+    rng = random.Random(7)
+    # more distinct seconds than the cache keeps, revisited out of order, and whole-second and rounding edges
+    instants = [rng.uniform(0, 4e9) for _ in range(3 * timefmt._SECONDS_KEPT)] + [0.0, 1.9995, 59.9996, 1e9]
+    for at in instants + instants[::-1]:
+        ms = round(at * 1000)
+        want = datetime.fromtimestamp(ms // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+        assert timefmt.fmt_ts(at) == want
+    assert len(timefmt._SECONDS) <= timefmt._SECONDS_KEPT
+    assert timefmt.fmt_ts(None) is None
+
+
+def test_the_relay_passes_event_data_through_as_the_full_decode_would_encode_it() -> None:
+    import msgspec
+
+    from scheduler_gateway.actors.event_relay import OutboxEvent, to_wire
+    from scheduler_gateway.actors.model.records import EventRecord
+
+    rec = EventRecord(
+        id="evt_1", type="task.succeeded", aggregate_type="task", aggregate_id="tsk_1", owner="alice", revision=3,
+        at=1764540000.25, request_id="req_1",
+        data={"task": {"id": "tsk_1", "result": {"n": [1, 2.5, None, "é\u2028"], "big": 2**62}}},
+    )  # fmt: skip
+    body = msgspec.json.encode(rec)
+    full = msgspec.json.encode(to_wire(msgspec.json.decode(body, type=EventRecord)))
+    raw = msgspec.json.encode(to_wire(msgspec.json.decode(body, type=OutboxEvent)))
+    assert raw == full

@@ -63,7 +63,7 @@ class EventRelay(LoopActor):
         self._subjects = subjects
         self._clock = clock
         self._wake = Wakeup()
-        self._decoder = msgspec.json.Decoder(EventRecord)
+        self._decoder = msgspec.json.Decoder(OutboxEvent)
         self._encoder = msgspec.json.Encoder()
         self.relayed = 0
         self.last_seq = 0
@@ -161,11 +161,12 @@ class EventRelay(LoopActor):
         self._ack_each = False
         return None
 
-    def _decode(self, row: OutboxRow) -> EventRecord | None:
+    def _decode(self, row: OutboxRow) -> OutboxEvent | None:
         try:
-            return self._decoder.decode(row.body)
+            rec = self._decoder.decode(row.body)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return None
+        return rec if _is_object(rec.data) else None
 
     def _failed(self, trouble: str, why: str) -> float:
         """Log once when a trouble starts (or changes), then back off: 1 s, 2 s, 4 s ... at most 15 s."""
@@ -194,7 +195,7 @@ class EventRelay(LoopActor):
         if row.seq in self._audited:
             return  # audited in an earlier round whose delete failed
         try:
-            self._decoder.decode(row.body)
+            msgspec.json.decode(row.body, type=EventRecord)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             why = str(exc)
         else:  # pragma: no cover - only called for rows that did not decode
@@ -218,13 +219,33 @@ class EventRelay(LoopActor):
         self._audited.add(row.seq)
 
 
+class OutboxEvent(msgspec.Struct, kw_only=True, frozen=True):
+    """An outbox row's ``EventRecord`` as the relay reads it: ``data`` stays the JSON it was written as, so a
+    round does not build each event's data as Python objects only to encode them again."""
+
+    id: str
+    type: str
+    aggregate_type: str
+    aggregate_id: str
+    owner: str | None
+    revision: int | None
+    at: float
+    request_id: str | None
+    data: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+def _is_object(raw: msgspec.Raw) -> bool:
+    """``EventRecord.data`` is an object; msgspec writes no space before one, and the decode checked the rest."""
+    return memoryview(raw)[:1].tobytes() == b"{"
+
+
 class WireEvent(Event, kw_only=True):
     """The stream body: the contract's event plus the owner, which the SSE layer filters on and drops."""
 
     owner: str | None = None
 
 
-def to_wire(rec: EventRecord) -> WireEvent:
+def to_wire(rec: EventRecord | OutboxEvent) -> WireEvent:
     return WireEvent(
         type=rec.type,
         aggregate_type=rec.aggregate_type,

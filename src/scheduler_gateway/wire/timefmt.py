@@ -12,7 +12,10 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-_last_second: list[object] = [None, ""]  # the last whole second formatted, and its text (a hot path)
+# whole seconds formatted lately, and their text: a task's view names several seconds at once (created, now, a
+# lease 30 s ahead), so one remembered second was formatted again on nearly every call
+_SECONDS: dict[int, str] = {}
+_SECONDS_KEPT = 256
 
 MIN_TS = 0.0  # 1970-01-01T00:00:00Z, inclusive
 MAX_TS = datetime(9000, 1, 1, tzinfo=UTC).timestamp()  # 9000-01-01T00:00:00Z, exclusive
@@ -30,10 +33,12 @@ def fmt_ts(epoch_s: float | None) -> str | None:
         return None
     ms_total = round(epoch_s * 1000)
     second, ms = divmod(ms_total, 1000)
-    if _last_second[0] != second:
-        _last_second[0] = second
-        _last_second[1] = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
-    return f"{_last_second[1]}{ms:03d}Z"
+    text = _SECONDS.get(second)
+    if text is None:
+        if len(_SECONDS) >= _SECONDS_KEPT:
+            _SECONDS.clear()
+        text = _SECONDS[second] = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+    return f"{text}{ms:03d}Z"
 
 
 def parse_rfc3339(text: str, *, offset_required: bool = True) -> datetime:
