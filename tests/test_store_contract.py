@@ -603,6 +603,9 @@ async def test_outbox_order_and_delete(store: TaskStore) -> None:
     assert await store.outbox_size() == 4
     assert [r.seq for r in await store.outbox_batch(100)] == seqs[2:]
     assert await store.outbox_batch(0) == []
+    # a delete names rows, never the seqs between them, in any order and with repeats
+    await store.outbox_delete([seqs[5], seqs[3], seqs[5]])
+    assert [r.seq for r in await store.outbox_batch(100)] == [seqs[2], seqs[4]]
     # sequences keep growing after deletes
     await store.outbox_delete(seqs[2:])
     await store.apply(create(make_task(7)))

@@ -88,12 +88,13 @@ class SqliteTasks:
     async def outbox_delete(self, seqs: list[int]) -> None:
         if not seqs:
             return
-        rows = [(int(s),) for s in seqs]
+        runs = _runs(sorted({int(s) for s in seqs}))
 
         def op(conn: sqlite3.Connection) -> None:
-            conn.executemany("DELETE FROM outbox WHERE seq = ?", rows)
+            # a round's rows are a run of consecutive seqs: one range delete instead of a seek per row
+            conn.executemany("DELETE FROM outbox WHERE seq BETWEEN ? AND ?", runs)
 
-        await self._db.submit_op(op, len(rows))
+        await self._db.submit_op(op, len(seqs))
 
     async def get_task(self, task_id: str) -> Task | None:
         rows = await self._db.fetchall("SELECT doc FROM tasks WHERE id = ?", (task_id,))
@@ -201,3 +202,14 @@ class SqliteTasks:
     async def outbox_size(self) -> int:
         rows = await self._db.fetchall("SELECT count(*) FROM outbox")
         return int(rows[0][0])
+
+
+def _runs(seqs: list[int]) -> list[tuple[int, int]]:
+    """Sorted distinct integers as (first, last) runs of consecutive ones: the same set, as ranges."""
+    runs: list[tuple[int, int]] = []
+    for s in seqs:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], s)
+        else:
+            runs.append((s, s))
+    return runs
