@@ -469,7 +469,7 @@ def handoffs(terminal: list[dict[str, Any]], limit: int) -> dict[str, Any]:
     return rec
 
 
-async def start_py_spy(pid: int, out: str, duration_s: int) -> asyncio.subprocess.Process | None:
+async def start_py_spy(pid: int, out: str, duration_s: int, rate: int) -> asyncio.subprocess.Process | None:
     exe = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
     if exe is None:
         print("py-spy not found; no profile", file=sys.stderr)
@@ -484,7 +484,7 @@ async def start_py_spy(pid: int, out: str, duration_s: int) -> asyncio.subproces
         "--duration",
         str(duration_s),
         "--rate",
-        "100",
+        str(rate),
         "--threads",
         "--format",
         "raw",
@@ -506,10 +506,10 @@ class _Spies:
             await p.wait()
 
 
-async def start_py_spies(probe: CpuProbe, out: str, duration_s: int) -> _Spies:
+async def start_py_spies(probe: CpuProbe, out: str, duration_s: int, rate: int) -> _Spies:
     targets = [(probe.pids["gatewayd"][0] or 0, out)]
     targets += [(pid or 0, f"{out}.worker{i}") for i, pid in enumerate(probe.pids.get("workers", []))]
-    spies = [await start_py_spy(pid, path, duration_s) for pid, path in targets if pid]
+    spies = [await start_py_spy(pid, path, duration_s, rate) for pid, path in targets if pid]
     return _Spies([s for s in spies if s is not None])
 
 
@@ -552,7 +552,7 @@ async def drive_gateway(
             work = submit(api, run_id, args.n, args.rate, args.http_concurrency, body_of=body_of)
         submitting = asyncio.create_task(work)
         if profile and not prefill:
-            spy = await start_py_spies(probe, args.py_spy_out, args.py_spy_duration)
+            spy = await start_py_spies(probe, args.py_spy_out, args.py_spy_duration, args.py_spy_rate)
         # no completion polling while submitting; the deadline counts from the last POST's answer
         await asyncio.wait({submitting})
         resume_at: float | None = None
@@ -563,7 +563,7 @@ async def drive_gateway(
             resume_at = time.time()
             await api.put(kind_path, {**(flow.settings or {}), "paused": False})
             if profile:
-                spy = await start_py_spies(probe, args.py_spy_out, args.py_spy_duration)
+                spy = await start_py_spies(probe, args.py_spy_out, args.py_spy_duration, args.py_spy_rate)
         complete = await wait_drained(api, run_id, time.monotonic() + args.timeout, args.poll)
         window_s = time.monotonic() - t0
         sub = submitting.result()
@@ -1166,6 +1166,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="profile gatewayd (this file) and each worker (this file + .worker<i>) with py-spy in rep 1",
     )
     p.add_argument("--py-spy-duration", type=int, default=10, help="seconds of py-spy recording (default 10)")
+    p.add_argument("--py-spy-rate", type=int, default=100, help="py-spy samples per second (default 100)")
     p.add_argument(
         "--flow",
         default="",
