@@ -536,3 +536,57 @@ async def test_the_tail_rests_without_clients_and_a_resume_still_gets_what_it_mi
             (frame,) = await stream.take(1)
             assert frame.data["aggregateId"] == newest["id"]
             assert await stream.quiet(0.3) == []
+
+
+@pytest.mark.parametrize("where", ["before", "inside"])
+async def test_a_message_of_another_publisher_in_the_middle_of_a_round_loses_no_event(
+    tmp_path: Path, fresh_nats: NatsServerProcess, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Something else publishes into GW_EVENTS (a client with publish rights on ``gw.evt.>``) while a round is
+    on its way, before its first event or between its second and third: the round's events are all in the
+    stream afterwards, once each, in outbox order. (A round chained by sequences alone took the foreign message
+    for its missing event: the events after it fitted the sequences they expected, and the first was lost.)"""
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+        await api.create({"kind": "echo"})
+        await wait_for(lambda: _outbox_empty(gw), timeout_s=10)  # the relay knows the stream's tail now
+        await gw.relay.stop()
+        for _ in range(5):
+            await api.create({"kind": "echo"})
+        expected = _outbox_event_ids(gw)
+        real = gw.bus.publish_events
+        foreign = await nats.connect(fresh_nats.url)
+        rounds: list[int] = []
+
+        async def intrude() -> None:
+            await foreign.jetstream().publish("gw.evt.task.bogus", b"{}", stream=EVENTS_STREAM)
+
+        async def publish_events(items: list[tuple[str, str, bytes]], *args: Any, **kw: Any) -> Any:
+            rounds.append(len(items))
+            if len(rounds) == 1 and where == "before":
+                await intrude()  # after the relay read its tail, before the round's first event
+            return await real(items, *args, **kw)
+
+        publisher = gw.bus._publisher
+        assert publisher is not None and gw.bus.nc is not None
+        real_send, sends = publisher.send, [0]
+
+        async def send(subject: str, body: bytes, headers: dict[str, str]) -> None:
+            await real_send(subject, body, headers)
+            sends[0] += 1
+            if sends[0] == 2 and where == "inside":
+                assert gw.bus.nc is not None
+                await gw.bus.nc.flush()  # the server has the round's first two events
+                await intrude()
+
+        monkeypatch.setattr(gw.bus, "publish_events", publish_events)
+        monkeypatch.setattr(publisher, "send", send)
+        gw.relay._tail_seq, gw.relay._tail_id = await gw.bus.events_tail()
+        try:
+            await gw.relay.start()
+            await wait_for(lambda: _outbox_empty(gw), timeout_s=20)
+        finally:
+            await foreign.close()
+    ids = await _stream_msg_ids(fresh_nats.url)
+    relayed = [i for i in ids if i != "None"]
+    assert relayed[-len(expected) :] == expected, (rounds, ids)
+    assert len(relayed) == len(set(relayed))

@@ -25,7 +25,7 @@ from nats.js.errors import NotFoundError
 
 from scheduler_gateway.actors import failpoints
 from scheduler_gateway.actors.ports import vouched_round
-from scheduler_gateway.daemon.nats.publisher import AckedPublisher
+from scheduler_gateway.daemon.nats.publisher import AckedPublisher, PubAck
 from scheduler_gateway.daemon.nats.streams import bring_to_replicas, ensure_kind_consumer, ensure_streams
 from scheduler_gateway.wire.errors import Code, GatewayError
 from scheduler_gateway.wire.messages import (
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 PUBLISH_ACK_TIMEOUT_S = 5.0
 MSG_ID_HEADER = "Nats-Msg-Id"
 EXPECTED_LAST_SEQ_HEADER = "Nats-Expected-Last-Sequence"
+EXPECTED_LAST_ID_HEADER = "Nats-Expected-Last-Msg-Id"
 TAIL_LOOKBACK = 16  # messages events_tail looks back past ones without a msg id (not the relay's)
 #: A settle taken by a gatewayd that died unacked is redelivered to another after this long: well under the
 #: default lease (30 s), so the task's lease does not run out (and the task run again) while its settle
@@ -86,6 +87,7 @@ class NatsBus:
         events_max_msgs: int = 10000,
         settle_max_inflight: int = 4096,
         events_first_seq: Callable[[], Awaitable[int]] | None = None,
+        chain_offers: bool = True,
     ) -> None:
         self._url = url
         self._user = user
@@ -99,6 +101,10 @@ class NatsBus:
         self.nc: Client | None = None
         self.js: JetStreamContext | None = None
         self._kinds: set[str] = set()
+        #: offers in a round ask one ack, their last (``publish_offers``): only where this gatewayd is the one
+        #: publisher to GW_DISPATCH; several instances' offers interleave, and each would break the other's chain
+        self._chain_offers = chain_offers
+        self._offers_tail: str | None = None  # the msg id of the offer this bus stored last, while nothing came after
         self._tasks: set[asyncio.Task[Any]] = set()
         self._subs: list[Any] = []
         self._settle_sub: Any = None
@@ -388,7 +394,19 @@ class NatsBus:
         for kind in {k for k, _, _ in items} - self._kinds:
             await ensure_kind_consumer(self.js, self.subjects, kind, self._replicas)
             self._kinds.add(kind)
-        acks = await self._publish_all([(self.subjects.dispatch(kind), msg_id, body) for kind, msg_id, body in items])
+        sends = [(self.subjects.dispatch(kind), msg_id, body) for kind, msg_id, body in items]
+        tail, self._offers_tail = self._offers_tail, None
+        if tail is not None and len(sends) > 1:
+            # a chain of msg ids from the offer this bus stored last: the last one stored vouches for the
+            # round. Otherwise some may be stored, and the round goes again one by one under the same msg ids,
+            # which the stream's duplicate window answers with the copy it holds.
+            last = await self._send_chain(sends, None, tail)
+            if not isinstance(last, BaseException) and not last.duplicate:
+                self._offers_tail = sends[-1][1]
+                return [None] * len(sends)
+        acks = await self._publish_all(sends)
+        if self._chain_offers and not isinstance(acks[-1], BaseException) and not acks[-1].duplicate:
+            self._offers_tail = sends[-1][1]  # the stream's newest msg id now, unless someone stored one since
         return [ack if isinstance(ack, BaseException) else None for ack in acks]
 
     async def ensure_kinds(self, kinds: list[str]) -> None:
@@ -409,16 +427,42 @@ class NatsBus:
         if ack_each or expected_last_seq is None or len(items) < 2:
             acks = await self._publish_all(items, expected_last_seq)
             return [ack if isinstance(ack, BaseException) else int(ack.seq) for ack in acks]
+        last = await self._send_chain(items, expected_last_seq, None)
+        # (an ack without a sequence is an error already: AckedPublisher)
+        return vouched_round(expected_last_seq, len(items), last if isinstance(last, BaseException) else last.seq or 0)
+
+    async def _send_chain(
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None, first_after_id: str | None
+    ) -> PubAck | BaseException:
+        """Send ``items`` in order, only the last asking for an ack, which it answers. Each item after the first
+        expects the one before it as the stream's newest message (``Nats-Expected-Last-Msg-Id``): one stored in
+        between by anyone else, or one lost on the way, has every later item refused, so the last stored proves
+        every item before it stored, in order. The first expects ``first_after_id`` so, and with
+        ``expected_last_seq`` item ``i`` also expects that sequence plus ``i`` (``Nats-Expected-Last-Sequence``).
+        """
         publisher = self._publisher
         assert publisher is not None
         n = len(items)
+        before = first_after_id
         try:
             for i, (subject, msg_id, body) in enumerate(items[:-1]):
-                await publisher.send(subject, body, _headers(msg_id, expected_last_seq + i))
+                seq = None if expected_last_seq is None else expected_last_seq + i
+                await publisher.send(subject, body, _headers(msg_id, seq, before))
+                before = msg_id
         except Exception as exc:  # the chain breaks here: the rest would be refused, so it is not sent
-            return vouched_round(expected_last_seq, n, exc)
-        (ack,) = await self._publish_all(items[-1:], expected_last_seq + n - 1)
-        return vouched_round(expected_last_seq, n, ack if isinstance(ack, BaseException) else int(ack.seq))
+            return exc
+        subject, msg_id, body = items[-1]
+        seq = None if expected_last_seq is None else expected_last_seq + n - 1
+        try:
+            fut = await publisher.publish(subject, body, _headers(msg_id, seq, before))
+        except Exception as exc:
+            return exc
+        try:
+            return await asyncio.wait_for(fut, PUBLISH_ACK_TIMEOUT_S)
+        except TimeoutError:
+            return TimeoutError("no publish ack from JetStream")
+        except Exception as exc:
+            return exc
 
     async def events_tail(self) -> tuple[int, str | None]:
         """GW_EVENTS's last sequence and the newest ``Nats-Msg-Id`` in it (the relay's resync point)."""
@@ -499,8 +543,10 @@ def _claim_reply_of(outcome: ClaimReply | BaseException) -> ClaimReply:
     return ClaimReply(ok=False, error=WireError(code=Code.INTERNAL, message="internal error"))
 
 
-def _headers(msg_id: str, expected_last_seq: int | None) -> dict[str, str]:
+def _headers(msg_id: str, expected_last_seq: int | None, expected_last_id: str | None = None) -> dict[str, str]:
     headers = {MSG_ID_HEADER: msg_id}
     if expected_last_seq is not None:
         headers[EXPECTED_LAST_SEQ_HEADER] = str(expected_last_seq)
+    if expected_last_id is not None:
+        headers[EXPECTED_LAST_ID_HEADER] = expected_last_id
     return headers
