@@ -136,8 +136,6 @@ class Gateway:
             events_max_msgs=s.events_max_msgs,
             # a GW_EVENTS made anew (its JetStream store lost) starts above every seq the outbox handed out
             events_first_seq=lambda: first_event_seq(self.store),
-            # several instances on PostgreSQL each publish their offers: their rounds would break each other's chain
-            chain_offers=not isinstance(self.store, PostgresStore),
         )
         self.dispatcher = Dispatcher(
             self.bus, clock, s.max_offers_per_kind, self.metrics, reoffer_after_s=s.reoffer_after_s

@@ -87,7 +87,6 @@ class NatsBus:
         events_max_msgs: int = 10000,
         settle_max_inflight: int = 4096,
         events_first_seq: Callable[[], Awaitable[int]] | None = None,
-        chain_offers: bool = True,
     ) -> None:
         self._url = url
         self._user = user
@@ -101,10 +100,6 @@ class NatsBus:
         self.nc: Client | None = None
         self.js: JetStreamContext | None = None
         self._kinds: set[str] = set()
-        #: offers in a round ask one ack, their last (``publish_offers``): only where this gatewayd is the one
-        #: publisher to GW_DISPATCH; several instances' offers interleave, and each would break the other's chain
-        self._chain_offers = chain_offers
-        self._offers_tail: str | None = None  # the msg id of the offer this bus stored last, while nothing came after
         self._tasks: set[asyncio.Task[Any]] = set()
         self._subs: list[Any] = []
         self._settle_sub: Any = None
@@ -394,19 +389,7 @@ class NatsBus:
         for kind in {k for k, _, _ in items} - self._kinds:
             await ensure_kind_consumer(self.js, self.subjects, kind, self._replicas)
             self._kinds.add(kind)
-        sends = [(self.subjects.dispatch(kind), msg_id, body) for kind, msg_id, body in items]
-        tail, self._offers_tail = self._offers_tail, None
-        if tail is not None and len(sends) > 1:
-            # a chain of msg ids from the offer this bus stored last: the last one stored vouches for the
-            # round. Otherwise some may be stored, and the round goes again one by one under the same msg ids,
-            # which the stream's duplicate window answers with the copy it holds.
-            last = await self._send_chain(sends, None, tail)
-            if not isinstance(last, BaseException) and not last.duplicate:
-                self._offers_tail = sends[-1][1]
-                return [None] * len(sends)
-        acks = await self._publish_all(sends)
-        if self._chain_offers and not isinstance(acks[-1], BaseException) and not acks[-1].duplicate:
-            self._offers_tail = sends[-1][1]  # the stream's newest msg id now, unless someone stored one since
+        acks = await self._publish_all([(self.subjects.dispatch(kind), msg_id, body) for kind, msg_id, body in items])
         return [ack if isinstance(ack, BaseException) else None for ack in acks]
 
     async def ensure_kinds(self, kinds: list[str]) -> None:
@@ -427,41 +410,33 @@ class NatsBus:
         if ack_each or expected_last_seq is None or len(items) < 2:
             acks = await self._publish_all(items, expected_last_seq)
             return [ack if isinstance(ack, BaseException) else int(ack.seq) for ack in acks]
-        last = await self._send_chain(items, expected_last_seq, None)
+        last = await self._send_chain(items, expected_last_seq)
         # (an ack without a sequence is an error already: AckedPublisher)
         return vouched_round(expected_last_seq, len(items), last if isinstance(last, BaseException) else last.seq or 0)
 
-    async def _send_chain(
-        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None, first_after_id: str | None
-    ) -> PubAck | BaseException:
-        """Send ``items`` in order, only the last asking for an ack, which it answers. Each item after the first
-        expects the one before it as the stream's newest message (``Nats-Expected-Last-Msg-Id``): one stored in
-        between by anyone else, or one lost on the way, has every later item refused, so the last stored proves
-        every item before it stored, in order. The first expects ``first_after_id`` so, and with
-        ``expected_last_seq`` item ``i`` also expects that sequence plus ``i`` (``Nats-Expected-Last-Sequence``).
-        """
+    async def _send_chain(self, items: list[tuple[str, str, bytes]], expected_last_seq: int) -> PubAck | BaseException:
+        """Send ``items`` in order, item ``i`` expecting the stream's last sequence to be ``expected_last_seq + i``
+        and, after the first, the item before it as the stream's newest message (``Nats-Expected-Last-Msg-Id``);
+        only the last asks for an ack, which this answers. A message lost on the way has every later item
+        refused; one stored in between by anyone else too (by sequence alone it would stand in for the refused
+        item, and the items after it would fit the sequences they expect): so the last stored where it expected
+        proves every item before it stored, in order, right before it."""
         publisher = self._publisher
         assert publisher is not None
-        n = len(items)
-        before = first_after_id
+        before: str | None = None
         try:
             for i, (subject, msg_id, body) in enumerate(items[:-1]):
-                seq = None if expected_last_seq is None else expected_last_seq + i
-                await publisher.send(subject, body, _headers(msg_id, seq, before))
+                await publisher.send(subject, body, _headers(msg_id, expected_last_seq + i, before))
                 before = msg_id
+            subject, msg_id, body = items[-1]
+            fut = await publisher.publish(subject, body, _headers(msg_id, expected_last_seq + len(items) - 1, before))
         except Exception as exc:  # the chain breaks here: the rest would be refused, so it is not sent
-            return exc
-        subject, msg_id, body = items[-1]
-        seq = None if expected_last_seq is None else expected_last_seq + n - 1
-        try:
-            fut = await publisher.publish(subject, body, _headers(msg_id, seq, before))
-        except Exception as exc:
             return exc
         try:
             return await asyncio.wait_for(fut, PUBLISH_ACK_TIMEOUT_S)
         except TimeoutError:
             return TimeoutError("no publish ack from JetStream")
-        except Exception as exc:
+        except Exception as exc:  # PublishError: refused (the chain broke), or the publisher stopped
             return exc
 
     async def events_tail(self) -> tuple[int, str | None]:
