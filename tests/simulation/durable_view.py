@@ -46,6 +46,9 @@ class MemoryView:
     def outbox_size(self) -> int:
         return len(self.store._outbox)
 
+    def outbox_bodies(self) -> list[bytes]:
+        return list(self.store._outbox.values())
+
     def outbox_oldest_at(self) -> float | None:
         """When the oldest event still in the outbox was committed."""
         import msgspec
@@ -110,6 +113,18 @@ class SqliteView:
 
     def outbox_size(self) -> int:
         return int(self._rows("SELECT count(*) FROM outbox")[0][0])
+
+    def outbox_bodies(self) -> list[bytes]:
+        return [bytes(body) for (body,) in self._rows("SELECT body FROM outbox")]
+
+    def outbox_oldest_at(self) -> float | None:
+        """When the oldest event still in the outbox was committed."""
+        import msgspec
+
+        from scheduler_gateway.actors.model.records import EventRecord
+
+        ats = [msgspec.json.decode(body, type=EventRecord).at for body in self.outbox_bodies()]
+        return min(ats) if ats else None
 
     def tasks(self) -> dict[str, Task]:
         return {tid: _decode_task(doc) for tid, doc in self._rows("SELECT id, doc FROM tasks")}

@@ -78,6 +78,8 @@ class Facts:
     live: LiveView | None = None
     max_dead_retries: int = 3
     events_published: list[tuple[int, str]] = field(default_factory=list)  # (seq, event id) as in the stream
+    #: (task id, revision) of every task event in the stream and in the outbox; None: not gathered
+    task_events: tuple[set[tuple[str, int]], set[tuple[str, int]]] | None = None
     callback_ids_posted: list[str] = field(default_factory=list)
     admins: frozenset[str] = frozenset({"root"})  # users with role admin: they act on everyone's objects
 
@@ -288,9 +290,24 @@ def events_published_once_in_order(f: Facts) -> list[str]:
     seqs = [s for s, _ in f.events_published]
     if seqs != sorted(set(seqs)):
         out.append("event stream seq does not grow strictly")
-    ids = Counter(i for _, i in f.events_published)
+    ids = Counter(i for _, i in f.events_published if i)  # "": another publisher's message
     out += [f"event {i} is {n} times in the stream" for i, n in ids.items() if n > 1]
     return out
+
+
+def every_change_has_its_event(f: Facts) -> list[str]:
+    """Each change of a task the store holds has its event in the stream, or still in the outbox: the relay
+    deletes a row only once its event is in the stream."""
+    if f.task_events is None:
+        return []
+    published, waiting = f.task_events
+    return [
+        f"task {tid} r{h.revision} ({h.action}): its event is neither in the stream nor in the outbox"
+        for tid, entries in f.history.items()
+        if tid in f.tasks
+        for h in entries
+        if (tid, h.revision) not in published and (tid, h.revision) not in waiting
+    ]
 
 
 def callbacks_name_terminal_revisions(f: Facts) -> list[str]:
@@ -317,6 +334,7 @@ SNAPSHOT_CHECKS = (
     one_firing_per_occurrence,
     schedules_are_not_stuck,
     events_published_once_in_order,
+    every_change_has_its_event,
     callbacks_name_terminal_revisions,
 )
 LIVENESS_CHECKS = (runs_follow_their_tasks,)

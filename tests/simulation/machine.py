@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -1186,11 +1187,12 @@ class SimMachine(RuleBasedStateMachine):
         if wait <= (2 * 86400 if self.instances == 1 else 2 * MULTI_MAX_ADVANCE_S):
             self.do(_idle, advance=wait)
 
-    @rule(what=st.sampled_from(["cut", "cut", "crash", "fault", "lose"]), k=st.integers(1, 40))
+    @rule(what=st.sampled_from(["cut", "cut", "crash", "fault", "lose", "intrude"]), k=st.integers(1, 40))
     def chaos(self, what: str, k: int) -> None:
         """cut: the next step stops after k loop iterations (any await) and the process crash-restarts there;
         crash: crash-restart now, at a quiet moment; fault: the next 1-3 store calls fail (StorageError);
-        lose: the next event publish of more than ``k % 4`` events loses that one on the way."""
+        lose: the next event publish of more than ``k % 4`` events loses that one on the way; intrude: another
+        publisher's message is stored just before that one."""
         assert self.sim is not None
         if what == "cut":
             self.cut_next = k
@@ -1200,6 +1202,8 @@ class SimMachine(RuleBasedStateMachine):
             self.sim.crash()
         elif what == "lose":
             self.sim.bus.lose_event_at = k % 4
+        elif what == "intrude":
+            self.sim.bus.intrude_at = k % 4
         else:
             self.w.store.fail_ops = 1 + k % 3
             self.faulted = True
@@ -1344,11 +1348,13 @@ class SimMachine(RuleBasedStateMachine):
     def _outbox_late(self) -> bool:
         """Events still in the outbox that the relay should have moved: any (one instance: a commit wakes the
         relay), or one older than the leader's poll and a takeover (several: another instance's commit is
-        found by the poll)."""
+        found by the poll) or than a failed round's backoff (one instance whose publish was just lost)."""
         assert self.sim is not None
-        if self.instances == 1:
+        if self.instances == 1 and self.w.relay._trouble is None:
             return bool(self.view.outbox_size())
-        oldest = self.view.outbox_oldest_at()  # type: ignore[union-attr]
+        # several instances, or one whose last round failed (a publish lost): the relay tries again after its
+        # backoff (at most 15 s), so only an event older than that and a round is late
+        oldest = self.view.outbox_oldest_at()
         return oldest is not None and oldest < self.sim.now() - 30.0
 
     def facts(self) -> Facts:
@@ -1367,12 +1373,24 @@ class SimMachine(RuleBasedStateMachine):
             live=live if self.instances == 1 else None,  # several: each instance keeps only what it watches
             max_dead_retries=TASK_POLICY.max_dead_retries,
             events_published=[(e.seq, e.msg_id) for e in self.sim.bus.events],
+            task_events=(
+                {k for e in self.sim.bus.events if e.msg_id and (k := _task_event(e.body, "aggregateId")) is not None},
+                {k for body in v.outbox_bodies() if (k := _task_event(body, "aggregate_id")) is not None},
+            ),
             callback_ids_posted=posts,
         )
 
 
 async def _idle() -> None:
     return None
+
+
+def _task_event(body: bytes, id_field: str) -> tuple[str, int] | None:
+    """(task id, revision) of a task event: a stream body (camelCase) or an outbox row (the record's names)."""
+    doc = json.loads(body)
+    if doc.get("aggregate_type", doc.get("aggregateType")) != "task" or doc.get("revision") is None:
+        return None
+    return str(doc[id_field]), int(doc["revision"])
 
 
 class _RecordedKinds:

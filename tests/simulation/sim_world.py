@@ -339,7 +339,7 @@ class StoreGate:
 @dataclass
 class PublishedEvent:
     seq: int
-    msg_id: str
+    msg_id: str  # "": a message of another publisher
     subject: str
     body: bytes
 
@@ -360,6 +360,9 @@ class SimBus:
         self.cancels: list[tuple[str, bytes]] = []
         self.down = False  # NATS unreachable: every publish fails
         self.lose_event_at: int | None = None  # the next event publish of more than this many loses that one
+        #: the next event publish of more than this many finds a message of another publisher (a client allowed
+        #: on ``gw.evt.>``) stored just before that one
+        self.intrude_at: int | None = None
 
     def take_offer(self, index: int) -> Offer | None:
         if not self.offer_order:
@@ -410,24 +413,34 @@ class BusGate:
     async def publish_events(
         self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None, *, ack_each: bool = True
     ) -> list[int | BaseException]:
-        out = await self._publish_events(items, expected_last_seq)
-        if ack_each or expected_last_seq is None or len(items) < 2:
+        chained = not ack_each and expected_last_seq is not None and len(items) > 1
+        out = await self._publish_events(items, expected_last_seq, chained)
+        if not chained:
             return out
+        assert expected_last_seq is not None
         results = vouched_round(expected_last_seq, len(items), out[-1])  # only the last was acked
         uncertain = isinstance(results[0], BaseException)
         BUS_COUNTS["event rounds uncertain" if uncertain else "event rounds acked by their last"] += 1
         return results
 
     async def _publish_events(
-        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None, chained: bool
     ) -> list[int | BaseException]:
+        """As JetStream stores them. ``chained``: a round acked by its last (the NATS bus's ``_send_chain``),
+        where each item after the first also expects the one before it as the stream's newest message."""
         await self._pause_point("publish_events")
         out: list[int | BaseException] = []
-        lose = self._bus.lose_event_at
+        bus = self._bus
+        lose, intrude = bus.lose_event_at, bus.intrude_at
         if lose is not None and lose < len(items):
-            self._bus.lose_event_at = None
+            bus.lose_event_at = None
             BUS_COUNTS["event publishes lost mid-round"] += 1
+        if intrude is not None and intrude < len(items):
+            bus.intrude_at = None
+            BUS_COUNTS["foreign messages inside a round"] += 1
         for i, (subject, msg_id, body) in enumerate(items):
+            if i == intrude:
+                bus.events.append(PublishedEvent(len(bus.events) + 1, "", subject, b"{}"))
             try:
                 self._check()
                 if i == lose:  # lost on the way (a reconnect): never stored, and no ack comes for it
@@ -435,11 +448,14 @@ class BusGate:
             except ConnectionError as exc:
                 out.append(exc)
                 continue
-            if msg_id in self._bus.event_ids:  # JetStream checks the msg id before the expected sequence
-                self._bus.duplicate_event_publishes += 1
-                seq = next(e.seq for e in self._bus.events if e.msg_id == msg_id)
-            elif expected_last_seq is not None and expected_last_seq + i != len(self._bus.events):
-                out.append(ConnectionError(f"wrong last sequence: {len(self._bus.events)}"))
+            if msg_id in bus.event_ids:  # JetStream checks the msg id before the expected sequence
+                bus.duplicate_event_publishes += 1
+                seq = next(e.seq for e in bus.events if e.msg_id == msg_id)
+            elif expected_last_seq is not None and expected_last_seq + i != len(bus.events):
+                out.append(ConnectionError(f"wrong last sequence: {len(bus.events)}"))
+                continue
+            elif chained and i > 0 and (not bus.events or bus.events[-1].msg_id != items[i - 1][1]):
+                out.append(ConnectionError("wrong last msg id"))
                 continue
             else:
                 seq = len(self._bus.events) + 1
@@ -452,7 +468,8 @@ class BusGate:
         await self._pause_point("events_tail")
         self._check()
         events = self._bus.events
-        return len(events), (events[-1].msg_id if events else None)
+        # the newest message with a msg id (the real tail looks back past others' messages, which have none)
+        return len(events), next((e.msg_id for e in reversed(events) if e.msg_id), None)
 
 
 class SimBucket:
