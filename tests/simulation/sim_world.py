@@ -451,18 +451,24 @@ class BusGate:
             if msg_id in bus.event_ids:  # JetStream checks the msg id before the expected sequence
                 bus.duplicate_event_publishes += 1
                 seq = next(e.seq for e in bus.events if e.msg_id == msg_id)
+            elif chained and i > 0:  # expects the item before it as the newest message, not a sequence
+                if not bus.events or bus.events[-1].msg_id != items[i - 1][1]:
+                    out.append(ConnectionError("wrong last msg id"))
+                    continue
+                seq = self._store_event(subject, msg_id, body)
             elif expected_last_seq is not None and expected_last_seq + i != len(bus.events):
                 out.append(ConnectionError(f"wrong last sequence: {len(bus.events)}"))
                 continue
-            elif chained and i > 0 and (not bus.events or bus.events[-1].msg_id != items[i - 1][1]):
-                out.append(ConnectionError("wrong last msg id"))
-                continue
             else:
-                seq = len(self._bus.events) + 1
-                self._bus.events.append(PublishedEvent(seq, msg_id, subject, body))
-                self._bus.event_ids.add(msg_id)
+                seq = self._store_event(subject, msg_id, body)
             out.append(seq)
         return out
+
+    def _store_event(self, subject: str, msg_id: str, body: bytes) -> int:
+        seq = len(self._bus.events) + 1
+        self._bus.events.append(PublishedEvent(seq, msg_id, subject, body))
+        self._bus.event_ids.add(msg_id)
+        return seq
 
     async def events_tail(self) -> tuple[int, str | None]:
         await self._pause_point("events_tail")

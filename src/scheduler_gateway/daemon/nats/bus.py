@@ -415,21 +415,23 @@ class NatsBus:
         return vouched_round(expected_last_seq, len(items), last if isinstance(last, BaseException) else last.seq or 0)
 
     async def _send_chain(self, items: list[tuple[str, str, bytes]], expected_last_seq: int) -> PubAck | BaseException:
-        """Send ``items`` in order, item ``i`` expecting the stream's last sequence to be ``expected_last_seq + i``
-        and, after the first, the item before it as the stream's newest message (``Nats-Expected-Last-Msg-Id``);
-        only the last asks for an ack, which this answers. A message lost on the way has every later item
-        refused; one stored in between by anyone else too (by sequence alone it would stand in for the refused
-        item, and the items after it would fit the sequences they expect): so the last stored where it expected
-        proves every item before it stored, in order, right before it."""
+        """Send ``items`` in order, only the last asking for an ack, which this answers. The first expects the
+        stream's last sequence to be ``expected_last_seq`` (``Nats-Expected-Last-Sequence``); each one after it
+        expects the one before it as the stream's newest message (``Nats-Expected-Last-Msg-Id``). A message lost
+        on the way has every later item refused, and so has one stored in between by anyone else (expecting
+        sequences, the items after it would fit them, and it would stand in for the refused one): the last stored
+        at ``expected_last_seq + n`` proves every item before it stored, in order, right before it."""
         publisher = self._publisher
         assert publisher is not None
         before: str | None = None
         try:
-            for i, (subject, msg_id, body) in enumerate(items[:-1]):
-                await publisher.send(subject, body, _headers(msg_id, expected_last_seq + i, before))
+            for subject, msg_id, body in items[:-1]:
+                await publisher.send(
+                    subject, body, _headers(msg_id, expected_last_seq if before is None else None, before)
+                )
                 before = msg_id
             subject, msg_id, body = items[-1]
-            fut = await publisher.publish(subject, body, _headers(msg_id, expected_last_seq + len(items) - 1, before))
+            fut = await publisher.publish(subject, body, _headers(msg_id, None, before))
         except Exception as exc:  # the chain breaks here: the rest would be refused, so it is not sent
             return exc
         try:
