@@ -219,19 +219,11 @@ class EventRelay(LoopActor):
         self._audited.add(row.seq)
 
 
-class OutboxEvent(msgspec.Struct, kw_only=True, frozen=True):
+class OutboxEvent(EventRecord, kw_only=True, frozen=True):
     """An outbox row's ``EventRecord`` as the relay reads it: ``data`` stays the JSON it was written as, so a
     round does not build each event's data as Python objects only to encode them again."""
 
-    id: str
-    type: str
-    aggregate_type: str
-    aggregate_id: str
-    owner: str | None
-    revision: int | None
-    at: float
-    request_id: str | None
-    data: msgspec.Raw = msgspec.Raw(b"{}")
+    data: msgspec.Raw = msgspec.Raw(b"{}")  # type: ignore[assignment]  # the same JSON, left undecoded
 
 
 def _is_object(raw: msgspec.Raw) -> bool:
@@ -245,7 +237,7 @@ class WireEvent(Event, kw_only=True):
     owner: str | None = None
 
 
-def to_wire(rec: EventRecord | OutboxEvent) -> WireEvent:
+def to_wire(rec: EventRecord) -> WireEvent:
     return WireEvent(
         type=rec.type,
         aggregate_type=rec.aggregate_type,
