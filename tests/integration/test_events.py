@@ -590,3 +590,43 @@ async def test_a_message_of_another_publisher_in_the_middle_of_a_round_loses_no_
     relayed = [i for i in ids if i != "None"]
     assert relayed[-len(expected) :] == expected, (rounds, ids)
     assert len(relayed) == len(set(relayed))
+
+
+async def test_an_event_lost_with_a_foreign_message_in_its_place_is_published_still(
+    tmp_path: Path, fresh_nats: NatsServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round acked event by event (the one after a failed round): its first publish fails on the way, and
+    another publisher's message is stored where that event would have gone. Expecting sequences, the events
+    after it fitted them; the relay then read the tail, took every row up to its newest event as published and
+    deleted the lost one. Each event after a round's first names the one before it, so they are refused."""
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+        await api.create({"kind": "echo"})
+        await wait_for(lambda: _outbox_empty(gw), timeout_s=10)
+        await gw.relay.stop()
+        for _ in range(4):
+            await api.create({"kind": "echo"})
+        expected = _outbox_event_ids(gw)
+        publisher = gw.bus._publisher
+        assert publisher is not None
+        real_publish = publisher.publish
+        foreign = await nats.connect(fresh_nats.url)
+        lost = [expected[0]]
+
+        async def publish(subject: str, body: bytes, headers: dict[str, str]) -> Any:
+            if headers["Nats-Msg-Id"] in lost:
+                lost.clear()
+                await foreign.jetstream().publish("gw.evt.task.bogus", b"{}", stream=EVENTS_STREAM)
+                raise ConnectionError("reconnecting")  # the event never reached the server
+            return await real_publish(subject, body, headers)
+
+        monkeypatch.setattr(publisher, "publish", publish)
+        gw.relay._tail_seq, gw.relay._tail_id = await gw.bus.events_tail()
+        gw.relay._ack_each = True
+        try:
+            await gw.relay.start()
+            await wait_for(lambda: _outbox_empty(gw), timeout_s=20)
+        finally:
+            await foreign.close()
+    ids = [i for i in await _stream_msg_ids(fresh_nats.url) if i != "None"]
+    assert ids[-len(expected) :] == expected, ids
+    assert len(ids) == len(set(ids))

@@ -414,7 +414,7 @@ class BusGate:
         self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None, *, ack_each: bool = True
     ) -> list[int | BaseException]:
         chained = not ack_each and expected_last_seq is not None and len(items) > 1
-        out = await self._publish_events(items, expected_last_seq, chained)
+        out = await self._publish_events(items, expected_last_seq)
         if not chained:
             return out
         assert expected_last_seq is not None
@@ -424,10 +424,11 @@ class BusGate:
         return results
 
     async def _publish_events(
-        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None, chained: bool
+        self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None
     ) -> list[int | BaseException]:
-        """As JetStream stores them. ``chained``: a round acked by its last (the NATS bus's ``_send_chain``),
-        where each item after the first also expects the one before it as the stream's newest message."""
+        """As JetStream stores them, chained as the NATS bus's ``_chain_headers`` makes them: with
+        ``expected_last_seq`` the first expects that sequence, each after it the one before it as the stream's
+        newest message."""
         await self._pause_point("publish_events")
         out: list[int | BaseException] = []
         bus = self._bus
@@ -451,7 +452,7 @@ class BusGate:
             if msg_id in bus.event_ids:  # JetStream checks the msg id before the expected sequence
                 bus.duplicate_event_publishes += 1
                 seq = next(e.seq for e in bus.events if e.msg_id == msg_id)
-            elif chained and i > 0:  # expects the item before it as the newest message, not a sequence
+            elif expected_last_seq is not None and i > 0:  # the item before it as the newest message
                 if not bus.events or bus.events[-1].msg_id != items[i - 1][1]:
                     out.append(ConnectionError("wrong last msg id"))
                     continue

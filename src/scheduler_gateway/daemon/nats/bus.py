@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -415,23 +416,16 @@ class NatsBus:
         return vouched_round(expected_last_seq, len(items), last if isinstance(last, BaseException) else last.seq or 0)
 
     async def _send_chain(self, items: list[tuple[str, str, bytes]], expected_last_seq: int) -> PubAck | BaseException:
-        """Send ``items`` in order, only the last asking for an ack, which this answers. The first expects the
-        stream's last sequence to be ``expected_last_seq`` (``Nats-Expected-Last-Sequence``); each one after it
-        expects the one before it as the stream's newest message (``Nats-Expected-Last-Msg-Id``). A message lost
-        on the way has every later item refused, and so has one stored in between by anyone else (expecting
-        sequences, the items after it would fit them, and it would stand in for the refused one): the last stored
-        at ``expected_last_seq + n`` proves every item before it stored, in order, right before it."""
+        """Send ``items`` chained (``_chain_headers``), only the last asking for an ack, which this answers: the
+        last stored at ``expected_last_seq + n`` proves every item before it stored, in order, right before it."""
         publisher = self._publisher
         assert publisher is not None
-        before: str | None = None
+        headers = _chain_headers(items, expected_last_seq)
         try:
-            for subject, msg_id, body in items[:-1]:
-                await publisher.send(
-                    subject, body, _headers(msg_id, expected_last_seq if before is None else None, before)
-                )
-                before = msg_id
-            subject, msg_id, body = items[-1]
-            fut = await publisher.publish(subject, body, _headers(msg_id, None, before))
+            for (subject, _, body), h in zip(items[:-1], headers, strict=False):
+                await publisher.send(subject, body, h)
+            subject, _, body = items[-1]
+            fut = await publisher.publish(subject, body, headers[-1])
         except Exception as exc:  # the chain breaks here: the rest would be refused, so it is not sent
             return exc
         try:
@@ -464,13 +458,12 @@ class NatsBus:
         self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None
     ) -> list[Any]:
         """Publish ``(subject, msg_id, body)`` in order with async acks, awaited together (one wait for the
-        batch, not a wait_for per message); one PubAck or exception per item. With ``expected_last_seq``,
-        item ``i`` carries ``Nats-Expected-Last-Sequence: expected_last_seq + i``."""
+        batch, not a wait_for per message); one PubAck or exception per item. With ``expected_last_seq`` the
+        items are chained (``_chain_headers``)."""
         assert self.js is not None
         assert self._publisher is not None
         futures: list[asyncio.Future[Any] | BaseException] = []
-        for i, (subject, msg_id, body) in enumerate(items):
-            headers = _headers(msg_id, None if expected_last_seq is None else expected_last_seq + i)
+        for (subject, _, body), headers in zip(items, _chain_headers(items, expected_last_seq), strict=True):
             try:
                 futures.append(await self._publisher.publish(subject, body, headers))
             except Exception as exc:
@@ -518,6 +511,18 @@ def _claim_reply_of(outcome: ClaimReply | BaseException) -> ClaimReply:
         return ClaimReply(ok=False, error=WireError(code=outcome.code, message=outcome.message))
     log.error("claim handler failed: %s", type(outcome).__name__)
     return ClaimReply(ok=False, error=WireError(code=Code.INTERNAL, message="internal error"))
+
+
+def _chain_headers(items: list[tuple[str, str, bytes]], expected_last_seq: int | None) -> list[dict[str, str]]:
+    """Each item's headers: its ``Nats-Msg-Id``; with ``expected_last_seq``, the first expects the stream's last
+    sequence to be that (``Nats-Expected-Last-Sequence``) and each one after it the item before it as the
+    stream's newest message (``Nats-Expected-Last-Msg-Id``). A message lost on the way has every later item
+    refused, and so has one stored in between by anyone else: expecting sequences, the items after it would fit
+    them and it would stand in for the lost one, which the relay would then take as published."""
+    if expected_last_seq is None or not items:
+        return [_headers(msg_id, None) for _, msg_id, _ in items]
+    first = _headers(items[0][1], expected_last_seq)
+    return [first] + [_headers(msg_id, None, before[1]) for before, (_, msg_id, _) in itertools.pairwise(items)]
 
 
 def _headers(msg_id: str, expected_last_seq: int | None, expected_last_id: str | None = None) -> dict[str, str]:
