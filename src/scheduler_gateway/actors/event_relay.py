@@ -12,12 +12,13 @@ duplicate window, 2 minutes):
 - outbox rows are published in outbox order, so the rows already in the stream are a prefix of the outbox:
   every row up to and including the tail's event id is in the stream (published before a crash, or before
   a delete that failed) and is deleted without being published again;
-- each publish carries the stream sequence it expects to follow (``Nats-Expected-Last-Sequence``): when
-  one publish of a batch is lost (a reconnect), JetStream refuses every later one instead of storing them
-  ahead of it; the relay reads the tail again and goes on from there.
+- a round's publishes are chained (``Bus.publish_events``): the first expects the tail's sequence, each
+  after it the event before it as the stream's newest message. When one is lost (a reconnect), or anything
+  else is stored in between, JetStream refuses every later one instead of storing them ahead of it; the relay
+  reads the tail again and goes on from there.
 
 That chain also lets a round ask for one ack, the last event's, instead of one per event: the last is stored
-at the sequence it expects only if every event before it was. When that ack does not vouch for the round (an
+where it expects only if every event before it was, right before it. When that ack does not vouch for the round (an
 error, a timeout, another sequence), the relay reads the tail, and its next round asks for an ack per event,
 so a lasting fault is named and backed off from as before.
 

@@ -523,10 +523,12 @@ class Bus(Protocol):
         self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None, *, ack_each: bool = True
     ) -> list[int | BaseException]:
         """Publish ``(subject, msg_id, body)`` to GW_EVENTS in order, acks awaited together; one stream
-        sequence (or the error) per item. With ``expected_last_seq``, item ``i`` is stored only if the
-        stream's last sequence is then ``expected_last_seq + i`` (``Nats-Expected-Last-Sequence``): after a
-        lost publish every later item of the batch is refused rather than stored ahead of it. A duplicate
-        ``msg_id`` still in the stream's duplicate window answers the sequence it was stored at.
+        sequence (or the error) per item. With ``expected_last_seq`` the items are chained: the first is stored
+        only if the stream's last sequence is then ``expected_last_seq`` (``Nats-Expected-Last-Sequence``), each
+        after it only if the item before it is the stream's newest message (``Nats-Expected-Last-Msg-Id``).
+        After a lost publish, or anything else stored in between, every later item of the batch is refused
+        rather than stored ahead of it. A duplicate ``msg_id`` still in the stream's duplicate window answers
+        the sequence it was stored at.
 
         ``ack_each=False`` (with ``expected_last_seq``): only the last item asks for an ack. Each item is
         stored only right after the one before it, so an ack of the last at ``expected_last_seq + n`` means

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -519,16 +518,9 @@ def _chain_headers(items: list[tuple[str, str, bytes]], expected_last_seq: int |
     stream's newest message (``Nats-Expected-Last-Msg-Id``). A message lost on the way has every later item
     refused, and so has one stored in between by anyone else: expecting sequences, the items after it would fit
     them and it would stand in for the lost one, which the relay would then take as published."""
-    if expected_last_seq is None or not items:
-        return [_headers(msg_id, None) for _, msg_id, _ in items]
-    first = _headers(items[0][1], expected_last_seq)
-    return [first] + [_headers(msg_id, None, before[1]) for before, (_, msg_id, _) in itertools.pairwise(items)]
-
-
-def _headers(msg_id: str, expected_last_seq: int | None, expected_last_id: str | None = None) -> dict[str, str]:
-    headers = {MSG_ID_HEADER: msg_id}
-    if expected_last_seq is not None:
-        headers[EXPECTED_LAST_SEQ_HEADER] = str(expected_last_seq)
-    if expected_last_id is not None:
-        headers[EXPECTED_LAST_ID_HEADER] = expected_last_id
+    headers = [{MSG_ID_HEADER: msg_id} for _, msg_id, _ in items]
+    if expected_last_seq is not None and headers:
+        headers[0][EXPECTED_LAST_SEQ_HEADER] = str(expected_last_seq)
+        for h, (_, before, _) in zip(headers[1:], items, strict=False):
+            h[EXPECTED_LAST_ID_HEADER] = before
     return headers
