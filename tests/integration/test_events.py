@@ -15,6 +15,7 @@ import msgspec
 import nats
 import pytest
 
+from scheduler_gateway.actors.ports import TAIL_SKEW_S
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.http.events import SseSettings
 from scheduler_gateway.daemon.nats import streams
@@ -406,6 +407,69 @@ async def test_a_restart_after_the_duplicate_window_publishes_no_event_twice(
     assert await _stream_msg_ids(fresh_nats.url) == expected
 
 
+@pytest.mark.parametrize("with_ids", [False, True])
+async def test_a_restart_after_many_messages_of_another_publisher_publishes_no_event_twice(
+    tmp_path: Path, fresh_nats: NatsServerProcess, short_window: None, monkeypatch: pytest.MonkeyPatch, with_ids: bool
+) -> None:
+    """The relay died between its publish and its delete, and while it was down another publisher stored more
+    messages in GW_EVENTS than any fixed look-back (with msg ids of its own, or none): the restarted relay
+    still finds its newest event behind them and only deletes the rows it had published."""
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+
+        async def crash_before_delete(seqs: list[int]) -> None:
+            pass
+
+        monkeypatch.setattr(gw.store, "outbox_delete", crash_before_delete)
+        for _ in range(3):
+            await api.create({"kind": "echo"})
+        await wait_for(lambda: _true(gw.relay.last_seq >= 3), timeout_s=10)
+        expected = _outbox_event_ids(gw)
+    foreign = await nats.connect(fresh_nats.url)
+    try:
+        for i in range(40):
+            headers = {"Nats-Msg-Id": f"other-{i}"} if with_ids else None
+            await foreign.jetstream().publish("gw.evt.task.bogus", b"{}", stream=EVENTS_STREAM, headers=headers)
+    finally:
+        await foreign.close()
+    await asyncio.sleep(1.5)  # longer than the duplicate window: a publish again would be stored again
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw:
+        await wait_for(lambda: _outbox_empty(gw), timeout_s=10)
+    ids = await _stream_msg_ids(fresh_nats.url)
+    assert [i for i in ids if i.startswith("evt_")] == expected
+    assert len(ids) == 3 + 40
+
+
+async def test_the_tail_is_not_looked_for_before_the_oldest_outbox_row(
+    tmp_path: Path, fresh_nats: NatsServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind other publishers' messages the relay's newest event is found however far back it is, but not
+    looked for among messages stored before the outbox's oldest row could be written (less the clock skew
+    allowed): an event published before then is no row's, and the look-back stays short."""
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+        await api.create({"kind": "echo"})
+        await wait_for(lambda: _outbox_empty(gw), timeout_s=10)
+        (event_id,) = await _stream_msg_ids(fresh_nats.url)
+        foreign = await nats.connect(fresh_nats.url)
+        try:
+            for _ in range(30):
+                await foreign.jetstream().publish("gw.evt.task.bogus", b"{}", stream=EVENTS_STREAM)
+        finally:
+            await foreign.close()
+        assert gw.bus.js is not None
+        real_get, gets = gw.bus.js.get_msg, [0]
+
+        async def get_msg(*args: Any, **kw: Any) -> Any:
+            gets[0] += 1
+            return await real_get(*args, **kw)
+
+        monkeypatch.setattr(gw.bus.js, "get_msg", get_msg)
+        assert await gw.bus.events_tail(time.time()) == (31, event_id)
+        assert gets[0] == 31
+        gets[0] = 0
+        assert await gw.bus.events_tail(time.time() + 2 * TAIL_SKEW_S) == (31, None)
+        assert gets[0] == 1  # the newest message is older than any row could be: nothing to look for
+
+
 async def test_a_delete_that_keeps_failing_publishes_nothing_twice_and_logs_once(
     tmp_path: Path,
     fresh_nats: NatsServerProcess,
@@ -580,7 +644,7 @@ async def test_a_message_of_another_publisher_in_the_middle_of_a_round_loses_no_
 
         monkeypatch.setattr(gw.bus, "publish_events", publish_events)
         monkeypatch.setattr(publisher, "send", send)
-        gw.relay._tail_seq, gw.relay._tail_id = await gw.bus.events_tail()
+        gw.relay._tail_seq, gw.relay._tail_id = await gw.bus.events_tail(time.time())
         try:
             await gw.relay.start()
             await wait_for(lambda: _outbox_empty(gw), timeout_s=20)
@@ -620,7 +684,7 @@ async def test_an_event_lost_with_a_foreign_message_in_its_place_is_published_st
             return await real_publish(subject, body, headers)
 
         monkeypatch.setattr(publisher, "publish", publish)
-        gw.relay._tail_seq, gw.relay._tail_id = await gw.bus.events_tail()
+        gw.relay._tail_seq, gw.relay._tail_id = await gw.bus.events_tail(time.time())
         gw.relay._ack_each = True
         try:
             await gw.relay.start()

@@ -48,7 +48,7 @@ from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRec
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.schedule import SchedulePolicy
 from scheduler_gateway.actors.nodes import NodeRegistry
-from scheduler_gateway.actors.ports import CallbackPost, vouched_round
+from scheduler_gateway.actors.ports import TAIL_SKEW_S, CallbackPost, vouched_round
 from scheduler_gateway.actors.scheduler import Scheduler, ScheduleService, TaskServiceLauncher
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
 from scheduler_gateway.wire.artifacts import object_name
@@ -342,6 +342,7 @@ class PublishedEvent:
     msg_id: str  # "": a message of another publisher
     subject: str
     body: bytes
+    at: float = 0.0  # when the stream stored it (the server's clock: the store's)
 
 
 class SimBus:
@@ -363,6 +364,7 @@ class SimBus:
         #: the next event publish of more than this many finds a message of another publisher (a client allowed
         #: on ``gw.evt.>``) stored just before that one
         self.intrude_at: int | None = None
+        self.clock: Callable[[], float] = lambda: 0.0  # the server's clock (the store's), set by the Sim
 
     def take_offer(self, index: int) -> Offer | None:
         if not self.offer_order:
@@ -441,7 +443,7 @@ class BusGate:
             BUS_COUNTS["foreign messages inside a round"] += 1
         for i, (subject, msg_id, body) in enumerate(items):
             if i == intrude:
-                bus.events.append(PublishedEvent(len(bus.events) + 1, "", subject, b"{}"))
+                bus.events.append(PublishedEvent(len(bus.events) + 1, "", subject, b"{}", bus.clock()))
             try:
                 self._check()
                 if i == lose:  # lost on the way (a reconnect): never stored, and no ack comes for it
@@ -467,16 +469,21 @@ class BusGate:
 
     def _store_event(self, subject: str, msg_id: str, body: bytes) -> int:
         seq = len(self._bus.events) + 1
-        self._bus.events.append(PublishedEvent(seq, msg_id, subject, body))
+        self._bus.events.append(PublishedEvent(seq, msg_id, subject, body, self._bus.clock()))
         self._bus.event_ids.add(msg_id)
         return seq
 
-    async def events_tail(self) -> tuple[int, str | None]:
+    async def events_tail(self, since: float) -> tuple[int, str | None]:
         await self._pause_point("events_tail")
         self._check()
         events = self._bus.events
-        # the newest message with a msg id (the real tail looks back past others' messages, which have none)
-        return len(events), next((e.msg_id for e in reversed(events) if e.msg_id), None)
+        # as the NATS bus looks: back past others' messages (no msg id), down to those stored before ``since``
+        for e in reversed(events):
+            if e.msg_id:
+                return len(events), e.msg_id
+            if e.at < since - TAIL_SKEW_S:
+                break
+        return len(events), None
 
 
 class SimBucket:
@@ -768,6 +775,7 @@ class Sim:
         self.durable = durable
         self.sqlite_path = sqlite_path
         self.bus = SimBus()
+        self.bus.clock = self.wall
         self.bucket = SimBucket()
         self.ids = SimIds(self.wall)
         self.incarnation = 0

@@ -40,7 +40,7 @@ class FakeBus:
     ) -> list[int | BaseException]:
         return list(range(len(items)))
 
-    async def events_tail(self) -> tuple[int, str | None]:
+    async def events_tail(self, since: float) -> tuple[int, str | None]:
         return 0, None
 
 

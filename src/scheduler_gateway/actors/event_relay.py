@@ -8,7 +8,8 @@ Once and in order, whatever the downtime (``Nats-Msg-Id`` deduplication alone la
 duplicate window, 2 minutes):
 
 - the relay knows the stream's tail: its last sequence and the newest event id in it (``Bus.events_tail``,
-  read at start and after any failure; then kept from the publish acks);
+  read at start and after any failure; then kept from the publish acks), looked for back past any number of
+  other publishers' messages, down to the time of the oldest outbox row;
 - outbox rows are published in outbox order, so the rows already in the stream are a prefix of the outbox:
   every row up to and including the tail's event id is in the stream (published before a crash, or before
   a delete that failed) and is deleted without being published again;
@@ -84,7 +85,8 @@ class EventRelay(LoopActor):
     async def run(self) -> None:
         self._tail_seq = None  # a restart after a crash reads the tail again
         with contextlib.suppress(Exception):  # read it now, off the first event's path (else at the first round)
-            self._tail_seq, self._tail_id = await self._bus.events_tail()
+            rows = await self._store.outbox_batch(BATCH)
+            await self._read_tail([self._decode(row) for row in rows])
         while True:
             try:
                 wait_s = await self._round()
@@ -97,13 +99,13 @@ class EventRelay(LoopActor):
         if not rows:
             self._recovered()
             return IDLE_POLL_S
+        decoded = [(row, self._decode(row)) for row in rows]
         if self._tail_seq is None:
             try:
-                self._tail_seq, self._tail_id = await self._bus.events_tail()
+                await self._read_tail([rec for _, rec in decoded])
             except Exception as exc:  # NATS unreachable, or the stream does not answer
                 self.healthy = False
                 return self._failed(NATS_TROUBLE, f"cannot read the event stream's tail ({type(exc).__name__})")
-        decoded = [(row, self._decode(row)) for row in rows]
         done: list[int] = []
         # rows up to and including the stream's newest event are in the stream already: only delete them
         ids = [rec.id if rec is not None else None for _, rec in decoded]
@@ -161,6 +163,12 @@ class EventRelay(LoopActor):
             self._tail_seq, self._tail_id = res, event_id
         self._ack_each = False
         return None
+
+    async def _read_tail(self, head: list[OutboxEvent | None]) -> None:
+        """The stream's tail, its newest event looked for back to the oldest of the outbox's ``head`` rows: an
+        event published before that cannot be one of theirs."""
+        since = min((rec.at for rec in head if rec is not None), default=self._clock())
+        self._tail_seq, self._tail_id = await self._bus.events_tail(since)
 
     def _decode(self, row: OutboxRow) -> OutboxEvent | None:
         try:

@@ -510,6 +510,11 @@ def vouched_round(expected_last_seq: int, n: int, last: int | BaseException) -> 
     return [PublishUncertain(f"the round's last ack: {last}") for _ in range(n)]
 
 
+#: How far before ``since`` ``Bus.events_tail`` still looks for the relay's newest event: the stream's times are
+#: the NATS server's clock, the outbox rows' the gateway's, and this is the skew between them it allows.
+TAIL_SKEW_S = 600.0
+
+
 class Bus(Protocol):
     """What actors need from NATS (the adapter owns streams, consumers and reconnects)."""
 
@@ -536,9 +541,11 @@ class Bus(Protocol):
         sequence) gives every item ``PublishUncertain``: some may be stored, which ones only the tail tells."""
         ...
 
-    async def events_tail(self) -> tuple[int, str | None]:
-        """GW_EVENTS's last sequence (0: empty) and the ``Nats-Msg-Id`` of its newest message that has one
-        (looking back a few messages past ones published by others); raises when NATS does not answer."""
+    async def events_tail(self, since: float) -> tuple[int, str | None]:
+        """GW_EVENTS's last sequence (0: empty) and the id of the newest event the relay published in it
+        (looking back past every message published by others, down to those stored before ``since`` less
+        ``TAIL_SKEW_S``: ``since`` is the time of the oldest outbox row, or now when there is none; None: not
+        one since then); raises when NATS does not answer."""
         ...
 
 

@@ -152,8 +152,8 @@ class FencedBus:
         result: list[int | BaseException] = await self._bus.publish_events(items, expected_last_seq, ack_each=ack_each)
         return result
 
-    async def events_tail(self) -> tuple[int, str | None]:
-        tail: tuple[int, str | None] = await self._bus.events_tail()
+    async def events_tail(self, since: float) -> tuple[int, str | None]:
+        tail: tuple[int, str | None] = await self._bus.events_tail(since)
         return tail
 
     async def publish_offers(self, items: list[tuple[str, str, bytes]]) -> list[BaseException | None]:

@@ -24,10 +24,11 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from scheduler_gateway.actors import failpoints
-from scheduler_gateway.actors.ports import vouched_round
+from scheduler_gateway.actors.ports import TAIL_SKEW_S, vouched_round
 from scheduler_gateway.daemon.nats.publisher import AckedPublisher, PubAck
 from scheduler_gateway.daemon.nats.streams import bring_to_replicas, ensure_kind_consumer, ensure_streams
 from scheduler_gateway.wire.errors import Code, GatewayError
+from scheduler_gateway.wire.ids import is_id
 from scheduler_gateway.wire.messages import (
     MAX_BATCH_CLAIMS,
     NODE_ID_PATTERN,
@@ -50,7 +51,6 @@ PUBLISH_ACK_TIMEOUT_S = 5.0
 MSG_ID_HEADER = "Nats-Msg-Id"
 EXPECTED_LAST_SEQ_HEADER = "Nats-Expected-Last-Sequence"
 EXPECTED_LAST_ID_HEADER = "Nats-Expected-Last-Msg-Id"
-TAIL_LOOKBACK = 16  # messages events_tail looks back past ones without a msg id (not the relay's)
 #: A settle taken by a gatewayd that died unacked is redelivered to another after this long: well under the
 #: default lease (30 s), so the task's lease does not run out (and the task run again) while its settle
 #: waits. A settle handled twice is a repeat (the same lease and outcome), so a short wait costs nothing.
@@ -434,23 +434,28 @@ class NatsBus:
         except Exception as exc:  # PublishError: refused (the chain broke), or the publisher stopped
             return exc
 
-    async def events_tail(self) -> tuple[int, str | None]:
-        """GW_EVENTS's last sequence and the newest ``Nats-Msg-Id`` in it (the relay's resync point)."""
+    async def events_tail(self, since: float) -> tuple[int, str | None]:
+        """GW_EVENTS's last sequence and the newest relay event id in it (the relay's resync point).
+
+        It looks back from the last message past every one that is not the relay's (no event id as its
+        ``Nats-Msg-Id``: another publisher's), however many, and stops at a message stored before ``since``
+        (less ``TAIL_SKEW_S``): none of the outbox rows, all written at ``since`` or later, can be stored
+        before it, so nothing in the outbox is in the stream yet."""
         assert self.js is not None
         info = await asyncio.wait_for(self.js.stream_info(EVENTS_STREAM), PUBLISH_ACK_TIMEOUT_S)
         last = int(info.state.last_seq or 0)
         first = max(1, int(info.state.first_seq or 1))
-        seq = last
-        while seq >= first and seq > last - TAIL_LOOKBACK:
+        floor = since - TAIL_SKEW_S
+        for seq in range(last, first - 1, -1):
             try:
                 msg = await asyncio.wait_for(self.js.get_msg(EVENTS_STREAM, seq=seq), PUBLISH_ACK_TIMEOUT_S)
             except NotFoundError:  # deleted on its own (or just dropped by retention): look at the one before
-                seq -= 1
                 continue
             msg_id = (msg.headers or {}).get(MSG_ID_HEADER)
-            if msg_id:
+            if msg_id and is_id(str(msg_id), "evt"):
                 return last, str(msg_id)
-            seq -= 1  # not published by the relay (no msg id)
+            if msg.time is not None and msg.time.timestamp() < floor:
+                break  # stored before any outbox row was written
         return last, None
 
     async def _publish_all(
