@@ -30,9 +30,11 @@ from scheduler_gateway.actors.model.records import TERMINAL_STATES, ActorRef, Au
 from scheduler_gateway.actors.model.schedule import ScheduleSpec, TaskTemplate
 from scheduler_gateway.actors.scheduler import NewSchedule, SchedulePatch, SpecPatch, TemplatePatch
 from scheduler_gateway.actors.task_service import Caller, NewTask
+from scheduler_gateway.daemon.nats.streams import DUPLICATE_WINDOW_S
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.wire.artifacts import ArtifactBegin, ArtifactCommit, ArtifactPut, ArtifactReply
 from scheduler_gateway.wire.errors import Code, GatewayError
+from scheduler_gateway.wire.ids import is_id
 from scheduler_gateway.wire.messages import ClaimRequest, HeartbeatRequest, LeaseReport, Settle, WireError
 from tests.fakes.memory_store import MemoryStore
 
@@ -59,6 +61,7 @@ KINDS = ("echo", "work")
 CRONS = ("*/15 * * * *", "30 2 * * *", "0 * * * *", "0 3 * * *", "*/5 * * * *", "59 1 * * *", "0 2 * * *")
 ZONES = ("America/New_York", "Europe/Berlin", "UTC")
 DST_LOCAL_TIMES = ("2026-03-08T02:30:00", "2026-11-01T01:30:00", "2026-03-29T02:30:00", "2026-10-25T02:30:00")
+OUTAGE_S = DUPLICATE_WINDOW_S + 30.0  # chaos(outage): down for longer than GW_EVENTS remembers msg ids
 ADVANCES = (0.5, 3.0, 12.0, 31.0, 61.0, 301.0, 601.0, 3600.0, 4 * 3600.0)
 SKEWS = (0.0, 0.0, 0.4, -0.4, 1.5, -1.5, MAX_SKEW_S, -MAX_SKEW_S)
 # Several instances: where a pause lands (None: at any IO await); the store calls and publishes of the
@@ -355,12 +358,19 @@ class SimMachine(RuleBasedStateMachine):
         STATS["steps"] += 1
         self.advanced = advance
         self.step_started = self.sim.now()
+        self.sim.bus.in_step = True
         try:
             result = self.sim.run(make(), advance, cut)
         except GatewayError as exc:
             return Outcome(code=exc.code, error=exc)
+        finally:
+            self.sim.bus.in_step = False
         if isinstance(result, Cut):
-            self.sim.crash()
+            who, self.sim.bus.cut_world = self.sim.bus.cut_world, None  # chaos(outage) cut it: that process dies
+            self.sim.crash(index=who, downtime=0.0 if who is None else OUTAGE_S)
+            # the step stopped before (some of) its advance, and the new process has had no time yet: what
+            # liveness expects after time passed is for a later step
+            self.advanced = 0.0
             return Outcome(lost=True)
         if isinstance(result, Pending):
             return Outcome(lost=True)
@@ -1187,15 +1197,20 @@ class SimMachine(RuleBasedStateMachine):
         if wait <= (2 * 86400 if self.instances == 1 else 2 * MULTI_MAX_ADVANCE_S):
             self.do(_idle, advance=wait)
 
-    @rule(what=st.sampled_from(["cut", "cut", "crash", "fault", "lose", "intrude"]), k=st.integers(1, 40))
+    @rule(what=st.sampled_from(["cut", "cut", "outage", "crash", "fault", "lose", "intrude"]), k=st.integers(1, 40))
     def chaos(self, what: str, k: int) -> None:
         """cut: the next step stops after k loop iterations (any await) and the process crash-restarts there;
+        outage: the process that next publishes events dies right after (before the relay deletes their rows)
+        and stays down past the event stream's duplicate window before it boots again (a publish again of what
+        it had published is stored again, not deduplicated);
         crash: crash-restart now, at a quiet moment; fault: the next 1-3 store calls fail (StorageError);
         lose: the next event publish of more than ``k % 4`` events loses that one on the way; intrude: another
         publisher's message is stored just before that one."""
         assert self.sim is not None
         if what == "cut":
             self.cut_next = k
+        elif what == "outage":
+            self.sim.bus.crash_after_publish = True
         elif what == "crash":
             self.sim.steps += 1
             STATS["steps"] += 1
@@ -1372,9 +1387,14 @@ class SimMachine(RuleBasedStateMachine):
             runs=v.runs(),
             live=live if self.instances == 1 else None,  # several: each instance keeps only what it watches
             max_dead_retries=TASK_POLICY.max_dead_retries,
-            events_published=[(e.seq, e.msg_id) for e in self.sim.bus.events],
+            # (seq, event id), "" for another publisher's message
+            events_published=[(e.seq, e.msg_id if is_id(e.msg_id, "evt") else "") for e in self.sim.bus.events],
             task_events=(
-                {k for e in self.sim.bus.events if e.msg_id and (k := _task_event(e.body, "aggregateId")) is not None},
+                {
+                    k
+                    for e in self.sim.bus.events
+                    if is_id(e.msg_id, "evt") and (k := _task_event(e.body, "aggregateId")) is not None
+                },
                 {k for body in v.outbox_bodies() if (k := _task_event(body, "aggregate_id")) is not None},
             ),
             callback_ids_posted=posts,

@@ -51,9 +51,10 @@ from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.ports import TAIL_SKEW_S, CallbackPost, vouched_round
 from scheduler_gateway.actors.scheduler import Scheduler, ScheduleService, TaskServiceLauncher
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
+from scheduler_gateway.daemon.nats.streams import DUPLICATE_WINDOW_S
 from scheduler_gateway.wire.artifacts import object_name
 from scheduler_gateway.wire.errors import Code, GatewayError, StorageError
-from scheduler_gateway.wire.ids import RAND_BITS, format_id
+from scheduler_gateway.wire.ids import RAND_BITS, format_id, is_id
 from scheduler_gateway.wire.messages import Offer
 from scheduler_gateway.wire.subjects import Subjects
 
@@ -339,7 +340,7 @@ class StoreGate:
 @dataclass
 class PublishedEvent:
     seq: int
-    msg_id: str  # "": a message of another publisher
+    msg_id: str  # not an event id ("" or another): a message of another publisher
     subject: str
     body: bytes
     at: float = 0.0  # when the stream stored it (the server's clock: the store's)
@@ -356,7 +357,9 @@ class SimBus:
         self.offers: dict[str, Offer] = {}  # attempt id -> offer not yet taken
         self.offer_order: list[str] = []
         self.events: list[PublishedEvent] = []
-        self.event_ids: set[str] = set()
+        #: event id -> (seq, when stored) of its last copy: JetStream's duplicate tracking, which forgets an id
+        #: ``DUPLICATE_WINDOW_S`` after it was stored (a publish again later is stored again)
+        self.event_ids: dict[str, tuple[int, float]] = {}
         self.duplicate_event_publishes = 0
         self.cancels: list[tuple[str, bytes]] = []
         self.down = False  # NATS unreachable: every publish fails
@@ -365,6 +368,12 @@ class SimBus:
         #: on ``gw.evt.>``) stored just before that one
         self.intrude_at: int | None = None
         self.clock: Callable[[], float] = lambda: 0.0  # the server's clock (the store's), set by the Sim
+        self.intrusions = 0
+        #: the next event publish that stores something has its process die right after it (before the relay
+        #: deletes the rows): ``cut_world`` names that process for the step's crash
+        self.crash_after_publish = False
+        self.cut_world: int | None = None
+        self.in_step = False  # a machine's step runs (not a boot or a crash's unwinding): it can be cut
 
     def take_offer(self, index: int) -> Offer | None:
         if not self.offer_order:
@@ -376,8 +385,9 @@ class SimBus:
 class BusGate:
     """The ``Bus`` port for one incarnation."""
 
-    def __init__(self, bus: SimBus, freezer: Freezer | None = None) -> None:
+    def __init__(self, bus: SimBus, freezer: Freezer | None = None, index: int = 0) -> None:
         self._bus = bus
+        self._index = index
         self.alive = True
         self._freezer = freezer or Freezer()
         self._decode = msgspec.json.Decoder(Offer).decode
@@ -417,6 +427,15 @@ class BusGate:
     ) -> list[int | BaseException]:
         chained = not ack_each and expected_last_seq is not None and len(items) > 1
         out = await self._publish_events(items, expected_last_seq)
+        bus = self._bus
+        if bus.crash_after_publish and bus.in_step and any(not isinstance(r, BaseException) for r in out):
+            bus.crash_after_publish = False
+            bus.cut_world = self._index
+            BUS_COUNTS["outages right after an event publish"] += 1
+            loop = asyncio.get_running_loop()
+            assert isinstance(loop, SimLoop)
+            loop.cut_at = loop.iterations + 1  # the step stops at the next turn: the rows stay in the outbox
+            await asyncio.sleep(0)
         if not chained:
             return out
         assert expected_last_seq is not None
@@ -442,8 +461,11 @@ class BusGate:
             bus.intrude_at = None
             BUS_COUNTS["foreign messages inside a round"] += 1
         for i, (subject, msg_id, body) in enumerate(items):
-            if i == intrude:
-                bus.events.append(PublishedEvent(len(bus.events) + 1, "", subject, b"{}", bus.clock()))
+            if i == intrude:  # every other one carries a msg id of its own (not an event id)
+                seq = len(bus.events) + 1
+                bus.intrusions += 1
+                foreign_id = "" if bus.intrusions % 2 else f"other-{seq}"
+                bus.events.append(PublishedEvent(seq, foreign_id, subject, b"{}", bus.clock()))
             try:
                 self._check()
                 if i == lose:  # lost on the way (a reconnect): never stored, and no ack comes for it
@@ -451,9 +473,11 @@ class BusGate:
             except ConnectionError as exc:
                 out.append(exc)
                 continue
-            if msg_id in bus.event_ids:  # JetStream checks the msg id before the expected sequence
+            known = bus.event_ids.get(msg_id)
+            if known is not None and known[1] >= bus.clock() - DUPLICATE_WINDOW_S:
+                # JetStream checks the msg id before the expected sequence, within its duplicate window
                 bus.duplicate_event_publishes += 1
-                seq = next(e.seq for e in bus.events if e.msg_id == msg_id)
+                seq = known[0]
             elif expected_last_seq is not None and i > 0:  # the item before it as the newest message
                 if not bus.events or bus.events[-1].msg_id != items[i - 1][1]:
                     out.append(ConnectionError("wrong last msg id"))
@@ -470,7 +494,7 @@ class BusGate:
     def _store_event(self, subject: str, msg_id: str, body: bytes) -> int:
         seq = len(self._bus.events) + 1
         self._bus.events.append(PublishedEvent(seq, msg_id, subject, body, self._bus.clock()))
-        self._bus.event_ids.add(msg_id)
+        self._bus.event_ids[msg_id] = (seq, self._bus.clock())
         return seq
 
     async def events_tail(self, since: float) -> tuple[int, str | None]:
@@ -479,7 +503,7 @@ class BusGate:
         events = self._bus.events
         # as the NATS bus looks: back past others' messages (no msg id), down to those stored before ``since``
         for e in reversed(events):
-            if e.msg_id:
+            if is_id(e.msg_id, "evt"):
                 return len(events), e.msg_id
             if e.at < since - TAIL_SKEW_S:
                 break
@@ -644,7 +668,7 @@ class World:
         self.clock = clock
         self.freezer = Freezer(on_freeze=lambda: sim.disarm_others(index))
         self.store = StoreGate(sim.durable, sim.store_hook(index), self.freezer)
-        self.bus = BusGate(sim.bus, self.freezer)
+        self.bus = BusGate(sim.bus, self.freezer, index)
         self.bucket = BucketGate(sim.bucket, sim.bus, sim.wall, self.freezer)
         self.poster = SimPoster(random.Random(sim.seed * 1000 + incarnation * 10 + index + 1), self.freezer)
         self.dispatcher = Dispatcher(self.bus, clock, max_offers_per_kind=6)  # type: ignore[arg-type]
@@ -905,13 +929,15 @@ class Sim:
             return Pending(task)
         return task.result()
 
-    def crash(self, index: int | None = None) -> None:
-        """Kill one instance (the target; nothing it still runs reaches the store) and boot it again."""
+    def crash(self, index: int | None = None, downtime: float = 0.0) -> None:
+        """Kill one instance (the target; nothing it still runs reaches the store) and boot it again, at once or
+        ``downtime`` seconds later (the clock jumps: whatever else runs sees its timers come due late)."""
         i = self.target if index is None else index
         world = self.worlds[i]
         assert world is not None
         world.close_handles()
         self._unwind(i)
+        self.loop.vt += downtime
         self.crashes += 1
         self.incarnation += 1
         if self.sqlite_path is not None:

@@ -48,3 +48,54 @@ def test_a_publish_lost_with_a_foreign_message_in_its_place_loses_no_event() -> 
         assert m.view.outbox_size() == 0
     finally:
         m.teardown()
+
+
+def test_a_step_cut_before_its_advance_expects_nothing_of_the_time_it_did_not_pass() -> None:
+    """``chaos(cut)`` with k = 1 cuts the next step at its first turn: an ``advance`` of 4 hours ends before its
+    clock moves, and the restarted process has had no time to finish the delete its predecessor left. The
+    liveness checks took the step's requested advance for time passed (``events_reach_the_stream: the outbox
+    kept events after time passed``, on SQLite, at t = 5 s). A cut step now counts as no time passed."""
+    machine = type("OnSqlite", (SimMachine,), {"on_sqlite": True})
+    m = machine()
+    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0))
+    try:
+        m.holds()
+        m.advance(seconds=1.5)
+        m.create_batch(
+            approvals=[False] * 4, ckeys=[None] * 4, kinds=["echo", "echo"], thread=None, ufor=None,
+            ukeys=[None] * 4, user="alice",
+        )  # fmt: skip
+        m.advance(seconds=3.5)
+        m.claim(again=False, i=0, n=0)
+        m.chaos(k=1, what="cut")
+        m.advance(seconds=14400.0)
+        m.holds()
+        m.advance(seconds=61.0)  # time passes now: the restarted relay finishes its predecessor's delete
+        m.holds()
+        assert m.sim is not None and m.sim.now() - m.sim.epoch >= 61.0
+    finally:
+        m.teardown()
+
+
+def test_a_relay_down_past_the_duplicate_window_after_a_foreign_message_publishes_nothing_twice() -> None:
+    """A round's first event is stored, then another publisher's message with a msg id of its own (the events
+    after it are refused), and the process dies before the relay deletes the first event's row; it comes back
+    after the stream forgot the event's msg id. Taking the newest message with any msg id for its tail, the
+    relay found the foreign one, no row of its own, and published the first event again, stored twice
+    (``events_published_once_in_order``). The tail is now the newest *event* id behind any other messages."""
+    m = SimMachine()
+    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0))
+    try:
+        m.holds()
+        assert m.sim is not None
+        m.sim.bus.intrusions = 1  # the next foreign message carries a msg id
+        m.chaos(k=1, what="intrude")  # just before the next round's second event
+        m.chaos(k=1, what="outage")  # that publish's process dies right after it, down past the window
+        m.create_flood(big=2, keys=["ta", "tb", "tc"], kind="echo", user="alice")
+        m.holds()
+        m.advance(seconds=61.0)
+        m.holds()
+        stream = m.sim.bus.events
+        assert any(e.msg_id.startswith("other-") for e in stream) and m.sim.crashes == 1
+    finally:
+        m.teardown()
