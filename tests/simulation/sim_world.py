@@ -501,7 +501,7 @@ class BusGate:
         await self._pause_point("events_tail")
         self._check()
         events = self._bus.events
-        # as the NATS bus looks: back past others' messages (no msg id), down to those stored before ``since``
+        # as the NATS bus looks: back past others' messages (no event id), down to those stored before ``since``
         for e in reversed(events):
             if is_id(e.msg_id, "evt"):
                 return len(events), e.msg_id
