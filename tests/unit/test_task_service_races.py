@@ -234,3 +234,27 @@ async def test_a_repeat_takes_its_key_so_the_key_cannot_act_again(new_store: Cal
             await kit.service.act(ALICE, tid, "amend", payload=msgspec.Raw(b"1"), idem_key="k-2", body_hash="b")
         assert info.value.code == Code.IDEMPOTENCY_CONFLICT
         assert [h.action for h in (await kit.store.history(tid)).items] == ["create", "approve"]
+
+
+async def test_a_page_of_tasks_is_one_moment_even_when_a_task_moves_on_while_it_is_read(
+    new_store: Callable[[], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list reads the store, then lets each task's live copy stand in (it carries the latest lease extension).
+    A task claimed while the page was read used to show its newer live copy beside the page's older rows: a
+    thread's next task running beside the one the page still showed running. Only a live copy of the row's
+    revision stands in now."""
+    async with kit_on(new_store) as kit:
+        tid = await kit.create()
+        real = kit.store.list_tasks
+
+        async def list_then_claim(query: TaskQuery) -> Any:
+            page = await real(query)
+            await kit.claim(tid)  # committed after the read, before the page is answered
+            return page
+
+        monkeypatch.setattr(kit.store, "list_tasks", list_then_claim)
+        (task,), _ = await kit.service.list_tasks(ALICE, TaskQuery())
+        assert task.state == "queued" and task.revision == 1
+        monkeypatch.setattr(kit.store, "list_tasks", real)
+        (task,), _ = await kit.service.list_tasks(ALICE, TaskQuery())
+        assert task.state == "running" and task.lease_expires_at is not None

@@ -169,8 +169,14 @@ class TaskService:
         if not caller.is_admin:
             query = msgspec.structs.replace(query, owner=caller.user)
         page = await self._store.list_tasks(query)
-        # the live copy carries the latest lease extension
-        items = [self._live.get(t.id, t) for t in page.items] if self._shared is None else list(page.items)
+        # the live copy carries the latest lease extension, but only a copy of the same revision stands in: one
+        # that moved on since the read would mix two moments in one page (a thread's next task shown running
+        # beside the one the page still shows running, settled meanwhile)
+        items = (
+            list(page.items)
+            if self._shared is not None
+            else [_same_revision(self._live.get(t.id), t) for t in page.items]
+        )
         return items, page.next_cursor
 
     async def history(
@@ -516,3 +522,7 @@ class TaskService:
 
     def _delay(self, task: Task) -> float:
         return backoff_s(task.retry_backoff_s, task.attempts_in_budget, self._rng.uniform(-1.0, 1.0))
+
+
+def _same_revision(live: Task | None, stored: Task) -> Task:
+    return live if live is not None and live.revision == stored.revision else stored
