@@ -316,7 +316,13 @@ async def test_an_offer_lost_before_a_takeover_is_offered_again_by_the_new_leade
             await msg.ack()  # the offer is gone from the stream, unclaimed
             await crash(a)
             await leader_of([b])
-            assert b.ha is not None and b.ha.reoffered >= 1  # the takeover re-read took the task in
+            assert b.ha is not None
+            ha = b.ha
+
+            async def reread() -> bool | None:  # leadership is held before the takeover's re-read has run
+                return True if ha.reoffered >= 1 else None
+
+            await wait_for(reread, 5.0)  # the takeover re-read took the task in
             # the same attempt, offered again after the takeover
             await run_offered(node, api_b, task["id"], lost.attempt_id, timeout_s=REOFFER_S + 8)
             assert b.dispatcher.reoffered >= 1
