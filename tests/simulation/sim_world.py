@@ -343,7 +343,7 @@ class PublishedEvent:
     msg_id: str  # not an event id ("" or another): a message of another publisher
     subject: str
     body: bytes
-    at: float = 0.0  # when the stream stored it (the server's clock: the store's)
+    at: float  # when the stream stored it (the server's clock: the store's)
 
 
 class SimBus:
