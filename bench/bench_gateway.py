@@ -496,7 +496,8 @@ async def start_py_spy(pid: int, out: str, duration_s: int, rate: int) -> asynci
 
 
 class _Spies:
-    """py-spy on gatewayd (``out``) and on each worker process (``out`` + ``.worker<i>``)."""
+    """py-spy on gatewayd (``out``), each worker process (``out`` + ``.worker<i>``) and this bench, the client
+    (``out`` + ``.client``)."""
 
     def __init__(self, procs: list[asyncio.subprocess.Process]) -> None:
         self.procs = procs
@@ -509,6 +510,7 @@ class _Spies:
 async def start_py_spies(probe: CpuProbe, out: str, duration_s: int, rate: int) -> _Spies:
     targets = [(probe.pids["gatewayd"][0] or 0, out)]
     targets += [(pid or 0, f"{out}.worker{i}") for i, pid in enumerate(probe.pids.get("workers", []))]
+    targets.append((os.getpid(), f"{out}.client"))
     spies = [await start_py_spy(pid, path, duration_s, rate) for pid, path in targets if pid]
     return _Spies([s for s in spies if s is not None])
 
@@ -1163,7 +1165,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--py-spy-out",
         default=None,
-        help="profile gatewayd (this file) and each worker (this file + .worker<i>) with py-spy in rep 1",
+        help="profile gatewayd (this file), each worker (this file + .worker<i>) and the client (this file + .client) with py-spy in rep 1",
     )
     p.add_argument("--py-spy-duration", type=int, default=10, help="seconds of py-spy recording (default 10)")
     p.add_argument("--py-spy-rate", type=int, default=100, help="py-spy samples per second (default 100)")
