@@ -1165,7 +1165,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--py-spy-out",
         default=None,
-        help="profile gatewayd (this file), each worker (this file + .worker<i>) and the client (this file + .client) with py-spy in rep 1",
+        help="profile with py-spy in rep 1: gatewayd (this file), each worker (+ .worker<i>), the client (+ .client)",
     )
     p.add_argument("--py-spy-duration", type=int, default=10, help="seconds of py-spy recording (default 10)")
     p.add_argument("--py-spy-rate", type=int, default=100, help="py-spy samples per second (default 100)")

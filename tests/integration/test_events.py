@@ -15,6 +15,7 @@ import msgspec
 import nats
 import pytest
 
+from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.ports import TAIL_SKEW_S
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.http.events import SseSettings
@@ -407,13 +408,14 @@ async def test_a_restart_after_the_duplicate_window_publishes_no_event_twice(
     assert await _stream_msg_ids(fresh_nats.url) == expected
 
 
-@pytest.mark.parametrize("with_ids", [False, True])
+@pytest.mark.parametrize("ids", ["none", "own", "event-shaped"])
 async def test_a_restart_after_many_messages_of_another_publisher_publishes_no_event_twice(
-    tmp_path: Path, fresh_nats: NatsServerProcess, short_window: None, monkeypatch: pytest.MonkeyPatch, with_ids: bool
+    tmp_path: Path, fresh_nats: NatsServerProcess, short_window: None, monkeypatch: pytest.MonkeyPatch, ids: str
 ) -> None:
     """The relay died between its publish and its delete, and while it was down another publisher stored more
-    messages in GW_EVENTS than any fixed look-back (with msg ids of its own, or none): the restarted relay
-    still finds its newest event behind them and only deletes the rows it had published."""
+    messages in GW_EVENTS than any fixed look-back (with no msg id, ids of its own, or ids shaped as event ids
+    but published without the relay's chain headers): the restarted relay still finds its newest event behind
+    them and only deletes the rows it had published."""
     async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
 
         async def crash_before_delete(seqs: list[int]) -> None:
@@ -424,19 +426,18 @@ async def test_a_restart_after_many_messages_of_another_publisher_publishes_no_e
             await api.create({"kind": "echo"})
         await wait_for(lambda: _true(gw.relay.last_seq >= 3), timeout_s=10)
         expected = _outbox_event_ids(gw)
+    foreign_ids = [{"none": "None", "own": f"other-{i}", "event-shaped": idgen.new_id("evt")}[ids] for i in range(40)]
     foreign = await nats.connect(fresh_nats.url)
     try:
-        for i in range(40):
-            headers = {"Nats-Msg-Id": f"other-{i}"} if with_ids else None
+        for foreign_id in foreign_ids:
+            headers = None if foreign_id == "None" else {"Nats-Msg-Id": foreign_id}
             await foreign.jetstream().publish("gw.evt.task.bogus", b"{}", stream=EVENTS_STREAM, headers=headers)
     finally:
         await foreign.close()
     await asyncio.sleep(1.5)  # longer than the duplicate window: a publish again would be stored again
     async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw:
         await wait_for(lambda: _outbox_empty(gw), timeout_s=10)
-    ids = await _stream_msg_ids(fresh_nats.url)
-    assert [i for i in ids if i.startswith("evt_")] == expected
-    assert len(ids) == 3 + 40
+    assert await _stream_msg_ids(fresh_nats.url) == expected + foreign_ids
 
 
 async def test_the_tail_is_not_looked_for_before_the_oldest_outbox_row(

@@ -340,10 +340,12 @@ class StoreGate:
 @dataclass
 class PublishedEvent:
     seq: int
-    msg_id: str  # not an event id ("" or another): a message of another publisher
+    msg_id: str  # "", another or an event-shaped one of its own: a message of another publisher
     subject: str
     body: bytes
     at: float  # when the stream stored it (the server's clock: the store's)
+    #: published chained (a ``Nats-Expected-Last-*`` header, as every relay publish is): the relay's own
+    chained: bool = False
 
 
 class SimBus:
@@ -461,10 +463,14 @@ class BusGate:
             bus.intrude_at = None
             BUS_COUNTS["foreign messages inside a round"] += 1
         for i, (subject, msg_id, body) in enumerate(items):
-            if i == intrude:  # every other one carries a msg id of its own (not an event id)
+            if i == intrude:  # with no msg id, one of its own, or (every third) one shaped as an event id
                 seq = len(bus.events) + 1
                 bus.intrusions += 1
-                foreign_id = "" if bus.intrusions % 2 else f"other-{seq}"
+                foreign_id = (
+                    format_id("evt", int(bus.clock() * 1000), seq)
+                    if bus.intrusions % 3 == 0
+                    else ("" if bus.intrusions % 2 else f"other-{seq}")
+                )
                 bus.events.append(PublishedEvent(seq, foreign_id, subject, b"{}", bus.clock()))
             try:
                 self._check()
@@ -482,18 +488,18 @@ class BusGate:
                 if not bus.events or bus.events[-1].msg_id != items[i - 1][1]:
                     out.append(ConnectionError("wrong last msg id"))
                     continue
-                seq = self._store_event(subject, msg_id, body)
+                seq = self._store_event(subject, msg_id, body, True)
             elif expected_last_seq is not None and expected_last_seq + i != len(bus.events):
                 out.append(ConnectionError(f"wrong last sequence: {len(bus.events)}"))
                 continue
             else:
-                seq = self._store_event(subject, msg_id, body)
+                seq = self._store_event(subject, msg_id, body, expected_last_seq is not None)
             out.append(seq)
         return out
 
-    def _store_event(self, subject: str, msg_id: str, body: bytes) -> int:
+    def _store_event(self, subject: str, msg_id: str, body: bytes, chained: bool) -> int:
         seq = len(self._bus.events) + 1
-        self._bus.events.append(PublishedEvent(seq, msg_id, subject, body, self._bus.clock()))
+        self._bus.events.append(PublishedEvent(seq, msg_id, subject, body, self._bus.clock(), chained))
         self._bus.event_ids[msg_id] = (seq, self._bus.clock())
         return seq
 
@@ -501,9 +507,10 @@ class BusGate:
         await self._pause_point("events_tail")
         self._check()
         events = self._bus.events
-        # as the NATS bus looks: back past others' messages (no event id), down to those stored before ``since``
+        # as the NATS bus looks: back past others' messages (no event id, or one not published chained), down
+        # to those stored before ``since``
         for e in reversed(events):
-            if is_id(e.msg_id, "evt"):
+            if e.chained and is_id(e.msg_id, "evt"):
                 return len(events), e.msg_id
             if e.at < since - TAIL_SKEW_S:
                 break

@@ -99,3 +99,28 @@ def test_a_relay_down_past_the_duplicate_window_after_a_foreign_message_publishe
         assert any(e.msg_id.startswith("other-") for e in stream) and m.sim.crashes == 1
     finally:
         m.teardown()
+
+
+def test_a_foreign_message_with_an_event_shaped_msg_id_does_not_stand_in_for_the_relays_tail() -> None:
+    """As the case above, with the foreign message's msg id shaped as an event id. Taking the newest message
+    with an event-shaped msg id for its tail, the restarted relay found the foreign one, no row of its own, and
+    published the first event again, stored twice (``events_published_once_in_order``). The relay's own messages
+    are now those with an event id published chained (a ``Nats-Expected-Last-*`` header, which every relay
+    publish carries)."""
+    m = SimMachine()
+    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0))
+    try:
+        m.holds()
+        assert m.sim is not None
+        m.sim.bus.intrusions = 2  # the next foreign message carries an event-shaped msg id
+        m.chaos(k=1, what="intrude")  # just before the next round's second event
+        m.chaos(k=1, what="outage")  # that publish's process dies right after it, down past the window
+        m.create_flood(big=2, keys=["ta", "tb", "tc"], kind="echo", user="alice")
+        m.holds()
+        m.advance(seconds=61.0)
+        m.holds()
+        stream = m.sim.bus.events
+        foreign = [e for e in stream if not e.chained]
+        assert len(foreign) == 1 and foreign[0].msg_id.startswith("evt_") and m.sim.crashes == 1
+    finally:
+        m.teardown()

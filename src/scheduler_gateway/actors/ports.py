@@ -543,9 +543,10 @@ class Bus(Protocol):
 
     async def events_tail(self, since: float) -> tuple[int, str | None]:
         """GW_EVENTS's last sequence (0: empty) and the id of the newest event the relay published in it
-        (looking back past every message published by others, down to those stored before ``since`` less
-        ``TAIL_SKEW_S``: ``since`` is the time of the oldest outbox row, or now when there is none; None: not
-        one since then); raises when NATS does not answer."""
+        (looking back past every message published by others, one with an event-shaped msg id but not chained
+        as the relay's are included, down to those stored before ``since`` less ``TAIL_SKEW_S``: ``since`` is
+        the time of the oldest outbox row, or now when there is none; None: not one since then); raises when
+        NATS does not answer."""
         ...
 
 

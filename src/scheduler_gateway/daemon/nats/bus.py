@@ -437,10 +437,13 @@ class NatsBus:
     async def events_tail(self, since: float) -> tuple[int, str | None]:
         """GW_EVENTS's last sequence and the newest relay event id in it (the relay's resync point).
 
-        It looks back from the last message past every one that is not the relay's (no event id as its
-        ``Nats-Msg-Id``: another publisher's), however many, and stops at a message stored before ``since``
-        (less ``TAIL_SKEW_S``): none of the outbox rows, all written at ``since`` or later, can be stored
-        before it, so nothing in the outbox is in the stream yet."""
+        It looks back from the last message past every one that is not the relay's, however many, and stops
+        at a message stored before ``since`` (less ``TAIL_SKEW_S``): none of the outbox rows, all written at
+        ``since`` or later, can be stored before it, so nothing in the outbox is in the stream yet. The relay's
+        own messages carry an event id as their ``Nats-Msg-Id`` and were published chained (every relay
+        publish names the stream's last sequence or the message before it, ``_chain_headers``, and JetStream
+        keeps those headers with the message); another publisher's have no msg id, one of their own, or one
+        shaped as an event id without a chain header."""
         assert self.js is not None
         info = await asyncio.wait_for(self.js.stream_info(EVENTS_STREAM), PUBLISH_ACK_TIMEOUT_S)
         last = int(info.state.last_seq or 0)
@@ -451,8 +454,10 @@ class NatsBus:
                 msg = await asyncio.wait_for(self.js.get_msg(EVENTS_STREAM, seq=seq), PUBLISH_ACK_TIMEOUT_S)
             except NotFoundError:  # deleted on its own (or just dropped by retention): look at the one before
                 continue
-            msg_id = (msg.headers or {}).get(MSG_ID_HEADER)
-            if msg_id and is_id(str(msg_id), "evt"):
+            headers = msg.headers or {}
+            msg_id = headers.get(MSG_ID_HEADER)
+            chained = EXPECTED_LAST_SEQ_HEADER in headers or EXPECTED_LAST_ID_HEADER in headers
+            if msg_id and chained and is_id(str(msg_id), "evt"):
                 return last, str(msg_id)
             if msg.time is not None and msg.time.timestamp() < floor:
                 break  # stored before any outbox row was written
