@@ -471,6 +471,30 @@ async def test_the_tail_is_not_looked_for_before_the_oldest_outbox_row(
         assert gets[0] == 1  # the newest message is older than any row could be: nothing to look for
 
 
+@pytest.mark.parametrize("ahead_s", [900.0, -900.0])
+async def test_the_tail_is_found_with_the_gateways_clock_far_off_the_servers(
+    tmp_path: Path, fresh_nats: NatsServerProcess, monkeypatch: pytest.MonkeyPatch, ahead_s: float
+) -> None:
+    """The stream stores its messages with the server's clock, the outbox rows carry the gateway's. With the
+    gateway 15 minutes ahead (more than ``TAIL_SKEW_S``), the messages stored after the relay's newest event all
+    looked older than the oldest outbox row less the skew allowed, and the look-back stopped at the first of
+    them. The server's own time in its stream info reply gives the offset between the clocks, and the floor is
+    kept on the server's clock."""
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+        await api.create({"kind": "echo"})
+        await wait_for(lambda: _outbox_empty(gw), timeout_s=10)
+        (event_id,) = await _stream_msg_ids(fresh_nats.url)
+        foreign = await nats.connect(fresh_nats.url)
+        try:
+            for _ in range(30):
+                await foreign.jetstream().publish("gw.evt.task.bogus", b"{}", stream=EVENTS_STREAM)
+        finally:
+            await foreign.close()
+        monkeypatch.setattr(gw.bus, "clock", lambda: time.time() + ahead_s)
+        assert await gw.bus.events_tail(time.time() + ahead_s) == (31, event_id)
+        assert await gw.bus.events_tail(time.time() + ahead_s + 2 * TAIL_SKEW_S) == (31, None)
+
+
 async def test_a_delete_that_keeps_failing_publishes_nothing_twice_and_logs_once(
     tmp_path: Path,
     fresh_nats: NatsServerProcess,

@@ -64,6 +64,8 @@ DST_LOCAL_TIMES = ("2026-03-08T02:30:00", "2026-11-01T01:30:00", "2026-03-29T02:
 OUTAGE_S = DUPLICATE_WINDOW_S + 30.0  # chaos(outage): down for longer than GW_EVENTS remembers msg ids
 ADVANCES = (0.5, 3.0, 12.0, 31.0, 61.0, 301.0, 601.0, 3600.0, 4 * 3600.0)
 SKEWS = (0.0, 0.0, 0.4, -0.4, 1.5, -1.5, MAX_SKEW_S, -MAX_SKEW_S)
+# the NATS server's clock against the store's: a machine of its own, off by more than the relay's TAIL_SKEW_S
+NATS_SKEWS = (0.0, 0.0, 0.0, 2.0, -900.0, 900.0)
 # Several instances: where a pause lands (None: at any IO await); the store calls and publishes of the
 # decisions another instance can take over
 FREEZE_AT = (
@@ -208,8 +210,9 @@ class SimMachine(RuleBasedStateMachine):
         seed=st.integers(0, 2**20),
         epoch=st.sampled_from(sorted(EPOCHS)),
         skews=st.tuples(st.sampled_from(SKEWS), st.sampled_from(SKEWS), st.sampled_from(SKEWS)),
+        nats_skew=st.sampled_from(NATS_SKEWS),
     )
-    def boot(self, seed: int, epoch: str, skews: tuple[float, float, float]) -> None:
+    def boot(self, seed: int, epoch: str, skews: tuple[float, float, float], nats_skew: float = 0.0) -> None:
         env_seed = os.environ.get("SIM_INNER_SEED")
         self.seed = int(env_seed) if env_seed else seed
         if self.instances > 1:
@@ -217,18 +220,26 @@ class SimMachine(RuleBasedStateMachine):
 
             box: list[Sim] = []
             store = SharedMemoryStore(lambda: box[0].wall())
-            self.sim = Sim(self.seed, store, EPOCHS[epoch], instances=self.instances, skews=skews)
+            self.sim = Sim(
+                self.seed, store, EPOCHS[epoch], instances=self.instances, skews=skews, nats_skew_s=nats_skew
+            )
             box.append(self.sim)
             self.view = MemoryView(store)
         elif self.on_sqlite:
             self.tmpdir = Path(tempfile.mkdtemp(prefix="sim-sqlite-"))
             path = self.tmpdir / "gateway.db"
             box: list[Sim] = []
-            self.sim = Sim(self.seed, SqliteStore(path, clock=lambda: box[0].wall()), EPOCHS[epoch], sqlite_path=path)
+            self.sim = Sim(
+                self.seed,
+                SqliteStore(path, clock=lambda: box[0].wall()),
+                EPOCHS[epoch],
+                sqlite_path=path,
+                nats_skew_s=nats_skew,
+            )
             box.append(self.sim)
             self.view: MemoryView | SqliteView = SqliteView(path)
         else:
-            self.sim = Sim(self.seed, self.store_factory(), EPOCHS[epoch])
+            self.sim = Sim(self.seed, self.store_factory(), EPOCHS[epoch], nats_skew_s=nats_skew)
             self.sim.durable.store_clock = self.sim.wall  # one process: its clock is the store's
             self.view = MemoryView(self.sim.durable)
         self.sim.write_hooks.append(self._on_store_call)

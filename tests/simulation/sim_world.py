@@ -337,6 +337,11 @@ class StoreGate:
         return call
 
 
+#: the random part of a foreign event-shaped msg id: its top bit set, which no count of ``SimIds`` reaches, so it
+#: never names an event of the gateway's
+FOREIGN_RAND = 1 << (RAND_BITS - 1)
+
+
 @dataclass
 class PublishedEvent:
     seq: int
@@ -387,9 +392,12 @@ class SimBus:
 class BusGate:
     """The ``Bus`` port for one incarnation."""
 
-    def __init__(self, bus: SimBus, freezer: Freezer | None = None, index: int = 0) -> None:
+    def __init__(
+        self, bus: SimBus, freezer: Freezer | None = None, index: int = 0, clock: Callable[[], float] | None = None
+    ) -> None:
         self._bus = bus
         self._index = index
+        self._clock = clock  # the instance's own (skewed) clock, which its outbox rows carry; None: the server's
         self.alive = True
         self._freezer = freezer or Freezer()
         self._decode = msgspec.json.Decoder(Offer).decode
@@ -467,7 +475,7 @@ class BusGate:
                 seq = len(bus.events) + 1
                 bus.intrusions += 1
                 foreign_id = (
-                    format_id("evt", int(bus.clock() * 1000), seq)
+                    format_id("evt", int(bus.clock() * 1000), FOREIGN_RAND | seq)
                     if bus.intrusions % 3 == 0
                     else ("" if bus.intrusions % 2 else f"other-{seq}")
                 )
@@ -508,11 +516,12 @@ class BusGate:
         self._check()
         events = self._bus.events
         # as the NATS bus looks: back past others' messages (no event id, or one not published chained), down
-        # to those stored before ``since``
+        # to those stored before ``since``, moved onto the server's clock by the offset between the clocks now
+        offset = 0.0 if self._clock is None else self._bus.clock() - self._clock()
         for e in reversed(events):
             if e.chained and is_id(e.msg_id, "evt"):
                 return len(events), e.msg_id
-            if e.at < since - TAIL_SKEW_S:
+            if e.at < since + offset - TAIL_SKEW_S:
                 break
         return len(events), None
 
@@ -675,7 +684,7 @@ class World:
         self.clock = clock
         self.freezer = Freezer(on_freeze=lambda: sim.disarm_others(index))
         self.store = StoreGate(sim.durable, sim.store_hook(index), self.freezer)
-        self.bus = BusGate(sim.bus, self.freezer, index)
+        self.bus = BusGate(sim.bus, self.freezer, index, clock)
         self.bucket = BucketGate(sim.bucket, sim.bus, sim.wall, self.freezer)
         self.poster = SimPoster(random.Random(sim.seed * 1000 + incarnation * 10 + index + 1), self.freezer)
         self.dispatcher = Dispatcher(self.bus, clock, max_offers_per_kind=6)  # type: ignore[arg-type]
@@ -784,7 +793,8 @@ class Sim:
 
     ``instances`` > 1: that many gateway instances share the store (a ``SharedMemoryStore``: ``shared``),
     each with a clock ``skews[i]`` seconds off the store's; ``target`` is the instance the next operation
-    goes to (a client or node talks to any of them)."""
+    goes to (a client or node talks to any of them). ``nats_skew_s``: the NATS server's clock, which stamps the
+    stream's messages, that far off the store's (another machine, far further off than instances may be)."""
 
     def __init__(
         self,
@@ -795,6 +805,7 @@ class Sim:
         sqlite_path: Path | None = None,
         instances: int = 1,
         skews: tuple[float, ...] = (),
+        nats_skew_s: float = 0.0,
     ) -> None:
         self.seed = seed
         self.instances = instances
@@ -806,7 +817,7 @@ class Sim:
         self.durable = durable
         self.sqlite_path = sqlite_path
         self.bus = SimBus()
-        self.bus.clock = self.wall
+        self.bus.clock = self.wall if not nats_skew_s else (lambda: self.wall() + nats_skew_s)
         self.bucket = SimBucket()
         self.ids = SimIds(self.wall)
         self.incarnation = 0

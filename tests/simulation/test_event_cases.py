@@ -124,3 +124,26 @@ def test_a_foreign_message_with_an_event_shaped_msg_id_does_not_stand_in_for_the
         assert len(foreign) == 1 and foreign[0].msg_id.startswith("evt_") and m.sim.crashes == 1
     finally:
         m.teardown()
+
+
+def test_a_relay_far_ahead_of_the_nats_servers_clock_finds_its_tail_behind_a_foreign_message() -> None:
+    """As the case above, with the NATS server's clock 15 minutes behind the gateway's (more than the relay's
+    ``TAIL_SKEW_S``): the foreign message stored after the round's first event looked older than the oldest
+    outbox row less the skew allowed, the look-back stopped at it, and the restarted relay published the first
+    event again (``events_published_once_in_order``). The floor is now moved onto the server's clock by the
+    offset between the clocks, read when the tail is."""
+    m = SimMachine()
+    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0), nats_skew=-900.0)
+    try:
+        m.holds()
+        assert m.sim is not None
+        m.chaos(k=1, what="intrude")  # a message with no msg id, just before the next round's second event
+        m.chaos(k=1, what="outage")  # that publish's process dies right after it, down past the window
+        m.create_flood(big=2, keys=["ta", "tb", "tc"], kind="echo", user="alice")
+        m.holds()
+        m.advance(seconds=61.0)
+        m.holds()
+        stream = m.sim.bus.events
+        assert [e.msg_id for e in stream].count("") == 1 and m.sim.crashes == 1
+    finally:
+        m.teardown()

@@ -510,8 +510,9 @@ def vouched_round(expected_last_seq: int, n: int, last: int | BaseException) -> 
     return [PublishUncertain(f"the round's last ack: {last}") for _ in range(n)]
 
 
-#: How far before ``since`` ``Bus.events_tail`` still looks for the relay's newest event: the stream's times are
-#: the NATS server's clock, the outbox rows' the gateway's, and this is the skew between them it allows.
+#: How far before ``since`` ``Bus.events_tail`` still looks for the relay's newest event. The stream's times are
+#: the NATS server's clock and the outbox rows' the gateway's; the look-back moves ``since`` by the offset between
+#: the two clocks when it runs, and this allows for a step of either clock since the rows were written.
 TAIL_SKEW_S = 600.0
 
 

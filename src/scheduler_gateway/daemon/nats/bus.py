@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -48,6 +50,7 @@ from scheduler_gateway.wire.subjects import DISPATCH_STREAM, EVENTS_STREAM, SETT
 
 log = logging.getLogger(__name__)
 PUBLISH_ACK_TIMEOUT_S = 5.0
+JS_API = "$JS.API"  # the JetStream API's subject prefix (no domain: the client's default)
 MSG_ID_HEADER = "Nats-Msg-Id"
 EXPECTED_LAST_SEQ_HEADER = "Nats-Expected-Last-Sequence"
 EXPECTED_LAST_ID_HEADER = "Nats-Expected-Last-Msg-Id"
@@ -97,6 +100,8 @@ class NatsBus:
         self._events_max_msgs = events_max_msgs
         self._settle_max_inflight = settle_max_inflight
         self._events_first_seq = events_first_seq
+        #: the gateway's clock, the one outbox rows are stamped with (``events_tail`` sets it against the server's)
+        self.clock: Callable[[], float] = time.time
         self.nc: Client | None = None
         self.js: JetStreamContext | None = None
         self._kinds: set[str] = set()
@@ -439,16 +444,25 @@ class NatsBus:
 
         It looks back from the last message past every one that is not the relay's, however many, and stops
         at a message stored before ``since`` (less ``TAIL_SKEW_S``): none of the outbox rows, all written at
-        ``since`` or later, can be stored before it, so nothing in the outbox is in the stream yet. The relay's
+        ``since`` or later, can be stored before it, so nothing in the outbox is in the stream yet. The
+        stream's times are the server's clock and ``since`` is this gateway's, so ``since`` is first moved by
+        the offset between the two clocks now (the server stamps its stream info reply with its time);
+        ``TAIL_SKEW_S`` is left for a step of either clock since the rows were written. The relay's
         own messages carry an event id as their ``Nats-Msg-Id`` and were published chained (every relay
         publish names the stream's last sequence or the message before it, ``_chain_headers``, and JetStream
         keeps those headers with the message); another publisher's have no msg id, one of their own, or one
         shaped as an event id without a chain header."""
-        assert self.js is not None
-        info = await asyncio.wait_for(self.js.stream_info(EVENTS_STREAM), PUBLISH_ACK_TIMEOUT_S)
-        last = int(info.state.last_seq or 0)
-        first = max(1, int(info.state.first_seq or 1))
-        floor = since - TAIL_SKEW_S
+        assert self.js is not None and self.nc is not None
+        asked_at = self.clock()
+        reply = await self.nc.request(f"{JS_API}.STREAM.INFO.{EVENTS_STREAM}", b"", timeout=PUBLISH_ACK_TIMEOUT_S)
+        info = _stream_info_dec.decode(reply.data)
+        if info.error is not None or info.state is None:
+            raise ConnectionError(f"{EVENTS_STREAM} info refused: {info.error}")
+        last = info.state.last_seq
+        first = max(1, info.state.first_seq)
+        server_now = None if info.ts is None else rfc3339_seconds(info.ts)
+        offset = 0.0 if server_now is None else server_now - asked_at
+        floor = since + offset - TAIL_SKEW_S
         for seq in range(last, first - 1, -1):
             try:
                 msg = await asyncio.wait_for(self.js.get_msg(EVENTS_STREAM, seq=seq), PUBLISH_ACK_TIMEOUT_S)
@@ -520,6 +534,33 @@ def _claim_reply_of(outcome: ClaimReply | BaseException) -> ClaimReply:
         return ClaimReply(ok=False, error=WireError(code=outcome.code, message=outcome.message))
     log.error("claim handler failed: %s", type(outcome).__name__)
     return ClaimReply(ok=False, error=WireError(code=Code.INTERNAL, message="internal error"))
+
+
+class _StreamState(msgspec.Struct):
+    first_seq: int = 0
+    last_seq: int = 0
+
+
+class _StreamInfoReply(msgspec.Struct):
+    """The fields of JetStream's stream info reply ``events_tail`` reads: the server's own time among them."""
+
+    state: _StreamState | None = None
+    ts: str | None = None
+    error: dict[str, Any] | None = None
+
+
+_stream_info_dec = msgspec.json.Decoder(_StreamInfoReply)
+_RFC3339 = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)")
+
+
+def rfc3339_seconds(text: str) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time with any number of fraction digits (the server writes
+    nanoseconds, which ``datetime`` does not read); None when it is not one."""
+    m = _RFC3339.fullmatch(text)
+    if m is None:
+        return None
+    whole = datetime.datetime.fromisoformat(m[1] + ("+00:00" if m[3] == "Z" else m[3])).timestamp()
+    return whole + (float("0." + m[2]) if m[2] else 0.0)
 
 
 def _chain_headers(items: list[tuple[str, str, bytes]], expected_last_seq: int | None) -> list[dict[str, str]]:
