@@ -240,6 +240,27 @@ async def test_dispatcher_runs_a_thread_one_task_at_a_time_in_order() -> None:
     await d.stop()
 
 
+async def test_a_refused_claim_hands_the_thread_to_its_head_queued_again_meanwhile() -> None:
+    """Task 5 of a thread is on offer when the thread's older task 2 is queued again (a dead letter retried):
+    2 is the lane's head, skipped while 5 holds the lane, and the store refuses 5's claim for it. The refusal
+    put 5 back in line and not the head, so 2 waited for an unrelated change of its thread (the simulation's
+    ``fair_turns_between_keys``, two instances, seed 159483)."""
+    bus, clock = FakeBus(), Clock()
+    d = Dispatcher(bus, clock)
+    d.update(task(5, thread_id="thr"))
+    await d.start()
+    await settle_loop()
+    assert [o.task_id for o in bus.offers] == ["tsk_005"]
+    d.update(task(2, thread_id="thr", revision=4, attempt_id="att_002b", attempt_no=1))
+    await settle_loop()
+    assert [o.task_id for o in bus.offers] == ["tsk_005"]  # the lane is taken by 5's offer
+    d.claim_refused(task(5, thread_id="thr"))
+    await settle_loop()
+    assert [o.task_id for o in bus.offers] == ["tsk_005", "tsk_002"]
+    assert d.offered_count("echo") == 1
+    await d.stop()
+
+
 async def test_lease_clock_fires_once_and_follows_extensions() -> None:
     clock = Clock()
     fired: list[tuple[str, str, str]] = []

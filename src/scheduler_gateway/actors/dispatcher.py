@@ -179,10 +179,15 @@ class Dispatcher(LoopActor):
         wait by the rules, so it is neither counted as on offer nor offered again while they bind."""
         self._unoffer(task.id, keep_attempt=None)
         if task.thread_id and task.thread_id in self._lanes:
+            # the lane's head goes back in line, not the refused task: an older task of the thread queued again
+            # while this one was on offer (a dead letter retried) is the head now, and the store refused this
+            # claim for it; it was skipped while the lane was taken, and nothing else would put it back
             self._lanes[task.thread_id].active.discard(task.id)
-        live = self._queued.get(task.id)
-        if live is not None:
-            self._schedule(live)
+            self._kick_lane(task.thread_id)
+        else:
+            live = self._queued.get(task.id)
+            if live is not None:
+                self._schedule(live)
         self._wake.set()
 
     def offered_count(self, kind: str) -> int:
