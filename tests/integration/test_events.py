@@ -440,6 +440,21 @@ async def test_a_restart_after_many_messages_of_another_publisher_publishes_no_e
     assert await _stream_msg_ids(fresh_nats.url) == expected + foreign_ids
 
 
+async def _one_event_then_foreign_messages(gw: Any, api: Any, url: str, n: int) -> str:
+    """One task's create event relayed, then ``n`` messages of another publisher (no msg id) after it: the
+    event's id."""
+    await api.create({"kind": "echo"})
+    await wait_for(lambda: _outbox_empty(gw), timeout_s=10)
+    (event_id,) = await _stream_msg_ids(url)
+    foreign = await nats.connect(url)
+    try:
+        for _ in range(n):
+            await foreign.jetstream().publish("gw.evt.task.bogus", b"{}", stream=EVENTS_STREAM)
+    finally:
+        await foreign.close()
+    return event_id
+
+
 async def test_the_tail_is_not_looked_for_before_the_oldest_outbox_row(
     tmp_path: Path, fresh_nats: NatsServerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -447,15 +462,7 @@ async def test_the_tail_is_not_looked_for_before_the_oldest_outbox_row(
     looked for among messages stored before the outbox's oldest row could be written (less the clock skew
     allowed): an event published before then is no row's, and the look-back stays short."""
     async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
-        await api.create({"kind": "echo"})
-        await wait_for(lambda: _outbox_empty(gw), timeout_s=10)
-        (event_id,) = await _stream_msg_ids(fresh_nats.url)
-        foreign = await nats.connect(fresh_nats.url)
-        try:
-            for _ in range(30):
-                await foreign.jetstream().publish("gw.evt.task.bogus", b"{}", stream=EVENTS_STREAM)
-        finally:
-            await foreign.close()
+        event_id = await _one_event_then_foreign_messages(gw, api, fresh_nats.url, 30)
         assert gw.bus.js is not None
         real_get, gets = gw.bus.js.get_msg, [0]
 
@@ -481,15 +488,7 @@ async def test_the_tail_is_found_with_the_gateways_clock_far_off_the_servers(
     them. The server's own time in its stream info reply gives the offset between the clocks, and the floor is
     kept on the server's clock."""
     async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
-        await api.create({"kind": "echo"})
-        await wait_for(lambda: _outbox_empty(gw), timeout_s=10)
-        (event_id,) = await _stream_msg_ids(fresh_nats.url)
-        foreign = await nats.connect(fresh_nats.url)
-        try:
-            for _ in range(30):
-                await foreign.jetstream().publish("gw.evt.task.bogus", b"{}", stream=EVENTS_STREAM)
-        finally:
-            await foreign.close()
+        event_id = await _one_event_then_foreign_messages(gw, api, fresh_nats.url, 30)
         monkeypatch.setattr(gw.bus, "clock", lambda: time.time() + ahead_s)
         assert await gw.bus.events_tail(time.time() + ahead_s) == (31, event_id)
         assert await gw.bus.events_tail(time.time() + ahead_s + 2 * TAIL_SKEW_S) == (31, None)

@@ -3,7 +3,26 @@ named in its docstring."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from .machine import SimMachine
+
+
+def _down_past_the_window_after_a_foreign_message(m: SimMachine, intrusions: int, nats_skew: float) -> list[Any]:
+    """A round's first event stored, then another publisher's message (with no msg id for ``intrusions`` 0, a
+    msg id of its own for 1, an event-shaped one for 2), then the process dies right after that publish and
+    stays down past the stream's duplicate window: the stream once the relay is back."""
+    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0), nats_skew=nats_skew)
+    m.holds()
+    assert m.sim is not None
+    m.sim.bus.intrusions = intrusions
+    m.chaos(k=1, what="intrude")  # just before the next round's second event
+    m.chaos(k=1, what="outage")  # that publish's process dies right after it, down past the window
+    m.create_flood(big=2, keys=["ta", "tb", "tc"], kind="echo", user="alice")
+    m.holds()
+    m.advance(seconds=61.0)
+    m.holds()
+    return list(m.sim.bus.events)
 
 
 def test_a_foreign_message_inside_a_round_acked_by_its_last_loses_no_event() -> None:
@@ -84,18 +103,8 @@ def test_a_relay_down_past_the_duplicate_window_after_a_foreign_message_publishe
     relay found the foreign one, no row of its own, and published the first event again, stored twice
     (``events_published_once_in_order``). The tail is now the newest *event* id behind any other messages."""
     m = SimMachine()
-    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0))
     try:
-        m.holds()
-        assert m.sim is not None
-        m.sim.bus.intrusions = 1  # the next foreign message carries a msg id
-        m.chaos(k=1, what="intrude")  # just before the next round's second event
-        m.chaos(k=1, what="outage")  # that publish's process dies right after it, down past the window
-        m.create_flood(big=2, keys=["ta", "tb", "tc"], kind="echo", user="alice")
-        m.holds()
-        m.advance(seconds=61.0)
-        m.holds()
-        stream = m.sim.bus.events
+        stream = _down_past_the_window_after_a_foreign_message(m, intrusions=1, nats_skew=0.0)
         assert any(e.msg_id.startswith("other-") for e in stream) and m.sim.crashes == 1
     finally:
         m.teardown()
@@ -108,18 +117,8 @@ def test_a_foreign_message_with_an_event_shaped_msg_id_does_not_stand_in_for_the
     are now those with an event id published chained (a ``Nats-Expected-Last-*`` header, which every relay
     publish carries)."""
     m = SimMachine()
-    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0))
     try:
-        m.holds()
-        assert m.sim is not None
-        m.sim.bus.intrusions = 2  # the next foreign message carries an event-shaped msg id
-        m.chaos(k=1, what="intrude")  # just before the next round's second event
-        m.chaos(k=1, what="outage")  # that publish's process dies right after it, down past the window
-        m.create_flood(big=2, keys=["ta", "tb", "tc"], kind="echo", user="alice")
-        m.holds()
-        m.advance(seconds=61.0)
-        m.holds()
-        stream = m.sim.bus.events
+        stream = _down_past_the_window_after_a_foreign_message(m, intrusions=2, nats_skew=0.0)
         foreign = [e for e in stream if not e.chained]
         assert len(foreign) == 1 and foreign[0].msg_id.startswith("evt_") and m.sim.crashes == 1
     finally:
@@ -133,17 +132,8 @@ def test_a_relay_far_ahead_of_the_nats_servers_clock_finds_its_tail_behind_a_for
     event again (``events_published_once_in_order``). The floor is now moved onto the server's clock by the
     offset between the clocks, read when the tail is."""
     m = SimMachine()
-    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0), nats_skew=-900.0)
     try:
-        m.holds()
-        assert m.sim is not None
-        m.chaos(k=1, what="intrude")  # a message with no msg id, just before the next round's second event
-        m.chaos(k=1, what="outage")  # that publish's process dies right after it, down past the window
-        m.create_flood(big=2, keys=["ta", "tb", "tc"], kind="echo", user="alice")
-        m.holds()
-        m.advance(seconds=61.0)
-        m.holds()
-        stream = m.sim.bus.events
+        stream = _down_past_the_window_after_a_foreign_message(m, intrusions=0, nats_skew=-900.0)
         assert [e.msg_id for e in stream].count("") == 1 and m.sim.crashes == 1
     finally:
         m.teardown()
