@@ -26,8 +26,8 @@ def test_scheduler_config_reaches_the_policy_and_the_poller(tmp_path: Path) -> N
     gw = Gateway(settings)
     assert gw.scheduling.service.policy == SchedulePolicy(min_once_delay_s=0, max_concurrent_runs=3, lease_s=45)
     assert gw.scheduling.actor._poll_s == 0.25
-    assert gw.scheduling.actor.on_transition in gw.service._listeners
-    assert gw.service._thread_check is not None
+    assert gw.scheduling.actor.on_transition in gw.service.ledger.listeners
+    assert gw.service._creation.thread_check is not None
 
 
 def test_the_defaults_are_the_contracts_not_the_models(tmp_path: Path) -> None:

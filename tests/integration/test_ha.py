@@ -353,7 +353,7 @@ async def test_a_lease_expired_first_by_another_instance_is_offered_by_this_one(
             await msg.ack()
 
             async def running_on_b() -> bool:
-                live = b.service._live.get(task["id"])
+                live = b.service.ledger.live.get(task["id"])
                 return live is not None and live.state == "running"
 
             await wait_for(running_on_b)
@@ -376,7 +376,7 @@ async def test_a_lease_expired_first_by_another_instance_is_offered_by_this_one(
 
             monkeypatch.setattr(b.service._store, "get_task", get_task)
             await b.service.expire_lease(task["id"], reply.lease_id or "")
-            assert b.service._live[task["id"]].revision == again.revision
+            assert b.service.ledger.live[task["id"]].revision == again.revision
             assert b.dispatcher.backlog() == 1, "b's dispatcher does not know the requeued task"
             # a dies before any node took its offer of the new attempt: b offers it
             (lost, m1), *_ = await node.pull("echo")

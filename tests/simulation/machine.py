@@ -1051,7 +1051,7 @@ class SimMachine(RuleBasedStateMachine):
         if not node.leases:
             return
         lease = next(iter(node.leases.values()))
-        live = self.w.service._live.get(lease.task_id)
+        live = self.w.service.ledger.live.get(lease.task_id)
         if live is None or live.lease_expires_at is None:
             return
         wait = max(0.0, live.lease_expires_at - self.sim.now() + offset)
@@ -1387,7 +1387,7 @@ class SimMachine(RuleBasedStateMachine):
         assert self.sim is not None
         v = self.view
         svc = self.w.service
-        live = LiveView(dict(svc._live), dict(svc.lease_clock._lease_due), dict(svc.lease_clock._timeout_due))
+        live = LiveView(dict(svc.ledger.live), dict(svc.lease_clock._lease_due), dict(svc.lease_clock._timeout_due))
         posts = [h.get("X-Callback-Id", "") for w in self.sim.worlds if w is not None for _, h, _ in w.poster.posts]
         return Facts(
             now=self.sim.now(),

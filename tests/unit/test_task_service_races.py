@@ -97,7 +97,7 @@ async def test_a_heartbeat_does_not_revive_a_lease_whose_expiry_waits_behind_oth
         tid = await kit.create(lease_s=0.2, retry_backoff_s=0.0)
         lease = (await kit.claim(tid)).lease_id or ""
         gate = asyncio.Event()
-        blocker = kit.service._boxes.call(tid, gate.wait)  # the task's mailbox is busy, as with a slow write
+        blocker = kit.service.ledger.queued(tid, gate.wait)  # the task's mailbox is busy, as with a slow write
         await asyncio.sleep(0.35)  # the lease ran out; its expiry waits behind the blocker
         beat = HeartbeatRequest(
             kinds=["echo"], capacity=1, running=1, leases=[LeaseReport(task_id=tid, lease_id=lease)]

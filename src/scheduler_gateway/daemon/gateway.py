@@ -275,7 +275,7 @@ class Gateway:
         self._flusher = asyncio.create_task(self._flush_nodes())
         if self.ha is not None:
             await self.ha.start()
-        self.metrics.set_active(self._active_counts)
+        self.metrics.set_active(self.service.active_counts)
         self.metrics.outbox_backlog.set_function(lambda: self._outbox_backlog)
         self.metrics.events_relayed.set_function(lambda: self.relay.relayed)
         self.metrics.nats_connected.set_function(lambda: 1 if self.bus.connected else 0)
@@ -344,12 +344,6 @@ class Gateway:
 
     # -- helpers ---------------------------------------------------------------------------------
     _outbox_backlog = 0
-
-    def _active_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for task in self.service._live.values():
-            counts[task.state] = counts.get(task.state, 0) + 1
-        return counts
 
     def _dead_letter_counts(self, counts: dict[str, int]) -> None:
         for state, n in counts.items():

@@ -3,80 +3,84 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from ..model.schedule import RunError, RunOutcome, ScheduledRun, outcome_of_task_state
-from ..schedule_ports import CorruptStoredSchedule, RunUpdate
+from ..schedule_ports import CorruptStoredSchedule, RunUpdate, ScheduleStore
 from .commands import FinishedTask
-
-if TYPE_CHECKING:
-    from .service import ScheduleService
 
 log = logging.getLogger(__name__)
 
 
-async def handle_run_completion(
-    svc: ScheduleService,
-    run_id: str,
-    outcome: RunOutcome,
-    error: RunError | None,
-    now: float,
-    task_id: str | None = None,
-) -> bool:
-    """A run reached its end: the run's status, then the verdict the model gives for this outcome (a
-    once ends; a cron keeps its status) and lastError, always (a cron reports its last problem), both
-    only while the schedule is still the one that launched the run (``ScheduledTask.decides_for``). A
-    schedule deleted meanwhile is not an error: the run is closed and nothing else is written."""
-    run = await svc._store.get_run(run_id)
-    if run is None or not run.is_active:
-        return False  # unknown, or already closed: a repeat
-    update = RunUpdate(run_id, outcome, task_id=task_id, finished_at=now, error=error)
-    done = await _close(svc, run, outcome, error, update, now)
-    if done:
-        svc._on_change()  # an active run fewer: budget is free again
-    return done
+class RunCompletion:
+    """A run's end written once: its status, and the verdict of the schedule that launched it."""
 
+    def __init__(self, store: ScheduleStore, on_change: Callable[[], None]) -> None:
+        self._store = store
+        self._on_change = on_change
 
-async def _close(
-    svc: ScheduleService, run: ScheduledRun, outcome: RunOutcome, error: RunError | None, update: RunUpdate, now: float
-) -> bool:
-    record = await svc._store.get_schedule_record(run.scheduled_task_id)
-    if record is None:
-        return await svc._store.update_run(update)
-    try:
-        schedule = record.to_task()
-    except CorruptStoredSchedule as exc:
-        log.error("run %s ended but its schedule cannot be read (%s); only the run is closed", run.id, exc.message)
-        return await svc._store.update_run(update)
-    if not schedule.decides_for(run):
-        # edited (or taken over by a skip) since this run's launch: the run's end is its own, not the
-        # schedule's (docs/SCHEDULES.md); the store's generation guard would refuse the verdict anyway
-        log.info("run %s ended after its scheduled task %s changed; only the run is closed", run.id, record.id)
-        return await svc._store.update_run(update)
-    verdict = schedule.status_after_completion(outcome)
-    return await svc._store.record_completion(
-        record.id, verdict, error, update, now, generation=run.schedule_generation
-    )
+    async def handle_run_completion(
+        self,
+        run_id: str,
+        outcome: RunOutcome,
+        error: RunError | None,
+        now: float,
+        task_id: str | None = None,
+    ) -> bool:
+        """A run reached its end: the run's status, then the verdict the model gives for this outcome (a
+        once ends; a cron keeps its status) and lastError, always (a cron reports its last problem), both
+        only while the schedule is still the one that launched the run (``ScheduledTask.decides_for``). A
+        schedule deleted meanwhile is not an error: the run is closed and nothing else is written."""
+        run = await self._store.get_run(run_id)
+        if run is None or not run.is_active:
+            return False  # unknown, or already closed: a repeat
+        update = RunUpdate(run_id, outcome, task_id=task_id, finished_at=now, error=error)
+        done = await self._close(run, outcome, error, update, now)
+        if done:
+            self._on_change()  # an active run fewer: budget is free again
+        return done
 
+    async def _close(
+        self, run: ScheduledRun, outcome: RunOutcome, error: RunError | None, update: RunUpdate, now: float
+    ) -> bool:
+        record = await self._store.get_schedule_record(run.scheduled_task_id)
+        if record is None:
+            return await self._store.update_run(update)
+        try:
+            schedule = record.to_task()
+        except CorruptStoredSchedule as exc:
+            log.error("run %s ended but its schedule cannot be read (%s); only the run is closed", run.id, exc.message)
+            return await self._store.update_run(update)
+        if not schedule.decides_for(run):
+            # edited (or taken over by a skip) since this run's launch: the run's end is its own, not the
+            # schedule's (docs/SCHEDULES.md); the store's generation guard would refuse the verdict anyway
+            log.info("run %s ended after its scheduled task %s changed; only the run is closed", run.id, record.id)
+            return await self._store.update_run(update)
+        verdict = schedule.status_after_completion(outcome)
+        return await self._store.record_completion(
+            record.id, verdict, error, update, now, generation=run.schedule_generation
+        )
 
-async def handle_task_finished(svc: ScheduleService, finished: FinishedTask, now: float) -> bool:
-    """The completion hook. A task's labels are only a hint of which run it ends: the run must be one
-    this task was launched for (``_launched_for``), else nothing is written (a task that is not the
-    run's own must not close it, write its id into it or end the schedule)."""
-    outcome = outcome_of_task_state(finished.state)
-    if outcome is None:
-        return False
-    run = await svc._store.get_run(finished.run_id)
-    if run is None or not run.is_active:
-        return False  # unknown, or already closed: a repeat
-    if not _launched_for(run, finished):
-        log.warning("scheduler: task %s names run %s but is not its task; ignored", finished.task_id, finished.run_id)
-        return False
-    err = None
-    if outcome != "succeeded":
-        e = finished.error
-        err = RunError(e.code, e.message) if e is not None else RunError(finished.state.upper(), "")
-    return await svc.handle_run_completion(finished.run_id, outcome, err, now, finished.task_id)
+    async def handle_task_finished(self, finished: FinishedTask, now: float) -> bool:
+        """The completion hook. A task's labels are only a hint of which run it ends: the run must be one
+        this task was launched for (``_launched_for``), else nothing is written (a task that is not the
+        run's own must not close it, write its id into it or end the schedule)."""
+        outcome = outcome_of_task_state(finished.state)
+        if outcome is None:
+            return False
+        run = await self._store.get_run(finished.run_id)
+        if run is None or not run.is_active:
+            return False  # unknown, or already closed: a repeat
+        if not _launched_for(run, finished):
+            log.warning(
+                "scheduler: task %s names run %s but is not its task; ignored", finished.task_id, finished.run_id
+            )
+            return False
+        err = None
+        if outcome != "succeeded":
+            e = finished.error
+            err = RunError(e.code, e.message) if e is not None else RunError(finished.state.upper(), "")
+        return await self.handle_run_completion(finished.run_id, outcome, err, now, finished.task_id)
 
 
 def _launched_for(run: ScheduledRun, finished: FinishedTask) -> bool:

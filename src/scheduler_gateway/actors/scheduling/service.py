@@ -21,7 +21,6 @@ completion hook's key, by which start-up reconcile also finds a task whose run n
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
@@ -58,8 +57,10 @@ from ..schedule_ports import (
     ThreadBusy,
 )
 from ..tasks import Caller
-from . import completion, dispatch, reconcile
 from .commands import EDIT_RETRIES, DispatchResult, FinishedTask, NewSchedule, RoundResult, SchedulePatch
+from .completion import RunCompletion
+from .dispatch import OccurrenceDispatch
+from .reconcile import RunReconcile
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +90,16 @@ class ScheduleService:
         dispatch_concurrency: int = 1024,
     ) -> None:
         self._store = store
-        self._launcher = launcher
         self.policy = policy
         self._clock = clock
-        self._metrics = metrics or NullScheduleMetrics()
         self._new_id = new_id
         self._on_change = on_change or (lambda: None)
-        self._dispatch_slots = asyncio.Semaphore(max(1, dispatch_concurrency))
+        self._dispatch = OccurrenceDispatch(
+            store, launcher, policy, clock, metrics or NullScheduleMetrics(), new_id, dispatch_concurrency
+        )
+        # the poller's wake-up is set after construction (set_on_change): the completion asks for it each time
+        self._completion = RunCompletion(store, lambda: self._on_change())
+        self._reconcile = RunReconcile(store, launcher, self._completion)
 
     def set_on_change(self, on_change: Callable[[], None]) -> None:
         """Who to tell when a schedule's due time may have moved earlier (the poller's wake-up)."""
@@ -306,31 +310,31 @@ class ScheduleService:
             raise RunInProgress(err.message, details=details)
         raise LaunchFailed(err.message or "the run could not be launched", details=details)
 
-    # -- dispatch, completion, reconcile (each in its module) --------------------------------------------
+    # -- dispatch, completion, reconcile (each a part of its own) --------------------------------------------
     async def run_once(self, now: float) -> RoundResult:
         """One poll round: the free global budget, then a claim of that many due schedules, then their dispatches."""
-        return await dispatch.run_once(self, now)
+        return await self._dispatch.run_once(now)
 
     async def dispatch_task(
         self, task: ScheduledTask, now: float, trigger: Trigger, *, has_active: bool | None = None
     ) -> DispatchResult:
         """Launch one occurrence: launched, skipped, conflict or failed (docs/SCHEDULES.md, Overlap)."""
-        return await dispatch.dispatch_task(self, task, now, trigger, has_active=has_active)
+        return await self._dispatch.dispatch_task(task, now, trigger, has_active=has_active)
 
     async def handle_run_completion(
         self, run_id: str, outcome: RunOutcome, error: RunError | None, now: float, task_id: str | None = None
     ) -> bool:
         """A run reached its end: its status, and the schedule's verdict while the schedule launched it."""
-        return await completion.handle_run_completion(self, run_id, outcome, error, now, task_id)
+        return await self._completion.handle_run_completion(run_id, outcome, error, now, task_id)
 
     async def handle_task_finished(self, finished: FinishedTask, now: float) -> bool:
         """The completion hook: a labelled task reached a terminal state."""
-        return await completion.handle_task_finished(self, finished, now)
+        return await self._completion.handle_task_finished(finished, now)
 
     async def close_finished_runs(self, now: float) -> int:
         """Close the active runs whose task has ended but whose completion was lost (docs/SCHEDULES.md)."""
-        return await reconcile.close_finished_runs(self, now)
+        return await self._reconcile.close_finished_runs(now)
 
     async def reconcile_on_startup(self, now: float) -> dict[str, int]:
         """Bring runs and schedules in line with the tasks after a restart (docs/SCHEDULES.md, Start-up reconcile)."""
-        return await reconcile.reconcile_on_startup(self, now)
+        return await self._reconcile.reconcile_on_startup(now)

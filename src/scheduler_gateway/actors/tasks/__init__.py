@@ -1,5 +1,5 @@
-"""The task service (``TaskService``) and its vocabulary; ``service.py`` holds the state and the commit path, the
-other modules one group of operations each."""
+"""The task service (``TaskService``) and its vocabulary; ``service.py`` composes the ledger (``ledger.py``: live
+copies, mailboxes, the commit path) and the other modules, one group of operations each."""
 
 from .api import (
     RESERVED_LABEL_PREFIX,

@@ -2,163 +2,175 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidArgument
 
 from .. import idgen
 from ..model import task_machine as sm
 from ..model.records import Task
-from ..ports import IdempotencyRecord
-from .api import BatchItem, BatchOutcome, Caller, NewTask, as_gateway_error, check_labels
-from .keys import once_per_key, replayed_task
-
-if TYPE_CHECKING:
-    from .service import TaskService
+from ..ports import IdempotencyRecord, TaskServiceStore
+from .api import BatchItem, BatchOutcome, Caller, NewTask, TaskPolicy, as_gateway_error, check_labels
+from .keys import KeySlots, Replays
+from .ledger import TaskLedger
 
 
-async def create(
-    svc: TaskService, caller: Caller, spec: NewTask, idem_key: str | None = None, body_hash: str = ""
-) -> tuple[Task, bool]:
-    """Create a task; returns (task, replayed). The same key and body replays; another body conflicts.
-    Reserved labels are refused before anything else, a replay included (the body is invalid)."""
-    check_labels(caller, spec.labels)
-    if idem_key is None:
-        return await _create(svc, caller, spec, None, body_hash), False
-    return await once_per_key(
-        svc, caller, idem_key, "create", body_hash, lambda: _fresh(_create(svc, caller, spec, idem_key, body_hash))
-    )
+class TaskCreation:
+    """Creates, one or a batch, each with its checks (labels, parent, thread, idempotency key)."""
+
+    #: Checks a new task's threadId (the scheduler's threads: another user's thread answers as missing).
+    thread_check: Callable[[Caller, str], Awaitable[None]] | None = None
+
+    def __init__(
+        self,
+        ledger: TaskLedger,
+        store: TaskServiceStore,
+        replays: Replays,
+        slots: KeySlots,
+        policy: TaskPolicy,
+        clock: Callable[[], float],
+    ) -> None:
+        self._ledger = ledger
+        self._store = store
+        self._replays = replays
+        self._slots = slots
+        self._policy = policy
+        self._clock = clock
+
+    async def create(
+        self, caller: Caller, spec: NewTask, idem_key: str | None = None, body_hash: str = ""
+    ) -> tuple[Task, bool]:
+        """Create a task; returns (task, replayed). The same key and body replays; another body conflicts.
+        Reserved labels are refused before anything else, a replay included (the body is invalid)."""
+        check_labels(caller, spec.labels)
+        if idem_key is None:
+            return await self._create(caller, spec, None, body_hash), False
+        return await self._replays.once_per_key(
+            caller, idem_key, "create", body_hash, lambda: _fresh(self._create(caller, spec, idem_key, body_hash))
+        )
+
+    async def create_many(self, caller: Caller, items: list[BatchItem]) -> list[BatchOutcome]:
+        """Create tasks in order, committed together in as few store transactions as it takes; each item
+        answers alone: (task, replayed) or the error that refused it. Every accepted item is committed
+        before this returns, with its history, audit entry and event, as a single create would be."""
+        results: list[BatchOutcome | None] = [None] * len(items)
+        first_of_key: dict[str, int] = {}
+        keys = sorted({item.key for item in items if item.key is not None})
+        async with self._slots.hold(caller.user, keys):
+            # one read for every key of the batch: while the keys are held nothing else can write them
+            known = await self._store.get_idempotency_many(caller.user, keys) if keys else {}
+            pending: list[_Pending] = []
+            for n, item in enumerate(items):
+                if item.key is not None and item.key in first_of_key:
+                    continue  # the same key again in this batch: answered from its first item below
+                if item.key is not None:
+                    first_of_key[item.key] = n
+                try:
+                    replay = await self._replay_of(caller, item, known)
+                    if replay is not None:
+                        results[n] = (replay, True)
+                    else:
+                        pending.append((n, *await self._prepared(caller, item.spec, item.key, item.body_hash)))
+                except GatewayError as exc:
+                    results[n] = exc
+            await self._commit_pending(caller, pending, results)
+        for n, item in enumerate(items):
+            if results[n] is None:  # a repeated key: the first item's answer, if the request is the same
+                assert item.key is not None
+                first = first_of_key[item.key]
+                done = results[first]
+                if items[first].body_hash != item.body_hash:
+                    results[n] = Conflict(
+                        "this Idempotency-Key was used with another request", code=Code.IDEMPOTENCY_CONFLICT
+                    )
+                else:
+                    results[n] = (done[0], True) if isinstance(done, tuple) else done
+        return [r for r in results if r is not None]
+
+    async def _replay_of(self, caller: Caller, item: BatchItem, known: dict[str, IdempotencyRecord]) -> Task | None:
+        check_labels(caller, item.spec.labels)
+        record = known.get(item.key) if item.key is not None else None
+        if record is None or item.key is None:
+            return None
+        return await self._replays.replayed_task(caller, item.key, "create", item.body_hash, record)
+
+    async def _commit_pending(
+        self, caller: Caller, pending: list[_Pending], results: list[BatchOutcome | None]
+    ) -> None:
+        changes = [self._ledger.change(tr, caller.request_id, None, idem, None) for _, tr, idem in pending]
+        outcomes = await self._store.apply_many(changes) if changes else []
+        for (n, tr, idem), err in zip(pending, outcomes, strict=True):
+            if err is None:
+                self._ledger.after_commit(tr)
+                results[n] = (tr.task, False)
+                continue
+            replay = None
+            if idem is not None and isinstance(err, Conflict) and err.code == Code.IDEMPOTENCY_CONFLICT:
+                replay = await self._replays.replayed_task(caller, idem.key, "create", idem.body_hash)
+            results[n] = (replay, True) if replay is not None else as_gateway_error(err)
+
+    async def _create(self, caller: Caller, spec: NewTask, idem_key: str | None, body_hash: str) -> Task:
+        tr, idem = await self._prepared(caller, spec, idem_key, body_hash)
+        return await self._ledger.commit(tr, caller.request_id, idempotency=idem)
+
+    async def _prepared(
+        self, caller: Caller, spec: NewTask, idem_key: str | None, body_hash: str
+    ) -> tuple[sm.Transition, IdempotencyRecord | None]:
+        """Every check of a create and the transition it commits (not committed yet)."""
+        now = self._clock()
+        run_id = spec.run_id
+        if spec.parent_id is not None:
+            parent = await self._ledger.current(spec.parent_id)
+            if parent is None or not (caller.is_admin or parent.owner == caller.user):
+                raise InvalidArgument(f"parentId {spec.parent_id} does not name a task", details={"field": "parentId"})
+            run_id = run_id or parent.run_id
+        if spec.thread_id is not None and self.thread_check is not None:
+            await self.thread_check(caller, spec.thread_id)
+        p = self._policy
+        task = Task(
+            id=idgen.new_id("tsk"),
+            owner=caller.user,
+            kind=spec.kind,
+            payload=spec.payload,
+            state="waiting_approval" if spec.requires_approval else "queued",
+            revision=1,
+            priority=spec.priority,
+            max_attempts=spec.max_attempts or p.default_max_attempts,
+            attempt_id=idgen.new_id("att"),
+            run_id=run_id or idgen.new_id("run"),
+            parent_id=spec.parent_id,
+            thread_id=spec.thread_id,
+            requires_approval=spec.requires_approval,
+            callback_url=spec.callback_url,
+            callback_secret=spec.callback_secret,
+            labels=spec.labels,
+            not_before=spec.not_before if spec.not_before is not None else now,
+            created_at=now,
+            updated_at=now,
+            retry_backoff_s=spec.retry_backoff_s,
+            lease_s=spec.lease_s or p.default_lease_s,
+            timeout_s=spec.timeout_s or p.default_timeout_s,
+            traceparent=spec.traceparent,
+            concurrency_key=spec.concurrency_key,
+            unique_key=spec.unique_key,
+            unique_for_s=spec.unique_for_s if spec.unique_key is not None else None,
+        )
+        idem = None
+        if idem_key is not None:
+            idem = IdempotencyRecord(
+                owner=caller.user,
+                key=idem_key,
+                operation="create",
+                body_hash=body_hash,
+                task_id=task.id,
+                created_at=now,
+            )
+        await self._ledger.check_parent(task, inserting=True)
+        return sm.create(task, caller.actor, now, caller.request_id), idem
 
 
 async def _fresh(created: Awaitable[Task]) -> tuple[Task, bool]:
     return await created, False
 
 
-async def create_many(svc: TaskService, caller: Caller, items: list[BatchItem]) -> list[BatchOutcome]:
-    """Create tasks in order, committed together in as few store transactions as it takes; each item
-    answers alone: (task, replayed) or the error that refused it. Every accepted item is committed
-    before this returns, with its history, audit entry and event, as a single create would be."""
-    results: list[BatchOutcome | None] = [None] * len(items)
-    first_of_key: dict[str, int] = {}
-    keys = sorted({item.key for item in items if item.key is not None})
-    async with svc._keys.hold(caller.user, keys):
-        # one read for every key of the batch: while the keys are held nothing else can write them
-        known = await svc._store.get_idempotency_many(caller.user, keys) if keys else {}
-        pending: list[_Pending] = []
-        for n, item in enumerate(items):
-            if item.key is not None and item.key in first_of_key:
-                continue  # the same key again in this batch: answered from its first item below
-            if item.key is not None:
-                first_of_key[item.key] = n
-            try:
-                replay = await _replay_of(svc, caller, item, known)
-                if replay is not None:
-                    results[n] = (replay, True)
-                else:
-                    pending.append((n, *await prepared_create(svc, caller, item.spec, item.key, item.body_hash)))
-            except GatewayError as exc:
-                results[n] = exc
-        await _commit_pending(svc, caller, pending, results)
-    for n, item in enumerate(items):
-        if results[n] is None:  # a repeated key: the first item's answer, if the request is the same
-            assert item.key is not None
-            first = first_of_key[item.key]
-            done = results[first]
-            if items[first].body_hash != item.body_hash:
-                results[n] = Conflict(
-                    "this Idempotency-Key was used with another request", code=Code.IDEMPOTENCY_CONFLICT
-                )
-            else:
-                results[n] = (done[0], True) if isinstance(done, tuple) else done
-    return [r for r in results if r is not None]
-
-
 _Pending = tuple[int, sm.Transition, IdempotencyRecord | None]
-
-
-async def _replay_of(
-    svc: TaskService, caller: Caller, item: BatchItem, known: dict[str, IdempotencyRecord]
-) -> Task | None:
-    check_labels(caller, item.spec.labels)
-    record = known.get(item.key) if item.key is not None else None
-    if record is None or item.key is None:
-        return None
-    return await replayed_task(svc, caller, item.key, "create", item.body_hash, record)
-
-
-async def _commit_pending(
-    svc: TaskService, caller: Caller, pending: list[_Pending], results: list[BatchOutcome | None]
-) -> None:
-    changes = [svc._change(tr, caller.request_id, None, idem, None) for _, tr, idem in pending]
-    outcomes = await svc._store.apply_many(changes) if changes else []
-    for (n, tr, idem), err in zip(pending, outcomes, strict=True):
-        if err is None:
-            svc._after_commit(tr)
-            results[n] = (tr.task, False)
-            continue
-        replay = None
-        if idem is not None and isinstance(err, Conflict) and err.code == Code.IDEMPOTENCY_CONFLICT:
-            replay = await replayed_task(svc, caller, idem.key, "create", idem.body_hash)
-        results[n] = (replay, True) if replay is not None else as_gateway_error(err)
-
-
-async def _create(svc: TaskService, caller: Caller, spec: NewTask, idem_key: str | None, body_hash: str) -> Task:
-    tr, idem = await prepared_create(svc, caller, spec, idem_key, body_hash)
-    return await svc._commit(tr, caller.request_id, idempotency=idem)
-
-
-async def prepared_create(
-    svc: TaskService, caller: Caller, spec: NewTask, idem_key: str | None, body_hash: str
-) -> tuple[sm.Transition, IdempotencyRecord | None]:
-    """Every check of a create and the transition it commits (not committed yet)."""
-    now = svc._clock()
-    run_id = spec.run_id
-    if spec.parent_id is not None:
-        parent = await svc._current(spec.parent_id)
-        if parent is None or not (caller.is_admin or parent.owner == caller.user):
-            raise InvalidArgument(f"parentId {spec.parent_id} does not name a task", details={"field": "parentId"})
-        run_id = run_id or parent.run_id
-    if spec.thread_id is not None and svc._thread_check is not None:
-        await svc._thread_check(caller, spec.thread_id)
-    p = svc.policy
-    task = Task(
-        id=idgen.new_id("tsk"),
-        owner=caller.user,
-        kind=spec.kind,
-        payload=spec.payload,
-        state="waiting_approval" if spec.requires_approval else "queued",
-        revision=1,
-        priority=spec.priority,
-        max_attempts=spec.max_attempts or p.default_max_attempts,
-        attempt_id=idgen.new_id("att"),
-        run_id=run_id or idgen.new_id("run"),
-        parent_id=spec.parent_id,
-        thread_id=spec.thread_id,
-        requires_approval=spec.requires_approval,
-        callback_url=spec.callback_url,
-        callback_secret=spec.callback_secret,
-        labels=spec.labels,
-        not_before=spec.not_before if spec.not_before is not None else now,
-        created_at=now,
-        updated_at=now,
-        retry_backoff_s=spec.retry_backoff_s,
-        lease_s=spec.lease_s or p.default_lease_s,
-        timeout_s=spec.timeout_s or p.default_timeout_s,
-        traceparent=spec.traceparent,
-        concurrency_key=spec.concurrency_key,
-        unique_key=spec.unique_key,
-        unique_for_s=spec.unique_for_s if spec.unique_key is not None else None,
-    )
-    idem = None
-    if idem_key is not None:
-        idem = IdempotencyRecord(
-            owner=caller.user,
-            key=idem_key,
-            operation="create",
-            body_hash=body_hash,
-            task_id=task.id,
-            created_at=now,
-        )
-    await svc._check_parent(task, inserting=True)
-    return sm.create(task, caller.actor, now, caller.request_id), idem

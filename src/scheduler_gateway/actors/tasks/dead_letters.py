@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -11,154 +12,165 @@ from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, NotFound
 from .. import idgen
 from ..model import task_machine as sm
 from ..model.records import ActorRef, AuditEntry, DeadLetter, Task
-from .api import Caller
-
-if TYPE_CHECKING:
-    from .service import TaskService
-
-
-async def get_dead_letter(svc: TaskService, caller: Caller, dead_letter_id: str) -> DeadLetter:
-    letter = await svc._store.get_dead_letter(dead_letter_id)
-    if letter is None or not (caller.is_admin or letter.owner == caller.user):
-        raise NotFound(f"dead letter {dead_letter_id[:64]} not found", code=Code.DEAD_LETTER_NOT_FOUND)
-    return letter
+from ..ports import Metrics, TaskServiceStore
+from .api import Caller, TaskPolicy
+from .ledger import TaskLedger
 
 
-async def redrive(
-    svc: TaskService, caller: Caller, dead_letter_id: str, *, force: bool = False, reason: str | None = None
-) -> tuple[DeadLetter, Task]:
-    """Requeue a dead letter's task with a fresh budget and a new attempt; ``force`` also takes
-    exhausted letters (``force_retry``, recorded with the caller and reason)."""
-    letter = await svc.get_dead_letter(caller, dead_letter_id)
-    return await svc._serial(letter.task_id, lambda: _redrive(svc, caller, dead_letter_id, force, reason))
+class DeadLetters:
+    """A task's dead letter: written with its death, redriven, force-retried and archived in its mailbox."""
 
+    def __init__(
+        self,
+        ledger: TaskLedger,
+        store: TaskServiceStore,
+        policy: TaskPolicy,
+        metrics: Metrics,
+        clock: Callable[[], float],
+    ) -> None:
+        self._ledger = ledger
+        self._store = store
+        self._policy = policy
+        self._metrics = metrics
+        self._clock = clock
 
-async def _redrive(
-    svc: TaskService, caller: Caller, dead_letter_id: str, force: bool, reason: str | None
-) -> tuple[DeadLetter, Task]:
-    action = "force_retry" if force else "redrive"
-    letter = await svc.get_dead_letter(caller, dead_letter_id)
-    task = await svc._current(letter.task_id)
-    if task is None:
-        raise task_not_found(letter.task_id)
-    now = svc._clock()
-    details: dict[str, Any] = {"deadLetterId": letter.dead_letter_id, "retryCount": letter.retry_count + 1}
-    if reason:
-        details["reason"] = reason
-    try:
-        new_letter = redriven(letter, force)
-        tr = sm.requeue(task, action, caller.actor, idgen.new_id("att"), now, caller.request_id, reason)
-        await svc._check_parent(tr.task, inserting=False)
-    except GatewayError as exc:
-        await svc._refused(
-            action,
-            task,
-            task.id,
-            caller.actor,
-            request_id=caller.request_id,
-            error_code=exc.code,
-            details=details,
-        )
-        raise
-    new_task = await svc._commit(tr, caller.request_id, audit_details=details, dead_letter=new_letter)
-    svc._metrics.redriven(action)
-    return new_letter, new_task
+    async def get_dead_letter(self, caller: Caller, dead_letter_id: str) -> DeadLetter:
+        letter = await self._store.get_dead_letter(dead_letter_id)
+        if letter is None or not (caller.is_admin or letter.owner == caller.user):
+            raise NotFound(f"dead letter {dead_letter_id[:64]} not found", code=Code.DEAD_LETTER_NOT_FOUND)
+        return letter
 
+    async def redrive(
+        self, caller: Caller, dead_letter_id: str, *, force: bool = False, reason: str | None = None
+    ) -> tuple[DeadLetter, Task]:
+        """Requeue a dead letter's task with a fresh budget and a new attempt; ``force`` also takes
+        exhausted letters (``force_retry``, recorded with the caller and reason)."""
+        letter = await self.get_dead_letter(caller, dead_letter_id)
+        return await self._ledger.serial(letter.task_id, lambda: self._redrive(caller, dead_letter_id, force, reason))
 
-async def redrive_due(svc: TaskService, caller: Caller, seen: DeadLetter, reason: str) -> bool:
-    """The keeper's automatic redrive of a letter it found due; True when it changed something.
-
-    In the task's mailbox the letter must still be the one the sweep read: a user's retry or redrive
-    that got there first, or a new death since, make this one moot (no second redrive, no redrive of
-    a death younger than the delay). A letter whose task was requeued without it being marked (written
-    before ``requeued`` existed) is marked now, so it is not due again.
-    """
-
-    async def run() -> bool:
-        current = await svc._store.get_dead_letter(seen.dead_letter_id)
-        if current is None or current != seen:
-            return False
-        task = await svc._current(current.task_id)
+    async def _redrive(
+        self, caller: Caller, dead_letter_id: str, force: bool, reason: str | None
+    ) -> tuple[DeadLetter, Task]:
+        action = "force_retry" if force else "redrive"
+        letter = await self.get_dead_letter(caller, dead_letter_id)
+        task = await self._ledger.current(letter.task_id)
         if task is None:
-            return False
-        if task.state != "dead":
-            await svc._store.put_dead_letter(msgspec.structs.replace(current, requeued=True))
-            return True
+            raise task_not_found(letter.task_id)
+        now = self._clock()
+        details: dict[str, Any] = {"deadLetterId": letter.dead_letter_id, "retryCount": letter.retry_count + 1}
+        if reason:
+            details["reason"] = reason
         try:
-            await _redrive(svc, caller, current.dead_letter_id, False, reason)
-        except Conflict as exc:
-            if exc.code != Code.TASK_ALREADY_TERMINAL:
-                raise
-            # its parent was canceled: it never runs again, so it must not stay due for every sweep
-            await svc._store.put_dead_letter(msgspec.structs.replace(current, requeued=True))
-        return True
-
-    return await svc._serial(seen.task_id, run)
-
-
-async def archive_dead_letter(svc: TaskService, dead_letter_id: str, dead_before: float, now: float) -> bool:
-    """Archive an exhausted letter whose last death is at or before ``dead_before``.
-
-    In its task's mailbox, so a concurrent redrive cannot be lost; the rule is checked again there
-    because the task may have died again since the sweep read the letter.
-    """
-    letter = await svc._store.get_dead_letter(dead_letter_id)
-    if letter is None:
-        return False
-
-    async def run() -> bool:
-        current = await svc._store.get_dead_letter(dead_letter_id)
-        if current is None or current.archived or not current.exhausted or current.last_dead_at > dead_before:
-            return False
-        await svc._store.put_dead_letter(msgspec.structs.replace(current, archived=True))
-        await svc._audit_only(
-            AuditEntry(
-                id=idgen.new_id("aud"),
-                at=now,
-                action="archive",
-                object_type="dead_letter",
-                object_id=current.dead_letter_id,
-                result="ok",
-                actor=ActorRef("system", "dead-letter-keeper"),
-                owner=current.owner,
-                details={"taskId": current.task_id},
+            new_letter = redriven(letter, force)
+            tr = sm.requeue(task, action, caller.actor, idgen.new_id("att"), now, caller.request_id, reason)
+            await self._ledger.check_parent(tr.task, inserting=False)
+        except GatewayError as exc:
+            await self._ledger.refused(
+                action,
+                task,
+                task.id,
+                caller.actor,
+                request_id=caller.request_id,
+                error_code=exc.code,
+                details=details,
             )
-        )
-        return True
+            raise
+        new_task = await self._ledger.commit(tr, caller.request_id, audit_details=details, dead_letter=new_letter)
+        self._metrics.redriven(action)
+        return new_letter, new_task
 
-    return await svc._serial(letter.task_id, run)
+    async def redrive_due(self, caller: Caller, seen: DeadLetter, reason: str) -> bool:
+        """The keeper's automatic redrive of a letter it found due; True when it changed something.
 
+        In the task's mailbox the letter must still be the one the sweep read: a user's retry or redrive
+        that got there first, or a new death since, make this one moot (no second redrive, no redrive of
+        a death younger than the delay). A letter whose task was requeued without it being marked (written
+        before ``requeued`` existed) is marked now, so it is not due again.
+        """
 
-async def dead_letter_for(svc: TaskService, tr: sm.Transition) -> DeadLetter | None:
-    task = tr.task
-    if task.state != "dead":
-        return None
-    now = task.updated_at
-    err = task.error
-    existing = await svc._store.get_dead_letter_for_task(task.id)
-    if existing is None:
-        return DeadLetter(
-            dead_letter_id=idgen.new_id("dlq"),
-            task_id=task.id,
-            original_task_id=task.id,
-            owner=task.owner,
-            dead_reason=err.code if err else Code.HANDLER_ERROR,
+        async def run() -> bool:
+            current = await self._store.get_dead_letter(seen.dead_letter_id)
+            if current is None or current != seen:
+                return False
+            task = await self._ledger.current(current.task_id)
+            if task is None:
+                return False
+            if task.state != "dead":
+                await self._store.put_dead_letter(msgspec.structs.replace(current, requeued=True))
+                return True
+            try:
+                await self._redrive(caller, current.dead_letter_id, False, reason)
+            except Conflict as exc:
+                if exc.code != Code.TASK_ALREADY_TERMINAL:
+                    raise
+                # its parent was canceled: it never runs again, so it must not stay due for every sweep
+                await self._store.put_dead_letter(msgspec.structs.replace(current, requeued=True))
+            return True
+
+        return await self._ledger.serial(seen.task_id, run)
+
+    async def archive_dead_letter(self, dead_letter_id: str, dead_before: float, now: float) -> bool:
+        """Archive an exhausted letter whose last death is at or before ``dead_before``.
+
+        In its task's mailbox, so a concurrent redrive cannot be lost; the rule is checked again there
+        because the task may have died again since the sweep read the letter.
+        """
+        letter = await self._store.get_dead_letter(dead_letter_id)
+        if letter is None:
+            return False
+
+        async def run() -> bool:
+            current = await self._store.get_dead_letter(dead_letter_id)
+            if current is None or current.archived or not current.exhausted or current.last_dead_at > dead_before:
+                return False
+            await self._store.put_dead_letter(msgspec.structs.replace(current, archived=True))
+            await self._ledger.audit_only(
+                AuditEntry(
+                    id=idgen.new_id("aud"),
+                    at=now,
+                    action="archive",
+                    object_type="dead_letter",
+                    object_id=current.dead_letter_id,
+                    result="ok",
+                    actor=ActorRef("system", "dead-letter-keeper"),
+                    owner=current.owner,
+                    details={"taskId": current.task_id},
+                )
+            )
+            return True
+
+        return await self._ledger.serial(letter.task_id, run)
+
+    async def dead_letter_for(self, tr: sm.Transition) -> DeadLetter | None:
+        task = tr.task
+        if task.state != "dead":
+            return None
+        now = task.updated_at
+        err = task.error
+        existing = await self._store.get_dead_letter_for_task(task.id)
+        if existing is None:
+            return DeadLetter(
+                dead_letter_id=idgen.new_id("dlq"),
+                task_id=task.id,
+                original_task_id=task.id,
+                owner=task.owner,
+                dead_reason=err.code if err else Code.HANDLER_ERROR,
+                last_error=err,
+                first_dead_at=now,
+                last_dead_at=now,
+            )
+        exhausted = existing.retry_count >= self._policy.max_dead_retries
+        return msgspec.structs.replace(
+            existing,
+            dead_reason=err.code if err else existing.dead_reason,
             last_error=err,
-            first_dead_at=now,
             last_dead_at=now,
+            # a fresh death is active work again, even if the letter was archived while its task ran
+            archived=False,
+            requeued=False,
+            exhausted=exhausted,
+            exhausted_at=now if exhausted and not existing.exhausted else existing.exhausted_at,
         )
-    exhausted = existing.retry_count >= svc.policy.max_dead_retries
-    return msgspec.structs.replace(
-        existing,
-        dead_reason=err.code if err else existing.dead_reason,
-        last_error=err,
-        last_dead_at=now,
-        # a fresh death is active work again, even if the letter was archived while its task ran
-        archived=False,
-        requeued=False,
-        exhausted=exhausted,
-        exhausted_at=now if exhausted and not existing.exhausted else existing.exhausted_at,
-    )
 
 
 def redriven(letter: DeadLetter, force: bool) -> DeadLetter:

@@ -5,16 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from scheduler_gateway.wire.errors import Code, Conflict, task_not_found
 
 from ..model.records import Task
-from ..ports import IdempotencyRecord
+from ..ports import IdempotencyRecord, TaskServiceStore
 from .api import Caller
-
-if TYPE_CHECKING:
-    from .service import TaskService
+from .ledger import TaskLedger
 
 
 class KeySlots:
@@ -45,70 +43,77 @@ class KeySlots:
             fut.set_result(None)
 
 
-async def once_per_key(
-    svc: TaskService,
-    caller: Caller,
-    key: str,
-    operation: str,
-    body_hash: str,
-    first: Callable[[], Awaitable[tuple[Task, bool]]],
-) -> tuple[Task, bool]:
-    """Run ``first`` unless the key has a record; a request whose key is still in flight waits for it and
-    then answers from its record, so two requests with one key never both act (or one fail)."""
-    async with svc._keys.hold(caller.user, [key]):
-        replay = await replayed_task(svc, caller, key, operation, body_hash)
-        if replay is not None:
-            return replay, True
-        try:
-            return await first()
-        except Conflict as exc:
-            if exc.code != Code.IDEMPOTENCY_CONFLICT:
-                raise
-            # the store's unique key is the arbiter beyond this process: the other writer's record answers
-            replay = await replayed_task(svc, caller, key, operation, body_hash)
-            if replay is None:
-                raise
-            return replay, True
+class Replays:
+    """A request with an idempotency key: run once per key, and the answer its record gives a repeat."""
 
+    def __init__(self, ledger: TaskLedger, store: TaskServiceStore, slots: KeySlots) -> None:
+        self._ledger = ledger
+        self._store = store
+        self._slots = slots
 
-async def replayed_task(
-    svc: TaskService,
-    caller: Caller,
-    key: str,
-    operation: str,
-    body_hash: str,
-    record: IdempotencyRecord | None = None,
-) -> Task | None:
-    """The task a key's record names (refused if the record is of another request); ``record`` when already
-    read, else it is read here."""
-    if record is None:
-        record = await svc._store.get_idempotency(caller.user, key)
-    if record is None:
-        return None
-    task = await svc._current(record.task_id)
-    if record.operation != operation or record.body_hash != body_hash:
-        await svc._refused(
+    async def once_per_key(
+        self,
+        caller: Caller,
+        key: str,
+        operation: str,
+        body_hash: str,
+        first: Callable[[], Awaitable[tuple[Task, bool]]],
+    ) -> tuple[Task, bool]:
+        """Run ``first`` unless the key has a record; a request whose key is still in flight waits for it and
+        then answers from its record, so two requests with one key never both act (or one fail)."""
+        async with self._slots.hold(caller.user, [key]):
+            replay = await self.replayed_task(caller, key, operation, body_hash)
+            if replay is not None:
+                return replay, True
+            try:
+                return await first()
+            except Conflict as exc:
+                if exc.code != Code.IDEMPOTENCY_CONFLICT:
+                    raise
+                # the store's unique key is the arbiter beyond this process: the other writer's record answers
+                replay = await self.replayed_task(caller, key, operation, body_hash)
+                if replay is None:
+                    raise
+                return replay, True
+
+    async def replayed_task(
+        self,
+        caller: Caller,
+        key: str,
+        operation: str,
+        body_hash: str,
+        record: IdempotencyRecord | None = None,
+    ) -> Task | None:
+        """The task a key's record names (refused if the record is of another request); ``record`` when already
+        read, else it is read here."""
+        if record is None:
+            record = await self._store.get_idempotency(caller.user, key)
+        if record is None:
+            return None
+        task = await self._ledger.current(record.task_id)
+        if record.operation != operation or record.body_hash != body_hash:
+            await self._ledger.refused(
+                operation.split(":")[0],
+                task,
+                record.task_id,
+                caller.actor,
+                request_id=caller.request_id,
+                error_code=Code.IDEMPOTENCY_CONFLICT,
+                details={"idempotencyKey": key},
+            )
+            raise Conflict(
+                "this Idempotency-Key was used with another request",
+                code=Code.IDEMPOTENCY_CONFLICT,
+                details={"taskId": record.task_id},
+            )
+        if task is None:
+            raise task_not_found(record.task_id)
+        await self._ledger.repeated(
             operation.split(":")[0],
             task,
-            record.task_id,
+            task.id,
             caller.actor,
             request_id=caller.request_id,
-            error_code=Code.IDEMPOTENCY_CONFLICT,
             details={"idempotencyKey": key},
         )
-        raise Conflict(
-            "this Idempotency-Key was used with another request",
-            code=Code.IDEMPOTENCY_CONFLICT,
-            details={"taskId": record.task_id},
-        )
-    if task is None:
-        raise task_not_found(record.task_id)
-    await svc._repeated(
-        operation.split(":")[0],
-        task,
-        task.id,
-        caller.actor,
-        request_id=caller.request_id,
-        details={"idempotencyKey": key},
-    )
-    return task
+        return task
