@@ -211,8 +211,9 @@ async def test_a_frozen_schedule_claim_does_not_fire_its_occurrence_twice(
         return seen if seen and all(r["status"] in inv.RUN_TERMINAL for r in seen) else None
 
     # Q's start may wait to see P's rows stand still; its run's claim or settle may go to the frozen P
-    # (the queue group, the settle deliver group): a claim then waits out the node's 5 s claim timeout, a
-    # settle GW_SETTLE's 30 s ack wait before it is redelivered to Q
+    # (the queue group, the settle deliver group): a claim then waits out the node's 5 s claim timeout; a
+    # settle is redelivered to Q only after GW_SETTLE's 10 s ack wait, and the task's 3 s lease runs out first:
+    # Q's lease clock then finds the settle waiting in the stream and applies it
     try:
         runs_before = await inv.poll("", fired_and_ended, timeout_s=45)
     except AssertionError:

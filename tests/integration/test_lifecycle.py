@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import nats
@@ -414,3 +415,46 @@ async def test_a_batch_of_settles_in_one_message_applies_each_once_and_a_redeliv
         return bad if len(bad) >= 2 else []
 
     await wait_for(refused)
+
+
+@pytest.mark.parametrize("form", ["single", "batch"])
+async def test_a_settle_held_by_a_frozen_instance_closes_the_attempt_when_its_lease_runs_out(
+    api: Api, node: HandNode, gateway: Gateway, fresh_nats: NatsServerProcess, form: str
+) -> None:
+    """The node settles within its lease; GW_SETTLE stores the settle and delivers it to another member of the
+    settle consumer's deliver group (another gatewayd) that freezes before its ack, so it comes again only after
+    the ack wait (10 s), well past this task's 1 s lease. When the lease runs out the gateway finds the settle
+    waiting in the stream and applies it: the task succeeds with its result, and no second attempt starts."""
+    from scheduler_gateway.wire.messages import SETTLE_BATCH_HEADER, Settle
+
+    task, attempt, lease = await claimed(api, node, {"kind": "echo", "leaseSeconds": 1, "retryBackoffSeconds": 0})
+    frozen = await nats.connect(fresh_nats.url)
+    held: list[Any] = []
+
+    async def take(msg: Any) -> None:  # taken, never acked
+        held.append(msg)
+
+    try:
+        await frozen.jetstream().subscribe(
+            node.subjects.wildcard("settle"),
+            queue=SETTLE_CONSUMER,
+            stream=SETTLE_STREAM,
+            cb=take,
+            manual_ack=True,
+        )
+        await gateway.bus.stop_serving()  # the frozen member is the only one left to deliver to
+        settle = Settle(task_id=task["id"], attempt_id=attempt, lease_id=lease, outcome="succeeded",
+                        result=msgspec.Raw(b'{"held":1}'))  # fmt: skip
+        if form == "single":
+            await node.js.publish(node.subjects.settle(node.node_id), msgspec.json.encode(settle))
+        else:  # one batch with another node's stale lease beside it
+            other = Settle(task_id=task["id"], attempt_id=attempt, lease_id="lse_" + "0" * 32, outcome="failed")
+            body = msgspec.json.encode({"settles": [other, settle]})
+            await node.js.publish(node.subjects.settle(node.node_id), body, headers={SETTLE_BATCH_HEADER: "2"})
+        await wait_for(lambda: asyncio.sleep(0, held))  # delivered to the frozen member
+        done = await api.wait_state(task["id"], {"succeeded", "queued", "dead"}, timeout_s=8)
+        assert done["state"] == "succeeded" and done["result"] == {"held": 1} and done["attemptNo"] == 1
+        assert [h["action"] for h in await api.history(task["id"])] == ["create", "claim", "settle"]
+        assert len(held) == 1  # still held: the settle was read from the stream, not delivered again
+    finally:
+        await frozen.close()

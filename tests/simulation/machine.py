@@ -191,6 +191,9 @@ class SimMachine(RuleBasedStateMachine):
         self.nodes = [SimNode("n1", ["echo", "work"]), SimNode("n2", ["echo"]), SimNode("n3", ["work"])]
         self.cut_next: int | None = None
         self.problems: list[str] = []
+        #: settles held in GW_SETTLE while their lease was the task's current one and no instance was frozen
+        #: mid-deadline: lease id -> (task id, the task's revision then); its next change must not be a deadline's
+        self.held_current: dict[str, tuple[str, int]] = {}
         self.advanced = 0.0
         self.faulted = False
         self.rid = 0
@@ -1007,6 +1010,76 @@ class SimMachine(RuleBasedStateMachine):
         if out.ok and variant == "conflicting" and out.value.result == "ok":
             self.problem(f"a conflicting settle of lease {lease.lease_id} was accepted")
 
+    @rule(
+        n=st.integers(0, 2),
+        i=st.integers(0, 10),
+        outcome=st.sampled_from(["succeeded", "succeeded", "failed"]),
+        retryable=st.booleans(),
+    )
+    def settle_held(self, n: int, i: int, outcome: str, retryable: bool) -> None:
+        """The node settles one of its leases and stops heartbeating it; GW_SETTLE stores the settle, but the
+        instance it is delivered to freezes or dies before its ack, so it comes again only after the ack wait
+        (``deliver_held_settles``). The lease may run out meanwhile: the attempt must then end as the settle
+        says, not fail on its deadline and run again."""
+        assert self.sim is not None
+        node = self.nodes[n]
+        if not node.leases:
+            return
+        lease = list(node.leases.values())[i % len(node.leases)]
+        result = b'{"r":3}' if outcome == "succeeded" else b"null"
+        msg = Settle(
+            task_id=lease.task_id,
+            attempt_id=lease.attempt_id,
+            lease_id=lease.lease_id,
+            outcome=outcome,  # type: ignore[arg-type]
+            result=msgspec.Raw(result),
+            error=None if outcome == "succeeded" else WireError(code="HANDLER_ERROR", message="x", retryable=retryable),
+        )
+        node.leases.pop(lease.task_id, None)
+        node.old_leases.append(lease)
+        self.sim.bus.held_settles.setdefault(node.id, []).append(msg)
+        COVERAGE["settles held in GW_SETTLE"] += 1
+        task = self.view.task(lease.task_id)
+        # a frozen instance may be inside a deadline, past its read of what waits: its expiry is then no fault
+        if task is not None and task.state == "running" and task.lease_id == lease.lease_id and not self.sim.frozen():
+            self.held_current[lease.lease_id] = (task.id, task.revision)
+
+    @rule(n=st.integers(0, 2))
+    def deliver_held_settles(self, n: int) -> None:
+        """The ack wait passed: GW_SETTLE delivers the node's oldest held settle again, to a live instance; it
+        leaves the stream once handled (acked), and stays for another delivery when the handling did not end."""
+        assert self.sim is not None
+        node = self.nodes[n]
+        held = self.sim.bus.held_settles.get(node.id)
+        if not held:
+            return
+        msg = held[0]
+        out = self.do(lambda: self.w.service.settle(node.id, msg))
+        if out.ok:
+            held.remove(msg)
+            COVERAGE[f"held settles delivered again: {out.value.result}"] += 1
+            if out.value.result in ("ok", "repeat"):
+                node.settled.setdefault(msg.lease_id, (msg.outcome, bytes(msg.result)))
+
+    def _held_settles_closed_their_attempts(self) -> list[str]:
+        """settle_waiting_closes_its_attempt: a task whose settle waited in GW_SETTLE while its lease was current
+        is not failed by that attempt's lease expiry or timeout (the deadline applies the waiting settle)."""
+        out = []
+        for lease_id, (tid, revision) in list(self.held_current.items()):
+            after = self.view.history_after(tid, revision)
+            if not after:
+                continue
+            del self.held_current[lease_id]
+            first = after[0]
+            if first.action == "attempt_failed" and first.reason in (Code.LEASE_EXPIRED, Code.TIMEOUT):
+                out.append(
+                    f"settle_waiting_closes_its_attempt: task {tid} failed by {first.reason} at revision "
+                    f"{first.revision} while the settle of lease {lease_id} waited in GW_SETTLE"
+                )
+            elif first.action == "settle":
+                COVERAGE["held settles that closed their attempt"] += 1
+        return out
+
     @rule(n=st.integers(0, 2), i=st.integers(0, 50), outcome=st.sampled_from(["succeeded", "failed"]))
     def cancel_while_settling(self, n: int, i: int, outcome: str) -> None:
         """A user cancels a task while a node settles one of its running descendants, in one instant."""
@@ -1355,6 +1428,7 @@ class SimMachine(RuleBasedStateMachine):
         if self.w.store.fail_ops == 0:
             self.faulted = False if self.advanced >= 60.0 else self.faulted
         found += self.log.violations + self.log.pending_cascades() + self.problems
+        found += self._held_settles_closed_their_attempts()
         found += self.flow.violations + self.fair.violations
         due, self.artifacts_due = self.artifacts_due and liveness and not self.sim.bus.down, False
         found += artifact_violations(self.view.artifacts(), facts.tasks, self.sim.bucket, self.sim.now(), due=due)

@@ -55,7 +55,7 @@ from scheduler_gateway.daemon.nats.streams import DUPLICATE_WINDOW_S
 from scheduler_gateway.wire.artifacts import object_name
 from scheduler_gateway.wire.errors import Code, GatewayError, StorageError
 from scheduler_gateway.wire.ids import RAND_BITS, format_id, is_id
-from scheduler_gateway.wire.messages import Offer
+from scheduler_gateway.wire.messages import Offer, Settle
 from scheduler_gateway.wire.subjects import Subjects
 
 from .flow_invariants import WatchedQueue
@@ -369,6 +369,9 @@ class SimBus:
         self.event_ids: dict[str, tuple[int, float]] = {}
         self.duplicate_event_publishes = 0
         self.cancels: list[tuple[str, bytes]] = []
+        #: GW_SETTLE's messages that no gateway acked, by node id: delivered to an instance that froze or died
+        #: before its ack, redelivered only after the ack wait (the machine's ``deliver_held_settles``)
+        self.held_settles: dict[str, list[Settle]] = {}
         self.down = False  # NATS unreachable: every publish fails
         self.lose_event_at: int | None = None  # the next event publish of more than this many loses that one
         #: the next event publish of more than this many finds a message of another publisher (a client allowed
@@ -431,6 +434,12 @@ class BusGate:
         await self._pause_point("publish_cancel")
         self._check()
         self._bus.cancels.append((node_id, body))
+
+    async def waiting_settles(self, node_id: str) -> list[Settle]:
+        await self._pause_point("waiting_settles")
+        self._check()
+        BUS_COUNTS["waiting settles read"] += 1
+        return list(self._bus.held_settles.get(node_id, []))
 
     async def publish_events(
         self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None, *, ack_each: bool = True
@@ -720,6 +729,7 @@ class World:
             clock=clock,
             on_committed=self.relay.notify,
             rng=random.Random(sim.seed * 7919 + incarnation * 10 + index),
+            waiting_settles=self.bus.waiting_settles,
         )
         self.keeper = DeadLetterKeeper(duty_store, self.service, DEAD_LETTER_POLICY, clock)
         # artifacts (daemon/artifacts.py): every instance answers nodes and runs the keeper (its steps idempotent)

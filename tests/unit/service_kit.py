@@ -23,6 +23,10 @@ class RecordingBus:
     def __init__(self) -> None:
         self.offers: list[Offer] = []
         self.cancels: list[tuple[str, dict[str, Any]]] = []
+        #: GW_SETTLE's messages that no gateway acked, by node: what ``waiting_settles`` answers
+        self.waiting: dict[str, list[Settle]] = {}
+        self.unreachable = False  # waiting_settles raises, as with NATS down
+        self.waiting_reads = 0
 
     async def publish_offers(self, items: list[tuple[str, str, bytes]]) -> list[BaseException | None]:
         self.offers.extend(msgspec.json.decode(body, type=Offer) for _, _, body in items)
@@ -30,6 +34,12 @@ class RecordingBus:
 
     async def publish_cancel(self, node_id: str, body: bytes) -> None:
         self.cancels.append((node_id, msgspec.json.decode(body)))
+
+    async def waiting_settles(self, node_id: str) -> list[Settle]:
+        self.waiting_reads += 1
+        if self.unreachable:
+            raise ConnectionError("NATS unreachable (test)")
+        return list(self.waiting.get(node_id, []))
 
 
 class Kit:
@@ -73,7 +83,15 @@ async def service_kit(
     await store.start()
     bus = RecordingBus()
     dispatcher = Dispatcher(bus, clock)
-    service = TaskService(store, dispatcher, NodeRegistry(clock), bus.publish_cancel, policy=policy, clock=clock)
+    service = TaskService(
+        store,
+        dispatcher,
+        NodeRegistry(clock),
+        bus.publish_cancel,
+        policy=policy,
+        clock=clock,
+        waiting_settles=bus.waiting_settles,
+    )
     await service.start()
     await dispatcher.start()
     try:

@@ -19,7 +19,7 @@ from scheduler_gateway.actors.ports import AuditQuery, Change, TaskQuery
 from scheduler_gateway.actors.task_service import TaskPolicy
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.wire.errors import Code, Conflict, StorageError
-from scheduler_gateway.wire.messages import HeartbeatRequest, LeaseReport
+from scheduler_gateway.wire.messages import HeartbeatRequest, LeaseReport, Settle
 from tests.fakes.memory_store import MemoryStore
 
 from .service_kit import ALICE, Kit, service_kit
@@ -120,6 +120,54 @@ async def test_a_lease_expiry_that_failed_is_tried_again(new_store: Callable[[],
         await until(lambda: _is(kit, tid, "queued"))
         assert kit.store.fail_next is None  # the first try did fail
         assert kit.service.lease_clock.watched() == 0
+
+
+def _settle_of(task_id: str, attempt_id: str, lease_id: str) -> Settle:
+    return Settle(
+        task_id=task_id, attempt_id=attempt_id, lease_id=lease_id, outcome="succeeded", result=msgspec.Raw(b'{"r":1}')
+    )
+
+
+@pytest.mark.parametrize("deadline", ["lease", "timeout"])
+async def test_a_settle_waiting_in_gw_settle_closes_the_attempt_its_deadline_would_fail(
+    new_store: Callable[[], Any], deadline: str
+) -> None:
+    """The node settled within its lease; the settle is stored in GW_SETTLE but held by an instance that froze
+    before its ack, so it comes again only after the stream's ack wait. The lease (or the attempt's timeout) runs
+    out first: the settle is applied then, and its delivery later is a repeat."""
+    async with kit_on(new_store) as kit:
+        short = {"lease_s": 0.1} if deadline == "lease" else {"lease_s": 30.0, "timeout_s": 0.1}
+        tid = await kit.create(retry_backoff_s=0.0, **short)
+        lease = (await kit.claim(tid)).lease_id or ""
+        task = await kit.store.get_task(tid)
+        msg = _settle_of(tid, task.attempt_id, lease)
+        kit.bus.waiting["node-a"] = [_settle_of(tid, task.attempt_id, "lse_" + "0" * 32), msg]
+        await until(lambda: _is(kit, tid, "succeeded"))
+        done = await kit.store.get_task(tid)
+        assert done.attempt_no == 1 and bytes(done.result) == b'{"r":1}'
+        history = (await kit.store.history(tid)).items
+        assert [h.action for h in history] == ["create", "claim", "settle"]
+        assert kit.bus.cancels == []  # nothing runs to cancel: the attempt ended
+        assert (await kit.service.settle("node-a", msg)).result == "repeat"
+
+
+async def test_deadlines_wait_while_gw_settle_cannot_be_read(new_store: Callable[[], Any]) -> None:
+    """With NATS unreachable, what waits in GW_SETTLE cannot be told: an expired lease stays running (the lease
+    clock tries again) and fails once the stream can be read and holds no settle of it."""
+    async with kit_on(new_store) as kit:
+        kit.bus.unreachable = True
+        tid = await kit.create(lease_s=0.1, retry_backoff_s=0.0)
+        await kit.claim(tid)
+        await until(lambda: _reads(kit, 3))
+        assert await stored_state(kit, tid) == "running"
+        kit.bus.unreachable = False
+        await until(lambda: _is(kit, tid, "queued"))
+        task = await kit.store.get_task(tid)
+        assert task.attempt_no == 2 and task.error.code == Code.LEASE_EXPIRED
+
+
+async def _reads(kit: Kit, n: int) -> bool:
+    return kit.bus.waiting_reads >= n
 
 
 async def _is(kit: Kit, task_id: str, state: str) -> bool:

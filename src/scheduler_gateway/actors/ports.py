@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 import msgspec
 
+from scheduler_gateway.wire.messages import Settle
+
 from .model.artifacts import ArtifactLimits, ArtifactRecord
 from .model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
 from .model.flow import KindSettings
@@ -540,6 +542,12 @@ class Bus(Protocol):
         stored only right after the one before it, so an ack of the last at ``expected_last_seq + n`` means
         every item is stored, at the sequences before it; any other answer (an error, a timeout, another
         sequence) gives every item ``PublishUncertain``: some may be stored, which ones only the tail tells."""
+        ...
+
+    async def waiting_settles(self, node_id: str) -> list[Settle]:
+        """The settles ``node_id`` published that are stored in GW_SETTLE and acked by no gateway yet (not
+        delivered, or held by an instance that froze or died before its ack), oldest first; raises when NATS does
+        not answer. A lease's expiry reads them: the lease ran out while its result waited."""
         ...
 
     async def events_tail(self, since: float) -> tuple[int, str | None]:

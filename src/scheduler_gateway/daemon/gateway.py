@@ -166,6 +166,7 @@ class Gateway:
             clock=clock,
             metrics=self.metrics,
             on_committed=self.relay.notify,
+            waiting_settles=self.bus.waiting_settles,
         )
         self.dead_letter_keeper = DeadLetterKeeper(
             self.store, self.service, s.dead_letters, clock, on_counts=self._dead_letter_counts

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError
@@ -32,6 +33,8 @@ from .api import SettleOutcome, body_digest
 from .dead_letters import DeadLetters
 from .ledger import TaskLedger
 
+log = logging.getLogger(__name__)
+
 
 class NodeProtocol:
     """What nodes send about their leases (claims, heartbeats, settles) and what the lease clock finds."""
@@ -46,8 +49,11 @@ class NodeProtocol:
         metrics: Metrics,
         clock: Callable[[], float],
         rng: random.Random,
+        waiting_settles: Callable[[str], Awaitable[list[Settle]]] | None = None,
     ) -> None:
         self._ledger = ledger
+        self._waiting_settles = waiting_settles
+        self._unreadable = False  # the last read of the waiting settles failed (warned once)
         self._store = store
         self._nodes = nodes
         self._dispatcher = dispatcher
@@ -268,11 +274,40 @@ class NodeProtocol:
             if task.lease_expires_at is not None and task.lease_expires_at > now:
                 self._ledger.lease_clock.extend(task_id, lease_id, task.lease_expires_at)
                 return
+            if await self._settled_while_waiting(task, lease_id):
+                return
             tr = sm.lease_expired(task, lease_id, idgen.new_id("att"), self._delay(task), now)
             await self._ledger.commit(tr, None, dead_letter=await self._dead_letters.dead_letter_for(tr))
             self._metrics.lease_expired(task.kind)
 
         await self._ledger.serial(task_id, run)
+
+    async def _settled_while_waiting(self, task: Task, lease_id: str) -> bool:
+        """Before a deadline fails the attempt: a settle of its lease that waits in GW_SETTLE (stored, acked by no
+        gateway: the instance it was delivered to froze or died, and it comes again only after the stream's ack
+        wait) is applied now, as its delivery would be; that delivery is then a repeat. Without this, a lease
+        shorter than the ack wait runs out while its result waits, and the attempt that succeeded is failed and
+        run again. True when the deadline must not fail the attempt now: the settle closed it, or NATS does not
+        answer (what waits cannot be told; the lease clock calls again every ``recheck_s``)."""
+        if self._waiting_settles is None or task.node_id is None:
+            return False
+        try:
+            waiting = await self._waiting_settles(task.node_id)
+        except Exception as exc:
+            if not self._unreadable:
+                log.warning("deadlines wait: the settles waiting in GW_SETTLE cannot be read (%s)", type(exc).__name__)
+                self._unreadable = True
+            return True
+        if self._unreadable:
+            log.info("the settles waiting in GW_SETTLE can be read again; deadlines go on")
+            self._unreadable = False
+        msg = next((m for m in waiting if m.lease_id == lease_id and m.task_id == task.id), None)
+        if msg is None:
+            return False
+        outcome = await self._settle(task.node_id, msg)
+        log.info("lease %s of task %s ran out while its settle waited in GW_SETTLE: applied (%s)",
+                 lease_id, task.id, outcome.result)  # fmt: skip
+        return outcome.result in ("ok", "repeat")
 
     async def timed_out(self, task_id: str, attempt_id: str) -> None:
         async def run() -> None:
@@ -280,6 +315,8 @@ class NodeProtocol:
                 self._ledger.live.get(task_id) if self._ledger.shared is None else await self._ledger.current(task_id)
             )
             if task is None or task.state != "running" or task.attempt_id != attempt_id:
+                return
+            if task.lease_id is not None and await self._settled_while_waiting(task, task.lease_id):
                 return
             tr = sm.timed_out(task, attempt_id, idgen.new_id("att"), self._delay(task), self._clock())
             await self._ledger.commit(tr, None, dead_letter=await self._dead_letters.dead_letter_for(tr))

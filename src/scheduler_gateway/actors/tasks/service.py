@@ -58,7 +58,10 @@ class TaskService:
         metrics: Metrics | None = None,
         on_committed: Callable[[], None] | None = None,
         rng: random.Random | None = None,
+        waiting_settles: Callable[[str], Awaitable[list[Settle]]] | None = None,
     ) -> None:
+        """``waiting_settles`` (the bus's): what a node's settles wait in GW_SETTLE, read before a deadline fails
+        an attempt (``NodeProtocol``); None: deadlines do not look."""
         self._store = store
         self._dispatcher = dispatcher
         self.policy = policy or TaskPolicy()
@@ -80,7 +83,15 @@ class TaskService:
         self._actions = TaskActions(self.ledger, store, replays, metrics, clock)
         self._dead_letters = DeadLetters(self.ledger, store, self.policy, metrics, clock)
         self._node = NodeProtocol(
-            self.ledger, store, nodes, dispatcher, self._dead_letters, metrics, clock, rng or random.Random()
+            self.ledger,
+            store,
+            nodes,
+            dispatcher,
+            self._dead_letters,
+            metrics,
+            clock,
+            rng or random.Random(),
+            waiting_settles,
         )
         self._artifacts = ArtifactLeases(self.ledger, store)
 

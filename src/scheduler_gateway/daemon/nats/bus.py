@@ -58,6 +58,9 @@ EXPECTED_LAST_ID_HEADER = "Nats-Expected-Last-Msg-Id"
 #: default lease (30 s), so the task's lease does not run out (and the task run again) while its settle
 #: waits. A settle handled twice is a repeat (the same lease and outcome), so a short wait costs nothing.
 SETTLE_ACK_WAIT_S = 10.0
+#: How many GW_SETTLE messages of one node a lease's expiry reads at most, looking for a settle that waits
+#: (``waiting_settles``): a node has one per settle message it published that no gateway has acked yet.
+WAITING_SCAN_MAX = 256
 #: The queue group of the claim and heartbeat responders (docs/WIRE.md, Several instances).
 GATEWAY_QUEUE = "gw-gateway"
 _NODE_RE = re.compile(NODE_ID_PATTERN)
@@ -341,13 +344,8 @@ class NatsBus:
             if node is None:
                 await self._inputs.refuse("settle", "?", Code.INVALID_ARGUMENT, "bad node id in subject")
             else:
-                batched = msg.headers is not None and SETTLE_BATCH_HEADER in msg.headers
                 try:
-                    settles = (
-                        self._batch_dec.decode(msg.data).settles if batched else [self._settle_dec.decode(msg.data)]
-                    )
-                    if len(settles) > SETTLE_BATCH_MAX:
-                        raise msgspec.ValidationError(f"a settle batch holds at most {SETTLE_BATCH_MAX} settles")
+                    settles = self._settles_of(msg.data, msg.headers)
                 except _MALFORMED as exc:
                     await self._inputs.refuse("settle", node, Code.INVALID_ARGUMENT, str(exc)[:200])
                 else:
@@ -476,6 +474,40 @@ class NatsBus:
             if msg.time is not None and msg.time.timestamp() < floor:
                 break  # stored before any outbox row was written
         return last, None
+
+    async def waiting_settles(self, node_id: str) -> list[Settle]:
+        """The settles of ``node_id`` still in GW_SETTLE, oldest first: published and stored, but acked by no
+        gateway yet (not delivered, or taken by an instance that froze or died before its ack, and redelivered
+        only after ``SETTLE_ACK_WAIT_S``). A work-queue stream drops a message when it is acked, so what is
+        left is what waits. At most ``WAITING_SCAN_MAX`` messages are read; one that does not decode is left
+        out (its delivery refuses it)."""
+        assert self.js is not None
+        subject = self.subjects.settle(node_id)
+        out: list[Settle] = []
+        seq = 1
+        for _ in range(WAITING_SCAN_MAX):
+            try:
+                msg = await asyncio.wait_for(
+                    self.js.get_msg(SETTLE_STREAM, seq=seq, subject=subject, next=True), PUBLISH_ACK_TIMEOUT_S
+                )
+            except NotFoundError:
+                break
+            seq = int(msg.seq or seq) + 1
+            try:
+                out += self._settles_of(msg.data or b"", msg.headers)
+            except _MALFORMED:
+                continue
+        return out
+
+    def _settles_of(self, data: bytes, headers: dict[str, str] | None) -> list[Settle]:
+        """The settles of one GW_SETTLE message: one, or a batch (``SETTLE_BATCH_HEADER``); raises one of
+        ``_MALFORMED`` for a body that is neither."""
+        if headers is None or SETTLE_BATCH_HEADER not in headers:
+            return [self._settle_dec.decode(data)]
+        settles = self._batch_dec.decode(data).settles
+        if len(settles) > SETTLE_BATCH_MAX:
+            raise msgspec.ValidationError(f"a settle batch holds at most {SETTLE_BATCH_MAX} settles")
+        return settles
 
     async def _publish_all(
         self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None

@@ -1,0 +1,35 @@
+"""Cases of the settle invariants replayed step by step on the simulation's machine: each failed before the fix
+named in its docstring."""
+
+from __future__ import annotations
+
+from .machine import SimMachine
+
+
+def test_a_settle_held_in_gw_settle_past_its_lease_closes_the_attempt() -> None:
+    """A node settles within its lease; GW_SETTLE stores the settle, and the instance it is delivered to freezes
+    before its ack, so it comes again only after the ack wait; the node no longer heartbeats the lease. The lease
+    ran out first, and the attempt that succeeded was failed and queued again (``settle_waiting_closes_its_attempt:
+    task ... failed by LEASE_EXPIRED``). A deadline now reads what waits in GW_SETTLE for the lease's node first
+    (``NodeProtocol._settled_while_waiting``): the task succeeds on its first attempt, and the settle's delivery
+    later is a repeat."""
+    m = SimMachine()
+    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0), nats_skew=0.0)
+    try:
+        m.holds()
+        m.create_flood(big=2, keys=["ta", "tb", "tc"], kind="echo", user="alice")
+        m.claim(again=False, i=0, n=0)
+        m.holds()
+        m.settle_held(i=0, n=0, outcome="succeeded", retryable=False)
+        assert len(m.held_current) == 1
+        ((lease_id, (task_id, _)),) = m.held_current.items()
+        m.advance(seconds=31.0)  # past the lease (TASK_POLICY's default)
+        m.holds()
+        task = m.view.task(task_id)
+        assert task is not None and task.state == "succeeded" and task.attempt_no == 1
+        m.deliver_held_settles(n=0)  # the ack wait passed: delivered again
+        m.holds()
+        assert m.nodes[0].settled[lease_id][0] == "succeeded"
+        assert m.view.task(task_id) == task
+    finally:
+        m.teardown()
