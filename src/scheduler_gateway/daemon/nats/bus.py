@@ -56,7 +56,8 @@ EXPECTED_LAST_SEQ_HEADER = "Nats-Expected-Last-Sequence"
 EXPECTED_LAST_ID_HEADER = "Nats-Expected-Last-Msg-Id"
 #: A settle taken by a gatewayd that died unacked is redelivered to another after this long: well under the
 #: default lease (30 s), so the task's lease does not run out (and the task run again) while its settle
-#: waits. A settle handled twice is a repeat (the same lease and outcome), so a short wait costs nothing.
+#: waits; a shorter lease that does finds the settle at its expiry (``waiting_settles``). A settle handled
+#: twice is a repeat (the same lease and outcome), so a short wait costs nothing.
 SETTLE_ACK_WAIT_S = 10.0
 #: How many GW_SETTLE messages of one node a lease's expiry reads at most, looking for a settle that waits
 #: (``waiting_settles``): a node has one per settle message it published that no gateway has acked yet.
