@@ -982,15 +982,8 @@ class SimMachine(RuleBasedStateMachine):
                 outcome = prev_outcome
             else:
                 outcome = "failed" if prev_outcome == "succeeded" else "succeeded"
-        result = b'{"r":1}' if outcome == "succeeded" else b"null"
-        msg = Settle(
-            task_id=lease.task_id,
-            attempt_id=lease.attempt_id,
-            lease_id=lease.lease_id,
-            outcome=outcome,  # type: ignore[arg-type]
-            result=msgspec.Raw(result),
-            error=None if outcome == "succeeded" else WireError(code="HANDLER_ERROR", message="x", retryable=retryable),
-        )
+        msg = _node_settle(lease, outcome, retryable, b'{"r":1}')
+        result = bytes(msg.result)
         before = self.view.task(lease.task_id)
         out = self.do(lambda: self.w.service.settle(node.id, msg))
         if variant == "normal":
@@ -1026,15 +1019,7 @@ class SimMachine(RuleBasedStateMachine):
         if not node.leases:
             return
         lease = list(node.leases.values())[i % len(node.leases)]
-        result = b'{"r":3}' if outcome == "succeeded" else b"null"
-        msg = Settle(
-            task_id=lease.task_id,
-            attempt_id=lease.attempt_id,
-            lease_id=lease.lease_id,
-            outcome=outcome,  # type: ignore[arg-type]
-            result=msgspec.Raw(result),
-            error=None if outcome == "succeeded" else WireError(code="HANDLER_ERROR", message="x", retryable=retryable),
-        )
+        msg = _node_settle(lease, outcome, retryable, b'{"r":3}')
         node.leases.pop(lease.task_id, None)
         node.old_leases.append(lease)
         self.sim.bus.held_settles.setdefault(node.id, []).append(msg)
@@ -1090,14 +1075,7 @@ class SimMachine(RuleBasedStateMachine):
         if tid is None or not node.leases:
             return
         lease = next(iter(node.leases.values()))
-        msg = Settle(
-            task_id=lease.task_id,
-            attempt_id=lease.attempt_id,
-            lease_id=lease.lease_id,
-            outcome=outcome,  # type: ignore[arg-type]
-            result=msgspec.Raw(b'{"r":2}' if outcome == "succeeded" else b"null"),
-            error=None if outcome == "succeeded" else WireError(code="HANDLER_ERROR", message="x", retryable=True),
-        )
+        msg = _node_settle(lease, outcome, True, b'{"r":2}')
         owner = self.owner_of[tid]
 
         async def both() -> list[Any]:
@@ -1488,6 +1466,18 @@ class SimMachine(RuleBasedStateMachine):
 
 async def _idle() -> None:
     return None
+
+
+def _node_settle(lease: NodeLease, outcome: str, retryable: bool, ok_result: bytes) -> Settle:
+    """A node's settle of ``lease``: ``ok_result`` when it succeeded, else null with a handler error."""
+    return Settle(
+        task_id=lease.task_id,
+        attempt_id=lease.attempt_id,
+        lease_id=lease.lease_id,
+        outcome=outcome,  # type: ignore[arg-type]
+        result=msgspec.Raw(ok_result if outcome == "succeeded" else b"null"),
+        error=None if outcome == "succeeded" else WireError(code="HANDLER_ERROR", message="x", retryable=retryable),
+    )
 
 
 def _task_event(body: bytes, id_field: str) -> tuple[str, int] | None:
