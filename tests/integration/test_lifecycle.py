@@ -456,5 +456,7 @@ async def test_a_settle_held_by_a_frozen_instance_closes_the_attempt_when_its_le
         assert done["state"] == "succeeded" and done["result"] == {"held": 1} and done["attemptNo"] == 1
         assert [h["action"] for h in await api.history(task["id"])] == ["create", "claim", "settle"]
         assert len(held) == 1  # still held: the settle was read from the stream, not delivered again
+        counted = gateway.metrics.registry.get_sample_value("gw_settles_found_waiting_total", {"kind": "echo"})
+        assert counted == 1
     finally:
         await frozen.close()

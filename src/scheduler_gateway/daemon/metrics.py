@@ -47,6 +47,12 @@ class PrometheusMetrics:
             registry=r,
         )
         self.lease_expiries = Counter("gw_lease_expiries_total", "Leases that ran out", ["kind"], registry=r)
+        self.settles_found_waiting = Counter(
+            "gw_settles_found_waiting_total",
+            "Settles applied at their lease's expiry or attempt's timeout, found waiting in GW_SETTLE",
+            ["kind"],
+            registry=r,
+        )
         self.refusals = Counter(
             "gw_refused_total",
             "Refused requests and node messages by operation and code",
@@ -120,6 +126,9 @@ class PrometheusMetrics:
 
     def lease_expired(self, kind: str) -> None:
         self.lease_expiries.labels(self.kind(kind)).inc()
+
+    def settle_found_waiting(self, kind: str) -> None:
+        self.settles_found_waiting.labels(self.kind(kind)).inc()
 
     def refused(self, operation: str, code: str) -> None:
         self.refusals.labels(operation, code).inc()

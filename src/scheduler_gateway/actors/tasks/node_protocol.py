@@ -305,6 +305,7 @@ class NodeProtocol:
         if msg is None:
             return False
         outcome = await self._settle(task.node_id, msg)
+        self._metrics.settle_found_waiting(task.kind)
         log.info("lease %s of task %s ran out while its settle waited in GW_SETTLE: applied (%s)",
                  lease_id, task.id, outcome.result)  # fmt: skip
         return outcome.result in ("ok", "repeat")
