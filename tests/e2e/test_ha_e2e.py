@@ -106,9 +106,10 @@ def settle_superseded(task_id: str, history: list[dict[str, Any]], settles: list
     A settle the killed instance had pulled from JetStream and never acked is redelivered after the consumer's
     ack wait (``SETTLE_ACK_WAIT_S``). Two outcomes are allowed for such a copy. If the killed instance had
     committed it, the copy is answered ``repeat`` under the applied settle's own attempt and lease, changing
-    nothing. If the attempt's lease ran out first, the lease clock failed that attempt, the task ran again, and
-    the copy is refused ``LEASE_EXPIRED``, but only for an earlier attempt that the history shows failed, never
-    for the applied settle's own lease. True when a refused copy was seen."""
+    nothing. If the attempt's lease ran out first, the lease clock finds the settle waiting in GW_SETTLE and
+    applies it, and the copy is again a repeat; only a settle stored after its lease's expiry committed finds
+    the attempt failed and the task run again, and is refused ``LEASE_EXPIRED``, but only for an earlier attempt
+    that the history shows failed, never for the applied settle's own lease. True when a refused copy was seen."""
     applied = [e for e in settles if e["result"] == "ok"]
     assert len(applied) == 1, f"{task_id}: settle audit {settles}"
     (settle,) = [h for h in history if h["action"] == "settle"]
