@@ -141,13 +141,18 @@ async def test_a_settle_waiting_in_gw_settle_closes_the_attempt_its_deadline_wou
         lease = (await kit.claim(tid)).lease_id or ""
         task = await kit.store.get_task(tid)
         msg = _settle_of(tid, task.attempt_id, lease)
-        kit.bus.waiting["node-a"] = [_settle_of(tid, task.attempt_id, "lse_" + "0" * 32), msg]
+        other_lease = _settle_of(tid, task.attempt_id, "lse_" + "0" * 32)
+        other_attempt = _settle_of(tid, "att_" + "0" * 32, lease)
+        kit.bus.waiting["node-a"] = [other_lease, other_attempt, msg]
         await until(lambda: _is(kit, tid, "succeeded"))
         done = await kit.store.get_task(tid)
         assert done.attempt_no == 1 and bytes(done.result) == b'{"r":1}'
         history = (await kit.store.history(tid)).items
         assert [h.action for h in history] == ["create", "claim", "settle"]
         assert kit.bus.cancels == []  # nothing runs to cancel: the attempt ended
+        # the others are left to their own delivery, which refuses and audits them once
+        audit = (await kit.store.list_audit(AuditQuery(object_id=tid, action="settle"))).items
+        assert [a.result for a in audit] == ["ok"]
         assert (await kit.service.settle("node-a", msg)).result == "repeat"
 
 

@@ -301,7 +301,10 @@ class NodeProtocol:
         if self._unreadable:
             log.info("the settles waiting in GW_SETTLE can be read again; deadlines go on")
             self._unreadable = False
-        msg = next((m for m in waiting if m.lease_id == lease_id and m.task_id == task.id), None)
+        # only the attempt's own settle: one its delivery would refuse is refused (and audited) there, once
+        msg = next(
+            (m for m in waiting if (m.lease_id, m.task_id, m.attempt_id) == (lease_id, task.id, task.attempt_id)), None
+        )
         if msg is None:
             return False
         outcome = await self._settle(task.node_id, msg)
