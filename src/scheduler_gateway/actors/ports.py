@@ -8,6 +8,7 @@ or a unique key lost), ``StorageError`` (the store failed). Illegal states are t
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import msgspec
@@ -516,6 +517,10 @@ def vouched_round(expected_last_seq: int, n: int, last: int | BaseException) -> 
 #: the NATS server's clock and the outbox rows' the gateway's; the look-back moves ``since`` by the offset between
 #: the two clocks when it runs, and this allows for a step of either clock since the rows were written.
 TAIL_SKEW_S = 600.0
+
+
+#: ``Bus.waiting_settles``: what a node's settles wait in GW_SETTLE, read before a deadline fails an attempt
+WaitingSettles = Callable[[str], Awaitable[list[Settle]]]
 
 
 class Bus(Protocol):

@@ -6,7 +6,7 @@ import asyncio
 import functools
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError
@@ -28,7 +28,7 @@ from ..model import task_machine as sm
 from ..model.records import ActorRef, Task, TaskError
 from ..model.retry_policy import backoff_s
 from ..nodes import NodeRegistry
-from ..ports import Metrics, TaskServiceStore
+from ..ports import Metrics, TaskServiceStore, WaitingSettles
 from .api import SettleOutcome, body_digest
 from .dead_letters import DeadLetters
 from .ledger import TaskLedger
@@ -49,7 +49,7 @@ class NodeProtocol:
         metrics: Metrics,
         clock: Callable[[], float],
         rng: random.Random,
-        waiting_settles: Callable[[str], Awaitable[list[Settle]]] | None = None,
+        waiting_settles: WaitingSettles | None = None,
     ) -> None:
         self._ledger = ledger
         self._waiting_settles = waiting_settles

@@ -30,7 +30,7 @@ from ..lease_clock import LeaseClock
 from ..model import task_machine as sm
 from ..model.records import DeadLetter, Task
 from ..nodes import NodeRegistry
-from ..ports import Metrics, NullMetrics, TaskQuery, TaskServiceStore
+from ..ports import Metrics, NullMetrics, TaskQuery, TaskServiceStore, WaitingSettles
 from ..shared_tasks import SharedTasks
 from .actions import TaskActions
 from .api import BatchItem, BatchOutcome, Caller, NewTask, SettleOutcome, TaskPolicy
@@ -58,7 +58,7 @@ class TaskService:
         metrics: Metrics | None = None,
         on_committed: Callable[[], None] | None = None,
         rng: random.Random | None = None,
-        waiting_settles: Callable[[str], Awaitable[list[Settle]]] | None = None,
+        waiting_settles: WaitingSettles | None = None,
     ) -> None:
         """``waiting_settles`` (the bus's): what a node's settles wait in GW_SETTLE, read before a deadline fails
         an attempt (``NodeProtocol``); None: deadlines do not look."""
