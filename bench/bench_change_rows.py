@@ -1,5 +1,5 @@
 """CPU time of building a task's changes in Python, before any SQL: per create, claim and settle, the state
-machine's transition, the task service's change (its audit entry and event, exactly as ``TaskService._change``
+machine's transition, the task service's change (its audit entry and event, exactly as ``TaskLedger.change``
 builds them) and the writer's rows (``ChangeRows.of``, the JSON encodes included).
 
 20,000 tasks with small payloads (``bench_growth``'s helpers); wall time per step on an otherwise idle core.
@@ -48,7 +48,7 @@ def run(n: int, seed: int) -> dict[str, float]:
 
     def change_and_rows(what: str, transitions: list[Any]) -> None:
         changes = timed(
-            f"{what}: service change", lambda: [svc._change(tr, None, None, None, None) for tr in transitions]
+            f"{what}: service change", lambda: [svc.change(tr, None, None, None, None) for tr in transitions]
         )
         timed(f"{what}: ChangeRows.of", lambda: [ChangeRows.of(c) for c in changes])
 

@@ -9,8 +9,8 @@ Method:
 1. **Fill** (``--terminal`` = 1,000,000 terminal tasks, ``--queued`` = 100,000 queued ones) a fresh data
    dir's ``gateway.db``, created and migrated by ``SqliteStore`` exactly as ``gatewayd`` creates it. The
    rows are the store's own: every task goes through the real state machine (``task_machine.create`` /
-   ``claim`` / ``settle`` / ``cancel``), each transition becomes a ``Change`` through ``TaskService``'s own
-   ``_change`` / ``_audit`` (so history, audit and event are what the service writes), and each ``Change``
+   ``claim`` / ``settle`` / ``cancel``), each transition becomes a ``Change`` through ``TaskLedger``'s own
+   ``change`` / ``audit`` (so history, audit and event are what the service writes), and each ``Change``
    becomes its rows through ``ChangeRows.of`` (the store's encoder). Only the final task row is inserted
    (the intermediate revisions were updates of the same row); every history and audit row is inserted; no
    outbox row is left (a real store's relay has published and deleted them). The rows go in with
@@ -86,7 +86,7 @@ from scheduler_gateway.actors.model.records import ActorRef, Task, TaskError  # 
 from scheduler_gateway.actors.model.retention import RetentionPolicy  # noqa: E402
 from scheduler_gateway.actors.ports import IdempotencyRecord, TaskQuery  # noqa: E402
 from scheduler_gateway.actors.retention import RetentionKeeper  # noqa: E402
-from scheduler_gateway.actors.tasks.service import TaskService  # noqa: E402
+from scheduler_gateway.actors.tasks.ledger import TaskLedger  # noqa: E402
 from scheduler_gateway.daemon.cli import create_principal  # noqa: E402
 from scheduler_gateway.daemon.store.change_rows import (  # noqa: E402
     SQL_INSERT_AUDIT,
@@ -123,11 +123,11 @@ USER_TOKEN = "user.token"  # alice's API token (role user: every list she makes 
 
 
 class _Service:
-    """Just enough of ``TaskService`` to run its own ``_change`` and ``_audit`` (the audit entry, the event
-    and the Change exactly as the service builds them), with a clock the fill moves."""
+    """Just enough of ``TaskLedger`` to run its own ``change`` and ``audit`` (the audit entry, the event
+    and the Change exactly as the task service builds them), with a clock the fill moves."""
 
-    _audit = TaskService._audit
-    _change = TaskService._change
+    audit = TaskLedger.audit
+    change = TaskLedger.change
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -183,20 +183,20 @@ def _lifecycle(svc: _Service, rng: random.Random, i: int, created: float, now: f
         )
     svc.now = created
     tr = sm.create(task, user, created, None)
-    changes = [svc._change(tr, None, None, idem, None)]
+    changes = [svc.change(tr, None, None, idem, None)]
     if end == "canceled":
         at = created + rng.uniform(0.05, 60.0)
         svc.now = at
         tr2 = sm.cancel(tr.task, user, at, None, None)
         assert isinstance(tr2, sm.Transition)
-        changes.append(svc._change(tr2, None, None, None, None))
+        changes.append(svc.change(tr2, None, None, None, None))
         return changes
     node = NODES[i % len(NODES)]
     at = created + rng.uniform(0.005, 2.0)
     svc.now = at
     claimed = sm.claim(tr.task, tr.task.attempt_id, node, _new_id(rng, "lse", at), at)
     assert isinstance(claimed, sm.Transition)
-    changes.append(svc._change(claimed, None, None, None, None))
+    changes.append(svc.change(claimed, None, None, None, None))
     at += rng.uniform(0.01, 5.0)
     svc.now = at
     ok = end == "succeeded"
@@ -216,7 +216,7 @@ def _lifecycle(svc: _Service, rng: random.Random, i: int, created: float, now: f
         now=at,
     )
     assert isinstance(settled, sm.Transition) and settled.task.state == end
-    changes.append(svc._change(settled, None, None, None, None))
+    changes.append(svc.change(settled, None, None, None, None))
     return changes
 
 
@@ -224,7 +224,7 @@ def _queued(svc: _Service, rng: random.Random, i: int, created: float) -> list[A
     owner = OWNERS[i % len(OWNERS)]
     task = _new_task(rng, owner, BACKLOG_KIND, {"i": i, "size": 3}, created)
     svc.now = created
-    return [svc._change(sm.create(task, ActorRef("user", owner), created, None), None, None, None, None)]
+    return [svc.change(sm.create(task, ActorRef("user", owner), created, None), None, None, None, None)]
 
 
 def _write(conn: sqlite3.Connection, tasks: list[list[Any]]) -> None:

@@ -53,12 +53,12 @@ def _changes(n: int, seed: int) -> tuple[list[ChangeRows], list[ChangeRows], lis
             t = msgspec.structs.replace(t, labels={"team": "red"})
         svc.now = t.created_at
         tr = sm.create(t, ActorRef("user", t.owner), t.created_at, None)
-        creates.append(ChangeRows.of(svc._change(tr, None, None, None, None)))
+        creates.append(ChangeRows.of(svc.change(tr, None, None, None, None)))
         at = t.created_at + 1
         svc.now = at
         c = sm.claim(tr.task, tr.task.attempt_id, "node-a", _new_id(rng, "lse", at), at)
         assert isinstance(c, sm.Transition)
-        claims.append(ChangeRows.of(svc._change(c, None, None, None, None)))
+        claims.append(ChangeRows.of(svc.change(c, None, None, None, None)))
         at += 1
         svc.now = at
         ok = rng.random() < 0.9
@@ -78,7 +78,7 @@ def _changes(n: int, seed: int) -> tuple[list[ChangeRows], list[ChangeRows], lis
             now=at,
         )
         assert isinstance(s, sm.Transition)
-        settles.append(ChangeRows.of(svc._change(s, None, None, None, None)))
+        settles.append(ChangeRows.of(svc.change(s, None, None, None, None)))
     return creates, claims, settles
 
 
