@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.nats import bus
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
-from scheduler_gateway.wire.messages import WireError
+from scheduler_gateway.wire.messages import SETTLE_BATCH_HEADER, Settle, WireError
 from scheduler_gateway.wire.subjects import SETTLE_CONSUMER, SETTLE_STREAM
 
 from .harness import Api, HandNode, api_client, running_gateway, wait_for
@@ -372,7 +374,6 @@ async def test_a_batch_of_settles_in_one_message_applies_each_once_and_a_redeliv
     """The batch form of a settle (docs/WIRE.md, Settles): header ``Gw-Settle-Batch``, ``{settles: [...]}``. Each
     settle is applied as if alone (one refused does not hold the others back); the same batch delivered again, as
     after a crash between the commit and the ack, finds every one a repeat."""
-    from scheduler_gateway.wire.messages import SETTLE_BATCH_HEADER, Settle
 
     # gatewayd says in its heartbeat replies that it reads them (a node sends batches only then)
     assert (await node.heartbeat([])).settle_batches
@@ -417,17 +418,13 @@ async def test_a_batch_of_settles_in_one_message_applies_each_once_and_a_redeliv
     await wait_for(refused)
 
 
-@pytest.mark.parametrize("form", ["single", "batch"])
-async def test_a_settle_held_by_a_frozen_instance_closes_the_attempt_when_its_lease_runs_out(
-    api: Api, node: HandNode, gateway: Gateway, fresh_nats: NatsServerProcess, form: str
-) -> None:
-    """The node settles within its lease; GW_SETTLE stores the settle and delivers it to another member of the
-    settle consumer's deliver group (another gatewayd) that freezes before its ack, so it comes again only after
-    the ack wait (10 s), well past this task's 1 s lease. When the lease runs out the gateway finds the settle
-    waiting in the stream and applies it: the task succeeds with its result, and no second attempt starts."""
-    from scheduler_gateway.wire.messages import SETTLE_BATCH_HEADER, Settle
-
-    task, attempt, lease = await claimed(api, node, {"kind": "echo", "leaseSeconds": 1, "retryBackoffSeconds": 0})
+@asynccontextmanager
+async def frozen_settle_member(
+    fresh_nats: NatsServerProcess, node: HandNode, gateway: Gateway
+) -> AsyncIterator[list[Any]]:
+    """Another member of the settle consumer's deliver group (another gatewayd) that takes every settle and
+    freezes before its ack, so each comes again only after the ack wait (10 s); the gateway under test stops
+    serving settles, so the frozen member is the only one left to deliver to. Yields what it took."""
     frozen = await nats.connect(fresh_nats.url)
     held: list[Any] = []
 
@@ -436,13 +433,24 @@ async def test_a_settle_held_by_a_frozen_instance_closes_the_attempt_when_its_le
 
     try:
         await frozen.jetstream().subscribe(
-            node.subjects.wildcard("settle"),
-            queue=SETTLE_CONSUMER,
-            stream=SETTLE_STREAM,
-            cb=take,
-            manual_ack=True,
+            node.subjects.wildcard("settle"), queue=SETTLE_CONSUMER, stream=SETTLE_STREAM, cb=take, manual_ack=True
         )
-        await gateway.bus.stop_serving()  # the frozen member is the only one left to deliver to
+        await gateway.bus.stop_serving()
+        yield held
+    finally:
+        await frozen.close()
+
+
+@pytest.mark.parametrize("form", ["single", "batch"])
+async def test_a_settle_held_by_a_frozen_instance_closes_the_attempt_when_its_lease_runs_out(
+    api: Api, node: HandNode, gateway: Gateway, fresh_nats: NatsServerProcess, form: str
+) -> None:
+    """The node settles within its lease; GW_SETTLE stores the settle and delivers it to a frozen member of the
+    settle consumer's deliver group, well past this task's 1 s lease. When the lease runs out the gateway finds
+    the settle waiting in the stream and applies it: the task succeeds with its result, and no second attempt
+    starts."""
+    task, attempt, lease = await claimed(api, node, {"kind": "echo", "leaseSeconds": 1, "retryBackoffSeconds": 0})
+    async with frozen_settle_member(fresh_nats, node, gateway) as held:
         settle = Settle(task_id=task["id"], attempt_id=attempt, lease_id=lease, outcome="succeeded",
                         result=msgspec.Raw(b'{"held":1}'))  # fmt: skip
         if form == "single":
@@ -458,5 +466,31 @@ async def test_a_settle_held_by_a_frozen_instance_closes_the_attempt_when_its_le
         assert len(held) == 1  # still held: the settle was read from the stream, not delivered again
         counted = gateway.metrics.registry.get_sample_value("gw_settles_found_waiting_total", {"kind": "echo"})
         assert counted == 1
-    finally:
-        await frozen.close()
+
+
+async def test_a_held_settle_behind_more_than_one_read_closes_its_attempt_once_the_rest_is_acked(
+    api: Api, node: HandNode, gateway: Gateway, fresh_nats: NatsServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More of the node's settles wait in GW_SETTLE than one read of them holds (its bound, 3 here), the lease's
+    own behind the others, all held by a frozen member of the deliver group. When the 1 s lease runs out the
+    read stops at its bound without finding the lease's settle, which may be among the rest: the lease is left
+    running, not failed. Once the frozen member's others are acked (a work-queue stream drops them), a read sees
+    all that waits, finds the settle and applies it."""
+    monkeypatch.setattr(bus, "WAITING_SCAN_MAX", 3)
+    task, attempt, lease = await claimed(api, node, {"kind": "echo", "leaseSeconds": 1, "retryBackoffSeconds": 0})
+    async with frozen_settle_member(fresh_nats, node, gateway) as held:
+        subject = node.subjects.settle(node.node_id)
+        for n in range(4):  # settles of leases long gone, each its own message
+            stale = Settle(task_id=task["id"], attempt_id=attempt, lease_id=f"lse_{n:032x}", outcome="failed")
+            await node.js.publish(subject, msgspec.json.encode(stale))
+        own = Settle(task_id=task["id"], attempt_id=attempt, lease_id=lease, outcome="succeeded",
+                     result=msgspec.Raw(b'{"held":2}'))  # fmt: skip
+        await node.js.publish(subject, msgspec.json.encode(own))
+        await wait_for(lambda: asyncio.sleep(0, len(held) == 5))
+        await asyncio.sleep(2.5)  # the lease ran out 1 s after its claim; its expiry read what waits since
+        assert (await api.task(task["id"]))["state"] == "running"
+        for msg in held[:4]:
+            await msg.ack()
+        done = await api.wait_state(task["id"], {"succeeded", "queued", "dead"}, timeout_s=8)
+        assert done["state"] == "succeeded" and done["result"] == {"held": 2} and done["attemptNo"] == 1
+        assert [h["action"] for h in await api.history(task["id"])] == ["create", "claim", "settle"]

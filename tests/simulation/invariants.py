@@ -82,6 +82,9 @@ class Facts:
     task_events: tuple[set[tuple[str, int]], set[tuple[str, int]]] | None = None
     callback_ids_posted: list[str] = field(default_factory=list)
     admins: frozenset[str] = frozenset({"root"})  # users with role admin: they act on everyone's objects
+    #: by node id: the last time more of its settles waited in GW_SETTLE than one read returns; its deadlines
+    #: wait while that lasts (a settle past the read's bound may be the lease's own)
+    deadlines_held_until: dict[str, float] = field(default_factory=dict)
 
 
 def history_matches_revision(f: Facts) -> list[str]:
@@ -141,10 +144,13 @@ def running_tasks_are_watched(f: Facts) -> list[str]:
         lease = f.live.lease_due.get(tid)
         if lease is None or lease[0] != task.lease_id:
             out.append(f"task {tid}: running with lease {task.lease_id} but the lease clock watches {lease}")
-        elif live.lease_expires_at is not None and live.lease_expires_at + OVERDUE_S < f.now:
+        elif (
+            live.lease_expires_at is not None
+            and max(live.lease_expires_at, f.deadlines_held_until.get(task.node_id or "", 0.0)) + OVERDUE_S < f.now
+        ):
             # at the deadline the clock fires; a handler that failed (an injected store fault: at most
-            # MAX_FAULTS calls in a row) is tried again every recheck_s, so only a lease overdue by more
-            # than that went unnoticed
+            # MAX_FAULTS calls in a row), or that found more settles waiting than a read returns, is tried
+            # again every recheck_s, so only a lease overdue by more than that went unnoticed
             out.append(f"task {tid}: lease expired at {live.lease_expires_at} (now {f.now}) and the task still runs")
         timeout = f.live.timeout_due.get(tid)
         if timeout is None or timeout[0] != task.attempt_id:

@@ -30,6 +30,7 @@ from scheduler_gateway.actors.model.records import TERMINAL_STATES, ActorRef, Au
 from scheduler_gateway.actors.model.schedule import ScheduleSpec, TaskTemplate
 from scheduler_gateway.actors.scheduler import NewSchedule, SchedulePatch, SpecPatch, TemplatePatch
 from scheduler_gateway.actors.task_service import Caller, NewTask
+from scheduler_gateway.daemon.nats.bus import SETTLE_ACK_WAIT_S
 from scheduler_gateway.daemon.nats.streams import DUPLICATE_WINDOW_S
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.wire.artifacts import ArtifactBegin, ArtifactCommit, ArtifactPut, ArtifactReply
@@ -48,6 +49,7 @@ from .sim_world import (
     EPOCHS,
     MAX_SKEW_S,
     SCHEDULE_POLICY,
+    SIM_WAITING_SCAN_MAX,
     TASK_POLICY,
     Cut,
     NodeLease,
@@ -194,6 +196,8 @@ class SimMachine(RuleBasedStateMachine):
         #: settles held in GW_SETTLE while their lease was the task's current one and no instance was frozen
         #: mid-deadline: lease id -> (task id, the task's revision then); its next change must not be a deadline's
         self.held_current: dict[str, tuple[str, int]] = {}
+        #: node id -> the last quiet moment more of its settles were held than one read returns (Facts)
+        self.crowded_until: dict[str, float] = {}
         self.advanced = 0.0
         self.faulted = False
         self.rid = 0
@@ -1244,8 +1248,33 @@ class SimMachine(RuleBasedStateMachine):
     def advance(self, seconds: float) -> None:
         if self.instances > 1:
             seconds = min(seconds, MULTI_MAX_ADVANCE_S)
-        self.do(_idle, advance=seconds)
+        self._advance(seconds)
         self.artifacts_due = seconds >= 2 * ARTIFACT_KEEPER_S
+
+    def _advance(self, seconds: float) -> None:
+        """Time passes. Past the ack wait the stream delivers held settles again (the oldest first), so a node's
+        crowd of them (more than one read returns, which holds its deadlines) does not outlast it: its deadlines
+        in the first ack wait meet the crowd, then the excess is delivered and the rest of the time passes. Only
+        the excess: the rest stay held, for the deadlines' reads and ``deliver_held_settles``."""
+        assert self.sim is not None
+        if seconds <= SETTLE_ACK_WAIT_S or not self._crowded_nodes():
+            self.do(_idle, advance=seconds)
+            return
+        self.do(_idle, advance=SETTLE_ACK_WAIT_S)
+        for n in self._crowded_nodes():
+            node = self.nodes[n]
+            self.crowded_until[node.id] = self.sim.now()  # its deadlines waited until now
+            while len(self.sim.bus.held_settles.get(node.id, [])) > SIM_WAITING_SCAN_MAX:
+                before = len(self.sim.bus.held_settles[node.id])
+                self.deliver_held_settles(n)
+                if len(self.sim.bus.held_settles.get(node.id, [])) >= before:
+                    break  # the delivery did not end (a fault, a cut): the stream tries again later
+        self.do(_idle, advance=seconds - SETTLE_ACK_WAIT_S)
+
+    def _crowded_nodes(self) -> list[int]:
+        assert self.sim is not None
+        held = self.sim.bus.held_settles
+        return [n for n, node in enumerate(self.nodes) if len(held.get(node.id, [])) > SIM_WAITING_SCAN_MAX]
 
     @precondition(lambda self: bool(self.schedule_ids))
     @rule()
@@ -1257,7 +1286,7 @@ class SimMachine(RuleBasedStateMachine):
         wait = max(0.0, min(due) - self.sim.now()) + 0.001
         # months ahead (a once at another season's DST change): not worth the rounds
         if wait <= (2 * 86400 if self.instances == 1 else 2 * MULTI_MAX_ADVANCE_S):
-            self.do(_idle, advance=wait)
+            self._advance(wait)
 
     @rule(what=st.sampled_from(["cut", "cut", "outage", "crash", "fault", "lose", "intrude"]), k=st.integers(1, 40))
     def chaos(self, what: str, k: int) -> None:
@@ -1399,6 +1428,9 @@ class SimMachine(RuleBasedStateMachine):
     def holds(self) -> None:
         if self.sim is None or self.sim.world is None:
             return
+        for node_id, held in self.sim.bus.held_settles.items():
+            if len(held) > SIM_WAITING_SCAN_MAX:
+                self.crowded_until[node_id] = self.sim.now()
         facts = self.facts()
         liveness = self.advanced >= 60.0 and not self.faulted and self.w.store.fail_ops == 0
         liveness = liveness and not self.sim.frozen()
@@ -1461,6 +1493,7 @@ class SimMachine(RuleBasedStateMachine):
                 {k for body in v.outbox_bodies() if (k := _task_event(body, "aggregate_id")) is not None},
             ),
             callback_ids_posted=posts,
+            deadlines_held_until=dict(self.crowded_until),
         )
 
 

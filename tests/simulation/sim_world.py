@@ -48,7 +48,7 @@ from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRec
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.schedule import SchedulePolicy
 from scheduler_gateway.actors.nodes import NodeRegistry
-from scheduler_gateway.actors.ports import TAIL_SKEW_S, CallbackPost, vouched_round
+from scheduler_gateway.actors.ports import TAIL_SKEW_S, CallbackPost, SettlesWaiting, vouched_round
 from scheduler_gateway.actors.scheduler import Scheduler, ScheduleService, TaskServiceLauncher
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
 from scheduler_gateway.daemon.nats.streams import DUPLICATE_WINDOW_S
@@ -87,6 +87,9 @@ LIVE_SYNC_S = 5.0
 #: Several instances: the instance rows' refresh (daemon/ha.py: 2 s); well inside INSTANCE_ALIVE_S (10 s), and each
 #: virtual second costs every instance's timers
 INSTANCE_BEAT_S = 4.0
+#: How many of a node's held settles one read of them returns (NatsBus's WAITING_SCAN_MAX is 256): small, so
+#: that runs reach the bound and a deadline whose settle is past it must wait for the deliveries
+SIM_WAITING_SCAN_MAX = 1
 #: Several instances: how far an instance's clock may be from the store's, each way
 MAX_SKEW_S = 2.0
 #: Several instances: how often each re-reads the kinds' settings (daemon/gateway.py: 1 s); longer here, as each
@@ -435,11 +438,15 @@ class BusGate:
         self._check()
         self._bus.cancels.append((node_id, body))
 
-    async def waiting_settles(self, node_id: str) -> list[Settle]:
+    async def waiting_settles(self, node_id: str) -> SettlesWaiting:
         await self._pause_point("waiting_settles")
         self._check()
         BUS_COUNTS["waiting settles read"] += 1
-        return list(self._bus.held_settles.get(node_id, []))
+        held = self._bus.held_settles.get(node_id, [])
+        if len(held) > SIM_WAITING_SCAN_MAX:  # the read stops at its bound, as NatsBus's does
+            BUS_COUNTS["waiting settles reads that stopped at their bound"] += 1
+            return SettlesWaiting(held[:SIM_WAITING_SCAN_MAX], complete=False)
+        return SettlesWaiting(list(held))
 
     async def publish_events(
         self, items: list[tuple[str, str, bytes]], expected_last_seq: int | None = None, *, ack_each: bool = True

@@ -33,3 +33,38 @@ def test_a_settle_held_in_gw_settle_past_its_lease_closes_the_attempt() -> None:
         assert m.view.task(task_id) == task
     finally:
         m.teardown()
+
+
+def test_a_settle_past_the_bound_of_a_read_closes_its_attempt_once_the_crowd_is_delivered() -> None:
+    """Two leases of one node run out while both their settles are held in GW_SETTLE, more than one read of what
+    waits returns (the simulation's bound is one message; NatsBus's is 256). The first lease's settle is in the
+    read: its deadline applies it. The second's is past the bound: a deadline that took "not there" for "not
+    sent" failed that attempt (``settle_waiting_closes_its_attempt``). It now waits while the read stops at its
+    bound; past the ack wait the stream delivers the oldest again, what waits fits in one read, and the second
+    deadline applies its settle too."""
+    m = SimMachine()
+    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0), nats_skew=0.0)
+    try:
+        m.holds()
+        m.create_flood(big=2, keys=["ta", "tb", "tc"], kind="echo", user="alice")
+        m.claim(again=False, i=0, n=0)
+        m.claim(again=False, i=0, n=0)
+        assert len(m.nodes[0].leases) == 2
+        m.holds()
+        m.advance(seconds=25.0)  # five seconds left of both leases (TASK_POLICY's default, 30 s)
+        m.holds()
+        m.settle_held(i=0, n=0, outcome="succeeded", retryable=False)
+        m.settle_held(i=0, n=0, outcome="succeeded", retryable=False)
+        tasks = [task_id for task_id, _ in m.held_current.values()]
+        assert len(tasks) == 2
+        m.advance(seconds=10.0)  # both leases ran out; the second's settle is past the read's bound
+        m.holds()
+        first, second = (m.view.task(t) for t in tasks)
+        assert first is not None and first.state == "succeeded" and first.attempt_no == 1
+        assert second is not None and second.state == "running"
+        m.advance(seconds=12.0)  # the ack wait: the oldest is delivered again, the second's read is whole
+        m.holds()
+        second = m.view.task(tasks[1])
+        assert second is not None and second.state == "succeeded" and second.attempt_no == 1
+    finally:
+        m.teardown()

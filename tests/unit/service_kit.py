@@ -12,6 +12,7 @@ import msgspec
 
 from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.nodes import NodeRegistry
+from scheduler_gateway.actors.ports import SettlesWaiting
 from scheduler_gateway.actors.task_service import Caller, NewTask, TaskPolicy, TaskService
 from scheduler_gateway.wire.messages import ClaimReply, ClaimRequest, Offer, Settle
 from tests.fakes.memory_store import MemoryStore
@@ -26,6 +27,8 @@ class RecordingBus:
         #: GW_SETTLE's messages that no gateway acked, by node: what ``waiting_settles`` answers
         self.waiting: dict[str, list[Settle]] = {}
         self.unreachable = False  # waiting_settles raises, as with NATS down
+        #: the read stopped at its bound: more of the node's settles wait than it answers
+        self.crowded = False
         self.waiting_reads = 0
 
     async def publish_offers(self, items: list[tuple[str, str, bytes]]) -> list[BaseException | None]:
@@ -35,11 +38,11 @@ class RecordingBus:
     async def publish_cancel(self, node_id: str, body: bytes) -> None:
         self.cancels.append((node_id, msgspec.json.decode(body)))
 
-    async def waiting_settles(self, node_id: str) -> list[Settle]:
+    async def waiting_settles(self, node_id: str) -> SettlesWaiting:
         self.waiting_reads += 1
         if self.unreachable:
             raise ConnectionError("NATS unreachable (test)")
-        return list(self.waiting.get(node_id, []))
+        return SettlesWaiting(list(self.waiting.get(node_id, [])), complete=not self.crowded)
 
 
 class Kit:

@@ -128,14 +128,17 @@ def _settle_of(task_id: str, attempt_id: str, lease_id: str) -> Settle:
     )
 
 
+@pytest.mark.parametrize("crowded", [False, True], ids=["all-read", "read-stopped-at-its-bound"])
 @pytest.mark.parametrize("deadline", ["lease", "timeout"])
 async def test_a_settle_waiting_in_gw_settle_closes_the_attempt_its_deadline_would_fail(
-    new_store: Callable[[], Any], deadline: str
+    new_store: Callable[[], Any], deadline: str, crowded: bool
 ) -> None:
     """The node settled within its lease; the settle is stored in GW_SETTLE but held by an instance that froze
     before its ack, so it comes again only after the stream's ack wait. The lease (or the attempt's timeout) runs
-    out first: the settle is applied then, and its delivery later is a repeat."""
+    out first: the settle is applied then, and its delivery later is a repeat. Found among the settles a read
+    that stopped at its bound did return, it is applied all the same."""
     async with kit_on(new_store) as kit:
+        kit.bus.crowded = crowded
         short = {"lease_s": 0.1} if deadline == "lease" else {"lease_s": 30.0, "timeout_s": 0.1}
         tid = await kit.create(retry_backoff_s=0.0, **short)
         lease = (await kit.claim(tid)).lease_id or ""
@@ -169,6 +172,39 @@ async def test_deadlines_wait_while_gw_settle_cannot_be_read(new_store: Callable
         await until(lambda: _is(kit, tid, "queued"))
         task = await kit.store.get_task(tid)
         assert task.attempt_no == 2 and task.error.code == Code.LEASE_EXPIRED
+
+
+async def test_deadlines_wait_while_more_settles_wait_than_one_read_holds(new_store: Callable[[], Any]) -> None:
+    """The read of what waits in GW_SETTLE stops at its bound. When it stopped there, and the lease's own settle
+    is not among those it read, it may be among the rest: the expired lease stays running (the lease clock
+    tries again) until a read sees all that waits; then, with no settle of its own there, it fails."""
+    async with kit_on(new_store) as kit:
+        tid = await kit.create(lease_s=0.1, retry_backoff_s=0.0)
+        lease = (await kit.claim(tid)).lease_id or ""
+        task = await kit.store.get_task(tid)
+        kit.bus.waiting["node-a"] = [_settle_of(tid, task.attempt_id, "lse_" + "0" * 32)]  # another lease's
+        kit.bus.crowded = True
+        await until(lambda: _reads(kit, 3))
+        assert await stored_state(kit, tid) == "running"
+        assert (await kit.store.get_task(tid)).lease_id == lease
+        kit.bus.crowded = False  # the rest was delivered and acked: what waits fits in one read
+        await until(lambda: _is(kit, tid, "queued"))
+        task = await kit.store.get_task(tid)
+        assert task.attempt_no == 2 and task.error.code == Code.LEASE_EXPIRED
+
+
+async def test_one_read_of_a_crowded_node_answers_for_its_other_deadlines(new_store: Callable[[], Any]) -> None:
+    """Two leases of one node run out together while more of its settles wait than a read returns: the first
+    expiry reads them, the second takes that read's answer (each read is up to WAITING_SCAN_MAX requests, and a
+    crowded node may have many leases running out); both stay running."""
+    async with kit_on(new_store) as kit:
+        kit.bus.crowded = True
+        tids = [await kit.create(lease_s=0.1, retry_backoff_s=0.0) for _ in range(2)]
+        for tid in tids:
+            await kit.claim(tid)
+        await asyncio.sleep(0.5)  # both ran out; the next recheck is 1 s after them
+        assert kit.bus.waiting_reads == 1
+        assert [await stored_state(kit, tid) for tid in tids] == ["running", "running"]
 
 
 async def _reads(kit: Kit, n: int) -> bool:

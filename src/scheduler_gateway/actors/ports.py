@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
@@ -519,8 +519,16 @@ def vouched_round(expected_last_seq: int, n: int, last: int | BaseException) -> 
 TAIL_SKEW_S = 600.0
 
 
+class SettlesWaiting(NamedTuple):
+    """What one read of a node's settles waiting in GW_SETTLE found (``Bus.waiting_settles``)."""
+
+    settles: list[Settle]
+    #: False when the read stopped at its bound: more of the node's settles wait than it returned
+    complete: bool = True
+
+
 #: ``Bus.waiting_settles``: what a node's settles wait in GW_SETTLE, read before a deadline fails an attempt
-WaitingSettles = Callable[[str], Awaitable[list[Settle]]]
+WaitingSettles = Callable[[str], Awaitable[SettlesWaiting]]
 
 
 class Bus(Protocol):
@@ -549,10 +557,11 @@ class Bus(Protocol):
         sequence) gives every item ``PublishUncertain``: some may be stored, which ones only the tail tells."""
         ...
 
-    async def waiting_settles(self, node_id: str) -> list[Settle]:
+    async def waiting_settles(self, node_id: str) -> SettlesWaiting:
         """The settles ``node_id`` published that are stored in GW_SETTLE and acked by no gateway yet (not
-        delivered, or held by an instance that froze or died before its ack), oldest first; raises when NATS does
-        not answer. A lease's expiry reads them: the lease ran out while its result waited."""
+        delivered, or held by an instance that froze or died before its ack), oldest first, as many as one read
+        takes (``complete`` says whether that was all); raises when NATS does not answer. A lease's expiry reads
+        them: the lease ran out while its result waited."""
         ...
 
     async def events_tail(self, since: float) -> tuple[int, str | None]:

@@ -26,7 +26,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from scheduler_gateway.actors import failpoints
-from scheduler_gateway.actors.ports import TAIL_SKEW_S, vouched_round
+from scheduler_gateway.actors.ports import TAIL_SKEW_S, SettlesWaiting, vouched_round
 from scheduler_gateway.daemon.nats.publisher import AckedPublisher, PubAck
 from scheduler_gateway.daemon.nats.streams import bring_to_replicas, ensure_kind_consumer, ensure_streams
 from scheduler_gateway.wire.errors import Code, GatewayError
@@ -476,29 +476,31 @@ class NatsBus:
                 break  # stored before any outbox row was written
         return last, None
 
-    async def waiting_settles(self, node_id: str) -> list[Settle]:
+    async def waiting_settles(self, node_id: str) -> SettlesWaiting:
         """The settles of ``node_id`` still in GW_SETTLE, oldest first: published and stored, but acked by no
         gateway yet (not delivered, or taken by an instance that froze or died before its ack, and redelivered
         only after ``SETTLE_ACK_WAIT_S``). A work-queue stream drops a message when it is acked, so what is
-        left is what waits. At most ``WAITING_SCAN_MAX`` messages are read; one that does not decode is left
-        out (its delivery refuses it)."""
+        left is what waits. At most ``WAITING_SCAN_MAX`` messages are read (``complete`` is False when more wait);
+        one that does not decode is left out (its delivery refuses it)."""
         assert self.js is not None
         subject = self.subjects.settle(node_id)
         out: list[Settle] = []
         seq = 1
-        for _ in range(WAITING_SCAN_MAX):
+        for read in range(WAITING_SCAN_MAX + 1):
             try:
                 msg = await asyncio.wait_for(
                     self.js.get_msg(SETTLE_STREAM, seq=seq, subject=subject, next=True), PUBLISH_ACK_TIMEOUT_S
                 )
             except NotFoundError:
-                break
+                return SettlesWaiting(out)
+            if read == WAITING_SCAN_MAX:
+                break  # one more waits than a read takes
             seq = int(msg.seq or seq) + 1
             try:
                 out += self._settles_of(msg.data or b"", msg.headers)
             except _MALFORMED:
                 continue
-        return out
+        return SettlesWaiting(out, complete=False)
 
     def _settles_of(self, data: bytes, headers: dict[str, str] | None) -> list[Settle]:
         """The settles of one GW_SETTLE message: one, or a batch (``SETTLE_BATCH_HEADER``); raises one of
