@@ -1428,9 +1428,8 @@ class SimMachine(RuleBasedStateMachine):
     def holds(self) -> None:
         if self.sim is None or self.sim.world is None:
             return
-        for node_id, held in self.sim.bus.held_settles.items():
-            if len(held) > SIM_WAITING_SCAN_MAX:
-                self.crowded_until[node_id] = self.sim.now()
+        for n in self._crowded_nodes():
+            self.crowded_until[self.nodes[n].id] = self.sim.now()
         facts = self.facts()
         liveness = self.advanced >= 60.0 and not self.faulted and self.w.store.fail_ops == 0
         liveness = liveness and not self.sim.frozen()

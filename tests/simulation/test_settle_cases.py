@@ -3,7 +3,23 @@ named in its docstring."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from .machine import SimMachine
+
+
+@contextmanager
+def flooded() -> Iterator[SimMachine]:
+    """One instance booted, a few echo tasks of alice's created and offered."""
+    m = SimMachine()
+    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0), nats_skew=0.0)
+    try:
+        m.holds()
+        m.create_flood(big=2, keys=["ta", "tb", "tc"], kind="echo", user="alice")
+        yield m
+    finally:
+        m.teardown()
 
 
 def test_a_settle_held_in_gw_settle_past_its_lease_closes_the_attempt() -> None:
@@ -13,11 +29,7 @@ def test_a_settle_held_in_gw_settle_past_its_lease_closes_the_attempt() -> None:
     task ... failed by LEASE_EXPIRED``). A deadline now reads what waits in GW_SETTLE for the lease's node first
     (``NodeProtocol._settled_while_waiting``): the task succeeds on its first attempt, and the settle's delivery
     later is a repeat."""
-    m = SimMachine()
-    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0), nats_skew=0.0)
-    try:
-        m.holds()
-        m.create_flood(big=2, keys=["ta", "tb", "tc"], kind="echo", user="alice")
+    with flooded() as m:
         m.claim(again=False, i=0, n=0)
         m.holds()
         m.settle_held(i=0, n=0, outcome="succeeded", retryable=False)
@@ -31,8 +43,6 @@ def test_a_settle_held_in_gw_settle_past_its_lease_closes_the_attempt() -> None:
         m.holds()
         assert m.nodes[0].settled[lease_id][0] == "succeeded"
         assert m.view.task(task_id) == task
-    finally:
-        m.teardown()
 
 
 def test_a_settle_past_the_bound_of_a_read_closes_its_attempt_once_the_crowd_is_delivered() -> None:
@@ -42,11 +52,7 @@ def test_a_settle_past_the_bound_of_a_read_closes_its_attempt_once_the_crowd_is_
     sent" failed that attempt (``settle_waiting_closes_its_attempt``). It now waits while the read stops at its
     bound; past the ack wait the stream delivers the oldest again, what waits fits in one read, and the second
     deadline applies its settle too."""
-    m = SimMachine()
-    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0), nats_skew=0.0)
-    try:
-        m.holds()
-        m.create_flood(big=2, keys=["ta", "tb", "tc"], kind="echo", user="alice")
+    with flooded() as m:
         m.claim(again=False, i=0, n=0)
         m.claim(again=False, i=0, n=0)
         assert len(m.nodes[0].leases) == 2
@@ -66,5 +72,3 @@ def test_a_settle_past_the_bound_of_a_read_closes_its_attempt_once_the_crowd_is_
         m.holds()
         second = m.view.task(tasks[1])
         assert second is not None and second.state == "succeeded" and second.attempt_no == 1
-    finally:
-        m.teardown()
