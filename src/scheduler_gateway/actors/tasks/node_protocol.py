@@ -32,11 +32,9 @@ from ..ports import Metrics, TaskServiceStore, WaitingSettles
 from .api import SettleOutcome, body_digest
 from .dead_letters import DeadLetters
 from .ledger import TaskLedger
+from .waiting_settles import CANNOT_TELL, SettleBacklog
 
 log = logging.getLogger(__name__)
-
-#: How long a read of a node's waiting settles that stopped at its bound answers for the node's other deadlines
-CROWDED_REREAD_S = 1.0
 
 
 class NodeProtocol:
@@ -55,10 +53,7 @@ class NodeProtocol:
         waiting_settles: WaitingSettles | None = None,
     ) -> None:
         self._ledger = ledger
-        self._waiting_settles = waiting_settles
-        self._unreadable = False  # the last read of the waiting settles failed (warned once)
-        #: node id -> when its last read of waiting settles stopped at the read's bound (warned once each)
-        self._crowded: dict[str, float] = {}
+        self._backlog = None if waiting_settles is None else SettleBacklog(waiting_settles, clock)
         self._store = store
         self._nodes = nodes
         self._dispatcher = dispatcher
@@ -292,40 +287,15 @@ class NodeProtocol:
         gateway: the instance it was delivered to froze or died, and it comes again only after the stream's ack
         wait) is applied now, as its delivery would be; that delivery is then a repeat. Without this, a lease
         shorter than the ack wait runs out while its result waits, and the attempt that succeeded is failed and
-        run again. True when the deadline must not fail the attempt now: the settle closed it, NATS does not
-        answer, or more of the node's settles wait than one read returns and its own is not among those read
-        (what waits cannot be told; the lease clock calls again every ``recheck_s``, by when the stream's
-        deliveries have taken some)."""
-        if self._waiting_settles is None or task.node_id is None:
+        run again. True when the deadline must not fail the attempt now: the settle closed it, or what waits
+        cannot be told (``SettleBacklog``; the lease clock calls again every ``recheck_s``)."""
+        if self._backlog is None or task.node_id is None:
             return False
-        node_id = task.node_id
-        crowded_at = self._crowded.get(node_id)
-        if crowded_at is not None and self._clock() - crowded_at < CROWDED_REREAD_S:
-            return True  # read moments ago for another of its leases: one read per node and interval
-        try:
-            waiting = await self._waiting_settles(node_id)
-        except Exception as exc:
-            if not self._unreadable:
-                log.warning("deadlines wait: the settles waiting in GW_SETTLE cannot be read (%s)", type(exc).__name__)
-                self._unreadable = True
-            return True
-        if self._unreadable:
-            log.info("the settles waiting in GW_SETTLE can be read again; deadlines go on")
-            self._unreadable = False
-        if waiting.complete and self._crowded.pop(node_id, None) is not None:
-            log.info("node %s's settles waiting in GW_SETTLE fit in one read again; its deadlines go on", node_id)
         # only the attempt's own settle: one its delivery would refuse is refused (and audited) there, once
-        own = (lease_id, task.id, task.attempt_id)
-        msg = next((m for m in waiting.settles if (m.lease_id, m.task_id, m.attempt_id) == own), None)
-        if msg is None:
-            if waiting.complete:
-                return False
-            if node_id not in self._crowded:
-                log.warning("deadlines of node %s wait: more of its settles wait in GW_SETTLE than one read "
-                            "returns, until deliveries take them", node_id)  # fmt: skip
-            self._crowded[node_id] = self._clock()
-            return True
-        outcome = await self._settle(node_id, msg)
+        msg = await self._backlog.find(task.node_id, (lease_id, task.id, task.attempt_id))
+        if not isinstance(msg, Settle):
+            return msg is CANNOT_TELL  # none waits: the deadline goes on; cannot tell: it waits
+        outcome = await self._settle(task.node_id, msg)
         self._metrics.settle_found_waiting(task.kind)
         log.info("lease %s of task %s ran out while its settle waited in GW_SETTLE: applied (%s)",
                  lease_id, task.id, outcome.result)  # fmt: skip
