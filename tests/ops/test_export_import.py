@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from scheduler_gateway.actors.model.callbacks import CallbackDelivery
+from scheduler_gateway.actors.model.flow import KindSettings, Rate
 from scheduler_gateway.actors.model.records import DeadLetter
 from scheduler_gateway.actors.model.schedule import Thread
 from scheduler_gateway.actors.ports import AuditQuery, IdempotencyRecord, Principal, TaskSearch
@@ -22,12 +23,18 @@ from scheduler_gateway.daemon.store.transfer import TransferError, export_sqlite
 from tests.ops.helpers import BIN
 from tests.test_schedule_store import run, schedule, sid
 from tests.test_store_contract import T0, bump, create, make_task, update
+from tests.test_store_contract_artifacts import LIMITS, audit_event, rec
+from tests.test_store_contract_flow import audit as kind_audit
+from tests.test_store_contract_flow import claim as limited_claim
+from tests.test_store_contract_flow import event as kind_event
 
 KEY = IdempotencyRecord(
     owner="alice", key="k1", operation="create", body_hash="h", task_id=make_task(1).id, created_at=T0
 )
 PRINCIPAL = Principal(token_hash="th_1", user="alice", role="user", created_at=T0)
 THREAD = Thread(id="thr_1", owner="alice", title="lane", created_at=T0)
+PAUSED = KindSettings(kind="sleep", paused=True, concurrency=3)
+RATED = KindSettings(kind="rated", rate=Rate(limit=1, period_s=3600))
 
 
 async def fill(path: Path) -> dict[str, object]:
@@ -69,10 +76,18 @@ async def fill(path: Path) -> dict[str, object]:
         await store.apply(create(running))
         running2 = bump(running, state="running", started_at=T0 + 1, lease_expires_at=T0 + 61)
         await store.apply(update(running, running2, "lease"))
+        # what running work leaves: an artifact of the running task, and the settings and starts of a kind
+        artifact = rec(running2, "report.txt")
+        await store.record_artifact(artifact, *audit_event(artifact), task_revision=running2.revision, limits=LIMITS)
+        await store.put_kind(PAUSED, kind_audit("sleep", 1), kind_event("sleep", 1))
+        await store.put_kind(RATED, kind_audit("rated", 1), kind_event("rated", 1))
+        started = make_task(5, kind="rated")
+        await store.apply(create(started))
+        assert await store.apply_many([limited_claim(started, T0 + 2)]) == [None]
         await store.insert_schedule(schedule(1))
         await store.insert_run(run(1, 1))
         await store.put_principal(PRINCIPAL)
-        return {"tasks": [queued, finished, dead2, running2], "letter": letter}
+        return {"tasks": [queued, finished, dead2, running2], "letter": letter, "artifact": artifact}
     finally:
         await store.stop()
 
@@ -92,13 +107,13 @@ async def test_export_then_import_reads_back_the_same(tmp_path: Path, pg_url: st
 
     export = tmp_path / "export.jsonl"
     counts = export_sqlite(db, export)
-    assert counts["tasks"] == 4 and counts["dead_letters"] == 1 and counts["callback_deliveries"] == 1
+    assert counts["tasks"] == 5 and counts["dead_letters"] == 1 and counts["callback_deliveries"] == 1
     assert oct(export.stat().st_mode & 0o777) == "0o600"
     header = json.loads(export.read_text().splitlines()[0])
     assert header["format"] and header["schemaVersion"] and header["exportedAt"].endswith("Z")
     assert await import_postgres(pg_url, export) == {t: n for t, n in counts.items() if n}
 
-    pg = PostgresStore(pg_url)
+    pg = PostgresStore(pg_url, clock=lambda: T0 + 3)  # the rate's window is judged on the store's clock
     await pg.start()
     try:
         for task in held["tasks"]:  # type: ignore[attr-defined]
@@ -116,6 +131,18 @@ async def test_export_then_import_reads_back_the_same(tmp_path: Path, pg_url: st
         assert (await pg.list_runs(sid(1), 50, None)).items == before_runs
         outbox = await pg.outbox_batch(100)
         assert len(outbox) == counts["outbox"] > 0
+        # a paused kind stays paused, its limits and its rate's starts hold: the next start of the kind
+        # within the hour is refused as it was before the move
+        assert {k.kind: k for k in await pg.list_kinds()} == {"sleep": PAUSED, "rated": RATED}
+        again = make_task(6, kind="rated")
+        await pg.apply(create(again))
+        [refusal] = await pg.apply_many([limited_claim(again, T0 + 3)])
+        assert refusal is not None and refusal.details["rule"] == "kind_rate"
+        # the running task's artifact is still listed, counted and found by the orphan sweep
+        artifact = held["artifact"]
+        assert await pg.list_artifacts(artifact.task_id) == [artifact]  # type: ignore[attr-defined]
+        assert await pg.artifact_usage(artifact.task_id) == (1, artifact.size)  # type: ignore[attr-defined]
+        assert await pg.known_uploads([artifact.upload]) == {artifact.upload}  # type: ignore[attr-defined]
     finally:
         await pg.stop()
     async with await psycopg.AsyncConnection.connect(pg_url) as conn:
@@ -149,7 +176,7 @@ def test_gatewayd_export_and_import_end_to_end(tmp_path: Path, pg_url: str) -> N
         text=True,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("gatewayd export: ") and "4 tasks" in done.stdout
+    assert done.stdout.startswith("gatewayd export: ") and "5 tasks, " in done.stdout and "2 kinds, " in done.stdout
 
     pg_env = {**env, "GW_DATA_DIR": str(tmp_path / "pg-data"), "GW_STORE_URL": pg_url}
     password = psycopg.conninfo.conninfo_to_dict(pg_url).get("password")
@@ -157,7 +184,7 @@ def test_gatewayd_export_and_import_end_to_end(tmp_path: Path, pg_url: str) -> N
         [str(BIN / "gatewayd"), "import", "--from", str(export)], env=pg_env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    assert "4 tasks" in done.stdout and "1 principals" in done.stdout
+    assert "5 tasks" in done.stdout and "1 artifacts" in done.stdout and "1 principals" in done.stdout
     again = subprocess.run(
         [str(BIN / "gatewayd"), "import", "--from", str(export)], env=pg_env, capture_output=True, text=True
     )

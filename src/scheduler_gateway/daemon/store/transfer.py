@@ -5,7 +5,8 @@ documents beside the columns the queries read. Export reads every row of every t
 the SQLite file (read-only, in one read transaction: one consistent snapshot) and writes JSON lines:
 
 - a header ``{"format", "schemaVersion", "exportedAt", "sequences"}`` (``sequences``: the highest ``seq``
-  SQLite ever handed out for the audit and the outbox, so the PostgreSQL sequences never reuse one);
+  SQLite ever handed out for the audit, the outbox, the rates' starts and the artifacts, so the PostgreSQL
+  sequences never reuse one);
 - one ``{"table", "row"}`` line per row, a row being its stored columns; a byte column is
   ``{"$bytes": text}`` (the document's bytes as UTF-8, byte-exact) or ``{"$base64": ...}`` when not UTF-8;
 - a last ``{"end": true, "counts": {...}}`` line: a truncated file is refused on import.
@@ -13,7 +14,7 @@ the SQLite file (read-only, in one read transaction: one consistent snapshot) an
 Import checks the whole file first, then writes every row into the configured PostgreSQL store in ONE
 transaction (all or nothing), refuses a store that holds any row already, fills the PostgreSQL-only task
 columns (lease expiry, attempt deadline, finish) from each task's document as the store's own writes do, and
-advances the audit and outbox sequences past the imported numbers. Stop gatewayd first (docs/OPERATIONS.md).
+advances the sequences past the imported numbers. Stop gatewayd first (docs/OPERATIONS.md).
 """
 
 from __future__ import annotations
@@ -54,9 +55,19 @@ TABLES: tuple[tuple[str, str], ...] = (
     ("scheduled_tasks", "id"),
     ("scheduled_runs", "id"),
     ("outbox", "seq"),
+    # flow control: each kind's settings (a paused kind stays paused, its limits hold) and the starts its rates
+    # count (a rate's window goes on across the move)
+    ("kinds", "kind"),
+    ("task_starts", "seq"),
+    # the artifact index and each task's usage (the bytes stay in NATS, which is not moved)
+    ("artifacts", "seq"),
+    ("artifact_usage", "task_id"),
 )
+# Not moved: what the PostgreSQL store derives from the rows above as they are written (task_labels,
+# task_minutes: its triggers; SQLite's task_counts and task_created_off), and the token revocation log (a
+# revoked token's row is gone already; the log only tells running instances' caches, none of which runs).
 _TABLE_NAMES = frozenset(t for t, _ in TABLES)
-_SEQUENCED = ("audit", "outbox")
+_SEQUENCED = ("audit", "outbox", "task_starts", "artifacts")
 _BATCH = 1000
 _decode_task = doc_decoder(Task)
 
