@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from scheduler_gateway.actors.model.schedule import Thread
 from scheduler_gateway.actors.ports import AuditQuery, IdempotencyRecord, Principal, TaskSearch
 from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
-from scheduler_gateway.daemon.store.transfer import TransferError, export_sqlite, import_postgres
+from scheduler_gateway.daemon.store.transfer import NOT_MOVED, TABLES, TransferError, export_sqlite, import_postgres
 from tests.ops.helpers import BIN
 from tests.test_schedule_store import run, schedule, sid
 from tests.test_store_contract import T0, bump, create, make_task, update
@@ -90,6 +91,17 @@ async def fill(path: Path) -> dict[str, object]:
         return {"tasks": [queued, finished, dead2, running2], "letter": letter, "artifact": artifact}
     finally:
         await store.stop()
+
+
+async def test_every_table_of_the_sqlite_store_is_moved_or_named_as_not_moved(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "gateway.db")
+    await store.start()
+    await store.stop()
+    with sqlite3.connect(tmp_path / "gateway.db") as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    moved = {t for t, _ in TABLES}
+    assert not moved & NOT_MOVED
+    assert {t for t in tables if not t.startswith("sqlite_")} == moved | NOT_MOVED
 
 
 async def test_export_then_import_reads_back_the_same(tmp_path: Path, pg_url: str) -> None:
