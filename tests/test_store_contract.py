@@ -907,9 +907,10 @@ async def test_sqlite_migration_fills_the_dead_letter_columns(tmp_path: Path) ->
     doc = msgspec.json.encode(old).replace(b',"requeued":false', b"")  # written before the field existed
     with sqlite3.connect(path) as db:
         # the dead-letter migration; undo it and the ones after it (retention, task lists, thread lanes,
-        # tokens, flow control, artifacts, the console's filters and figures)
+        # tokens, flow control, artifacts, the console's filters and figures, unique marks)
         dl_version = 5
         db.execute("DELETE FROM schema_version WHERE version >= ?", (dl_version,))
+        db.execute("DROP TABLE unique_marks")  # purged unique tasks' creates (migration 15)
         undo_console_counts(db)
         db.execute("DROP TABLE artifact_usage")  # a task's artifact count and bytes (migration 13)
         # the console's filters and figures (migration 12)

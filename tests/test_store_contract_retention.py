@@ -10,14 +10,29 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import psycopg
+import pytest
 
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDelivery
 from scheduler_gateway.actors.model.records import DeadLetter, Task
 from scheduler_gateway.actors.model.schedule import ScheduledRun
 from scheduler_gateway.actors.ports import AuditQuery, Change, IdempotencyRecord, PurgeResult
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
+from scheduler_gateway.wire.api import UNIQUE_FOR_MAX_S
+from scheduler_gateway.wire.errors import Code, Conflict
 
-from .test_store_contract import T0, audit_for, bump, create, harness, make_task, sqlite_store, store, update
+from .test_store_contract import (
+    T0,
+    assert_code,
+    audit_for,
+    bump,
+    create,
+    harness,
+    make_task,
+    sqlite_store,
+    store,
+    update,
+)
 
 __all__ = ["harness", "sqlite_store", "store"]  # the fixtures, imported for pytest
 
@@ -106,6 +121,62 @@ async def test_a_requeued_task_is_not_due_any_more(store: Any) -> None:
     purged, _ = await drain_tasks(store, T0 + 100)
     assert purged.get("tasks", 0) == 0
     assert (await store.get_task(done.id)).state == "queued"  # type: ignore[union-attr]
+
+
+async def test_a_purged_task_still_refuses_a_create_of_its_unique_key_within_the_window(store: Any) -> None:
+    # created at T0 + 1 with a unique key, finished at T0 + 2, purged at once: the window of a later create
+    # reaches back to it all the same ("one per 30 days" must not become "one per retention period")
+    first = await finish(store, 1, T0 + 2, unique_key="invoice-42")
+    older = await finish(store, 2, T0 + 3, unique_key="invoice-42", created_at=T0 - 50)
+    purged, _ = await drain_tasks(store, T0 + 10)
+    assert purged["tasks"] == 2 and await store.get_task(first.id) is None
+    windowed = make_task(50, unique_key="invoice-42", unique_for_s=100.0)  # created T0 + 50: reaches T0 - 50
+    with pytest.raises(Conflict) as info:
+        await store.apply(create(windowed))
+    assert_code(info.value, Conflict, Code.DUPLICATE_TASK)
+    assert info.value.details["taskId"] == first.id  # the newest create of the key, though purged
+    # in a batch the refusal is the item's; another key, owner or kind is not held
+    results = await store.apply_many(
+        [
+            create(make_task(51, unique_key="invoice-42", unique_for_s=100.0)),
+            create(make_task(52, unique_key="invoice-43", unique_for_s=100.0)),
+            create(make_task(53, unique_key="invoice-42", unique_for_s=100.0, owner="bob")),
+            create(make_task(54, unique_key="invoice-42", unique_for_s=100.0, kind="sleep")),
+        ]
+    )
+    assert_code(results[0], Conflict, Code.DUPLICATE_TASK)
+    assert results[1:] == [None, None, None]
+    # a window that does not reach the purged create admits the key again
+    short = make_task(60, unique_key="invoice-42", unique_for_s=30.0)  # reaches back to T0 + 30
+    await store.apply(create(short))
+    assert older.created_at < first.created_at
+
+
+async def test_a_purged_unique_task_is_forgotten_once_no_window_can_reach_it(harness: Any) -> None:
+    store = harness.store
+    await finish(store, 1, T0 + 2, unique_key="invoice-42")
+    await drain_tasks(store, T0 + 10)
+    assert await unique_marks(harness) == 1
+    # a purge whose cutoff is the longest window allowed past the create: no window can reach it any more
+    await drain_tasks(store, T0 + 1 + UNIQUE_FOR_MAX_S)
+    assert await unique_marks(harness) == 0
+    late = make_task(2, unique_key="invoice-42", unique_for_s=UNIQUE_FOR_MAX_S, created_at=T0 + 2 + UNIQUE_FOR_MAX_S)
+    await store.apply(create(late))
+
+
+async def unique_marks(harness: Any) -> int:
+    """How many purged unique tasks the store still remembers."""
+    if harness.name == "memory":
+        return len(harness.store._unique_marks)
+    if harness.name == "sqlite":
+        with sqlite3.connect(harness.path) as db:
+            n = int(db.execute("SELECT count(*) FROM unique_marks").fetchone()[0])
+        db.close()
+        return n
+    async with await psycopg.AsyncConnection.connect(harness.pg_url) as conn:
+        cur = await conn.execute("SELECT count(*) FROM unique_marks")
+        row = await cur.fetchone()
+        return int(row[0]) if row is not None else -1
 
 
 async def test_purge_keeps_a_task_with_a_child_until_the_child_is_gone(store: Any) -> None:

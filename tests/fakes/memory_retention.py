@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from scheduler_gateway.actors.model.records import TERMINAL_STATES
 from scheduler_gateway.actors.model.schedule import ACTIVE_RUN_STATUSES
 from scheduler_gateway.actors.ports import PurgeResult, StoreSize
+from scheduler_gateway.wire.api import UNIQUE_FOR_MAX_S
 
 if TYPE_CHECKING:
     from tests.fakes.memory_store import MemoryStore
@@ -51,8 +52,18 @@ class MemoryRetention:
             for k in letters:
                 del self._callback_letters[k]
             purged["callback_dead_letters"] += len(letters)
-            del self._tasks[task_id]
+            gone = self._tasks.pop(task_id)
+            if gone.unique_key is not None:
+                key = (gone.owner, gone.kind, gone.unique_key)
+                self._unique_marks[key] = max(
+                    self._unique_marks.get(key, (gone.created_at, gone.id)), (gone.created_at, gone.id)
+                )
             purged["tasks"] += 1
+        forget = sorted(
+            (at, k) for k, (at, _) in self._unique_marks.items() if at <= finished_before - UNIQUE_FOR_MAX_S
+        )
+        for _, k in forget[:n]:
+            del self._unique_marks[k]
         last = due[-1] if len(due) >= n else None
         return PurgeResult(purged, kept, None if last is None else f"{last[0]!r}|{last[1]}")
 

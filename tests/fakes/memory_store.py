@@ -57,6 +57,8 @@ class MemoryStore(
         self._audit: list[tuple[int, AuditEntry]] = []
         self._audit_ids: set[str] = set()
         self._idempotency: dict[tuple[str, str], IdempotencyRecord] = {}
+        # the newest create of each unique key whose task was purged: (owner, kind, key) -> (created_at, task id)
+        self._unique_marks: dict[tuple[str, str, str], tuple[float, str]] = {}
         self._outbox: dict[int, bytes] = {}
         self._dead_letters: dict[str, DeadLetter] = {}  # by task id
         self._principals: dict[str, Principal] = {}
@@ -217,12 +219,15 @@ class MemoryStore(
         if change.expected_revision is None and t.unique_for_s is not None:
             since = t.created_at - t.unique_for_s
             recent = [
-                o
+                (o.created_at, o.id)
                 for o in self._tasks.values()
                 if o.unique_key == t.unique_key and (o.owner, o.kind) == (t.owner, t.kind) and o.created_at > since
             ]
+            purged = self._unique_marks.get((t.owner, t.kind, t.unique_key))  # (created_at, task id)
+            if purged is not None and purged[0] > since:
+                recent.append(purged)
             if recent:
-                raise duplicate(max(recent, key=lambda o: o.created_at).id, t.unique_key)
+                raise duplicate(max(recent)[1], t.unique_key)
 
     def _check_flow(self, change: Change) -> None:
         """The stores' limit check of a claim (daemon/store/flow_rows.py), counting the claim itself."""

@@ -22,6 +22,8 @@ TRACEPARENT_DOC = (
     "A malformed value is ignored: the task starts a trace of its own."
 )
 T = TypeVar("T")
+#: The longest ``uniqueForSeconds``; the store remembers a purged unique task that long (docs/FLOW.md)
+UNIQUE_FOR_MAX_S = 366 * 86400
 
 
 def _raw(value: msgspec.Raw) -> Any:
@@ -55,7 +57,7 @@ class CreateTaskBody(_Body):
     #: the lane its kind's per-key limits count in (a tenant, a customer): docs/FLOW.md
     concurrency_key: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
     unique_key: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
-    unique_for_seconds: Annotated[float, Meta(gt=0, le=366 * 86400)] | None = None
+    unique_for_seconds: Annotated[float, Meta(gt=0, le=UNIQUE_FOR_MAX_S)] | None = None
 
     __repr__ = redacted_repr
 

@@ -13,10 +13,11 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
+from .api import UNIQUE_FOR_MAX_S, _raw
+
 # one ErrorView and one ListView for both modules: one schema each in the OpenAPI document
 from .api import ErrorView as ErrorView
 from .api import ListView as ListView
-from .api import _raw
 from .messages import KIND_PATTERN, NULL
 
 Seconds = Annotated[float, Meta(gt=0, le=31_536_000)]
@@ -40,7 +41,7 @@ class TemplateBody(_Body):
     lease_seconds: Seconds | None = None
     concurrency_key: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
     unique_key: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
-    unique_for_seconds: Annotated[float, Meta(gt=0, le=366 * 86400)] | None = None
+    unique_for_seconds: Annotated[float, Meta(gt=0, le=UNIQUE_FOR_MAX_S)] | None = None
 
 
 class TemplatePatchBody(_Body):
@@ -52,7 +53,7 @@ class TemplatePatchBody(_Body):
     lease_seconds: Seconds | None = None
     concurrency_key: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
     unique_key: Annotated[str, Meta(min_length=1, max_length=255)] | None = None
-    unique_for_seconds: Annotated[float, Meta(gt=0, le=366 * 86400)] | None = None
+    unique_for_seconds: Annotated[float, Meta(gt=0, le=UNIQUE_FOR_MAX_S)] | None = None
 
 
 class ScheduleBody(_Body):

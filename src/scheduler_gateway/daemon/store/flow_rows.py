@@ -67,17 +67,47 @@ def limit_refusal(conn: sqlite3.Connection, r: ChangeRows, cache: Settings) -> C
     return None if rule is None else limited(r.task_id, kind, key, rule)
 
 
+#: Migration 15 (PostgreSQL: its migration 10): the newest create of each unique key whose task retention
+#: purged, so that a later create's ``uniqueForSeconds`` still reaches it (docs/FLOW.md, Unique tasks). One row
+#: per key, written by the purge, forgotten once the longest window allowed can no longer reach it.
+UNIQUE_MARKS_MIGRATION: tuple[str, ...] = (
+    """CREATE TABLE unique_marks (
+        owner TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        unique_key TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        task_id TEXT NOT NULL,
+        PRIMARY KEY (owner, kind, unique_key)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX unique_marks_created ON unique_marks (created_at)",
+)
+#: before a task is purged: its create, if it had a unique key and is the newest of that key remembered
+#: ("WHERE true": SQLite's upsert after a SELECT needs it to parse)
+SQL_MARK_PURGED = (
+    "INSERT INTO unique_marks (owner, kind, unique_key, created_at, task_id)"
+    " SELECT owner, kind, unique_key, created_at, id FROM tasks WHERE id = ? AND unique_key IS NOT NULL AND true"
+    " ON CONFLICT (owner, kind, unique_key) DO UPDATE SET created_at = excluded.created_at, task_id = excluded.task_id"
+    " WHERE excluded.created_at > unique_marks.created_at"
+)
+SQL_FORGET_MARKS = (
+    "DELETE FROM unique_marks WHERE (owner, kind, unique_key) IN"
+    " (SELECT owner, kind, unique_key FROM unique_marks WHERE created_at <= ? ORDER BY created_at LIMIT ?)"
+)
+#: the newest create of the key after ``since``: a task still stored (not the one being created) or a purged one
+_SQL_UNIQUE_RECENT = (
+    "SELECT id, created_at FROM tasks WHERE owner = ? AND kind = ? AND unique_key = ? AND created_at > ? AND id != ?"
+    " UNION ALL SELECT task_id, created_at FROM unique_marks"
+    " WHERE owner = ? AND kind = ? AND unique_key = ? AND created_at > ?"
+    " ORDER BY created_at DESC LIMIT 1"
+)
+
+
 def unique_refusal(conn: sqlite3.Connection, r: ChangeRows) -> Conflict | None:
-    """After a create with ``uniqueForSeconds`` was written: another task of its unique key made in the window."""
+    """After a create with ``uniqueForSeconds`` was written: another create of its unique key in the window."""
     if r.unique_window is None:
         return None
     owner, kind, key, since = r.unique_window
-    row = fetch_one(
-        conn,
-        "SELECT id FROM tasks WHERE owner = ? AND kind = ? AND unique_key = ? AND created_at > ? AND id != ?"
-        " ORDER BY created_at DESC LIMIT 1",
-        (owner, kind, key, since, r.task_id),
-    )
+    row = fetch_one(conn, _SQL_UNIQUE_RECENT, (owner, kind, key, since, r.task_id, owner, kind, key, since))
     return None if row is None else duplicate(str(row[0]), key)
 
 

@@ -11,6 +11,7 @@ from scheduler_gateway.daemon.store.common import (
     fetch_one,
     rollback_quietly,
 )
+from scheduler_gateway.daemon.store.flow_rows import UNIQUE_MARKS_MIGRATION
 from scheduler_gateway.daemon.store.retention import RETENTION_MIGRATION, prepare_auto_vacuum, switch_auto_vacuum
 from scheduler_gateway.daemon.store.schedule_rows import SCHEDULE_GENERATION_MIGRATION, SCHEDULE_MIGRATION
 from scheduler_gateway.daemon.store.search import COUNTS_MIGRATION, SEARCH_MIGRATION
@@ -211,6 +212,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 14: the console on a million tasks: tasks per (owner, kind, state), a user's node and error code lists,
     # created ranges sought by id (text in store/search.py; docs/PERFORMANCE.md, Console)
     COUNTS_MIGRATION,
+    # 15: the newest create of each unique key whose task was purged, which a later create's window still
+    # reaches (text in store/flow_rows.py, next to its queries; docs/FLOW.md)
+    UNIQUE_MARKS_MIGRATION,
 )
 
 

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from scheduler_gateway.actors.ports import PurgeResult, StoreSize
 from scheduler_gateway.daemon.store.common import fetch_one
+from scheduler_gateway.daemon.store.flow_rows import SQL_FORGET_MARKS, SQL_MARK_PURGED
+from scheduler_gateway.wire.api import UNIQUE_FOR_MAX_S
 
 if TYPE_CHECKING:  # sqlite_conn imports the migrations, which import this module's migration text
     from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
@@ -126,6 +128,9 @@ class SqliteRetention:
         def op(conn: sqlite3.Connection) -> PurgeResult:
             rows = conn.execute(_SQL_DUE_TASKS, (finished_before, after_at, after_id, n)).fetchall()
             gone = [(row[0],) for row in rows if not row[2]]
+            conn.executemany(SQL_MARK_PURGED, gone)
+            # bounded as the batch is; a cutoff at or before every window's reach (``finished_before`` <= now)
+            conn.execute(SQL_FORGET_MARKS, (finished_before - UNIQUE_FOR_MAX_S, n))
             purged = {
                 "history": _delete_in(conn, "DELETE FROM task_history WHERE task_id = ?", gone),
                 # what is left of a purged task's letter is archived (an active one kept the task)

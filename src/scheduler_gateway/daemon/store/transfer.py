@@ -62,6 +62,8 @@ TABLES: tuple[tuple[str, str], ...] = (
     # the artifact index and each task's usage (the bytes stay in NATS, which is not moved)
     ("artifacts", "seq"),
     ("artifact_usage", "task_id"),
+    # the newest create of each unique key whose task was purged (a later create's window still reaches it)
+    ("unique_marks", "owner, kind, unique_key"),
 )
 #: The SQLite tables not moved: what the PostgreSQL store derives from the rows above as they are written
 #: (task_labels, task_minutes: its triggers; SQLite's own task_counts and task_created_off), the token

@@ -92,10 +92,13 @@ async def unique_refusal(conn: Conn, r: ChangeRows) -> Conflict | None:
     if r.unique_window is None:
         return None
     owner, kind, key, since = r.unique_window
+    # a task still stored (not the one being created) or the newest purged one (migration 10, unique_marks)
     cur = await conn.execute(
-        "SELECT id FROM tasks WHERE owner = %s AND kind = %s AND unique_key = %s AND created_at > %s AND id <> %s"
+        "SELECT id, created_at FROM tasks WHERE owner = %s AND kind = %s AND unique_key = %s AND created_at > %s"
+        " AND id <> %s UNION ALL SELECT task_id, created_at FROM unique_marks"
+        " WHERE owner = %s AND kind = %s AND unique_key = %s AND created_at > %s"
         " ORDER BY created_at DESC LIMIT 1",
-        (owner, kind, key, since, r.task_id),
+        (owner, kind, key, since, r.task_id, owner, kind, key, since),
     )
     row = await cur.fetchone()
     return None if row is None else duplicate(str(row[0]), key)

@@ -272,6 +272,19 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
     PG_SEARCH_MIGRATION,
     # 9: a task's artifact count and bytes, as in the SQLite store (its migration 13)
     PG_ARTIFACT_USAGE_MIGRATION,
+    # 10: the newest create of each unique key whose task was purged, as in the SQLite store (its migration 15,
+    # store/flow_rows.py)
+    (
+        f"""CREATE TABLE unique_marks (
+            owner {_T} NOT NULL,
+            kind {_T} NOT NULL,
+            unique_key {_T} NOT NULL,
+            created_at double precision NOT NULL,
+            task_id {_T} NOT NULL,
+            PRIMARY KEY (owner, kind, unique_key)
+        )""",
+        "CREATE INDEX unique_marks_created ON unique_marks (created_at)",
+    ),
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)

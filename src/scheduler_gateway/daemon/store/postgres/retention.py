@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from scheduler_gateway.actors.ports import PurgeResult, StoreSize
 from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb
+from scheduler_gateway.wire.api import UNIQUE_FOR_MAX_S
 
 _ACTIVE_RUN_SQL = "('queued', 'running')"  # ACTIVE_RUN_STATUSES, the predicate of uq_scheduled_run_active
 
@@ -48,10 +49,22 @@ SQL_DUE_TASKS_FIRST = (
     " WHERE t.finished_at IS NOT NULL AND t.finished_at <= %s"
     " ORDER BY t.finished_at, t.id LIMIT %s"
 )
-# the candidates that are still due and unreferenced when deleted (another instance may have retried one)
+# the candidates that are still due and unreferenced when deleted (another instance may have retried one); the
+# newest create of each unique key among them is remembered in the same statement (unique_marks, docs/FLOW.md:
+# a later create's window still reaches it), one row per key as ON CONFLICT may touch a row only once
 SQL_DELETE_TASKS = (
-    "DELETE FROM tasks t WHERE t.id = ANY(%s) AND t.finished_at IS NOT NULL AND t.finished_at <= %s"
-    f" AND NOT {_REFERENCED} RETURNING t.id"
+    "WITH gone AS (DELETE FROM tasks t WHERE t.id = ANY(%s) AND t.finished_at IS NOT NULL AND t.finished_at <= %s"
+    f" AND NOT {_REFERENCED} RETURNING t.id, t.owner, t.kind, t.unique_key, t.created_at),"
+    " marked AS (INSERT INTO unique_marks (owner, kind, unique_key, created_at, task_id)"
+    " SELECT DISTINCT ON (owner, kind, unique_key) owner, kind, unique_key, created_at, id FROM gone"
+    " WHERE unique_key IS NOT NULL ORDER BY owner, kind, unique_key, created_at DESC"
+    " ON CONFLICT (owner, kind, unique_key) DO UPDATE SET created_at = excluded.created_at,"
+    " task_id = excluded.task_id WHERE excluded.created_at > unique_marks.created_at)"
+    " SELECT id FROM gone"
+)
+SQL_FORGET_MARKS = (
+    "DELETE FROM unique_marks WHERE (owner, kind, unique_key) IN"
+    " (SELECT owner, kind, unique_key FROM unique_marks WHERE created_at <= %s ORDER BY created_at LIMIT %s)"
 )
 
 # The store's tables (those of migrations in the current schema): their size with indexes and TOAST, and
@@ -91,6 +104,8 @@ class PgRetention:
             if candidates:
                 cur = await conn.execute(SQL_DELETE_TASKS, (candidates, finished_before))
                 gone = [row[0] for row in await cur.fetchall()]
+            # bounded as the batch is; a cutoff at or before every window's reach (``finished_before`` <= now)
+            await conn.execute(SQL_FORGET_MARKS, (finished_before - UNIQUE_FOR_MAX_S, n))
             purged = {
                 "history": await _delete_for(conn, "task_history", gone),
                 # what is left of a purged task's letter is archived (an active one kept the task)
