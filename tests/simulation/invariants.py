@@ -81,6 +81,8 @@ class Facts:
     #: (task id, revision) of every task event in the stream and in the outbox; None: not gathered
     task_events: tuple[set[tuple[str, int]], set[tuple[str, int]]] | None = None
     callback_ids_posted: list[str] = field(default_factory=list)
+    #: the history of tasks retention purged, as it was stored (a delivery pending at the purge still goes)
+    purged_history: dict[str, list[HistoryEntry]] = field(default_factory=dict)
     admins: frozenset[str] = frozenset({"root"})  # users with role admin: they act on everyone's objects
     #: by node id: the last time more of its settles waited in GW_SETTLE than one read returns; its deadlines
     #: wait while that lasts (a settle past the read's bound may be the lease's own)
@@ -320,7 +322,7 @@ def callbacks_name_terminal_revisions(f: Facts) -> list[str]:
     out: list[str] = []
     for cid in f.callback_ids_posted:
         tid, _, rev = cid.rpartition(":")
-        entries = f.history.get(tid, [])
+        entries = f.history.get(tid) or f.purged_history.get(tid, [])
         entry = next((h for h in entries if str(h.revision) == rev), None)
         if entry is None or entry.to_state not in TERMINAL_STATES:
             out.append(f"callback {cid}: not a terminal revision of its task")

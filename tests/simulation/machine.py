@@ -26,7 +26,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from scheduler_gateway.actors.kinds import KindService
 from scheduler_gateway.actors.model.flow import KindSettings, Rate
-from scheduler_gateway.actors.model.records import TERMINAL_STATES, ActorRef, AuditEntry, EventRecord, HistoryEntry
+from scheduler_gateway.actors.model.records import (
+    TERMINAL_STATES,
+    ActorRef,
+    AuditEntry,
+    EventRecord,
+    HistoryEntry,
+    Task,
+)
 from scheduler_gateway.actors.model.schedule import ScheduleSpec, TaskTemplate
 from scheduler_gateway.actors.scheduler import NewSchedule, SchedulePatch, SpecPatch, TemplatePatch
 from scheduler_gateway.actors.task_service import Caller, NewTask
@@ -98,7 +105,7 @@ KEYS = ("k1", "k2", "k3")
 CKEYS = ("ta", "tb", "tc")
 UKEYS = ("u1", "u2")
 UKEY_CHOICES = (None, None, None, None, None, *UKEYS)  # a unique key on one create in four or so
-UNIQUE_FOR = (None, None, 5.0, 60.0)
+UNIQUE_FOR = (None, None, 5.0, 60.0, 3600.0)  # the hour: a window that outlives a purge
 RATES = st.builds(Rate, limit=st.integers(1, 3), period_s=st.sampled_from([2.0, 5.0, 20.0]))
 KIND_CHANGES = st.fixed_dictionaries(
     {},
@@ -211,6 +218,9 @@ class SimMachine(RuleBasedStateMachine):
         self.fair = FairTurns(COVERAGE)
         self.step_started = 0.0
         self.artifacts_due = False  # a clock step long enough for the artifact keeper's rounds
+        #: tasks retention purged, as last stored: what a refusal may still name (a unique key's window)
+        self.purged: dict[str, Task] = {}
+        self.purged_history: dict[str, list[HistoryEntry]] = {}
 
     # -- plumbing ------------------------------------------------------------------------------------
     @initialize(
@@ -510,11 +520,37 @@ class SimMachine(RuleBasedStateMachine):
             self._duplicate_named(user, spec, out.error)
         self._idem_check(user, key, "create", body, out)
 
+    @rule(i=st.integers(0, 50), ufor=st.sampled_from([None, 60.0, 3600.0]), purged=st.booleans())
+    def create_unique_again(self, i: int, ufor: float | None, purged: bool) -> None:
+        """The same unique job submitted again: a create with the owner, kind and uniqueKey of a task made before
+        (one retention purged, with ``purged``). The FlowLog judges what commits, ``_duplicate_named`` a refusal."""
+        assert self.sim is not None
+        if purged:
+            pool = [t for t in self.purged.values() if t.unique_key is not None]
+        else:
+            pool = [t for tid in self.task_ids if (t := self.view.task(tid)) is not None and t.unique_key is not None]
+        if not pool:
+            return
+        prior = pool[i % len(pool)]
+        spec = NewTask(kind=prior.kind, payload=msgspec.Raw(b'{"again":1}'), unique_key=prior.unique_key,
+                       unique_for_s=ufor, retry_backoff_s=5.0)  # fmt: skip
+        out = self.do(lambda: self.w.service.create(caller(prior.owner, self.next_rid()), spec, None, ""))
+        if out.ok:
+            task, _ = out.value
+            self.task_ids.append(task.id)
+            self.owner_of[task.id] = task.owner
+        elif out.code == Code.DUPLICATE_TASK:
+            COVERAGE["flow: creates refused DUPLICATE_TASK"] += 1
+            self._duplicate_named(prior.owner, spec, out.error)
+
     def _duplicate_named(self, user: str, spec: NewTask, err: GatewayError | None) -> None:
         """A DUPLICATE_TASK names a task of the same owner, kind and uniqueKey that holds the key: live, or
         made within ``uniqueForSeconds``, or ended during this very step (after it refused)."""
         named = str(err.details.get("taskId", "")) if err is not None else ""
         other = self.view.task(named)
+        if other is None and named in self.purged:
+            other = self.purged[named]
+            COVERAGE["flow: DUPLICATE_TASK naming a purged task"] += 1
         if spec.unique_key is None or other is None:
             self.problem(f"DUPLICATE_TASK for a create with uniqueKey {spec.unique_key} names {named!r}: no such task")
             return
@@ -634,6 +670,8 @@ class SimMachine(RuleBasedStateMachine):
         if (op0, body0) == (operation, body):
             if not out.ok and out.code in TRANSIENT and self.faulted:
                 return  # the store failed under an injected fault: a 503 the client retries, not a wrong answer
+            if out.code == Code.TASK_NOT_FOUND and tid0 in self.purged:
+                return  # its task was purged before the key's own age (docs/OPERATIONS.md: tasks_s >= idempotency_s)
             if not out.ok:
                 self.problem(f"replay of {operation} with key {key} by {user} answered {out.code}, first {tid0}")
             elif out.value[0].id != tid0:
@@ -1243,6 +1281,25 @@ class SimMachine(RuleBasedStateMachine):
             if out.value.paused:
                 COVERAGE["flow: kind paused"] += 1
 
+    @rule(keep=st.sampled_from([0.0, 30.0, 300.0]))
+    def purge_finished(self, keep: float) -> None:
+        """The retention keeper's task purge with ``tasks_s`` = ``keep``, as another writer to the store: the
+        terminal tasks finished that long ago go, with their history, unless something still refers to them."""
+        assert self.sim is not None
+        store = self.sim.durable
+        before = {tid: self.view.task(tid) for tid in self.task_ids}
+        history = self.view.history()
+        out = self.do(lambda: store.purge_tasks(self.sim.now() - keep, 50))  # type: ignore[union-attr]
+        if not out.ok:
+            return
+        for tid, task in before.items():
+            if task is not None and self.view.task(tid) is None:
+                self.purged[tid] = task
+                self.purged_history[tid] = history.get(tid, [])
+                COVERAGE["tasks purged"] += 1
+                if task.unique_key is not None:
+                    COVERAGE["unique tasks purged"] += 1
+
     # -- the clock, crashes and faults -------------------------------------------------------------------
     @rule(seconds=st.sampled_from(ADVANCES))
     def advance(self, seconds: float) -> None:
@@ -1492,6 +1549,7 @@ class SimMachine(RuleBasedStateMachine):
                 {k for body in v.outbox_bodies() if (k := _task_event(body, "aggregate_id")) is not None},
             ),
             callback_ids_posted=posts,
+            purged_history=self.purged_history,
             deadlines_held_until=dict(self.crowded_until),
         )
 
