@@ -30,6 +30,7 @@ from scheduler_gateway.daemon.gateway import Gateway, GatewaySettings
 from scheduler_gateway.daemon.http.app import HttpSettings
 from scheduler_gateway.daemon.nats.embedded import DataDirInUse, EmbeddedNats, NatsCredentials
 from scheduler_gateway.daemon.nats.embedded_watch import EmbeddedNatsWatch
+from scheduler_gateway.daemon.process_lock import InUse, ProcessLock, store_lock
 from scheduler_gateway.daemon.store.backup import backup_main
 from scheduler_gateway.daemon.store.integrity import NEWER_REMEDY, RUN_BUDGET_S, inspect_sqlite_file
 from scheduler_gateway.daemon.store.select import Store
@@ -170,6 +171,38 @@ def _watch(embedded: EmbeddedNats | None, gateway: Gateway) -> EmbeddedNatsWatch
 
 
 async def _run(config: Config) -> int:
+    lock, problem = _take_store_lock(config)
+    if problem is not None:
+        print(f"gatewayd: {problem}", file=sys.stderr)
+        return 1
+    try:
+        return await _run_locked(config)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _take_store_lock(config: Config) -> tuple[ProcessLock | None, str | None]:
+    """A SQLite store is one gatewayd's (docs/OPERATIONS.md): a second one on the same file (another data dir, an
+    external NATS, a hand-started copy beside the service) would keep its own live tasks, leases and relay over
+    rows the first one writes. The lock held, or the one line that refuses the start; no lock for PostgreSQL."""
+    if config.store_location.kind != "sqlite":
+        return None, None
+    lock = store_lock(config.store_path)
+    try:
+        config.store_path.parent.mkdir(parents=True, exist_ok=True)
+        lock.take()
+    except InUse as exc:
+        return None, (
+            f"the task store {config.store_path} is in use by the gatewayd with pid {exc.holder}"
+            " (one gatewayd per SQLite store; several instances need PostgreSQL)"
+        )
+    except OSError as exc:
+        return None, f"cannot lock the task store: {exc.strerror or exc} ({lock.path})"
+    return lock, None
+
+
+async def _run_locked(config: Config) -> int:
     problem = _store_file_problem(config)
     if problem is not None:
         print(f"gatewayd: {problem}", file=sys.stderr)

@@ -27,7 +27,6 @@ touch streams and consumers: the shape production uses, one user per node
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import secrets
@@ -39,6 +38,7 @@ from pathlib import Path
 
 from scheduler_gateway.daemon.nats.auth import DEV_NODE_ID, node_permissions
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess, NatsUser
+from scheduler_gateway.daemon.process_lock import InUse, ProcessLock
 from scheduler_gateway.wire.subjects import Subjects
 
 NATS_SUBDIR = "nats"
@@ -218,7 +218,7 @@ class EmbeddedNats:
         self.node_credentials: NatsCredentials | None = None
         #: The pid of a stale server the last ``start()`` stopped, for logging.
         self.stopped_stale_pid: int | None = None
-        self._lock_fd: int | None = None
+        self._data_lock = ProcessLock(self.data_dir / LOCK_FILE)
 
     @property
     def node_credentials_path(self) -> Path:
@@ -259,31 +259,16 @@ class EmbeddedNats:
         ]
 
     def _lock(self) -> None:
-        """Take the data dir's lock, or raise ``DataDirInUse``.
-
-        ``lockf`` locks belong to the process, not to the file descriptor: an object of this
-        same process that was dropped without ``stop()`` does not block a new start (one
-        process runs one daemon), a live daemon in another process does.
-        """
-        fd = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        """Take the data dir's lock (``process_lock.py``), or raise ``DataDirInUse``."""
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            try:
-                holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            finally:
-                os.close(fd)
+            self._data_lock.take()
+        except InUse as exc:
             raise DataDirInUse(
-                f"{self.data_dir} is in use: the gatewayd with pid {holder} runs its embedded NATS server"
+                f"{self.data_dir} is in use: the gatewayd with pid {exc.holder} runs its embedded NATS server"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
 
     def _unlock(self) -> None:
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is not None:
-            os.close(fd)  # closing releases the lock
+        self._data_lock.release()
 
     def start(self, timeout_s: float = 10.0) -> NatsCredentials:
         """Stop a stale server of this data dir, start ours, write the credential files.

@@ -32,6 +32,7 @@ from typing import IO, Any
 
 from scheduler_gateway.actors.model.records import TERMINAL_STATES, Task
 from scheduler_gateway.daemon.config import ConfigError, load_config
+from scheduler_gateway.daemon.process_lock import store_lock
 from scheduler_gateway.daemon.store.change_rows import running_deadlines
 from scheduler_gateway.daemon.store.common import decode_or_raise, doc_decoder
 from scheduler_gateway.daemon.store.migrations import MIGRATIONS
@@ -109,6 +110,10 @@ def export_sqlite(db_path: Path, target: Path) -> dict[str, int]:
     """Write the store at ``db_path`` to ``target`` (replaced atomically); the number of rows per table."""
     if not db_path.is_file():
         raise TransferError(f"{db_path} does not exist: nothing to export")
+    holder = store_lock(db_path).holder()
+    if holder is not None:
+        # what it commits after the snapshot would not be in the file, and it would go on without the rows
+        raise TransferError(f"the gatewayd with pid {holder} runs on {db_path}: stop it first, then export")
     if target.is_dir():
         raise TransferError(f"{target} is a directory; name the export file")
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
