@@ -1,4 +1,4 @@
-"""One gatewayd per SQLite store (``daemon/process_lock.py``, docs/OPERATIONS.md): a second ``gatewayd run`` on
+"""One gatewayd per SQLite store (``process_lock.py``, docs/OPERATIONS.md): a second ``gatewayd run`` on
 the same file, from another data dir, is refused in one line naming the holder's pid before it starts anything;
 ``gatewayd export`` is refused while a gatewayd runs on the file; a kill -9 of the holder frees the file."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_gateway.daemon.process_lock import InUse, ProcessLock, store_lock
+from scheduler_gateway.process_lock import InUse, ProcessLock, store_lock
 from tests.e2e.procs import Daemon, free_port
 from tests.ops.helpers import BIN
 

@@ -30,13 +30,13 @@ from scheduler_gateway.daemon.gateway import Gateway, GatewaySettings
 from scheduler_gateway.daemon.http.app import HttpSettings
 from scheduler_gateway.daemon.nats.embedded import DataDirInUse, EmbeddedNats, NatsCredentials
 from scheduler_gateway.daemon.nats.embedded_watch import EmbeddedNatsWatch
-from scheduler_gateway.daemon.process_lock import InUse, ProcessLock, store_lock
 from scheduler_gateway.daemon.store.backup import backup_main
 from scheduler_gateway.daemon.store.integrity import NEWER_REMEDY, RUN_BUDGET_S, inspect_sqlite_file
 from scheduler_gateway.daemon.store.select import Store
 from scheduler_gateway.daemon.store.transfer import export_main, import_main
 from scheduler_gateway.daemon.systemd_notify import SystemdNotifier
 from scheduler_gateway.daemon.tokens_cli import add_token_parser, create_principal, token_main
+from scheduler_gateway.process_lock import InUse, ProcessLock, store_lock
 from scheduler_gateway.wire.errors import GatewayError
 
 log = logging.getLogger("gatewayd")

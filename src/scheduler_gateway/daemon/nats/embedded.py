@@ -38,7 +38,7 @@ from pathlib import Path
 
 from scheduler_gateway.daemon.nats.auth import DEV_NODE_ID, node_permissions
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess, NatsUser
-from scheduler_gateway.daemon.process_lock import InUse, ProcessLock
+from scheduler_gateway.process_lock import InUse, ProcessLock
 from scheduler_gateway.wire.subjects import Subjects
 
 NATS_SUBDIR = "nats"

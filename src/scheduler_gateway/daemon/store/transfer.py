@@ -32,11 +32,11 @@ from typing import IO, Any
 
 from scheduler_gateway.actors.model.records import TERMINAL_STATES, Task
 from scheduler_gateway.daemon.config import ConfigError, load_config
-from scheduler_gateway.daemon.process_lock import store_lock
 from scheduler_gateway.daemon.store.change_rows import running_deadlines
 from scheduler_gateway.daemon.store.common import decode_or_raise, doc_decoder
 from scheduler_gateway.daemon.store.migrations import MIGRATIONS
 from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb
+from scheduler_gateway.process_lock import store_lock
 from scheduler_gateway.wire.errors import GatewayError
 
 FORMAT = "scheduler-gateway-export/1"
