@@ -28,6 +28,9 @@ import pytest
 
 from scheduler_gateway.daemon.nats.nats_server import MAX_PAYLOAD_BYTES, find_binary, free_port, port_in_use
 
+#: the system account's user (test only): JetStream's meta leader steps down only when the system account asks
+SYSTEM_USER = ("sys", "sys")
+
 
 @dataclass
 class ClusterServer:
@@ -87,6 +90,14 @@ class NatsCluster:
             "max_pending: 67108864\n"
             f'jetstream {{ store_dir: "{s.work / "jetstream"}"{limit} }}\n'
             f'cluster {{ name: "gw-test", listen: "127.0.0.1:{s.cluster_port}", routes: [{routes}] }}\n'
+            # clients without credentials land in APP, as they did in the global account; SYS is there for the
+            # requests only the system account may make (moving JetStream's meta leader: SYSTEM_USER)
+            "accounts {\n"
+            '  APP: { jetstream: enabled, users: [{ user: "app", password: "app" }] }\n'
+            f'  SYS: {{ users: [{{ user: "{SYSTEM_USER[0]}", password: "{SYSTEM_USER[1]}" }}] }}\n'
+            "}\n"
+            'system_account: "SYS"\n'
+            'no_auth_user: "app"\n'
         )
         s.work.mkdir(parents=True, exist_ok=True)
         path = s.work / "nats-server.conf"

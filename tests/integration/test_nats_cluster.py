@@ -26,7 +26,7 @@ import pytest
 from scheduler_gateway.wire.subjects import DISPATCH_STREAM, EVENTS_STREAM, SETTLE_CONSUMER, SETTLE_STREAM
 from tests.e2e.fault_load import EventTail, Load, assert_sse_complete, verify_exactly_once
 from tests.e2e.procs import Worker
-from tests.nats_cluster import NatsCluster, nats_cluster
+from tests.nats_cluster import SYSTEM_USER, NatsCluster, nats_cluster
 
 from .harness import Api, api_client, running_gateway
 
@@ -55,6 +55,8 @@ async def lead_elsewhere(url: str, cluster: NatsCluster, victim: str) -> None:
     own leader move, so that its kill costs the clients a reconnect only: the quick run's shape. The leaders'
     own kills are the slow runs'."""
     nc = await nats.connect(url.split(","))
+    # only the system account may move the meta leader (without it the request is never answered)
+    sys_nc = await nats.connect(url.split(","), user=SYSTEM_USER[0], password=SYSTEM_USER[1])
     try:
         js = nc.jetstream()
 
@@ -78,11 +80,12 @@ async def lead_elsewhere(url: str, cluster: NatsCluster, victim: str) -> None:
             for subject in todo:
                 # the reply can be lost while leadership moves: the next round looks at the leaders again
                 with contextlib.suppress(nats.errors.TimeoutError):
-                    await nc.request(subject, b"", timeout=5)
+                    await (sys_nc if subject.startswith("$JS.API.META.") else nc).request(subject, b"", timeout=5)
             await asyncio.sleep(0.2)
         raise AssertionError(f"{victim} still leads: {await leaders()}")
     finally:
         await nc.close()
+        await sys_nc.close()
 
 
 async def kill_the_gateways_server_under_load(
