@@ -507,8 +507,7 @@ class SimMachine(RuleBasedStateMachine):
         if out.ok:
             task, replayed = out.value
             if not replayed:
-                self.task_ids.append(task.id)
-                self.owner_of[task.id] = task.owner
+                self._made(task)
                 if task.thread_id:
                     COVERAGE["thread tasks"] += 1
             if parent_state in TERMINAL_STATES and not replayed:
@@ -537,11 +536,15 @@ class SimMachine(RuleBasedStateMachine):
         out = self.do(lambda: self.w.service.create(caller(prior.owner, self.next_rid()), spec, None, ""))
         if out.ok:
             task, _ = out.value
-            self.task_ids.append(task.id)
-            self.owner_of[task.id] = task.owner
+            self._made(task)
         elif out.code == Code.DUPLICATE_TASK:
             COVERAGE["flow: creates refused DUPLICATE_TASK"] += 1
             self._duplicate_named(prior.owner, spec, out.error)
+
+    def _made(self, task: Task) -> None:
+        """A task the machine created: what its rules pick from, and whose it is."""
+        self.task_ids.append(task.id)
+        self.owner_of[task.id] = task.owner
 
     def _duplicate_named(self, user: str, spec: NewTask, err: GatewayError | None) -> None:
         """A DUPLICATE_TASK names a task of the same owner, kind and uniqueKey that holds the key: live, or
@@ -615,8 +618,7 @@ class SimMachine(RuleBasedStateMachine):
                 continue
             task, replayed = res
             if not replayed:
-                self.task_ids.append(task.id)
-                self.owner_of[task.id] = task.owner
+                self._made(task)
                 if task.thread_id:
                     COVERAGE["thread tasks"] += 1
 
@@ -642,8 +644,7 @@ class SimMachine(RuleBasedStateMachine):
             return
         for res in out.value:
             if not isinstance(res, BaseException) and not res[1]:
-                self.task_ids.append(res[0].id)
-                self.owner_of[res[0].id] = res[0].owner
+                self._made(res[0])
         COVERAGE["flow: floods of one key"] += 1
 
     def _stored_state(self, task_id: str | None) -> str | None:
