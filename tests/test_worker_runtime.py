@@ -130,6 +130,7 @@ class FakeGateway:
     settle_batches: bool = False
     claims: list[tuple[str, ClaimRequest, float]] = field(default_factory=list)
     claim_requests: list[int] = field(default_factory=list)  # claims per request (1: the single form)
+    claim_processes: list[str | None] = field(default_factory=list)  # the processId each request named
     heartbeats: list[tuple[str, HeartbeatRequest, float]] = field(default_factory=list)
     _nc: Any = None
     _js: JetStreamContext | None = None
@@ -191,6 +192,7 @@ class FakeGateway:
     async def _on_claim(self, msg: Msg) -> None:
         message = msgspec.json.decode(msg.data, type=ClaimMessage)
         self.claim_requests.append(len(message.claims) if message.claims is not None else 1)
+        self.claim_processes.append(message.process_id)
         if message.claims is None:
             assert message.task_id is not None and message.attempt_id is not None
             reply: Any = self._claim_one(msg, ClaimRequest(task_id=message.task_id, attempt_id=message.attempt_id))
@@ -382,12 +384,14 @@ async def test_offers_pulled_together_are_claimed_in_one_batch(nats_server: Nats
     echo = s.kind("echo")
     async with gateway(nats_server.url, [echo]) as gw:
         offers = [await gw.offer(echo, {"n": n}) for n in range(12)]  # waiting before the worker pulls
-        async with worker(nats_server.url, s.node, registry_of(**{echo: demo_handlers.echo}), concurrency=16):
+        async with worker(nats_server.url, s.node, registry_of(**{echo: demo_handlers.echo}), concurrency=16) as w:
             settled = [await gw.next_settle(s.node) for _ in offers]
     assert all(got is not None and got[0].outcome == "succeeded" for got in settled)
     assert sorted(c.attempt_id for c in gw.claims_of(s.node)) == sorted(o.attempt_id for o in offers)
     assert max(gw.claim_requests) > 1, gw.claim_requests  # several claims went in one request
     assert sum(gw.claim_requests) == 12 and len(gw.claim_requests) < 12
+    # every request, batch or single, names the worker's process (the lease is granted to it)
+    assert gw.claim_processes == [w.process_id] * len(gw.claim_requests)
 
 
 async def test_an_idle_node_takes_offer_after_offer_on_one_lingering_pull_request(
@@ -431,7 +435,7 @@ async def test_echo_offer_is_claimed_run_and_settled(nats_server: NatsServerProc
     payload = {"a": 1, "b": [1, 2, "x"], "c": None, "d": 1.5}
     async with (
         gateway(nats_server.url, [echo]) as gw,
-        worker(nats_server.url, s.node, registry_of(**{echo: demo_handlers.echo})),
+        worker(nats_server.url, s.node, registry_of(**{echo: demo_handlers.echo})) as w,
     ):
         before = time.time()
         offer = await gw.offer(echo, payload)
@@ -439,6 +443,7 @@ async def test_echo_offer_is_claimed_run_and_settled(nats_server: NatsServerProc
         assert got is not None, "no settle"
         settle, headers = got
         assert gw.claims_of(s.node) == [ClaimRequest(task_id=offer.task_id, attempt_id=offer.attempt_id)]
+        assert gw.claim_processes == [w.process_id]  # the single form names it too
         assert settle.task_id == offer.task_id
         assert settle.attempt_id == offer.attempt_id
         assert settle.lease_id == f"l-{offer.attempt_id}"

@@ -162,8 +162,10 @@ class HandNode:
         await sub.unsubscribe()
         return out
 
-    async def claim(self, task_id: str, attempt_id: str, node_id: str | None = None) -> ClaimReply:
-        body = msgspec.json.encode(ClaimRequest(task_id=task_id, attempt_id=attempt_id))
+    async def claim(
+        self, task_id: str, attempt_id: str, node_id: str | None = None, process_id: str | None = None
+    ) -> ClaimReply:
+        body = msgspec.json.encode(ClaimRequest(task_id=task_id, attempt_id=attempt_id, process_id=process_id))
         reply = await self.nc.request(self.subjects.claim(node_id or self.node_id), body, timeout=5)
         return msgspec.json.decode(reply.data, type=ClaimReply)
 

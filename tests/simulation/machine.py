@@ -909,8 +909,10 @@ class SimMachine(RuleBasedStateMachine):
                 self.problem(f"user {user} {op} on foreign schedule {sid}: {out.code}, expected SCHEDULE_NOT_FOUND")
 
     # -- nodes ------------------------------------------------------------------------------------------
-    @rule(n=st.integers(0, 2), i=st.integers(0, 10), again=st.booleans())
-    def claim(self, n: int, i: int, again: bool) -> None:
+    @rule(n=st.integers(0, 2), i=st.integers(0, 10), again=st.sampled_from(["no", "no", "same", "twin"]))
+    def claim(self, n: int, i: int, again: str) -> None:
+        """``again``: the offer is delivered once more (its ack lost) and claimed by the same process, which gets
+        its lease back, or by a twin (a second worker started with the node's id), which must be refused."""
         assert self.sim is not None
         node = self.nodes[n]
         bus = self.sim.bus
@@ -920,19 +922,59 @@ class SimMachine(RuleBasedStateMachine):
         attempt_id = mine[i % len(mine)]
         bus.offer_order.remove(attempt_id)
         offer = bus.offers.pop(attempt_id)
-        req = ClaimRequest(task_id=offer.task_id, attempt_id=offer.attempt_id)
+        req = ClaimRequest(task_id=offer.task_id, attempt_id=offer.attempt_id, process_id=node.process)
         out = self.do(lambda: self.w.service.claim(node.id, req))
         if not out.ok:
             return
         reply = out.value
         if reply.ok:
-            node.leases[offer.task_id] = NodeLease(offer.task_id, offer.attempt_id, reply.lease_id)
-            if again:  # a redelivered offer: the same node gets the same lease back
+            self._granted(node, offer, reply.lease_id)
+            if again == "same":
                 out2 = self.do(lambda: self.w.service.claim(node.id, req))
                 if out2.ok and (not out2.value.ok or out2.value.lease_id != reply.lease_id):
                     self.problem(f"second claim of {offer.attempt_id} by {node.id} answered {out2.value}")
+            elif again == "twin":
+                twin = msgspec.structs.replace(req, process_id=f"{node.id}-twin")
+                out2 = self.do(lambda: self.w.service.claim(node.id, twin))
+                if out2.ok and out2.value.ok:
+                    self.problem(
+                        f"lease_of_one_process: attempt {offer.attempt_id} leased to process {node.process} was "
+                        f"granted to process {twin.process_id} of node {node.id} too (lease {out2.value.lease_id})"
+                    )
+                elif out2.ok:
+                    COVERAGE["claims by a twin process refused"] += 1
         elif reply.error is not None and reply.error.code in (Code.NOT_DUE, Code.NODE_DRAINING, "LIMITED"):
             self._nak(offer, reply.error)
+
+    def _granted(self, node: SimNode, offer: Any, lease_id: str | None) -> None:
+        """A claim answered ok: the lease is this process's, and no other process may hold it (a lease a
+        previous process of the node claimed, its offer delivered again after a restart)."""
+        assert lease_id is not None
+        for other in self.nodes:
+            for held in (*other.leases.values(), *other.old_leases):
+                if held.lease_id == lease_id and held.process != node.process:
+                    self.problem(
+                        f"lease_of_one_process: lease {lease_id} of process {held.process} was granted again to "
+                        f"process {node.process}"
+                    )
+        node.leases[offer.task_id] = NodeLease(offer.task_id, offer.attempt_id, lease_id, node.process, offer)
+
+    @rule(n=st.integers(0, 2))
+    def restart_node(self, n: int) -> None:
+        """The node's worker dies and starts again with the same node id: a new process, which knows none of the
+        old one's leases. The old one may have died before it acked their offers, so they come again; the
+        new process's claims of them must be refused, the leases run out and their attempts run again."""
+        assert self.sim is not None
+        node = self.nodes[n]
+        bus = self.sim.bus
+        for lease in node.leases.values():
+            node.old_leases.append(lease)
+            if lease.offer is not None and lease.attempt_id not in bus.offers:
+                bus.offers[lease.attempt_id] = lease.offer
+                bus.offer_order.append(lease.attempt_id)
+                COVERAGE["offers of a restarted node delivered again"] += 1
+        node.leases.clear()
+        node.incarnation += 1
 
     @rule(n=st.integers(0, 2))
     def claim_all(self, n: int) -> None:
@@ -948,7 +990,7 @@ class SimMachine(RuleBasedStateMachine):
         for attempt_id in mine:
             bus.offer_order.remove(attempt_id)
             offers.append(bus.offers.pop(attempt_id))
-        reqs = [ClaimRequest(task_id=o.task_id, attempt_id=o.attempt_id) for o in offers]
+        reqs = [ClaimRequest(task_id=o.task_id, attempt_id=o.attempt_id, process_id=node.process) for o in offers]
 
         async def batch() -> list[Any]:
             return list(await asyncio.gather(*self.w.service.claim_many(node.id, reqs), return_exceptions=True))
@@ -960,7 +1002,7 @@ class SimMachine(RuleBasedStateMachine):
             if isinstance(reply, BaseException):
                 continue
             if reply.ok:
-                node.leases[offer.task_id] = NodeLease(offer.task_id, offer.attempt_id, reply.lease_id)
+                self._granted(node, offer, reply.lease_id)
                 if offer.thread_id:
                     COVERAGE["thread claims"] += 1
             elif reply.error is not None and reply.error.code in (Code.NOT_DUE, Code.NODE_DRAINING, "LIMITED"):

@@ -672,15 +672,22 @@ class NodeLease:
     task_id: str
     attempt_id: str
     lease_id: str
+    process: str = ""  # the node process that claimed it
+    offer: Offer | None = None  # what it was claimed from: delivered again if the process dies before its ack
 
 
 @dataclass
 class SimNode:
     id: str
     kinds: list[str]
+    incarnation: int = 1  # a restart of the worker is another process with the same node id
     leases: dict[str, NodeLease] = field(default_factory=dict)  # by task id
     old_leases: list[NodeLease] = field(default_factory=list)  # lost or settled: for late and stale messages
     settled: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # lease id -> (outcome, result)
+
+    @property
+    def process(self) -> str:
+        return f"{self.id}-p{self.incarnation}"
 
 
 # -- one incarnation of the daemon ---------------------------------------------------------------------

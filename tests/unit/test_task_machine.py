@@ -170,6 +170,26 @@ def test_claim_rules() -> None:
     assert err.value.code == Code.LEASE_CONFLICT
 
 
+def test_a_lease_claimed_by_a_process_of_a_node_is_that_process_s() -> None:
+    """Two workers with one node id (or one restarted) are two processes: a claim again is a repeat only for the
+    process that holds the lease; a claim that names no process cannot be told apart and is one."""
+    tr = sm.claim(make_task("queued"), "att_1", "n1", "lse_x", NOW, process_id="p1")
+    assert isinstance(tr, sm.Transition) and tr.task.node_process == "p1"
+    running = tr.task
+    again = sm.claim(running, "att_1", "n1", "lse_other", NOW, process_id="p1")
+    assert isinstance(again, sm.Repeat) and again.task.lease_id == "lse_x"
+    with pytest.raises(GatewayError) as err:
+        sm.claim(running, "att_1", "n1", "lse_other", NOW, process_id="p2")
+    assert err.value.code == Code.LEASE_CONFLICT and "another process of node n1" in err.value.message
+    assert isinstance(sm.claim(running, "att_1", "n1", "lse_other", NOW), sm.Repeat)
+    unnamed = sm.claim(make_task("queued"), "att_1", "n1", "lse_y", NOW)
+    assert isinstance(unnamed, sm.Transition) and unnamed.task.node_process is None
+    assert isinstance(sm.claim(unnamed.task, "att_1", "n1", "lse_other", NOW, process_id="p2"), sm.Repeat)
+    # the process goes with the lease: a requeued attempt is anyone's again
+    failed = sm.attempt_failed(running, TaskError("X", "x"), ActorRef("system", "t"), "att_2", 0.0, NOW + 1)
+    assert failed.task.state == "queued" and failed.task.node_process is None
+
+
 def _settle(task: Task, **kw: object) -> sm.Transition | sm.Repeat:
     args: dict[str, object] = dict(
         node_id="n1",

@@ -6,12 +6,16 @@ stores and forwards those bytes without decoding them, and compares results by t
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 NODE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 KIND_PATTERN = r"^[a-z0-9_.-]{1,64}$"
+
+#: the node process a claim comes from, a random id a worker picks at its start: the lease belongs to it, so
+#: another process claiming with the same node id is refused (docs/WIRE.md, Claim)
+ProcessId = Annotated[str, msgspec.Meta(pattern=NODE_ID_PATTERN)]
 
 
 NULL = msgspec.Raw(b"null")
@@ -39,9 +43,10 @@ class Offer(_Wire, kw_only=True):
     traceparent: str | None = None
 
 
-class ClaimRequest(_Wire, kw_only=True):
+class ClaimRequest(_Wire, kw_only=True, omit_defaults=True):
     task_id: str
     attempt_id: str
+    process_id: ProcessId | None = None  # in a batch, absent: the batch's
 
 
 class WireError(_Wire, kw_only=True, omit_defaults=True):
@@ -62,10 +67,11 @@ class ClaimReply(_Wire, kw_only=True, omit_defaults=True):
 MAX_BATCH_CLAIMS = 256
 
 
-class ClaimBatch(_Wire, kw_only=True):
+class ClaimBatch(_Wire, kw_only=True, omit_defaults=True):
     """Several claims in one request (a node holding several offers); answered by ``ClaimBatchReply``."""
 
     claims: list[ClaimRequest]
+    process_id: ProcessId | None = None
 
 
 class ClaimBatchReply(_Wire, kw_only=True):
@@ -78,6 +84,7 @@ class ClaimMessage(_Wire, kw_only=True, omit_defaults=True):
     task_id: str | None = None
     attempt_id: str | None = None
     claims: list[ClaimRequest] | None = None
+    process_id: ProcessId | None = None
 
 
 class LeaseReport(_Wire, kw_only=True, omit_defaults=True):

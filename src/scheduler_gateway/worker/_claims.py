@@ -26,8 +26,11 @@ _decode_batch = msgspec.json.Decoder(ClaimBatchReply).decode
 
 
 class ClaimBatcher:
-    def __init__(self, request: Request) -> None:
+    """``process_id`` goes with every request: the lease is granted to this process (docs/WIRE.md, Claim)."""
+
+    def __init__(self, request: Request, process_id: str) -> None:
         self._request = request
+        self._process_id = process_id
         self._pending: list[tuple[ClaimRequest, asyncio.Future[ClaimReply | None]]] = []
         self._flushing: set[asyncio.Task[None]] = set()
         self.requests = 0  # claim requests sent (for tests and logs)
@@ -52,10 +55,12 @@ class ClaimBatcher:
         try:
             self.requests += 1
             if len(group) == 1:
-                raw = await self._request(_encode(group[0][0]))
+                one = group[0][0]
+                raw = await self._request(_encode(msgspec.structs.replace(one, process_id=self._process_id)))
                 replies = [None if raw is None else _decode_one(raw)]
             else:
-                raw = await self._request(_encode(ClaimBatch(claims=[req for req, _ in group])))
+                batch = ClaimBatch(claims=[req for req, _ in group], process_id=self._process_id)
+                raw = await self._request(_encode(batch))
                 if raw is not None:
                     results = _decode_batch(raw).results
                     if len(results) == len(group):

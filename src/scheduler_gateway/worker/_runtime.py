@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
@@ -98,7 +99,10 @@ class Worker:
         self._pullers: list[_KindPuller] = []
         self._puller_tasks: list[asyncio.Task[None]] = []
         self._offer_tasks: set[asyncio.Task[None]] = set()
-        self._claims = ClaimBatcher(self._claim_request)
+        #: this process among any started with the same node id: its claims name it, and the gateway keeps a
+        #: lease with the process that claimed it (a restarted worker is another process)
+        self.process_id = secrets.token_hex(8)
+        self._claims = ClaimBatcher(self._claim_request, self.process_id)
         self._settle_tasks: set[asyncio.Task[None]] = set()
         self._settle_sender: SettleSender | None = None
         self._claiming: set[str] = set()  # attempt ids
@@ -204,8 +208,9 @@ class Worker:
         self._state = "running"
         self._update_gate()
         log.info(
-            "node %s running: kinds %s, concurrency %d%s",
+            "node %s running (process %s): kinds %s, concurrency %d%s",
             self.node_id,
+            self.process_id,
             ",".join(self.kinds),
             self.concurrency,
             " (draining)" if self._draining else "",

@@ -57,6 +57,9 @@ class Task(msgspec.Struct, kw_only=True, frozen=True):
     lease_id: str | None = None
     lease_expires_at: float | None = None
     node_id: str | None = None
+    #: the process of ``node_id`` whose claim took the lease (the claim's ``processId``), None for a claim
+    #: without one: the lease is that process's, not another started with the same node id
+    node_process: str | None = None
     run_id: str
     parent_id: str | None = None
     thread_id: str | None = None

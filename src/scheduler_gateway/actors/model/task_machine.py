@@ -198,17 +198,27 @@ def cancel(
 
 
 def claim(
-    task: Task, attempt_id: str, node_id: str, new_lease_id: str, now: float, request_id: str | None = None
+    task: Task,
+    attempt_id: str,
+    node_id: str,
+    new_lease_id: str,
+    now: float,
+    request_id: str | None = None,
+    process_id: str | None = None,
 ) -> Transition | Repeat:
-    """Grant a lease on the current attempt; the same node claiming again gets the same lease back."""
+    """Grant a lease on the current attempt; the same node claiming again gets the same lease back, unless both
+    claims name their process and the processes differ (two workers started with one node id, or one restarted:
+    the lease stays with the process that may be running it)."""
     if task.terminal:
         raise refuse(task, "claim")
     if attempt_id != task.attempt_id:
         raise Conflict(f"attempt {attempt_id} is not current", code=Code.ATTEMPT_STALE)
     if task.state == "running":
-        if task.node_id == node_id:
-            return Repeat(task, "claim")
-        raise Conflict(f"task {task.id} is leased by another node", code=Code.LEASE_CONFLICT)
+        if task.node_id != node_id:
+            raise Conflict(f"task {task.id} is leased by another node", code=Code.LEASE_CONFLICT)
+        if process_id is not None and task.node_process is not None and process_id != task.node_process:
+            raise Conflict(f"task {task.id} is leased by another process of node {node_id}", code=Code.LEASE_CONFLICT)
+        return Repeat(task, "claim")
     if task.state != "queued":
         raise refuse(task, "claim")
     if task.not_before > now:
@@ -220,6 +230,7 @@ def claim(
         lease_id=new_lease_id,
         lease_expires_at=now + task.lease_s,
         node_id=node_id,
+        node_process=process_id,
         started_at=now,
     )
     return _step(task, after, "claim", ActorRef("node", node_id), now, request_id)
@@ -329,6 +340,7 @@ def attempt_failed(
             lease_id=None,
             lease_expires_at=None,
             node_id=None,
+            node_process=None,
             error=error,
             not_before=now + delay_s,
         )
@@ -379,6 +391,7 @@ def requeue(
         lease_id=None,
         lease_expires_at=None,
         node_id=None,
+        node_process=None,
         result=NULL,
         error=None,
         finished_at=None,

@@ -104,7 +104,7 @@ class NodeProtocol:
             return _claim_error(Code.TASK_NOT_FOUND, f"task {req.task_id} not found")
         now = self._clock()
         try:
-            result = sm.claim(task, req.attempt_id, node_id, idgen.new_id("lse"), now)
+            result = sm.claim(task, req.attempt_id, node_id, idgen.new_id("lse"), now, process_id=req.process_id)
         except GatewayError as exc:
             await self._ledger.refused(
                 "claim",

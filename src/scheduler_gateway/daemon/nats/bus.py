@@ -281,11 +281,12 @@ class NatsBus:
                 raise GatewayError("bad node id in subject", code=Code.INVALID_ARGUMENT)
             req = self._claim_dec.decode(msg.data)
             if req.claims is not None:
-                await self._on_claim_batch(msg, node, req.claims)
+                await self._on_claim_batch(msg, node, _of_process(req.claims, req.process_id))
                 return
             if req.task_id is None or req.attempt_id is None:
                 raise msgspec.ValidationError("a claim names taskId and attemptId, or carries claims")
-            reply = await self._inputs.claim(node, ClaimRequest(task_id=req.task_id, attempt_id=req.attempt_id))
+            claim = ClaimRequest(task_id=req.task_id, attempt_id=req.attempt_id, process_id=req.process_id)
+            reply = await self._inputs.claim(node, claim)
         except _MALFORMED as exc:
             await self._inputs.refuse("claim", node or "?", Code.INVALID_ARGUMENT, str(exc)[:200])
             reply = ClaimReply(ok=False, error=WireError(code=Code.INVALID_ARGUMENT, message="malformed claim"))
@@ -560,6 +561,13 @@ class NatsBus:
             except Exception as exc:
                 out[name] = (False, type(exc).__name__)
         return out
+
+
+def _of_process(claims: list[ClaimRequest], process_id: str | None) -> list[ClaimRequest]:
+    """A batch names its process once; a claim of it naming its own keeps that."""
+    if process_id is None:
+        return claims
+    return [c if c.process_id is not None else msgspec.structs.replace(c, process_id=process_id) for c in claims]
 
 
 def _claim_reply_of(outcome: ClaimReply | BaseException) -> ClaimReply:
