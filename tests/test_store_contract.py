@@ -158,7 +158,10 @@ class Harness:
     """A started store, and how to stop it and open the same data again."""
 
     def __init__(self, name: str, tmp_path: Path, pg_url: str | None = None) -> None:
-        self.name = name
+        # "sqlite-process": the SQLite store with its task changes committed by a writer process (as gatewayd
+        # runs it); every test of the SQLite store holds for it too
+        self.writer_process = name == "sqlite-process"
+        self.name = "sqlite" if self.writer_process else name
         self.path = tmp_path / "data" / "gateway.sqlite3"
         self.pg_url = pg_url
         self.store: Any = self._new()
@@ -167,7 +170,9 @@ class Harness:
         if self.name == "postgres":
             assert self.pg_url is not None
             return PostgresStore(self.pg_url, clock=lambda: PG_CLOCK[0])
-        return SqliteStore(self.path) if self.name == "sqlite" else MemoryStore()
+        if self.name == "sqlite":
+            return SqliteStore(self.path, writer_process=self.writer_process, on_writer_lost=_writer_lost)
+        return MemoryStore()
 
     async def reopen(self) -> Any:
         await self.store.stop()
@@ -177,7 +182,11 @@ class Harness:
         return self.store
 
 
-@pytest.fixture(params=["sqlite", "memory", "postgres"])
+def _writer_lost(what: str) -> None:
+    raise AssertionError(what)  # no test here loses the writer process
+
+
+@pytest.fixture(params=["sqlite", "sqlite-process", "memory", "postgres"])
 async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
     url = request.getfixturevalue("pg_url") if request.param == "postgres" else None
     h = Harness(request.param, tmp_path, url)

@@ -51,6 +51,7 @@ def settings_from_config(config: Config, nats_url: str, user: str | None, passwo
         data_dir=config.data_dir,
         production=config.mode == "production",
         store_url=config.store_url,
+        writer_process=config.store.writer_process,
         instance_id=config.instance.id,
         nats_url=nats_url,
         nats_user=user,

@@ -97,6 +97,8 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     production: bool = False  # mode = "production": e.g. the console's cookies are always Secure
     #: ``[store] url``; None: the SQLite file ``<data_dir>/gateway.db``. May carry a password: never logged.
     store_url: str | None = None
+    #: ``[store] writer_process`` (SQLite): task changes committed in a process of their own
+    writer_process: bool = False
     #: ``[instance] id``: names this gatewayd among several on one PostgreSQL database ("": host-pid)
     instance_id: str = ""
     duty_lease: LeaseTiming = LeaseTiming()  # the leader lease of several instances (daemon/ha.py)
@@ -124,7 +126,7 @@ class Gateway:
         clock = time.time
         self.metrics = PrometheusMetrics()
         self.store_location = s.store_location
-        self.store = open_store(self.store_location)
+        self.store = open_store(self.store_location, writer_process=s.writer_process)
         self.subjects = Subjects(s.subject_prefix)
         self.bus = NatsBus(
             s.nats_url,

@@ -212,6 +212,7 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
             var = " (GW_STORE_URL)" if env.get("GW_STORE_URL") else ""
             r.errors.append(f"store.url{var} {exc}: {redact_one_url(store_url)!r}")
             store_url = None
+    writer_process = st_s.boolean("writer_process", True)
     st_s.finish()
 
     in_s = r.section("instance")
@@ -257,7 +258,7 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
         retention=retention,
         artifacts=artifacts,
         log=log,
-        store=StoreConfig(url=store_url),
+        store=StoreConfig(url=store_url, writer_process=writer_process),
         instance=instance,
         source=path,
     )

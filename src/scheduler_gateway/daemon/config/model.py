@@ -39,6 +39,7 @@ ENV_VARS: dict[str, str] = {
     "GW_NATS_PASSWORD": "nats.password",
     "GW_LOG_LEVEL": "log.level",
     "GW_STORE_URL": "store.url",
+    "GW_STORE_WRITER_PROCESS": "store.writer_process",
     "GW_INSTANCE_ID": "instance.id",
 }
 _ENV_OF = {key: var for var, key in ENV_VARS.items()}
@@ -178,10 +179,13 @@ class StoreConfig:
     """``url`` None: the SQLite file ``<data_dir>/gateway.db`` (``Config.store_url``)."""
 
     url: str | None = None
+    #: SQLite only: task changes committed by a writer process of their own (daemon/store/writer_process.py)
+    writer_process: bool = True
 
     def __repr__(self) -> str:
         # the URL may carry the database password
-        return f"StoreConfig(url={None if self.url is None else redact_one_url(self.url)!r})"
+        url = None if self.url is None else redact_one_url(self.url)
+        return f"StoreConfig(url={url!r}, writer_process={self.writer_process!r})"
 
 
 @dataclass(frozen=True, slots=True)

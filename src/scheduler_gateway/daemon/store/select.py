@@ -9,9 +9,10 @@ from scheduler_gateway.daemon.store.sqlite import SqliteStore
 Store = SqliteStore | PostgresStore
 
 
-def open_store(location: StoreLocation) -> Store:
-    """The store a location names, not yet started."""
+def open_store(location: StoreLocation, *, writer_process: bool = False) -> Store:
+    """The store a location names, not yet started; ``writer_process``: a SQLite store commits its task changes
+    in a process of its own (writer_process.py)."""
     if location.kind == "postgresql":
         return PostgresStore(location.url)
     assert location.path is not None
-    return SqliteStore(location.path)
+    return SqliteStore(location.path, writer_process=writer_process)

@@ -39,8 +39,16 @@ class SqliteStore(ComposedStore):
     but make every caller in the batch wait for the whole of it.
     """
 
-    def __init__(self, path: Path, *, max_batch: int = 512, clock: Callable[[], float] = time.time) -> None:
-        self._db = SqliteDb(path, max_batch=max_batch)
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_batch: int = 512,
+        clock: Callable[[], float] = time.time,
+        writer_process: bool = False,
+        on_writer_lost: Callable[[str], None] | None = None,
+    ) -> None:
+        self._db = SqliteDb(path, max_batch=max_batch, writer_process=writer_process, on_writer_lost=on_writer_lost)
         self._tasks = SqliteTasks(self._db)
         self._dead_letters = SqliteDeadLetters(self._db)
         self._nodes = SqliteNodes(self._db)

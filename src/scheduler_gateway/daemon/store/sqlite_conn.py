@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -70,6 +71,7 @@ from scheduler_gateway.daemon.store.common import (
 )
 from scheduler_gateway.daemon.store.group_commit import commit_batch, is_busy
 from scheduler_gateway.daemon.store.migrations import migrate
+from scheduler_gateway.daemon.store.writer_process import Outcome, WriterProcess
 from scheduler_gateway.wire.errors import (
     StorageError,
 )
@@ -121,6 +123,8 @@ class SqliteDb:
         checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
         checkpoint_backstop_rows: int = CHECKPOINT_BACKSTOP_ROWS,
         wal_catch_up_frames: int = WAL_CATCH_UP_FRAMES,
+        writer_process: bool = False,
+        on_writer_lost: Callable[[str], None] | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
@@ -149,6 +153,10 @@ class SqliteDb:
         self._checkpointer: asyncio.Task[None] | None = None
         self._checkpointing = False  # the checkpointer is running one now
         self._dirty = asyncio.Event()  # rows were written since the checkpointer last looked
+        #: task changes committed by a process of their own (writer_process.py); None: on the loop or the thread
+        self._child: WriterProcess | None = None
+        self._use_child = writer_process
+        self._on_writer_lost = on_writer_lost or _end_the_process
 
     def __repr__(self) -> str:
         return f"SqliteDb({str(self.path)!r})"
@@ -166,7 +174,7 @@ class SqliteDb:
         wconn: sqlite3.Connection | None = None
         rconn: aiosqlite.Connection | None = None
         try:
-            wconn = await self._in_writer(wthread, _open_writer, self.path)
+            wconn = await self._in_writer(wthread, open_writer, self.path)
             await self._in_writer(wthread, migrate, wconn)
             # from here no busy wait by default: a commit on the loop must not sleep there while another
             # connection holds the write lock; the thread waits instead (_commit_waiting)
@@ -186,6 +194,17 @@ class SqliteDb:
             if isinstance(exc, StorageError):
                 raise
             raise storage_error(exc) from exc
+        if self._use_child:
+            child = WriterProcess(self.path, self._on_writer_lost)
+            try:
+                await child.start()
+            except StorageError:
+                await _close_quietly(rconn)
+                qconn.close()
+                await self._in_writer(wthread, _close_writer, wconn)
+                wthread.shutdown(wait=False)
+                raise
+            self._child = child
         self._wthread = wthread
         # looked up once: 3.11's get_running_loop() makes a getpid() syscall on every call (a hot path)
         self._loop = asyncio.get_running_loop()
@@ -220,6 +239,9 @@ class SqliteDb:
                 if not writer.cancelled() and writer.exception() is not None:
                     log.error("task store: the writer ended with %r", writer.exception())
             self._fail_queued()
+            child, self._child = self._child, None  # stop() waits for the answers of the batches sent
+            if child is not None:
+                await child.stop()
             await self._stop_checkpointer()
             if self._rconn is not None:
                 await _close_quietly(self._rconn)
@@ -325,7 +347,13 @@ class SqliteDb:
                 await asyncio.sleep(LINGER_S)
             batch: list[Work] = [self._queue.popleft()]
             weight = batch[0].weight
-            while self._queue and weight + self._queue[0].weight <= self.max_batch:
+            # with a writer process, a batch is task changes only (the child's) or other writes only (ours)
+            same = type(batch[0]) if self._child is not None else None
+            while (
+                self._queue
+                and weight + self._queue[0].weight <= self.max_batch
+                and (same is None or type(self._queue[0]) is same)
+            ):
                 work = self._queue.popleft()
                 batch.append(work)
                 weight += work.weight
@@ -364,6 +392,13 @@ class SqliteDb:
         elif self._catch_up and not self._checkpointing:
             self._catch_up = False
             await self._in_writer(thread, _catch_up, conn)
+        child = self._child
+        if child is not None:
+            if isinstance(batch[0], ChangeWork):
+                await child.room()
+                child.send(batch).add_done_callback(lambda f: self._child_answered(batch, f))  # type: ignore[arg-type]
+                return
+            await child.idle()  # our own connection writes only while the child's does not
         if _inline(batch):
             outcome = commit_batch(conn, batch, quiet_busy=True)
             if isinstance(outcome, StorageError) and is_busy(outcome):
@@ -372,9 +407,24 @@ class SqliteDb:
         else:
             outcome = await self._in_writer(thread, _commit_waiting, conn, batch)
         written = conn.total_changes - self._changes_seen
+        self._changes_seen = conn.total_changes
+        self._settle_batch(batch, outcome, written)
+
+    def _child_answered(self, batch: list[Work], answer: asyncio.Future[Outcome]) -> None:
+        exc = answer.exception()
+        if exc is not None:
+            # on_lost has run (gatewayd ends there); whoever waits still gets an answer
+            self._running = False
+            self._fail_batch(batch, StorageError(f"{exc}; this write may or may not have committed"))
+            return
+        outcome, written = answer.result()
+        self._settle_batch(batch, outcome, written)
+
+    def _settle_batch(
+        self, batch: list[Work], outcome: list[list[BaseException | None]] | StorageError, written: int
+    ) -> None:
         if written:
             self._rows_since_checkpoint += written
-            self._changes_seen = conn.total_changes
             self._dirty.set()
         if isinstance(outcome, StorageError):
             self._fail_batch(batch, outcome)
@@ -466,7 +516,7 @@ class SqliteDb:
         return box[0]
 
 
-def _open_writer(path: Path) -> sqlite3.Connection:
+def open_writer(path: Path) -> sqlite3.Connection:
     """The write connection, opened in the writer thread that alone will use it."""
     # isolation_level None: no implicit transactions; the writer issues BEGIN/COMMIT itself
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -485,6 +535,13 @@ def _open_writer(path: Path) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _end_the_process(what: str) -> None:
+    """gatewayd's answer to a lost writer process: end now, as a crash would (writer_process.py)."""
+    log.critical("%s: gatewayd stops at once; the restart recovers what was committed", what)
+    logging.shutdown()
+    os._exit(1)
 
 
 def _inline(batch: list[Work]) -> bool:
