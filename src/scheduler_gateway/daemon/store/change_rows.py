@@ -219,6 +219,21 @@ class OpWork:
     weight: int
     future: asyncio.Future[list[BaseException | None]]
     heavy: bool = False  # a scan or bulk delete: committed in the writer thread, never on the event loop
+    #: the op as plain statements (SQL, its rows), when it is no more than that: a writer process can run it
+    statements: Statements | None = None
+
+
+Statements = tuple[tuple[str, list[tuple[Any, ...]]], ...]
+
+
+def run_statements(statements: Statements) -> Op:
+    """The op that executes ``statements``, each with ``executemany`` over its rows."""
+
+    def op(conn: sqlite3.Connection) -> None:
+        for sql, rows in statements:
+            conn.executemany(sql, rows)
+
+    return op
 
 
 Work = ChangeWork | OpWork

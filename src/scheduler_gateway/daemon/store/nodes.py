@@ -95,28 +95,17 @@ class SqliteNodes:
         if not used:
             return
         rows = [(at, h, at) for h, at in used.items()]
-
-        def op(conn: sqlite3.Connection) -> None:
-            conn.executemany(
-                "UPDATE principals SET last_used_at = ? WHERE token_hash = ?"
-                " AND (last_used_at IS NULL OR last_used_at < ?)",
-                rows,
-            )
-
-        await self._db.submit_op(op, len(rows))
+        sql = (
+            "UPDATE principals SET last_used_at = ? WHERE token_hash = ? AND (last_used_at IS NULL OR last_used_at < ?)"
+        )
+        await self._db.submit_statements(((sql, rows),), len(rows))
 
     async def put_nodes(self, nodes: list[NodeRecord]) -> None:
         if not nodes:
             return
         rows = [(n.id, encode(n)) for n in nodes]
-
-        def op(conn: sqlite3.Connection) -> None:
-            conn.executemany(
-                "INSERT INTO nodes (id, doc) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET doc = excluded.doc",
-                rows,
-            )
-
-        await self._db.submit_op(op, len(rows))
+        sql = "INSERT INTO nodes (id, doc) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET doc = excluded.doc"
+        await self._db.submit_statements(((sql, rows),), len(rows))
 
     async def ping(self) -> None:
         """A real write through the writer: proves the file, the disk and the writer all work."""

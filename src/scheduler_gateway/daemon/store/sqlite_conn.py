@@ -60,7 +60,9 @@ from scheduler_gateway.daemon.store.change_rows import (
     ChangeWork,
     Op,
     OpWork,
+    Statements,
     Work,
+    run_statements,
 )
 from scheduler_gateway.daemon.store.common import (
     BUSY_TIMEOUT_MS,
@@ -316,6 +318,16 @@ class SqliteDb:
         if result is not None:
             raise result
 
+    async def submit_statements(self, statements: Statements, weight: int = 1) -> None:
+        """``submit_op`` for a write that is only statements: with a writer process, the child runs it too, beside
+        the task changes (our own connection would first wait for every batch the child has)."""
+        fut = self.new_future()
+        work = OpWork(run_statements(statements), max(1, min(weight, self.max_batch)), fut, statements=statements)
+        self.enqueue(work)
+        (result,) = await fut
+        if result is not None:
+            raise result
+
     def new_future(self) -> asyncio.Future[list[BaseException | None]]:
         if not self._running or self._loop is None:
             raise StorageError("the task store is not running")
@@ -347,12 +359,12 @@ class SqliteDb:
                 await asyncio.sleep(LINGER_S)
             batch: list[Work] = [self._queue.popleft()]
             weight = batch[0].weight
-            # with a writer process, a batch is task changes only (the child's) or other writes only (ours)
-            same = type(batch[0]) if self._child is not None else None
+            # with a writer process, a batch is either the child's (task changes, statements) or ours (other ops)
+            childs = _for_child(batch[0]) if self._child is not None else None
             while (
                 self._queue
                 and weight + self._queue[0].weight <= self.max_batch
-                and (same is None or type(self._queue[0]) is same)
+                and (childs is None or _for_child(self._queue[0]) is childs)
             ):
                 work = self._queue.popleft()
                 batch.append(work)
@@ -394,9 +406,9 @@ class SqliteDb:
             await self._in_writer(thread, _catch_up, conn)
         child = self._child
         if child is not None:
-            if isinstance(batch[0], ChangeWork):
+            if _for_child(batch[0]):
                 await child.room()
-                child.send(batch).add_done_callback(lambda f: self._child_answered(batch, f))  # type: ignore[arg-type]
+                child.send(batch).add_done_callback(lambda f: self._child_answered(batch, f))
                 return
             await child.idle()  # our own connection writes only while the child's does not
         if _inline(batch):
@@ -535,6 +547,11 @@ def open_writer(path: Path) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _for_child(work: Work) -> bool:
+    """Whether a writer process can commit ``work``: a task change, or an op that is only statements."""
+    return isinstance(work, ChangeWork) or (work.statements is not None and not work.heavy)
 
 
 def _end_the_process(what: str) -> None:

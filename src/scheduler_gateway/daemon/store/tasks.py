@@ -79,22 +79,14 @@ class SqliteTasks:
         if not entries:
             return
         rows = [audit_row(e) for e in entries]
-
-        def op(conn: sqlite3.Connection) -> None:
-            conn.executemany(SQL_INSERT_AUDIT, rows)
-
-        await self._db.submit_op(op, len(rows))
+        await self._db.submit_statements(((SQL_INSERT_AUDIT, rows),), len(rows))
 
     async def outbox_delete(self, seqs: list[int]) -> None:
         if not seqs:
             return
+        # a round's rows are a run of consecutive seqs: one range delete instead of a seek per row
         runs = _runs(sorted({int(s) for s in seqs}))
-
-        def op(conn: sqlite3.Connection) -> None:
-            # a round's rows are a run of consecutive seqs: one range delete instead of a seek per row
-            conn.executemany("DELETE FROM outbox WHERE seq BETWEEN ? AND ?", runs)
-
-        await self._db.submit_op(op, len(seqs))
+        await self._db.submit_statements((("DELETE FROM outbox WHERE seq BETWEEN ? AND ?", runs),), len(seqs))
 
     async def get_task(self, task_id: str) -> Task | None:
         rows = await self._db.fetchall("SELECT doc FROM tasks WHERE id = ?", (task_id,))

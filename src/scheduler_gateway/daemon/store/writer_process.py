@@ -39,7 +39,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scheduler_gateway.daemon.store.change_rows import ChangeRows, ChangeWork
+from scheduler_gateway.daemon.store.change_rows import (
+    ChangeRows,
+    ChangeWork,
+    OpWork,
+    Statements,
+    Work,
+    run_statements,
+)
 from scheduler_gateway.daemon.store.common import BUSY_TIMEOUT_MS
 from scheduler_gateway.wire import errors
 
@@ -61,7 +68,7 @@ _ERRORS: dict[str, type[errors.GatewayError]] = {
 }
 READY = b"ready"
 
-Batch = list[tuple[bool, "str | None", list[tuple[Any, ...]]]]
+Batch = list["tuple[bool, str | None, list[tuple[Any, ...]]] | Statements"]
 Outcome = tuple["list[list[BaseException | None]] | errors.StorageError", int]
 
 
@@ -69,17 +76,32 @@ class WriterLost(Exception):
     """The writer process is gone: the batch in flight may or may not have committed."""
 
 
-def encode_batch(works: list[ChangeWork]) -> bytes:
-    """A batch of task changes as one frame: each work's flags and its rows as plain tuples."""
-    batch: Batch = [(w.atomic, w.subtree_root, [tuple(getattr(r, f) for f in _FIELDS) for r in w.rows]) for w in works]
+def encode_batch(works: list[Work]) -> bytes:
+    """A batch as one frame: a task change as its flags and its rows as plain tuples, an op as its statements."""
+    batch: Batch = [
+        (w.atomic, w.subtree_root, [tuple(getattr(r, f) for f in _FIELDS) for r in w.rows])
+        if isinstance(w, ChangeWork)
+        else _statements_of(w)
+        for w in works
+    ]
     body = pickle.dumps(batch, protocol=5)
     return _LEN.pack(len(body)) + body
 
 
-def _decode_batch(body: bytes) -> list[ChangeWork]:
+def _statements_of(w: OpWork) -> Statements:
+    assert w.statements is not None  # the parent sends no other op
+    return w.statements
+
+
+def _decode_batch(body: bytes) -> list[Work]:
     batch: Batch = pickle.loads(body)
-    # the future is the parent's: commit_batch never touches it
-    return [ChangeWork([ChangeRows(*t) for t in rows], None, atomic, root) for atomic, root, rows in batch]  # type: ignore[arg-type]
+    # the futures are the parent's: commit_batch never touches them
+    return [
+        ChangeWork([ChangeRows(*t) for t in w[2]], None, w[0], w[1])  # type: ignore[arg-type]
+        if isinstance(w[0], bool)
+        else OpWork(run_statements(w), 1, None)  # type: ignore[arg-type]
+        for w in batch
+    ]
 
 
 def _encode_error(exc: BaseException) -> tuple[str, str, str, dict[str, Any]]:
@@ -156,8 +178,9 @@ class WriterProcess:
         """Wait until every batch sent is answered (before the parent's own connection writes)."""
         await self._idle.wait()
 
-    def send(self, works: list[ChangeWork]) -> asyncio.Future[Outcome]:
-        """Send one batch; its answer (results, rows written) resolves the future, or WriterLost fails it."""
+    def send(self, works: list[Work]) -> asyncio.Future[Outcome]:
+        """Send one batch (task changes and statements); its answer (results, rows written) resolves the future,
+        or WriterLost fails it."""
         proc = self._proc
         assert proc is not None and proc.stdin is not None
         fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
@@ -270,7 +293,7 @@ def _serve(path: Path, parent: int) -> int:
                 return 0  # a parent gone between two batches: commit nothing more
             works = _decode_batch(body)
             before = conn.total_changes
-            outcome = commit_batch(conn, works)  # type: ignore[arg-type]
+            outcome = commit_batch(conn, works)
             written = conn.total_changes - before
             if isinstance(outcome, errors.StorageError):
                 send(pickle.dumps((_encode_error(outcome), written), protocol=5))
