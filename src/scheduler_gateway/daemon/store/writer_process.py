@@ -39,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scheduler_gateway.actors import failpoints
 from scheduler_gateway.daemon.store.change_rows import (
     ChangeRows,
     ChangeWork,
@@ -294,6 +295,7 @@ def _serve(path: Path, parent: int) -> int:
             works = _decode_batch(body)
             before = conn.total_changes
             outcome = commit_batch(conn, works)
+            failpoints.hit("writer.after_commit")  # committed; gatewayd has no answer yet
             written = conn.total_changes - before
             if isinstance(outcome, errors.StorageError):
                 send(pickle.dumps((_encode_error(outcome), written), protocol=5))
@@ -306,6 +308,8 @@ def _serve(path: Path, parent: int) -> int:
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # armed by the environment gatewayd was started with, which refuses them in production (daemon/cli.py)
+    failpoints.configure(os.environ.get(failpoints.ENV, "").strip() or None)
     return _serve(Path(argv[0]), int(argv[1]))
 
 
