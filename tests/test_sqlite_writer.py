@@ -1,5 +1,6 @@
 """Where the SQLite writer commits (daemon/store/sqlite_conn.py): small batches on the event loop, heavy ops in the
-writer thread; the WAL checkpointed beside the writer (or by it, should the checkpointer fall behind), so it stays
+writer thread, or task changes and plain statements in a writer process (daemon/store/writer_process.py); the WAL
+checkpointed beside the writer (or by it, should the checkpointer fall behind), so it stays
 bounded with SQLite's autocheckpoint off."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from scheduler_gateway.daemon.store.sqlite_conn import INLINE_MAX_WEIGHT, SqliteDb
+from scheduler_gateway.wire.errors import StorageError
 
 BLOB = b"x" * 1000
 
@@ -78,6 +80,57 @@ async def test_the_wal_is_checkpointed_and_stays_bounded(tmp_path: Path, interva
         await db.stop()
     with sqlite3.connect(path) as conn:  # everything is in the file after a close
         assert conn.execute("SELECT count(*) FROM scratch").fetchone()[0] == batches * rows
+
+
+@pytest.mark.parametrize(
+    ("interval_s", "backstop_rows"),
+    [(0.02, 10**9), (3600.0, 2000)],
+    ids=["by-the-checkpointer", "by-the-writer-when-the-checkpointer-falls-behind"],
+)
+async def test_a_writer_process_commits_in_order_and_its_rows_count_for_the_checkpoints(
+    tmp_path: Path, interval_s: float, backstop_rows: int
+) -> None:
+    """Writes that are only statements go to the writer process, several batches in flight; they commit in the
+    order queued, and the rows it reports keep the WAL bounded as the loop's own commits do."""
+    path = tmp_path / "gw.db"
+    lost: list[str] = []
+    db = SqliteDb(
+        path,
+        checkpoint_interval_s=interval_s,
+        checkpoint_backstop_rows=backstop_rows,
+        writer_process=True,
+        on_writer_lost=lost.append,
+    )
+    await db.start()
+    try:
+        await db.run(lambda c: c.execute("CREATE TABLE scratch (n INTEGER PRIMARY KEY, b BLOB)"))
+        rows, batches = 100, 200  # 20 MB written
+        sql = "INSERT INTO scratch VALUES (?, ?)"
+        for k in range(0, batches, 10):
+            # queued together: the writer sends them as batches without waiting for each answer
+            await asyncio.gather(
+                *(
+                    db.submit_statements(((sql, [((k + j) * rows + i, BLOB) for i in range(rows)]),), rows)
+                    for j in range(10)
+                )
+            )
+            await asyncio.sleep(0.05)
+        # a later statement sees every earlier one committed (one connection, the order sent)
+        await db.submit_statements((("UPDATE scratch SET b = ? WHERE n = ?", [(b"last", batches * rows - 1)]),))
+        wal = wal_size(path)
+        written = batches * rows * len(BLOB)
+        assert wal < written / 4, (wal, written)
+        assert (await db.fetchall("SELECT count(*), max(n) FROM scratch"))[0] == (batches * rows, batches * rows - 1)
+        assert (await db.fetchall("SELECT b FROM scratch WHERE n = ?", (batches * rows - 1,)))[0][0] == b"last"
+        # a refused statement is the caller's error, and the writer goes on
+        with pytest.raises(StorageError) as refused:
+            await db.submit_statements(((sql, [(0, BLOB)]),))
+        assert refused.value.details == {"sqliteError": "SQLITE_CONSTRAINT_PRIMARYKEY"}
+        await db.submit_statements(((sql, [(-1, BLOB)]),))
+        assert (await db.fetchall("SELECT count(*) FROM scratch"))[0][0] == batches * rows + 1
+        assert lost == []
+    finally:
+        await db.stop()
 
 
 async def test_the_wal_starts_over_under_writes_and_reads_that_never_pause(tmp_path: Path) -> None:

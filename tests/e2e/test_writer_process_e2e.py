@@ -132,7 +132,7 @@ async def test_the_writer_does_not_outlive_gatewayd(lab: Lab) -> None:
     writer = lab.writer_pid()
     lab.daemon.kill9()
     deadline = time.monotonic() + 5
-    while Path(f"/proc/{writer}").exists() and b"writer_process" in _cmdline(writer):
+    while b"writer_process" in _cmdline(writer):
         assert time.monotonic() < deadline, "the writer process outlived gatewayd"
         await asyncio.sleep(0.05)
 
