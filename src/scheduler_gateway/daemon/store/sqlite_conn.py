@@ -396,15 +396,19 @@ class SqliteDb:
     async def _commit(self, batch: list[Work]) -> None:
         conn, thread = self._wconn, self._wthread
         assert conn is not None and thread is not None
+        child = self._child
         if self._rows_since_checkpoint >= self._checkpoint_backstop_rows and not self._checkpointing:
             # the checkpointer is not running one (it is gone, or its interval is long): bound the WAL here
             log.info("task store: %d rows since a checkpoint; the writer checkpoints", self._rows_since_checkpoint)
             self._rows_since_checkpoint = 0
+            if child is not None:
+                await child.idle()  # between two batches, as without the child
             await self._in_writer(thread, _checkpoint, conn)
         elif self._catch_up and not self._checkpointing:
             self._catch_up = False
+            if child is not None:
+                await child.idle()  # a RESTART checkpoint would make the child's next commit wait for it
             await self._in_writer(thread, _catch_up, conn)
-        child = self._child
         if child is not None:
             if _for_child(batch[0]):
                 await child.room()

@@ -82,9 +82,7 @@ class WriterLost(Exception):
 def encode_batch(works: list[Work]) -> bytes:
     """A batch as one frame: a task change as its flags and its rows as plain tuples, an op as its statements."""
     batch: Batch = [
-        (w.atomic, w.subtree_root, [_AS_TUPLE(r) for r in w.rows])
-        if isinstance(w, ChangeWork)
-        else _statements_of(w)
+        (w.atomic, w.subtree_root, [_AS_TUPLE(r) for r in w.rows]) if isinstance(w, ChangeWork) else _statements_of(w)
         for w in works
     ]
     body = pickle.dumps(batch, protocol=5)
