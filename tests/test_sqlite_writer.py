@@ -6,7 +6,9 @@ bounded with SQLite's autocheckpoint off."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import sqlite3
 import threading
 import time
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from scheduler_gateway.daemon.store import writer_process
 from scheduler_gateway.daemon.store.sqlite_conn import INLINE_MAX_WEIGHT, SqliteDb
 from scheduler_gateway.wire.errors import StorageError
 
@@ -193,3 +196,31 @@ async def test_a_write_lock_held_elsewhere_is_waited_for_in_the_writer_thread_no
     finally:
         other.close()
         await db.stop()
+
+
+async def test_a_stop_does_not_wait_forever_for_a_frozen_writer_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer process frozen with a batch in flight (SIGSTOP): the stop waits a bounded time, kills it, and the
+    write's caller hears that it may or may not have committed instead of waiting forever."""
+    monkeypatch.setattr(writer_process, "STOP_WAIT_S", 0.5)
+    lost: list[str] = []
+    db = SqliteDb(tmp_path / "gw.db", writer_process=True, on_writer_lost=lost.append)
+    await db.start()
+    await db.run(lambda c: c.execute("CREATE TABLE scratch (n INTEGER PRIMARY KEY)"))
+    child = db._child
+    assert child is not None and child.pid is not None
+    os.kill(child.pid, signal.SIGSTOP)
+    try:
+        write = asyncio.ensure_future(db.submit_statements((("INSERT INTO scratch VALUES (?)", [(1,)]),)))
+        await asyncio.sleep(0.2)
+        assert not write.done()
+        started = time.monotonic()
+        await db.stop()
+        assert time.monotonic() - started < 5
+        with pytest.raises(StorageError, match="may or may not have committed"):
+            await write
+        assert lost == []  # a stop of ours, not a lost writer
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGKILL)

@@ -309,11 +309,14 @@ class SqliteDb:
         self.enqueue(ChangeWork(rows, fut))
         return fut
 
-    async def submit_op(self, op: Op, weight: int = 1, *, heavy: bool = False) -> None:
+    async def submit_op(
+        self, op: Op, weight: int = 1, *, heavy: bool = False, statements: Statements | None = None
+    ) -> None:
         """Queue a write that is not a task change; ``heavy`` for one whose time is not bounded by ``weight``
-        (scans, purges, vacuum): it runs in the writer thread."""
+        (scans, purges, vacuum): it runs in the writer thread. ``statements``: ``op`` as plain SQL, which a
+        writer process can run (``submit_statements``)."""
         fut = self.new_future()
-        self.enqueue(OpWork(op, max(1, min(weight, self.max_batch)), fut, heavy))
+        self.enqueue(OpWork(op, max(1, min(weight, self.max_batch)), fut, heavy, statements))
         (result,) = await fut
         if result is not None:
             raise result
@@ -321,12 +324,7 @@ class SqliteDb:
     async def submit_statements(self, statements: Statements, weight: int = 1) -> None:
         """``submit_op`` for a write that is only statements: with a writer process, the child runs it too, beside
         the task changes (our own connection would first wait for every batch the child has)."""
-        fut = self.new_future()
-        work = OpWork(run_statements(statements), max(1, min(weight, self.max_batch)), fut, statements=statements)
-        self.enqueue(work)
-        (result,) = await fut
-        if result is not None:
-            raise result
+        await self.submit_op(run_statements(statements), weight, statements=statements)
 
     def new_future(self) -> asyncio.Future[list[BaseException | None]]:
         if not self._running or self._loop is None:

@@ -70,6 +70,8 @@ _ERRORS: dict[str, type[errors.GatewayError]] = {
     )
 }
 READY = b"ready"
+#: how long a stop waits for the answers of the batches sent, then for the child's exit, before it kills it
+STOP_WAIT_S = 10.0
 
 Batch = list["tuple[bool, str | None, list[tuple[Any, ...]]] | Statements"]
 Outcome = tuple["list[list[BaseException | None]] | errors.StorageError", int]
@@ -238,19 +240,24 @@ class WriterProcess:
     async def stop(self) -> None:
         """Wait for the answers of what was sent, then the end of its input tells the child to stop; its exit is
         waited for by its pid."""
-        await self.idle()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.idle(), STOP_WAIT_S)  # a frozen child must not hold gatewayd's stop
         proc, self._proc = self._proc, None
         if proc is None:
             return
         if proc.stdin is not None:
             proc.stdin.close()
         try:
-            await asyncio.wait_for(proc.wait(), 10)
+            await asyncio.wait_for(proc.wait(), STOP_WAIT_S)
         except TimeoutError:
             proc.kill()
             await proc.wait()
         if self._reader is not None:
             await asyncio.wait([self._reader])
+        while self._pending:  # a child that never answered them (frozen, then killed): nobody waits forever
+            fut = self._pending.popleft()
+            if not fut.done():
+                fut.set_exception(WriterLost("the writer process was stopped before it answered"))
 
 
 # ------------------------------------------------------------------------------------------------- the child
