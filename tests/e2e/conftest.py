@@ -11,6 +11,7 @@ import pytest
 
 from tests.integration.harness import Api
 
+from .crashable import Crashable
 from .procs import Daemon, Worker
 
 
@@ -19,6 +20,16 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
     """One HTTP client session per test (the API helpers take it)."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
         yield s
+
+
+@pytest.fixture
+def crashable(tmp_path: Path) -> Iterator[Crashable]:
+    """A gatewayd to crash at a failpoint and restart (crashable.py), stopped with its worker at the end."""
+    c = Crashable(tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop()
 
 
 @contextlib.contextmanager

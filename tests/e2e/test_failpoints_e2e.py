@@ -7,88 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from scheduler_gateway.actors.failpoints import EXIT_CODE
 from scheduler_gateway.wire.timefmt import fmt_ts
 from tests.integration.harness import Api
 from tests.integration.sse import sse
 
 from . import invariants_api as inv
-from .procs import Daemon, Worker
-
-#: short leases and grace so a lost claim or a dead node is over in seconds; a fast scheduler with a short
-#: claim lease so a schedule that would fire twice after a crash does so inside the test's window
-CONFIG = """\
-[recovery]
-grace_s = 1
-
-[scheduler]
-min_once_delay_s = 0
-poll_interval_s = 0.2
-lease_s = 3
-"""
-
-
-class Crashable:
-    """A daemon that starts with failpoints armed and restarts without them on the same data dir and ports."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        config = tmp_path / "gatewayd.toml"
-        config.write_text(CONFIG)
-        self.daemon = Daemon(data_dir=tmp_path / "var", config=config)
-        self.worker: Worker | None = None
-
-    def start(self, failpoints: str, worker: bool = True) -> None:
-        self.daemon.extra_env["GW_FAILPOINTS"] = failpoints
-        self.daemon.start()
-        if worker:
-            self.worker = Worker(self.daemon.data_dir, "node-f", kinds="echo,sleep,fail", concurrency=8)
-            self.worker.start()
-
-    async def crashed_at(self, point: str, timeout_s: float = 20.0) -> None:
-        """The daemon exits on its own with 137 and names ``point`` on stderr."""
-        proc = self.daemon.proc
-        assert proc is not None
-        deadline = time.monotonic() + timeout_s
-        while proc.poll() is None:
-            assert time.monotonic() < deadline, f"gatewayd did not hit failpoint {point} within {timeout_s} s"
-            await asyncio.sleep(0.05)
-        assert proc.returncode == EXIT_CODE, f"gatewayd exited {proc.returncode}, not {EXIT_CODE}"
-        self.daemon.proc = None
-        log = self.daemon.log_path.read_text(errors="replace")
-        assert f"failpoint {point} hit: exiting with {EXIT_CODE}" in log, log[-2000:]
-
-    def restart(self) -> None:
-        """Without failpoints; stops the nats-server the killed daemon left behind; the worker reconnects."""
-        self.daemon.extra_env.pop("GW_FAILPOINTS", None)
-        self.daemon.start()
-
-    def stop(self) -> None:
-        if self.worker is not None:
-            self.worker.kill9()  # a graceful stop would wait for its sleeping handlers
-        if self.daemon.proc is None:
-            self.daemon.kill_orphan_nats()
-        self.daemon.stop()
-        self.daemon.kill_orphan_nats()
-
-
-@pytest.fixture
-def crashable(tmp_path: Path) -> Iterator[Crashable]:
-    c = Crashable(tmp_path)
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
-def api_of(c: Crashable, session: aiohttp.ClientSession) -> Api:
-    return Api(session, c.daemon.base, c.daemon.token)
+from .crashable import Crashable, api_of
+from .procs import Worker
 
 
 async def call_dropped(api: Api, method: str, path: str, body: Any, headers: dict[str, str] | None = None) -> None:

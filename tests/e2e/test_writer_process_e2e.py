@@ -9,132 +9,28 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
-import pytest
 
 from scheduler_gateway.actors.failpoints import EXIT_CODE
 from tests.integration.harness import Api
 
 from . import invariants_api as inv
-from .procs import Daemon, Worker
+from .crashable import Crashable, api_of
 
-CONFIG = """\
-[recovery]
-grace_s = 1
-"""
 N = 120
 ECHO = {"kind": "echo", "payload": {"n": 1}, "leaseSeconds": 2, "retryBackoffSeconds": 0}
 
 
-class Lab:
-    def __init__(self, tmp_path: Path) -> None:
-        config = tmp_path / "gatewayd.toml"
-        config.write_text(CONFIG)
-        self.daemon = Daemon(data_dir=tmp_path / "var", config=config)
-        self.worker: Worker | None = None
-
-    def writer_pid(self) -> int:
-        assert self.daemon.proc is not None
-        pid = self.daemon.proc.pid
-        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-            if b"writer_process" in Path(f"/proc/{child}/cmdline").read_bytes():
-                return int(child)
-        raise AssertionError("gatewayd runs no writer process")
-
-    def start_worker(self) -> None:
-        self.worker = Worker(self.daemon.data_dir, "node-w", kinds="echo", concurrency=8)
-        self.worker.start()
-
-    async def exits(self, code: int, timeout_s: float = 20.0) -> str:
-        proc = self.daemon.proc
-        assert proc is not None
-        deadline = time.monotonic() + timeout_s
-        while proc.poll() is None:
-            assert time.monotonic() < deadline, "gatewayd went on without its writer process"
-            await asyncio.sleep(0.05)
-        assert proc.returncode == code, f"gatewayd exited {proc.returncode}, not {code}"
-        self.daemon.proc = None
-        return self.daemon.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.worker is not None:
-            self.worker.kill9()
-        if self.daemon.proc is None:
-            self.daemon.kill_orphan_nats()
-        self.daemon.stop()
-        self.daemon.kill_orphan_nats()
-
-
-@pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Lab]:
-    lab = Lab(tmp_path)
-    try:
-        yield lab
-    finally:
-        lab.stop()
-
-
-async def _create_all(api: Api) -> list[str]:
-    status, created, _ = await api.call("POST", "/api/tasks/batch", {"tasks": [ECHO] * N})
-    assert status == 200, created
-    return [item["task"]["id"] for item in created["items"]]
-
-
-async def _every_task_ends_once(lab: Lab, api: Api, ids: list[str]) -> None:
-    lab.daemon.extra_env.pop("GW_FAILPOINTS", None)
-    lab.daemon.start()  # the same data dir; the worker reconnects
-    writer = lab.writer_pid()
-    await inv.wait_terminal(api, ids, timeout_s=60)
-    _, listed, _ = await api.call("GET", "/api/tasks?kind=echo&limit=500")
-    assert sorted(t["id"] for t in listed["items"]) == sorted(ids)  # none lost, none made twice
-    for task_id in ids:
-        done = await inv.check_task(api, task_id, expected="succeeded")
-        history = await api.history(task_id)
-        assert done["attemptNo"] == len([h for h in history if h["action"] == "claim"])
-        await inv.assert_settle_applied_once(api, task_id)
-    assert lab.writer_pid() == writer
-
-
-async def test_a_writer_dying_between_commit_and_answer_stops_gatewayd_and_loses_nothing(
-    lab: Lab, session: aiohttp.ClientSession
-) -> None:
-    # the create batch is an early commit; the tenth commits among the claims, settles and outbox deletes
-    lab.daemon.extra_env["GW_FAILPOINTS"] = "writer.after_commit@10"
-    lab.daemon.start()
-    api = Api(session, lab.daemon.base, lab.daemon.token)
-    ids = await _create_all(api)
-    lab.start_worker()
-    log = await lab.exits(1)
-    assert f"failpoint writer.after_commit hit: exiting with {EXIT_CODE}" in log, log[-2000:]
-    assert "writer process" in log and "gatewayd stops at once" in log, log[-2000:]
-    await _every_task_ends_once(lab, api, ids)
-
-
-async def test_a_writer_killed_mid_burst_stops_gatewayd_and_loses_nothing(
-    lab: Lab, session: aiohttp.ClientSession
-) -> None:
-    lab.daemon.start()
-    api = Api(session, lab.daemon.base, lab.daemon.token)
-    ids = await _create_all(api)
-    lab.start_worker()
-    await api.wait_state(ids[0], {"running", "succeeded"}, timeout_s=15)
-    os.kill(lab.writer_pid(), signal.SIGKILL)
-    log = await lab.exits(1)
-    assert "gatewayd stops at once" in log, log[-2000:]
-    await _every_task_ends_once(lab, api, ids)
-
-
-async def test_the_writer_does_not_outlive_gatewayd(lab: Lab) -> None:
-    lab.daemon.start()
-    writer = lab.writer_pid()
-    lab.daemon.kill9()
-    deadline = time.monotonic() + 5
-    while b"writer_process" in _cmdline(writer):
-        assert time.monotonic() < deadline, "the writer process outlived gatewayd"
-        await asyncio.sleep(0.05)
+def writer_pid(c: Crashable) -> int:
+    """gatewayd's writer process, a child of it."""
+    assert c.daemon.proc is not None
+    pid = c.daemon.proc.pid
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        if b"writer_process" in _cmdline(int(child)):
+            return int(child)
+    raise AssertionError("gatewayd runs no writer process")
 
 
 def _cmdline(pid: int) -> bytes:
@@ -144,8 +40,66 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-async def test_a_plain_stop_stops_the_writer_with_it(lab: Lab) -> None:
-    lab.daemon.start()
-    writer = lab.writer_pid()
-    assert lab.daemon.stop() == 0
+async def _create_all(api: Api) -> list[str]:
+    status, created, _ = await api.call("POST", "/api/tasks/batch", {"tasks": [ECHO] * N})
+    assert status == 200, created
+    return [item["task"]["id"] for item in created["items"]]
+
+
+async def _every_task_ends_once(crashable: Crashable, api: Api, ids: list[str]) -> None:
+    crashable.restart()  # the same data dir, no failpoints; the worker reconnects
+    writer = writer_pid(crashable)
+    await inv.wait_terminal(api, ids, timeout_s=60)
+    _, listed, _ = await api.call("GET", "/api/tasks?kind=echo&limit=500")
+    assert sorted(t["id"] for t in listed["items"]) == sorted(ids)  # none lost, none made twice
+    for task_id in ids:
+        done = await inv.check_task(api, task_id, expected="succeeded")
+        history = await api.history(task_id)
+        assert done["attemptNo"] == len([h for h in history if h["action"] == "claim"])
+        await inv.assert_settle_applied_once(api, task_id)
+    assert writer_pid(crashable) == writer
+
+
+async def test_a_writer_dying_between_commit_and_answer_stops_gatewayd_and_loses_nothing(
+    crashable: Crashable, session: aiohttp.ClientSession
+) -> None:
+    # the create batch is an early commit; the tenth commits among the claims, settles and outbox deletes
+    crashable.start("writer.after_commit@10", worker=False)
+    api = api_of(crashable, session)
+    ids = await _create_all(api)
+    crashable.start_worker()
+    log = await crashable.exited(1, "gatewayd went on without its writer process")
+    assert f"failpoint writer.after_commit hit: exiting with {EXIT_CODE}" in log, log[-2000:]
+    assert "writer process" in log and "gatewayd stops at once" in log, log[-2000:]
+    await _every_task_ends_once(crashable, api, ids)
+
+
+async def test_a_writer_killed_mid_burst_stops_gatewayd_and_loses_nothing(
+    crashable: Crashable, session: aiohttp.ClientSession
+) -> None:
+    crashable.daemon.start()
+    api = api_of(crashable, session)
+    ids = await _create_all(api)
+    crashable.start_worker()
+    await api.wait_state(ids[0], {"running", "succeeded"}, timeout_s=15)
+    os.kill(writer_pid(crashable), signal.SIGKILL)
+    log = await crashable.exited(1, "gatewayd went on without its writer process")
+    assert "gatewayd stops at once" in log, log[-2000:]
+    await _every_task_ends_once(crashable, api, ids)
+
+
+async def test_the_writer_does_not_outlive_gatewayd(crashable: Crashable) -> None:
+    crashable.daemon.start()
+    writer = writer_pid(crashable)
+    crashable.daemon.kill9()
+    deadline = time.monotonic() + 5
+    while b"writer_process" in _cmdline(writer):
+        assert time.monotonic() < deadline, "the writer process outlived gatewayd"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_plain_stop_stops_the_writer_with_it(crashable: Crashable) -> None:
+    crashable.daemon.start()
+    writer = writer_pid(crashable)
+    assert crashable.daemon.stop() == 0
     assert not _cmdline(writer)
