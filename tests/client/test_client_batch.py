@@ -8,6 +8,8 @@ and sending its items again replays what was committed and creates only what is 
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 
 import pytest
 
@@ -51,6 +53,23 @@ async def test_submit_many_answers_in_order(via_proxy: GatewayClient, proxy: Fau
     assert [t.id async for t in via_proxy.list_tasks()] == [t.id for t in tasks]
     assert sum(r.startswith(BATCH) for r in proxy.requests) == 1
     assert await via_proxy.submit_many([]) == []
+
+
+async def test_generated_keys_are_uuid7_in_the_order_they_were_made(client: GatewayClient) -> None:
+    """The keys the client makes sort by the time they were made (UUID version 7), so the gateway's key index
+    takes them at its end; they stay unique, 74 random bits apiece."""
+    first = await client.submit_many([{"kind": "echo", "payload": {"i": i}} for i in range(300)])
+    await asyncio.sleep(0.002)
+    second = await client.submit_many([{"kind": "echo", "payload": {"i": i}} for i in range(3)])
+    keys = [r.idempotency_key for r in (*first, *second)]
+    assert all(r.ok for r in (*first, *second))
+    assert len(set(keys)) == len(keys)
+    parsed = [uuid.UUID(k) for k in keys]
+    assert {(u.version, u.variant) for u in parsed} == {(7, uuid.RFC_4122)}
+    assert all(str(u) == k for u, k in zip(parsed, keys, strict=True))
+    stamps = [u.int >> 80 for u in parsed]  # the first 48 bits: Unix milliseconds
+    assert stamps == sorted(stamps) and stamps[-1] > stamps[0]
+    assert abs(stamps[-1] / 1000 - time.time()) < 60
 
 
 async def test_submit_many_reports_each_items_error(client: GatewayClient) -> None:

@@ -107,6 +107,43 @@ async def test_a_store_of_every_earlier_schema_version_migrates_on_start(tmp_pat
     assert schema_of(path) == schema_of(fresh)
 
 
+async def test_migration_16_fills_in_finished_at_of_the_terminal_tasks_already_there(tmp_path: Path) -> None:
+    """Until migration 16 ``tasks.finished_at`` was generated from the document; it is now a column the writes
+    set, so the migration reads it out of the terminal tasks' documents once, and retention finds them by it."""
+    fresh = tmp_path / "fresh.db"
+    store = SqliteStore(fresh)
+    await store.start()
+    try:
+        await store.apply(create(make_task(1, state="succeeded", finished_at=1_700_000_100.5)))
+        await store.apply(create(make_task(2, state="failed", finished_at=1_700_000_050.25)))
+        await store.apply(create(make_task(3)))  # queued: no finish
+    finally:
+        await store.stop()
+    path = tmp_path / "old.db"
+    old_store(path, 15, fresh)
+    with sqlite3.connect(path) as db:  # at version 15 the column is generated: nothing was copied into it
+        assert [r[0] for r in db.execute("SELECT finished_at FROM tasks ORDER BY id")] == [
+            1_700_000_100.5, 1_700_000_050.25, None,
+        ]  # fmt: skip
+    db.close()
+
+    store = SqliteStore(path)
+    await store.start()
+    try:
+        purged = await store.purge_tasks(1_700_000_060.0, 100)
+        assert purged.purged["tasks"] == 1  # the failed task, due by the finish read out of its document
+        assert await store.get_task(make_task(2).id) is None
+        assert await store.get_task(make_task(1).id) is not None
+    finally:
+        await store.stop()
+    with sqlite3.connect(path) as db:
+        rows = list(db.execute("SELECT id, finished_at FROM tasks ORDER BY id"))
+        generated = db.execute("SELECT count(*) FROM pragma_table_xinfo('tasks') WHERE hidden != 0").fetchone()[0]
+    db.close()
+    assert rows == [(make_task(1).id, 1_700_000_100.5), (make_task(3).id, None)]
+    assert generated == 0  # a plain column now
+
+
 # --------------------------------------------------------------------------- backup
 
 

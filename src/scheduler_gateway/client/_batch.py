@@ -1,6 +1,6 @@
 """``GatewayClient.submit_many``: many creates through ``POST /api/tasks/batch``, in chunks bounded by count
-and bytes. Every item's Idempotency-Key is settled before anything is sent (the caller's, else a fresh uuid4),
-so a chunk can be retried whole, and a call that stops part way raises ``SubmitManyError`` with every item's
+and bytes. Every item's Idempotency-Key is settled before anything is sent (the caller's, else a fresh one), so a
+chunk can be retried whole, and a call that stops part way raises ``SubmitManyError`` with every item's
 outcome and key: sending its ``items`` again replays what was made and creates only what is missing."""
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def _with_key(t: Item, key: str) -> api.BatchItemBody | dict[str, Any]:
 
 
 def _keys(tasks: Sequence[Item], idempotency_keys: Sequence[str] | None) -> list[str]:
-    """One key per task, settled before anything is sent: given, carried by the item, else a fresh uuid4."""
+    """One key per task, settled before anything is sent: given, carried by the item, else a fresh one."""
     if idempotency_keys is None:
         return [_own_key(t) or _new_key() for t in tasks]
     if len(idempotency_keys) != len(tasks):

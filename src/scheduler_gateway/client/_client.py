@@ -2,8 +2,8 @@
 
 Bodies are the wire types (``scheduler_gateway.wire.api`` and ``wire.schedule_api``); answers are decoded
 into the wire views (``TaskView``, ``ScheduledTaskView``...). Refusals raise ``GatewayClientError``
-subclasses carrying the stable code. Creates carry an ``Idempotency-Key`` (the caller's, else a fresh
-uuid4) and are retried with the same key on a lost connection or a 503; other writes are retried only
+subclasses carrying the stable code. Creates carry an ``Idempotency-Key`` (the caller's, else a fresh UUID of
+version 7) and are retried with the same key on a lost connection or a 503; other writes are retried only
 when that cannot do a change twice (see ``docs/CLIENT.md``, Retries).
 
 The request helpers and the retry loop live in ``_http``, the batch create in ``_batch``, the event stream
@@ -209,8 +209,8 @@ class GatewayClient:
         **options: Any,
     ) -> api.TaskView:
         """Create a task: ``submit("echo", {"x": 1}, priority=5)`` (options as ``task_body``) or
-        ``submit(CreateTaskBody(...))``. Sent with ``idempotency_key`` or a fresh uuid4, and retried with
-        that same key after a lost answer or a 503, so it never creates two tasks."""
+        ``submit(CreateTaskBody(...))``. Sent with ``idempotency_key`` or a fresh one (a UUID of version 7), and
+        retried with that same key after a lost answer or a 503, so it never creates two tasks."""
         if isinstance(task, str):
             body = self.task_body(task, payload, **options)
         else:
@@ -229,9 +229,9 @@ class GatewayClient:
     ) -> list[SubmitResult]:
         """Create many tasks through ``POST /api/tasks/batch``, ``chunk_size`` (at most 1000) per request.
         Every item's ``idempotencyKey`` is settled before anything is sent (``idempotency_keys``, else the
-        key an item carries, else a fresh uuid4), so a chunk is retried whole after a lost answer or a 503
-        without creating anything twice. One ``SubmitResult`` per item, in order, with its key and
-        ``outcome``: ``created``, ``replayed`` or ``refused`` (the item alone: an outcome, not an exception).
+        key an item carries, else a fresh one), so a chunk is retried whole after a lost answer or a 503 without
+        creating anything twice. One ``SubmitResult`` per item, in order, with its key and ``outcome``:
+        ``created``, ``replayed`` or ``refused`` (the item alone: an outcome, not an exception).
         A request that fails as a whole stops the call with ``SubmitManyError`` (also of the failure's own
         class) carrying every item's outcome and key; ``submit_many(e.items)`` replays what was made and
         creates only what is missing."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import io
-import uuid
+import os
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -102,7 +103,13 @@ def _given(**fields: Any) -> dict[str, Any]:
 
 
 def _new_key() -> str:
-    return str(uuid.uuid4())
+    """A fresh Idempotency-Key: a UUID of version 7 (RFC 9562), 48 bits of Unix milliseconds then 74 random
+    bits. Keys made later sort later, so the gateway's index of keys takes a client's keys at its end instead of
+    at a random page each (a random uuid4 cost SQLite ~10 us more per create, docs/PERFORMANCE.md)."""
+    r = int.from_bytes(os.urandom(10), "big")
+    ms = time.time_ns() // 1_000_000 & 0xFFFF_FFFF_FFFF
+    h = f"{ms:012x}7{r >> 68:03x}{(0b10 << 62) | (r & 0x3FFF_FFFF_FFFF_FFFF):016x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def _keyed(key: str | None) -> Retry:

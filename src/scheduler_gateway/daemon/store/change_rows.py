@@ -28,8 +28,8 @@ from scheduler_gateway.daemon.store.search import created_off_row
 _TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
 # the keys of flow control (docs/FLOW.md) are fixed at create too, and only inserted
 SQL_INSERT_TASK = (
-    f"INSERT INTO tasks (id, {_TASK_COLUMNS}, concurrency_key, unique_key, node_id, error_code)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    f"INSERT INTO tasks (id, {_TASK_COLUMNS}, concurrency_key, unique_key, node_id, error_code, finished_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 # A task's owner, kind, parent, run and creation time are fixed at its create (no transition of
 # actors/model/task_machine.py changes them), so an update does not SET those columns: SQLite rewrites the
@@ -37,7 +37,7 @@ SQL_INSERT_TASK = (
 # them (tasks_owner, tasks_kind, tasks_parent, tasks_run, tasks_owner_kind) would be rewritten on every change.
 SQL_UPDATE_TASK = (
     "UPDATE tasks SET state = ?, revision = ?, priority = ?, thread_id = ?, not_before = ?, doc = ?,"
-    " node_id = ?, error_code = ? WHERE id = ? AND revision = ?"
+    " node_id = ?, error_code = ?, finished_at = ? WHERE id = ? AND revision = ?"
 )
 SQL_INSERT_HISTORY = "INSERT INTO task_history (task_id, revision, lease_id, doc) VALUES (?, ?, ?, ?)"
 # Audit entries are immutable and named by id: writing the same one twice (a retried append) is a no-op.
@@ -74,8 +74,7 @@ class ChangeRows:
     #: (lease_expires_at, attempt deadline) of a running task, else (None, None): the PostgreSQL store's
     #: columns for the lease watcher of several instances (docs/DECISIONS.md, Several instances)
     lease_cols: tuple[float | None, float | None] = (None, None)
-    #: the task's ``finished_at`` while it is terminal, else None: the PostgreSQL store's ``finished_at``
-    #: column, which retention purges by (SQLite derives it, a generated column: daemon/store/retention.py)
+    #: the task's ``finished_at`` while it is terminal, else None: the ``finished_at`` column retention purges by
     finished_at: float | None = None
     #: (concurrency_key, unique_key): inserted with the row, never updated
     keys: tuple[str | None, str | None] = (None, None)
@@ -150,13 +149,14 @@ class ChangeRows:
     @property
     def update_row(self) -> tuple[Any, ...]:
         v = self.task_values  # owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at,
-        return (v[2], v[3], v[4], v[7], v[9], v[10], *self.search, v[11], self.expected_revision)  # not_before,
-        # doc, id
+        # state, revision, priority, thread_id, not_before, doc, the console's columns, finished_at; id
+        return (v[2], v[3], v[4], v[7], v[9], v[10], *self.search, self.finished_at, v[11], self.expected_revision)
 
     @property
     def sqlite_insert_row(self) -> tuple[Any, ...]:
-        """``SQL_INSERT_TASK``'s values: the insert row and the console's columns (SQLite's statement)."""
-        return (*self.insert_row, *self.search)
+        """``SQL_INSERT_TASK``'s values: the insert row, the console's columns and ``finished_at`` (SQLite's
+        statement)."""
+        return (*self.insert_row, *self.search, self.finished_at)
 
 
 def _counts(t: Task, h: HistoryEntry | None, insert: bool) -> tuple[tuple[str, str, str, int], ...]:

@@ -12,7 +12,12 @@ from scheduler_gateway.daemon.store.common import (
     rollback_quietly,
 )
 from scheduler_gateway.daemon.store.flow_rows import UNIQUE_MARKS_MIGRATION
-from scheduler_gateway.daemon.store.retention import RETENTION_MIGRATION, prepare_auto_vacuum, switch_auto_vacuum
+from scheduler_gateway.daemon.store.retention import (
+    FINISHED_COLUMN_MIGRATION,
+    RETENTION_MIGRATION,
+    prepare_auto_vacuum,
+    switch_auto_vacuum,
+)
 from scheduler_gateway.daemon.store.schedule_rows import SCHEDULE_GENERATION_MIGRATION, SCHEDULE_MIGRATION
 from scheduler_gateway.daemon.store.search import COUNTS_MIGRATION, SEARCH_MIGRATION
 from scheduler_gateway.wire.errors import (
@@ -215,6 +220,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 15: the newest create of each unique key whose task was purged, which a later create's window still
     # reaches (text in store/flow_rows.py, next to its queries; docs/FLOW.md)
     UNIQUE_MARKS_MIGRATION,
+    # 16: tasks.finished_at set by the task writes instead of generated from the document (text in
+    # store/retention.py, beside migration 6's)
+    FINISHED_COLUMN_MIGRATION,
 )
 
 

@@ -5,10 +5,12 @@ back to the file system when the file is incrementally vacuumed.
 
 Migration 6 (``RETENTION_MIGRATION``; the text lives here, next to the queries that need it):
 
-- ``tasks.finished_at``: a VIRTUAL generated column, the task's ``finished_at`` while it is terminal (NULL
-  otherwise). Generated, so the task writes (``change_rows.py``) stay as they are and can never disagree with
-  it; virtual, so it costs no space in the row. Its partial index ``tasks_finished`` holds terminal tasks only,
-  in the order they become due; the document is parsed only when a task reaches (or leaves) a terminal state.
+- ``tasks.finished_at``: the task's ``finished_at`` while it is terminal (NULL otherwise). Its partial index
+  ``tasks_finished`` holds terminal tasks only, in the order they become due. Migration 6 made it a VIRTUAL
+  column generated from the document; migration 16 (``FINISHED_COLUMN_MIGRATION``) made it a plain column
+  that every task write sets (``change_rows.ChangeRows.finished_at``, as on PostgreSQL): SQLite evaluated the
+  generated expression on every insert and update of a task, which cost ~10 us per create and ~20 us per claim
+  plus settle in the writer (``bench/bench_write_cost.py``, docs/PERFORMANCE.md).
 - ``idempotency_created``: keys in creation order.
 - ``scheduled_runs_active_task``: the few active runs by task, so "an active run names this task" is one probe.
 
@@ -44,6 +46,17 @@ RETENTION_MIGRATION: tuple[str, ...] = (
     "CREATE INDEX tasks_finished ON tasks (finished_at, id) WHERE finished_at IS NOT NULL",
     "CREATE INDEX idempotency_created ON idempotency (created_at)",
     f"CREATE INDEX scheduled_runs_active_task ON scheduled_runs (task_id) WHERE status IN {_ACTIVE_RUN_SQL}",
+)
+
+#: Migration 16: ``tasks.finished_at`` a plain column, filled in from the documents of the terminal tasks already
+#: there (the only rows where it is not NULL). Never edit once released.
+FINISHED_COLUMN_MIGRATION: tuple[str, ...] = (
+    "DROP INDEX tasks_finished",
+    "ALTER TABLE tasks DROP COLUMN finished_at",  # virtual: only the schema changes, no row is rewritten
+    "ALTER TABLE tasks ADD COLUMN finished_at REAL",
+    f"UPDATE tasks SET finished_at = json_extract(CAST(doc AS TEXT), '$.finished_at') WHERE state IN {_TERMINAL_SQL}"
+    " AND json_valid(CAST(doc AS TEXT))",
+    "CREATE INDEX tasks_finished ON tasks (finished_at, id) WHERE finished_at IS NOT NULL",
 )
 
 #: An existing file without incremental vacuum is switched at start-up (a full VACUUM) only below this size.

@@ -154,7 +154,7 @@ def _write_rows(conn: sqlite3.Connection, out: IO[str], header: dict[str, Any]) 
     out.write(json.dumps(header) + "\n")
     counts: dict[str, int] = {}
     for table, order in TABLES:
-        # table_info leaves out generated columns (tasks.finished_at): the target computes its own
+        # table_info leaves out generated columns (a store has none since migration 16)
         columns = [str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})")]
         n = 0
         cur = conn.execute(f"SELECT {', '.join(columns)} FROM {table} ORDER BY {order}")
