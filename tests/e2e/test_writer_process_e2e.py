@@ -88,6 +88,28 @@ async def test_a_writer_killed_mid_burst_stops_gatewayd_and_loses_nothing(
     await _every_task_ends_once(crashable, api, ids)
 
 
+async def test_a_ctrl_c_or_a_stop_signal_to_every_process_stops_gatewayd_cleanly_mid_burst(
+    crashable: Crashable, session: aiohttp.ClientSession
+) -> None:
+    """The writer's life is gatewayd's: a terminal's Ctrl-C (SIGINT to the whole foreground group) or a stop
+    signal to every process of the unit must not take it away under gatewayd's own graceful stop."""
+    crashable.daemon.start()
+    api = api_of(crashable, session)
+    ids = await _create_all(api)
+    crashable.start_worker()
+    await api.wait_state(ids[0], {"running", "succeeded"}, timeout_s=15)
+    assert crashable.daemon.proc is not None
+    gatewayd, writer = crashable.daemon.proc.pid, writer_pid(crashable)
+    assert os.getpgid(writer) != os.getpgid(gatewayd)  # a terminal's Ctrl-C reaches gatewayd's group only
+    for sig in (signal.SIGINT, signal.SIGTERM):  # and one sent to it anyway (by pid, by cgroup) is ignored
+        os.kill(writer, sig)
+    os.kill(gatewayd, signal.SIGINT)
+    log = await crashable.exited(0, "gatewayd did not stop cleanly on SIGINT")
+    assert "KeyboardInterrupt" not in log and "gatewayd stops at once" not in log, log[-2000:]
+    assert not _cmdline(writer)
+    await _every_task_ends_once(crashable, api, ids)
+
+
 async def test_the_writer_does_not_outlive_gatewayd(crashable: Crashable) -> None:
     crashable.daemon.start()
     writer = writer_pid(crashable)

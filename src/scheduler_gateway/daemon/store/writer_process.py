@@ -8,13 +8,15 @@ child runs the same ``commit_batch`` the loop ran (fast path, else one savepoint
 frame of results. So a change is answered only after its COMMIT, exactly as before, and refusals are the same
 values (their class, message, code and details carried over).
 
-The parent's writer coroutine sends one batch at a time and waits for its answer, so the child's connection and
-the parent's own (migrations, the other writes, checkpoints) never write at once.
+Up to two batches are in flight (``WriterProcess``); every other write waits until none is, so the child's
+connection and the parent's own (migrations, the other writes, checkpoints) never write at once.
 
 What happens when one of the two dies:
 
 * The parent: the child reads the end of its input and exits; on Linux it is also sent SIGKILL at once
-  (``PR_SET_PDEATHSIG``), so no batch of a dead gatewayd can commit after a new one started on the file.
+  (``PR_SET_PDEATHSIG``), so no batch of a dead gatewayd can commit after a new one started on the file. Only
+  that ends it: it runs in a session of its own and ignores SIGINT and SIGTERM, so a Ctrl-C or a stop signal to
+  every process leaves it to gatewayd, whose graceful stop makes its last writes through it.
 * The child (killed, crashed): the batch in flight may or may not have committed, and a live copy that does not
   know which would offer or finish a task wrongly. So the parent does not go on: ``on_lost`` is called, which in
   gatewayd ends the process at once, as a crash would; the restart's recovery reads what was committed
@@ -33,6 +35,7 @@ import logging
 import operator
 import os
 import pickle
+import signal
 import sqlite3
 import struct
 import sys
@@ -158,6 +161,8 @@ class WriterProcess:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             limit=1 << 24,
+            # out of gatewayd's process group: a terminal's Ctrl-C goes to gatewayd, whose stop ends the writer
+            start_new_session=True,
         )
         self.pid = self._proc.pid
         try:
@@ -314,6 +319,10 @@ def _serve(path: Path, parent: int) -> int:
 
 
 def main(argv: list[str]) -> int:
+    # Its life is gatewayd's (the end of its input, or PR_SET_PDEATHSIG): a stop signal sent to every process of
+    # the unit, or to this one by hand, must not end it under gatewayd's graceful stop, whose last writes it makes.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # armed by the environment gatewayd was started with, which refuses them in production (daemon/cli.py)
     failpoints.configure(os.environ.get(failpoints.ENV, "").strip() or None)
