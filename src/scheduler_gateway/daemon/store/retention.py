@@ -9,8 +9,8 @@ Migration 6 (``RETENTION_MIGRATION``; the text lives here, next to the queries t
   ``tasks_finished`` holds terminal tasks only, in the order they become due. Migration 6 made it a VIRTUAL
   column generated from the document; migration 16 (``FINISHED_COLUMN_MIGRATION``) made it a plain column
   that every task write sets (``change_rows.ChangeRows.finished_at``, as on PostgreSQL): SQLite evaluated the
-  generated expression on every insert and update of a task, which cost ~10 us per create and ~20 us per claim
-  plus settle in the writer (``bench/bench_write_cost.py``, docs/PERFORMANCE.md).
+  generated expression on every insert and update of a task, ~11 us of the writer's ~110 us per claim plus
+  settle (``bench/bench_write_cost.py``, docs/PERFORMANCE.md).
 - ``idempotency_created``: keys in creation order.
 - ``scheduled_runs_active_task``: the few active runs by task, so "an active run names this task" is one probe.
 
@@ -52,7 +52,7 @@ RETENTION_MIGRATION: tuple[str, ...] = (
 #: there (the only rows where it is not NULL). Never edit once released.
 FINISHED_COLUMN_MIGRATION: tuple[str, ...] = (
     "DROP INDEX tasks_finished",
-    "ALTER TABLE tasks DROP COLUMN finished_at",  # virtual: only the schema changes, no row is rewritten
+    "ALTER TABLE tasks DROP COLUMN finished_at",  # a VIRTUAL column: it has no stored values to drop
     "ALTER TABLE tasks ADD COLUMN finished_at REAL",
     f"UPDATE tasks SET finished_at = json_extract(CAST(doc AS TEXT), '$.finished_at') WHERE state IN {_TERMINAL_SQL}"
     " AND json_valid(CAST(doc AS TEXT))",
