@@ -322,6 +322,7 @@ async def test_events_tail_resumes_after_a_cut_without_a_lost_or_repeated_event(
     gw: Daemon, proxy: FaultProxy, admin_file: Path
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OTEL_"))}
+    env["PYTHONFAULTHANDLER"] = "1"
     proc = await asyncio.create_subprocess_exec(
         CTL, "--url", proxy.url, "--token-file", str(admin_file), "events", "tail", "--from-seq", "1", "-O", "json",
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -354,6 +355,16 @@ async def test_events_tail_resumes_after_a_cut_without_a_lost_or_repeated_event(
         assert sum(r.startswith(b"GET /api/events") for r in proxy.requests) >= 2  # it did reconnect
     finally:
         proc.send_signal(signal.SIGINT)
-        async with asyncio.timeout(10):
-            code = await proc.wait()
+        try:
+            async with asyncio.timeout(10):
+                code = await proc.wait()
+        except TimeoutError:
+            # seen once in a loaded CI run: name where it hangs (faulthandler prints every thread's stack on SIGABRT)
+            proc.send_signal(signal.SIGABRT)
+            async with asyncio.timeout(10):
+                stack = (await proc.stderr.read()).decode(errors="replace")  # type: ignore[union-attr]
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            why = f"gatewayctl events tail did not stop within 10 s of SIGINT:\n{stack[-6000:]}"
+            raise AssertionError(why) from None
     assert code == 0
