@@ -318,6 +318,11 @@ async def proxy(gw: Daemon) -> AsyncIterator[FaultProxy]:
         await p.close()
 
 
+def _signal_masks(pid: int) -> list[str]:
+    """The process's ignored, caught and blocked signal masks (/proc/PID/status)."""
+    return [ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("Sig")]
+
+
 async def test_events_tail_resumes_after_a_cut_without_a_lost_or_repeated_event(
     gw: Daemon, proxy: FaultProxy, admin_file: Path
 ) -> None:
@@ -354,6 +359,7 @@ async def test_events_tail_resumes_after_a_cut_without_a_lost_or_repeated_event(
         assert {e["aggregateId"] for e in seen} >= {first, *later}
         assert sum(r.startswith(b"GET /api/events") for r in proxy.requests) >= 2  # it did reconnect
     finally:
+        status = _signal_masks(proc.pid)
         proc.send_signal(signal.SIGINT)
         try:
             async with asyncio.timeout(10):
@@ -365,6 +371,9 @@ async def test_events_tail_resumes_after_a_cut_without_a_lost_or_repeated_event(
                 stack = (await proc.stderr.read()).decode(errors="replace")  # type: ignore[union-attr]
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            why = f"gatewayctl events tail did not stop within 10 s of SIGINT:\n{stack[-6000:]}"
+            why = (
+                f"gatewayctl events tail did not stop within 10 s of SIGINT ({status}; this process's SIGINT handler"
+                f" {signal.getsignal(signal.SIGINT)!r}):\n{stack[-6000:]}"
+            )
             raise AssertionError(why) from None
     assert code == 0
