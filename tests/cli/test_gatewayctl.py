@@ -318,6 +318,16 @@ async def proxy(gw: Daemon) -> AsyncIterator[FaultProxy]:
         await p.close()
 
 
+# A command started from a terminal takes Ctrl-C (SIGINT) by default. This suite may run where SIGINT is ignored
+# (a background job of a shell without job control ignores it, and its children inherit that), so the tail is
+# started through an exec that puts SIGINT back to its default first: otherwise it could never be interrupted.
+AS_FROM_A_TERMINAL = (
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
+)
+
+
 def _signal_masks(pid: int) -> list[str]:
     """The process's ignored, caught and blocked signal masks (/proc/PID/status)."""
     return [ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("Sig")]
@@ -329,6 +339,7 @@ async def test_events_tail_resumes_after_a_cut_without_a_lost_or_repeated_event(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OTEL_"))}
     env["PYTHONFAULTHANDLER"] = "1"
     proc = await asyncio.create_subprocess_exec(
+        *AS_FROM_A_TERMINAL,
         CTL, "--url", proxy.url, "--token-file", str(admin_file), "events", "tail", "--from-seq", "1", "-O", "json",
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
