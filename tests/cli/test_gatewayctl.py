@@ -379,7 +379,7 @@ async def test_events_tail_resumes_after_a_cut_without_a_lost_or_repeated_event(
             async with asyncio.timeout(10):
                 code = await proc.wait()
         except TimeoutError:
-            # seen once in a loaded CI run: name where it hangs (faulthandler prints every thread's stack on SIGABRT)
+            # name where it hangs (faulthandler prints every thread's stack on SIGABRT), and leave nothing running
             proc.send_signal(signal.SIGABRT)
             async with asyncio.timeout(10):
                 stack = (await proc.stderr.read()).decode(errors="replace")  # type: ignore[union-attr]
