@@ -14,17 +14,19 @@ from tests.integration.harness import Api
 
 from .procs import Daemon, Worker
 
-#: short leases and grace so a lost claim or a dead node is over in seconds; a fast scheduler with a short
-#: claim lease so a schedule that would fire twice after a crash does so inside the test's window
-CONFIG = """\
-[recovery]
-grace_s = 1
 
-[scheduler]
-min_once_delay_s = 0
-poll_interval_s = 0.2
-lease_s = 3
-"""
+def fast_recovery_config(scheduler_lease_s: float) -> str:
+    """A 1 s recovery grace and a fast scheduler (no minimum delay for a once schedule, 0.2 s polls) whose claim
+    lease runs out in ``scheduler_lease_s``: what went wrong around a crash or a freeze shows within a test."""
+    return (
+        f"[recovery]\ngrace_s = 1\n\n[scheduler]\nmin_once_delay_s = 0\npoll_interval_s = 0.2\n"
+        f"lease_s = {scheduler_lease_s:g}\n"
+    )
+
+
+#: short leases and grace so a lost claim or a dead node is over in seconds; a schedule that would fire twice
+#: after a crash does so inside the test's window
+CONFIG = fast_recovery_config(3)
 
 
 class Crashable:

@@ -38,20 +38,12 @@ from tests.integration.harness import Api
 
 from . import invariants_api as inv
 from .conftest import stopped_by_pid
+from .crashable import fast_recovery_config
 from .procs import Daemon, Worker
 
-#: a fast scheduler with a 2 s claim lease (the frozen claim runs out quickly), no minimum delay for a once
-#: schedule, and a 1 s recovery grace
-CONFIG = """\
-[recovery]
-grace_s = 1
-
-[scheduler]
-min_once_delay_s = 0
-poll_interval_s = 0.2
-lease_s = 2
-"""
 SCHEDULE_LEASE_S = 2.0
+#: the scheduler's claim lease 2 s: the frozen claim runs out quickly
+CONFIG = fast_recovery_config(SCHEDULE_LEASE_S)
 
 
 def _proc_state(pid: int) -> str | None:
