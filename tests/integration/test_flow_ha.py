@@ -32,7 +32,7 @@ async def test_the_tasks_a_dead_follower_held_back_are_offered_by_the_leader(
         assert (await leader_of([a, b])) is a
         assert a.ha is not None and a.ha.gone is not None
         a.ha.gone._interval_s = 0.2
-        async with apis([a, b]) as (_, api_b):
+        async with apis([a, b]) as (api_a, api_b):
             status, view, _ = await api_b.call("PUT", "/api/kinds/echo", {"concurrency": 1})
             assert status == 200, view
             first = await api_b.create({"kind": "echo"})
@@ -46,6 +46,10 @@ async def test_the_tasks_a_dead_follower_held_back_are_offered_by_the_leader(
             assert held["id"] not in a.service.live_ids()  # only b's dispatcher knew it
             await crash(b)
             await node.settle(offer.task_id, offer.attempt_id, reply.lease_id or "")  # the slot frees (a applies it)
+            # the claim below must come after the slot is free in the store: a learns of b's death on its own clock
+            # (a slow crash can take as long), may offer the held task at once, and a claim committed before the
+            # settle is refused LIMITED by the store's count (the node would nak it and claim again later)
+            await api_a.wait_state(first["id"], {"succeeded"})
 
             # a sees b's row age out and re-reads the queued tasks: it offers the one b held back
             (again, msg2), *_ = await node.pull("echo", n=1, timeout_s=10)
