@@ -40,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,10 +220,17 @@ BodyOf = Callable[[int], dict[str, Any]]
 
 
 async def submit(
-    api: Api, run_id: str, n: int, rate: float, concurrency: int, body_of: BodyOf = echo_body
+    api: Api,
+    run_id: str,
+    n: int,
+    rate: float,
+    concurrency: int,
+    body_of: BodyOf = echo_body,
+    keys: bool = False,
 ) -> Submission:
     """Create n tasks (``body_of(i)``, echo by default): burst = `concurrency` senders back to back; paced = task
-    i offered at t0 + i/rate.
+    i offered at t0 + i/rate. ``keys``: each POST carries a fresh Idempotency-Key, as ``GatewayClient.submit``
+    sends one.
 
     No retries: a retried POST without an idempotency key could create a task twice, which would then look
     like a gateway duplicate. A failed POST is counted in `errors` instead.
@@ -230,11 +238,13 @@ async def submit(
     sub = Submission()
     bodies = [json.dumps({**body_of(i), "runId": run_id}).encode() for i in range(n)]
     hdrs = {"Content-Type": "application/json"}
+    keyed = [{**hdrs, "Idempotency-Key": str(uuid.uuid4())} for _ in range(n)] if keys else None
 
     async def post(i: int) -> None:
         t = time.perf_counter()
         try:
-            async with api.http.post("/api/tasks", data=bodies[i], headers=hdrs) as resp:
+            headers = hdrs if keyed is None else keyed[i]
+            async with api.http.post("/api/tasks", data=bodies[i], headers=headers) as resp:
                 raw = await resp.read()
                 if resp.status == 201:
                     sub.ids.append(json.loads(raw)["id"])
@@ -551,7 +561,7 @@ async def drive_gateway(
                 client, run_id, args.n, args.rate, args.batch_size, args.batch_concurrency, body_of=body_of
             )
         else:
-            work = submit(api, run_id, args.n, args.rate, args.http_concurrency, body_of=body_of)
+            work = submit(api, run_id, args.n, args.rate, args.http_concurrency, body_of=body_of, keys=args.single_keys)
         submitting = asyncio.create_task(work)
         if profile and not prefill:
             spy = await start_py_spies(probe, args.py_spy_out, args.py_spy_duration, args.py_spy_rate)
@@ -612,6 +622,7 @@ async def drive_gateway(
         "task_kind": args.task_kind,
         "task_seconds": args.task_seconds if args.task_kind == "sleep" else None,
         "submit": how,
+        "single_keys": bool(args.single_keys) if how == "single" else None,
         "batch_size": args.batch_size if how == "batch" else None,
         "batch_concurrency": args.batch_concurrency if how == "batch" else None,
         "n": args.n,
@@ -1161,6 +1172,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="single",
         help="how the gateway gets its tasks: single (POST /api/tasks, keep-alive, --http-concurrency in flight),\n"
         "batch (the client's submit_many: POST /api/tasks/batch), or both, comma-separated (default single)",
+    )
+    p.add_argument(
+        "--single-keys",
+        action="store_true",
+        help="--submit single: each create carries a fresh Idempotency-Key, as GatewayClient.submit sends",
     )
     p.add_argument("--batch-size", type=int, default=250, help="tasks per POST /api/tasks/batch (default 250)")
     p.add_argument("--batch-concurrency", type=int, default=4, help="batch POSTs in flight at once (default 4)")

@@ -17,6 +17,7 @@ import pytest
 
 from scheduler_gateway.actors.ports import AuditQuery, Change, TaskQuery
 from scheduler_gateway.actors.task_service import TaskPolicy
+from scheduler_gateway.actors.tasks.api import NewTask
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.wire.errors import Code, Conflict, StorageError
 from scheduler_gateway.wire.messages import HeartbeatRequest, LeaseReport, Settle
@@ -347,3 +348,80 @@ async def test_a_page_of_tasks_is_one_moment_even_when_a_task_moves_on_while_it_
         monkeypatch.setattr(kit.store, "list_tasks", real)
         (task,), _ = await kit.service.list_tasks(ALICE, TaskQuery())
         assert task.state == "running" and task.lease_expires_at is not None
+
+
+def count_key_reads(store: Any) -> list[str]:
+    """The keys whose record the service reads (a create with a key reads one only when its write fails)."""
+    reads: list[str] = []
+    real = store.get_idempotency
+
+    async def counted(owner: str, key: str) -> Any:
+        reads.append(key)
+        return await real(owner, key)
+
+    store.get_idempotency = counted
+    return reads
+
+
+async def test_a_create_with_a_fresh_key_reads_no_record_and_its_repeat_replays(new_store: Callable[[], Any]) -> None:
+    async with kit_on(new_store) as kit:
+        reads = count_key_reads(kit.store)
+        spec = NewTask(kind="echo", payload=msgspec.Raw(b'{"i":1}'))
+        first, replayed = await kit.service.create(ALICE, spec, "k-fresh", "h1")
+        assert not replayed and reads == []  # the record is written with the task, never read first
+        again, replayed = await kit.service.create(ALICE, spec, "k-fresh", "h1")
+        assert replayed and again.id == first.id and reads == ["k-fresh"]
+        with pytest.raises(Conflict) as info:
+            await kit.service.create(ALICE, NewTask(kind="other"), "k-fresh", "h2")
+        assert info.value.code == Code.IDEMPOTENCY_CONFLICT and info.value.details == {"taskId": first.id}
+        assert (await kit.store.list_tasks(TaskQuery(limit=10))).items == [await kit.store.get_task(first.id)]
+        entries = (await kit.store.list_audit(AuditQuery(object_id=first.id, limit=10))).items
+        assert sorted((e.action, e.result) for e in entries) == [
+            ("create", "ok"), ("create", "refused"), ("create", "repeat")
+        ]  # fmt: skip
+
+
+async def test_one_create_key_sent_twice_at_once_creates_once(new_store: Callable[[], Any]) -> None:
+    async with kit_on(new_store) as kit:
+        spec = NewTask(kind="echo")
+        results = await asyncio.gather(*(kit.service.create(ALICE, spec, "k-twice", "h") for _ in range(3)))
+        assert sorted(replayed for _, replayed in results) == [False, True, True]
+        assert len({task.id for task, _ in results}) == 1
+        assert len((await kit.store.list_tasks(TaskQuery(limit=10))).items) == 1
+
+
+async def test_the_repeat_of_a_create_replays_even_where_the_create_would_be_refused_now(
+    new_store: Callable[[], Any],
+) -> None:
+    """Its record answers a repeat as it did when the record was read first: a parent that ended since, or the
+    uniqueKey the first request took, refuses a new create but not the repeat of one that was made."""
+    async with kit_on(new_store) as kit:
+        parent = await kit.create()
+        child_spec = NewTask(kind="echo", parent_id=parent)
+        child, _ = await kit.service.create(ALICE, child_spec, "k-child", "c")
+        await kit.service.act(ALICE, parent, "cancel")  # the child is canceled with it; a new child is refused
+        with pytest.raises(Conflict):
+            await kit.service.create(ALICE, child_spec)
+        again, replayed = await kit.service.create(ALICE, child_spec, "k-child", "c")
+        assert replayed and again.id == child.id
+
+        unique_spec = NewTask(kind="echo", unique_key="nightly", unique_for_s=3600)
+        made, _ = await kit.service.create(ALICE, unique_spec, "k-unique", "u")
+        with pytest.raises(Conflict) as info:
+            await kit.service.create(ALICE, unique_spec, "k-other", "u")
+        assert info.value.code == Code.DUPLICATE_TASK
+        again, replayed = await kit.service.create(ALICE, unique_spec, "k-unique", "u")
+        assert replayed and again.id == made.id
+
+
+async def test_a_create_whose_store_fails_answers_the_failure_without_reading_its_key(
+    new_store: Callable[[], Any],
+) -> None:
+    async with kit_on(new_store) as kit:
+        reads = count_key_reads(kit.store)
+        kit.store.fail_next = lambda change: change.expected_revision is None
+        with pytest.raises(StorageError):
+            await kit.service.create(ALICE, NewTask(kind="echo"), "k-failed", "h")
+        assert reads == []
+        task, replayed = await kit.service.create(ALICE, NewTask(kind="echo"), "k-failed", "h")  # the retry
+        assert not replayed and (await kit.store.get_task(task.id)) is not None

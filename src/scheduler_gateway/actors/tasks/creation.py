@@ -45,8 +45,14 @@ class TaskCreation:
         check_labels(caller, spec.labels)
         if idem_key is None:
             return await self._create(caller, spec, None, body_hash), False
+        # the create's one transaction carries the key's record: written first, read only if that fails
         return await self._replays.once_per_key(
-            caller, idem_key, "create", body_hash, lambda: _fresh(self._create(caller, spec, idem_key, body_hash))
+            caller,
+            idem_key,
+            "create",
+            body_hash,
+            lambda: _fresh(self._create(caller, spec, idem_key, body_hash)),
+            write_first=True,
         )
 
     async def create_many(self, caller: Caller, items: list[BatchItem]) -> list[BatchOutcome]:

@@ -7,12 +7,24 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from scheduler_gateway.wire.errors import Code, Conflict, task_not_found
+from scheduler_gateway.wire.errors import (
+    Code,
+    Conflict,
+    Forbidden,
+    GatewayError,
+    InvalidArgument,
+    NotFound,
+    task_not_found,
+)
 
 from ..model.records import Task
 from ..ports import IdempotencyRecord, TaskServiceStore
 from .api import Caller
 from .ledger import TaskLedger
+
+#: what a request's own checks refuse: with ``write_first`` a key already used may be why (its first request
+#: passed checks that fail now, a uniqueKey it took), so its record is read before the refusal is answered
+_REFUSALS = (InvalidArgument, NotFound, Conflict, Forbidden)
 
 
 class KeySlots:
@@ -58,18 +70,26 @@ class Replays:
         operation: str,
         body_hash: str,
         first: Callable[[], Awaitable[tuple[Task, bool]]],
+        *,
+        write_first: bool = False,
     ) -> tuple[Task, bool]:
         """Run ``first`` unless the key has a record; a request whose key is still in flight waits for it and
-        then answers from its record, so two requests with one key never both act (or one fail)."""
+        then answers from its record, so two requests with one key never both act (or one fail).
+
+        ``write_first``: ``first`` writes the key's record in its own transaction and changes nothing when it
+        fails, so it is tried before the record is read, and the record is read only when it fails (a key
+        already used fails its write, or a check the first request passed fails now): the answer is the same as
+        reading first, and a fresh key, nearly every create, costs no read."""
         async with self._slots.hold(caller.user, [key]):
-            replay = await self.replayed_task(caller, key, operation, body_hash)
-            if replay is not None:
-                return replay, True
+            if not write_first:
+                replay = await self.replayed_task(caller, key, operation, body_hash)
+                if replay is not None:
+                    return replay, True
             try:
                 return await first()
-            except Conflict as exc:
-                if exc.code != Code.IDEMPOTENCY_CONFLICT:
-                    raise
+            except GatewayError as exc:
+                if exc.code != Code.IDEMPOTENCY_CONFLICT and not (write_first and isinstance(exc, _REFUSALS)):
+                    raise  # a store that failed answers as it is: it could not read the record either
                 # the store's unique key is the arbiter beyond this process: the other writer's record answers
                 replay = await self.replayed_task(caller, key, operation, body_hash)
                 if replay is None:
