@@ -5,6 +5,7 @@ unique indexes; a newer schema is refused; ids page in byte order; the URL is pa
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,11 +18,13 @@ from scheduler_gateway.actors.schedule_ports import ActiveRunConflict
 from scheduler_gateway.daemon.config import ConfigError, load_config
 from scheduler_gateway.daemon.config.store_url import StoreUrlError, parse_store_url
 from scheduler_gateway.daemon.store.postgres import PostgresStore
+from scheduler_gateway.daemon.store.postgres import db as pg_db
+from scheduler_gateway.daemon.store.postgres.flow import SQL_OUTBOX_ORDER_LOCK
 from scheduler_gateway.daemon.store.postgres.migrations import SCHEMA_VERSION
 from scheduler_gateway.wire.errors import Code, Conflict, StorageError
 
 from .test_schedule_store import T0, run, schedule
-from .test_store_contract import bump, make_task
+from .test_store_contract import bump, event_for, make_task
 
 
 @pytest.fixture
@@ -218,3 +221,41 @@ async def test_a_rate_counts_each_start_on_the_database_clock(two: tuple[Postgre
     with pytest.raises(Conflict) as info:
         await b.apply(claim(ahead, T0 + 3600.0))  # another's, an hour ahead, in the same minute of the database
     assert info.value.code == Code.LIMITED and info.value.details["rule"] == "kind_rate"
+
+
+async def test_an_instance_frozen_inside_a_write_holds_the_others_up_only_until_its_session_is_ended(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write transaction takes the outbox's commit-order lock, which every task write of every instance takes.
+    An instance frozen between two statements of a write (a VM pause, SIGSTOP, a stalled loop) keeps its socket
+    open, so PostgreSQL kept the transaction, and its locks, for as long as the freeze lasted: every instance's
+    task writes waited with it. Its sessions now end an idle transaction after ``IDLE_IN_TRANSACTION_S`` (the
+    instance's liveness bound: it is taken for dead by then), and the others go on."""
+    monkeypatch.setattr(pg_db, "IDLE_IN_TRANSACTION_S", 1.0)
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
+    await a.start()
+    await b.start()
+    locked, resume = asyncio.Event(), asyncio.Event()
+
+    async def frozen_write() -> None:
+        async with a._db.transaction() as conn:
+            await conn.execute(SQL_OUTBOX_ORDER_LOCK)  # a's task write is under way
+            locked.set()
+            await resume.wait()  # a freezes here
+            await conn.execute("SELECT 1")
+
+    try:
+        write = asyncio.create_task(frozen_write())
+        await locked.wait()
+        t1 = make_task(1, id="tsk_frozen_test_1")
+        began = time.monotonic()
+        await asyncio.wait_for(b.apply(Change(task=t1, expected_revision=None, event=event_for(t1))), 8)
+        assert time.monotonic() - began < 6
+        resume.set()
+        with pytest.raises(StorageError) as info:  # a goes on: its transaction is gone, and that write with it
+            await write
+        assert info.value.details == {"sqlState": "25P03"}  # idle_in_transaction_session_timeout
+        assert [t.id for t in (await a.list_tasks(TaskQuery(limit=10))).items] == [t1.id]  # a new session
+    finally:
+        await a.stop()
+        await b.stop()

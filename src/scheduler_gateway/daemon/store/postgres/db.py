@@ -34,6 +34,20 @@ _DRIVER_LOGS = (logging.getLogger("psycopg"), logging.getLogger("psycopg.pool"))
 
 Conn = psycopg.AsyncConnection[Any]
 
+#: How long a session of this store may sit idle inside a transaction before PostgreSQL ends it. A process
+#: frozen between two statements of a write (a VM pause, SIGSTOP, a stalled loop) keeps its socket open, so
+#: without this PostgreSQL keeps its transaction, and the locks it took, for as long as the freeze lasts: the
+#: outbox's commit-order lock that every task write takes, the rows it wrote. The bound is the time after which
+#: the other instances take a silent one for dead (``daemon/ha.py``, ``INSTANCE_ALIVE_S``); the frozen
+#: instance finds its transaction gone when it resumes, and that write fails whole, as a crash would end it.
+IDLE_IN_TRANSACTION_S = 10.0
+
+
+async def _configure(conn: Conn) -> None:
+    """Every pooled session's settings (autocommit: they hold for the session)."""
+    timeout = f"{max(1, int(IDLE_IN_TRANSACTION_S * 1000))}ms"
+    await conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)", (timeout,))
+
 
 def pg_error(exc: BaseException) -> StorageError:
     """A StorageError naming only the SQLSTATE (or the error's type): never the SQL, parameters or URL."""
@@ -108,6 +122,7 @@ class PgDb:
             min_size=self.min_size,
             max_size=self.max_size,
             kwargs={"autocommit": True},
+            configure=_configure,
             open=False,
             timeout=self.connect_timeout_s,
             name="gw-store",

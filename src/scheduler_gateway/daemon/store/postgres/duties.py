@@ -94,6 +94,9 @@ class PgDuties:
         pooled connection, and releases it when the block ends, or with the session when the process dies."""
         async with self._db.transaction() as conn:
             await conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{max(1, int(timeout_s * 1000))}ms",))
+            # the block watches the other instances' rows for up to twice their liveness bound, this transaction
+            # idle meanwhile: the session's bound on an idle transaction (db.py) would end it and free the lock
+            await conn.execute("SELECT set_config('idle_in_transaction_session_timeout', '0', true)")
             try:
                 async with conn.transaction():  # a savepoint: a wait that timed out leaves the transaction usable
                     await conn.execute("SELECT pg_advisory_xact_lock(%s)", (START_LOCK,))
