@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -32,3 +34,25 @@ async def node(fresh_nats: NatsServerProcess) -> AsyncIterator[HandNode]:
         yield n
     finally:
         await n.close()
+
+
+@pytest.fixture
+async def tasks_dumped_before_the_timeout(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """A test that hangs names where: 10 s before pytest-timeout ends it (whose own dump shows only the event
+    loop's thread), every asyncio task's stack goes to stderr, which the report shows under the failure."""
+    marker = request.node.get_closest_marker("timeout")
+    limit = float(marker.args[0]) if marker and marker.args else float(request.config.getini("timeout") or 0)
+    if limit <= 10:
+        yield
+        return
+
+    def dump() -> None:
+        print(f"--- asyncio tasks {limit - 10:.0f} s into {request.node.nodeid} ---", file=sys.stderr)
+        for task in asyncio.all_tasks():
+            task.print_stack(limit=12, file=sys.stderr)
+
+    timer = asyncio.get_running_loop().call_later(limit - 10, dump)
+    try:
+        yield
+    finally:
+        timer.cancel()

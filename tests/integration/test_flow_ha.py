@@ -15,6 +15,9 @@ from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from .harness import HandNode
 from .test_ha import apis, crash, leader_of, start_gateway
 
+# a hang names its place in the report (the asyncio tasks' stacks before the timeout)
+pytestmark = pytest.mark.usefixtures("tasks_dumped_before_the_timeout")
+
 
 @pytest.fixture(autouse=True)
 def quick_liveness(monkeypatch: pytest.MonkeyPatch) -> None:
