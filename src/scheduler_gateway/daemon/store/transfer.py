@@ -275,6 +275,8 @@ async def import_postgres(url: str, path: Path) -> dict[str, int]:
     await db.start()  # migrates a new database to the current schema
     try:
         async with db.transaction() as conn:
+            # one transaction for the whole file, idle while each batch is read from it: not a frozen write
+            await conn.execute("SELECT set_config('idle_in_transaction_session_timeout', '0', true)")
             await _refuse_non_empty(conn)
             types = await _pg_columns(conn)
             table: str | None = None
