@@ -36,3 +36,12 @@ def fresh_nats(tmp_path: Path) -> Iterator[NatsServerProcess]:
         yield server
     finally:
         server.stop()
+
+
+#: the files whose tests take minutes together: run first, so that with ``-n 2 --dist loadfile`` one worker
+#: runs them while the other takes everything else, instead of one of them starting late and running alone
+LONGEST_FIRST = ("tests/simulation/test_simulation.py",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))  # stable: the rest keep their order

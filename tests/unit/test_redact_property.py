@@ -250,7 +250,7 @@ def test_gatewayd_export_never_prints_the_password(password: str, form: str, tmp
 RUN_GATEWAYD = """
 import functools, sys
 import scheduler_gateway.daemon.store.transfer as transfer
-transfer.PgDb = functools.partial(transfer.PgDb, connect_timeout_s=1.0)
+transfer.PgDb = functools.partial(transfer.PgDb, connect_timeout_s=0.25)
 from scheduler_gateway.daemon.cli import gatewayd_main
 raise SystemExit(gatewayd_main(sys.argv[1:]))
 """
