@@ -35,7 +35,7 @@ from scheduler_gateway.daemon.config import ConfigError, load_config
 from scheduler_gateway.daemon.store.change_rows import running_deadlines
 from scheduler_gateway.daemon.store.common import decode_or_raise, doc_decoder
 from scheduler_gateway.daemon.store.migrations import MIGRATIONS
-from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb
+from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb, without_idle_bound
 from scheduler_gateway.process_lock import store_lock
 from scheduler_gateway.wire.errors import GatewayError
 
@@ -275,8 +275,7 @@ async def import_postgres(url: str, path: Path) -> dict[str, int]:
     await db.start()  # migrates a new database to the current schema
     try:
         async with db.transaction() as conn:
-            # one transaction for the whole file, idle while each batch is read from it: not a frozen write
-            await conn.execute("SELECT set_config('idle_in_transaction_session_timeout', '0', true)")
+            await without_idle_bound(conn)  # one transaction for the whole file, idle while each batch is read
             await _refuse_non_empty(conn)
             types = await _pg_columns(conn)
             table: str | None = None

@@ -49,6 +49,12 @@ async def _configure(conn: Conn) -> None:
     await conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)", (timeout,))
 
 
+async def without_idle_bound(conn: Conn) -> None:
+    """Lift ``IDLE_IN_TRANSACTION_S`` for the rest of the transaction on ``conn``: for a transaction that is idle by
+    design between its statements (it waits on something else, bounded otherwise), not a frozen write."""
+    await conn.execute("SELECT set_config('idle_in_transaction_session_timeout', '0', true)")
+
+
 def pg_error(exc: BaseException) -> StorageError:
     """A StorageError naming only the SQLSTATE (or the error's type): never the SQL, parameters or URL."""
     state = getattr(exc, "sqlstate", None)

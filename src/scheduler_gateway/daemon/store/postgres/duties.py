@@ -20,7 +20,7 @@ import msgspec
 import psycopg
 
 from scheduler_gateway.actors.duties import Acquired, InstanceRecord
-from scheduler_gateway.daemon.store.postgres.db import DB_NOW, PgDb
+from scheduler_gateway.daemon.store.postgres.db import DB_NOW, PgDb, without_idle_bound
 
 #: the advisory lock a starting instance holds while it decides whether the cluster was down (7301: the outbox's)
 START_LOCK = 7302
@@ -94,9 +94,7 @@ class PgDuties:
         pooled connection, and releases it when the block ends, or with the session when the process dies."""
         async with self._db.transaction() as conn:
             await conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{max(1, int(timeout_s * 1000))}ms",))
-            # the block watches the other instances' rows for up to twice their liveness bound, this transaction
-            # idle meanwhile: the session's bound on an idle transaction (db.py) would end it and free the lock
-            await conn.execute("SELECT set_config('idle_in_transaction_session_timeout', '0', true)")
+            await without_idle_bound(conn)  # idle while the block watches the other rows (up to 2 x their bound)
             try:
                 async with conn.transaction():  # a savepoint: a wait that timed out leaves the transaction usable
                     await conn.execute("SELECT pg_advisory_xact_lock(%s)", (START_LOCK,))
