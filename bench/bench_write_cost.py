@@ -10,12 +10,18 @@ compare):
 
     .venv/bin/python bench/bench_write_cost.py --runs 3
     .venv/bin/python /path/to/other/checkout/bench/bench_write_cost.py --runs 3
+
+``--rows one-record`` measures a layout that is not built: each change's audit row carrying its history entry and
+its event as well, with no history or outbox row of its own (the audit table's indexes would serve a task's
+history, and its sequence the event relay). It prices that layout's SQL only; docs/PERFORMANCE.md says what it
+gave and why it was not built.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import random
 import shutil
 import sqlite3
@@ -82,7 +88,15 @@ def _changes(n: int, seed: int) -> tuple[list[ChangeRows], list[ChangeRows], lis
     return creates, claims, settles
 
 
-def run(n: int, batch: int, seed: int) -> tuple[float, float]:
+def _one_record(r: ChangeRows) -> ChangeRows:
+    """``r`` as the what-if layout writes it: one audit row whose document carries the history entry and event."""
+    if r.audit is None or r.history is None or r.outbox is None:
+        return r
+    doc = r.audit[-1] + r.history[-1] + r.outbox[0]
+    return dataclasses.replace(r, audit=(*r.audit[:-1], doc), history=None, outbox=None)
+
+
+def run(n: int, batch: int, seed: int, one_record: bool = False) -> tuple[float, float]:
     """(us per create, us per claim plus settle) of one fresh file."""
     scratch = Path(tempfile.mkdtemp(prefix="gw-writecost-"))
     try:
@@ -98,6 +112,8 @@ def run(n: int, batch: int, seed: int) -> tuple[float, float]:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         creates, claims, settles = _changes(n, seed)
+        if one_record:
+            creates, claims, settles = ([_one_record(r) for r in rows] for rows in (creates, claims, settles))
 
         def phase(rows: list[ChangeRows]) -> float:
             t0 = time.process_time()
@@ -120,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", type=int, default=5000)
     p.add_argument("--batch", type=int, default=50)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--rows", choices=("as-built", "one-record"), default="as-built")
     a = p.parse_args(argv)
-    res = [run(a.tasks, a.batch, seed) for seed in range(a.runs)]
+    res = [run(a.tasks, a.batch, seed, a.rows == "one-record") for seed in range(a.runs)]
     for name, values in (("create", [r[0] for r in res]), ("claim+settle", [r[1] for r in res])):
         print(f"{name:13s} us: min {min(values):.1f}  median {statistics.median(values):.1f}", flush=True)
     return 0
