@@ -108,6 +108,28 @@ async def test_key_concurrency_counts_each_key_and_tasks_without_a_key_only_agai
     assert [r if r is None else r.details["rule"] for r in results] == [None, "key_concurrency", None, None, None]
 
 
+@pytest.mark.parametrize("rule", ["kind_concurrency", "key_concurrency"])
+async def test_a_claim_counts_the_tasks_that_run_at_its_place_in_a_batch(store: Any, rule: str) -> None:
+    """A batch commits in its order: a claim before the settle of the one task that holds the slot is refused,
+    though the slot is free once the whole batch is written; a claim after that settle commits."""
+    limit = {"concurrency": 1} if rule == "kind_concurrency" else {"key_concurrency": 1}
+    await put(store, KindSettings(kind="echo", **limit))
+    a, b, c = (await queued(store, 1, concurrency_key="acme"))[:3]
+    await store.apply(claim(a, T0))
+    running_a = await store.get_task(a.id)
+    settle_a = update(running_a, bump(running_a, state="succeeded"), "settle")
+    # as the task service writes them, each names the state it leaves (a batch the SQLite writer need not read)
+    claim_b, settle_a = (
+        msgspec.structs.replace(c, history=msgspec.structs.replace(c.history, from_state=state))
+        for c, state in ((claim(b, T0 + 1), "queued"), (settle_a, "running"))
+    )
+    results = await store.apply_many([claim_b, settle_a])
+    assert_code(results[0], Conflict, Code.LIMITED)
+    assert results[0].details["rule"] == rule and results[1] is None
+    await store.apply(claim(c, T0 + 2))
+    assert [(await store.get_task(t.id)).state for t in (a, b, c)] == ["succeeded", "queued", "running"]
+
+
 async def test_rates_are_sliding_windows_of_starts_retries_included(store: Any) -> None:
     await put(store, KindSettings(kind="echo", rate=Rate(limit=2, period_s=10)))
     a, b, c, d = (await queued(store, 1))[:4]

@@ -46,3 +46,32 @@ def test_a_refused_claim_of_a_threads_later_task_puts_its_head_back_in_line() ->
         m.holds()
     finally:
         m.teardown()
+
+
+def test_a_claim_batched_before_the_cancel_of_its_keys_running_task_is_refused() -> None:
+    """On SQLite, a task of key ``ta`` runs (keyConcurrency 1); a user cancels it while its node settles it, and
+    another node claims the key's next task in the same instant. The writer took both into one batch, the claim
+    first. Its fast path counted the key's running tasks after every write of the batch, the cancel's too, found
+    none besides the claim, and committed: in the batch's (the commit's) order, the claim was made while the
+    canceled task still ran (``never_over_key_concurrency: task ... of kind echo key ta claimed while 1 ran
+    (limit 1)``; the SQLite soak, seed 2944560212, shrunk). A batch in which a task of a limited kind leaves
+    running after a claim of that kind now takes the slow path, which counts each claim at its place."""
+    machine = type("OnSqlite", (SimMachine,), {"on_sqlite": True})
+    m = machine()
+    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0), nats_skew=0.0)
+    try:
+        for _ in range(7):
+            m.advance(seconds=0.5)
+        m.create_flood(big=2, keys=["ta", "tb", "tc"], kind="echo", user="alice")
+        for _ in range(27):
+            m.advance(seconds=0.5)
+        m.set_kind(changes={"paused": False, "key_rate": None, "key_concurrency": 1}, kind="echo", via="service")
+        m.advance(seconds=0.5)
+        m.claim(again="no", i=0, n=0)
+        m.claim_all(n=0)
+        m.cancel_while_settling(i=0, n=0, outcome="succeeded")
+        m.holds()
+        m.advance(seconds=0.5)
+        m.holds()
+    finally:
+        m.teardown()

@@ -33,6 +33,7 @@ from scheduler_gateway.daemon.store.common import (
 from scheduler_gateway.daemon.store.flow_rows import (
     UNIQUE_LIVE_COLUMNS,
     Settings,
+    kind_settings,
     limit_refusal,
     live_duplicate,
     unique_refusal,
@@ -107,6 +108,10 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
     counts: list[tuple[str, str, str, int]] = []
     ops: list[Op] = []
     updated_ids: set[str] = set()
+    claimed_kinds: set[str] = set()
+    # kinds of which a task left running after a claim of that kind earlier in the batch: the count checked
+    # after every write no longer holds that task, which the claim still had to count (see below)
+    freed_after_claim: set[str] = set()
     for work in batch:
         if isinstance(work, OpWork):
             ops.append(work.op)
@@ -142,6 +147,11 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
             if r.state_unknown:  # its old state is read before it, in the order of the batch
                 raise _Fallback
             counts.extend(r.counts)
+            freed_after_claim.update(
+                kind for _, kind, state, step in r.counts if step < 0 and state == "running" and kind in claimed_kinds
+            )
+            if r.claim is not None:
+                claimed_kinds.add(r.claim[0])
 
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -182,6 +192,11 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
         if any(_subtree_open(conn, w) for w in batch if isinstance(w, ChangeWork)):
             raise _Fallback
         kinds: Settings = {}
+        # A claim's concurrency is counted after every write of the batch, so a task of its kind that a later
+        # change of the batch took out of running (a cancel, a settle) is no longer counted, though it still ran
+        # when the claim, in the batch's order, was made. The slow path counts each claim at its place.
+        if any((s := kind_settings(conn, kind, kinds)) is not None and s.limits_running for kind in freed_after_claim):
+            raise _Fallback
         for w in batch:
             if isinstance(w, ChangeWork):
                 for r in w.rows:
