@@ -55,11 +55,6 @@ class KindSettings(msgspec.Struct, frozen=True, kw_only=True):
         )
 
     @property
-    def limits_running(self) -> bool:
-        """Whether a claim counts the tasks of the kind (or of its key) that run."""
-        return self.concurrency is not None or self.key_concurrency is not None
-
-    @property
     def counts_starts(self) -> bool:
         return self.rate is not None or self.key_rate is not None
 

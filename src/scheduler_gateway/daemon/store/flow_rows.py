@@ -30,8 +30,12 @@ def kind_settings(conn: sqlite3.Connection, kind: str, cache: Settings) -> KindS
     return cache[kind]
 
 
-def limit_refusal(conn: sqlite3.Connection, r: ChangeRows, cache: Settings) -> Conflict | None:
-    """After a claim was written: the rule it broke, counting itself (and recording its start for the rates)."""
+def limit_refusal(
+    conn: sqlite3.Connection, r: ChangeRows, cache: Settings, still_ran: tuple[int, int] = (0, 0)
+) -> Conflict | None:
+    """After a claim was written: the rule it broke, counting itself (and recording its start for the rates).
+    ``still_ran``: the tasks of its kind, and of its key, that ran at the claim's place in its batch but that later
+    changes of the batch, already written, took out of running (they count as running)."""
     if r.claim is None:
         return None
     kind, key, at = r.claim
@@ -42,7 +46,7 @@ def limit_refusal(conn: sqlite3.Connection, r: ChangeRows, cache: Settings) -> C
         conn.execute("DELETE FROM task_starts WHERE kind = ? AND at <= ?", (kind, at - s.longest_period_s))
         conn.execute("INSERT INTO task_starts (kind, concurrency_key, at) VALUES (?, ?, ?)", (kind, key, at))
     counts = Counts(
-        running=_count(conn, "SELECT count(*) FROM tasks WHERE state = 'running' AND kind = ?", (kind,))
+        running=_count(conn, "SELECT count(*) FROM tasks WHERE state = 'running' AND kind = ?", (kind,)) + still_ran[0]
         if s.concurrency is not None
         else 0,
         key_running=_count(
@@ -50,6 +54,7 @@ def limit_refusal(conn: sqlite3.Connection, r: ChangeRows, cache: Settings) -> C
             "SELECT count(*) FROM tasks WHERE kind = ? AND concurrency_key = ? AND state = 'running'",
             (kind, key),
         )
+        + still_ran[1]
         if key is not None and s.key_concurrency is not None
         else 0,
         starts=_count(conn, "SELECT count(*) FROM task_starts WHERE kind = ? AND at > ?", (kind, at - s.rate.period_s))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -33,7 +34,6 @@ from scheduler_gateway.daemon.store.common import (
 from scheduler_gateway.daemon.store.flow_rows import (
     UNIQUE_LIVE_COLUMNS,
     Settings,
-    kind_settings,
     limit_refusal,
     live_duplicate,
     unique_refusal,
@@ -108,10 +108,12 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
     counts: list[tuple[str, str, str, int]] = []
     ops: list[Op] = []
     updated_ids: set[str] = set()
-    claimed_kinds: set[str] = set()
-    # kinds of which a task left running after a claim of that kind earlier in the batch: the count checked
-    # after every write no longer holds that task, which the claim still had to count (see below)
-    freed_after_claim: set[str] = set()
+    # A claim's limits are counted after every write of the batch, so a task of its kind that a later change of
+    # the batch takes out of running (a cancel, a settle) is no longer counted there, though it still ran when
+    # the claim was made in the batch's order (the commit's). ``left`` counts the tasks that left running so far,
+    # by (kind, None) and (kind, concurrency key); ``claims`` keeps each claim with the two counts at its place.
+    left: Counter[tuple[str, str | None]] = Counter()
+    claims: list[tuple[ChangeRows, int, int]] = []
     for work in batch:
         if isinstance(work, OpWork):
             ops.append(work.op)
@@ -147,11 +149,14 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
             if r.state_unknown:  # its old state is read before it, in the order of the batch
                 raise _Fallback
             counts.extend(r.counts)
-            freed_after_claim.update(
-                kind for _, kind, state, step in r.counts if step < 0 and state == "running" and kind in claimed_kinds
-            )
+            for _, kind, state, step in r.counts:
+                if step < 0 and state == "running":
+                    left[(kind, None)] += 1
+                    if r.keys[0] is not None:
+                        left[(kind, r.keys[0])] += 1
             if r.claim is not None:
-                claimed_kinds.add(r.claim[0])
+                kind, key = r.claim[0], r.claim[1]
+                claims.append((r, left[(kind, None)], left[(kind, key)] if key is not None else 0))
 
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -192,15 +197,18 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
         if any(_subtree_open(conn, w) for w in batch if isinstance(w, ChangeWork)):
             raise _Fallback
         kinds: Settings = {}
-        # A claim's concurrency is counted after every write of the batch, so a task of its kind that a later
-        # change of the batch took out of running (a cancel, a settle) is no longer counted, though it still ran
-        # when the claim, in the batch's order, was made. The slow path counts each claim at its place.
-        if any((s := kind_settings(conn, kind, kinds)) is not None and s.limits_running for kind in freed_after_claim):
-            raise _Fallback
+        for r, kind_left_before, key_left_before in claims:
+            kind, key = r.claim[0], r.claim[1]  # type: ignore[index]  # a claim's rows
+            still_ran = (
+                left[(kind, None)] - kind_left_before,
+                left[(kind, key)] - key_left_before if key is not None else 0,
+            )
+            if limit_refusal(conn, r, kinds, still_ran) is not None:
+                raise _Fallback
         for w in batch:
             if isinstance(w, ChangeWork):
                 for r in w.rows:
-                    if limit_refusal(conn, r, kinds) is not None or unique_refusal(conn, r) is not None:
+                    if unique_refusal(conn, r) is not None:
                         raise _Fallback
     except (_Fallback, sqlite3.IntegrityError):
         conn.execute("ROLLBACK")
