@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from scheduler_gateway.wire.errors import Code, Conflict
@@ -80,6 +81,20 @@ async def test_a_child_cannot_be_created_in_the_batch_after_its_parent_was_cance
     assert results[0] is None
     assert_code(results[1], Conflict, Code.TASK_ALREADY_TERMINAL)
     assert await store.get_task(child.id) is None
+
+
+async def test_a_child_created_in_the_batch_before_its_dead_parent_is_retried_is_refused(store: Any) -> None:
+    parent = make_task(1, state="dead")
+    await store.apply(create(parent))
+    child = make_task(2, parent_id=parent.id)
+    retry = update(parent, bump(parent, state="queued"), "retry")
+    # named as the task service names it (a batch the SQLite writer need not read before it writes)
+    retry = msgspec.structs.replace(retry, history=msgspec.structs.replace(retry.history, from_state="dead"))
+    # in order: the child's insert under the dead parent, then the parent's retry
+    results = await store.apply_many([create(child), retry])
+    assert_code(results[0], Conflict, Code.TASK_ALREADY_TERMINAL)
+    assert results[1] is None
+    assert await store.get_task(child.id) is None and (await store.get_task(parent.id)).state == "queued"
 
 
 async def test_a_canceled_child_is_not_requeued_under_a_canceled_parent(store: Any) -> None:

@@ -114,11 +114,18 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
     # by (kind, None) and (kind, concurrency key); ``claims`` keeps each claim with the two counts at its place.
     left: Counter[tuple[str, str | None]] = Counter()
     claims: list[tuple[ChangeRows, int, int]] = []
+    # The parent rule is checked after every write too: a parent that a later change of the batch brings back
+    # from a terminal state (a dead letter retried) would pass a child's create that, in order, it refuses.
+    parents: set[str] = set()
     for work in batch:
         if isinstance(work, OpWork):
             ops.append(work.op)
             continue
         for r in work.rows:
+            if r.task_id in parents:
+                raise _Fallback
+            if r.parent_id is not None:
+                parents.add(r.parent_id)
             if r.expected_revision is None:
                 # Inserts run before all updates. That equals running in order only when no earlier
                 # CAS in the batch named this id (that CAS must see the task as missing).
