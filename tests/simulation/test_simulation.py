@@ -3,7 +3,8 @@ actions, node messages, clock jumps and crash-restarts, every invariant checked 
 
 - default run: a fixed seed (``SIM_SEED`` to choose another), ``SIM_EXAMPLES`` examples of up to
   ``SIM_STEPS`` steps each; at least 20 000 steps within the per-test timeout;
-- ``make soak`` (``-m slow``): fresh seeds for ``SIM_SOAK_SECONDS`` (default 600), one instance and two in turn;
+- ``make soak`` (``-m slow``): fresh seeds for ``SIM_SOAK_SECONDS`` (default 600), one instance, two, and one on
+  SQLite in turn;
 - a failure prints the violated invariants, the seed to replay with (``SIM_SEED=<n>``), and the shrunk steps.
 """
 
@@ -107,13 +108,19 @@ def test_simulation_on_sqlite() -> None:
 def test_simulation_soak() -> None:
     """Fresh seeds until the time is up; each failing seed is printed by ``run_simulation``."""
     deadline = time.monotonic() + float(os.environ.get("SIM_SOAK_SECONDS", 600))
-    total = {1: 0, 2: 0}
-    instances = 1
+    # one instance, two on one shared store, one on a real SQLite file (its writer's batches are its own code),
+    # in turn; SQLite's steps cost several times more, so its examples are fewer and shorter
+    modes = (("one instance", 1, False), ("two", 2, False), ("SQLite", 1, True))
+    total = dict.fromkeys((name for name, _, _ in modes), 0)
+    turn = 0
     while time.monotonic() < deadline:
+        name, instances, on_sqlite = modes[turn % len(modes)]
+        turn += 1
         seed = random.SystemRandom().randrange(2**32)
-        total[instances] += run_simulation(seed, examples=100, steps=150, shrink_s=120, instances=instances)["steps"]
-        instances = 3 - instances  # one instance, then two on one shared store, in turn
-    print(f"soak: {total[1]} steps with one instance, {total[2]} with two")
+        examples, steps = (30, 80) if on_sqlite else (100, 150)
+        stats = run_simulation(seed, examples, steps, shrink_s=120, on_sqlite=on_sqlite, instances=instances)
+        total[name] += stats["steps"]
+    print("soak: " + ", ".join(f"{n} steps with {name}" for name, n in total.items()))
 
 
 def test_simulation_several_instances() -> None:
