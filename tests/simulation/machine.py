@@ -35,6 +35,7 @@ from scheduler_gateway.actors.model.records import (
     Task,
 )
 from scheduler_gateway.actors.model.schedule import ScheduleSpec, TaskTemplate
+from scheduler_gateway.actors.ports import Change
 from scheduler_gateway.actors.scheduler import NewSchedule, SchedulePatch, SpecPatch, TemplatePatch
 from scheduler_gateway.actors.task_service import Caller, NewTask
 from scheduler_gateway.daemon.nats.bus import SETTLE_ACK_WAIT_S
@@ -221,6 +222,10 @@ class SimMachine(RuleBasedStateMachine):
         #: tasks retention purged, as last stored: what a refusal may still name (a unique key's window)
         self.purged: dict[str, Task] = {}
         self.purged_history: dict[str, list[HistoryEntry]] = {}
+        #: every history entry whose change the store answered as committed, by task and revision: the history
+        #: of a task purged where the purge rule did not see it go (a purge that finished in a later step, a
+        #: change that committed in the purge's own step)
+        self.committed_history: dict[str, dict[int, HistoryEntry]] = {}
 
     # -- plumbing ------------------------------------------------------------------------------------
     @initialize(
@@ -322,22 +327,37 @@ class SimMachine(RuleBasedStateMachine):
                 f"#{mine[-1]}, taken over since by instance {later[-1][0][0]} (claim #{later[-1][1]})"
             )
 
+    def _committed(self, change: Change, now: float) -> None:
+        self.log.feed(change)
+        self.flow.feed(change, now)
+        if change.history is not None:
+            self.committed_history.setdefault(change.task.id, {})[change.history.revision] = change.history
+
+    def _gone_history(self, stored: dict[str, list[HistoryEntry]]) -> dict[str, list[HistoryEntry]]:
+        """The history of every task the store no longer has: what the purge rule read before it purged, with
+        what committed that it did not see."""
+        out: dict[str, list[HistoryEntry]] = {}
+        for tid in self.purged_history.keys() | self.committed_history.keys():
+            if tid in stored:
+                continue
+            entries = {h.revision: h for h in self.purged_history.get(tid, [])}
+            entries.update(self.committed_history.get(tid, {}))
+            out[tid] = [entries[r] for r in sorted(entries)]
+        return out
+
     def _on_store_call(self, name: str, args: tuple[Any, ...], result: Any) -> None:
         self._fence_checks(name, args, result)
         assert self.sim is not None
         now = self.sim.now()  # the store's clock, at the commit
         if name == "apply":
-            self.log.feed(args[0])
-            self.flow.feed(args[0], now)
+            self._committed(args[0], now)
         elif name == "apply_group":  # whole or not at all: it returned, so every change is written
             for change in args[0]:
-                self.log.feed(change)
-                self.flow.feed(change, now)
+                self._committed(change, now)
         elif name == "apply_many":
             for change, refused in zip(args[0], result, strict=True):
                 if refused is None:
-                    self.log.feed(change)
-                    self.flow.feed(change, now)
+                    self._committed(change, now)
         elif name == "put_kind":
             self.flow.kind_written(args[0])
         elif name == "put_dead_letter":
@@ -1577,7 +1597,7 @@ class SimMachine(RuleBasedStateMachine):
         return Facts(
             now=self.sim.now(),
             tasks=v.tasks(),
-            history=v.history(),
+            history=(stored_history := v.history()),
             letters=v.letters(),
             schedules=v.schedules(),
             runs=v.runs(),
@@ -1594,7 +1614,7 @@ class SimMachine(RuleBasedStateMachine):
                 {k for body in v.outbox_bodies() if (k := _task_event(body, "aggregate_id")) is not None},
             ),
             callback_ids_posted=posts,
-            purged_history=self.purged_history,
+            purged_history=self._gone_history(stored_history),
             deadlines_held_until=dict(self.crowded_until),
         )
 

@@ -37,3 +37,33 @@ def test_a_purged_task_the_machine_never_saw_created_keeps_its_history_for_the_c
         assert stored in m.purged and not m.view.tasks()
     finally:
         m.teardown()
+
+
+def test_a_task_purged_after_the_purge_step_keeps_the_history_that_committed_before() -> None:
+    """On SQLite a user's cancel of a queued task is still under way when its step ends; the purge's step
+    (``tasks_s`` 0) ends before its delete did too. In the next step the cancel commits and the purge then
+    deletes the task, and the callback of the cancel is posted. The purge rule had read the history before its
+    step (revision 1 only) and never saw the task go, so the callback naming revision 2 looked unfounded (the
+    SQLite soak's ``callbacks_name_terminal_revisions``, seed 202302057, shrunk). The checks now take a gone
+    task's history from every change the store answered as committed as well."""
+    machine = type("OnSqlite", (SimMachine,), {"on_sqlite": True})
+    m = machine()
+    m.boot(seed=0, skews=(0.0, 0.0, 0.4), epoch="ny-fall", nats_skew=0.0)
+    try:
+        for _ in range(18):
+            m.advance(seconds=0.5)
+        m.create_task(approval=False, callback="fail", ckey=None, delay=None, key=None, kind="echo", labels="none",
+                      lease=None, max_attempts=1, parent=None, priority=0, thread=None, timeout=None, ufor=None,
+                      ukey=None, user="alice")  # fmt: skip
+        (tid,) = m.task_ids
+        m.act(action="cancel", apt=False, i=0, key=None, revision="none", who="owner")
+        m.create_batch(approvals=[False] * 4, ckeys=[None] * 4, kinds=["echo", "echo"], thread=None, ufor=None,
+                       ukeys=[None] * 4, user="alice")  # fmt: skip
+        m.holds()
+        m.purge_finished(keep=0.0)
+        m.holds()
+        m.advance(seconds=0.5)
+        assert tid not in m.view.tasks() and tid not in m.purged  # gone, but not while the purge rule looked
+        m.holds()
+    finally:
+        m.teardown()
