@@ -113,7 +113,7 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
     # the claim was made in the batch's order (the commit's). ``left`` counts the tasks that left running so far,
     # by (kind, None) and (kind, concurrency key); ``claims`` keeps each claim with the two counts at its place.
     left: Counter[tuple[str, str | None]] = Counter()
-    claims: list[tuple[ChangeRows, int, int]] = []
+    claims: list[tuple[ChangeRows, str, str | None, int, int]] = []
     # The parent rule is checked after every write too: a parent that a later change of the batch brings back
     # from a terminal state (a dead letter retried) would pass a child's create that, in order, it refuses.
     parents: set[str] = set()
@@ -162,8 +162,8 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
                     if r.keys[0] is not None:
                         left[(kind, r.keys[0])] += 1
             if r.claim is not None:
-                kind, key = r.claim[0], r.claim[1]
-                claims.append((r, left[(kind, None)], left[(kind, key)] if key is not None else 0))
+                kind, key, _ = r.claim
+                claims.append((r, kind, key, left[(kind, None)], left[(kind, key)] if key is not None else 0))
 
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -204,8 +204,7 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
         if any(_subtree_open(conn, w) for w in batch if isinstance(w, ChangeWork)):
             raise _Fallback
         kinds: Settings = {}
-        for r, kind_left_before, key_left_before in claims:
-            kind, key = r.claim[0], r.claim[1]  # type: ignore[index]  # a claim's rows
+        for r, kind, key, kind_left_before, key_left_before in claims:
             still_ran = (
                 left[(kind, None)] - kind_left_before,
                 left[(kind, key)] - key_left_before if key is not None else 0,
