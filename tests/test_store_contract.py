@@ -146,6 +146,13 @@ def update(old: Task, new: Task, action: str = "approve", *, lease_id: str | Non
     )
 
 
+def leaving(change: Change, from_state: str) -> Change:
+    """``change`` as the task service makes it: its history entry names the state it leaves (a batch of such
+    changes the SQLite writer writes without reading the rows first)."""
+    assert change.history is not None
+    return msgspec.structs.replace(change, history=msgspec.structs.replace(change.history, from_state=from_state))
+
+
 Reopen = Callable[[], Awaitable[TaskStore]]
 
 #: The PostgreSQL harness's clock (the database's own outside tests): PostgreSQL counts a rate's start at its

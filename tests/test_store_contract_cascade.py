@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 import pytest
 
 from scheduler_gateway.wire.errors import Code, Conflict
 
-from .test_store_contract import assert_code, bump, create, finish, harness, make_task, store, update
+from .test_store_contract import assert_code, bump, create, finish, harness, leaving, make_task, store, update
 
 __all__ = ["harness", "store"]  # the fixtures, imported for pytest
 
@@ -87,9 +86,7 @@ async def test_a_child_created_in_the_batch_before_its_dead_parent_is_retried_is
     parent = make_task(1, state="dead")
     await store.apply(create(parent))
     child = make_task(2, parent_id=parent.id)
-    retry = update(parent, bump(parent, state="queued"), "retry")
-    # named as the task service names it (a batch the SQLite writer need not read before it writes)
-    retry = msgspec.structs.replace(retry, history=msgspec.structs.replace(retry.history, from_state="dead"))
+    retry = leaving(update(parent, bump(parent, state="queued"), "retry"), "dead")
     # in order: the child's insert under the dead parent, then the parent's retry
     results = await store.apply_many([create(child), retry])
     assert_code(results[0], Conflict, Code.TASK_ALREADY_TERMINAL)

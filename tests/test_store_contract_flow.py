@@ -14,7 +14,18 @@ from scheduler_gateway.actors.model.flow import KindSettings, Rate
 from scheduler_gateway.actors.model.records import ActorRef, AuditEntry, EventRecord, Task
 from scheduler_gateway.wire.errors import Code, Conflict
 
-from .test_store_contract import PG_CLOCK, T0, assert_code, bump, create, harness, make_task, store, update
+from .test_store_contract import (
+    PG_CLOCK,
+    T0,
+    assert_code,
+    bump,
+    create,
+    harness,
+    leaving,
+    make_task,
+    store,
+    update,
+)
 
 __all__ = ["harness", "store"]  # the fixtures, imported for pytest
 
@@ -118,12 +129,7 @@ async def test_a_claim_counts_the_tasks_that_run_at_its_place_in_a_batch(store: 
     await store.apply(claim(a, T0))
     running_a = await store.get_task(a.id)
     settle_a = update(running_a, bump(running_a, state="succeeded"), "settle")
-    # as the task service writes them, each names the state it leaves (a batch the SQLite writer need not read)
-    claim_b, settle_a = (
-        msgspec.structs.replace(c, history=msgspec.structs.replace(c.history, from_state=state))
-        for c, state in ((claim(b, T0 + 1), "queued"), (settle_a, "running"))
-    )
-    results = await store.apply_many([claim_b, settle_a])
+    results = await store.apply_many([leaving(claim(b, T0 + 1), "queued"), leaving(settle_a, "running")])
     assert_code(results[0], Conflict, Code.LIMITED)
     assert results[0].details["rule"] == rule and results[1] is None
     await store.apply(claim(c, T0 + 2))

@@ -16,7 +16,7 @@ from scheduler_gateway.actors.ports import TaskRef, TaskSearch
 from scheduler_gateway.wire.errors import GatewayError
 from scheduler_gateway.wire.ids import format_id
 
-from .test_store_contract import T0, Harness, bump, create, harness, make_task, store, tid, update
+from .test_store_contract import T0, Harness, bump, create, harness, leaving, make_task, store, tid, update
 
 __all__ = ["harness", "store"]  # the fixtures, imported for pytest
 
@@ -181,10 +181,7 @@ async def test_counts_by_owner_kind_and_state_follow_every_write(harness: Harnes
         """A change as the task service makes it: its history entry names the state it leaves (the batch
         below names none, so the writer reads it)."""
         new = bump(now[t.id], **fields)
-        change = update(now[t.id], new, "settle")
-        assert change.history is not None
-        history = msgspec.structs.replace(change.history, from_state=now[t.id].state)
-        await store.apply(msgspec.structs.replace(change, history=history))
+        await store.apply(leaving(update(now[t.id], new, "settle"), now[t.id].state))
         now[t.id] = new
 
     queued = [t for t in tasks if t.state == "queued"]
