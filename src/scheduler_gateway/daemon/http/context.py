@@ -4,6 +4,7 @@ and the canonical hash an Idempotency-Key covers."""
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -25,6 +26,11 @@ def canonical_hash(body: bytes) -> str:
         value = msgspec.json.decode(body) if body.strip() else None
     except msgspec.DecodeError:
         return hashlib.sha256(body).hexdigest()
+    return value_hash(value)
+
+
+def value_hash(value: Any) -> str:
+    """``canonical_hash`` of a body already decoded (to plain JSON values) as ``value``."""
     return hashlib.sha256(msgspec.json.encode(value, order="sorted")).hexdigest()
 
 

@@ -28,7 +28,7 @@ from scheduler_gateway.wire.ids import is_id
 from scheduler_gateway.wire.timefmt import RANGE_TEXT, fmt_ts, parse_ts
 
 from . import task_spans
-from .context import CALLER, canonical_hash, page_args, task_id_arg
+from .context import CALLER, canonical_hash, page_args, task_id_arg, value_hash
 
 if TYPE_CHECKING:
     from .app import AdminApi
@@ -182,7 +182,7 @@ class TaskRoutes:
         # the hash covers the item without its key: the same create sent alone with that key replays
         value = msgspec.json.decode(bytes(raw))
         value.pop("idempotencyKey", None)
-        return BatchItem(spec, key, canonical_hash(msgspec.json.encode(value)))
+        return BatchItem(spec, key, value_hash(value))
 
     def _new_task(self, req: api.CreateTaskBody) -> NewTask:
         not_before = None
