@@ -26,6 +26,7 @@ from scheduler_gateway.actors.model.records import (
     Task,
     TaskError,
 )
+from scheduler_gateway.actors.outbox import WireEvent, outbox_body, read_outbox_body
 from scheduler_gateway.actors.ports import (
     AuditQuery,
     Change,
@@ -607,9 +608,10 @@ async def test_outbox_order_and_delete(store: TaskStore) -> None:
     rows = await store.outbox_batch(100)
     seqs = [r.seq for r in rows]
     assert seqs == sorted(seqs) and len(set(seqs)) == 6
-    decoded = [msgspec.json.decode(r.body, type=EventRecord) for r in rows]
-    assert [(e.aggregate_id, e.revision) for e in decoded] == [(t.id, 1) for t in tasks] + [(t6.id, 2)]
-    assert decoded[0] == event_for(tasks[0])
+    entries = [read_outbox_body(r.body) for r in rows]
+    wire = [msgspec.json.decode(e.wire, type=WireEvent) for e in entries if e is not None]
+    assert [(e.aggregate_id, e.revision) for e in wire] == [(t.id, 1) for t in tasks] + [(t6.id, 2)]
+    assert entries[0] == read_outbox_body(outbox_body(event_for(tasks[0])))
 
     first = await store.outbox_batch(2)
     assert [r.seq for r in first] == seqs[:2]

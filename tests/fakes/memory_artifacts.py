@@ -8,6 +8,7 @@ import msgspec
 
 from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord, expired_upload
 from scheduler_gateway.actors.model.records import TERMINAL_STATES, AuditEntry, EventRecord
+from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.daemon.store.artifacts import decide, task_moved
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ class MemoryArtifacts:
             return (existing, False)
         self._artifacts[(record.task_id, record.name)] = record
         self._append_audit(audit)
-        self._outbox[self._next_seq()] = msgspec.json.encode(event)
+        self._outbox[self._next_seq()] = outbox_body(event)
         return (record, True)
 
     async def list_artifacts(self: MemoryStore, task_id: str) -> list[ArtifactRecord]:

@@ -26,6 +26,7 @@ from scheduler_gateway.actors.model.records import (
     Task,
 )
 from scheduler_gateway.actors.model.task_machine import parent_refusal
+from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.actors.ports import (
     AuditQuery,
     Change,
@@ -274,7 +275,7 @@ class MemoryStore(
         if change.audit is not None:
             self._append_audit(change.audit)
         if change.event is not None:
-            self._outbox[self._next_seq()] = msgspec.json.encode(change.event)
+            self._outbox[self._next_seq()] = outbox_body(change.event)
         if idem is not None:
             self._idempotency[(idem.owner, idem.key)] = idem
         if dl is not None:
@@ -485,7 +486,7 @@ class MemoryStore(
         self._check_running()
         self._kinds[settings.kind] = settings
         self._append_audit(audit)
-        self._outbox[self._next_seq()] = msgspec.json.encode(event)
+        self._outbox[self._next_seq()] = outbox_body(event)
 
     async def kind_counts(self) -> dict[str, dict[str, int]]:
         self._check_running()

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import nats
 import pytest
 
 from scheduler_gateway.actors import idgen
+from scheduler_gateway.actors.outbox import read_outbox_body
 from scheduler_gateway.actors.ports import TAIL_SKEW_S
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.http.events import SseSettings
@@ -379,7 +379,8 @@ async def _stream_msg_ids(url: str) -> list[str]:
 def _outbox_event_ids(gw: Gateway) -> list[str]:
     with sqlite3.connect(gw.settings.data_dir / "gateway.db", timeout=5) as db:
         rows = db.execute("SELECT body FROM outbox ORDER BY seq").fetchall()
-    return [msgspec.json.decode(body)["id"] for (body,) in rows]
+    entries = [read_outbox_body(body) for (body,) in rows]
+    return [e.id for e in entries if e is not None]
 
 
 @pytest.fixture

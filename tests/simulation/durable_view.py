@@ -8,12 +8,14 @@ Both give the same shapes, so the invariants do not know which store ran.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from scheduler_gateway.actors.model.artifacts import ArtifactRecord
 from scheduler_gateway.actors.model.records import DeadLetter, HistoryEntry, Task
 from scheduler_gateway.actors.model.schedule import ScheduledRun, ScheduledTask
+from scheduler_gateway.actors.outbox import read_outbox_body
 from scheduler_gateway.daemon.store.artifacts import COLUMNS as ARTIFACT_COLUMNS
 from scheduler_gateway.daemon.store.artifacts import record_of
 from scheduler_gateway.daemon.store.dead_letters import _decode_dead_letter
@@ -51,12 +53,7 @@ class MemoryView:
 
     def outbox_oldest_at(self) -> float | None:
         """When the oldest event still in the outbox was committed."""
-        import msgspec
-
-        from scheduler_gateway.actors.model.records import EventRecord
-
-        ats = [msgspec.json.decode(b, type=EventRecord).at for b in self.store._outbox.values()]
-        return min(ats) if ats else None
+        return _oldest_at(self.store._outbox.values())
 
     def tasks(self) -> dict[str, Task]:
         return dict(self.store._tasks)
@@ -119,12 +116,7 @@ class SqliteView:
 
     def outbox_oldest_at(self) -> float | None:
         """When the oldest event still in the outbox was committed."""
-        import msgspec
-
-        from scheduler_gateway.actors.model.records import EventRecord
-
-        ats = [msgspec.json.decode(body, type=EventRecord).at for body in self.outbox_bodies()]
-        return min(ats) if ats else None
+        return _oldest_at(self.outbox_bodies())
 
     def tasks(self) -> dict[str, Task]:
         return {tid: _decode_task(doc) for tid, doc in self._rows("SELECT id, doc FROM tasks")}
@@ -140,3 +132,10 @@ class SqliteView:
 
     def artifacts(self) -> list[ArtifactRecord]:
         return [record_of(r) for r in self._rows(f"SELECT {ARTIFACT_COLUMNS} FROM artifacts ORDER BY seq")]
+
+
+def _oldest_at(bodies: Iterable[bytes]) -> float | None:
+    """When the oldest of these outbox rows was committed (every row the stores write reads back)."""
+    entries = [read_outbox_body(b) for b in bodies]
+    assert all(e is not None for e in entries)
+    return min((e.at for e in entries if e is not None), default=None)

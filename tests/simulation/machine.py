@@ -35,6 +35,7 @@ from scheduler_gateway.actors.model.records import (
     Task,
 )
 from scheduler_gateway.actors.model.schedule import ScheduleSpec, TaskTemplate
+from scheduler_gateway.actors.outbox import read_outbox_body
 from scheduler_gateway.actors.ports import Change
 from scheduler_gateway.actors.scheduler import NewSchedule, SchedulePatch, SpecPatch, TemplatePatch
 from scheduler_gateway.actors.task_service import Caller, NewTask
@@ -1606,12 +1607,8 @@ class SimMachine(RuleBasedStateMachine):
             # (seq, event id), "" for another publisher's message
             events_published=[(e.seq, e.msg_id if is_id(e.msg_id, "evt") else "") for e in self.sim.bus.events],
             task_events=(
-                {
-                    k
-                    for e in self.sim.bus.events
-                    if is_id(e.msg_id, "evt") and (k := _task_event(e.body, "aggregateId")) is not None
-                },
-                {k for body in v.outbox_bodies() if (k := _task_event(body, "aggregate_id")) is not None},
+                {k for e in self.sim.bus.events if is_id(e.msg_id, "evt") and (k := _task_event(e.body)) is not None},
+                {k for body in v.outbox_bodies() if (k := _task_event(_outbox_message(body))) is not None},
             ),
             callback_ids_posted=posts,
             purged_history=self._gone_history(stored_history),
@@ -1635,12 +1632,19 @@ def _node_settle(lease: NodeLease, outcome: str, retryable: bool, ok_result: byt
     )
 
 
-def _task_event(body: bytes, id_field: str) -> tuple[str, int] | None:
-    """(task id, revision) of a task event: a stream body (camelCase) or an outbox row (the record's names)."""
+def _task_event(body: bytes) -> tuple[str, int] | None:
+    """(task id, revision) of a task event's stream body."""
     doc = json.loads(body)
-    if doc.get("aggregate_type", doc.get("aggregateType")) != "task" or doc.get("revision") is None:
+    if doc.get("aggregateType") != "task" or doc.get("revision") is None:
         return None
-    return str(doc[id_field]), int(doc["revision"])
+    return str(doc["aggregateId"]), int(doc["revision"])
+
+
+def _outbox_message(body: bytes) -> bytes:
+    """The stream body an outbox row holds (every row the stores write reads back)."""
+    entry = read_outbox_body(body)
+    assert entry is not None, body
+    return bytes(entry.wire)
 
 
 class _RecordedKinds:

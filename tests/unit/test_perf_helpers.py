@@ -42,18 +42,23 @@ def test_fmt_ts_answers_what_datetime_answers_for_seconds_in_any_order() -> None
     assert timefmt.fmt_ts(None) is None
 
 
-def test_the_relay_passes_event_data_through_as_the_full_decode_would_encode_it() -> None:
+def test_an_outbox_row_of_either_layout_reads_as_the_message_the_full_decode_would_encode() -> None:
+    """A row is written ready to publish, and a row of the layout before (the EventRecord) is converted when
+    read: both give the stream message that decoding the event in full and encoding it gives."""
     import msgspec
 
-    from scheduler_gateway.actors.event_relay import OutboxEvent, to_wire
     from scheduler_gateway.actors.model.records import EventRecord
+    from scheduler_gateway.actors.outbox import OutboxEntry, outbox_body, read_outbox_body, to_wire
 
     rec = EventRecord(
         id="evt_1", type="task.succeeded", aggregate_type="task", aggregate_id="tsk_1", owner="alice", revision=3,
         at=1764540000.25, request_id="req_1",
         data={"task": {"id": "tsk_1", "result": {"n": [1, 2.5, None, "é\u2028"], "big": 2**62}}},
     )  # fmt: skip
-    body = msgspec.json.encode(rec)
-    full = msgspec.json.encode(to_wire(msgspec.json.decode(body, type=EventRecord)))
-    raw = msgspec.json.encode(to_wire(msgspec.json.decode(body, type=OutboxEvent)))
-    assert raw == full
+    earlier = msgspec.json.encode(rec)
+    full = msgspec.json.encode(to_wire(msgspec.json.decode(earlier, type=EventRecord)))
+    for body in (earlier, outbox_body(rec)):
+        entry = read_outbox_body(body)
+        assert isinstance(entry, OutboxEntry)
+        assert (entry.id, entry.aggregate_type, entry.type, entry.at) == (rec.id, "task", "task.succeeded", rec.at)
+        assert bytes(entry.wire) == full

@@ -32,15 +32,12 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-import msgspec
-
 from scheduler_gateway.wire.errors import GatewayError
-from scheduler_gateway.wire.messages import Event
 from scheduler_gateway.wire.subjects import Subjects
-from scheduler_gateway.wire.timefmt import fmt_ts
 
 from . import failpoints, idgen
-from .model.records import SYSTEM, AuditEntry, EventRecord
+from .model.records import SYSTEM, AuditEntry
+from .outbox import OutboxEntry, read_outbox_body, why_unreadable
 from .ports import Bus, OutboxRow, PublishUncertain, RelayStore
 from .runtime import LoopActor, Wakeup
 
@@ -65,8 +62,6 @@ class EventRelay(LoopActor):
         self._subjects = subjects
         self._clock = clock
         self._wake = Wakeup()
-        self._decoder = msgspec.json.Decoder(OutboxEvent)
-        self._encoder = msgspec.json.Encoder()
         self.relayed = 0
         self.last_seq = 0
         self.healthy = True
@@ -86,7 +81,7 @@ class EventRelay(LoopActor):
         self._tail_seq = None  # a restart after a crash reads the tail again
         with contextlib.suppress(Exception):  # read it now, off the first event's path (else at the first round)
             rows = await self._store.outbox_batch(BATCH)
-            await self._read_tail([self._decode(row) for row in rows])
+            await self._read_tail([read_outbox_body(row.body) for row in rows])
         while True:
             try:
                 wait_s = await self._round()
@@ -99,7 +94,7 @@ class EventRelay(LoopActor):
         if not rows:
             self._recovered()
             return IDLE_POLL_S
-        decoded = [(row, self._decode(row)) for row in rows]
+        decoded = [(row, read_outbox_body(row.body)) for row in rows]
         if self._tail_seq is None:
             try:
                 await self._read_tail([rec for _, rec in decoded])
@@ -120,7 +115,7 @@ class EventRelay(LoopActor):
                 done.append(row.seq)
                 continue
             subject = self._subjects.event(rec.aggregate_type, rec.type.split(".")[-1])
-            batch.append((row.seq, rec.id, (subject, rec.id, self._encoder.encode(to_wire(rec)))))
+            batch.append((row.seq, rec.id, (subject, rec.id, bytes(rec.wire))))
         failure = await self._publish(batch, done) if batch else None
         if batch and len(done) > 1:
             failpoints.hit("relay.after_publish")  # in the stream, the rows not yet deleted
@@ -164,18 +159,11 @@ class EventRelay(LoopActor):
         self._ack_each = False
         return None
 
-    async def _read_tail(self, head: list[OutboxEvent | None]) -> None:
+    async def _read_tail(self, head: list[OutboxEntry | None]) -> None:
         """The stream's tail, its newest event looked for back to the oldest of the outbox's ``head`` rows: an
         event published before that cannot be one of theirs."""
         since = min((rec.at for rec in head if rec is not None), default=self._clock())
         self._tail_seq, self._tail_id = await self._bus.events_tail(since)
-
-    def _decode(self, row: OutboxRow) -> OutboxEvent | None:
-        try:
-            rec = self._decoder.decode(row.body)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return None
-        return rec if _is_object(rec.data) else None
 
     def _failed(self, trouble: str, why: str) -> float:
         """Log once when a trouble starts (or changes), then back off: 1 s, 2 s, 4 s ... at most 15 s."""
@@ -203,12 +191,7 @@ class EventRelay(LoopActor):
     async def _skip_corrupt(self, row: OutboxRow) -> None:
         if row.seq in self._audited:
             return  # audited in an earlier round whose delete failed
-        try:
-            msgspec.json.decode(row.body, type=EventRecord)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            why = str(exc)
-        else:  # pragma: no cover - only called for rows that did not decode
-            why = "unknown"
+        why = why_unreadable(row.body)
         log.error("event relay: outbox row %d cannot be decoded; skipped", row.seq)
         await self._store.append_audit(
             [
@@ -226,34 +209,3 @@ class EventRelay(LoopActor):
             ]
         )
         self._audited.add(row.seq)
-
-
-class OutboxEvent(EventRecord, kw_only=True, frozen=True):
-    """An outbox row's ``EventRecord`` as the relay reads it: ``data`` stays the JSON it was written as, so a
-    round does not build each event's data as Python objects only to encode them again."""
-
-    data: msgspec.Raw = msgspec.Raw(b"{}")  # type: ignore[assignment]  # the same JSON, left undecoded
-
-
-def _is_object(raw: msgspec.Raw) -> bool:
-    """``EventRecord.data`` is an object; msgspec writes no space before one, and the decode checked the rest."""
-    return memoryview(raw)[:1].tobytes() == b"{"
-
-
-class WireEvent(Event, kw_only=True):
-    """The stream body: the contract's event plus the owner, which the SSE layer filters on and drops."""
-
-    owner: str | None = None
-
-
-def to_wire(rec: EventRecord) -> WireEvent:
-    return WireEvent(
-        type=rec.type,
-        aggregate_type=rec.aggregate_type,
-        aggregate_id=rec.aggregate_id,
-        revision=rec.revision,
-        at=fmt_ts(rec.at) or "",
-        request_id=rec.request_id,
-        data=rec.data,
-        owner=rec.owner,
-    )

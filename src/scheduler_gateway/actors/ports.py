@@ -200,7 +200,7 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class OutboxRow(msgspec.Struct, frozen=True):
-    """``seq``: the outbox's own order; ``body``: the encoded EventRecord (may be corrupt)."""
+    """``seq``: the outbox's own order; ``body``: the event as ``outbox.outbox_body`` writes it (may be corrupt)."""
 
     seq: int
     body: bytes

@@ -20,8 +20,9 @@ from scheduler_gateway.actors.model.artifacts import (
     size_refusal,
 )
 from scheduler_gateway.actors.model.records import AuditEntry, EventRecord
+from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.daemon.store.change_rows import SQL_INSERT_AUDIT, SQL_INSERT_OUTBOX, audit_row
-from scheduler_gateway.daemon.store.common import Refusal, encode
+from scheduler_gateway.daemon.store.common import Refusal
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError
 
 if TYPE_CHECKING:  # sqlite_conn runs the migrations, which hold ARTIFACT_MIGRATION
@@ -126,7 +127,7 @@ class SqliteArtifacts:
         self, record: ArtifactRecord, audit: AuditEntry, event: EventRecord, *, task_revision: int,
         limits: ArtifactLimits, fresh_until: float | None = None,
     ) -> tuple[ArtifactRecord, bool]:  # fmt: skip
-        audit_values, outbox = audit_row(audit), (encode(event),)
+        audit_values, outbox = audit_row(audit), (outbox_body(event),)
         clock = self._clock
 
         def op(conn: sqlite3.Connection) -> Any:

@@ -19,6 +19,7 @@ from scheduler_gateway.actors.model.records import (
     HistoryEntry,
     Task,
 )
+from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.actors.ports import (
     Change,
 )
@@ -119,7 +120,7 @@ class ChangeRows:
             task_values=task_values,
             history=None if h is None else (h.task_id, h.revision, h.lease_id, encode(h)),
             audit=None if change.audit is None else audit_row(change.audit),
-            outbox=None if change.event is None else (encode(change.event),),
+            outbox=None if change.event is None else (outbox_body(change.event),),
             idempotency=None if idem is None else (idem.owner, idem.key, encode(idem), idem.created_at),
             dead_letter=None if dl is None else dead_letter_row(dl),
             callback=None if change.callback is None else callback_row(change.callback),

@@ -6,6 +6,7 @@ import sqlite3
 
 from scheduler_gateway.actors.model.flow import KindSettings
 from scheduler_gateway.actors.model.records import AuditEntry, EventRecord
+from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.daemon.store.change_rows import SQL_INSERT_AUDIT, SQL_INSERT_OUTBOX, audit_row
 from scheduler_gateway.daemon.store.common import decode_or_raise, decode_rows, doc_decoder, encode
 from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
@@ -42,7 +43,7 @@ class SqliteKinds:
 
     async def put_kind(self, settings: KindSettings, audit: AuditEntry, event: EventRecord) -> None:
         row = (settings.kind, encode(settings))
-        audit_values, outbox = audit_row(audit), (encode(event),)
+        audit_values, outbox = audit_row(audit), (outbox_body(event),)
 
         def op(conn: sqlite3.Connection) -> None:
             conn.execute(

@@ -12,9 +12,9 @@ from typing import Any
 
 from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord, expired_upload
 from scheduler_gateway.actors.model.records import AuditEntry, EventRecord
+from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.daemon.store.artifacts import COLUMNS, TERMINAL_SQL, decide, insert_values, record_of, task_moved
 from scheduler_gateway.daemon.store.change_rows import audit_row
-from scheduler_gateway.daemon.store.common import encode
 from scheduler_gateway.daemon.store.postgres.db import DB_NOW, PgDb
 from scheduler_gateway.daemon.store.postgres.flow import SQL_OUTBOX_ORDER_LOCK
 from scheduler_gateway.daemon.store.postgres.tasks import SQL_INSERT_AUDIT, SQL_INSERT_OUTBOX
@@ -64,7 +64,7 @@ class PgArtifacts:
             await conn.execute(_USAGE_ADD, (record.task_id, record.size))
             await conn.execute(SQL_INSERT_AUDIT, audit_row(audit))
             await conn.execute(SQL_OUTBOX_ORDER_LOCK)
-            await conn.execute(SQL_INSERT_OUTBOX, (encode(event),))
+            await conn.execute(SQL_INSERT_OUTBOX, (outbox_body(event),))
         return (record, True)
 
     async def list_artifacts(self, task_id: str) -> list[ArtifactRecord]:

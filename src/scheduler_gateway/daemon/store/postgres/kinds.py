@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from scheduler_gateway.actors.model.flow import KindSettings
 from scheduler_gateway.actors.model.records import AuditEntry, EventRecord
+from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.daemon.store.change_rows import audit_row
 from scheduler_gateway.daemon.store.common import decode_or_raise, decode_rows, doc_decoder, encode
 from scheduler_gateway.daemon.store.kinds import SQL_LIVE_COUNTS, live_counts
@@ -33,7 +34,7 @@ class PgKinds:
             )
             await conn.execute(SQL_INSERT_AUDIT, audit_row(audit))
             await conn.execute(SQL_OUTBOX_ORDER_LOCK)
-            await conn.execute(SQL_INSERT_OUTBOX, (encode(event),))
+            await conn.execute(SQL_INSERT_OUTBOX, (outbox_body(event),))
 
     async def kind_counts(self) -> dict[str, dict[str, int]]:
         return live_counts(await self._db.fetch(SQL_LIVE_COUNTS))
