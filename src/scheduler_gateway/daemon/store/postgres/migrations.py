@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from scheduler_gateway.daemon.store.migrations import TASK_LIST_MIGRATION
+from scheduler_gateway.daemon.store.migrations import OUTBOX_LAYOUT_MIGRATION, TASK_LIST_MIGRATION
 from scheduler_gateway.daemon.store.postgres.search import PG_SEARCH_MIGRATION
 from scheduler_gateway.wire.errors import StorageError
 
@@ -285,6 +285,8 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX unique_marks_created ON unique_marks (created_at)",
     ),
+    # 11: outbox rows written ready to publish (actors/outbox.py), as in the SQLite store (its migration 17)
+    OUTBOX_LAYOUT_MIGRATION,
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)
