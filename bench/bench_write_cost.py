@@ -43,13 +43,12 @@ from bench_growth import _new_id, _new_task, _Service  # noqa: E402
 
 from scheduler_gateway.actors.model import task_machine as sm  # noqa: E402
 from scheduler_gateway.actors.model.records import ActorRef, TaskError  # noqa: E402
-from scheduler_gateway.actors.ports import Change  # noqa: E402
 from scheduler_gateway.daemon.store.change_rows import ChangeRows, ChangeWork  # noqa: E402
 from scheduler_gateway.daemon.store.group_commit import commit_batch  # noqa: E402
 from scheduler_gateway.daemon.store.sqlite import SqliteStore  # noqa: E402
 
 
-def _changes(n: int, seed: int) -> tuple[list[Change], list[Change], list[Change]]:
+def _changes(n: int, seed: int) -> tuple[list[ChangeRows], list[ChangeRows], list[ChangeRows]]:
     rng = random.Random(seed)
     svc = _Service()
     now = time.time()
@@ -60,12 +59,12 @@ def _changes(n: int, seed: int) -> tuple[list[Change], list[Change], list[Change
             t = msgspec.structs.replace(t, labels={"team": "red"})
         svc.now = t.created_at
         tr = sm.create(t, ActorRef("user", t.owner), t.created_at, None)
-        creates.append(svc.change(tr, None, None, None, None))
+        creates.append(ChangeRows.of(svc.change(tr, None, None, None, None)))
         at = t.created_at + 1
         svc.now = at
         c = sm.claim(tr.task, tr.task.attempt_id, "node-a", _new_id(rng, "lse", at), at)
         assert isinstance(c, sm.Transition)
-        claims.append(svc.change(c, None, None, None, None))
+        claims.append(ChangeRows.of(svc.change(c, None, None, None, None)))
         at += 1
         svc.now = at
         ok = rng.random() < 0.9
@@ -85,7 +84,7 @@ def _changes(n: int, seed: int) -> tuple[list[Change], list[Change], list[Change
             now=at,
         )
         assert isinstance(s, sm.Transition)
-        settles.append(svc.change(s, None, None, None, None))
+        settles.append(ChangeRows.of(svc.change(s, None, None, None, None)))
     return creates, claims, settles
 
 
@@ -112,20 +111,17 @@ def run(n: int, batch: int, seed: int, one_record: bool = False) -> tuple[float,
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
-        layout = _one_record if one_record else (lambda r: r)
+        creates, claims, settles = _changes(n, seed)
+        if one_record:
+            creates, claims, settles = ([_one_record(r) for r in rows] for rows in (creates, claims, settles))
 
-        def phase(changes: list[Change]) -> float:
-            works: list[Any] = [  # the rows built outside the clock; no caller waits on a future
-                ChangeWork(chunk, None, built_rows=[layout(ChangeRows.of(c)) for c in chunk])  # type: ignore[arg-type]
-                for chunk in (changes[i : i + batch] for i in range(0, len(changes), batch))
-            ]
+        def phase(rows: list[ChangeRows]) -> float:
             t0 = time.process_time()
-            for work in works:
+            for i in range(0, len(rows), batch):
+                work: Any = ChangeWork(rows[i : i + batch], None)  # type: ignore[arg-type]  # no caller waits
                 res = commit_batch(conn, [work])
                 assert isinstance(res, list) and not any(e for r in res for e in r), res
-            return (time.process_time() - t0) / len(changes) * 1e6
-
-        creates, claims, settles = _changes(n, seed)
+            return (time.process_time() - t0) / len(rows) * 1e6
 
         create = phase(creates)
         claim_settle = phase(claims) + phase(settles)

@@ -1,5 +1,5 @@
-"""A task change as the rows it writes, and the work items the writer takes: task changes (their rows built
-where they are committed) and other writes."""
+"""A task change as the rows it writes, and the work items the writer takes: encoded by the caller, so the
+writer thread only executes SQL."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-import msgspec
 
 from scheduler_gateway.actors.model.callbacks import CallbackDelivery
 from scheduler_gateway.actors.model.records import (
@@ -204,34 +202,14 @@ Op = Callable[[sqlite3.Connection], None]  # runs in the writer thread
 
 @dataclass(slots=True)
 class ChangeWork:
-    """Task changes committed together in order; ``atomic``: all or none (apply_group).
-
-    Their rows are built where they are committed: on gatewayd's loop when it commits itself, in the writer
-    process when it has one. For the writer process the caller encodes the changes as JSON (``encoded``), at
-    about a quarter of what building the rows costs, and the child builds them on the other core."""
-
-    changes: list[Change]
+    rows: list[ChangeRows]
     future: asyncio.Future[list[BaseException | None]]
-    atomic: bool = False
+    atomic: bool = False  # all rows or none (apply_group)
     subtree_root: str | None = None  # atomic only: no task below it may stay active
-    #: the changes as one JSON array, for a writer process (``encode_changes``)
-    encoded: bytes | None = None
-    #: the changes' rows, once built (or given, by a benchmark that prices their SQL alone)
-    built_rows: list[ChangeRows] | None = None
 
     @property
     def weight(self) -> int:
-        return len(self.changes)
-
-    @property
-    def rows(self) -> list[ChangeRows]:
-        if self.built_rows is None:
-            self.built_rows = [ChangeRows.of(c) for c in self.changes]
-        return self.built_rows
-
-
-encode_changes = msgspec.json.Encoder().encode
-decode_changes = msgspec.json.Decoder(list[Change]).decode
+        return len(self.rows)
 
 
 @dataclass(slots=True)

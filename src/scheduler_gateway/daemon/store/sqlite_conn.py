@@ -53,16 +53,15 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from scheduler_gateway.actors.ports import (
-    Change,
     Page,
 )
 from scheduler_gateway.daemon.store.change_rows import (
+    ChangeRows,
     ChangeWork,
     Op,
     OpWork,
     Statements,
     Work,
-    encode_changes,
     run_statements,
 )
 from scheduler_gateway.daemon.store.common import (
@@ -305,14 +304,9 @@ class SqliteDb:
         if thread is not None:
             thread.shutdown(wait=False)
 
-    def enqueue_changes(
-        self, changes: list[Change], *, atomic: bool = False, subtree_root: str | None = None
-    ) -> asyncio.Future[list[BaseException | None]]:
-        """Queue task changes to commit together, in order. For a writer process they are encoded here, so a
-        change that cannot be encoded fails its caller, not the batch it would have joined."""
+    def enqueue_changes(self, rows: list[ChangeRows]) -> asyncio.Future[list[BaseException | None]]:
         fut = self.new_future()
-        encoded = encode_changes(changes) if self._child is not None else None
-        self.enqueue(ChangeWork(changes, fut, atomic, subtree_root, encoded))
+        self.enqueue(ChangeWork(rows, fut))
         return fut
 
     async def submit_op(

@@ -23,6 +23,8 @@ from scheduler_gateway.actors.ports import (
 from scheduler_gateway.daemon.store.change_rows import (
     SQL_INSERT_AUDIT,
     SQL_INSERT_IDEMPOTENCY,
+    ChangeRows,
+    ChangeWork,
     audit_row,
 )
 from scheduler_gateway.daemon.store.common import (
@@ -48,16 +50,17 @@ class SqliteTasks:
         self._db = db
 
     async def apply(self, change: Change) -> None:
-        (result,) = await self._db.enqueue_changes([change])
+        (result,) = await self._db.enqueue_changes([ChangeRows.of(change)])
         if result is not None:
             raise result
 
     async def apply_many(self, changes: list[Change]) -> list[BaseException | None]:
         if not changes:
             return []
+        rows = [ChangeRows.of(c) for c in changes]
         # Chunks queue in order, at once, and the writer takes the queue in order: the changes apply in
         # order and no other caller's write lands between them.
-        chunks = [changes[i : i + self._db.max_batch] for i in range(0, len(changes), self._db.max_batch)]
+        chunks = [rows[i : i + self._db.max_batch] for i in range(0, len(rows), self._db.max_batch)]
         futures = [self._db.enqueue_changes(chunk) for chunk in chunks]
         # a chunk that failed reports StorageError per change (not raised), so the caller still learns
         # which of the earlier chunks did commit
@@ -66,7 +69,9 @@ class SqliteTasks:
     async def apply_group(self, changes: list[Change], *, subtree_root: str | None = None) -> None:
         if not changes:
             return
-        for result in await self._db.enqueue_changes(changes, atomic=True, subtree_root=subtree_root):
+        fut = self._db.new_future()
+        self._db.enqueue(ChangeWork([ChangeRows.of(c) for c in changes], fut, True, subtree_root))
+        for result in await fut:
             if result is not None:
                 raise result
 

@@ -1,12 +1,11 @@
 """The SQLite writer in a process of its own: gatewayd's task changes committed on the machine's other core.
 
-A batch of task changes costs SQLite ~40-130 us of C per task, and on the event loop that was a quarter of
-gatewayd's loop, the limit of its throughput. In a thread it had to share the GIL with the loop at every
-statement, which cost more than it saved (docs/PERFORMANCE.md); a process shares nothing. The parent sends a
-batch as one frame (each work's changes as the JSON its caller encoded, ~2 us a change, then pickled), the child
-builds their rows (``ChangeRows.of``, the encodes of each row's document: ~8 us a change, work the loop no longer
-does), runs the same ``commit_batch`` the loop runs (fast path, else one savepoint per change) and answers with
-one frame of results. So a change is answered only after its COMMIT, exactly as before, and refusals are the same
+A batch of task changes (``ChangeRows``, already encoded by the caller) costs SQLite ~40-130 us of C per task,
+and on the event loop that was a quarter of gatewayd's loop, the limit of its throughput. In a thread it had to
+share the GIL with the loop at every statement, which cost more than it saved (docs/PERFORMANCE.md); a process
+shares nothing. The parent sends a batch as one frame (the rows as plain tuples, pickled: ~2.6 us a change), the
+child runs the same ``commit_batch`` the loop ran (fast path, else one savepoint per change) and answers with one
+frame of results. So a change is answered only after its COMMIT, exactly as before, and refusals are the same
 values (their class, message, code and details carried over).
 
 Up to two batches are in flight (``WriterProcess``); every other write waits until none is, so the child's
@@ -33,6 +32,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import operator
 import os
 import pickle
 import signal
@@ -45,12 +45,11 @@ from typing import Any
 
 from scheduler_gateway.actors import failpoints
 from scheduler_gateway.daemon.store.change_rows import (
+    ChangeRows,
     ChangeWork,
     OpWork,
     Statements,
     Work,
-    decode_changes,
-    encode_changes,
     run_statements,
 )
 from scheduler_gateway.daemon.store.common import BUSY_TIMEOUT_MS
@@ -59,6 +58,8 @@ from scheduler_gateway.wire import errors
 log = logging.getLogger(__name__)
 
 _LEN = struct.Struct(">I")
+#: a change's fields as one tuple, in ChangeRows' order (C, not a generator per change: the parent's hot path)
+_AS_TUPLE = operator.attrgetter(*ChangeRows.__dataclass_fields__)
 #: the error classes a commit can give back, by name (anything else comes back as a StorageError)
 _ERRORS: dict[str, type[errors.GatewayError]] = {
     c.__name__: c
@@ -75,7 +76,7 @@ READY = b"ready"
 #: how long a stop waits for the answers of the batches sent, then for the child's exit, before it kills it
 STOP_WAIT_S = 10.0
 
-Batch = list["tuple[bool, str | None, bytes] | Statements"]
+Batch = list["tuple[bool, str | None, list[tuple[Any, ...]]] | Statements"]
 Outcome = tuple["list[list[BaseException | None]] | errors.StorageError", int]
 
 
@@ -84,11 +85,9 @@ class WriterLost(Exception):
 
 
 def encode_batch(works: list[Work]) -> bytes:
-    """A batch as one frame: task changes as their flags and their JSON, an op as its statements."""
+    """A batch as one frame: a task change as its flags and its rows as plain tuples, an op as its statements."""
     batch: Batch = [
-        (w.atomic, w.subtree_root, w.encoded if w.encoded is not None else encode_changes(w.changes))
-        if isinstance(w, ChangeWork)
-        else _statements_of(w)
+        (w.atomic, w.subtree_root, [_AS_TUPLE(r) for r in w.rows]) if isinstance(w, ChangeWork) else _statements_of(w)
         for w in works
     ]
     body = pickle.dumps(batch, protocol=5)
@@ -104,7 +103,7 @@ def _decode_batch(body: bytes) -> list[Work]:
     batch: Batch = pickle.loads(body)
     # the futures are the parent's: commit_batch never touches them
     return [
-        ChangeWork(decode_changes(w[2]), None, w[0], w[1])  # type: ignore[arg-type]
+        ChangeWork([ChangeRows(*t) for t in w[2]], None, w[0], w[1])  # type: ignore[arg-type]
         if isinstance(w[0], bool)
         else OpWork(run_statements(w), 1, None)  # type: ignore[arg-type]
         for w in batch
