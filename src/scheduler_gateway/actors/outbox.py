@@ -2,9 +2,10 @@
 
 A body is written ready to publish. It is a JSON array ``[id, aggregateType, type, at, wire]``: ``wire`` is the
 stream message itself (``WireEvent``, encoded where the row is built), and the fields before it are what the
-relay needs beside it (the ``Nats-Msg-Id``, the subject, the time its look-back starts from). So a relay round
-decodes a short array per event and passes the message through: encoding each event for the stream is the
-writer's work (in the SQLite writer process, off the event loop), not the relay's.
+relay needs beside it (the ``Nats-Msg-Id``, the subject, the time its look-back starts from). So each event
+is encoded for the stream once, where its row is built, in place of the record the row held before; a relay
+round decodes a short array per event and passes the message through, where it decoded the record, built
+the message and encoded it (~1.2 us an event against ~5.4).
 
 Rows written before this layout hold the ``EventRecord`` as a JSON object; they are still read, and converted
 when read. A body that is neither (corrupt, written behind the store's back) reads as None.
