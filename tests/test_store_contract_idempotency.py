@@ -46,14 +46,3 @@ async def test_put_idempotency_and_a_change_share_one_key_space(store: Any) -> N
         await store.apply(create(make_task(2), idempotency=record("alice", "k2", tid(2))))
     assert info.value.code == Code.IDEMPOTENCY_CONFLICT
     assert await store.get_task(tid(2)) is None
-
-
-async def test_get_idempotency_many_reads_the_keys_that_exist(store: Any) -> None:
-    await store.apply(create(make_task(1)))
-    for key in ("a", "b"):
-        assert await store.put_idempotency(record("alice", key, tid(1))) is True
-    assert await store.put_idempotency(record("bob", "c", tid(1))) is True
-    many = [f"k{n}" for n in range(1200)]  # more than one chunk of a bound-parameter list
-    found = await store.get_idempotency_many("alice", ["a", "b", "c", "missing", *many])
-    assert sorted(found) == ["a", "b"] and found["a"] == record("alice", "a", tid(1))
-    assert await store.get_idempotency_many("alice", []) == {}

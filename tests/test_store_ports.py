@@ -79,7 +79,6 @@ SUITES: dict[type, list[tuple[ModuleType, str]]] = {
         (contract, "test_idempotency_duplicate_inside_one_batch"),
         (idempotency, "test_put_idempotency_takes_a_free_key_once"),
         (idempotency, "test_put_idempotency_and_a_change_share_one_key_space"),
-        (idempotency, "test_get_idempotency_many_reads_the_keys_that_exist"),
     ],
     ports.AuditStore: [
         (contract, "test_audit_filters_and_paging"),

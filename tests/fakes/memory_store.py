@@ -335,10 +335,6 @@ class MemoryStore(
         self._check_running()
         return self._idempotency.get((owner, key))
 
-    async def get_idempotency_many(self, owner: str, keys: list[str]) -> dict[str, IdempotencyRecord]:
-        self._check_running()
-        return {k: r for k in keys if (r := self._idempotency.get((owner, k))) is not None}
-
     async def put_idempotency(self, record: IdempotencyRecord) -> bool:
         self._check_running()
         return self._idempotency.setdefault((record.owner, record.key), record) is record

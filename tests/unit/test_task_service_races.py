@@ -17,7 +17,7 @@ import pytest
 
 from scheduler_gateway.actors.ports import AuditQuery, Change, TaskQuery
 from scheduler_gateway.actors.task_service import TaskPolicy
-from scheduler_gateway.actors.tasks.api import NewTask
+from scheduler_gateway.actors.tasks.api import BatchItem, NewTask
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.wire.errors import Code, Conflict, StorageError
 from scheduler_gateway.wire.messages import HeartbeatRequest, LeaseReport, Settle
@@ -47,6 +47,12 @@ def _gated(base: type) -> type:
                 self.held.set()
                 await self.gate.wait()
             await super().apply(change)
+
+        async def apply_many(self, changes: list[Change]) -> list[BaseException | None]:
+            if self.fail_next is not None and any(self.fail_next(c) for c in changes):
+                self.fail_next = None
+                return [StorageError("the disk is full") for _ in changes]
+            return list(await super().apply_many(changes))
 
     return Gated
 
@@ -379,6 +385,67 @@ async def test_a_create_with_a_fresh_key_reads_no_record_and_its_repeat_replays(
         assert sorted((e.action, e.result) for e in entries) == [
             ("create", "ok"), ("create", "refused"), ("create", "repeat")
         ]  # fmt: skip
+
+
+async def test_a_batch_with_fresh_keys_reads_no_record_and_its_repeats_replay_item_by_item(
+    new_store: Callable[[], Any],
+) -> None:
+    """A batch item's key is written with its create, as a create alone: read only for an item whose create fails."""
+    async with kit_on(new_store) as kit:
+        reads = count_key_reads(kit.store)
+        one, two = NewTask(kind="echo", payload=msgspec.Raw(b"1")), NewTask(kind="echo", payload=msgspec.Raw(b"2"))
+        made = await kit.service.create_many(ALICE, [BatchItem(one, "b-1", "h1"), BatchItem(two, "b-2", "h2")])
+        assert [replayed for _, replayed in made] == [False, False] and reads == []  # type: ignore[misc]
+        again = await kit.service.create_many(
+            ALICE, [BatchItem(one, "b-1", "h1"), BatchItem(two, "b-3", "h3"), BatchItem(one, "b-2", "h1")]
+        )
+        replay, fresh, other = again
+        assert isinstance(replay, tuple) and (replay[0].id, replay[1]) == (made[0][0].id, True)  # type: ignore[index]
+        assert isinstance(fresh, tuple) and fresh[1] is False
+        assert isinstance(other, Conflict) and other.code == Code.IDEMPOTENCY_CONFLICT
+        assert sorted(reads) == ["b-1", "b-2"]  # the two items whose writes found their key taken
+        assert len((await kit.store.list_tasks(TaskQuery(limit=10))).items) == 3
+
+
+async def test_the_repeat_of_a_batch_item_replays_even_where_its_create_would_be_refused_now(
+    new_store: Callable[[], Any],
+) -> None:
+    """As for a create alone: a parent that ended since, or the uniqueKey the first request took, refuses a new
+    create but not the repeat of one that was made, whichever part of the batch path refuses it."""
+    async with kit_on(new_store) as kit:
+        parent = await kit.create()
+        child_spec = NewTask(kind="echo", parent_id=parent)
+        unique_spec = NewTask(kind="echo", unique_key="nightly", unique_for_s=3600)
+        (child, _), (made, _) = await kit.service.create_many(  # type: ignore[misc]
+            ALICE, [BatchItem(child_spec, "k-child", "c"), BatchItem(unique_spec, "k-unique", "u")]
+        )
+        await kit.service.act(ALICE, parent, "cancel")  # the child is canceled with it; a new child is refused
+        fresh_child, fresh_unique, child_again, unique_again = await kit.service.create_many(
+            ALICE,
+            [
+                BatchItem(child_spec, "k-other-child", "c"),
+                BatchItem(unique_spec, "k-other-unique", "u"),
+                BatchItem(child_spec, "k-child", "c"),
+                BatchItem(unique_spec, "k-unique", "u"),
+            ],
+        )
+        assert isinstance(fresh_child, Conflict) and isinstance(fresh_unique, Conflict)
+        assert fresh_unique.code == Code.DUPLICATE_TASK
+        assert isinstance(child_again, tuple) and (child_again[0].id, child_again[1]) == (child.id, True)
+        assert isinstance(unique_again, tuple) and (unique_again[0].id, unique_again[1]) == (made.id, True)
+
+
+async def test_a_batch_whose_store_fails_answers_the_failure_without_reading_its_keys(
+    new_store: Callable[[], Any],
+) -> None:
+    async with kit_on(new_store) as kit:
+        reads = count_key_reads(kit.store)
+        kit.store.fail_next = lambda change: change.expected_revision is None
+        items = [BatchItem(NewTask(kind="echo"), "k-failed", "h")]
+        (failed,) = await kit.service.create_many(ALICE, items)
+        assert isinstance(failed, StorageError) and reads == []
+        ((task, replayed),) = await kit.service.create_many(ALICE, items)  # type: ignore[misc]  # the retry
+        assert not replayed and (await kit.store.get_task(task.id)) is not None
 
 
 async def test_one_create_key_sent_twice_at_once_creates_once(new_store: Callable[[], Any]) -> None:

@@ -283,10 +283,6 @@ class TaskSearchStore(Protocol):
 
 class IdempotencyStore(Protocol):
     async def get_idempotency(self, owner: str, key: str) -> IdempotencyRecord | None: ...
-    async def get_idempotency_many(self, owner: str, keys: list[str]) -> dict[str, IdempotencyRecord]:
-        """The records of those of ``keys`` that exist (a batch's keys in one read)."""
-        ...
-
     async def put_idempotency(self, record: IdempotencyRecord) -> bool:
         """Remember a keyed request that changed nothing (a repeat); False, and nothing written, when the key
         is already taken. (A request that changes a task records its key in that change.)"""

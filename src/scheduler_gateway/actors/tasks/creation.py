@@ -11,7 +11,7 @@ from ..model import task_machine as sm
 from ..model.records import Task
 from ..ports import IdempotencyRecord, TaskServiceStore
 from .api import BatchItem, BatchOutcome, Caller, NewTask, TaskPolicy, as_gateway_error, check_labels
-from .keys import KeySlots, Replays
+from .keys import WRITE_FIRST_REFUSALS, KeySlots, Replays
 from .ledger import TaskLedger
 
 
@@ -63,8 +63,8 @@ class TaskCreation:
         first_of_key: dict[str, int] = {}
         keys = sorted({item.key for item in items if item.key is not None})
         async with self._slots.hold(caller.user, keys):
-            # one read for every key of the batch: while the keys are held nothing else can write them
-            known = await self._store.get_idempotency_many(caller.user, keys) if keys else {}
+            # as a create alone: a key's record is written in its create's transaction, so it is read only for
+            # an item whose create fails (a key already used fails its write), never for a fresh key
             pending: list[_Pending] = []
             for n, item in enumerate(items):
                 if item.key is not None and item.key in first_of_key:
@@ -72,13 +72,14 @@ class TaskCreation:
                 if item.key is not None:
                     first_of_key[item.key] = n
                 try:
-                    replay = await self._replay_of(caller, item, known)
-                    if replay is not None:
-                        results[n] = (replay, True)
-                    else:
-                        pending.append((n, *await self._prepared(caller, item.spec, item.key, item.body_hash)))
+                    check_labels(caller, item.spec.labels)  # refused before anything else, a replay included
                 except GatewayError as exc:
                     results[n] = exc
+                    continue
+                try:
+                    pending.append((n, *await self._prepared(caller, item.spec, item.key, item.body_hash)))
+                except GatewayError as exc:
+                    results[n] = await self._replay_or(caller, item.key, item.body_hash, exc)
             await self._commit_pending(caller, pending, results)
         for n, item in enumerate(items):
             if results[n] is None:  # a repeated key: the first item's answer, if the request is the same
@@ -93,12 +94,16 @@ class TaskCreation:
                     results[n] = (done[0], True) if isinstance(done, tuple) else done
         return [r for r in results if r is not None]
 
-    async def _replay_of(self, caller: Caller, item: BatchItem, known: dict[str, IdempotencyRecord]) -> Task | None:
-        check_labels(caller, item.spec.labels)
-        record = known.get(item.key) if item.key is not None else None
-        if record is None or item.key is None:
-            return None
-        return await self._replays.replayed_task(caller, item.key, "create", item.body_hash, record)
+    async def _replay_or(self, caller: Caller, key: str | None, body_hash: str, exc: GatewayError) -> BatchOutcome:
+        """What answers a batch item whose create was refused: the replay of its key's first create when the key
+        has a record (``Replays.once_per_key`` with ``write_first``, item by item), else the refusal."""
+        if key is None or not (exc.code == Code.IDEMPOTENCY_CONFLICT or isinstance(exc, WRITE_FIRST_REFUSALS)):
+            return exc  # a store that failed answers as it is: it could not read the record either
+        try:
+            replay = await self._replays.replayed_task(caller, key, "create", body_hash)
+        except GatewayError as refused:  # the key was used with another request, or its task is gone
+            return refused
+        return exc if replay is None else (replay, True)
 
     async def _commit_pending(
         self, caller: Caller, pending: list[_Pending], results: list[BatchOutcome | None]
@@ -110,10 +115,8 @@ class TaskCreation:
                 self._ledger.after_commit(tr)
                 results[n] = (tr.task, False)
                 continue
-            replay = None
-            if idem is not None and isinstance(err, Conflict) and err.code == Code.IDEMPOTENCY_CONFLICT:
-                replay = await self._replays.replayed_task(caller, idem.key, "create", idem.body_hash)
-            results[n] = (replay, True) if replay is not None else as_gateway_error(err)
+            refusal = as_gateway_error(err)
+            results[n] = refusal if idem is None else await self._replay_or(caller, idem.key, idem.body_hash, refusal)
 
     async def _create(self, caller: Caller, spec: NewTask, idem_key: str | None, body_hash: str) -> Task:
         tr, idem = await self._prepared(caller, spec, idem_key, body_hash)

@@ -24,7 +24,7 @@ from .ledger import TaskLedger
 
 #: what a request's own checks refuse: with ``write_first`` a key already used may be why (its first request
 #: passed checks that fail now, a uniqueKey it took), so its record is read before the refusal is answered
-_REFUSALS = (InvalidArgument, NotFound, Conflict, Forbidden)
+WRITE_FIRST_REFUSALS = (InvalidArgument, NotFound, Conflict, Forbidden)
 
 
 class KeySlots:
@@ -88,7 +88,8 @@ class Replays:
             try:
                 return await first()
             except GatewayError as exc:
-                if exc.code != Code.IDEMPOTENCY_CONFLICT and not (write_first and isinstance(exc, _REFUSALS)):
+                refused = write_first and isinstance(exc, WRITE_FIRST_REFUSALS)
+                if exc.code != Code.IDEMPOTENCY_CONFLICT and not refused:
                     raise  # a store that failed answers as it is: it could not read the record either
                 # the store's unique key is the arbiter beyond this process: the other writer's record answers
                 replay = await self.replayed_task(caller, key, operation, body_hash)

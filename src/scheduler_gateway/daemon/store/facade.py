@@ -124,9 +124,6 @@ class ComposedStore:
     async def task_minutes(self, since_minute: int, owner: str | None = None) -> list[MinuteCounts]:
         return await self._search.task_minutes(since_minute, owner)
 
-    async def get_idempotency_many(self, owner: str, keys: list[str]) -> dict[str, IdempotencyRecord]:
-        return await self._tasks.get_idempotency_many(owner, keys)
-
     async def get_idempotency(self, owner: str, key: str) -> IdempotencyRecord | None:
         return await self._tasks.get_idempotency(owner, key)
 

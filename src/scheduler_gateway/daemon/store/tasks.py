@@ -149,18 +149,6 @@ class SqliteTasks:
             return None
         return decode_or_raise(_decode_idempotency, rows[0][0], "idempotency record of", owner)
 
-    async def get_idempotency_many(self, owner: str, keys: list[str]) -> dict[str, IdempotencyRecord]:
-        found: dict[str, IdempotencyRecord] = {}
-        for start in range(0, len(keys), 500):  # under SQLite's bound-parameter limit
-            chunk = keys[start : start + 500]
-            marks = ", ".join("?" for _ in chunk)
-            rows = await self._db.fetchall(
-                f"SELECT key, doc FROM idempotency WHERE owner = ? AND key IN ({marks})", (owner, *chunk)
-            )
-            for key, doc in rows:
-                found[key] = decode_or_raise(_decode_idempotency, doc, "idempotency record of", owner)
-        return found
-
     async def put_idempotency(self, record: IdempotencyRecord) -> bool:
         row = (record.owner, record.key, encode(record), record.created_at)
         taken: list[bool] = [False]

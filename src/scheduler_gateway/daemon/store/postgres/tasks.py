@@ -330,16 +330,6 @@ class PgTasks:
             return None
         return decode_or_raise(_decode_idempotency, rows[0][0], "idempotency record of", owner)
 
-    async def get_idempotency_many(self, owner: str, keys: list[str]) -> dict[str, IdempotencyRecord]:
-        if not keys:
-            return {}
-        rows = await self._db.fetch(
-            "SELECT key, doc FROM idempotency WHERE owner = %s AND key = ANY(%s)", (owner, list(keys))
-        )
-        return {
-            str(key): decode_or_raise(_decode_idempotency, doc, "idempotency record of", owner) for key, doc in rows
-        }
-
     async def put_idempotency(self, record: IdempotencyRecord) -> bool:
         row = (record.owner, record.key, encode(record), record.created_at)
         return await self._db.write(SQL_INSERT_IDEMPOTENCY, row) == 1
