@@ -435,6 +435,27 @@ async def test_the_repeat_of_a_batch_item_replays_even_where_its_create_would_be
         assert isinstance(unique_again, tuple) and (unique_again[0].id, unique_again[1]) == (made.id, True)
 
 
+async def test_a_key_twice_in_a_batch_answers_each_item_as_if_sent_one_after_the_other(
+    new_store: Callable[[], Any],
+) -> None:
+    """Found by the simulation: the key's record, made before the batch, answers both items (a conflict for
+    the other body, then the replay for its own), not the first item's conflict repeated."""
+    async with kit_on(new_store) as kit:
+        own, other = NewTask(kind="echo", payload=msgspec.Raw(b"1")), NewTask(kind="echo", payload=msgspec.Raw(b"2"))
+        ((made, _),) = await kit.service.create_many(ALICE, [BatchItem(own, "k-twice", "own")])  # type: ignore[misc]
+        conflict, replay = await kit.service.create_many(
+            ALICE, [BatchItem(other, "k-twice", "other"), BatchItem(own, "k-twice", "own")]
+        )
+        assert isinstance(conflict, Conflict) and conflict.code == Code.IDEMPOTENCY_CONFLICT
+        assert isinstance(replay, tuple) and (replay[0].id, replay[1]) == (made.id, True)
+        # made by the batch itself: the first item's record answers the second
+        first, second = await kit.service.create_many(
+            ALICE, [BatchItem(own, "k-new", "own"), BatchItem(other, "k-new", "other")]
+        )
+        assert isinstance(first, tuple) and first[1] is False
+        assert isinstance(second, Conflict) and second.code == Code.IDEMPOTENCY_CONFLICT
+
+
 async def test_a_batch_whose_store_fails_answers_the_failure_without_reading_its_keys(
     new_store: Callable[[], Any],
 ) -> None:

@@ -81,17 +81,21 @@ class TaskCreation:
                 except GatewayError as exc:
                     results[n] = await self._replay_or(caller, item.key, item.body_hash, exc)
             await self._commit_pending(caller, pending, results)
-        for n, item in enumerate(items):
-            if results[n] is None:  # a repeated key: the first item's answer, if the request is the same
-                assert item.key is not None
-                first = first_of_key[item.key]
-                done = results[first]
-                if items[first].body_hash != item.body_hash:
-                    results[n] = Conflict(
+            for n, item in enumerate(items):
+                if results[n] is None:  # a repeated key: answered as if sent right after its first item
+                    assert item.key is not None
+                    first = first_of_key[item.key]
+                    done = results[first]
+                    if items[first].body_hash == item.body_hash:
+                        results[n] = (done[0], True) if isinstance(done, tuple) else done
+                        continue
+                    other = Conflict(
                         "this Idempotency-Key was used with another request", code=Code.IDEMPOTENCY_CONFLICT
                     )
-                else:
-                    results[n] = (done[0], True) if isinstance(done, tuple) else done
+                    # the first item made the key's record, or the key's record is older than this batch and
+                    # answers this item as it answered the first (a replay for the body it was made with)
+                    fresh = isinstance(done, tuple) and not done[1]
+                    results[n] = other if fresh else await self._replay_or(caller, item.key, item.body_hash, other)
         return [r for r in results if r is not None]
 
     async def _replay_or(self, caller: Caller, key: str | None, body_hash: str, exc: GatewayError) -> BatchOutcome:
