@@ -114,12 +114,16 @@ class TaskCreation:
     ) -> None:
         changes = [self._ledger.change(tr, caller.request_id, None, idem, None) for _, tr, idem in pending]
         outcomes = await self._store.apply_many(changes) if changes else []
+        refused: list[tuple[int, IdempotencyRecord | None, GatewayError]] = []
         for (n, tr, idem), err in zip(pending, outcomes, strict=True):
             if err is None:
                 self._ledger.after_commit(tr)
                 results[n] = (tr.task, False)
-                continue
-            refusal = as_gateway_error(err)
+            else:
+                refused.append((n, idem, as_gateway_error(err)))
+        # every committed task is live (offered, counted) before a refused item's key record is read: an await
+        # between a commit and its after_commit would leave a committed task unknown to the dispatcher meanwhile
+        for n, idem, refusal in refused:
             results[n] = refusal if idem is None else await self._replay_or(caller, idem.key, idem.body_hash, refusal)
 
     async def _create(self, caller: Caller, spec: NewTask, idem_key: str | None, body_hash: str) -> Task:
