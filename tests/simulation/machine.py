@@ -610,7 +610,7 @@ class SimMachine(RuleBasedStateMachine):
         """``POST /api/tasks/batch``: a few tasks in one request, all in one thread when ``thread`` is given
         (a chain of steps), some waiting for approval, with concurrency and unique keys (a unique key twice in one
         batch: the second is refused alone), and idempotency keys, shared with the creates alone (a key twice in
-        one batch: the second answers from the first)."""
+        one batch: each item answers as if sent alone, after the one before it)."""
         from scheduler_gateway.actors.tasks.api import BatchItem
 
         assert self.sim is not None
