@@ -85,7 +85,7 @@ def why_unreadable(body: bytes) -> str:
     """What is wrong with a body ``read_outbox_body`` refused (for the audit entry of the skip)."""
     try:
         if body[:1] == b"[":
-            msgspec.json.decode(msgspec.json.decode(body, type=OutboxEntry).wire, type=WireEvent)
+            msgspec.json.decode(_decode_entry(body).wire, type=WireEvent)
         else:
             msgspec.json.decode(body, type=EventRecord)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:

@@ -11,7 +11,7 @@ from ..model import task_machine as sm
 from ..model.records import Task
 from ..ports import IdempotencyRecord, TaskServiceStore
 from .api import BatchItem, BatchOutcome, Caller, NewTask, TaskPolicy, as_gateway_error, check_labels
-from .keys import WRITE_FIRST_REFUSALS, KeySlots, Replays
+from .keys import KeySlots, Replays
 from .ledger import TaskLedger
 
 
@@ -101,10 +101,10 @@ class TaskCreation:
     async def _replay_or(self, caller: Caller, key: str | None, body_hash: str, exc: GatewayError) -> BatchOutcome:
         """What answers a batch item whose create was refused: the replay of its key's first create when the key
         has a record (``Replays.once_per_key`` with ``write_first``, item by item), else the refusal."""
-        if key is None or not (exc.code == Code.IDEMPOTENCY_CONFLICT or isinstance(exc, WRITE_FIRST_REFUSALS)):
-            return exc  # a store that failed answers as it is: it could not read the record either
+        if key is None:
+            return exc
         try:
-            replay = await self._replays.replayed_task(caller, key, "create", body_hash)
+            replay = await self._replays.replay_of_refused(caller, key, "create", body_hash, exc)
         except GatewayError as refused:  # the key was used with another request, or its task is gone
             return refused
         return exc if replay is None else (replay, True)

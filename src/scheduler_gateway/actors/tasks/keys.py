@@ -24,7 +24,7 @@ from .ledger import TaskLedger
 
 #: what a request's own checks refuse: with ``write_first`` a key already used may be why (its first request
 #: passed checks that fail now, a uniqueKey it took), so its record is read before the refusal is answered
-WRITE_FIRST_REFUSALS = (InvalidArgument, NotFound, Conflict, Forbidden)
+_REFUSALS = (InvalidArgument, NotFound, Conflict, Forbidden)
 
 
 class KeySlots:
@@ -88,14 +88,21 @@ class Replays:
             try:
                 return await first()
             except GatewayError as exc:
-                refused = write_first and isinstance(exc, WRITE_FIRST_REFUSALS)
-                if exc.code != Code.IDEMPOTENCY_CONFLICT and not refused:
-                    raise  # a store that failed answers as it is: it could not read the record either
-                # the store's unique key is the arbiter beyond this process: the other writer's record answers
-                replay = await self.replayed_task(caller, key, operation, body_hash)
+                replay = await self.replay_of_refused(caller, key, operation, body_hash, exc, write_first=write_first)
                 if replay is None:
                     raise
                 return replay, True
+
+    async def replay_of_refused(
+        self, caller: Caller, key: str, operation: str, body_hash: str, exc: GatewayError, *, write_first: bool = True
+    ) -> Task | None:
+        """The replay that answers a keyed request refused with ``exc``, None when the refusal stands. A key
+        already used is refused by the store; with ``write_first`` a request's own checks may also refuse what
+        its first request passed (a parent that ended since, a uniqueKey it took): its record answers then."""
+        if exc.code != Code.IDEMPOTENCY_CONFLICT and not (write_first and isinstance(exc, _REFUSALS)):
+            return None  # a store that failed answers as it is: it could not read the record either
+        # the store's unique key is the arbiter beyond this process: the other writer's record answers
+        return await self.replayed_task(caller, key, operation, body_hash)
 
     async def replayed_task(
         self,
