@@ -471,6 +471,22 @@ def task_body(args: argparse.Namespace, flow: FlowProfile | None) -> BodyOf:
     return body
 
 
+def overlap(created_at: list[float], started_at: list[float]) -> dict[str, Any]:
+    """How far the run's work overlapped its creates, from the tasks' own stamps: how long the creates took (the
+    first to the last ``createdAt``), and the starts a second while they arrived and after the last of them. A
+    burst whose starts wait for the creates to end shows a low first rate and a high second one."""
+    if not created_at or not started_at:
+        return {"creates_s": float("nan"), "starts_per_s_creating": float("nan"), "starts_per_s_after": float("nan")}
+    first, last = min(created_at), max(created_at)
+    during = sum(1 for s in started_at if s <= last)
+    after_s = max(started_at) - last
+    return {
+        "creates_s": last - first,
+        "starts_per_s_creating": during / (last - first) if last > first else float("nan"),
+        "starts_per_s_after": (len(started_at) - during) / after_s if after_s > 0 else float("nan"),
+    }
+
+
 def handoffs(terminal: list[dict[str, Any]], limit: int) -> dict[str, Any]:
     """The latency from a slot freeing to the next held task starting, for a kind whose ``limit`` slots are busy all
     along (a prefilled queue): the i-th start (i >= limit) can only follow the (i - limit)-th end, and with the
@@ -600,11 +616,13 @@ async def drive_gateway(
         sample = ids if len(ids) <= HISTORY_SAMPLE_ALL else random.sample(ids, HISTORY_SAMPLE)
         dups = await check_histories(api, sample)
 
-    queue, execute, e2e, created_at, finished_at = [], [], [], [], []
+    queue, execute, e2e, created_at, started_at, finished_at = [], [], [], [], [], []
     for t in terminal:
         c, s, f = parse_ts(t["createdAt"]), parse_ts(t["startedAt"]), parse_ts(t["finishedAt"])
         if c is not None:
             created_at.append(c)
+        if s is not None:
+            started_at.append(s)
         if f is not None:
             finished_at.append(f)
         if c is not None and s is not None:
@@ -648,6 +666,7 @@ async def drive_gateway(
         "offered_per_s": len(sub.ids) / (sub.last_at - sub.first_at) if sub.last_at > sub.first_at else float("nan"),
         "profiled": profile,
     }
+    rec.update(overlap(created_at, started_at))
     rec.update(lat_ms("queue", queue))
     rec.update(lat_ms("exec", execute))
     rec.update(lat_ms("e2e", e2e))

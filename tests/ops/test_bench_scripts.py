@@ -49,3 +49,16 @@ def test_write_cost_writes_a_few_tasks(tmp_path: Path) -> None:
     done = _run(str(BENCH / "bench_write_cost.py"), "--tasks", "200", "--runs", "1", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "claim+settle" in done.stdout
+
+
+def test_overlap_splits_the_starts_at_the_last_create() -> None:
+    """``bench_gateway``'s overlap figures: 4 creates over 2 s, 2 starts before the last create, 3 in the 1.5 s
+    after it."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from bench_gateway import overlap
+    finally:
+        sys.path.remove(str(BENCH))
+    got = overlap([10.0, 10.5, 11.0, 12.0], [10.2, 12.0, 12.5, 13.0, 13.5])
+    assert got == {"creates_s": 2.0, "starts_per_s_creating": 1.0, "starts_per_s_after": 2.0}
+    assert all(v != v for v in overlap([], []).values())  # NaN: nothing to split
