@@ -80,13 +80,13 @@ FLOW_MIGRATION: tuple[str, ...] = (
 )
 
 
-# Each step is applied once, in order, in its own transaction, and recorded in ``schema_version``. Never
-# edit a released step: append a new one (a database in the field already ran the old text).
 # No statement: the version alone. Outbox rows are now written in the layout actors/outbox.py reads (an older
 # gatewayd would skip them as corrupt), so a gatewayd from before refuses a store this one has written to, as it
 # refuses any newer schema, and the events still in its outbox are not lost to a downgrade.
 OUTBOX_LAYOUT_MIGRATION: tuple[str, ...] = ()
 
+# Each step is applied once, in order, in its own transaction, and recorded in ``schema_version``. Never
+# edit a released step: append a new one (a database in the field already ran the old text).
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 1: the initial schema
     (

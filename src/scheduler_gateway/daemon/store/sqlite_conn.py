@@ -304,9 +304,12 @@ class SqliteDb:
         if thread is not None:
             thread.shutdown(wait=False)
 
-    def enqueue_changes(self, rows: list[ChangeRows]) -> asyncio.Future[list[BaseException | None]]:
+    def enqueue_changes(
+        self, rows: list[ChangeRows], *, atomic: bool = False, subtree_root: str | None = None
+    ) -> asyncio.Future[list[BaseException | None]]:
+        """Queue task changes to commit together, in order; ``atomic``: all or none."""
         fut = self.new_future()
-        self.enqueue(ChangeWork(rows, fut))
+        self.enqueue(ChangeWork(rows, fut, atomic, subtree_root))
         return fut
 
     async def submit_op(

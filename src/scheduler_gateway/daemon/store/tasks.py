@@ -24,7 +24,6 @@ from scheduler_gateway.daemon.store.change_rows import (
     SQL_INSERT_AUDIT,
     SQL_INSERT_IDEMPOTENCY,
     ChangeRows,
-    ChangeWork,
     audit_row,
 )
 from scheduler_gateway.daemon.store.common import (
@@ -69,9 +68,8 @@ class SqliteTasks:
     async def apply_group(self, changes: list[Change], *, subtree_root: str | None = None) -> None:
         if not changes:
             return
-        fut = self._db.new_future()
-        self._db.enqueue(ChangeWork([ChangeRows.of(c) for c in changes], fut, True, subtree_root))
-        for result in await fut:
+        rows = [ChangeRows.of(c) for c in changes]
+        for result in await self._db.enqueue_changes(rows, atomic=True, subtree_root=subtree_root):
             if result is not None:
                 raise result
 
