@@ -15,7 +15,7 @@ import pytest
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.nats import bus
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
-from scheduler_gateway.wire.messages import SETTLE_BATCH_HEADER, Settle, WireError
+from scheduler_gateway.wire.messages import SETTLE_BATCH_HEADER, ClaimRequest, Settle, WireError
 from scheduler_gateway.wire.subjects import SETTLE_CONSUMER, SETTLE_STREAM
 
 from .harness import Api, HandNode, api_client, running_gateway, wait_for
@@ -435,10 +435,25 @@ async def frozen_settle_member(
         await frozen.jetstream().subscribe(
             node.subjects.wildcard("settle"), queue=SETTLE_CONSUMER, stream=SETTLE_STREAM, cb=take, manual_ack=True
         )
+        await frozen.flush()  # its SUB known to the server before any settle is published
         await gateway.bus.stop_serving()
         yield held
     finally:
         await frozen.close()
+
+
+async def test_a_gateway_that_stopped_serving_is_no_longer_offered_node_requests(
+    api: Api, node: HandNode, gateway: Gateway
+) -> None:
+    """Once ``stop_serving`` returns, the server knows the gateway left its queue groups: a node's claim sent
+    right after finds no responder at once, instead of being routed to a member that drops it (the node would
+    wait out its timeout, a settle its ack wait)."""
+    task = await api.create({"kind": "echo"})
+    offer, _ = (await node.pull("echo"))[0]
+    await gateway.bus.stop_serving()
+    body = msgspec.json.encode(ClaimRequest(task_id=task["id"], attempt_id=offer.attempt_id))
+    with pytest.raises(nats.errors.NoRespondersError):
+        await node.nc.request(node.subjects.claim(node.node_id), body, timeout=5)
 
 
 @pytest.mark.parametrize("form", ["single", "batch"])

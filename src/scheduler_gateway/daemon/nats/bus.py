@@ -247,6 +247,13 @@ class NatsBus:
                 log.debug("unsubscribe: %s", type(exc).__name__)
         self._subs.clear()
         self._settle_sub = None
+        # An UNSUB only queued here lets the server keep choosing this member of a deliver group: what it sends
+        # meanwhile is dropped on arrival and comes again only after the ack wait. The round trip makes it known.
+        if self.nc is not None and self.nc.is_connected:
+            try:
+                await self.nc.flush(timeout=2)
+            except Exception as exc:  # the connection went while stopping: nothing left to tell
+                log.debug("flush after unsubscribe: %s", type(exc).__name__)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
 
