@@ -138,6 +138,7 @@ class HandNode:
     async def connect(cls, url: str, node_id: str) -> HandNode:
         node = cls(await nats.connect(url), node_id)
         await node.nc.subscribe(node.subjects.cancel(node_id), cb=node._on_cancel)
+        await node.nc.flush()  # a cancel published from another connection right after finds the SUB
         return node
 
     async def _on_cancel(self, msg: Any) -> None:
