@@ -31,6 +31,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
 from scheduler_gateway.actors.model.artifacts import ArtifactRecord
+from scheduler_gateway.daemon.nats.leave import leave
 from scheduler_gateway.wire.artifacts import (
     BUCKET,
     BUCKET_STREAM,
@@ -351,10 +352,11 @@ class ArtifactResponder:
         self._sub = await self._nc.subscribe(self._subjects.wildcard("artifact"), queue=queue, cb=cb)
 
     async def stop(self) -> None:
+        """Stop answering (the server routes no more requests here when it returns: ``leave``), and let the
+        requests in flight finish."""
         if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
+            sub, self._sub = self._sub, None
+            await leave(self._nc, [sub])
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
 

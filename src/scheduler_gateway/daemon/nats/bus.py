@@ -27,6 +27,7 @@ from nats.js.errors import NotFoundError
 
 from scheduler_gateway.actors import failpoints
 from scheduler_gateway.actors.ports import TAIL_SKEW_S, SettlesWaiting, vouched_round
+from scheduler_gateway.daemon.nats.leave import leave
 from scheduler_gateway.daemon.nats.publisher import AckedPublisher, PubAck
 from scheduler_gateway.daemon.nats.streams import bring_to_replicas, ensure_kind_consumer, ensure_streams
 from scheduler_gateway.wire.errors import Code, GatewayError
@@ -239,21 +240,11 @@ class NatsBus:
             log.warning("settle consumer: ack wait not updated (%s)", type(exc).__name__)
 
     async def stop_serving(self) -> None:
-        """Stop taking node input (drain), and let handlers in flight finish."""
-        for sub in self._subs:
-            try:
-                await sub.unsubscribe()
-            except Exception as exc:  # connection already gone: nothing to unsubscribe from
-                log.debug("unsubscribe: %s", type(exc).__name__)
-        self._subs.clear()
+        """Stop taking node input (drain), and let handlers in flight finish. When it returns, the server
+        routes no more claims, heartbeats or settles here (``leave``)."""
+        subs, self._subs = self._subs, []
         self._settle_sub = None
-        # An UNSUB only queued here lets the server keep choosing this member of a deliver group: what it sends
-        # meanwhile is dropped on arrival and comes again only after the ack wait. The round trip makes it known.
-        if self.nc is not None and self.nc.is_connected:
-            try:
-                await self.nc.flush(timeout=2)
-            except Exception as exc:  # the connection went while stopping: nothing left to tell
-                log.debug("flush after unsubscribe: %s", type(exc).__name__)
+        await leave(self.nc, subs)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
 
