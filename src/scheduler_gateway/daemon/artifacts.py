@@ -9,34 +9,36 @@ idempotent (marking rows, purging subjects, deleting rows), so two keepers at on
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from aiohttp import web
-from prometheus_client import Gauge
+from prometheus_client import CollectorRegistry, Gauge
 
-from scheduler_gateway.actors.artifacts import ArtifactKeeper, ArtifactService
+from scheduler_gateway.actors.artifacts import ArtifactIndex, ArtifactKeeper, ArtifactService
 from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord
+from scheduler_gateway.actors.model.retention import RetentionPolicy
+from scheduler_gateway.actors.task_service import TaskService
+from scheduler_gateway.daemon.http.app import AdminApi
 from scheduler_gateway.daemon.http.artifacts import ArtifactRoutes
 from scheduler_gateway.daemon.nats.artifacts import ArtifactResponder, JetStreamArtifacts, ensure_bucket
-
-if TYPE_CHECKING:
-    from scheduler_gateway.daemon.gateway import Gateway
+from scheduler_gateway.daemon.nats.bus import NatsBus
+from scheduler_gateway.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
 GATEWAY_QUEUE = "gw-gateway"
 
 
 class ArtifactMetrics:
-    def __init__(self, registry: object) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.total = Gauge(
             "gw_artifacts",
             "Artifacts in the index (as of the keeper's last round, plus those this instance recorded since)",
-            registry=registry,  # type: ignore[arg-type]
+            registry=registry,
         )
         self.bytes = Gauge(
             "gw_artifacts_bytes",
             "Bytes of the artifacts in the index (as of the keeper's last round, plus those recorded since)",
-            registry=registry,  # type: ignore[arg-type]
+            registry=registry,
         )
 
     def recorded(self, record: ArtifactRecord) -> None:
@@ -49,49 +51,74 @@ class ArtifactMetrics:
 
 
 class Artifacts:
-    def __init__(self, gw: Gateway, limits: ArtifactLimits) -> None:
-        self._gw = gw
+    """The artifacts' parts, made from the few collaborators they need; ``Gateway`` composes and starts them."""
+
+    def __init__(
+        self,
+        limits: ArtifactLimits,
+        *,
+        store: ArtifactIndex,
+        tasks: TaskService,
+        bus: NatsBus,
+        subjects: Subjects,
+        clock: Callable[[], float],
+        on_committed: Callable[[], None],
+        registry: CollectorRegistry,
+        stream_replicas: int,
+        retention: RetentionPolicy,
+    ) -> None:
         self.limits = limits
-        self.metrics = ArtifactMetrics(gw.metrics.registry)
+        self.metrics = ArtifactMetrics(registry)
+        self._store = store
+        self._tasks = tasks
+        self._bus = bus
+        self._subjects = subjects
+        self._clock = clock
+        self._on_committed = on_committed
+        self._stream_replicas = stream_replicas
+        self._retention = retention
         self.bucket: JetStreamArtifacts | None = None
         self.service: ArtifactService | None = None
         self.keeper: ArtifactKeeper | None = None
         self._responder: ArtifactResponder | None = None
-        gw.http_extensions.append(self._routes)
 
-    def _routes(self, app: web.Application) -> None:
-        assert self.service is not None, "Artifacts.start() runs before the HTTP app is built"
-        ArtifactRoutes(self._gw.api, self._gw.service, self.service).install(app)
+    def routes(self, api: AdminApi) -> Callable[[web.Application], None]:
+        """The routes' installer, for ``Gateway.http_extensions`` (the app is built after ``start``)."""
+
+        def install(app: web.Application) -> None:
+            assert self.service is not None, "Artifacts.start() runs before the HTTP app is built"
+            ArtifactRoutes(api, self._tasks, self.service).install(app)
+
+        return install
 
     async def start(self) -> None:
-        gw = self._gw
-        nc, js = gw.bus.nc, gw.bus.js
+        nc, js = self._bus.nc, self._bus.js
         assert nc is not None and js is not None
-        await ensure_bucket(js, gw.settings.stream_replicas)
+        await ensure_bucket(js, self._stream_replicas)
         self.bucket = JetStreamArtifacts(nc, js)
         self.service = ArtifactService(
-            gw.store,
+            self._store,
             self.bucket,
-            gw.service,
+            self._tasks,
             self.limits,
-            clock=gw.service._clock,
+            clock=self._clock,
             on_recorded=self.metrics.recorded,
-            on_committed=gw.relay.notify,
+            on_committed=self._on_committed,
         )
-        retention = gw.settings.retention
+        retention = self._retention
         # orphans are looked for about four times per orphan_after_s (at most every retention interval)
         interval = max(0.5, min(retention.interval_s, self.limits.orphan_after_s / 4))
         self.keeper = ArtifactKeeper(
-            gw.store,
+            self._store,
             self.bucket,
             self.limits,
-            gw.service._clock,
+            self._clock,
             tasks_s=retention.tasks_s,
             interval_s=interval,
             batch=retention.batch,
             on_totals=self.metrics.totals,
         )
-        self._responder = ArtifactResponder(nc, gw.subjects, self.service.handle)
+        self._responder = ArtifactResponder(nc, self._subjects, self.service.handle)
         await self._responder.start(GATEWAY_QUEUE)
         await self.keeper.start()
 

@@ -230,7 +230,20 @@ class Gateway:
         )
         self.http_extensions.append(KindRoutes(self.api, self.kinds, self.store, self.nodes).install)
         self.metrics.set_flow(self.dispatcher.flow_figures)
-        self.artifacts = Artifacts(self, s.artifacts)  # the bucket, node requests, keeper, routes
+        # the bucket, node requests, keeper, routes
+        self.artifacts = Artifacts(
+            s.artifacts,
+            store=self.store,
+            tasks=self.service,
+            bus=self.bus,
+            subjects=self.subjects,
+            clock=clock,
+            on_committed=self.relay.notify,
+            registry=self.metrics.registry,
+            stream_replicas=s.stream_replicas,
+            retention=s.retention,
+        )
+        self.http_extensions.append(self.artifacts.routes(self.api))
         self.http_extensions.append(console_routes(self))  # the web console at /ui/ and the viewer role
         if self.ha is not None:
             self.ha.attach(
