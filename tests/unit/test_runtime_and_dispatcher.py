@@ -102,6 +102,66 @@ async def test_loop_actor_restarts_after_crash() -> None:
         rt.RESTART_DELAY_S = old
 
 
+async def test_stop_ends_a_loop_whose_await_swallowed_the_cancel() -> None:
+    """On Python 3.11, ``asyncio.wait_for`` returns its result instead of raising when the task is cancelled in
+    the loop turn its inner future completes: the cancel is lost and the loop goes on (the event relay of a
+    crashed HA instance did so under ``test_ha``, and its ``stop()`` waited forever). ``stop()`` cancels again."""
+    inner: list[asyncio.Future[int]] = []
+    rounds: list[int] = []
+
+    class Relay(LoopActor):
+        name = "relay-like"
+
+        async def run(self) -> None:
+            while True:
+                fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+                inner.append(fut)
+                rounds.append(await asyncio.wait_for(fut, 60))  # 3.12+ raises the cancel here instead
+
+    actor = Relay()
+    await actor.start()
+    await asyncio.sleep(0.01)
+    task = actor._task
+    assert task is not None
+    inner[-1].set_result(1)  # completes in the same turn as the cancel stop() sends
+    stopper = asyncio.create_task(actor.stop())
+    try:
+        await asyncio.wait({stopper}, timeout=3)
+        assert stopper.done() and task.done(), f"stop() still waiting for a loop that lost its cancel: {rounds}"
+        assert rounds == [1], rounds  # the round whose wait_for lost the first cancel; the next one ended it
+    finally:
+        stopper.cancel()
+        task.cancel()
+
+
+async def test_stop_passes_on_the_cancel_of_its_caller() -> None:
+    """A caller cancelled while ``stop()`` waits for the loop to end is cancelled, not returned to."""
+    gate = asyncio.Event()
+    ended = asyncio.Event()
+
+    class Slow(LoopActor):
+        name = "slow-to-stop"
+
+        async def run(self) -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                await gate.wait()  # a cleanup that takes a while
+                ended.set()
+
+    actor = Slow()
+    await actor.start()
+    await asyncio.sleep(0.01)
+    stopper = asyncio.create_task(actor.stop())
+    await asyncio.sleep(0.01)
+    stopper.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await stopper
+    assert stopper.cancelled()
+    gate.set()
+    await asyncio.wait_for(ended.wait(), 1)
+
+
 async def test_keyed_mailboxes_serialise_per_key_and_parallelise_keys() -> None:
     boxes = KeyedMailboxes()
     log: list[str] = []

@@ -17,6 +17,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RESTART_DELAY_S = 0.5
+#: how long ``stop()`` waits for the loop to end before it cancels it again
+RECANCEL_S = 0.5
 
 
 class LoopActor:
@@ -46,9 +48,14 @@ class LoopActor:
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # Cancel until it ends: on Python 3.11 an await inside the loop can lose a cancel (``asyncio.wait_for``
+        # returns its result when its inner future completes in the cancel's loop turn), and the loop then runs
+        # on. Waiting through ``asyncio.wait`` keeps a cancel of our caller its own: it is raised, not swallowed.
+        while not task.done():
+            task.cancel()
+            await asyncio.wait((task,), timeout=RECANCEL_S)
+        if not task.cancelled():
+            task.exception()  # retrieved: the supervisor logs what run() raised
 
     async def _supervise(self) -> None:
         while not self._stopping:
