@@ -197,6 +197,34 @@ async def test_a_purge_under_a_lost_fence_is_refused(pg_url: str) -> None:
         await store.stop()
 
 
+async def test_a_purge_waits_for_a_child_insert_that_checked_its_parent_and_keeps_the_parent(pg_url: str) -> None:
+    """A create under a parent locks the parent's row (FOR SHARE) before it inserts; a purge whose read of the
+    parent's references came before the child's commit must not delete the parent after it: the purge locks
+    its candidates first and decides on a read taken after the lock, so the parent stays with its child."""
+    store = PostgresStore(pg_url)
+    await store.start()
+    try:
+        parent = make_task(1)
+        await store.apply(Change(task=parent, expected_revision=None))
+        await store.apply(Change(task=bump(parent, state="succeeded", finished_at=T0), expected_revision=1))
+        child_id = make_task(2).id
+        async with await psycopg.AsyncConnection.connect(pg_url) as creator:
+            # the store's insert of a child, held open between its parent check and its commit
+            await creator.execute("SELECT state FROM tasks WHERE id = %s FOR SHARE", (parent.id,))
+            await creator.execute("CREATE TEMP TABLE child AS SELECT * FROM tasks WHERE id = %s", (parent.id,))
+            await creator.execute("UPDATE child SET id = %s, parent_id = %s", (child_id, parent.id))
+            await creator.execute("INSERT INTO tasks SELECT * FROM child")
+            purge = asyncio.create_task(store.purge_tasks(T0 + 100, 10))
+            await asyncio.sleep(0.5)
+            assert not purge.done()  # it waits for the creator's lock on the parent
+            await creator.commit()
+            result = await asyncio.wait_for(purge, 10)
+        assert result.purged.get("tasks", 0) == 0 and result.kept == 1, result
+        assert await store.get_task(parent.id) is not None
+    finally:
+        await store.stop()
+
+
 async def test_a_rate_counts_each_start_on_the_database_clock(two: tuple[PostgresStore, PostgresStore]) -> None:
     """Found by the simulation (two instances 4 s apart started two tasks in one instant under a rate of one per
     2 s): a start is counted when its claim commits, on the database's clock, whatever the deciding instance's

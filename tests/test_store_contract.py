@@ -230,6 +230,7 @@ def assert_code(exc: BaseException | None, cls: type[BaseException], code: str) 
 
 async def test_insert_get_round_trip_keeps_payload_bytes(store: TaskStore) -> None:
     payload = msgspec.Raw(b'{"b": [1, 2.50, "\\u00e9x"],   "a":null}')
+    await store.apply(create(make_task(0)))  # the parent: a create naming no stored task is refused
     task = make_task(1, payload=payload, labels={"team": "ops"}, parent_id=tid(0), thread_id="thr_x")
     await store.apply(create(task))
     got = await store.get_task(task.id)

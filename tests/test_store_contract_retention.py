@@ -201,6 +201,28 @@ async def test_purge_keeps_a_task_with_a_child_until_the_child_is_gone(store: An
     assert await store.get_task(parent.id) is None
 
 
+async def test_no_task_is_created_under_a_parent_that_was_purged(store: Any) -> None:
+    """The service checked the parent before the create reached the store, and retention purged the parent
+    (terminal, childless) in between: the create is refused as under a terminal parent, never stored under an
+    id that names nothing (the SQLite soak, seed 3565639071: a child of a canceled, purged parent)."""
+    parent = make_task(1)
+    await store.apply(create(parent))
+    done = bump(parent, state="canceled", finished_at=T0)
+    await store.apply(update(parent, done, "cancel"))
+    purged, _ = await drain_tasks(store, T0 + 100)
+    assert purged["tasks"] == 1 and await store.get_task(parent.id) is None
+    child = make_task(2, parent_id=parent.id)
+    with pytest.raises(Conflict) as info:
+        await store.apply(create(child))
+    assert_code(info.value, Conflict, Code.TASK_ALREADY_TERMINAL)
+    assert info.value.details["parentId"] == parent.id
+    assert await store.get_task(child.id) is None
+    other = make_task(3)
+    results = await store.apply_many([create(child), create(other)])  # in a batch: only the child is refused
+    assert_code(results[0], Conflict, Code.TASK_ALREADY_TERMINAL)
+    assert results[1] is None and await store.get_task(child.id) is None
+
+
 async def test_purge_keeps_a_task_whose_dead_letter_is_not_archived_and_takes_an_archived_one(store: Any) -> None:
     active_letter = finished(1, T0, "dead")
     archived_letter = finished(2, T0, "dead")

@@ -185,9 +185,11 @@ class MemoryStore(
                 f"dead letter {dl.dead_letter_id} already belongs to another task",
                 details={"deadLetterId": dl.dead_letter_id},
             )
-        parent = self._tasks.get(task.parent_id) if task.parent_id is not None else None
-        if parent is not None:
-            refusal = parent_refusal(task, parent.state, inserting=change.expected_revision is None)
+        if task.parent_id is not None:
+            parent = self._tasks.get(task.parent_id)
+            refusal = parent_refusal(
+                task, None if parent is None else parent.state, inserting=change.expected_revision is None
+            )
             if refusal is not None:
                 raise refusal
         self._check_unique(change)

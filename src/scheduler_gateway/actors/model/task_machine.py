@@ -75,11 +75,21 @@ def refuse(task: Task, action: str) -> Conflict:
     )
 
 
-def parent_refusal(task: Task, parent_state: str, inserting: bool) -> Conflict | None:
+def parent_refusal(task: Task, parent_state: str | None, inserting: bool) -> Conflict | None:
     """The parent rule, which every store write keeps: no task is created under a terminal parent, and none
-    becomes active again under a canceled one (its cancel named every active descendant)."""
+    becomes active again under a canceled one (its cancel named every active descendant). ``parent_state``
+    None: the parent is not stored. Only retention removes a task, a terminal one that no task names as its
+    parent, so a create naming it lost a race with the purge after the service's check: refused the same way."""
     if task.state in TERMINAL_STATES:
         return None
+    if parent_state is None:
+        if not inserting:
+            return None
+        return Conflict(
+            f"parent task {task.parent_id} has ended and was purged",
+            code=Code.TASK_ALREADY_TERMINAL,
+            details={"parentId": task.parent_id},
+        )
     if parent_state == "canceled" or (inserting and parent_state in TERMINAL_STATES):
         return Conflict(
             f"parent task {task.parent_id} is {parent_state}",

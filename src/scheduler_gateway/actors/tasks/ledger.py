@@ -96,7 +96,7 @@ class TaskLedger:
         if task.parent_id is None:
             return
         parent = await self.current(task.parent_id)
-        refusal = None if parent is None else sm.parent_refusal(task, parent.state, inserting)
+        refusal = sm.parent_refusal(task, None if parent is None else parent.state, inserting)
         if refusal is not None:
             raise refusal
 

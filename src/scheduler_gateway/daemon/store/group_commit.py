@@ -249,7 +249,7 @@ def _parent_refusal(conn: sqlite3.Connection, r: ChangeRows) -> Conflict | None:
     if r.task is None or r.parent_id is None:
         return None
     row = fetch_one(conn, "SELECT state FROM tasks WHERE id = ?", (r.parent_id,))
-    return None if row is None else parent_refusal(r.task, row[0], inserting=r.expected_revision is None)
+    return parent_refusal(r.task, None if row is None else row[0], inserting=r.expected_revision is None)
 
 
 _SQL_ACTIVE_BELOW = (

@@ -205,7 +205,7 @@ async def _parent_refusal(conn: Conn, r: ChangeRows) -> Conflict | None:
         return None
     cur = await conn.execute("SELECT state FROM tasks WHERE id = %s FOR SHARE", (r.parent_id,))
     row = await cur.fetchone()
-    return None if row is None else parent_refusal(r.task, row[0], inserting=r.expected_revision is None)
+    return parent_refusal(r.task, None if row is None else row[0], inserting=r.expected_revision is None)
 
 
 async def subtree_open(conn: Conn, root: str) -> Conflict | None:
