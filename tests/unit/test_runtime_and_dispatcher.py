@@ -10,7 +10,7 @@ import msgspec
 from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.lease_clock import LeaseClock
 from scheduler_gateway.actors.model.records import Task
-from scheduler_gateway.actors.runtime import KeyedMailboxes, LoopActor
+from scheduler_gateway.actors.runtime import KeyedMailboxes, LoopActor, cancel_and_wait
 from scheduler_gateway.wire.messages import Offer
 
 
@@ -160,6 +160,27 @@ async def test_stop_passes_on_the_cancel_of_its_caller() -> None:
     assert stopper.cancelled()
     gate.set()
     await asyncio.wait_for(ended.wait(), 1)
+
+
+async def test_cancel_and_wait_ends_every_task_even_one_that_lost_its_cancel_or_raised() -> None:
+    loop = asyncio.get_running_loop()
+    inner: asyncio.Future[int] = loop.create_future()
+
+    async def loses_its_cancel() -> None:
+        while True:
+            await asyncio.wait_for(inner if not inner.done() else loop.create_future(), 60)
+
+    async def raises_when_cancelled() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            raise RuntimeError("cleanup failed")
+
+    tasks = [asyncio.create_task(loses_its_cancel()), asyncio.create_task(raises_when_cancelled())]
+    await asyncio.sleep(0.01)
+    inner.set_result(1)  # done in the turn of the first cancel: 3.11's wait_for returns instead of raising
+    await asyncio.wait_for(cancel_and_wait(*tasks), 3)
+    assert all(t.done() for t in tasks)
 
 
 async def test_keyed_mailboxes_serialise_per_key_and_parallelise_keys() -> None:

@@ -20,7 +20,6 @@ to sign and goes nowhere else: not into an error, an audit entry, a view or a lo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -45,7 +44,7 @@ from .model.callbacks import (
 )
 from .model.records import SYSTEM, ActorRef, AuditEntry
 from .ports import CallbackPost, CallbackPoster, CallbackSenderStore, Page
-from .runtime import LoopActor, Wakeup
+from .runtime import LoopActor, Wakeup, cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -122,12 +121,7 @@ class CallbackSender(LoopActor):
         """Stop the loop and abandon the attempts in flight: their rows stay due and are made again at the
         next start (at least once)."""
         await super().stop()
-        attempts = list(self._in_flight.values())
-        for t in attempts:
-            t.cancel()
-        for t in attempts:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(*self._in_flight.values())
         self._in_flight.clear()
         self._per_target.clear()
 

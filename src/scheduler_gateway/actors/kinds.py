@@ -11,7 +11,6 @@ as for task changes) moves it to the stream at once instead of at the relay's ne
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +21,7 @@ from . import idgen
 from .model.flow import KindSettings
 from .model.records import SYSTEM, ActorRef, AuditEntry, EventRecord
 from .ports import KindStore
+from .runtime import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,7 @@ class KindService:
 
     async def stop(self) -> None:
         if self._refresher is not None:
-            self._refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
+            await cancel_and_wait(self._refresher)
             self._refresher = None
 
     def settings(self, kind: str) -> KindSettings:

@@ -7,7 +7,6 @@ A loop that crashes is logged and restarted after a short pause, never silently 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -19,6 +18,21 @@ T = TypeVar("T")
 RESTART_DELAY_S = 0.5
 #: how long ``stop()`` waits for the loop to end before it cancels it again
 RECANCEL_S = 0.5
+
+
+async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
+    """Cancel ``tasks`` and wait until every one has ended. A task is cancelled again while it runs on: on
+    Python 3.11 an await inside it can lose a cancel (``asyncio.wait_for`` returns its result when its inner
+    future completes in the cancel's loop turn). A cancel of the caller is raised, never swallowed; what a
+    task raised while it ended is retrieved and dropped (its own loop logs what matters)."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
+    for t in tasks:
+        if not t.cancelled() and t.exception() is not None:
+            log.debug("a task raised while it was stopped: %r", t.exception())
 
 
 class LoopActor:
@@ -48,14 +62,7 @@ class LoopActor:
         task, self._task = self._task, None
         if task is None:
             return
-        # Cancel until it ends: on Python 3.11 an await inside the loop can lose a cancel (``asyncio.wait_for``
-        # returns its result when its inner future completes in the cancel's loop turn), and the loop then runs
-        # on. Waiting through ``asyncio.wait`` keeps a cancel of our caller its own: it is raised, not swallowed.
-        while not task.done():
-            task.cancel()
-            await asyncio.wait((task,), timeout=RECANCEL_S)
-        if not task.cancelled():
-            task.exception()  # retrieved: the supervisor logs what run() raised
+        await cancel_and_wait(task)
 
     async def _supervise(self) -> None:
         while not self._stopping:
@@ -124,12 +131,7 @@ class KeyedMailboxes:
                 del self._boxes[key]
 
     async def stop(self) -> None:
-        drains = list(self._drains)
-        for d in drains:
-            d.cancel()
-        for d in drains:
-            with contextlib.suppress(asyncio.CancelledError):
-                await d
+        await cancel_and_wait(*self._drains)
 
 
 class Wakeup:

@@ -37,6 +37,7 @@ from scheduler_gateway.actors.model.records import ActorRef, AuditEntry
 from scheduler_gateway.actors.model.retention import RetentionPolicy
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.retention import RetentionKeeper
+from scheduler_gateway.actors.runtime import cancel_and_wait
 from scheduler_gateway.actors.scheduler import SchedulerSettings
 from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
 from scheduler_gateway.daemon import task_spans
@@ -331,9 +332,7 @@ class Gateway:
         await self._bounded("task service", self.service.stop())
         await self._bounded("event relay", self.relay.stop())
         if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
+            await cancel_and_wait(self._flusher)
             self._flusher = None
         with contextlib.suppress(GatewayError):
             await self._bounded("node registry flush", self.store.put_nodes(self.nodes.take_dirty()))

@@ -49,6 +49,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from scheduler_gateway.actors.duties import LEADER, FenceToken, InstanceRecord, Leadership, LeaseTiming, fenced
 from scheduler_gateway.actors.ports import CallbackPost, CallbackPoster
+from scheduler_gateway.actors.runtime import cancel_and_wait
 from scheduler_gateway.actors.shared_tasks import GoneInstances, LeaseWatcher, LiveSync, reoffer_queued
 from scheduler_gateway.actors.task_service import TaskService
 from scheduler_gateway.daemon.store.postgres import PostgresStore
@@ -315,9 +316,7 @@ class HighAvailability:
         if self.live_sync is not None:
             await self.live_sync.stop()
         if self._beat is not None:
-            self._beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._beat
+            await cancel_and_wait(self._beat)
             self._beat = None
         with contextlib.suppress(GatewayError):
             await self.store.duties.forget_instance(self.instance_id)
@@ -330,9 +329,7 @@ class HighAvailability:
             if actor is not None:
                 await actor.stop()
         if self._beat is not None:
-            self._beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._beat
+            await cancel_and_wait(self._beat)
             self._beat = None
 
     # -- the leader's duties -------------------------------------------------------------------------

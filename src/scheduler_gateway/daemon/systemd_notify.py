@@ -7,10 +7,11 @@ restarts the daemon (``WatchdogSec`` in the unit).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
+
+from scheduler_gateway.actors.runtime import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,5 @@ class SystemdNotifier:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None

@@ -46,6 +46,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from scheduler_gateway.actors.runtime import cancel_and_wait
 from scheduler_gateway.daemon.http.event_clients import (
     REPLAY_BATCH,
     REPLAY_IDLE_S,
@@ -223,9 +224,7 @@ class EventHub:
         self.shutting_down()
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await cancel_and_wait(watcher)
         await self._unsubscribe()
         for t in list(self._background):
             t.cancel()

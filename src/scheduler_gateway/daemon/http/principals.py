@@ -18,12 +18,12 @@ of it, and writes the tokens' last use, coalesced, every ``flush_s`` (one write 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 
 from scheduler_gateway.actors.ports import Principal, PrincipalStore
+from scheduler_gateway.actors.runtime import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,7 @@ class PrincipalCache:
 
     async def stop(self) -> None:
         if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+            await cancel_and_wait(self._loop_task)
             self._loop_task = None
         await self.flush()
 

@@ -24,12 +24,12 @@ The same covers a server that exited on its own (killed, crashed): it is started
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
 import time
 from collections.abc import Awaitable, Callable
 
+from scheduler_gateway.actors.runtime import cancel_and_wait
 from scheduler_gateway.daemon.nats.embedded import NATS_SUBDIR, EmbeddedNats
 
 log = logging.getLogger(__name__)
@@ -87,9 +87,7 @@ class EmbeddedNatsWatch:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:
