@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RESTART_DELAY_S = 0.5
-#: how long ``stop()`` waits for the loop to end before it cancels it again
+#: how long ``cancel_and_wait`` gives a cancelled task to end (its cleanup included) before it cancels it again
 RECANCEL_S = 0.5
 
 
