@@ -197,10 +197,12 @@ async def test_a_purge_under_a_lost_fence_is_refused(pg_url: str) -> None:
         await store.stop()
 
 
-async def test_a_purge_waits_for_a_child_insert_that_checked_its_parent_and_keeps_the_parent(pg_url: str) -> None:
-    """A create under a parent locks the parent's row (FOR SHARE) before it inserts; a purge whose read of the
-    parent's references came before the child's commit must not delete the parent after it: the purge locks
-    its candidates first and decides on a read taken after the lock, so the parent stays with its child."""
+async def test_a_purge_leaves_a_parent_that_a_child_insert_holds_and_keeps_it_once_the_child_is_in(
+    pg_url: str,
+) -> None:
+    """A create under a parent locks the parent's row (FOR SHARE) before it inserts. A purge that read the
+    parent's references before the child's commit deleted the parent once the lock was gone, leaving the
+    child under nothing; it now skips a candidate a create holds, and keeps it when the child is in."""
     store = PostgresStore(pg_url)
     await store.start()
     try:
@@ -212,14 +214,15 @@ async def test_a_purge_waits_for_a_child_insert_that_checked_its_parent_and_keep
             # the store's insert of a child, held open between its parent check and its commit
             await creator.execute("SELECT state FROM tasks WHERE id = %s FOR SHARE", (parent.id,))
             await creator.execute("CREATE TEMP TABLE child AS SELECT * FROM tasks WHERE id = %s", (parent.id,))
-            await creator.execute("UPDATE child SET id = %s, parent_id = %s", (child_id, parent.id))
+            await creator.execute(
+                "UPDATE child SET id = %s, parent_id = %s, state = 'queued', finished_at = NULL", (child_id, parent.id)
+            )
             await creator.execute("INSERT INTO tasks SELECT * FROM child")
-            purge = asyncio.create_task(store.purge_tasks(T0 + 100, 10))
-            await asyncio.sleep(0.5)
-            assert not purge.done()  # it waits for the creator's lock on the parent
+            result = await asyncio.wait_for(store.purge_tasks(T0 + 100, 10), 5)  # the creator holds the parent
+            assert result.purged.get("tasks", 0) == 0 and result.kept == 1, result
             await creator.commit()
-            result = await asyncio.wait_for(purge, 10)
-        assert result.purged.get("tasks", 0) == 0 and result.kept == 1, result
+        result = await store.purge_tasks(T0 + 100, 10)
+        assert result.purged.get("tasks", 0) == 0 and result.kept == 1, result  # its child names it now
         assert await store.get_task(parent.id) is not None
     finally:
         await store.stop()

@@ -49,7 +49,7 @@ SQL_DUE_TASKS_FIRST = (
     " WHERE t.finished_at IS NOT NULL AND t.finished_at <= %s"
     " ORDER BY t.finished_at, t.id LIMIT %s"
 )
-SQL_LOCK_CANDIDATES = "SELECT id FROM tasks WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
+SQL_LOCK_CANDIDATES = "SELECT id FROM tasks WHERE id = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED"
 # the candidates that are still due and unreferenced when deleted (another instance may have retried one); the
 # newest create of each unique key among them is remembered in the same statement (unique_marks, docs/FLOW.md:
 # a later create's window still reaches it), one row per key as ON CONFLICT may touch a row only once
@@ -103,11 +103,12 @@ class PgRetention:
             candidates = [row[0] for row in rows if not row[2]]
             gone: list[str] = []
             if candidates:
-                # A create under a candidate holds its row FOR SHARE from its parent check to its commit: wait
-                # for those first, so that the delete's own read (a statement of its own, a later snapshot)
-                # sees the children they committed and keeps their parents.
-                await conn.execute(SQL_LOCK_CANDIDATES, (candidates,))
-                cur = await conn.execute(SQL_DELETE_TASKS, (candidates, finished_before))
+                # A create under a candidate holds its row FOR SHARE from its parent check to its commit. Such a
+                # candidate is left for a later round; the others are locked, so no create can add a child to
+                # them now, and the delete's own read (a later snapshot) sees the children committed before.
+                cur = await conn.execute(SQL_LOCK_CANDIDATES, (candidates,))
+                locked = [row[0] for row in await cur.fetchall()]
+                cur = await conn.execute(SQL_DELETE_TASKS, (locked, finished_before))
                 gone = [row[0] for row in await cur.fetchall()]
             # bounded as the batch is; a cutoff at or before every window's reach (``finished_before`` <= now)
             await conn.execute(SQL_FORGET_MARKS, (finished_before - UNIQUE_FOR_MAX_S, n))
@@ -119,7 +120,7 @@ class PgRetention:
                 "tasks": len(gone),
             }
         last = rows[-1] if len(rows) >= n else None
-        kept = len(rows) - len(gone)  # referenced at the read, or by the time of the delete
+        kept = len(rows) - len(gone)  # referenced at the read or at the delete, or held by a create
         return PurgeResult(purged, kept, None if last is None else f"{float(last[1])!r}|{last[0]}")
 
     async def purge_audit(self, before: float, limit: int) -> PurgeResult:
