@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 
 import msgspec
+import pytest
 
 from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.lease_clock import LeaseClock
@@ -181,6 +182,33 @@ async def test_cancel_and_wait_ends_every_task_even_one_that_lost_its_cancel_or_
     inner.set_result(1)  # done in the turn of the first cancel: 3.11's wait_for returns instead of raising
     await asyncio.wait_for(cancel_and_wait(*tasks), 3)
     assert all(t.done() for t in tasks)
+
+
+async def test_cancel_and_wait_leaves_a_task_that_ignores_every_cancel(monkeypatch: pytest.MonkeyPatch) -> None:
+    import scheduler_gateway.actors.runtime as rt
+
+    monkeypatch.setattr(rt, "RECANCEL_S", 0.02)
+    monkeypatch.setattr(rt, "RECANCEL_ROUNDS", 3)
+    cancels: list[int] = []
+    relent = asyncio.Event()
+
+    async def stubborn() -> None:
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                cancels.append(1)
+                if relent.is_set():
+                    raise
+
+    task = asyncio.create_task(stubborn())
+    await asyncio.sleep(0.01)
+    await asyncio.wait_for(cancel_and_wait(task), 2)  # returns: a stop never hangs on it
+    assert len(cancels) == 3 and not task.done()
+    relent.set()  # the test's own cleanup
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def test_keyed_mailboxes_serialise_per_key_and_parallelise_keys() -> None:

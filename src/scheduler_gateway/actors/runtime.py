@@ -16,22 +16,29 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RESTART_DELAY_S = 0.5
-#: how long ``cancel_and_wait`` gives a cancelled task to end (its cleanup included) before it cancels it again
+#: how long ``cancel_and_wait`` gives a cancelled task to end (its cleanup included) before it cancels it again,
+#: and how many times it does before it leaves the task (logged): the worker SDK's stop does the same
 RECANCEL_S = 0.5
+RECANCEL_ROUNDS = 20
 
 
 async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
     """Cancel ``tasks`` and wait until every one has ended. A task is cancelled again while it runs on: on
     Python 3.11 an await inside it can lose a cancel (``asyncio.wait_for`` returns its result when its inner
-    future completes in the cancel's loop turn). A cancel of the caller is raised, never swallowed; what a
-    task raised while it ended is retrieved and dropped (its own loop logs what matters)."""
+    future completes in the cancel's loop turn). One that still runs after ``RECANCEL_ROUNDS`` is left, with an
+    error logged, so that a stop never hangs. A cancel of the caller is raised, never swallowed; what a task
+    raised while it ended is retrieved and dropped (its own loop logs what matters)."""
     pending = {t for t in tasks if not t.done()}
-    while pending:
+    for _ in range(RECANCEL_ROUNDS):
+        if not pending:
+            break
         for t in pending:
             t.cancel()
         _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
+    if pending:
+        log.error("%d task(s) still running after %d cancels; left behind", len(pending), RECANCEL_ROUNDS)
     for t in tasks:
-        if not t.cancelled() and t.exception() is not None:
+        if t.done() and not t.cancelled() and t.exception() is not None:
             log.debug("a task raised while it was stopped: %r", t.exception())
 
 
