@@ -56,13 +56,18 @@ async def test_a_group_that_closes_a_subtree_is_refused_while_a_task_below_is_ac
 async def test_no_task_is_created_under_a_terminal_parent(store: Any, parent_state: str) -> None:
     parent = make_task(1, state=parent_state)
     await store.apply(create(parent))
-    child = make_task(2, parent_id=parent.id)
+    await assert_child_refused(store, parent.id)
+
+
+async def assert_child_refused(store: Any, parent_id: str) -> None:
+    """A create under ``parent_id`` is refused TASK_ALREADY_TERMINAL, alone and in a batch beside a write that
+    goes through (only the child is refused)."""
+    child = make_task(2, parent_id=parent_id)
     with pytest.raises(Conflict) as info:
         await store.apply(create(child))
     assert_code(info.value, Conflict, Code.TASK_ALREADY_TERMINAL)
-    assert info.value.details["parentId"] == parent.id
+    assert info.value.details["parentId"] == parent_id
     assert await store.get_task(child.id) is None
-    # the same in a batch beside a write that goes through: only the child is refused
     other = make_task(3)
     results = await store.apply_many([create(other), create(child)])
     assert results[0] is None

@@ -33,6 +33,7 @@ from .test_store_contract import (
     store,
     update,
 )
+from .test_store_contract_cascade import assert_child_refused
 
 __all__ = ["harness", "sqlite_store", "store"]  # the fixtures, imported for pytest
 
@@ -211,16 +212,7 @@ async def test_no_task_is_created_under_a_parent_that_was_purged(store: Any) -> 
     await store.apply(update(parent, done, "cancel"))
     purged, _ = await drain_tasks(store, T0 + 100)
     assert purged["tasks"] == 1 and await store.get_task(parent.id) is None
-    child = make_task(2, parent_id=parent.id)
-    with pytest.raises(Conflict) as info:
-        await store.apply(create(child))
-    assert_code(info.value, Conflict, Code.TASK_ALREADY_TERMINAL)
-    assert info.value.details["parentId"] == parent.id
-    assert await store.get_task(child.id) is None
-    other = make_task(3)
-    results = await store.apply_many([create(child), create(other)])  # in a batch: only the child is refused
-    assert_code(results[0], Conflict, Code.TASK_ALREADY_TERMINAL)
-    assert results[1] is None and await store.get_task(child.id) is None
+    await assert_child_refused(store, parent.id)
 
 
 async def test_purge_keeps_a_task_whose_dead_letter_is_not_archived_and_takes_an_archived_one(store: Any) -> None:
