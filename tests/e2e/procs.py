@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import signal
 import subprocess
@@ -30,7 +31,9 @@ def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> Non
         try:
             with urllib.request.urlopen(url, timeout=1):
                 return
-        except OSError:
+        # not HTTP on the port (another test's nats-server took it before the daemon's bind): the daemon then
+        # exits, and ``start`` tries again on new ports
+        except (OSError, http.client.HTTPException):
             if proc.poll() is not None:
                 raise RuntimeError(f"process exited with {proc.returncode}") from None
             if time.monotonic() > deadline:
