@@ -3,7 +3,7 @@ Pure, like the rest of the model."""
 
 from __future__ import annotations
 
-from .schedule_spec import InvalidSchedule, ScheduleSpec
+from .schedule_spec import SCHEDULE_TYPES, InvalidSchedule, ScheduleSpec
 
 
 def merge_spec(
@@ -16,14 +16,18 @@ def merge_spec(
 ) -> ScheduleSpec:
     """The schedule after a PATCH that sent these sub-fields (None: not sent). ``current`` None is a stored
     schedule that cannot be read: then the PATCH must send a complete one."""
-    new_type = type or (current.type if current is not None else None)
+    # every ``is not None`` below: a sub-field sent empty is judged (422), never taken as "not sent"
+    new_type = type if type is not None else (current.type if current is not None else None)
     if new_type is None:
         raise InvalidSchedule("schedule.type is required", details={"field": "schedule.type"})
-    tz = timezone or (current.timezone if current is not None else "UTC")
+    if new_type not in SCHEDULE_TYPES:
+        raise InvalidSchedule(f"unknown schedule type {new_type[:40]!r}", details={"field": "schedule.type"})
+    # an empty zone is UTC, as at creation (``ScheduleSpec.from_primitives``)
+    tz = timezone if timezone is not None else (current.timezone if current is not None else "UTC")
     if new_type == "cron":
         if run_at is not None:
             raise InvalidSchedule("a cron schedule has no runAt", details={"field": "schedule.runAt"})
-        expr = cron or (current.cron if current is not None and current.type == "cron" else None)
+        expr = cron if cron is not None else (current.cron if current is not None and current.type == "cron" else None)
         return ScheduleSpec.from_primitives("cron", tz, expr, None)
     if cron is not None:
         raise InvalidSchedule("a once schedule has no cron", details={"field": "schedule.cron"})
@@ -32,7 +36,7 @@ def merge_spec(
     kept = current.run_at if current is not None and current.type == "once" else None
     if kept is None:
         raise InvalidSchedule("a once schedule needs runAt", details={"field": "schedule.runAt"})
-    return ScheduleSpec(type="once", timezone=tz, run_at=kept)
+    return ScheduleSpec(type="once", timezone=tz or "UTC", run_at=kept)
 
 
 def merge_context(

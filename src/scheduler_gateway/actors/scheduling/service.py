@@ -224,7 +224,8 @@ class ScheduleService:
                 s = patch.schedule
                 spec = merge_spec(record.schedule, type=s.type, timezone=s.timezone, cron=s.cron, run_at=s.run_at)
             mode, thread_id = merge_context(record.context_mode, record.thread_id, patch.context_mode, patch.thread_id)
-            overlap = patch.overlap_policy or record.overlap_policy
+            # ``is not None``: an empty string was sent and is judged by the model (422), not taken as "not sent"
+            overlap = patch.overlap_policy if patch.overlap_policy is not None else record.overlap_policy
             parts = {"title": title, "task": template, "schedule": spec, "contextMode": mode, "overlapPolicy": overlap}
             missing = tuple(name for name, value in parts.items() if value is None)
             if missing:
