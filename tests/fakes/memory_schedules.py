@@ -236,14 +236,18 @@ class MemoryScheduleStore:
         if not self._apply_run(run):
             return False
         t = self._ss.schedules.get(schedule_id)
-        if t is not None and (generation is None or generation == t.generation):
-            self._ss.schedules[schedule_id] = msgspec.structs.replace(
-                t,
-                status=status if status is not None else t.status,
-                last_error=last_error,
-                version=t.version + 1,
-                updated_at=now,
-            )
+        if t is None:
+            return True
+        # as the SQL stores' _SQL_COMPLETE_SCHEDULE: the verdict only for the schedule that launched the run;
+        # an error always reaches lastError, a success clears it only there
+        decides = generation is None or generation == t.generation
+        self._ss.schedules[schedule_id] = msgspec.structs.replace(
+            t,
+            status=status if status is not None and decides else t.status,
+            last_error=last_error if decides else (last_error or t.last_error),
+            version=t.version + 1,
+            updated_at=now,
+        )
         return True
 
     async def schedule_counts(self) -> dict[str, int]:

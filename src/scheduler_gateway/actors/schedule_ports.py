@@ -312,9 +312,11 @@ class ScheduleStore(Protocol):
         """A run reached its end: the run's final status, then (only when that changed the run) the
         schedule's verdict (``status`` None keeps it) and lastError. One transaction; False when the run
         was already final (a repeat) and nothing was written. With ``generation`` (the run's) the verdict
-        and lastError are written only while the schedule's generation still equals it (the arbiter of
-        the service's ``decides_for`` read, against an edit landing in between); otherwise only the run is
-        closed: lastError explains the status of the schedule as it is, not of one edited away."""
+        is written only while the schedule's generation still equals it (the arbiter of the service's
+        ``decides_for`` read, against an edit landing in between). lastError: the run's error is written
+        whatever the generation (a pause, resume or PATCH during the run does not hide it); ``None`` (a
+        success) clears it only while the generation equals the run's (an older problem of the edited
+        schedule, or the skip that took a once over, stays until a run of the schedule as it is completes)."""
         ...
 
     async def schedule_counts(self) -> dict[str, int]: ...

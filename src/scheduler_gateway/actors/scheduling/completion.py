@@ -28,9 +28,11 @@ class RunCompletion:
         task_id: str | None = None,
     ) -> bool:
         """A run reached its end: the run's status, then the verdict the model gives for this outcome (a
-        once ends; a cron keeps its status) and lastError, always (a cron reports its last problem), both
-        only while the schedule is still the one that launched the run (``ScheduledTask.decides_for``). A
-        schedule deleted meanwhile is not an error: the run is closed and nothing else is written."""
+        once ends; a cron keeps its status) only while the schedule is still the one that launched the run
+        (``ScheduledTask.decides_for``), and lastError: an error always (seed 000, 6.3: the run's end writes
+        it, a pause, resume or PATCH during the run included), a success clears it only on the schedule that
+        launched the run. A schedule deleted meanwhile is not an error: the run is closed and nothing else
+        is written."""
         run = await self._store.get_run(run_id)
         if run is None or not run.is_active:
             return False  # unknown, or already closed: a repeat
@@ -51,12 +53,14 @@ class RunCompletion:
         except CorruptStoredSchedule as exc:
             log.error("run %s ended but its schedule cannot be read (%s); only the run is closed", run.id, exc.message)
             return await self._store.update_run(update)
-        if not schedule.decides_for(run):
-            # edited (or taken over by a skip) since this run's launch: the run's end is its own, not the
-            # schedule's (docs/SCHEDULES.md); the store's generation guard would refuse the verdict anyway
-            log.info("run %s ended after its scheduled task %s changed; only the run is closed", run.id, record.id)
-            return await self._store.update_run(update)
-        verdict = schedule.status_after_completion(outcome)
+        verdict = None
+        if schedule.decides_for(run):
+            verdict = schedule.status_after_completion(outcome)
+        else:
+            # edited (or taken over by a skip) since this run's launch: the status is not the run's to decide
+            # (docs/SCHEDULES.md), but its error still reaches lastError (the store's generation guard decides
+            # both again in the write, against an edit landing in between)
+            log.info("run %s ended after its scheduled task %s changed; no verdict on it", run.id, record.id)
         return await self._store.record_completion(
             record.id, verdict, error, update, now, generation=run.schedule_generation
         )

@@ -255,6 +255,29 @@ _SQL_SAVE_SCHEDULE = (
     " context_mode = ?, thread_id = ?,"
     " overlap_policy = ?, updated_at = ? WHERE id = ? AND version = ? AND status != 'running'"
 )
+#: A run's end on its schedule (record_completion). The verdict (``status``, None keeps it) only while the schedule's
+#: generation is still the run's (None: no guard); lastError always learns an error: the run's end writes it (seed
+#: 000, 6.3), even after a pause, resume or PATCH raised the generation during the run. A success clears it only
+#: for the schedule that launched the run: after an edit (or a skip that took the status over) an older problem
+#: stays until a run of the schedule as it is now completes. The CASEs read the row as it was before the UPDATE.
+#: Params: generation x2, status, generation x2, error, error, now, id (``record_completion_params``).
+_SQL_COMPLETE_SCHEDULE = (
+    "UPDATE scheduled_tasks SET"
+    " status = CASE WHEN CAST(? AS INTEGER) IS NULL OR generation = CAST(? AS INTEGER)"
+    " THEN coalesce(?, status) ELSE status END,"
+    " last_error = CASE WHEN CAST(? AS INTEGER) IS NULL OR generation = CAST(? AS INTEGER)"
+    " THEN ? ELSE coalesce(?, last_error) END,"
+    " version = version + 1, updated_at = ? WHERE id = ?"
+)
+
+
+def record_completion_params(
+    schedule_id: str, status: str | None, last_error: RunError | None, now: float, generation: int | None
+) -> tuple[Any, ...]:
+    err = _error_blob(last_error)
+    return (generation, generation, status, generation, generation, err, err, now, schedule_id)
+
+
 _SQL_INSERT_RUN = f"INSERT INTO scheduled_runs ({_RUN_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 

@@ -51,13 +51,13 @@ from scheduler_gateway.daemon.store.schedule_rows import (
     _SCHED_COLS,
     _SCHED_FROM,
     _SQL_CLAIM_TOKEN,
+    _SQL_COMPLETE_SCHEDULE,
     _SQL_INSERT_RUN,
     _SQL_INSERT_SCHEDULE,
     _SQL_OCCURRENCE_RUN,
     _SQL_SAVE_SCHEDULE,
     _decode_task,
     _decode_thread,
-    _error_blob,
     _launch_sql,
     _record_from_row,
     _run_values,
@@ -65,6 +65,7 @@ from scheduler_gateway.daemon.store.schedule_rows import (
     _schedule_values,
     _tasks_of,
     _update_run_sql,
+    record_completion_params,
 )
 from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
 from scheduler_gateway.wire.errors import (
@@ -265,17 +266,13 @@ class SqliteSchedules:
         generation: int | None = None,
     ) -> bool:
         run_sql = _update_run_sql(run)
-        params = (status, _error_blob(last_error), now, schedule_id, generation, generation)
+        params = record_completion_params(schedule_id, status, last_error, now, generation)
 
         def fn(c: sqlite3.Connection) -> bool:
             if c.execute(*run_sql).rowcount != 1:
                 return False  # the run was already final: a repeat writes nothing
-            # a schedule edited (or taken over) since the run's launch is another schedule: only the run closes
-            c.execute(
-                "UPDATE scheduled_tasks SET status = coalesce(?, status), last_error = ?, version = version + 1,"
-                " updated_at = ? WHERE id = ? AND (? IS NULL OR generation = ?)",
-                params,
-            )
+            # a schedule edited (or taken over) since the run's launch is another schedule: no verdict on it
+            c.execute(_SQL_COMPLETE_SCHEDULE, params)
             return True
 
         done: bool = await self._db.run(fn)

@@ -37,13 +37,13 @@ from scheduler_gateway.daemon.store.schedule_rows import (
     _SCHED_COLS,
     _SCHED_FROM,
     _SQL_CLAIM_TOKEN,
+    _SQL_COMPLETE_SCHEDULE,
     _SQL_INSERT_RUN,
     _SQL_INSERT_SCHEDULE,
     _SQL_OCCURRENCE_RUN,
     _SQL_SAVE_SCHEDULE,
     _decode_task,
     _decode_thread,
-    _error_blob,
     _launch_sql,
     _record_from_row,
     _run_values,
@@ -51,6 +51,7 @@ from scheduler_gateway.daemon.store.schedule_rows import (
     _schedule_values,
     _tasks_of,
     _update_run_sql,
+    record_completion_params,
 )
 from scheduler_gateway.wire.errors import StorageError
 
@@ -70,6 +71,7 @@ _INSERT_SCHEDULE = pg_sql(_SQL_INSERT_SCHEDULE)
 _SAVE_SCHEDULE = pg_sql(_SQL_SAVE_SCHEDULE)
 _INSERT_RUN = pg_sql(_SQL_INSERT_RUN)
 _OCCURRENCE_RUN = pg_sql(_SQL_OCCURRENCE_RUN)
+_COMPLETE_SCHEDULE = pg_sql(_SQL_COMPLETE_SCHEDULE)
 _CLAIM_TOKEN_FOR_UPDATE = pg_sql(_SQL_CLAIM_TOKEN) + " FOR UPDATE"
 _PUT_THREAD = (
     "INSERT INTO threads (id, owner, doc) VALUES (%s, %s, %s)"
@@ -249,11 +251,9 @@ class PgSchedules:
             cur = await conn.execute(*_update_run(run))
             if cur.rowcount != 1:
                 return False  # the run was already final: a repeat writes nothing
-            # a schedule edited (or taken over) since the run's launch is another schedule: only the run closes
+            # a schedule edited (or taken over) since the run's launch is another schedule: no verdict on it
             await conn.execute(
-                "UPDATE scheduled_tasks SET status = coalesce(%s, status), last_error = %s, version = version + 1,"
-                " updated_at = %s WHERE id = %s AND (%s::bigint IS NULL OR generation = %s::bigint)",
-                (status, _error_blob(last_error), now, schedule_id, generation, generation),
+                _COMPLETE_SCHEDULE, record_completion_params(schedule_id, status, last_error, now, generation)
             )
         return True
 
