@@ -12,7 +12,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from scheduler_gateway.actors.model.artifacts import ArtifactRecord
+from scheduler_gateway.actors.model.flow import KindSettings
 from scheduler_gateway.actors.model.records import DeadLetter, HistoryEntry, Task
 from scheduler_gateway.actors.model.schedule import ScheduledRun, ScheduledTask
 from scheduler_gateway.actors.outbox import read_outbox_body
@@ -69,6 +72,9 @@ class MemoryView:
 
     def artifacts(self) -> list[ArtifactRecord]:
         return list(self.store._artifacts.values())
+
+    def kinds(self) -> dict[str, KindSettings]:
+        return dict(self.store._kinds)
 
 
 class SqliteView:
@@ -132,6 +138,9 @@ class SqliteView:
 
     def artifacts(self) -> list[ArtifactRecord]:
         return [record_of(r) for r in self._rows(f"SELECT {ARTIFACT_COLUMNS} FROM artifacts ORDER BY seq")]
+
+    def kinds(self) -> dict[str, KindSettings]:
+        return {k: msgspec.json.decode(doc, type=KindSettings) for k, doc in self._rows("SELECT kind, doc FROM kinds")}
 
 
 def _oldest_at(bodies: Iterable[bytes]) -> float | None:

@@ -24,13 +24,8 @@ import msgspec
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from scheduler_gateway.actors.kinds import KindService
-from scheduler_gateway.actors.model.flow import KindSettings, Rate
 from scheduler_gateway.actors.model.records import (
     TERMINAL_STATES,
-    ActorRef,
-    AuditEntry,
-    EventRecord,
     HistoryEntry,
     Task,
 )
@@ -52,6 +47,7 @@ from .artifact_invariants import artifact_violations, recorded_under_its_lease
 from .durable_view import MemoryView, SqliteView
 from .flow_invariants import FairTurns, FlowLog
 from .invariants import ChangeLog, Facts, LiveView, snapshot_violations, summarize
+from .kind_rules import KindLog, KindRules, kind_committed
 from .sim_world import (
     ARTIFACT_CHUNK,
     ARTIFACT_KEEPER_S,
@@ -103,23 +99,11 @@ FREEZE_AT = (
 #: Several instances: the longest single advance (each virtual second costs every instance's timers)
 MULTI_MAX_ADVANCE_S = 601.0
 KEYS = ("k1", "k2", "k3")
-# flow control (CONTRACT 2.10): a few concurrency keys (tenants) and unique keys, and the settings a kind takes
+# flow control (CONTRACT 2.10): a few concurrency keys (tenants) and unique keys (kinds' settings: kind_rules.py)
 CKEYS = ("ta", "tb", "tc")
 UKEYS = ("u1", "u2")
 UKEY_CHOICES = (None, None, None, None, None, *UKEYS)  # a unique key on one create in four or so
 UNIQUE_FOR = (None, None, 5.0, 60.0, 3600.0)  # the hour: a window that outlives a purge
-RATES = st.builds(Rate, limit=st.integers(1, 3), period_s=st.sampled_from([2.0, 5.0, 20.0]))
-KIND_CHANGES = st.fixed_dictionaries(
-    {},
-    optional={
-        "paused": st.sampled_from([False, False, True]),  # a paused kind starts nothing: not too often
-        "concurrency": st.sampled_from([None, 0, 1, 1, 2, 3]),
-        "key_concurrency": st.sampled_from([None, 1, 1, 2]),
-        "rate": st.none() | RATES,
-        "key_rate": st.none() | RATES,
-    },
-)
-ADMIN = ActorRef("user", "root")
 # artifacts: a few names (so the same name comes again, with the same or other bytes), sizes across the chunk
 # size and the limits (sim_world.ARTIFACT_LIMITS: 900 per artifact, 1500 and 4 per task)
 ART_NAMES = ("a.txt", "a.txt", "logs/b.log", "c.bin", "d", "e/f/g.json")
@@ -185,7 +169,7 @@ class Outcome:
 TRANSIENT = frozenset({Code.STORAGE_ERROR, Code.SERVICE_UNAVAILABLE})
 
 
-class SimMachine(RuleBasedStateMachine):
+class SimMachine(KindRules, RuleBasedStateMachine):
     store_factory: Callable[[], Any] = MemoryStore
     on_sqlite = False  # True: a SqliteStore on a fresh file per example (store_factory unused)
     instances = 1  # > 1: that many gateway instances on one shared store (a SharedMemoryStore)
@@ -218,6 +202,7 @@ class SimMachine(RuleBasedStateMachine):
         # flow control: the rules judged at every commit, and the dispatchers' turns at every offer
         self.flow = FlowLog(coverage=COVERAGE)
         self.fair = FairTurns(COVERAGE)
+        self.kinds_log = KindLog(COVERAGE)  # every committed change of a kind's settings (kind_rules.py)
         self.step_started = 0.0
         self.artifacts_due = False  # a clock step long enough for the artifact keeper's rounds
         #: tasks retention purged, as last stored: what a refusal may still name (a unique key's window)
@@ -267,6 +252,7 @@ class SimMachine(RuleBasedStateMachine):
             self.view = MemoryView(self.sim.durable)
         self.sim.write_hooks.append(self._on_store_call)
         self.sim.write_hooks.append(self._artifact_recorded)
+        self.sim.write_hooks.append(self.kinds_log.on_store_call)
         self.sim.offer_watch = self.fair
         self.sim.boot()
         STATS["examples"] += 1
@@ -359,8 +345,8 @@ class SimMachine(RuleBasedStateMachine):
             for change, refused in zip(args[0], result, strict=True):
                 if refused is None:
                     self._committed(change, now)
-        elif name == "put_kind":
-            self.flow.kind_written(args[0])
+        elif (written := kind_committed(name, args, result)) is not None:
+            self.flow.kind_written(written)
         elif name == "put_dead_letter":
             self.log.put_letter(args[0])
         elif name in ("insert_schedule", "save_schedule", "record_launch", "record_completion", "delete_schedule"):
@@ -1331,36 +1317,6 @@ class SimMachine(RuleBasedStateMachine):
         hist: list[HistoryEntry] = self.view.history_after(task_id, since)
         return any(h.action in ("settle", "attempt_failed") and h.actor.type == "node" for h in hist)
 
-    # -- flow control: kinds' settings ----------------------------------------------------------------
-    @rule(
-        kind=st.sampled_from(KINDS),
-        changes=KIND_CHANGES,
-        via=st.sampled_from(["service", "service", "other", "store"]),
-    )
-    def set_kind(self, kind: str, changes: dict[str, Any], via: str) -> None:
-        """``PUT /api/kinds/{kind}`` (pause and resume among them): through the target instance's KindService,
-        which hands the settings to its dispatcher; ``other``: through another instance's (the target learns them
-        by its refresh); ``store``: another writer straight to the store (a third instance): with one instance
-        its dispatcher offers by stale settings until a restart, and only the store's check holds the limits."""
-        assert self.sim is not None
-        target = self.w
-        svc: KindService = target.kinds
-        if via == "other" and self.instances > 1:
-            svc = next(w for w in self.sim.worlds if w is not None and w is not target).kinds
-        elif via != "service":
-            via = "store"
-            svc = KindService(
-                _RecordedKinds(self.sim.durable, self.flow.kind_written),
-                lambda s: None,
-                self.sim.wall,
-                on_committed=target.relay.notify,  # one instance: its relay finds the event (its poll, sooner)
-            )
-        out = self.do(lambda: svc.update(kind, changes, ADMIN, self.next_rid()))
-        if out.ok:
-            COVERAGE[f"flow: kind settings changed ({via})"] += 1
-            if out.value.paused:
-                COVERAGE["flow: kind paused"] += 1
-
     @rule(keep=st.sampled_from([0.0, 30.0, 300.0]))
     def purge_finished(self, keep: float) -> None:
         """The retention keeper's task purge with ``tasks_s`` = ``keep``, as another writer to the store: the
@@ -1578,6 +1534,7 @@ class SimMachine(RuleBasedStateMachine):
         found += self.log.violations + self.log.pending_cascades() + self.problems
         found += self._held_settles_closed_their_attempts()
         found += self.flow.violations + self.fair.violations
+        found += self.kinds_log.violations(self.view.kinds())
         due, self.artifacts_due = self.artifacts_due and liveness and not self.sim.bus.down, False
         found += artifact_violations(self.view.artifacts(), facts.tasks, self.sim.bucket, self.sim.now(), due=due)
         if liveness and not self.sim.bus.down and self._outbox_late():
@@ -1661,28 +1618,6 @@ def _outbox_message(body: bytes) -> bytes:
     entry = read_outbox_body(body)
     assert entry is not None, body
     return bytes(entry.wire)
-
-
-class _RecordedKinds:
-    """The kinds port of the durable store for a writer outside every instance; its writes reach the flow log
-    as the instances' do (through their store gates)."""
-
-    def __init__(self, store: Any, on_put: Callable[[KindSettings], None]) -> None:
-        self._store = store
-        self._on_put = on_put
-
-    async def get_kind(self, kind: str) -> KindSettings | None:
-        return await self._store.get_kind(kind)  # type: ignore[no-any-return]
-
-    async def list_kinds(self) -> list[KindSettings]:
-        return await self._store.list_kinds()  # type: ignore[no-any-return]
-
-    async def put_kind(self, settings: KindSettings, audit: AuditEntry, event: EventRecord) -> None:
-        await self._store.put_kind(settings, audit, event)
-        self._on_put(settings)
-
-    async def kind_counts(self) -> dict[str, dict[str, int]]:
-        return await self._store.kind_counts()  # type: ignore[no-any-return]
 
 
 def _iso(ts: float) -> str:
