@@ -37,7 +37,8 @@ from scheduler_gateway.actors import callback_sender as callback_sender_mod
 from scheduler_gateway.actors import dispatcher as dispatcher_mod
 from scheduler_gateway.actors import event_relay as event_relay_mod
 from scheduler_gateway.actors import idgen
-from scheduler_gateway.actors.artifacts import ArtifactKeeper, ArtifactService
+from scheduler_gateway.actors.artifact_keeper import ArtifactKeeper
+from scheduler_gateway.actors.artifacts import ArtifactService
 from scheduler_gateway.actors.callback_sender import CallbackSender
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterKeeper, DeadLetterPolicy
 from scheduler_gateway.actors.dispatcher import Dispatcher
@@ -631,6 +632,19 @@ class BucketGate:
         await self._io("bucket_listing")
         return sorted(u for u, c in self._bucket.chunks.items() if c), sorted(self._bucket.metas)
 
+    async def upload_pages(self, page: int) -> Any:
+        """As the consumer walks them: sorted, ``page`` at a time, each page an await (a pause or a crash)."""
+        listed = sorted((u, c[-1][1]) for u, c in self._bucket.chunks.items() if c)
+        for k in range(0, len(listed), page):
+            await self._io("bucket_listing")
+            yield listed[k : k + page]
+
+    async def object_pages(self, page: int) -> Any:
+        listed = sorted((name, upload, at) for name, (upload, at) in self._bucket.metas.items())
+        for k in range(0, len(listed), page):
+            await self._io("bucket_listing")
+            yield listed[k : k + page]
+
     async def last_at(self, upload: str) -> float | None:
         await self._io("bucket_last_at")
         stored = self._bucket.chunks.get(upload)
@@ -755,6 +769,7 @@ class World:
             clock,
             tasks_s=ARTIFACT_KEEP_TASKS_S,
             interval_s=ARTIFACT_KEEPER_S,
+            page=2,  # a few uploads at a time: the sweep's paging is walked with every pause in it
         )
         poster: Any = self.poster if self.ha is None else self.ha.fenced_poster(self.poster)
         self.callbacks = CallbackSender(duty_store, poster, CALLBACK_POLICY, clock)

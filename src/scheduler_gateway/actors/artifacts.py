@@ -9,17 +9,21 @@ its bytes: the gateway checks them itself, stores them as one chunk, then goes o
 is written before the row, so every row has its bytes; a crash between the two leaves an object without a row,
 an orphan the keeper removes after ``orphan_after_s`` (or a retried commit records).
 
-``ArtifactKeeper`` runs retention and the orphan sweep: rows of tasks past ``[retention] tasks_s`` are marked
-(hidden), their bytes removed, then the rows; chunks and objects no row names, older than ``orphan_after_s``, are
-removed. A round that dies half way is finished by the next: marked rows come back first.
+Bytes of a recorded artifact are never removed here: a commit sent again (the node's SDK resends one whose reply
+it lost), two copies of one commit racing, or a commit refused after its upload was recorded (a stale lease, other
+bytes) answer or refuse without touching them. Every drop of a refused upload goes through ``_drop_unrecorded``
+(the store says no row names it), and the commits of one upload on one instance run one at a time.
+
+Retention and the orphan sweep are ``ArtifactKeeper``'s (actors/artifact_keeper.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import msgspec
@@ -49,6 +53,7 @@ from .model.artifacts import (
     ArtifactRecord,
     event_data,
     expired_upload,
+    missing_bytes,
     name_refusal,
     repeat_or_conflict,
     room,
@@ -56,7 +61,6 @@ from .model.artifacts import (
 )
 from .model.records import ActorRef, AuditEntry, AuditResult, EventRecord, Task
 from .ports import ArtifactStore, AuditStore
-from .runtime import LoopActor, Wakeup
 
 log = logging.getLogger(__name__)
 RECORD_RETRIES = 3
@@ -99,8 +103,13 @@ class ArtifactBucket(Protocol):
         """Remove the meta ``object_name`` while it still names ``upload`` (an orphan object: no row names it)."""
         ...
 
-    async def listing(self) -> tuple[list[str], list[str]]:
-        """Every upload the bucket holds chunks of, and every object name it holds a meta of (one request)."""
+    def upload_pages(self, page: int) -> AsyncIterator[list[tuple[str, float]]]:
+        """Every upload the bucket holds chunks of, with when its newest chunk was stored, ``page`` at a time."""
+        ...
+
+    def object_pages(self, page: int) -> AsyncIterator[list[tuple[str, str, float]]]:
+        """Every object the bucket holds a meta of: ``(name, the upload it names, when it was written)``, ``page``
+        at a time."""
         ...
 
     async def last_at(self, upload: str) -> float | None:
@@ -111,7 +120,7 @@ class ArtifactBucket(Protocol):
         """The upload the meta ``object_name`` names and when it was written (None: no such meta)."""
         ...
 
-    def read(self, record: ArtifactRecord, start: int, end: int) -> AsyncIterator[bytes]:
+    def read(self, record: ArtifactRecord, start: int, end: int) -> AsyncGenerator[bytes, None]:
         """The bytes ``start`` to ``end`` (inclusive) of the record's object, chunk by chunk."""
         ...
 
@@ -175,6 +184,7 @@ class ArtifactService:
         self._clock = clock
         self._on_recorded = on_recorded or (lambda r: None)
         self._on_committed = on_committed or (lambda: None)
+        self._commits: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # upload -> its lock, how many use it
 
     # -- node requests -------------------------------------------------------------------------------------
     async def handle(self, node_id: str, req: ArtifactRequest) -> ArtifactReply:
@@ -224,12 +234,38 @@ class ArtifactService:
         if not upload_id_ok(req.upload_id):
             raise InvalidArgument("uploadId is not one the gateway handed out", details={"field": "uploadId"})
         upload = chunk_token(node_id, req.upload_id)
-        checked = await self._checked_upload(node_id, req, upload)
-        if isinstance(checked, ArtifactReply):
-            return checked
-        task, chunks = checked
-        record = record_for(task, node_id, req, upload, chunks, self._clock())
-        return await self._finish(node_id, task, req.lease_id, record, self._deadline)
+        # copies of one commit (the SDK sends it again after a lost reply) go one at a time here: the second finds
+        # the first's row and answers a repeat; across instances the store's row and _drop_unrecorded decide
+        async with self._upload_lock(upload):
+            checked = await self._checked_upload(node_id, req, upload)
+            if isinstance(checked, ArtifactReply):
+                return checked
+            task, chunks = checked
+            record = record_for(task, node_id, req, upload, chunks, self._clock())
+            return await self._finish(node_id, task, req.lease_id, record, self._deadline)
+
+    @contextlib.asynccontextmanager
+    async def _upload_lock(self, upload: str) -> AsyncIterator[None]:
+        entry = self._commits.get(upload)
+        if entry is None:
+            entry = self._commits[upload] = (asyncio.Lock(), [0])
+        lock, users = entry
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._commits[upload]
+
+    async def _drop_unrecorded(self, upload: str) -> None:
+        """Purge the chunks of a refused or superfluous ``upload`` unless a row names them: a copy of the same
+        commit may have recorded them meanwhile, and a recorded artifact's bytes are never removed but by
+        retention."""
+        if await self._store.known_uploads([upload]):
+            return
+        await self._bucket.drop_upload(upload)
 
     async def _put(self, node_id: str, req: ArtifactPut) -> ArtifactReply:
         """A small artifact whose bytes came with the request: checked here, stored as one chunk, recorded."""
@@ -281,9 +317,10 @@ class ArtifactService:
             if exc.code not in (Code.STORAGE_ERROR, Code.SERVICE_UNAVAILABLE):  # else the node retries the commit
                 await self._undo(record)
             raise
-        if not created:  # a commit of the same name and digest won meanwhile: its bytes stay, ours go
+        if not created:  # a commit of the same name and digest won meanwhile (maybe a copy of this one): its bytes stay
             await self._bucket.write_meta(kept)
-            await self._bucket.drop_upload(record.upload)
+            if kept.upload != record.upload:  # ours are another upload of the same bytes: they go
+                await self._drop_unrecorded(record.upload)
             return ArtifactReply(ok=True, artifact=info_of(kept), repeat=True)
         self._on_recorded(kept)
         self._on_committed()
@@ -294,8 +331,9 @@ class ArtifactService:
         try:
             task = await self._checked(node_id, req.task_id, req.lease_id, req.name, req.content_type, "commit")
             existing = await self._repeat_or_room(node_id, task, req)
-            if existing is not None:
-                await self._bucket.drop_upload(upload)
+            if existing is not None:  # a repeat: this very upload (a commit sent again), or the same bytes again
+                if existing.upload != upload:
+                    await self._drop_unrecorded(upload)
                 return ArtifactReply(ok=True, artifact=info_of(existing), repeat=True)
             try:
                 chunks = await self._bucket.verify(upload, req.size, req.sha256)
@@ -305,7 +343,7 @@ class ArtifactService:
                 raise
         except GatewayError as exc:
             if exc.code not in (Code.STORAGE_ERROR, Code.SERVICE_UNAVAILABLE, Code.INTERNAL):
-                await self._bucket.drop_upload(upload)
+                await self._drop_unrecorded(upload)  # never the bytes of a row (a stale lease, another size)
             raise
         return task, chunks
 
@@ -328,13 +366,14 @@ class ArtifactService:
 
     async def _undo(self, record: ArtifactRecord) -> None:
         """A record refused after its meta was written (the lease moved on meanwhile): its object goes, unless a
-        commit of the same name won, whose meta is put back."""
+        commit of the same name won, whose meta is put back; its chunks go unless a row names them."""
         existing = await self._store.get_artifact(record.task_id, record.name)
         if existing is None:
-            await self._bucket.remove(record)
+            await self._bucket.remove_object(object_name(record.task_id, record.name), record.upload)
+            await self._drop_unrecorded(record.upload)
         elif existing.upload != record.upload:
             await self._bucket.write_meta(existing)
-            await self._bucket.drop_upload(record.upload)
+            await self._drop_unrecorded(record.upload)
 
     async def _record(
         self, node_id: str, lease_id: str, record: ArtifactRecord, fresh_until: float | None
@@ -382,9 +421,8 @@ class ArtifactService:
         if not upload_id_ok(req.upload_id):
             raise InvalidArgument("uploadId is not one the gateway handed out", details={"field": "uploadId"})
         upload = chunk_token(node_id, req.upload_id)
-        if await self._store.known_uploads([upload]):
-            return ArtifactReply(ok=True)  # recorded: an abort never removes a recorded artifact
-        await self._bucket.drop_upload(upload)
+        async with self._upload_lock(upload):  # after a commit of it under way here: never its recorded bytes
+            await self._drop_unrecorded(upload)  # recorded: an abort never removes a recorded artifact
         return ArtifactReply(ok=True)
 
     async def _checked(
@@ -436,8 +474,39 @@ class ArtifactService:
             raise NotFound(f"task {task_id} has no artifact {name!r}", code=Code.ARTIFACT_NOT_FOUND)
         return record
 
-    def read(self, record: ArtifactRecord, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
+    def read(self, record: ArtifactRecord, start: int = 0, end: int | None = None) -> AsyncGenerator[bytes, None]:
+        """The bytes ``start`` to ``end`` (inclusive); STORAGE_ERROR, raised by the iteration, when the bucket
+        holds fewer than the record's."""
         return self._bucket.read(record, start, record.size - 1 if end is None else end)
+
+    async def open(self, record: ArtifactRecord, start: int = 0, end: int | None = None) -> AsyncGenerator[bytes, None]:
+        """``read``, its first piece already fetched: bytes missing behind the index (or a bucket that does not
+        answer) are an error here, before the caller sends any header, never a 200 with no body."""
+        stop = record.size - 1 if end is None else end
+        pieces = self.read(record, start, stop)
+        try:
+            first = await anext(pieces) if stop >= start else None
+        except StopAsyncIteration:
+            raise missing_bytes(record) from None
+        except BaseException:
+            await pieces.aclose()
+            raise
+
+        async def rest() -> AsyncGenerator[bytes, None]:
+            try:
+                if first is not None:
+                    yield first
+                async for data in pieces:
+                    yield data
+            finally:
+                await pieces.aclose()
+
+        return rest()
+
+    async def has_bytes(self, record: ArtifactRecord) -> None:
+        """STORAGE_ERROR unless the bucket holds the record's chunks (HEAD answers what a GET would)."""
+        if record.chunks and await self._bucket.last_at(record.upload) is None:
+            raise missing_bytes(record)
 
     # -- audit -----------------------------------------------------------------------------------------------
     def _audit(
@@ -481,101 +550,3 @@ class ArtifactService:
             await self._store.append_audit([entry])
         except GatewayError:
             log.exception("could not write the audit entry of a refused artifact of %s", entry.object_id)
-
-
-class ArtifactKeeper(LoopActor):
-    """Retention of artifacts (with their tasks, bytes first) and the orphan sweep. ``tasks_s``: how long after
-    its finish a task is kept (``[retention] tasks_s``); every ``interval_s`` a round."""
-
-    name = "artifact-keeper"
-
-    def __init__(
-        self,
-        store: ArtifactStore,
-        bucket: ArtifactBucket,
-        limits: ArtifactLimits,
-        clock: Callable[[], float],
-        *,
-        tasks_s: float,
-        interval_s: float = 60.0,
-        batch: int = 200,
-        on_totals: Callable[[int, int], None] | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        super().__init__()
-        self._store = store
-        self._bucket = bucket
-        self._limits = limits
-        self._clock = clock
-        self._tasks_s = tasks_s
-        self._interval_s = interval_s
-        self._batch = batch
-        self._on_totals = on_totals or (lambda n, b: None)
-        self._sleep = sleep
-        self._wake = Wakeup()
-        self.removed = 0
-        self.orphans_removed = 0
-        self._recorded: set[str] = set()  # object names a row was seen for (never orphans while it lasts)
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    async def run(self) -> None:
-        while True:
-            try:
-                await self.round()
-            except GatewayError as exc:
-                log.warning("artifact keeper: round failed (%s); trying again next round", exc.code)
-            except Exception as exc:  # NATS away: the next round tries again
-                log.warning("artifact keeper: round failed (%s); trying again next round", type(exc).__name__)
-            await self._wake.wait(self._interval_s)
-
-    async def round(self) -> None:
-        await self.remove_expired()
-        await self.sweep_orphans()
-        self._on_totals(*await self._store.artifact_totals())
-
-    async def remove_expired(self) -> int:
-        """Mark, remove the bytes of, then delete the rows of tasks past retention; the rows deleted."""
-        done = 0
-        while True:
-            rows = await self._store.mark_artifacts_removing(self._clock() - self._tasks_s, self._batch)
-            if not rows:
-                return done
-            for r in rows:
-                await self._bucket.remove(r)
-                self._recorded.discard(object_name(r.task_id, r.name))
-            done += await self._store.delete_artifacts([(r.task_id, r.name) for r in rows])
-            self.removed += len(rows)
-            if len(rows) < self._batch:
-                return done
-
-    async def sweep_orphans(self) -> int:
-        """Remove chunks and objects that no row names and that nothing was stored to for ``orphan_after_s``."""
-        cutoff = self._clock() - self._limits.orphan_after_s
-        uploads, objects = await self._bucket.listing()
-        known = await self._store.known_uploads(uploads) if uploads else set()
-        removed = 0
-        for upload in uploads:
-            if upload in known:
-                continue
-            at = await self._bucket.last_at(upload)
-            if at is not None and at <= cutoff:
-                await self._bucket.drop_upload(upload)
-                removed += 1
-        for name in objects:
-            if name in self._recorded:
-                continue
-            task_id, _, artifact = name.partition("/")
-            if await self._store.get_artifact(task_id, artifact) is not None:
-                self._recorded.add(name)  # recorded names stay until retention removes them
-                continue
-            meta = await self._bucket.meta_of(name)
-            if meta is not None and meta[1] <= cutoff:
-                await self._bucket.remove_object(name, meta[0])
-                await self._bucket.drop_upload(meta[0])
-                removed += 1
-        if removed:
-            log.info("artifact keeper: removed %d orphan uploads (never recorded)", removed)
-        self.orphans_removed += removed
-        return removed

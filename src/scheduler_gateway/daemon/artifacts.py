@@ -14,7 +14,8 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 
-from scheduler_gateway.actors.artifacts import ArtifactIndex, ArtifactKeeper, ArtifactService
+from scheduler_gateway.actors.artifact_keeper import ArtifactKeeper
+from scheduler_gateway.actors.artifacts import ArtifactIndex, ArtifactService
 from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord
 from scheduler_gateway.actors.model.retention import RetentionPolicy
 from scheduler_gateway.actors.task_service import TaskService

@@ -27,18 +27,24 @@ DEFAULT_CHUNK_SIZE: Final = 1024 * 1024
 #: the most bytes a ``put`` request carries inline (base64 in the JSON: a third more on the wire)
 INLINE_MAX: Final = 64 * 1024
 NAME_MAX: Final = 255
-_NAME_RE = re.compile(r"^[A-Za-z0-9._/-]{1,255}$")
-_UPLOAD_RE = re.compile(r"^upl_[A-Za-z0-9]{1,64}$")
-SHA256_PATTERN: Final = r"^[0-9a-f]{64}$"
+# every pattern here matches the whole string (``\A...\Z``, fullmatch): ``$`` also matches before a final
+# newline, and a name or a type with one would reach a subject, a file name or an HTTP header
+_NAME_RE = re.compile(r"\A[A-Za-z0-9._/-]{1,255}\Z")
+_UPLOAD_RE = re.compile(r"\A(?:upl_[A-Za-z0-9]{1,64})\Z")
+SHA256_PATTERN: Final = r"\A[0-9a-f]{64}\Z"
 CONTENT_TYPE_MAX: Final = 255
-_CONTENT_TYPE_RE = re.compile(r"^[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+(\s*;\s*[ -~]*)?$")
+# RFC 9110 8.3.1: type "/" subtype *( OWS ";" OWS [ name "=" ( token / quoted-string ) ] ), printable ASCII
+# only (no control character, no tab, nothing that cannot stand in a Content-Type header as it is)
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_QUOTED = r'"(?:[ !#-\[\]-~]|\\[ -~])*"'
+_CONTENT_TYPE_RE = re.compile(rf"\A{_TOKEN}/{_TOKEN}(?: *;(?: *{_TOKEN}=(?:{_TOKEN}|{_QUOTED}))?)*\Z")
 DEFAULT_CONTENT_TYPE: Final = "application/octet-stream"
 
 
 def name_problem(name: str) -> str | None:
     """Why ``name`` is not a valid artifact name (CONTRACT 2.11), or None: 1..255 characters of
     ``[A-Za-z0-9._/-]``, no leading ``/``, no empty, ``.`` or ``..`` segment."""
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         return "an artifact name is 1 to 255 characters of A-Z a-z 0-9 . _ / -"
     if name.startswith("/"):
         return "an artifact name does not start with /"
@@ -48,14 +54,17 @@ def name_problem(name: str) -> str | None:
 
 
 def content_type_problem(content_type: str) -> str | None:
-    """Why ``content_type`` is not a plain ``type/subtype[; params]`` media type (printable ASCII), or None."""
-    if len(content_type) > CONTENT_TYPE_MAX or not _CONTENT_TYPE_RE.match(content_type):
+    """Why ``content_type`` is not a media type valid as an HTTP ``Content-Type`` (``type/subtype`` with optional
+    ``; name=value`` parameters, value a token or a quoted string; printable ASCII, at most 255), or None."""
+    if not isinstance(content_type, str) or len(content_type) > CONTENT_TYPE_MAX:
+        return "contentType is a media type such as text/plain or application/json; charset=utf-8"
+    if not _CONTENT_TYPE_RE.fullmatch(content_type):  # a tab, a newline, a stray quote: never a header value
         return "contentType is a media type such as text/plain or application/json; charset=utf-8"
     return None
 
 
 def upload_id_ok(upload_id: str) -> bool:
-    return bool(_UPLOAD_RE.match(upload_id))
+    return isinstance(upload_id, str) and bool(_UPLOAD_RE.fullmatch(upload_id))
 
 
 def chunk_token(node_id: str, upload_id: str) -> str:

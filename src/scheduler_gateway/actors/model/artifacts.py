@@ -129,3 +129,13 @@ def expired_upload(*, gone: bool = False) -> InvalidArgument:
         f"the upload cannot be recorded: {why}; upload the artifact again",
         details={"field": "uploadId", "reason": "gone" if gone else "expired"},
     )
+
+
+def missing_bytes(record: ArtifactRecord) -> GatewayError:
+    """A recorded artifact whose bytes the bucket does not hold (removed behind the index, a bucket restored from
+    an older copy): STORAGE_ERROR (503), for the reader to try again later or an operator to look."""
+    return GatewayError(
+        f"the bytes of artifact {record.name!r} are missing from the bucket",
+        code=Code.STORAGE_ERROR,
+        details={"name": record.name, "reason": "bytes_missing"},
+    )

@@ -9,7 +9,7 @@ is checked by reading the chunks back. Both read through a short-lived pull cons
 (memory storage, no acks, a few chunks fetched at a time, so gatewayd never holds more than a handful of chunks
 of an artifact), writes the object's meta in the object store's format (``nats object ls GW_ARTIFACTS`` lists
 the artifacts as ``<taskId>/<name>``), purges chunks and metas, and lists what the bucket holds for the orphan
-sweep.
+sweep, a page at a time (the newest message of each subject, through a consumer: no limit on subjects).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,7 +30,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
-from scheduler_gateway.actors.model.artifacts import ArtifactRecord
+from scheduler_gateway.actors.model.artifacts import ArtifactRecord, missing_bytes
 from scheduler_gateway.daemon.nats.leave import leave
 from scheduler_gateway.wire.artifacts import (
     BUCKET,
@@ -59,6 +59,8 @@ WATCH_IDLE_S = 30.0
 #: uploads watched at once per gatewayd (each a consumer and a task); the ones beyond are read back at commit
 MAX_WATCHES = 32
 API_TIMEOUT_S = 10.0
+#: the listing's page when a caller wants it all (``listing``)
+SWEEP_FETCH = 1000
 _decode_request: Callable[[bytes], ArtifactRequest] = msgspec.json.Decoder(ArtifactRequest).decode
 _encode = msgspec.json.Encoder().encode
 
@@ -287,15 +289,65 @@ class JetStreamArtifacts:
             await self._js.purge_stream(BUCKET_STREAM, subject=_meta_subject(name))
 
     async def listing(self) -> tuple[list[str], list[str]]:
-        info = await self._js.stream_info(BUCKET_STREAM, subjects_filter=f"$O.{BUCKET}.>")
-        uploads, objects = [], []
-        for subject in info.state.subjects or {}:
-            if subject.startswith(CHUNKS_PREFIX):
-                uploads.append(subject[len(CHUNKS_PREFIX) :])
-            elif subject.startswith(META_PREFIX):
-                with contextlib.suppress(ValueError, UnicodeDecodeError):
-                    objects.append(base64.urlsafe_b64decode(subject[len(META_PREFIX) :]).decode())
-        return uploads, objects
+        """Every upload and every object name, sorted (for tools and tests; the sweep walks the pages)."""
+        uploads: list[str] = []
+        objects: list[str] = []
+        async for upload_page in self.upload_pages(SWEEP_FETCH):
+            uploads += [upload for upload, _ in upload_page]
+        async for object_page in self.object_pages(SWEEP_FETCH):
+            objects += [name for name, _, _ in object_page]
+        return sorted(uploads), sorted(objects)
+
+    async def upload_pages(self, page: int) -> AsyncIterator[list[tuple[str, float]]]:
+        """Every upload with the time of its newest chunk, ``page`` at a time: the newest chunk of each subject,
+        headers only (no chunk's bytes are read), through a consumer of its own."""
+        async for msgs in self._last_per_subject(CHUNKS_PREFIX + ">", page, headers_only=True):
+            yield [(m.subject[len(CHUNKS_PREFIX) :], _ts(m.metadata.timestamp)) for m in msgs]
+
+    async def object_pages(self, page: int) -> AsyncIterator[list[tuple[str, str, float]]]:
+        """Every object: ``(name, the upload its meta names, when the meta was written)``, ``page`` at a time."""
+        async for msgs in self._last_per_subject(META_PREFIX + ">", page, headers_only=False):
+            out = []
+            for m in msgs:
+                with contextlib.suppress(ValueError, UnicodeDecodeError, KeyError, TypeError):
+                    name = base64.urlsafe_b64decode(m.subject[len(META_PREFIX) :]).decode()
+                    out.append((name, str(json.loads(m.data or b"{}")["nuid"]), _ts(m.metadata.timestamp)))
+            yield out
+
+    async def _last_per_subject(self, subjects: str, page: int, *, headers_only: bool) -> AsyncIterator[list[Msg]]:
+        """The newest message of each subject matching ``subjects`` as stored when this began, ``page`` per fetch.
+        Paged by the consumer, so the walk has no limit on subjects (a stream info's subject list is cut by the
+        server past 100,000)."""
+        try:
+            sub = await self._js.pull_subscribe(
+                subjects,
+                stream=BUCKET_STREAM,
+                config=api.ConsumerConfig(
+                    ack_policy=api.AckPolicy.NONE,
+                    deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+                    headers_only=headers_only,
+                    mem_storage=True,
+                    num_replicas=1,
+                    inactive_threshold=30.0,
+                    max_ack_pending=-1,
+                ),
+            )
+        except Exception as exc:
+            raise Unavailable(f"the artifact bucket does not answer ({type(exc).__name__})") from exc
+        try:
+            pending = await self._pending(sub)
+            while pending > 0:
+                try:
+                    msgs = await sub.fetch(min(page, pending), timeout=FETCH_TIMEOUT_S)
+                except TimeoutError as exc:
+                    raise Unavailable("the artifact bucket did not deliver its listing in time") from exc
+                pending = int(msgs[-1].metadata.num_pending) if msgs else 0
+                yield msgs
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            with contextlib.suppress(Exception):
+                await self._js.delete_consumer(BUCKET_STREAM, sub._consumer)
 
     async def last_at(self, upload: str) -> float | None:
         try:
@@ -315,9 +367,10 @@ class JetStreamArtifacts:
             return None
         return nuid, _ts(msg.time)
 
-    async def read(self, record: ArtifactRecord, start: int, end: int) -> AsyncIterator[bytes]:
+    async def read(self, record: ArtifactRecord, start: int, end: int) -> AsyncGenerator[bytes, None]:
         """Bytes ``start``..``end`` (inclusive) of the first ``record.chunks`` chunks: whatever was published
-        under the upload after it was recorded is never read."""
+        under the upload after it was recorded is never read. Chunks that end before ``end`` (removed behind the
+        index): STORAGE_ERROR once the bytes there are run out, never a short answer that looks whole."""
         offset, left = 0, record.chunks
         async for msg in self._chunks(record.upload):
             if left <= 0 or offset > end:
@@ -329,6 +382,8 @@ class JetStreamArtifacts:
             if hi <= start:
                 continue
             yield data[max(0, start - lo) : min(len(data), end + 1 - lo)]
+        if offset <= end:
+            raise missing_bytes(record)
 
 
 class ArtifactResponder:
