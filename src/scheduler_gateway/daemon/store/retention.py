@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from scheduler_gateway.actors.ports import PurgeResult, StoreSize
 from scheduler_gateway.daemon.store.common import fetch_one
 from scheduler_gateway.daemon.store.flow_rows import SQL_FORGET_MARKS, SQL_MARK_PURGED
+from scheduler_gateway.daemon.store.schedule_rows import ACTIVE_RUN_SQL
 from scheduler_gateway.wire.api import UNIQUE_FOR_MAX_S
 
 if TYPE_CHECKING:  # sqlite_conn imports the migrations, which import this module's migration text
@@ -37,7 +38,7 @@ if TYPE_CHECKING:  # sqlite_conn imports the migrations, which import this modul
 log = logging.getLogger(__name__)
 
 _TERMINAL_SQL = "('succeeded', 'failed', 'canceled', 'dead')"
-_ACTIVE_RUN_SQL = "('queued', 'running')"  # ACTIVE_RUN_STATUSES, the predicate of uq_scheduled_run_active
+_ACTIVE_RUN_SQL = ACTIVE_RUN_SQL  # the one text of "an active run" (store/schedule_rows.py)
 
 #: Migration 6. Never edit once released: append a migration instead.
 RETENTION_MIGRATION: tuple[str, ...] = (
@@ -45,7 +46,8 @@ RETENTION_MIGRATION: tuple[str, ...] = (
     f" (CASE WHEN state IN {_TERMINAL_SQL} THEN json_extract(CAST(doc AS TEXT), '$.finished_at') END) VIRTUAL",
     "CREATE INDEX tasks_finished ON tasks (finished_at, id) WHERE finished_at IS NOT NULL",
     "CREATE INDEX idempotency_created ON idempotency (created_at)",
-    f"CREATE INDEX scheduled_runs_active_task ON scheduled_runs (task_id) WHERE status IN {_ACTIVE_RUN_SQL}",
+    # released text, not built from ACTIVE_RUN_SQL (tests/test_schedule_active_predicate.py holds it to the constant)
+    "CREATE INDEX scheduled_runs_active_task ON scheduled_runs (task_id) WHERE status IN ('queued', 'running')",
 )
 
 #: Migration 16: ``tasks.finished_at`` a plain column, filled in from the documents of the terminal tasks already

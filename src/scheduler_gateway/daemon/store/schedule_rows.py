@@ -16,6 +16,7 @@ import msgspec
 
 from scheduler_gateway.actors.model.records import Task
 from scheduler_gateway.actors.model.schedule import (
+    ACTIVE_RUN_STATUSES,
     CONTEXT_MODES,
     OVERLAP_POLICIES,
     InvalidSchedule,
@@ -104,7 +105,13 @@ SCHEDULE_GENERATION_MIGRATION: tuple[str, ...] = (
     "ALTER TABLE scheduled_runs ADD COLUMN schedule_generation INTEGER NOT NULL DEFAULT 0",
 )
 
-_ACTIVE_SQL = "('queued', 'running')"
+#: ``ACTIVE_RUN_STATUSES`` as an SQL list: the one text of "an active run" every query of both stores is built from
+#: (here, ``postgres/schedules.py``, both retention modules). The indexes' predicates are released migration text
+#: that cannot follow a change of it: tests/test_schedule_active_predicate.py holds each copy to the constant.
+ACTIVE_RUN_SQL = "(" + ", ".join(f"'{status}'" for status in ACTIVE_RUN_STATUSES) + ")"
+_ACTIVE_SQL = ACTIVE_RUN_SQL
+#: "a thread is busy while it has a queued or running task": task states, not run statuses (the same words)
+_BUSY_TASK_SQL = "('queued', 'running')"
 _SCHED_COLS = (
     "s.id, s.owner, s.status, s.version, s.next_run_at, s.lease_until, s.run_count, s.last_error, s.created_at,"
     " s.updated_at, s.title, s.template, s.schedule, s.context_mode, s.thread_id, s.overlap_policy,"

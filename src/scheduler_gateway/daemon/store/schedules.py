@@ -46,6 +46,7 @@ from scheduler_gateway.daemon.store.common import (
 )
 from scheduler_gateway.daemon.store.schedule_rows import (
     _ACTIVE_SQL,
+    _BUSY_TASK_SQL,
     _IN_CHUNK,
     _RUN_COLS,
     _SCHED_COLS,
@@ -124,7 +125,7 @@ class SqliteSchedules:
 
     async def thread_busy(self, thread_id: str) -> bool:
         rows = await self._db.fetchall(
-            f"SELECT 1 FROM tasks WHERE thread_id = ? AND state IN {_ACTIVE_SQL} LIMIT 1", (thread_id,)
+            f"SELECT 1 FROM tasks WHERE thread_id = ? AND state IN {_BUSY_TASK_SQL} LIMIT 1", (thread_id,)
         )
         return bool(rows)
 

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 from scheduler_gateway.actors.ports import PurgeResult, StoreSize
 from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb
+from scheduler_gateway.daemon.store.schedule_rows import ACTIVE_RUN_SQL
 from scheduler_gateway.wire.api import UNIQUE_FOR_MAX_S
 
-_ACTIVE_RUN_SQL = "('queued', 'running')"  # ACTIVE_RUN_STATUSES, the predicate of uq_scheduled_run_active
+_ACTIVE_RUN_SQL = ACTIVE_RUN_SQL  # the one text of "an active run" (store/schedule_rows.py)
 
 # The references that keep a due task (docs/DECISIONS.md, The parent rule): any task naming it as parent,
 # its dead letter while not archived, an active run naming it.

@@ -33,6 +33,7 @@ from scheduler_gateway.daemon.store.common import clamp_limit, encode
 from scheduler_gateway.daemon.store.postgres.db import DB_NOW, PgDb, constraint_of
 from scheduler_gateway.daemon.store.schedule_rows import (
     _ACTIVE_SQL,
+    _BUSY_TASK_SQL,
     _RUN_COLS,
     _SCHED_COLS,
     _SCHED_FROM,
@@ -130,7 +131,7 @@ class PgSchedules:
 
     async def thread_busy(self, thread_id: str) -> bool:
         rows = await self._db.fetch(
-            f"SELECT 1 FROM tasks WHERE thread_id = %s AND state IN {_ACTIVE_SQL} LIMIT 1", (thread_id,)
+            f"SELECT 1 FROM tasks WHERE thread_id = %s AND state IN {_BUSY_TASK_SQL} LIMIT 1", (thread_id,)
         )
         return bool(rows)
 
