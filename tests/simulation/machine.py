@@ -108,7 +108,8 @@ UNIQUE_FOR = (None, None, 5.0, 60.0, 3600.0)  # the hour: a window that outlives
 # size and the limits (sim_world.ARTIFACT_LIMITS: 900 per artifact, 1500 and 4 per task)
 ART_NAMES = ("a.txt", "a.txt", "logs/b.log", "c.bin", "d", "e/f/g.json")
 ART_SIZES = (0, 5, 130, 300, 300, 700, 1000)
-ART_HOW = ("put", "put", "chunks", "chunks", "abandon", "corrupt")
+# "resend": the commit is sent again once answered (the SDK's resend after a lost reply); "race": two copies at once
+ART_HOW = ("put", "put", "chunks", "chunks", "abandon", "corrupt", "resend", "race")
 ART_LEASE = ("current", "current", "current", "current", "old", "foreign")
 
 
@@ -1235,6 +1236,7 @@ class SimMachine(KindRules, RuleBasedStateMachine):
     def put_artifact(self, n: int, i: int, name: str, size: int, version: int, how: str, lease: str) -> None:
         """A handler's artifact: in one ``put``, or begun, published in chunks by the node itself and committed;
         ``abandon``: the node dies mid-upload (chunks, no commit); ``corrupt``: the commit reports other bytes.
+        ``resend``: the commit sent again once answered; ``race``: two copies of the commit sent together.
         ``old``: a lease the node held before; ``foreign``: another node's current lease, sent by this one."""
         assert self.sim is not None
         chosen = self._artifact_lease(n, i, lease)
@@ -1268,7 +1270,13 @@ class SimMachine(KindRules, RuleBasedStateMachine):
                 task_id=task_id, lease_id=lease_id, upload_id=upload.rpartition(".")[2], name=name, size=size,
                 sha256=reported,
             )  # fmt: skip
-            return await w.artifacts.handle(node.id, commit)  # type: ignore[no-any-return]
+            if how == "race":  # two copies of one commit in flight together: one records, the other repeats
+                both = await asyncio.gather(*(w.artifacts.handle(node.id, commit) for _ in range(2)))
+                return next((r for r in both if r.ok and not r.repeat), both[0])  # type: ignore[no-any-return]
+            reply = await w.artifacts.handle(node.id, commit)
+            if how == "resend" and reply.ok:  # its reply "lost": the same commit again, a repeat
+                await w.artifacts.handle(node.id, commit)
+            return reply  # type: ignore[no-any-return]
 
         async def put() -> ArtifactReply:
             req = ArtifactPut(task_id=task_id, lease_id=lease_id, name=name, size=size, sha256=sha, data=data)
