@@ -48,6 +48,7 @@ from .durable_view import MemoryView, SqliteView
 from .flow_invariants import FairTurns, FlowLog
 from .invariants import ChangeLog, Facts, LiveView, snapshot_violations, summarize
 from .kind_rules import KindLog, KindRules, kind_committed
+from .letter_rules import LetterRules, letter_violations
 from .sim_world import (
     ARTIFACT_CHUNK,
     ARTIFACT_KEEPER_S,
@@ -170,7 +171,7 @@ class Outcome:
 TRANSIENT = frozenset({Code.STORAGE_ERROR, Code.SERVICE_UNAVAILABLE})
 
 
-class SimMachine(KindRules, RuleBasedStateMachine):
+class SimMachine(KindRules, LetterRules, RuleBasedStateMachine):
     store_factory: Callable[[], Any] = MemoryStore
     on_sqlite = False  # True: a SqliteStore on a fresh file per example (store_factory unused)
     instances = 1  # > 1: that many gateway instances on one shared store (a SharedMemoryStore)
@@ -1537,6 +1538,7 @@ class SimMachine(KindRules, RuleBasedStateMachine):
         liveness = self.advanced >= 60.0 and not self.faulted and self.w.store.fail_ops == 0
         liveness = liveness and not self.sim.frozen()
         found = snapshot_violations(facts, liveness=liveness)
+        found += letter_violations(facts.tasks, facts.history, facts.letters, facts.max_dead_retries)
         if self.w.store.fail_ops == 0:
             self.faulted = False if self.advanced >= 60.0 else self.faulted
         found += self.log.violations + self.log.pending_cascades() + self.problems
