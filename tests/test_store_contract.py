@@ -746,6 +746,14 @@ async def test_nodes(store: TaskStore) -> None:
     b = NodeRecord(id="node-a", kinds=["sleep", "fail"], draining=True)
     await store.put_nodes([a, b])
     await store.put_nodes([])
+    # a flush never writes the drain flag: only a drain does (store/node_rows.py)
+    assert await store.list_nodes() == [msgspec.structs.replace(b, draining=False), a]
+    audit = AuditEntry(
+        id="aud_drain", at=T0, action="drain", object_type="node", object_id=b.id, result="ok",
+        actor=ActorRef("user", "admin"), node_id=b.id,
+    )  # fmt: skip
+    b = msgspec.structs.replace(b, drain_revision=1)
+    assert await store.set_node_draining(b.id, True, audit) == b
     assert await store.list_nodes() == [b, a]
     a2 = msgspec.structs.replace(a, running=2, active_leases=2)
     await store.put_nodes([a2])
@@ -929,6 +937,8 @@ async def test_sqlite_migration_fills_the_dead_letter_columns(tmp_path: Path) ->
         # tokens, flow control, artifacts, the console's filters and figures, unique marks)
         dl_version = 5
         db.execute("DELETE FROM schema_version WHERE version >= ?", (dl_version,))
+        for column in ("last_heartbeat_at", "draining", "drain_revision"):  # the node columns (migration 18)
+            db.execute(f"ALTER TABLE nodes DROP COLUMN {column}")
         db.execute("DROP TABLE unique_marks")  # purged unique tasks' creates (migration 15)
         undo_console_counts(db)
         db.execute("DROP TABLE artifact_usage")  # a task's artifact count and bytes (migration 13)

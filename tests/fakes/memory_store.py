@@ -496,9 +496,27 @@ class MemoryStore(
         return counts
 
     async def put_nodes(self, nodes: list[NodeRecord]) -> None:
+        # as the SQL stores (store/node_rows.py): the newest heartbeat's facts, never the drain flag
         self._check_running()
         for node in nodes:
-            self._nodes[node.id] = node
+            old = self._nodes.get(node.id)
+            if old is None:
+                self._nodes[node.id] = msgspec.structs.replace(node, draining=False, drain_revision=0)
+            elif _heard_at(node) >= _heard_at(old):
+                self._nodes[node.id] = msgspec.structs.replace(
+                    node, draining=old.draining, drain_revision=old.drain_revision
+                )
+
+    async def set_node_draining(self, node_id: str, draining: bool, audit: AuditEntry) -> NodeRecord | None:
+        self._check_running()
+        old = self._nodes.get(node_id)
+        if old is None:
+            return None
+        self._nodes[node_id] = new = msgspec.structs.replace(
+            old, draining=draining, drain_revision=old.drain_revision + 1
+        )
+        self._append_audit(audit)
+        return new
 
     async def list_nodes(self) -> list[NodeRecord]:
         self._check_running()
@@ -567,3 +585,7 @@ class MemoryStore(
         self._callbacks[delivery.id] = delivery
         self._append_audit(audit)
         return True
+
+
+def _heard_at(node: NodeRecord) -> float:
+    return -1.0 if node.last_heartbeat_at is None else node.last_heartbeat_at

@@ -2,6 +2,13 @@
 
 A node is offline once it has been silent for three of its own heartbeat intervals (the gap it showed
 between its last heartbeats, at least one second). Records are flushed to the store by the daemon.
+
+Several instances share the nodes: heartbeats reach whichever instance, and a drain is decided by the one that
+answered the route. This registry is one instance's copy. Its own heartbeats are flushed (heartbeat facts
+only); a drain is written by the store in one statement that raises the node's ``drain_revision`` and then
+applied here (``merge``); every flush also merges what the store holds, so a drain made elsewhere, a node
+heard only elsewhere and a newer heartbeat stored elsewhere reach this copy within a flush. A merged record
+never goes back: a drain flag only for a higher revision, heartbeat facts only for a later heartbeat.
 """
 
 from __future__ import annotations
@@ -12,7 +19,8 @@ import msgspec
 
 from scheduler_gateway.wire.messages import HeartbeatRequest
 
-from .ports import NodeRecord
+from .model.records import AuditEntry
+from .ports import NodeRecord, NodeStore
 
 MIN_INTERVAL_S = 1.0
 DEFAULT_INTERVAL_S = 5.0
@@ -45,6 +53,7 @@ class NodeRegistry:
             draining=prev.draining if prev else False,
             last_heartbeat_at=now,
             active_leases=len(req.leases),
+            drain_revision=prev.drain_revision if prev else 0,
         )
         self._dirty.add(node_id)
         new_kinds = [k for k in req.kinds if k not in self._kinds_seen]
@@ -56,14 +65,20 @@ class NodeRegistry:
         rec = self._nodes.get(node_id)
         return rec is not None and rec.draining
 
-    def set_draining(self, node_id: str, draining: bool) -> NodeRecord | None:
-        rec = self._nodes.get(node_id)
-        if rec is None:
-            return None
-        rec = msgspec.structs.replace(rec, draining=draining)
-        self._nodes[node_id] = rec
-        self._dirty.add(node_id)
-        return rec
+    def merge(self, stored: list[NodeRecord]) -> None:
+        """Take in what the store holds (a drain's answer, or every node at a flush): a node this copy does not
+        know is added; a drain flag replaces this copy's when its revision is higher; heartbeat facts replace
+        this copy's when their heartbeat is later. Nothing merged is dirty (it is the store's already)."""
+        for rec in stored:
+            mine = self._nodes.get(rec.id)
+            if mine is None:
+                self._nodes[rec.id] = rec
+                continue
+            if rec.drain_revision > mine.drain_revision:
+                mine = msgspec.structs.replace(mine, draining=rec.draining, drain_revision=rec.drain_revision)
+            if (rec.last_heartbeat_at or 0.0) > (mine.last_heartbeat_at or 0.0):
+                mine = msgspec.structs.replace(rec, draining=mine.draining, drain_revision=mine.drain_revision)
+            self._nodes[rec.id] = mine
 
     def status(self, rec: NodeRecord, now: float | None = None) -> str:
         if rec.draining:
@@ -84,3 +99,19 @@ class NodeRegistry:
         dirty = [self._nodes[n] for n in self._dirty if n in self._nodes]
         self._dirty.clear()
         return dirty
+
+
+async def set_draining(
+    nodes: NodeRegistry, store: NodeStore, node_id: str, draining: bool, audit: AuditEntry
+) -> NodeRecord | None:
+    """Drain or undrain a node (the API's and the console's route): the store decides, in one statement, and this
+    instance's copy follows its answer; None when neither the store nor this copy knows the node. A node heard
+    here since the last flush is flushed first, so its row exists to be drained."""
+    local = nodes.get(node_id)
+    if local is not None:
+        await store.put_nodes([local])
+    stored = await store.set_node_draining(node_id, draining, audit)
+    if stored is None:
+        return None
+    nodes.merge([stored])
+    return nodes.get(node_id)

@@ -190,6 +190,11 @@ def token_id(token_hash: str) -> str:
 
 
 class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A node as its last heartbeat described it, and its drain flag. Heartbeats reach any instance and each
+    flushes its own copy, so the store keeps the heartbeat facts of the newest heartbeat (``put_nodes``) and the
+    drain flag in columns of its own, changed only by a drain or undrain (``set_node_draining``), each of which
+    raises ``drain_revision``: an instance's copy takes a stored flag whose revision is newer than its own."""
+
     id: str
     kinds: list[str]
     capacity: int = 0
@@ -197,6 +202,7 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     draining: bool = False
     last_heartbeat_at: float | None = None
     active_leases: int = 0
+    drain_revision: int = 0
 
 
 class OutboxRow(msgspec.Struct, frozen=True):
@@ -366,7 +372,16 @@ class KindStore(Protocol):
 
 
 class NodeStore(Protocol):
-    async def put_nodes(self, nodes: list[NodeRecord]) -> None: ...
+    async def put_nodes(self, nodes: list[NodeRecord]) -> None:
+        """Each node's heartbeat facts, where they are at least as new as the stored ones (by
+        ``last_heartbeat_at``); never its drain flag (a new row is not draining)."""
+        ...
+
+    async def set_node_draining(self, node_id: str, draining: bool, audit: AuditEntry) -> NodeRecord | None:
+        """Set a stored node's drain flag and raise its ``drain_revision`` in one statement, with the audit entry
+        in the same transaction; the node as stored then, or None (and nothing written) when no row has that id."""
+        ...
+
     async def list_nodes(self) -> list[NodeRecord]: ...
 
 

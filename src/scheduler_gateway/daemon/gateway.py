@@ -401,6 +401,9 @@ class Gateway:
                 dirty = self.nodes.take_dirty()
                 if dirty:
                     await self.store.put_nodes(dirty)
+                # what other instances flushed and drained (actors/nodes.py): a drain decided on another instance
+                # is refused here within a flush
+                self.nodes.merge(await self.store.list_nodes())
                 self._outbox_backlog = await self.store.outbox_size()
             except GatewayError as exc:
                 log.warning("node registry flush failed: %s", exc.code)

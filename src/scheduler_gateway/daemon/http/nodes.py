@@ -10,7 +10,7 @@ from aiohttp import web
 
 from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.model.records import AuditEntry
-from scheduler_gateway.actors.nodes import NodeRegistry
+from scheduler_gateway.actors.nodes import NodeRegistry, set_draining
 from scheduler_gateway.actors.ports import (
     AuditStore,
     NodeRecord,
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 class NodeStoreAndAudit(NodeStore, AuditStore, Protocol):
-    """A drain writes the node record and its audit entry."""
+    """A drain writes the node's flag and its audit entry (in one transaction: ``NodeStore.set_node_draining``)."""
 
 
 class NodeRoutes:
@@ -66,25 +66,20 @@ class NodeRoutes:
             if not caller.is_admin:
                 raise Forbidden("only an admin can drain or undrain a node")
             node_id = request.match_info["id"]
-            rec = self.nodes.set_draining(node_id, draining)
+            audit = AuditEntry(
+                id=idgen.new_id("aud"),
+                at=time.time(),
+                action="drain" if draining else "undrain",
+                object_type="node",
+                object_id=node_id,
+                result="ok",
+                actor=caller.actor,
+                request_id=caller.request_id,
+                node_id=node_id,
+            )
+            rec = await set_draining(self.nodes, self.store, node_id, draining, audit)
             if rec is None:
                 raise NotFound(f"node {node_id[:64]} not found")
-            await self.store.put_nodes([rec])
-            await self.store.append_audit(
-                [
-                    AuditEntry(
-                        id=idgen.new_id("aud"),
-                        at=time.time(),
-                        action="drain" if draining else "undrain",
-                        object_type="node",
-                        object_id=node_id,
-                        result="ok",
-                        actor=caller.actor,
-                        request_id=caller.request_id,
-                        node_id=node_id,
-                    )
-                ]
-            )
             return self.api._json(self._node_view(rec, time.time()))
 
         return handle

@@ -84,10 +84,11 @@ def decode_or_raise(decode: Callable[[Any], T], doc: Any, what: str, key: str) -
 
 
 def decode_rows(decode: Callable[[Any], T], rows: Iterable[sqlite3.Row], what: str) -> list[T]:
-    """Decode ``(key, doc)`` rows, skipping (and logging) the ones that do not decode: one bad row must not
-    take a whole list down. The log names the row's key and the error type, never the document."""
+    """Decode ``(key, doc, ...)`` rows (further columns are left alone), skipping (and logging) the ones that do
+    not decode: one bad row must not take a whole list down. The log names the row's key and the error type,
+    never the document."""
     out: list[T] = []
-    for key, doc in rows:
+    for key, doc, *_ in rows:
         try:
             out.append(decode(doc))
         except (msgspec.DecodeError, TypeError) as exc:

@@ -182,6 +182,9 @@ class ComposedStore:
     async def put_nodes(self, nodes: list[NodeRecord]) -> None:
         await self._nodes.put_nodes(nodes)
 
+    async def set_node_draining(self, node_id: str, draining: bool, audit: AuditEntry) -> NodeRecord | None:
+        return await self._nodes.set_node_draining(node_id, draining, audit)
+
     async def ping(self) -> None:
         await self._nodes.ping()
 

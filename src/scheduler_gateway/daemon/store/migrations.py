@@ -12,6 +12,7 @@ from scheduler_gateway.daemon.store.common import (
     rollback_quietly,
 )
 from scheduler_gateway.daemon.store.flow_rows import UNIQUE_MARKS_MIGRATION
+from scheduler_gateway.daemon.store.node_rows import NODE_DRAIN_MIGRATION
 from scheduler_gateway.daemon.store.retention import (
     FINISHED_COLUMN_MIGRATION,
     RETENTION_MIGRATION,
@@ -230,6 +231,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     FINISHED_COLUMN_MIGRATION,
     # 17: outbox rows written ready to publish (actors/outbox.py)
     OUTBOX_LAYOUT_MIGRATION,
+    # 18: a node's drain flag, its revision and its heartbeat's time as columns, so an instance's flush of its
+    # copy never undoes a drain made on another (text in store/node_rows.py)
+    NODE_DRAIN_MIGRATION,
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from typing import Any
 
 import msgspec
 
@@ -15,14 +16,21 @@ from scheduler_gateway.actors.ports import (
 from scheduler_gateway.daemon.store.change_rows import SQL_INSERT_AUDIT, audit_row
 from scheduler_gateway.daemon.store.common import (
     decode_or_raise,
-    decode_rows,
     doc_decoder,
     encode,
+)
+from scheduler_gateway.daemon.store.node_rows import (
+    SQL_LIST_NODES,
+    SQL_PUT_NODE,
+    SQL_SET_DRAINING,
+    decode_node,
+    node_row,
+    stored_nodes,
+    with_drain,
 )
 from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
 
 _decode_principal = doc_decoder(Principal)
-_decode_node = doc_decoder(NodeRecord)
 
 
 def decode_principal(doc: bytes) -> Principal:
@@ -103,9 +111,22 @@ class SqliteNodes:
     async def put_nodes(self, nodes: list[NodeRecord]) -> None:
         if not nodes:
             return
-        rows = [(n.id, encode(n)) for n in nodes]
-        sql = "INSERT INTO nodes (id, doc) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET doc = excluded.doc"
-        await self._db.submit_statements(((sql, rows),), len(rows))
+        rows = [node_row(n) for n in nodes]
+        await self._db.submit_statements(((SQL_PUT_NODE, rows),), len(rows))
+
+    async def set_node_draining(self, node_id: str, draining: bool, audit: AuditEntry) -> NodeRecord | None:
+        audit_values = audit_row(audit)
+        found: list[Any] = [None]
+
+        def op(conn: sqlite3.Connection) -> None:
+            # decoded after the commit: a raise in an op would fail its whole batch
+            found[0] = row = conn.execute(SQL_SET_DRAINING, (1 if draining else 0, node_id)).fetchone()
+            if row is not None:
+                conn.execute(SQL_INSERT_AUDIT, audit_values)
+
+        await self._db.submit_op(op)
+        row = found[0]
+        return None if row is None else with_drain(decode_node(row[0], node_id), *row[1:])
 
     async def ping(self) -> None:
         """A real write through the writer: proves the file, the disk and the writer all work."""
@@ -126,5 +147,4 @@ class SqliteNodes:
         return with_last_use(decode_principal(rows[0][0]), rows[0][1])
 
     async def list_nodes(self) -> list[NodeRecord]:
-        rows = await self._db.fetchall("SELECT id, doc FROM nodes ORDER BY id")
-        return decode_rows(_decode_node, rows, "node")
+        return stored_nodes(await self._db.fetchall(SQL_LIST_NODES))

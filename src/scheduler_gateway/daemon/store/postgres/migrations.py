@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 
 from scheduler_gateway.daemon.store.migrations import OUTBOX_LAYOUT_MIGRATION, TASK_LIST_MIGRATION
+from scheduler_gateway.daemon.store.node_rows import PG_NODE_DRAIN_MIGRATION
 from scheduler_gateway.daemon.store.postgres.search import PG_SEARCH_MIGRATION
 from scheduler_gateway.wire.errors import StorageError
 
@@ -287,6 +288,9 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # 11: outbox rows written ready to publish (actors/outbox.py), as in the SQLite store (its migration 17)
     OUTBOX_LAYOUT_MIGRATION,
+    # 12: a node's drain flag, its revision and its heartbeat's time as columns, as in the SQLite store (its
+    # migration 18; text in store/node_rows.py)
+    PG_NODE_DRAIN_MIGRATION,
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)

@@ -7,12 +7,22 @@ import time
 from scheduler_gateway.actors.model.records import AuditEntry
 from scheduler_gateway.actors.ports import NodeRecord, Principal
 from scheduler_gateway.daemon.store.change_rows import audit_row
-from scheduler_gateway.daemon.store.common import decode_rows, doc_decoder, encode
+from scheduler_gateway.daemon.store.common import encode
+from scheduler_gateway.daemon.store.node_rows import (
+    SQL_LIST_NODES,
+    SQL_PUT_NODE,
+    SQL_SET_DRAINING,
+    decode_node,
+    node_row,
+    stored_nodes,
+    with_drain,
+)
 from scheduler_gateway.daemon.store.nodes import as_doc, decode_principal, with_last_use
 from scheduler_gateway.daemon.store.postgres.db import PgDb
 from scheduler_gateway.daemon.store.postgres.tasks import SQL_INSERT_AUDIT
 
-_decode_node = doc_decoder(NodeRecord)
+_PUT_NODE = SQL_PUT_NODE.replace("?", "%s")
+_SET_DRAINING = SQL_SET_DRAINING.replace("?", "%s")
 
 
 SQL_REVOCATION_ORDER_LOCK = "SELECT pg_advisory_xact_lock(7303)"  # 7303: the revocation log's commit order
@@ -77,11 +87,18 @@ class PgNodes:
     async def put_nodes(self, nodes: list[NodeRecord]) -> None:
         if not nodes:
             return
-        rows = [(n.id, encode(n)) for n in nodes]
+        rows = [node_row(n) for n in sorted(nodes, key=lambda n: n.id)]  # one lock order across instances
         async with self._db.transaction() as conn, conn.cursor() as cur:
-            await cur.executemany(
-                "INSERT INTO nodes (id, doc) VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET doc = excluded.doc", rows
-            )
+            await cur.executemany(_PUT_NODE, rows)
+
+    async def set_node_draining(self, node_id: str, draining: bool, audit: AuditEntry) -> NodeRecord | None:
+        async with self._db.transaction() as conn:
+            cur = await conn.execute(_SET_DRAINING, (draining, node_id))
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            await conn.execute(SQL_INSERT_AUDIT, audit_row(audit))
+        return with_drain(decode_node(row[0], node_id), row[1], row[2])
 
     async def ping(self) -> None:
         """A real write: proves the server answers and accepts writes (not a read-only standby)."""
@@ -97,5 +114,4 @@ class PgNodes:
         return with_last_use(decode_principal(rows[0][0]), rows[0][1])
 
     async def list_nodes(self) -> list[NodeRecord]:
-        rows = await self._db.fetch("SELECT id, doc FROM nodes ORDER BY id")
-        return decode_rows(_decode_node, rows, "node")
+        return stored_nodes(await self._db.fetch(SQL_LIST_NODES))

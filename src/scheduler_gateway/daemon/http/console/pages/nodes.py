@@ -8,6 +8,7 @@ from aiohttp import web
 
 from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.model.records import AuditEntry
+from scheduler_gateway.actors.nodes import set_draining
 from scheduler_gateway.daemon.http.console.pages.base import Pages
 from scheduler_gateway.wire.errors import Forbidden, NotFound
 
@@ -32,23 +33,17 @@ class NodePages(Pages):
         if not caller.is_admin:
             raise Forbidden("only an admin can drain or undrain a node")
         node_id = request.match_info["id"]
-        rec = self.gw.nodes.set_draining(node_id, action == "drain")
-        if rec is None:
-            raise NotFound(f"node {node_id[:64]} not found")
-        await self.gw.store.put_nodes([rec])
-        await self.gw.store.append_audit(
-            [
-                AuditEntry(
-                    id=idgen.new_id("aud"),
-                    at=time.time(),
-                    action=action,
-                    object_type="node",
-                    object_id=node_id,
-                    result="ok",
-                    actor=caller.actor,
-                    request_id=caller.request_id,
-                    node_id=node_id,
-                )
-            ]
+        audit = AuditEntry(
+            id=idgen.new_id("aud"),
+            at=time.time(),
+            action=action,
+            object_type="node",
+            object_id=node_id,
+            result="ok",
+            actor=caller.actor,
+            request_id=caller.request_id,
+            node_id=node_id,
         )
+        if await set_draining(self.gw.nodes, self.gw.store, node_id, action == "drain", audit) is None:
+            raise NotFound(f"node {node_id[:64]} not found")
         raise self._redirect("/ui/nodes", f"{action} of {node_id} done")
