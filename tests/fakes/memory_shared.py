@@ -35,7 +35,10 @@ class MemorySharedTasks:
             t = self._store._tasks.get(task_id)
             if t is None or t.revision != revision or t.state != "running" or (t.lease_expires_at or 0.0) <= now:
                 continue
-            self._store._tasks[task_id] = msgspec.structs.replace(t, lease_expires_at=expires)
+            # as PostgreSQL's greatest(): a late extension never moves the expiry back
+            self._store._tasks[task_id] = msgspec.structs.replace(
+                t, lease_expires_at=max(expires, t.lease_expires_at or 0.0)
+            )
             moved.add(task_id)
         return moved
 

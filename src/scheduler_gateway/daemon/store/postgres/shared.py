@@ -19,8 +19,11 @@ class PgShared:
     async def extend_leases(self, items: list[tuple[str, int, float, float]]) -> set[str]:
         if not items:
             return set()
+        # Heartbeats of one task reach any instance, and one answered late (a paused instance, a node that timed
+        # out and asked again elsewhere) may commit after a later one, from an earlier clock: the expiry never
+        # moves back, so every extension a node was answered holds (docs/INVARIANTS.md, Rows with several writers)
         rows = await self._db.fetch(
-            "UPDATE tasks t SET lease_expires_at = v.expires"
+            "UPDATE tasks t SET lease_expires_at = greatest(t.lease_expires_at, v.expires)"
             " FROM unnest(%s::text[], %s::bigint[], %s::float8[], %s::float8[]) AS v(id, rev, expires, now)"
             " WHERE t.id = v.id AND t.revision = v.rev AND t.state = 'running'"
             " AND coalesce(t.lease_expires_at, 0) > v.now RETURNING t.id",
