@@ -48,7 +48,8 @@ def download_operation(error: Any) -> dict[str, Any]:
             TASK_ID,
             _NAME,
             {"name": "Range", "in": "header", "required": False, "schema": {"type": "string"},
-             "description": "one range `bytes=a-b`, `bytes=a-` or `bytes=-n`: answers 206"},
+             "description": "one range `bytes=a-b`, `bytes=a-` or `bytes=-n`: answers 206; a header that is not one "
+                            "such range (several ranges, another unit, last before first) is ignored: 200"},
             {"name": "If-None-Match", "in": "header", "required": False, "schema": {"type": "string"},
              "description": "the ETag of a copy the client holds: answers 304 when it is this artifact's"},
         ],
