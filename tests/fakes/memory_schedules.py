@@ -311,6 +311,27 @@ class MemoryScheduleStore:
     async def update_run(self, update: RunUpdate) -> bool:
         return self._apply_run(update)
 
+    async def reopen_run(self, run_id: str, task_id: str, at: float) -> ScheduledRun | None:
+        before = self._ss.runs.get(run_id)
+        if before is None or before.task_id != task_id:
+            return None
+        if before.is_active or self._active_run_of(before.scheduled_task_id) is not None:
+            raise ActiveRunConflict(
+                f"scheduled task {before.scheduled_task_id} has an active run",
+                details={"scheduledTaskId": before.scheduled_task_id, "runId": before.id},
+            )
+        self._ss.runs[run_id] = msgspec.structs.replace(
+            before, status="running", started_at=at, finished_at=None, error=None
+        )
+        return before
+
+    async def restore_run(self, before: ScheduledRun, at: float) -> bool:
+        now = self._ss.runs.get(before.id)
+        if now is None or now.status != "running" or now.started_at != at:
+            return False
+        self._ss.runs[before.id] = before
+        return True
+
     async def list_runs(self, schedule_id: str, limit: int, cursor: str | None) -> Page:
         n = _limit(limit)
         found = sorted(

@@ -408,12 +408,17 @@ class MemoryStore(
     async def due_dead_letters(self, dead_before: float, limit: int) -> list[DeadLetter]:
         self._check_running()
         return self._oldest_deaths(
-            lambda d: not d.exhausted and not d.archived and not d.requeued and d.last_dead_at <= dead_before, limit
+            lambda d: (
+                not (d.exhausted or d.scheduled) and not d.archived and not d.requeued and d.last_dead_at <= dead_before
+            ),
+            limit,
         )
 
     async def archivable_dead_letters(self, dead_before: float, limit: int) -> list[DeadLetter]:
         self._check_running()
-        return self._oldest_deaths(lambda d: d.exhausted and not d.archived and d.last_dead_at <= dead_before, limit)
+        return self._oldest_deaths(
+            lambda d: (d.exhausted or d.scheduled) and not d.archived and d.last_dead_at <= dead_before, limit
+        )
 
     def _oldest_deaths(self, keep: Callable[[DeadLetter], bool], limit: int) -> list[DeadLetter]:
         found = sorted(
@@ -425,7 +430,7 @@ class MemoryStore(
         self._check_running()
         counts = {"active": 0, "exhausted": 0, "archived": 0}
         for d in self._dead_letters.values():
-            counts["archived" if d.archived else "exhausted" if d.exhausted else "active"] += 1
+            counts["archived" if d.archived else "exhausted" if d.exhausted or d.scheduled else "active"] += 1
         return counts
 
     async def put_dead_letter(self, letter: DeadLetter) -> None:

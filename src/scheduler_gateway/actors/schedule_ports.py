@@ -253,6 +253,7 @@ class LaunchedTask(msgspec.Struct, frozen=True):
     task_id: str
     state: str
     error: RunError | None = None
+    finished_at: float | None = None  # when it ended (None while it lives)
 
 
 class ScheduleStore(Protocol):
@@ -334,6 +335,20 @@ class ScheduleStore(Protocol):
     async def count_active_runs(self) -> int: ...
     async def active_runs(self) -> list[ScheduledRun]: ...
     async def update_run(self, update: RunUpdate) -> bool: ...
+    async def reopen_run(self, run_id: str, task_id: str, at: float) -> ScheduledRun | None:
+        """A requeue of ``task_id`` (a retry, redrive or force-retry; docs/SCHEDULES.md, Retrying a run's task):
+        its run ``run_id``, ended, becomes ``running`` again (``started_at`` = ``at``, no end, no error), so the
+        one-active-run rule and the global budget hold for it and the task's next end closes it. Answers the run
+        as it was before (what ``restore_run`` puts back), or None when there is no run ``run_id`` of that task
+        (purged by retention). Raises ActiveRunConflict, writing nothing, while the schedule has an active run:
+        another one (the unique index decides), or this one, whose end is not recorded yet."""
+        ...
+
+    async def restore_run(self, before: ScheduledRun, at: float) -> bool:
+        """Undo ``reopen_run`` (the requeue it was for was refused): the run as ``before``, only while it is
+        still the reopened one (``running`` since ``at``). False when something else changed it since."""
+        ...
+
     async def list_runs(self, schedule_id: str, limit: int, cursor: str | None) -> Page:
         """A schedule's runs, oldest first (by id); cursor = the last id of the previous page."""
         ...

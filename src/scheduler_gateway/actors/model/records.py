@@ -161,3 +161,6 @@ class DeadLetter(msgspec.Struct, kw_only=True, frozen=True):
     first_dead_at: float
     last_dead_at: float
     exhausted_at: float | None = None
+    # the letter of a task a schedule launched (CONTRACT 2.7): never redriven automatically (the next occurrence is
+    # the schedule's own retry), kept for a user's retry, archived after ``archive_after_s`` as an exhausted one
+    scheduled: bool = False

@@ -92,4 +92,4 @@ class TaskServiceLauncher:
         if task is None or task.owner != run.owner:
             return None  # a task of another owner is never a schedule's occurrence
         err = RunError(task.error.code, task.error.message) if task.error is not None else None
-        return LaunchedTask(task.id, task.state, err)
+        return LaunchedTask(task.id, task.state, err, task.finished_at if task.terminal else None)

@@ -16,8 +16,16 @@ from ..schedule_ports import (
     ScheduleStore,
 )
 from .completion import RunCompletion
+from .requeue import REOPEN_GRACE_S
 
 log = logging.getLogger(__name__)
+
+
+def _requeue_pending(run: ScheduledRun, found: LaunchedTask, now: float) -> bool:
+    """The run was reopened for a requeue of its task after that task ended (requeue.py), and the requeue's commit
+    may still be coming: left alone for REOPEN_GRACE_S, then closed again (the requeue never came)."""
+    started, ended = run.started_at, found.finished_at
+    return started is not None and ended is not None and started > ended and now - started < REOPEN_GRACE_S
 
 
 class RunReconcile:
@@ -135,7 +143,7 @@ class RunReconcile:
                 continue  # its launch record is missing: the claim that brings the schedule back finishes it
             found = await self._launcher.find(run)
             outcome = outcome_of_task_state(found.state) if found is not None else None
-            if found is None or outcome is None:
+            if found is None or outcome is None or _requeue_pending(run, found, now):
                 continue
             err = None if outcome == "succeeded" else found.error or RunError(found.state.upper(), "")
             if await self._completion.handle_run_completion(run.id, outcome, err, now, found.task_id):

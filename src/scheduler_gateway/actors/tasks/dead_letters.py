@@ -121,7 +121,8 @@ class DeadLetters:
 
         async def run() -> bool:
             current = await self._store.get_dead_letter(dead_letter_id)
-            if current is None or current.archived or not current.exhausted or current.last_dead_at > dead_before:
+            done = current is not None and (current.exhausted or current.scheduled)  # nothing automatic left
+            if current is None or current.archived or not done or current.last_dead_at > dead_before:
                 return False
             await self._store.put_dead_letter(msgspec.structs.replace(current, archived=True))
             await self._ledger.audit_only(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -33,11 +33,19 @@ from ..model.records import TERMINAL_STATES, ActorRef, AuditEntry, AuditResult, 
 from ..ports import Change, IdempotencyRecord, Metrics, TaskServiceStore
 from ..runtime import KeyedMailboxes
 from ..shared_tasks import SharedTasks
-from .api import Caller
+from .api import SCHEDULE_LABEL, Caller
 from .records import ERROR_REASONS, STALE_RETRIES, StaleWrite, stale_or
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class RequeueGuard(Protocol):
+    """What must hold before an ended task is requeued (retry, redrive, force-retry, rework): for a task a schedule
+    launched, its run becomes active again (actors/scheduling/requeue.py). Answers how to undo that when the
+    requeue's commit is refused, or None when there is nothing to undo; raises (a GatewayError) to refuse it."""
+
+    async def hold(self, task: Task, now: float) -> Callable[[], Awaitable[None]] | None: ...
 
 
 class TaskLedger:
@@ -67,6 +75,8 @@ class TaskLedger:
         #: Several instances on one store: decisions read the store, heartbeats persist the lease expiry.
         #: None: one instance, live copies are the truth.
         self.shared: SharedTasks | None = None
+        #: asked before a requeue of an ended task commits (``RequeueGuard``); None: nothing to ask
+        self.requeue_guard: RequeueGuard | None = None
 
     async def stop(self) -> None:
         await self._boxes.stop()
@@ -196,13 +206,34 @@ class TaskLedger:
         idempotency: IdempotencyRecord | None = None,
         dead_letter: DeadLetter | None = None,
     ) -> Task:
+        undo = await self._hold_requeue(tr, request_id, audit_details)
         change = self.change(tr, request_id, audit_details, idempotency, dead_letter, await self._artifacts_of(tr))
         try:
             await self._store.apply(change)
         except Conflict as exc:
+            # refused, so certainly not committed: what the guard held is given back (any other failure leaves
+            # it: the requeue may have committed, and the guard's owner reconciles it)
+            if undo is not None:
+                await undo()
             raise stale_or(exc) from None
         self.after_commit(tr)
         return tr.task
+
+    async def _hold_requeue(
+        self, tr: sm.Transition, request_id: str | None, details: dict[str, Any] | None
+    ) -> Callable[[], Awaitable[None]] | None:
+        """A requeue of an ended task asks the guard first; its refusal is audited like the state machine's."""
+        before = tr.before
+        if self.requeue_guard is None or before is None or not before.terminal or tr.task.terminal:
+            return None
+        try:
+            return await self.requeue_guard.hold(before, tr.task.updated_at)
+        except GatewayError as exc:
+            await self.refused(
+                tr.action, before, before.id, tr.history.actor, request_id=request_id, error_code=exc.code,
+                details=details,
+            )  # fmt: skip
+            raise
 
     async def commit_group(
         self,
@@ -251,6 +282,10 @@ class TaskLedger:
         )
         if tr.before is None:
             audit = msgspec.structs.replace(audit, old_revision=None)
+        if dead_letter is not None and not dead_letter.scheduled and SCHEDULE_LABEL in task.labels:
+            # never redriven automatically (CONTRACT 2.7): marked on the letter's every write, so a letter from
+            # before the mark gets it with its next death or requeue
+            dead_letter = msgspec.structs.replace(dead_letter, scheduled=True)
         event = EventRecord(
             id=idgen.new_id("evt"),
             type=tr.event_type,

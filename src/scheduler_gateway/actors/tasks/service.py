@@ -38,7 +38,7 @@ from .artifact_lease import ArtifactLeases
 from .creation import TaskCreation
 from .dead_letters import DeadLetters
 from .keys import KeySlots, Replays
-from .ledger import TaskLedger
+from .ledger import RequeueGuard, TaskLedger
 from .node_protocol import NodeProtocol
 
 T = TypeVar("T")
@@ -131,6 +131,10 @@ class TaskService:
         """Called after every committed transition (in the task's mailbox; keep it quick and non-blocking).
         What must be durable with the change belongs in the Change itself, not in a listener."""
         self.ledger.listeners.append(listener)
+
+    def set_requeue_guard(self, guard: RequeueGuard) -> None:
+        """Asked before an ended task is requeued (the scheduler's: a schedule's task gets its run back)."""
+        self.ledger.requeue_guard = guard
 
     def set_thread_check(self, check: Callable[[Caller, str], Awaitable[None]]) -> None:
         """Checks a new task's threadId (the scheduler's threads: another user's thread answers as missing)."""

@@ -190,7 +190,8 @@ def running_deadlines(t: Task) -> tuple[float | None, float | None]:
 
 def dead_letter_row(d: DeadLetter) -> tuple[Any, ...]:
     """The SQL_UPSERT_DEAD_LETTER values: the sweep's columns beside the letter they are copied from."""
-    return (d.dead_letter_id, d.task_id, d.requeued, d.exhausted, d.archived, d.last_dead_at, encode(d))
+    # ``exhausted`` as the sweep asks it: nothing automatic is left but archiving (a schedule's task's letter too)
+    return (d.dead_letter_id, d.task_id, d.requeued, d.exhausted or d.scheduled, d.archived, d.last_dead_at, encode(d))
 
 
 def audit_row(a: AuditEntry) -> tuple[Any, ...]:

@@ -347,6 +347,12 @@ class ComposedStore:
     async def update_run(self, update: RunUpdate) -> bool:
         return await self._schedules.update_run(update)
 
+    async def reopen_run(self, run_id: str, task_id: str, at: float) -> ScheduledRun | None:
+        return await self._schedules.reopen_run(run_id, task_id, at)
+
+    async def restore_run(self, before: ScheduledRun, at: float) -> bool:
+        return await self._schedules.restore_run(before, at)
+
     async def list_runs(self, schedule_id: str, limit: int, cursor: str | None) -> Page:
         return await self._schedules.list_runs(schedule_id, limit, cursor)
 

@@ -29,6 +29,7 @@ from scheduler_gateway.actors.model.schedule import (
     Thread,
 )
 from scheduler_gateway.actors.schedule_ports import (
+    ActiveRunConflict,
     CorruptStoredSchedule,
     LaunchRecord,
     RunUpdate,
@@ -283,6 +284,29 @@ def record_completion_params(
 ) -> tuple[Any, ...]:
     err = _error_blob(last_error)
     return (generation, generation, status, generation, generation, err, err, now, schedule_id)
+
+
+#: ``reopen_run``: the ended run of a task made active again (the unique index refuses it beside another active run)
+_SQL_RUN_OF_TASK = f"SELECT {_RUN_COLS} FROM scheduled_runs WHERE id = ? AND task_id = ?"
+_SQL_REOPEN_RUN = (
+    "UPDATE scheduled_runs SET status = 'running', started_at = ?, finished_at = NULL, error = NULL"
+    f" WHERE id = ? AND status NOT IN {ACTIVE_RUN_SQL}"
+)
+_SQL_RESTORE_RUN = (
+    "UPDATE scheduled_runs SET status = ?, started_at = ?, finished_at = ?, error = ?"
+    " WHERE id = ? AND status = 'running' AND started_at = ?"
+)
+
+
+def restore_run_params(before: ScheduledRun, at: float) -> tuple[Any, ...]:
+    return (before.status, before.started_at, before.finished_at, _error_blob(before.error), before.id, at)
+
+
+def run_in_progress(run: ScheduledRun) -> ActiveRunConflict:
+    return ActiveRunConflict(
+        f"scheduled task {run.scheduled_task_id} has an active run; its task can be retried when it is done",
+        details={"scheduledTaskId": run.scheduled_task_id, "runId": run.id},
+    )
 
 
 _SQL_INSERT_RUN = f"INSERT INTO scheduled_runs ({_RUN_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"

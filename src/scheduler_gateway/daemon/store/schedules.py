@@ -56,6 +56,9 @@ from scheduler_gateway.daemon.store.schedule_rows import (
     _SQL_INSERT_RUN,
     _SQL_INSERT_SCHEDULE,
     _SQL_OCCURRENCE_RUN,
+    _SQL_REOPEN_RUN,
+    _SQL_RESTORE_RUN,
+    _SQL_RUN_OF_TASK,
     _SQL_SAVE_SCHEDULE,
     _decode_task,
     _decode_thread,
@@ -67,6 +70,8 @@ from scheduler_gateway.daemon.store.schedule_rows import (
     _tasks_of,
     _update_run_sql,
     record_completion_params,
+    restore_run_params,
+    run_in_progress,
 )
 from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
 from scheduler_gateway.wire.errors import (
@@ -346,6 +351,28 @@ class SqliteSchedules:
         sql = _update_run_sql(update)
         changed: bool = await self._db.run(lambda c: c.execute(*sql).rowcount == 1)
         return changed
+
+    async def reopen_run(self, run_id: str, task_id: str, at: float) -> ScheduledRun | None:
+        def fn(c: sqlite3.Connection) -> ScheduledRun | Refusal | None:
+            found = _runs_of(c.execute(_SQL_RUN_OF_TASK, (run_id, task_id)).fetchall())
+            if not found:
+                return None
+            before = found[0]
+            if before.is_active:
+                return Refusal(run_in_progress(before))
+            try:
+                c.execute(_SQL_REOPEN_RUN, (at, run_id))
+            except sqlite3.IntegrityError:  # another active run of the schedule: the partial unique index
+                return Refusal(run_in_progress(before))
+            return before
+
+        reopened: ScheduledRun | None = await self._db.run(fn)
+        return reopened
+
+    async def restore_run(self, before: ScheduledRun, at: float) -> bool:
+        params = restore_run_params(before, at)
+        restored: bool = await self._db.run(lambda c: c.execute(_SQL_RESTORE_RUN, params).rowcount == 1)
+        return restored
 
     async def list_runs(self, schedule_id: str, limit: int, cursor: str | None) -> Page:
         n = clamp_limit(limit)

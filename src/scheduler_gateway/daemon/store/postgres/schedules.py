@@ -42,6 +42,9 @@ from scheduler_gateway.daemon.store.schedule_rows import (
     _SQL_INSERT_RUN,
     _SQL_INSERT_SCHEDULE,
     _SQL_OCCURRENCE_RUN,
+    _SQL_REOPEN_RUN,
+    _SQL_RESTORE_RUN,
+    _SQL_RUN_OF_TASK,
     _SQL_SAVE_SCHEDULE,
     _decode_task,
     _decode_thread,
@@ -53,6 +56,8 @@ from scheduler_gateway.daemon.store.schedule_rows import (
     _tasks_of,
     _update_run_sql,
     record_completion_params,
+    restore_run_params,
+    run_in_progress,
 )
 from scheduler_gateway.wire.errors import StorageError
 
@@ -73,6 +78,9 @@ _SAVE_SCHEDULE = pg_sql(_SQL_SAVE_SCHEDULE)
 _INSERT_RUN = pg_sql(_SQL_INSERT_RUN)
 _OCCURRENCE_RUN = pg_sql(_SQL_OCCURRENCE_RUN)
 _COMPLETE_SCHEDULE = pg_sql(_SQL_COMPLETE_SCHEDULE)
+_RUN_OF_TASK = pg_sql(_SQL_RUN_OF_TASK) + " FOR UPDATE"
+_REOPEN_RUN = pg_sql(_SQL_REOPEN_RUN)
+_RESTORE_RUN = pg_sql(_SQL_RESTORE_RUN)
 _CLAIM_TOKEN_FOR_UPDATE = pg_sql(_SQL_CLAIM_TOKEN) + " FOR UPDATE"
 _PUT_THREAD = (
     "INSERT INTO threads (id, owner, doc) VALUES (%s, %s, %s)"
@@ -313,6 +321,26 @@ class PgSchedules:
 
     async def update_run(self, update: RunUpdate) -> bool:
         return await self._db.write(*_update_run(update)) == 1
+
+    async def reopen_run(self, run_id: str, task_id: str, at: float) -> ScheduledRun | None:
+        async with self._db.transaction() as conn:
+            cur = await conn.execute(_RUN_OF_TASK, (run_id, task_id))
+            found = _runs_of(await cur.fetchall())
+            if not found:
+                return None
+            before = found[0]
+            if before.is_active:
+                raise run_in_progress(before)
+            try:
+                await conn.execute(_REOPEN_RUN, (at, run_id))
+            except pg_errors.UniqueViolation as exc:
+                if constraint_of(exc) != ACTIVE_RUN_INDEX:
+                    raise StorageError(f"run {run_id} could not be written") from None
+                raise run_in_progress(before) from None
+        return before
+
+    async def restore_run(self, before: ScheduledRun, at: float) -> bool:
+        return await self._db.write(_RESTORE_RUN, restore_run_params(before, at)) == 1
 
     async def list_runs(self, schedule_id: str, limit: int, cursor: str | None) -> Page:
         n = clamp_limit(limit)
