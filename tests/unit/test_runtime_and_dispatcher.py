@@ -274,14 +274,18 @@ async def test_dispatcher_waits_for_not_before_and_retries_failed_publishes() ->
     clock.now += 0.06
     await asyncio.sleep(0.1)
     assert [o.task_id for o in bus.offers] == ["tsk_001"]
-    import scheduler_gateway.actors.dispatcher as dm
+    import scheduler_gateway.actors.kind_trouble as dm
 
     old, dm.PUBLISH_RETRY_S = dm.PUBLISH_RETRY_S, 0.01
     try:
         bus.fail_next = 1
         d.update(task(2))
+        await asyncio.sleep(0.05)
+        assert d.failing_kinds() == {"echo": "ConnectionError: nats down"}  # tried again once its time comes
+        clock.now += 0.02
         await asyncio.sleep(0.1)
         assert [o.task_id for o in bus.offers] == ["tsk_001", "tsk_002"]
+        assert d.failing_kinds() == {}
     finally:
         dm.PUBLISH_RETRY_S = old
         await d.stop()

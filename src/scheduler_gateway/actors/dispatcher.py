@@ -25,7 +25,6 @@ harmless: a claim of the attempt is granted once, and refused (the copy acked) o
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import functools
 import heapq
@@ -39,6 +38,7 @@ import msgspec
 from scheduler_gateway.wire.messages import Offer
 
 from .dispatch_flow import FlowBook, Key, KindQueue
+from .kind_trouble import KindTrouble, KindUnavailable
 from .model.flow import KindSettings
 from .model.records import Task
 from .ports import Bus, Metrics, NullMetrics
@@ -46,7 +46,6 @@ from .runtime import LoopActor, Wakeup
 
 log = logging.getLogger(__name__)
 
-PUBLISH_RETRY_S = 1.0
 #: an offer unclaimed this long is published again (``reoffer_after_s``): twice the offers' AckWait (30 s)
 REOFFER_AFTER_S = 60.0
 #: the longest wait between two re-offers of one attempt (each waits twice as long as the one before)
@@ -96,6 +95,7 @@ class Dispatcher(LoopActor):
         self.reoffered = 0  # offers published again because they went unclaimed
         self._wake = Wakeup()
         self._encoder = msgspec.json.Encoder()
+        self.trouble = KindTrouble()  # the kinds whose offers cannot be published now, each held back alone
 
     # -- what the task service tells us -------------------------------------------------------------
     def update(self, task: Task) -> None:
@@ -116,7 +116,8 @@ class Dispatcher(LoopActor):
                 self._lane_add(task)
             self._schedule(task)
         else:
-            self._queued.pop(task.id, None)
+            if self._queued.pop(task.id, None) is not None:
+                self._forget_if_drained(task.kind)
             if task.thread_id:
                 if task.state == "running":
                     self._lane_add(task)
@@ -272,7 +273,8 @@ class Dispatcher(LoopActor):
                 self._schedule(task)
         picked: list[Task] = []
         for kind, queue in self._ready.items():
-            self._pick_kind(kind, queue, now, picked)
+            if not self.trouble.held(kind, now):
+                self._pick_kind(kind, queue, now, picked)
         if self._next_reoffer <= now:
             picked += self._unclaimed(now)
         return picked
@@ -383,20 +385,23 @@ class Dispatcher(LoopActor):
                 lease_seconds=task.lease_s,
                 timeout_seconds=task.timeout_s,
                 traceparent=task.traceparent,
+                concurrency_key=task.concurrency_key,
             )
         )
 
     async def _publish(self, tasks: list[Task]) -> None:
         try:
             results = await self._bus.publish_offers([(t.kind, self._msg_id(t), self._encode(t)) for t in tasks])
-        except Exception as exc:  # the consumer could not be created (NATS away): every offer failed
+        except Exception as exc:  # NATS away: every offer failed
             results = [exc] * len(tasks)
-        failed = 0
         now = self._clock()
         by_kind: dict[str, int] = {}
+        failed: dict[str, tuple[BaseException, int]] = {}  # kind -> the error that says most, offers failed
         for task, res in zip(tasks, results, strict=True):
             if isinstance(res, BaseException):
-                failed += 1
+                seen = failed.get(task.kind)
+                error = res if seen is None or isinstance(res, KindUnavailable) else seen[0]
+                failed[task.kind] = (error, (seen[1] if seen else 0) + 1)
                 self._unoffer(task.id, keep_attempt=None)
                 if task.thread_id and task.thread_id in self._lanes:
                     self._lanes[task.thread_id].active.discard(task.id)
@@ -407,9 +412,21 @@ class Dispatcher(LoopActor):
                 by_kind[task.kind] = by_kind.get(task.kind, 0) + 1
         for kind, n in by_kind.items():
             self._metrics.offers_published(kind, n)
-        if failed:
-            log.warning("dispatcher: %d offers could not be published; retrying in %.1f s", failed, PUBLISH_RETRY_S)
-            await asyncio.sleep(PUBLISH_RETRY_S)
+            if kind not in failed:
+                self.trouble.published(kind)
+        # a failing kind waits alone (actors/kind_trouble.py): the other kinds' offers go on at once
+        for kind, (error, n) in failed.items():
+            self.trouble.failed(kind, error, n, now)
+
+    def failing_kinds(self) -> dict[str, str]:
+        """kind -> why its offers cannot be published now (``/readyz``)."""
+        return self.trouble.failing()
+
+    def _forget_if_drained(self, kind: str) -> None:
+        """A failing kind with no queued task left (canceled, say) is no longer reported."""
+        if self.trouble.is_failing(kind) and not any(t.kind == kind for t in self._queued.values()):
+            self.trouble.forget(kind)
+            self._ready.pop(kind, None)  # only stale entries left: they would bring the kind back
 
     async def run(self) -> None:
         while True:
@@ -418,5 +435,7 @@ class Dispatcher(LoopActor):
             if picked:
                 await self._publish(picked)
                 continue
-            due = min(self._timers[0][0] if self._timers else float("inf"), self._next_reoffer)
+            due = min(
+                self._timers[0][0] if self._timers else float("inf"), self._next_reoffer, self.trouble.next_retry()
+            )
             await self._wake.wait(due - now if due != float("inf") else None)

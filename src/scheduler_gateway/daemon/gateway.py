@@ -29,6 +29,7 @@ from scheduler_gateway.actors.dead_letter_keeper import DeadLetterKeeper, DeadLe
 from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.duties import LeaseTiming
 from scheduler_gateway.actors.event_relay import EventRelay
+from scheduler_gateway.actors.kind_trouble import dispatch_check
 from scheduler_gateway.actors.kinds import REFRESH_S, KindService
 from scheduler_gateway.actors.model.artifacts import ArtifactLimits
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
@@ -54,6 +55,7 @@ from scheduler_gateway.daemon.http.kinds import KindRoutes
 from scheduler_gateway.daemon.http.principals import RECHECK_S, SQLITE_RECHECK_S, PrincipalCache
 from scheduler_gateway.daemon.http.server import AdminRunner
 from scheduler_gateway.daemon.metrics import PrometheusMetrics, PrometheusRetentionMetrics
+from scheduler_gateway.daemon.metrics_dispatch import register_dispatch_metrics
 from scheduler_gateway.daemon.metrics_events import EventCallbackMetrics
 from scheduler_gateway.daemon.nats.bus import NatsBus, NodeInputs
 from scheduler_gateway.daemon.scheduling import Scheduling
@@ -231,6 +233,7 @@ class Gateway:
         )
         self.http_extensions.append(KindRoutes(self.api, self.kinds, self.store, self.nodes).install)
         self.metrics.set_flow(self.dispatcher.flow_figures)
+        register_dispatch_metrics(self.metrics.registry, self.dispatcher.trouble, self.metrics.kind)
         # the bucket, node requests, keeper, routes
         self.artifacts = Artifacts(
             s.artifacts,
@@ -462,6 +465,7 @@ class Gateway:
             actors["live-sync"] = self.ha.live_sync  # type: ignore[assignment]
         down = [name for name, a in actors.items() if a is None or not a.running]
         checks["actors"] = (not down, "running" if not down else "stopped: " + ", ".join(down))
+        checks["dispatch"] = dispatch_check(self.dispatcher.failing_kinds())
         backlog = self._outbox_backlog
         checks["events"] = (
             self.relay.healthy,

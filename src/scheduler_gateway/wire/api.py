@@ -11,11 +11,12 @@ from typing import Annotated, Any, Generic, TypeVar
 import msgspec
 from msgspec import Meta
 
-from .messages import KIND_PATTERN, NULL
+from .messages import NULL
+from .names import KindName
 from .redact import redacted_repr
 
 Seconds = Annotated[float, Meta(gt=0, le=31_536_000)]
-IdText = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+IdText = Annotated[str, Meta(min_length=1, max_length=128, pattern=r"\A[A-Za-z0-9_.:-]+\Z")]
 Reason = Annotated[str, Meta(max_length=2000)]
 TRACEPARENT_DOC = (
     "W3C trace context of the caller (also taken from the request's traceparent header); carried to the worker. "
@@ -37,7 +38,7 @@ class _Body(msgspec.Struct, rename="camel", forbid_unknown_fields=True, kw_only=
 
 
 class CreateTaskBody(_Body):
-    kind: Annotated[str, Meta(pattern=KIND_PATTERN)]
+    kind: KindName
     payload: msgspec.Raw = _raw(NULL)
     priority: Annotated[int, Meta(ge=-1_000_000, le=1_000_000)] = 0
     max_attempts: Annotated[int, Meta(ge=1, le=1000)] | None = None

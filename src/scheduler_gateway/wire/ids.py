@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-_ID_RE = re.compile(r"^[a-z]{2,4}_[0-9a-f]{32}$")
+_ID_RE = re.compile(r"\A[a-z]{2,4}_[0-9a-f]{32}\Z")
 
 PREFIXES = ("tsk", "att", "lse", "req", "run", "aud", "evt", "dlq", "cbd", "thr", "sch", "srn", "tok")
 RAND_BITS = 80
@@ -23,6 +23,6 @@ def format_id(prefix: str, ms: int, rand: int) -> str:
 
 
 def is_id(value: str, prefix: str | None = None) -> bool:
-    if not _ID_RE.match(value):
+    if not isinstance(value, str) or not _ID_RE.fullmatch(value):
         return False
     return prefix is None or value.startswith(prefix + "_")

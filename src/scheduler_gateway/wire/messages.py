@@ -10,8 +10,10 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-NODE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-KIND_PATTERN = r"^[a-z0-9_.-]{1,64}$"
+# the names' patterns (wire/names.py), importable from here as before
+from .names import KIND_PATTERN as KIND_PATTERN
+from .names import NODE_ID_PATTERN as NODE_ID_PATTERN
+from .names import KindName
 
 #: the node process a claim comes from, a random id a worker picks at its start: the lease belongs to it, so
 #: another process claiming with the same node id is refused (docs/WIRE.md, Claim)
@@ -41,6 +43,8 @@ class Offer(_Wire, kw_only=True):
     request_id: str | None = None
     #: the task's W3C trace context (docs/OPERATIONS.md, Tracing): the handler's span is its child; null: none
     traceparent: str | None = None
+    #: the lane its kind's per-key limits count in (CONTRACT 3, docs/FLOW.md); null: none
+    concurrency_key: str | None = None
 
 
 class ClaimRequest(_Wire, kw_only=True, omit_defaults=True):
@@ -94,7 +98,7 @@ class LeaseReport(_Wire, kw_only=True, omit_defaults=True):
 
 
 class HeartbeatRequest(_Wire, kw_only=True):
-    kinds: list[str] = []
+    kinds: list[KindName] = []  # each names a consumer the gateway makes: a bad one refuses the heartbeat
     capacity: int = 0
     running: int = 0
     leases: list[LeaseReport] = []

@@ -18,7 +18,8 @@ from .api import UNIQUE_FOR_MAX_S, _raw
 # one ErrorView and one ListView for both modules: one schema each in the OpenAPI document
 from .api import ErrorView as ErrorView
 from .api import ListView as ListView
-from .messages import KIND_PATTERN, NULL
+from .messages import NULL
+from .names import KindName
 
 Seconds = Annotated[float, Meta(gt=0, le=31_536_000)]
 Title = Annotated[str, Meta(max_length=200)]
@@ -33,7 +34,7 @@ class _Body(msgspec.Struct, rename="camel", forbid_unknown_fields=True, kw_only=
 
 
 class TemplateBody(_Body):
-    kind: Annotated[str, Meta(pattern=KIND_PATTERN)]
+    kind: KindName
     payload: msgspec.Raw = _raw(NULL)
     priority: Annotated[int, Meta(ge=-1_000_000, le=1_000_000)] = 0
     max_attempts: Annotated[int, Meta(ge=1, le=1000)] | None = None
@@ -45,7 +46,7 @@ class TemplateBody(_Body):
 
 
 class TemplatePatchBody(_Body):
-    kind: Annotated[str, Meta(pattern=KIND_PATTERN)] | None = None
+    kind: KindName | None = None
     payload: msgspec.Raw = _raw(ABSENT)
     priority: Annotated[int, Meta(ge=-1_000_000, le=1_000_000)] | None = None
     max_attempts: Annotated[int, Meta(ge=1, le=1000)] | None = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any, Final, NamedTuple
 
-_TRACEPARENT: Final = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[ -~]*)?$")
+_TRACEPARENT: Final = re.compile(r"\A([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[ -~]*)?\Z")
 _ZERO_TRACE: Final = "0" * 32
 _ZERO_SPAN: Final = "0" * 16
 MAX_LENGTH: Final = 512  # longer is not a traceparent any version could make

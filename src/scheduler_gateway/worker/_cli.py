@@ -40,7 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a node worker: pull tasks of the given kinds from the gateway over NATS and run them.",
     )
     p.add_argument("--node-id", required=True, help="this node's id, [A-Za-z0-9_-]{1,64}")
-    p.add_argument("--kinds", required=True, help="comma-separated task kinds to run, each [a-z0-9_.-]{1,64}")
+    p.add_argument(
+        "--kinds",
+        required=True,
+        help="comma-separated task kinds to run, each 1 to 64 of a-z 0-9 _ - in parts separated by single dots",
+    )
     p.add_argument(
         "--concurrency",
         type=int,

@@ -36,9 +36,10 @@ from scheduler_gateway.daemon.config.model import (
 )
 from scheduler_gateway.daemon.config.reader import _Reader
 from scheduler_gateway.daemon.config.store_url import StoreUrlError, parse_store_url
+from scheduler_gateway.wire.names import KIND_PATTERN, KIND_RULE
 from scheduler_gateway.wire.redact import redact_one_url
 
-KIND_NAME = re.compile(r"[a-z0-9_.-]{1,64}")
+KIND_NAME = re.compile(KIND_PATTERN)  # CONTRACT 2.1: the names of NATS subjects and consumers
 
 
 def _kinds(r: _Reader) -> tuple[KindSettings, ...]:
@@ -47,7 +48,7 @@ def _kinds(r: _Reader) -> tuple[KindSettings, ...]:
     out: list[KindSettings] = []
     for name in sorted(table):
         if not KIND_NAME.fullmatch(name):
-            r.errors.append(f"[kinds.{name}]: a kind name is 1 to 64 of a-z 0-9 _ . -")
+            r.errors.append(f"[kinds.{name!r}]: {KIND_RULE}")
             continue
         k = r.section(f"kinds.{name}")
         concurrency = k.optional_int("concurrency", lo=0)

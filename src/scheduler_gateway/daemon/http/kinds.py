@@ -16,7 +16,7 @@ from scheduler_gateway.actors.ports import KindStore
 from scheduler_gateway.actors.task_service import Caller
 from scheduler_gateway.wire import kind_api as ka
 from scheduler_gateway.wire.errors import Forbidden, InvalidArgument
-from scheduler_gateway.wire.messages import KIND_PATTERN
+from scheduler_gateway.wire.names import KIND_PATTERN, KIND_RULE
 from scheduler_gateway.wire.timefmt import fmt_ts
 
 from .context import CALLER
@@ -81,7 +81,7 @@ class KindRoutes:
     def _kind(request: web.Request) -> str:
         kind = request.match_info["kind"]
         if not _KIND.fullmatch(kind):
-            raise InvalidArgument("a kind is 1 to 64 of a-z 0-9 _ . -", details={"field": "kind"})
+            raise InvalidArgument(KIND_RULE, details={"field": "kind"})
         return kind
 
     async def list_kinds(self, request: web.Request) -> web.Response:

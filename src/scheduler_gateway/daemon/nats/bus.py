@@ -23,9 +23,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from scheduler_gateway.actors import failpoints
+from scheduler_gateway.actors.kind_trouble import KindUnavailable
 from scheduler_gateway.actors.ports import TAIL_SKEW_S, SettlesWaiting, vouched_round
 from scheduler_gateway.daemon.nats.leave import leave
 from scheduler_gateway.daemon.nats.publisher import AckedPublisher, PubAck
@@ -47,6 +48,7 @@ from scheduler_gateway.wire.messages import (
     SettleBatch,
     WireError,
 )
+from scheduler_gateway.wire.names import KIND_RULE, is_kind
 from scheduler_gateway.wire.subjects import DISPATCH_STREAM, EVENTS_STREAM, SETTLE_CONSUMER, SETTLE_STREAM, Subjects
 
 log = logging.getLogger(__name__)
@@ -389,19 +391,42 @@ class NatsBus:
     async def publish_offers(self, items: list[tuple[str, str, bytes]]) -> list[BaseException | None]:
         """Publish ``(kind, attempt_id, body)`` offers together; one result (None or the error) per offer."""
         assert self.js is not None
+        refused: dict[str, BaseException] = {}  # one kind's trouble is that kind's alone (actors/kind_trouble.py)
         for kind in {k for k, _, _ in items} - self._kinds:
+            try:
+                await self._ensure_kind(kind)
+            except Exception as exc:  # KindUnavailable, or NATS away: this kind's offers fail, the others are tried
+                refused[kind] = exc
+        sent = [(i, item) for i, item in enumerate(items) if item[0] not in refused]
+        acks = await self._publish_all(
+            [(self.subjects.dispatch(kind), msg_id, body) for _, (kind, msg_id, body) in sent]
+        )
+        out: list[BaseException | None] = [refused.get(kind) for kind, _, _ in items]
+        for (i, _), ack in zip(sent, acks, strict=True):
+            out[i] = ack if isinstance(ack, BaseException) else None
+        return out
+
+    async def _ensure_kind(self, kind: str) -> None:
+        """The kind's pull consumer exists: ``KindUnavailable`` when the kind cannot have one (a name that is no
+        subject, or JetStream refuses the consumer); other errors (NATS away) as they come."""
+        assert self.js is not None
+        if not is_kind(kind):  # stored before the doors checked names: never sent, a newline would break the line
+            raise KindUnavailable(kind, KIND_RULE)
+        try:
             await ensure_kind_consumer(self.js, self.subjects, kind, self._replicas)
-            self._kinds.add(kind)
-        acks = await self._publish_all([(self.subjects.dispatch(kind), msg_id, body) for kind, msg_id, body in items])
-        return [ack if isinstance(ack, BaseException) else None for ack in acks]
+        except APIError as exc:  # JetStream answered, and refused: the kind's own fault
+            raise KindUnavailable(kind, f"JetStream refused its consumer: {exc.description or exc}") from None
+        self._kinds.add(kind)
 
     async def ensure_kinds(self, kinds: list[str]) -> None:
         """Create the pull consumers of kinds that nodes announce, so they can pull before any offer."""
         assert self.js is not None
         for kind in kinds:
             if kind not in self._kinds:
-                await ensure_kind_consumer(self.js, self.subjects, kind, self._replicas)
-                self._kinds.add(kind)
+                try:
+                    await self._ensure_kind(kind)
+                except KindUnavailable as exc:  # another kind of the node still gets its consumer
+                    log.warning("%s", exc)
 
     async def publish_cancel(self, node_id: str, body: bytes) -> None:
         assert self.nc is not None

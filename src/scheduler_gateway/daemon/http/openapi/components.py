@@ -16,6 +16,7 @@ from scheduler_gateway.wire import kind_api as ka
 from scheduler_gateway.wire import schedule_api as sa
 from scheduler_gateway.wire.artifacts import ArtifactView
 from scheduler_gateway.wire.messages import Event
+from scheduler_gateway.wire.names import ecma_pattern
 
 REF = "#/components/schemas/{name}"
 EVENT_TYPES = (
@@ -102,7 +103,7 @@ def schemas() -> dict[str, Any]:
     # the generic pages get readable names
     renames = {_generic_name(t): name for name, t in _PAGES.items()}
     components = {renames.get(k, k): v for k, v in components.items()}
-    schemas: dict[str, Any] = _rename_refs(components, renames)
+    schemas: dict[str, Any] = _ecma_patterns(_rename_refs(components, renames))
     schemas["ErrorEnvelope"]["description"] = "Every error answer, whatever the route"
     body = schemas["ErrorBody"]["properties"]
     body["code"]["enum"] = sorted(STATUS_OF_CODE)
@@ -124,6 +125,17 @@ def _generic_name(t: Any) -> str:
     _, comps = msgspec.json.schema_components([t], ref_template=REF)
     (name,) = (k for k in comps if k.startswith("Page"))
     return name
+
+
+def _ecma_patterns(value: Any) -> Any:
+    """Every ``pattern`` as JSON Schema's (ECMA-262) regex: ours anchor with ``\\A``/``\\Z`` (wire/names.py)."""
+    if isinstance(value, dict):
+        return {
+            k: ecma_pattern(v) if k == "pattern" and isinstance(v, str) else _ecma_patterns(v) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_ecma_patterns(v) for v in value]
+    return value
 
 
 def _rename_refs(value: Any, renames: dict[str, str]) -> Any:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from scheduler_gateway.daemon.http.openapi.params import Op
+from scheduler_gateway.wire.names import KIND_MAX, KIND_SHAPE, ecma_pattern
 
 KIND = {
     "name": "kind",
     "in": "path",
     "required": True,
-    "schema": {"type": "string", "pattern": "^[a-z0-9_.-]{1,64}$"},
+    "schema": {"type": "string", "minLength": 1, "maxLength": KIND_MAX, "pattern": ecma_pattern(KIND_SHAPE)},
     "description": "the kind's name; out of pattern answers 400",
 }
 
