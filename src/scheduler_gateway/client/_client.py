@@ -42,6 +42,8 @@ from ._types import (
     timestamp,
 )
 
+#: kinds asked per page of ``GET /api/kinds`` (the API's largest page)
+KINDS_PAGE = 500
 _NOT_SENT: Any = msgspec.Raw(b"")  # "no payload" in rework (a payload of null is raw(None))
 _UNCHANGED: Any = object()  # a kind's setting left as it is (None removes the limit)
 
@@ -409,8 +411,16 @@ class GatewayClient:
 
     # -- kinds (flow control) --------------------------------------------------------------------------
     async def kinds(self) -> list[KindView]:
-        """``GET /api/kinds``: every kind that has tasks or settings, with its limits and counts (one answer)."""
-        return (await self._get("/api/kinds", KindList)).items
+        """``GET /api/kinds``: every kind that has tasks or settings, with its limits and counts, by name (every
+        page: ``nextCursor``; a gateway that predates paging answers one page without it)."""
+        out: list[KindView] = []
+        cursor: str | None = None
+        while True:
+            page = await self._get("/api/kinds", KindList, {"limit": KINDS_PAGE, "cursor": cursor})
+            out += page.items
+            cursor = page.next_cursor
+            if not cursor:
+                return out
 
     async def get_kind(self, kind: str) -> KindView:
         return await self._get(f"/api/kinds/{_id(kind)}", KindView)

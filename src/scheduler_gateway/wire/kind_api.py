@@ -48,5 +48,8 @@ class KindView(msgspec.Struct, rename="camel", kw_only=True):
     updated_at: str | None
 
 
-class KindList(msgspec.Struct, kw_only=True):
+class KindList(msgspec.Struct, rename="camel", kw_only=True):
+    """``GET /api/kinds``: a page of kinds by name (CONTRACT 2 lists); ``nextCursor`` null on the last page."""
+
     items: list[KindView]
+    next_cursor: str | None = None

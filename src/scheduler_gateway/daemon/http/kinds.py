@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -19,13 +20,15 @@ from scheduler_gateway.wire.errors import Forbidden, InvalidArgument
 from scheduler_gateway.wire.names import KIND_PATTERN, KIND_RULE
 from scheduler_gateway.wire.timefmt import fmt_ts
 
-from .context import CALLER
+from .context import CALLER, page_args
 
 if TYPE_CHECKING:
     from .app import AdminApi
 
 _KIND = re.compile(KIND_PATTERN)
 _FIELD_AT = re.compile(r"at `\$\.([A-Za-z]+)")
+#: the longest cursor of the kinds list (a kind name; one stored before names were checked may be longer)
+CURSOR_MAX = 256
 
 
 def _rate_view(r: Rate | None) -> ka.RateView | None:
@@ -85,13 +88,21 @@ class KindRoutes:
         return kind
 
     async def list_kinds(self, request: web.Request) -> web.Response:
+        limit, cursor = page_args(request)
+        if cursor is not None and len(cursor) > CURSOR_MAX:
+            raise InvalidArgument("not a cursor of this list", details={"field": "cursor"})
         # every owner's tasks: a kind's backlog is the gateway's, like its limits (no task is shown)
         counts = await self.store.kind_counts()
         stored = {s.kind: s for s in await self.store.list_kinds()}
         served = {k for n in self.nodes.all() for k in n.kinds}
         names = sorted(set(stored) | set(counts) | served)
-        items = [kind_view(stored.get(k) or KindSettings(kind=k), counts.get(k, {})) for k in names]
-        return self.api._json(ka.KindList(items=items))
+        # by name; the cursor is the last name of the page before (names after it follow, so a kind made or
+        # gone between two pages neither repeats nor shifts the others)
+        start = bisect.bisect_right(names, cursor) if cursor is not None else 0
+        page = names[start : start + limit]
+        more = start + limit < len(names)
+        items = [kind_view(stored.get(k) or KindSettings(kind=k), counts.get(k, {})) for k in page]
+        return self.api._json(ka.KindList(items=items, next_cursor=page[-1] if more and page else None))
 
     async def get_kind(self, request: web.Request) -> web.Response:
         kind = self._kind(request)

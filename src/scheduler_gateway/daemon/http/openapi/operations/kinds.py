@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler_gateway.daemon.http.openapi.params import Op
+from scheduler_gateway.daemon.http.openapi.params import PAGE, Op
 from scheduler_gateway.wire.names import KIND_MAX, KIND_SHAPE, ecma_pattern
 
 KIND = {
@@ -14,7 +14,8 @@ KIND = {
 }
 
 OPERATIONS: list[Op] = [
-    Op("get", "/api/kinds", "listKinds", "every kind with tasks, settings or a node", "kinds", answer="KindList"),
+    Op("get", "/api/kinds", "listKinds", "every kind with tasks, settings or a node, by name", "kinds",
+       answer="KindList", params=[*PAGE], errors=(400,)),
     Op("get", "/api/kinds/{kind}", "getKind", "a kind's flow settings and counts", "kinds", answer="KindView",
        params=[KIND], errors=(400,)),
     Op("put", "/api/kinds/{kind}", "updateKind",
