@@ -9,7 +9,9 @@ the SQLite file (read-only, in one read transaction: one consistent snapshot) an
   sequences never reuse one);
 - one ``{"table", "row"}`` line per row, a row being its stored columns; a byte column is
   ``{"$bytes": text}`` (the document's bytes as UTF-8, byte-exact) or ``{"$base64": ...}`` when not UTF-8;
-- a last ``{"end": true, "counts": {...}}`` line: a truncated file is refused on import.
+- a last ``{"end": true, "counts": {...}, "callbackSecretsLeftOut": [task ids]}`` line: a truncated file is
+  refused on import. No callback secret is exported (``transfer_secrets.py``): the end line names the tasks
+  whose secret was left out, and import warns about them.
 
 Import checks the whole file first, then writes every row into the configured PostgreSQL store in ONE
 transaction (all or nothing), refuses a store that holds any row already, fills the PostgreSQL-only task
@@ -36,6 +38,7 @@ from scheduler_gateway.daemon.store.change_rows import running_deadlines
 from scheduler_gateway.daemon.store.common import decode_or_raise, doc_decoder
 from scheduler_gateway.daemon.store.migrations import MIGRATIONS
 from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb, without_idle_bound
+from scheduler_gateway.daemon.store.transfer_secrets import LEFT_OUT_KEY, left_out_warning, without_secrets
 from scheduler_gateway.process_lock import store_lock
 from scheduler_gateway.wire.errors import GatewayError
 
@@ -134,7 +137,7 @@ def export_sqlite(db_path: Path, target: Path) -> dict[str, int]:
             "exportedAt": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
             "sequences": {t: sequences.get(t, 0) for t in _SEQUENCED},
         }
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # payloads and token hashes: 0600
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # payloads, token hashes: 0600 (no secret)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             counts = _write_rows(conn, out, header)
             out.flush()
@@ -153,17 +156,22 @@ def export_sqlite(db_path: Path, target: Path) -> dict[str, int]:
 def _write_rows(conn: sqlite3.Connection, out: IO[str], header: dict[str, Any]) -> dict[str, int]:
     out.write(json.dumps(header) + "\n")
     counts: dict[str, int] = {}
+    left_out: set[str] = set()  # tasks whose callback secret was left out (store/transfer_secrets.py)
     for table, order in TABLES:
         # table_info leaves out generated columns (a store has none since migration 16)
         columns = [str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})")]
         n = 0
         cur = conn.execute(f"SELECT {', '.join(columns)} FROM {table} ORDER BY {order}")
-        for row in cur:
-            line = {"table": table, "row": {c: _encode_value(v) for c, v in zip(columns, row, strict=True)}}
+        for values in cur:
+            try:
+                row = without_secrets(table, dict(zip(columns, values, strict=True)), left_out)
+            except ValueError as exc:
+                raise TransferError(str(exc)) from None
+            line = {"table": table, "row": {c: _encode_value(v) for c, v in row.items()}}
             out.write(json.dumps(line, ensure_ascii=False) + "\n")
             n += 1
         counts[table] = n
-    out.write(json.dumps({"end": True, "counts": counts}) + "\n")
+    out.write(json.dumps({"end": True, "counts": counts, LEFT_OUT_KEY: sorted(left_out)}) + "\n")
     return counts
 
 
@@ -219,6 +227,7 @@ def check_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
         raise TransferError(f"{path} has no end line: the export is truncated")
     if {t: n for t, n in end.get("counts", {}).items() if n} != counts:
         raise TransferError(f"{path}: the rows do not match the counts of its end line")
+    header = {**header, LEFT_OUT_KEY: [str(i) for i in end.get(LEFT_OUT_KEY, [])]}
     return header, counts
 
 
@@ -353,9 +362,13 @@ def import_main(config_path: Path | None, source: Path) -> int:
         )
         return 1
     try:
+        left_out = check_file(source)[0][LEFT_OUT_KEY]
         counts = asyncio.run(import_postgres(location.url, source))
     except (TransferError, GatewayError) as exc:
         print(f"gatewayd import: {exc} (nothing was imported)", file=sys.stderr)
         return 1
     print(f"gatewayd import: {source} -> {shown}: {_summary(counts)}")
+    warning = left_out_warning(left_out, bool(config.callbacks.secret))
+    if warning:
+        print(f"gatewayd import: warning: {warning}", file=sys.stderr)
     return 0
