@@ -652,7 +652,7 @@ async def test_dead_letter_upsert_by_task(store: TaskStore) -> None:
     # the task dies again after a redrive: the same letter, updated
     t3 = bump(t2, state="queued")
     t4 = bump(t3, state="dead")
-    dl2 = msgspec.structs.replace(dl, retry_count=1, exhausted=True, last_dead_at=T0 + 100)
+    dl2 = msgspec.structs.replace(dl, retry_count=1, exhausted=True, last_dead_at=T0 + 100, revision=dl.revision + 1)
     results = await store.apply_many([update(t2, t3, "redrive"), Change(task=t4, expected_revision=3, dead_letter=dl2)])
     assert results == [None, None]
     assert await store.get_dead_letter_for_task(t1.id) == dl2
@@ -1128,7 +1128,7 @@ async def test_dead_letter_get_list_filters_and_put(store: TaskStore) -> None:
     first = await store.list_dead_letters(DeadLetterQuery(limit=2))
     assert first.next_cursor == "dlq_1"
     assert await ids(limit=2, cursor=first.next_cursor) == ["dlq_2", "dlq_3"]
-    await store.put_dead_letter(msgspec.structs.replace(letters[3], archived=True))
+    assert await store.put_dead_letter(msgspec.structs.replace(letters[3], archived=True, revision=1))
     assert await ids(exhausted=True) == []
     assert await ids(archived=True) == ["dlq_3"]
     assert (await store.get_dead_letter_for_task(letters[3].task_id)).archived  # type: ignore[union-attr]
@@ -1183,11 +1183,11 @@ async def test_dead_letter_sweep_queries_never_return_archived_and_are_bounded(s
     assert await store.dead_letter_counts() == {"active": 5, "exhausted": 3, "archived": 32}
     # archiving one and a new death of another move them between the queries
     _, six = sweep_letter(6, last_dead_at=T0 + 20, exhausted=True)
-    await store.put_dead_letter(msgspec.structs.replace(six, archived=True))
-    _, nine = sweep_letter(9, last_dead_at=T0 + 90, exhausted=True)
-    await store.put_dead_letter(nine)  # died again: active, age from this death
-    _, four = sweep_letter(4, last_dead_at=T0 + 10)
-    await store.put_dead_letter(four)  # its task died again: due
+    assert await store.put_dead_letter(msgspec.structs.replace(six, archived=True, revision=1))
+    _, nine = sweep_letter(9, last_dead_at=T0 + 90, exhausted=True, revision=1)
+    assert await store.put_dead_letter(nine)  # died again: active, age from this death
+    _, four = sweep_letter(4, last_dead_at=T0 + 10, revision=1)
+    assert await store.put_dead_letter(four)  # its task died again: due
     assert await due(10) == ["dlq_0001", "dlq_0004", "dlq_0000", "dlq_0002"]
     assert await archivable(10) == ["dlq_0007", "dlq_0009"]
     assert await store.dead_letter_counts() == {"active": 5, "exhausted": 3, "archived": 32}

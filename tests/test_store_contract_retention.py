@@ -231,7 +231,7 @@ async def test_purge_keeps_a_task_whose_dead_letter_is_not_archived_and_takes_an
     assert await store.get_task(active_letter.id) is not None
     assert await store.get_dead_letter_for_task(active_letter.id) is not None
     # archived later: it goes with its task
-    await store.put_dead_letter(letter_for(active_letter, archived=True))
+    assert await store.put_dead_letter(msgspec.structs.replace(letter_for(active_letter, archived=True), revision=1))
     purged, kept = await drain_tasks(store, T0 + 100)
     assert purged["tasks"] == 1 and purged["dead_letters"] == 1 and kept == 0
 

@@ -39,6 +39,7 @@ from scheduler_gateway.actors.ports import (
     TaskQuery,
 )
 from scheduler_gateway.daemon.store.common import clamp_limit, int_cursor
+from scheduler_gateway.daemon.store.letter_rows import letter_conflict
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, StorageError, task_not_found
 from tests.fakes.memory_artifacts import MemoryArtifacts
 from tests.fakes.memory_retention import MemoryRetention
@@ -177,14 +178,8 @@ class MemoryStore(
         idem = change.idempotency
         if idem is not None and (idem.owner, idem.key) in self._idempotency:
             raise Conflict("this idempotency key was already used", code=Code.IDEMPOTENCY_CONFLICT)
-        dl = change.dead_letter
-        if dl is not None and any(
-            other.dead_letter_id == dl.dead_letter_id and tid != dl.task_id for tid, other in self._dead_letters.items()
-        ):
-            raise StorageError(
-                f"dead letter {dl.dead_letter_id} already belongs to another task",
-                details={"deadLetterId": dl.dead_letter_id},
-            )
+        if change.dead_letter is not None:
+            self._check_letter(change.dead_letter)
         if task.parent_id is not None:
             parent = self._tasks.get(task.parent_id)
             refusal = parent_refusal(
@@ -433,9 +428,30 @@ class MemoryStore(
             counts["archived" if d.archived else "exhausted" if d.exhausted or d.scheduled else "active"] += 1
         return counts
 
-    async def put_dead_letter(self, letter: DeadLetter) -> None:
+    async def put_dead_letter(self, letter: DeadLetter) -> bool:
+        # the SQL stores' UPDATE ... WHERE revision = the read one: never an insert, never over another write
         self._check_running()
+        if letter.task_id not in self._dead_letters or not self._letter_guard(letter):
+            return False
         self._dead_letters[letter.task_id] = letter
+        return True
+
+    def _check_letter(self, dl: DeadLetter) -> None:
+        if any(
+            other.dead_letter_id == dl.dead_letter_id and tid != dl.task_id for tid, other in self._dead_letters.items()
+        ):
+            raise StorageError(
+                f"dead letter {dl.dead_letter_id} already belongs to another task",
+                details={"deadLetterId": dl.dead_letter_id},
+            )
+        if not self._letter_guard(dl):
+            raise letter_conflict(dl.task_id, dl.dead_letter_id)
+
+    def _letter_guard(self, letter: DeadLetter) -> bool:
+        """The SQL stores' upsert guard (daemon/store/letter_rows.py): a task's first letter is inserted; over a
+        stored one only when that is at the revision the writer read, ``letter.revision - 1``."""
+        stored = self._dead_letters.get(letter.task_id)
+        return stored is None or stored.revision == letter.revision - 1
 
     # principals and nodes
 

@@ -317,8 +317,12 @@ class DeadLetterStore(Protocol):
         """Letters matching the query, ordered by id; cursor = the last id of the previous page."""
         ...
 
-    async def put_dead_letter(self, letter: DeadLetter) -> None:
-        """Write a letter without a task change (archiving)."""
+    async def put_dead_letter(self, letter: DeadLetter) -> bool:
+        """Write a letter without a task change (the keeper's archiving and marking), by compare-and-set: only
+        over the stored letter of its task at revision ``letter.revision - 1`` (what the writer read, +1). False,
+        and nothing written, when another writer changed the letter since (or it is gone): decide again on a
+        fresh read. A letter written with a task change (``Change.dead_letter``) is guarded the same way, and
+        a lost guard fails the change with REVISION_CONFLICT (``details.deadLetterId``)."""
         ...
 
     # the dead-letter sweep: each query reads through an index and at most ``limit`` letters, so a sweep

@@ -161,6 +161,10 @@ class DeadLetter(msgspec.Struct, kw_only=True, frozen=True):
     first_dead_at: float
     last_dead_at: float
     exhausted_at: float | None = None
+    # +1 on every write (a death, a requeue, the keeper's archiving or marking): each write is a compare-and-set
+    # on the revision it read, so a writer that read the letter earlier (another instance, a paused keeper)
+    # never writes back what it read (docs/INVARIANTS.md); 0: a letter from before revisions
+    revision: int = 0
     # the letter of a task a schedule launched (CONTRACT 2.7): never redriven automatically (the next occurrence is
     # the schedule's own retry), kept for a user's retry, archived after ``archive_after_s`` as an exhausted one
     scheduled: bool = False

@@ -15,6 +15,7 @@ from ..model.records import ActorRef, AuditEntry, DeadLetter, Task
 from ..ports import Metrics, TaskServiceStore
 from .api import Caller, TaskPolicy
 from .ledger import TaskLedger
+from .records import StaleWrite
 
 
 class DeadLetters:
@@ -96,7 +97,7 @@ class DeadLetters:
             if task is None:
                 return False
             if task.state != "dead":
-                await self._store.put_dead_letter(msgspec.structs.replace(current, requeued=True))
+                await self._put(current, requeued=True)
                 return True
             try:
                 await self._redrive(caller, current.dead_letter_id, False, reason)
@@ -104,7 +105,7 @@ class DeadLetters:
                 if exc.code != Code.TASK_ALREADY_TERMINAL:
                     raise
                 # its parent was canceled: it never runs again, so it must not stay due for every sweep
-                await self._store.put_dead_letter(msgspec.structs.replace(current, requeued=True))
+                await self._put(current, requeued=True)
             return True
 
         return await self._ledger.serial(seen.task_id, run)
@@ -124,7 +125,7 @@ class DeadLetters:
             done = current is not None and (current.exhausted or current.scheduled)  # nothing automatic left
             if current is None or current.archived or not done or current.last_dead_at > dead_before:
                 return False
-            await self._store.put_dead_letter(msgspec.structs.replace(current, archived=True))
+            await self._put(current, archived=True)
             await self._ledger.audit_only(
                 AuditEntry(
                     id=idgen.new_id("aud"),
@@ -141,6 +142,13 @@ class DeadLetters:
             return True
 
         return await self._ledger.serial(letter.task_id, run)
+
+    async def _put(self, read: DeadLetter, **changes: Any) -> None:
+        """The keeper's write of a letter it read, by compare-and-set on its revision. When another writer got
+        there first (a retry on another instance, a death), the write is lost and the mailbox runs the keeper's
+        message again on the fresh letter, which decides anew (most often: nothing left to do)."""
+        if not await self._store.put_dead_letter(next_revision(read, **changes)):
+            raise StaleWrite(read.task_id)
 
     async def dead_letter_for(self, tr: sm.Transition) -> DeadLetter | None:
         task = tr.task
@@ -159,9 +167,10 @@ class DeadLetters:
                 last_error=err,
                 first_dead_at=now,
                 last_dead_at=now,
+                revision=1,
             )
         exhausted = existing.retry_count >= self._policy.max_dead_retries
-        return msgspec.structs.replace(
+        return next_revision(
             existing,
             dead_reason=err.code if err else existing.dead_reason,
             last_error=err,
@@ -186,4 +195,10 @@ def redriven(letter: DeadLetter, force: bool) -> DeadLetter:
             code=Code.DEAD_LETTER_EXHAUSTED,
             details={"deadLetterId": letter.dead_letter_id, "retryCount": letter.retry_count},
         )
-    return msgspec.structs.replace(letter, retry_count=letter.retry_count + 1, archived=False, requeued=True)
+    return next_revision(letter, retry_count=letter.retry_count + 1, archived=False, requeued=True)
+
+
+def next_revision(letter: DeadLetter, **changes: Any) -> DeadLetter:
+    """The letter as its next write makes it: ``changes`` applied and the revision raised by one, which the
+    store's compare-and-set checks against the stored one (``DeadLetterStore.put_dead_letter``)."""
+    return msgspec.structs.replace(letter, revision=letter.revision + 1, **changes)

@@ -24,6 +24,7 @@ from scheduler_gateway.actors.ports import (
 from scheduler_gateway.daemon.store.common import (
     encode,
 )
+from scheduler_gateway.daemon.store.letter_rows import SQLITE_UPSERT_GUARD
 from scheduler_gateway.daemon.store.search import created_off_row
 
 _TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
@@ -52,7 +53,7 @@ SQL_UPSERT_DEAD_LETTER = (
     " VALUES (?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (task_id) DO UPDATE SET dead_letter_id = excluded.dead_letter_id, requeued = excluded.requeued,"
     " exhausted = excluded.exhausted, archived = excluded.archived, last_dead_at = excluded.last_dead_at,"
-    " doc = excluded.doc"
+    " doc = excluded.doc" + SQLITE_UPSERT_GUARD  # no row written: the letter changed since it was read
 )
 
 SQL_INSERT_CALLBACK = "INSERT INTO callback_deliveries (id, task_id, due_at, doc) VALUES (?, ?, ?, ?)"

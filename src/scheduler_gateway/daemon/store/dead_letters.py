@@ -13,7 +13,6 @@ from scheduler_gateway.actors.ports import (
     Page,
 )
 from scheduler_gateway.daemon.store.change_rows import (
-    SQL_UPSERT_DEAD_LETTER,
     dead_letter_row,
 )
 from scheduler_gateway.daemon.store.common import (
@@ -22,6 +21,7 @@ from scheduler_gateway.daemon.store.common import (
     decode_rows,
     doc_decoder,
 )
+from scheduler_gateway.daemon.store.letter_rows import SQLITE_UPDATE_DEAD_LETTER, update_params
 from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
 
 # The sweep's two questions; the WHERE repeats each partial index's own, so SQLite can use it, and the index
@@ -41,7 +41,8 @@ _decode_dead_letter = doc_decoder(DeadLetter)
 
 
 class SqliteDeadLetters:
-    """Task dead letters: lookups, the filtered list, the sweep's two questions, counts and upserts."""
+    """Task dead letters: lookups, the filtered list, the sweep's two questions, counts and the keeper's
+    guarded writes (letter_rows.py)."""
 
     def __init__(self, db: SqliteDb) -> None:
         self._db = db
@@ -88,10 +89,12 @@ class SqliteDeadLetters:
             counts["archived" if archived else "exhausted" if exhausted else "active"] += int(n)
         return counts
 
-    async def put_dead_letter(self, letter: DeadLetter) -> None:
-        row = dead_letter_row(letter)
+    async def put_dead_letter(self, letter: DeadLetter) -> bool:
+        params = update_params(dead_letter_row(letter), letter.revision)
+        won = [False]
 
-        def op(conn: sqlite3.Connection) -> None:
-            conn.execute(SQL_UPSERT_DEAD_LETTER, row)
+        def op(conn: sqlite3.Connection) -> None:  # an op cannot refuse (that fails its batch): it reports
+            won[0] = conn.execute(SQLITE_UPDATE_DEAD_LETTER, params).rowcount == 1
 
         await self._db.submit_op(op)
+        return won[0]

@@ -159,8 +159,8 @@ class ComposedStore:
     async def dead_letter_counts(self) -> dict[str, int]:
         return await self._dead_letters.dead_letter_counts()
 
-    async def put_dead_letter(self, letter: DeadLetter) -> None:
-        await self._dead_letters.put_dead_letter(letter)
+    async def put_dead_letter(self, letter: DeadLetter) -> bool:
+        return await self._dead_letters.put_dead_letter(letter)
 
     # -- principals, nodes, health (nodes.py)
 

@@ -38,6 +38,7 @@ from scheduler_gateway.daemon.store.flow_rows import (
     live_duplicate,
     unique_refusal,
 )
+from scheduler_gateway.daemon.store.letter_rows import letter_conflict
 from scheduler_gateway.daemon.store.search import (
     MINUTES_KEPT,
     SQL_ADD_COUNT,
@@ -182,8 +183,9 @@ def _fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
             conn.executemany(SQL_INSERT_OUTBOX, outbox)
         if idempotency:
             conn.executemany(SQL_INSERT_IDEMPOTENCY, idempotency)
-        if dead_letters:
-            conn.executemany(SQL_UPSERT_DEAD_LETTER, dead_letters)
+        # each upsert writes one row unless its letter's guard lost: the slow path names that change
+        if dead_letters and conn.executemany(SQL_UPSERT_DEAD_LETTER, dead_letters).rowcount != len(dead_letters):
+            raise _Fallback
         if callbacks:
             conn.executemany(SQL_INSERT_CALLBACK, callbacks)
         if labels:
@@ -347,12 +349,14 @@ def _write_change(conn: sqlite3.Connection, r: ChangeRows) -> None:
             raise Conflict("this idempotency key was already used", code=Code.IDEMPOTENCY_CONFLICT) from None
     if r.dead_letter is not None:
         try:
-            conn.execute(SQL_UPSERT_DEAD_LETTER, r.dead_letter)
+            written = conn.execute(SQL_UPSERT_DEAD_LETTER, r.dead_letter).rowcount
         except sqlite3.IntegrityError:
             raise StorageError(
                 f"dead letter {r.dead_letter[0]} already belongs to another task",
                 details={"deadLetterId": r.dead_letter[0]},
             ) from None
+        if written != 1:
+            raise letter_conflict(r.task_id, r.dead_letter[0])
     if r.labels:
         conn.executemany(SQL_INSERT_LABEL, r.labels)
     if r.created_off is not None:

@@ -8,7 +8,7 @@ from scheduler_gateway.actors.ports import DeadLetterQuery, Page
 from scheduler_gateway.daemon.store.change_rows import dead_letter_row
 from scheduler_gateway.daemon.store.common import clamp_limit, decode_or_raise, decode_rows, doc_decoder
 from scheduler_gateway.daemon.store.postgres.db import PgDb
-from scheduler_gateway.daemon.store.postgres.tasks import SQL_UPSERT_DEAD_LETTER
+from scheduler_gateway.daemon.store.letter_rows import PG_UPDATE_DEAD_LETTER, update_params
 
 SQL_DUE_DEAD_LETTERS = (
     "SELECT dead_letter_id, doc FROM dead_letters"
@@ -72,5 +72,6 @@ class PgDeadLetters:
             counts["archived" if archived else "exhausted" if exhausted else "active"] += int(n)
         return counts
 
-    async def put_dead_letter(self, letter: DeadLetter) -> None:
-        await self._db.write(SQL_UPSERT_DEAD_LETTER, dead_letter_row(letter))
+    async def put_dead_letter(self, letter: DeadLetter) -> bool:
+        # one statement: the row is locked while its revision is compared, so of two writers one wins
+        return await self._db.write(PG_UPDATE_DEAD_LETTER, update_params(dead_letter_row(letter), letter.revision)) == 1

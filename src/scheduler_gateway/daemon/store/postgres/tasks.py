@@ -39,6 +39,7 @@ from scheduler_gateway.daemon.store.common import (
     encode,
     int_cursor,
 )
+from scheduler_gateway.daemon.store.letter_rows import PG_UPSERT_GUARD, letter_conflict
 from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb, constraint_of, refusal_or_storage
 from scheduler_gateway.daemon.store.postgres.flow import (
     SQL_OUTBOX_ORDER_LOCK,
@@ -87,7 +88,7 @@ SQL_UPSERT_DEAD_LETTER = (
     " VALUES (%s, %s, %s, %s, %s, %s, %s)"
     " ON CONFLICT (task_id) DO UPDATE SET dead_letter_id = excluded.dead_letter_id, requeued = excluded.requeued,"
     " exhausted = excluded.exhausted, archived = excluded.archived, last_dead_at = excluded.last_dead_at,"
-    " doc = excluded.doc"
+    " doc = excluded.doc" + PG_UPSERT_GUARD  # no row written: the letter changed since it was read
 )
 SQL_INSERT_CALLBACK = (
     "INSERT INTO callback_deliveries (id, task_id, due_at, doc) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
@@ -186,12 +187,14 @@ async def _write_companions(conn: Conn, r: ChangeRows) -> None:
             raise Conflict("this idempotency key was already used", code=Code.IDEMPOTENCY_CONFLICT)
     if r.dead_letter is not None:
         try:
-            await conn.execute(SQL_UPSERT_DEAD_LETTER, r.dead_letter)
+            cur = await conn.execute(SQL_UPSERT_DEAD_LETTER, r.dead_letter)
         except pg_errors.UniqueViolation:
             raise StorageError(
                 f"dead letter {r.dead_letter[0]} already belongs to another task",
                 details={"deadLetterId": r.dead_letter[0]},
             ) from None
+        if cur.rowcount != 1:
+            raise letter_conflict(r.task_id, r.dead_letter[0])
     if r.callback is not None:
         cur = await conn.execute(SQL_INSERT_CALLBACK, r.callback)
         if cur.rowcount != 1:
