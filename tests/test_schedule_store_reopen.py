@@ -100,3 +100,20 @@ async def test_postgres_two_instances_reopen_two_runs_of_one_schedule_at_once(pg
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_an_end_read_before_a_reopen_does_not_close_the_reopened_run(store: Any) -> None:  # noqa: F811
+    """A completion (the hook, or the sweep) that read the run's first opening writes only to that opening: the run
+    reopened since for a retry of its task ends with that retry."""
+    from scheduler_gateway.actors.schedule_ports import RunUpdate
+
+    await store.insert_schedule(schedule(1))
+    await store.insert_run(run(1, 1, "running", task_id="tsk_1", started_at=T0 + 1))
+    late = RunUpdate(rid(1), "failed", finished_at=T0 + 2, error=BOOM, opened_at=T0 + 1)
+    assert await store.update_run(late) is True  # the first end
+    await store.reopen_run(rid(1), "tsk_1", T0 + 10)
+    assert await store.update_run(late) is False  # the same end again, read before the reopen
+    assert (await store.get_run(rid(1))).status == "running"
+    now = RunUpdate(rid(1), "succeeded", finished_at=T0 + 20, opened_at=T0 + 10)
+    assert await store.update_run(now) is True
+    assert (await store.get_run(rid(1))).status == "succeeded"

@@ -176,6 +176,8 @@ class MemoryScheduleStore:
         run = self._ss.runs.get(u.run_id)
         if run is None or (u.protect_terminal and not run.is_active):
             return False
+        if u.opened_at is not None and run.started_at != u.opened_at:
+            return False  # reopened since (the SQL stores' ``AND started_at = ?``)
         self._ss.runs[u.run_id] = msgspec.structs.replace(
             run,
             status=u.status,

@@ -11,11 +11,13 @@ run's task). Over HTTP on an in-process gateway (real nats-server, real SQLite f
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterPolicy
 from scheduler_gateway.actors.scheduler import SchedulerSettings
+from scheduler_gateway.actors.scheduling.requeue import REOPEN_GRACE_S
 from scheduler_gateway.actors.task_service import TaskPolicy
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 
@@ -158,5 +160,34 @@ async def test_a_retry_makes_the_run_active_again_and_its_end_decides_the_once(
                 assert done["id"] == run["id"] and done["error"] is None
                 got = (await api.call("GET", f"/api/scheduled-tasks/{once['id']}"))[1]
                 assert (got["status"], got["lastRunStatus"], got["lastError"]) == ("completed", "succeeded", None)
+        finally:
+            await node.close()
+
+
+async def test_a_reopen_whose_requeue_never_came_is_closed_by_the_sweep_after_the_grace(
+    tmp_path: Path, fresh_nats: NatsServerProcess
+) -> None:
+    """The gateway died between reopening the run and committing the requeue: the run is active, its task still
+    ended. The run sweep leaves it for REOPEN_GRACE_S (the commit may still come), then closes it with the task's
+    end; the schedule's budget and one-run rule are free again."""
+    no_auto = DeadLetterPolicy(auto_redrive=False, sweep_interval_s=0.1)
+    sched = SchedulerSettings(min_once_delay_s=0, poll_interval_s=0.1)
+    async with running_gateway(tmp_path / "gw", fresh_nats.url, scheduler=sched, dead_letters=no_auto) as gw:
+        node = await HandNode.connect(fresh_nats.url, "node-a")
+        try:
+            async with api_client(gw) as api:
+                s = await _schedule(api)
+                run = (await api.call("POST", f"/api/scheduled-tasks/{s['id']}/trigger"))[1]
+                await run_and_fail(api, node, run["taskId"])
+                await _run_ended(api, s, 0, "failed")
+                now = time.time()
+                assert await gw.store.reopen_run(run["id"], run["taskId"], now) is not None  # and then the crash
+                service = gw.scheduling.service
+                assert await service.close_finished_runs(now + REOPEN_GRACE_S - 1) == 0
+                assert (await _runs(api, s))[0]["status"] == "running"
+                assert await service.close_finished_runs(now + REOPEN_GRACE_S + 1) == 1
+                (closed,) = await _runs(api, s)
+                assert (closed["status"], closed["error"]["code"]) == ("failed", "HANDLER_ERROR")
+                assert (await api.call("POST", f"/api/scheduled-tasks/{s['id']}/trigger"))[0] == 200
         finally:
             await node.close()

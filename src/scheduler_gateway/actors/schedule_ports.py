@@ -197,6 +197,9 @@ class RunUpdate:
     finished_at: float | None = None
     error: RunError | None = None
     protect_terminal: bool = True
+    #: the run's ``started_at`` as the writer read it: the write applies only to that opening of the run (one
+    #: reopened since for a retry of its task is another, whose end is its task's next one); None: no guard
+    opened_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

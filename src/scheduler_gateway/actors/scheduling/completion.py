@@ -36,7 +36,8 @@ class RunCompletion:
         run = await self._store.get_run(run_id)
         if run is None or not run.is_active:
             return False  # unknown, or already closed: a repeat
-        update = RunUpdate(run_id, outcome, task_id=task_id, finished_at=now, error=error)
+        # only this opening of the run: one closed and reopened meanwhile (a retry of its task) ends with that retry
+        update = RunUpdate(run_id, outcome, task_id=task_id, finished_at=now, error=error, opened_at=run.started_at)
         done = await self._close(run, outcome, error, update, now)
         if done:
             self._on_change()  # an active run fewer: budget is free again

@@ -322,10 +322,14 @@ def _run_values(run: ScheduledRun) -> tuple[Any, ...]:
 
 def _update_run_sql(u: RunUpdate) -> tuple[str, tuple[Any, ...]]:
     guard = f" AND status IN {_ACTIVE_SQL}" if u.protect_terminal else ""
+    params: tuple[Any, ...] = (u.status, u.task_id, u.started_at, u.finished_at, _error_blob(u.error), u.run_id)
+    if u.opened_at is not None:
+        guard += " AND started_at = ?"
+        params += (u.opened_at,)
     return (
         "UPDATE scheduled_runs SET status = ?, task_id = coalesce(?, task_id), started_at = coalesce(?, started_at),"
         " finished_at = coalesce(?, finished_at), error = coalesce(?, error) WHERE id = ?" + guard,
-        (u.status, u.task_id, u.started_at, u.finished_at, _error_blob(u.error), u.run_id),
+        params,
     )
 
 
