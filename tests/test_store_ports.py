@@ -22,6 +22,7 @@ from tests import test_store_contract_artifacts as artifacts
 from tests import test_store_contract_cascade as cascade
 from tests import test_store_contract_flow as flow
 from tests import test_store_contract_idempotency as idempotency
+from tests import test_store_contract_kinds as kinds
 from tests import test_store_contract_search as search
 
 SUITES: dict[type, list[tuple[ModuleType, str]]] = {
@@ -102,6 +103,7 @@ SUITES: dict[type, list[tuple[ModuleType, str]]] = {
     ],
     ports.KindStore: [
         (flow, "test_kind_settings_are_kept_with_their_audit_and_event"),
+        (kinds, "test_a_change_is_written_only_over_the_document_it_was_decided_on"),
     ],
     ports.ArtifactStore: [
         (artifacts, "test_an_artifact_is_recorded_once_with_its_audit_and_event"),

@@ -15,7 +15,7 @@ import msgspec
 
 from scheduler_gateway.actors.model.artifacts import ArtifactRecord
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
-from scheduler_gateway.actors.model.flow import Counts, KindSettings, duplicate, exceeded, limited
+from scheduler_gateway.actors.model.flow import Counts, KindSettings, StoredKind, duplicate, exceeded, limited
 from scheduler_gateway.actors.model.records import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -506,6 +506,25 @@ class MemoryStore(
         self._kinds[settings.kind] = settings
         self._append_audit(audit)
         self._outbox[self._next_seq()] = outbox_body(event)
+
+    async def read_kind(self, kind: str) -> StoredKind | None:
+        self._check_running()
+        s = self._kinds.get(kind)
+        return None if s is None else StoredKind(settings=s, version=msgspec.json.encode(s))
+
+    async def swap_kind(
+        self, settings: KindSettings, audit: AuditEntry, event: EventRecord, expected: bytes | None
+    ) -> bool:
+        """The SQL stores' guard: ``UPDATE kinds SET doc = ? WHERE kind = ? AND doc = ?`` (or an insert that does
+        nothing over a row), the document being the settings as encoded."""
+        self._check_running()
+        held = self._kinds.get(settings.kind)
+        if (None if held is None else msgspec.json.encode(held)) != expected:
+            return False
+        self._kinds[settings.kind] = settings
+        self._append_audit(audit)
+        self._outbox[self._next_seq()] = outbox_body(event)
+        return True
 
     async def kind_counts(self) -> dict[str, dict[str, int]]:
         self._check_running()

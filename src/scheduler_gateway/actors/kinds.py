@@ -6,6 +6,12 @@ copy current: on every change made here, and (several instances) by reading the 
 ``refresh_s``, so a change made on another instance reaches this one's dispatcher within that time. A write's
 ``kind.updated`` event is in the outbox when ``put_kind`` returns; ``on_committed`` (the event relay's wake-up,
 as for task changes) moves it to the stream at once instead of at the relay's next idle poll.
+
+Several instances change one kind's row at once (a pause on one, a ``PUT`` of its concurrency on another): a
+change is decided on the settings as read (``read_kind``) and written by a compare-and-set on the stored document
+(``swap_kind``); when another change committed in between, nothing is written and the change is decided again on
+what is stored now. So concurrent changes of different fields all hold, the last committed change of a field
+wins, and the audit entry, the event and the answer carry the settings as committed.
 """
 
 from __future__ import annotations
@@ -17,8 +23,11 @@ from typing import Any
 
 import msgspec
 
+from scheduler_gateway.wire.errors import Code, Conflict
+
 from . import idgen
 from .model.flow import KindSettings
+from .model.kind_limits import check_changes
 from .model.records import SYSTEM, ActorRef, AuditEntry, EventRecord
 from .ports import KindStore
 from .runtime import cancel_and_wait
@@ -26,6 +35,9 @@ from .runtime import cancel_and_wait
 log = logging.getLogger(__name__)
 
 REFRESH_S = 1.0
+#: how often a change is decided again after losing its compare-and-set before it answers 409 (each loss means
+#: another change of the kind committed meanwhile: only a storm of changes of one kind gets there)
+MAX_TRIES = 32
 #: the fields of a kind a change may set (an absent field is unchanged, None removes a limit)
 FIELDS = ("paused", "concurrency", "key_concurrency", "rate", "key_rate")
 
@@ -57,7 +69,8 @@ class KindService:
         await self._load()
         for d in self._defaults:
             if d.kind not in self._known:
-                await self._write(msgspec.structs.replace(d, updated_at=self._clock()), SYSTEM, None, "config")
+                # only where no row is: a change another instance made meanwhile is never replaced by the config
+                await self._write(msgspec.structs.replace(d, updated_at=self._clock()), SYSTEM, None, "config", None)
         if self._refresh_s is not None:
             self._refresher = asyncio.create_task(self._refresh_loop(self._refresh_s))
 
@@ -74,16 +87,23 @@ class KindService:
         return list(self._known.values())
 
     async def update(self, kind: str, changes: dict[str, Any], actor: ActorRef, request_id: str | None) -> KindSettings:
-        """Apply ``changes`` (fields of ``FIELDS``) to the stored settings; audited, evented, offered by."""
-        unknown = set(changes) - set(FIELDS)
-        if unknown:
-            raise ValueError(f"not a kind setting: {sorted(unknown)}")
+        """Apply ``changes`` (fields of ``FIELDS``) to the stored settings; audited, evented, offered by. A value
+        out of its bounds (``model/kind_limits.py``) is refused 400 INVALID_ARGUMENT and nothing is written."""
+        check_changes(changes)  # every way in (API, console, gatewayctl) meets the same bounds here
         lock = self._locks.setdefault(kind, asyncio.Lock())
-        async with lock:  # one read-modify-write at a time per kind on this instance
-            current = await self._store.get_kind(kind) or KindSettings(kind=kind)
-            new = msgspec.structs.replace(current, **changes, updated_at=self._clock())
-            await self._write(new, actor, request_id, "api", before=current)
-        return new
+        async with lock:  # one change at a time per kind on this instance (fewer lost races, not the guard)
+            for _ in range(MAX_TRIES):
+                stored = await self._store.read_kind(kind)
+                current = stored.settings if stored is not None else KindSettings(kind=kind)
+                new = msgspec.structs.replace(current, **changes, updated_at=self._clock())
+                version = None if stored is None else stored.version
+                if await self._write(new, actor, request_id, "api", version, before=current):
+                    return new
+        raise Conflict(
+            f"the settings of kind {kind} kept changing under this change; try again",
+            code=Code.REVISION_CONFLICT,
+            details={"kind": kind},
+        )
 
     async def _write(
         self,
@@ -91,8 +111,11 @@ class KindService:
         actor: ActorRef,
         request_id: str | None,
         source: str,
+        expected: bytes | None,
         before: KindSettings | None = None,
-    ) -> None:
+    ) -> bool:
+        """Write ``new`` over the stored document ``expected`` (None: where no row is); False when another write
+        committed since that read (nothing written)."""
         now = self._clock()
         data = msgspec.to_builtins(new)
         changed = sorted(f for f in FIELDS if before is None or getattr(before, f) != getattr(new, f))
@@ -118,10 +141,12 @@ class KindService:
             request_id=request_id,
             data={"settings": data, "changed": changed},
         )
-        await self._store.put_kind(new, audit, event)
+        if not await self._store.swap_kind(new, audit, event, expected):
+            return False
         if self._on_committed is not None:
             self._on_committed()
         self._take(new)
+        return True
 
     def _take(self, settings: KindSettings) -> None:
         if self._known.get(settings.kind) != settings:

@@ -17,7 +17,7 @@ from scheduler_gateway.wire.messages import Settle
 
 from .model.artifacts import ArtifactLimits, ArtifactRecord
 from .model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
-from .model.flow import KindSettings
+from .model.flow import KindSettings, StoredKind
 from .model.records import AuditEntry, DeadLetter, EventRecord, HistoryEntry, Task
 
 
@@ -365,11 +365,29 @@ class PrincipalStore(Protocol):
 
 
 class KindStore(Protocol):
-    """The flow settings of each kind (docs/FLOW.md). A write commits with its audit entry and its event."""
+    """The flow settings of each kind (docs/FLOW.md). A write commits with its audit entry and its event.
+
+    Several instances change one kind's row: ``swap_kind`` is the compare-and-set every change goes through
+    (``KindService`` reads with ``read_kind``, decides, and on a lost race reads and decides again); a stored
+    document that does not decode whole is read field by field, a field that does not decode as no limit."""
 
     async def get_kind(self, kind: str) -> KindSettings | None: ...
     async def list_kinds(self) -> list[KindSettings]: ...
-    async def put_kind(self, settings: KindSettings, audit: AuditEntry, event: EventRecord) -> None: ...
+    async def read_kind(self, kind: str) -> StoredKind | None:
+        """The kind's settings with the stored document they came from (None: no row)."""
+        ...
+
+    async def swap_kind(
+        self, settings: KindSettings, audit: AuditEntry, event: EventRecord, expected: bytes | None
+    ) -> bool:
+        """Write ``settings`` with ``audit`` and ``event`` in one transaction if the row still holds exactly
+        ``expected`` (None: if there is no row); False, and nothing written, when it does not."""
+        ...
+
+    async def put_kind(self, settings: KindSettings, audit: AuditEntry, event: EventRecord) -> None:
+        """Write unconditionally (a sole writer: tests, a restore); changes go through ``swap_kind``."""
+        ...
+
     async def kind_counts(self) -> dict[str, dict[str, int]]:
         """kind -> {state: count} of the live states (queued, running, waiting_approval)."""
         ...

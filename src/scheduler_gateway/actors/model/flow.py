@@ -63,6 +63,14 @@ class KindSettings(msgspec.Struct, frozen=True, kw_only=True):
         return max((r.period_s for r in (self.rate, self.key_rate) if r is not None), default=0.0)
 
 
+class StoredKind(msgspec.Struct, frozen=True, kw_only=True):
+    """A kind's settings as read, with the stored document they were read from: a conditional write
+    (``KindStore.swap_kind``) takes effect only while the store still holds exactly that document."""
+
+    settings: KindSettings
+    version: bytes
+
+
 class Counts(msgspec.Struct, frozen=True, kw_only=True):
     """What the rules read: running attempts and starts in each rate's window, of the kind and of one key."""
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery, CallbackDelivery
-from scheduler_gateway.actors.model.flow import KindSettings
+from scheduler_gateway.actors.model.flow import KindSettings, StoredKind
 from scheduler_gateway.actors.model.records import AuditEntry, DeadLetter, EventRecord, Task
 from scheduler_gateway.actors.model.schedule import RunError, ScheduledRun, ScheduledTask, Thread
 from scheduler_gateway.actors.ports import (
@@ -238,6 +238,14 @@ class ComposedStore:
 
     async def put_kind(self, settings: KindSettings, audit: AuditEntry, event: EventRecord) -> None:
         await self._kinds.put_kind(settings, audit, event)
+
+    async def read_kind(self, kind: str) -> StoredKind | None:
+        return await self._kinds.read_kind(kind)
+
+    async def swap_kind(
+        self, settings: KindSettings, audit: AuditEntry, event: EventRecord, expected: bytes | None
+    ) -> bool:
+        return await self._kinds.swap_kind(settings, audit, event, expected)
 
     async def kind_counts(self) -> dict[str, dict[str, int]]:
         return await self._kinds.kind_counts()

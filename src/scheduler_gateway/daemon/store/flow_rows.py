@@ -12,10 +12,9 @@ import sqlite3
 
 from scheduler_gateway.actors.model.flow import Counts, KindSettings, duplicate, exceeded, limited
 from scheduler_gateway.daemon.store.change_rows import ChangeRows
-from scheduler_gateway.daemon.store.common import decode_or_raise, doc_decoder, fetch_one
+from scheduler_gateway.daemon.store.common import fetch_one
+from scheduler_gateway.daemon.store.kind_docs import read_kind_doc
 from scheduler_gateway.wire.errors import Conflict
-
-_decode_kind = doc_decoder(KindSettings)
 
 #: the partial unique index of migration 10, as SQLite names it in an IntegrityError
 UNIQUE_LIVE_COLUMNS = "tasks.owner, tasks.kind, tasks.unique_key"
@@ -26,7 +25,8 @@ Settings = dict[str, KindSettings | None]  # the kinds a batch read, so each is 
 def kind_settings(conn: sqlite3.Connection, kind: str, cache: Settings) -> KindSettings | None:
     if kind not in cache:
         row = fetch_one(conn, "SELECT doc FROM kinds WHERE kind = ?", (kind,))
-        cache[kind] = None if row is None else decode_or_raise(_decode_kind, row[0], "kind", kind)
+        # a document that does not decode is read field by field: it never fails the batch (kind_docs.py)
+        cache[kind] = None if row is None else read_kind_doc(kind, row[0])
     return cache[kind]
 
 

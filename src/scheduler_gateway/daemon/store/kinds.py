@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import sqlite3
 
-from scheduler_gateway.actors.model.flow import KindSettings
+from scheduler_gateway.actors.model.flow import KindSettings, StoredKind
 from scheduler_gateway.actors.model.records import AuditEntry, EventRecord
 from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.daemon.store.change_rows import SQL_INSERT_AUDIT, SQL_INSERT_OUTBOX, audit_row
-from scheduler_gateway.daemon.store.common import decode_or_raise, decode_rows, doc_decoder, encode
+from scheduler_gateway.daemon.store.common import encode
+from scheduler_gateway.daemon.store.kind_docs import read_kind_doc
 from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
 
-_decode_kind = doc_decoder(KindSettings)
+#: a change's write (``swap_kind``): only over the document it was decided on, or only where no row is
+SQL_SWAP_KIND = "UPDATE kinds SET doc = ? WHERE kind = ? AND doc = ?"
+SQL_INSERT_KIND_IF_NONE = "INSERT INTO kinds (kind, doc) VALUES (?, ?) ON CONFLICT (kind) DO NOTHING"
 SQL_LIVE_COUNTS = (
     "SELECT kind, state, count(*) FROM tasks WHERE state IN ('queued', 'running', 'waiting_approval')"
     " GROUP BY kind, state"
@@ -35,11 +38,38 @@ class SqliteKinds:
         self._db = db
 
     async def get_kind(self, kind: str) -> KindSettings | None:
+        stored = await self.read_kind(kind)
+        return None if stored is None else stored.settings
+
+    async def read_kind(self, kind: str) -> StoredKind | None:
         rows = await self._db.fetchall("SELECT doc FROM kinds WHERE kind = ?", (kind,))
-        return decode_or_raise(_decode_kind, rows[0][0], "kind", kind) if rows else None
+        if not rows:
+            return None
+        doc = bytes(rows[0][0])
+        return StoredKind(settings=read_kind_doc(kind, doc), version=doc)
 
     async def list_kinds(self) -> list[KindSettings]:
-        return decode_rows(_decode_kind, await self._db.fetchall("SELECT kind, doc FROM kinds ORDER BY kind"), "kind")
+        rows = await self._db.fetchall("SELECT kind, doc FROM kinds ORDER BY kind")
+        return [read_kind_doc(str(kind), doc) for kind, doc in rows]
+
+    async def swap_kind(
+        self, settings: KindSettings, audit: AuditEntry, event: EventRecord, expected: bytes | None
+    ) -> bool:
+        doc = encode(settings)
+        audit_values, outbox = audit_row(audit), (outbox_body(event),)
+
+        def op(conn: sqlite3.Connection) -> bool:
+            if expected is None:
+                cur = conn.execute(SQL_INSERT_KIND_IF_NONE, (settings.kind, doc))
+            else:
+                cur = conn.execute(SQL_SWAP_KIND, (doc, settings.kind, expected))
+            if cur.rowcount != 1:
+                return False  # another change committed since the read: nothing written, decided again
+            conn.execute(SQL_INSERT_AUDIT, audit_values)
+            conn.execute(SQL_INSERT_OUTBOX, outbox)
+            return True
+
+        return bool(await self._db.run(op, 3))
 
     async def put_kind(self, settings: KindSettings, audit: AuditEntry, event: EventRecord) -> None:
         row = (settings.kind, encode(settings))

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from scheduler_gateway.actors.model.flow import KindSettings
+from scheduler_gateway.actors.model.flow import KindSettings, StoredKind
 from scheduler_gateway.actors.model.records import AuditEntry, EventRecord
 from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.daemon.store.change_rows import audit_row
-from scheduler_gateway.daemon.store.common import decode_or_raise, decode_rows, doc_decoder, encode
+from scheduler_gateway.daemon.store.common import encode
+from scheduler_gateway.daemon.store.kind_docs import read_kind_doc
 from scheduler_gateway.daemon.store.kinds import SQL_LIVE_COUNTS, live_counts
 from scheduler_gateway.daemon.store.postgres.db import PgDb
 from scheduler_gateway.daemon.store.postgres.flow import SQL_OUTBOX_ORDER_LOCK
 from scheduler_gateway.daemon.store.postgres.tasks import SQL_INSERT_AUDIT, SQL_INSERT_OUTBOX
 
-_decode_kind = doc_decoder(KindSettings)
+#: a change's write (``swap_kind``): only over the document it was decided on, or only where no row is; the row
+#: lock the UPDATE takes orders two instances' writes of one kind, and the loser matches no row
+SQL_SWAP_KIND = "UPDATE kinds SET doc = %s WHERE kind = %s AND doc = %s"
+SQL_INSERT_KIND_IF_NONE = "INSERT INTO kinds (kind, doc) VALUES (%s, %s) ON CONFLICT (kind) DO NOTHING"
 
 
 class PgKinds:
@@ -20,11 +24,35 @@ class PgKinds:
         self._db = db
 
     async def get_kind(self, kind: str) -> KindSettings | None:
+        stored = await self.read_kind(kind)
+        return None if stored is None else stored.settings
+
+    async def read_kind(self, kind: str) -> StoredKind | None:
         rows = await self._db.fetch("SELECT doc FROM kinds WHERE kind = %s", (kind,))
-        return decode_or_raise(_decode_kind, rows[0][0], "kind", kind) if rows else None
+        if not rows:
+            return None
+        doc = bytes(rows[0][0])
+        return StoredKind(settings=read_kind_doc(kind, doc), version=doc)
 
     async def list_kinds(self) -> list[KindSettings]:
-        return decode_rows(_decode_kind, await self._db.fetch("SELECT kind, doc FROM kinds ORDER BY kind"), "kind")
+        rows = await self._db.fetch("SELECT kind, doc FROM kinds ORDER BY kind")
+        return [read_kind_doc(str(kind), doc) for kind, doc in rows]
+
+    async def swap_kind(
+        self, settings: KindSettings, audit: AuditEntry, event: EventRecord, expected: bytes | None
+    ) -> bool:
+        doc = encode(settings)
+        async with self._db.transaction() as conn:
+            if expected is None:
+                cur = await conn.execute(SQL_INSERT_KIND_IF_NONE, (settings.kind, doc))
+            else:
+                cur = await conn.execute(SQL_SWAP_KIND, (doc, settings.kind, expected))
+            if cur.rowcount != 1:
+                return False  # another change committed since the read: nothing written, decided again
+            await conn.execute(SQL_INSERT_AUDIT, audit_row(audit))
+            await conn.execute(SQL_OUTBOX_ORDER_LOCK)
+            await conn.execute(SQL_INSERT_OUTBOX, (outbox_body(event),))
+        return True
 
     async def put_kind(self, settings: KindSettings, audit: AuditEntry, event: EventRecord) -> None:
         async with self._db.transaction() as conn:
