@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 REOFFER_AFTER_S = 60.0
 #: the longest wait between two re-offers of one attempt (each waits twice as long as the one before)
 REOFFER_MAX_S = 900.0
+#: a task whose claim was refused LIMITED is offered again (if its rules allow) no sooner than this, doubling with
+#: each refusal of its attempt up to ``REFUSED_HOLD_MAX_S``
+REFUSED_HOLD_S = 0.25
+REFUSED_HOLD_MAX_S = 30.0
 
 
 @dataclass
@@ -177,18 +181,26 @@ class Dispatcher(LoopActor):
 
     def claim_refused(self, task: Task) -> None:
         """The store refused a claim of this offer (a flow limit, or the thread's lane): the task goes back to
-        wait by the rules, so it is neither counted as on offer nor offered again while they bind."""
+        wait by the rules, so it is neither counted as on offer nor offered again while they bind.
+
+        The refused copy stays in the stream (its node naks it for ``retryAfterSeconds``), so the next offer of
+        the attempt is a fresh copy under the next ``Nats-Msg-Id`` (JetStream would drop a repeat of the id as a
+        duplicate): a resume or a freed slot starts the task at once, not when the refused copy comes back. A
+        task refused again and again (another instance's starts this one does not see yet) is held a little
+        longer each time (``REFUSED_HOLD_S``, doubling), so a stale view never loops offers and refusals."""
         self._unoffer(task.id, keep_attempt=None)
+        live = self._queued.get(task.id)
+        if live is not None and live.attempt_id == task.attempt_id:
+            self._reoffers[task.id] = (task.attempt_id, self._reoffer_count(task) + 1)
         if task.thread_id and task.thread_id in self._lanes:
             # the lane's head goes back in line, not the refused task: an older task of the thread queued again
             # while this one was on offer (a dead letter retried) is the head now, and the store refused this
             # claim for it; it was skipped while the lane was taken, and nothing else would put it back
             self._lanes[task.thread_id].active.discard(task.id)
             self._kick_lane(task.thread_id)
-        else:
-            live = self._queued.get(task.id)
-            if live is not None:
-                self._schedule(live)
+        elif live is not None:
+            hold = min(REFUSED_HOLD_S * float(2 ** max(0, min(self._reoffer_count(live) - 1, 16))), REFUSED_HOLD_MAX_S)
+            heapq.heappush(self._timers, (self._clock() + hold, live.id, live.attempt_id))
         self._wake.set()
 
     def offered_count(self, kind: str) -> int:

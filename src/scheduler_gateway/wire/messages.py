@@ -66,6 +66,9 @@ class ClaimReply(_Wire, kw_only=True, omit_defaults=True):
     attempt_no: int | None = None
     revision: int | None = None
     error: WireError | None = None
+    #: with ``LIMITED``: how long the node waits before the refused offer comes back (its nak's delay); the gateway
+    #: offers the task again itself once the limit frees (absent: a gateway that predates it, nak as before)
+    retry_after_seconds: float | None = None
 
 
 MAX_BATCH_CLAIMS = 256

@@ -97,7 +97,20 @@ async def claim_and_start(w: Worker, kind: str, msg: Msg, state: _OfferState) ->
         if code == Code.NODE_DRAINING:
             w._set_draining(True)  # the next heartbeat reply says when to resume
         log.debug("claim of attempt %s refused (%s); offer nak'd", offer.attempt_id, code)
-        await nak(msg, w.timings.busy_nak_delay_s)
+        await nak(msg, _nak_delay(w, reply))
+
+
+#: the longest nak delay a gateway's ``retryAfterSeconds`` may ask for
+MAX_RETRY_AFTER_S = 300.0
+
+
+def _nak_delay(w: Worker, reply: ClaimReply) -> float:
+    """A LIMITED answer says how long the refused offer waits (the gateway offers the task again itself when its
+    limit frees): held-back work costs no claim per second. Otherwise the busy delay."""
+    after = reply.retry_after_seconds
+    if after is None or not after > 0:  # absent (an older gateway), or nonsense: the usual delay
+        return w.timings.busy_nak_delay_s
+    return max(w.timings.busy_nak_delay_s, min(after, MAX_RETRY_AFTER_S))
 
 
 async def claim(w: Worker, offer: Offer) -> ClaimReply | None:

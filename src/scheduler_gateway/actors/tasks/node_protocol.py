@@ -6,6 +6,7 @@ import asyncio
 import functools
 import logging
 import random
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,13 @@ from .waiting_settles import CANNOT_TELL, SettleBacklog
 
 log = logging.getLogger(__name__)
 
+#: a LIMITED claim's ``retryAfterSeconds``: the node naks the offer with this delay. The gateway offers the task
+#: again itself (a fresh copy) as soon as its limit frees, so the refused copy coming back is only a fallback
+#: (an instance that did not offer the task answered the claim); held-back work costs no claim per second
+LIMITED_RETRY_AFTER_S = 30.0
+#: attempts whose LIMITED refusal is audited already, kept to audit one row per attempt and limit, not per repeat
+LIMITED_SEEN_MAX = 10_000
+
 
 class NodeProtocol:
     """What nodes send about their leases (claims, heartbeats, settles) and what the lease clock finds."""
@@ -57,6 +65,7 @@ class NodeProtocol:
         self._store = store
         self._nodes = nodes
         self._dispatcher = dispatcher
+        self._limited_seen: OrderedDict[tuple[str, str], None] = OrderedDict()  # (attempt id, rule), oldest first
         self._dead_letters = dead_letters
         self._metrics = metrics
         self._clock = clock
@@ -135,17 +144,35 @@ class NodeProtocol:
                 self._metrics.claim_limited(task.kind, str(exc.details.get("rule", "")))
             else:
                 raise
-            await self._ledger.refused(
-                "claim", task, task.id, actor, error_code=Code.LIMITED, node_id=node_id, attempt_id=req.attempt_id,
-                details=details,
-            )  # fmt: skip
+            if self._first_limited(req.attempt_id, str(details.get("rule", ""))):
+                await self._ledger.refused(
+                    "claim", task, task.id, actor, error_code=Code.LIMITED, node_id=node_id,
+                    attempt_id=req.attempt_id, details=details,
+                )  # fmt: skip
+            else:  # the same attempt held back by the same rule again: counted, not audited once more
+                self._metrics.refused("claim", Code.LIMITED)
             self._dispatcher.claim_refused(task)
-            return _claim_error(Code.LIMITED, message)
+            return ClaimReply(
+                ok=False,
+                error=WireError(code=Code.LIMITED, message=message),
+                retry_after_seconds=LIMITED_RETRY_AFTER_S,
+            )
         failpoints.hit("claim.after_commit")  # the task is running in the store; the node has no reply yet
         if new.thread_id is not None:
             failpoints.hit("claim.after_thread_commit")  # the thread's lane is taken; the node has no reply yet
         self._metrics.queue_latency(new.kind, max(0.0, now - task.not_before))
         return _lease_reply(new)
+
+    def _first_limited(self, attempt_id: str, rule: str) -> bool:
+        """True the first time this attempt is refused LIMITED by this rule (as far as this instance remembers)."""
+        key = (attempt_id, rule)
+        if key in self._limited_seen:
+            self._limited_seen.move_to_end(key)
+            return False
+        self._limited_seen[key] = None
+        if len(self._limited_seen) > LIMITED_SEEN_MAX:
+            self._limited_seen.popitem(last=False)
+        return True
 
     async def heartbeat(self, node_id: str, req: HeartbeatRequest) -> HeartbeatReply:
         now = self._clock()
