@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler_gateway.actors.model.flow import KindSettings, Rate
+from scheduler_gateway.actors.model.kind_limits import check_settings
 from scheduler_gateway.daemon.config.model import (
     _NATS_HARD_MAX_PAYLOAD,
     _SUBJECT_PREFIX,
@@ -36,6 +37,7 @@ from scheduler_gateway.daemon.config.model import (
 )
 from scheduler_gateway.daemon.config.reader import _Reader
 from scheduler_gateway.daemon.config.store_url import StoreUrlError, parse_store_url
+from scheduler_gateway.wire.errors import InvalidArgument
 from scheduler_gateway.wire.names import KIND_PATTERN, KIND_RULE
 from scheduler_gateway.wire.redact import redact_one_url
 
@@ -59,16 +61,20 @@ def _kinds(r: _Reader) -> tuple[KindSettings, ...]:
         key_rate_period = k.number("key_rate_period_s", 1.0, gt=0)
         paused = k.boolean("paused", False)
         k.finish()
-        out.append(
-            KindSettings(
-                kind=name,
-                paused=paused,
-                concurrency=concurrency,
-                key_concurrency=key_concurrency,
-                rate=Rate(limit=rate_limit, period_s=rate_period) if rate_limit is not None else None,
-                key_rate=Rate(limit=key_rate_limit, period_s=key_rate_period) if key_rate_limit is not None else None,
-            )
+        settings = KindSettings(
+            kind=name,
+            paused=paused,
+            concurrency=concurrency,
+            key_concurrency=key_concurrency,
+            rate=Rate(limit=rate_limit, period_s=rate_period) if rate_limit is not None else None,
+            key_rate=Rate(limit=key_rate_limit, period_s=key_rate_period) if key_rate_limit is not None else None,
         )
+        try:
+            check_settings(settings)  # the API's bounds (model/kind_limits.py): one validation for every way in
+        except InvalidArgument as exc:
+            r.errors.append(f"[kinds.{name}]: {exc.message} (field names as in the API)")
+            continue
+        out.append(settings)
     return tuple(out)
 
 

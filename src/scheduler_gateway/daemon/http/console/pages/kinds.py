@@ -14,6 +14,7 @@ import msgspec
 from aiohttp import web
 
 from scheduler_gateway.actors.model.flow import KindSettings, Rate
+from scheduler_gateway.actors.model.kind_limits import check_count, check_period
 from scheduler_gateway.actors.ports import TaskSearch
 from scheduler_gateway.daemon.http.console.pages.base import Pages
 from scheduler_gateway.daemon.http.console.stats import Counts, HourFigures, since_minute
@@ -49,9 +50,7 @@ def _int_field(form: Any, name: str, minimum: int) -> int | None:
         value = int(raw)
     except ValueError:
         raise InvalidArgument(f"{name} is not a whole number", details={"field": name}) from None
-    if value < minimum:
-        raise InvalidArgument(f"{name} must be at least {minimum}", details={"field": name})
-    return value
+    return check_count(name, value, minimum)  # the API's bounds (model/kind_limits.py)
 
 
 def _rate_field(form: Any, prefix: str) -> Rate | None:
@@ -62,12 +61,10 @@ def _rate_field(form: Any, prefix: str) -> Rate | None:
     if limit is None or not raw:
         raise InvalidArgument(f"{prefix}: give both the limit and the period", details={"field": f"{prefix}Limit"})
     try:
-        period = float(raw)
+        period = float(raw)  # takes "inf" and "nan" too: the check below refuses them
     except ValueError:
         raise InvalidArgument(f"{prefix}Period is not a number", details={"field": f"{prefix}Period"}) from None
-    if not period > 0:
-        raise InvalidArgument(f"{prefix}Period must be above 0", details={"field": f"{prefix}Period"})
-    return Rate(limit=limit, period_s=period)
+    return Rate(limit=limit, period_s=check_period(f"{prefix}Period", period))
 
 
 class KindPages(Pages):
@@ -157,9 +154,9 @@ class KindPages(Pages):
                 "rate": _rate_field(form, "rate"),
                 "key_rate": _rate_field(form, "keyRate"),
             }
-        except InvalidArgument as exc:
+            await self.gw.kinds.update(kind, changes, caller.actor, caller.request_id)
+        except InvalidArgument as exc:  # nothing was saved
             return await self.kind_page(request, error=f"{exc.code}: {exc.message}", status=400)
-        await self.gw.kinds.update(kind, changes, caller.actor, caller.request_id)
         raise self._redirect(f"/ui/kinds/{kind}", f"kind {kind}: settings saved")
 
     async def switch(self, request: web.Request) -> web.StreamResponse:
