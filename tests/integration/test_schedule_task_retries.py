@@ -72,6 +72,28 @@ async def test_never_redriven_automatically(tmp_path: Path, fresh_nats: NatsServ
             await node.close()
 
 
+async def test_its_letter_is_archived_as_an_exhausted_one(tmp_path: Path, fresh_nats: NatsServerProcess) -> None:
+    keeper = DeadLetterPolicy(auto_redrive=True, redrive_delay_s=0.05, archive_after_s=0.3, sweep_interval_s=0.05)
+    sched = SchedulerSettings(min_once_delay_s=0, poll_interval_s=0.1)
+    async with running_gateway(tmp_path / "gw", fresh_nats.url, scheduler=sched, dead_letters=keeper) as gw:
+        node = await HandNode.connect(fresh_nats.url, "node-a")
+        try:
+            async with api_client(gw) as api:
+                s = await _schedule(api)
+                run = (await api.call("POST", f"/api/scheduled-tasks/{s['id']}/trigger"))[1]
+                await run_and_fail(api, node, run["taskId"])
+
+                async def archived() -> Any:
+                    items = (await api.call("GET", f"/api/deadletter?originalTaskId={run['taskId']}&archived=true"))[1]
+                    return items["items"]
+
+                (letter,) = await wait_for(archived)
+                assert (letter["retryCount"], letter["exhausted"]) == (0, False)
+                assert (await api.task(run["taskId"]))["state"] == "dead"  # archived, never redriven
+        finally:
+            await node.close()
+
+
 async def _after(value: int, target: int) -> bool:
     return value >= target
 
