@@ -11,11 +11,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from scheduler_gateway.actors.task_service import Caller, NewTask
+from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.worker import HandlerRegistry, NatsOptions, Worker
 from scheduler_gateway.worker._demo import register_demo_handlers
 
-from .harness import Api, api_client, running_gateway, wait_for
+from .harness import Api, HandNode, api_client, running_gateway, wait_for
 
 BAD_KINDS = ["a..b", "a.", ".", ".a", "evil\n", "A", "x" * 65, "a b", "a*", "a>", ""]
 GOOD_KINDS = ["echo", "a.b", "a-b_c.d9", "x" * 64]
@@ -106,3 +107,24 @@ async def test_a_stored_task_of_a_kind_nats_refuses_holds_back_no_other_kind(
         await wait_for(none_failing, timeout_s=5.0)
         status, ready, _ = await api.call("GET", "/readyz")
         assert ready["checks"]["dispatch"] == {"ok": True, "detail": "offering every kind"}
+
+
+async def test_two_kinds_that_share_a_consumer_name_the_second_is_reported_not_misdelivered(
+    gateway: Gateway, api: Api, node: HandNode
+) -> None:
+    """``a.b`` and ``a_b`` both name the consumer ``gw-kind-a_b`` (a dot is no consumer character; CONTRACT 3
+    pins the names). The kind that comes second is held back and named, rather than published where the first
+    kind's consumer never delivers it; the first is offered as usual."""
+    first = await api.create({"kind": "a.b"})
+    (offer, msg), *_ = await node.pull("a.b", n=1)
+    assert offer.task_id == first["id"]
+    await msg.ack()
+    await api.create({"kind": "a_b"})
+
+    async def second_failing() -> bool:
+        return "a_b" in gateway.dispatcher.failing_kinds()
+
+    await wait_for(second_failing, timeout_s=5.0)
+    assert "taken by gw.dispatch.a.b" in gateway.dispatcher.failing_kinds()["a_b"]
+    status, ready, _ = await api.call("GET", "/readyz")
+    assert status == 200 and "'a_b'" in ready["checks"]["dispatch"]["detail"], ready

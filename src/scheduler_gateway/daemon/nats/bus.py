@@ -30,7 +30,12 @@ from scheduler_gateway.actors.kind_trouble import KindUnavailable
 from scheduler_gateway.actors.ports import TAIL_SKEW_S, SettlesWaiting, vouched_round
 from scheduler_gateway.daemon.nats.leave import leave
 from scheduler_gateway.daemon.nats.publisher import AckedPublisher, PubAck
-from scheduler_gateway.daemon.nats.streams import bring_to_replicas, ensure_kind_consumer, ensure_streams
+from scheduler_gateway.daemon.nats.streams import (
+    ConsumerNameTaken,
+    bring_to_replicas,
+    ensure_kind_consumer,
+    ensure_streams,
+)
 from scheduler_gateway.wire.errors import Code, GatewayError
 from scheduler_gateway.wire.ids import is_id
 from scheduler_gateway.wire.messages import (
@@ -416,6 +421,8 @@ class NatsBus:
             await ensure_kind_consumer(self.js, self.subjects, kind, self._replicas)
         except APIError as exc:  # JetStream answered, and refused: the kind's own fault
             raise KindUnavailable(kind, f"JetStream refused its consumer: {exc.description or exc}") from None
+        except ConsumerNameTaken as exc:  # a.b and a_b share a consumer name: the second is refused
+            raise KindUnavailable(kind, str(exc)) from None
         self._kinds.add(kind)
 
     async def ensure_kinds(self, kinds: list[str]) -> None:

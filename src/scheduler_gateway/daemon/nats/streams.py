@@ -127,25 +127,37 @@ async def ensure_streams(
     )
 
 
+class ConsumerNameTaken(Exception):
+    """The kind's consumer name belongs to another kind: a dot becomes ``_`` in a consumer name, so ``a.b`` and
+    ``a_b`` both name ``gw-kind-a_b`` (CONTRACT 3 pins the names). The second kind is refused rather than given
+    a consumer that delivers the first kind's offers."""
+
+
 async def ensure_kind_consumer(js: JetStreamContext, subjects: Subjects, kind: str, replicas: int = 1) -> str:
-    """The durable pull consumer ``gw-kind-<kind>`` that nodes of that kind pull offers from, ``replicas`` copies."""
+    """The durable pull consumer ``gw-kind-<kind>`` that nodes of that kind pull offers from, ``replicas`` copies.
+    ``ConsumerNameTaken`` when that name filters another kind's subject."""
     name = consumer_name(kind)
+    subject = subjects.dispatch(kind)
     try:
         info = await js.consumer_info(DISPATCH_STREAM, name)
     except NotFoundError:
-        with contextlib.suppress(BadRequestError):  # another process created it meanwhile
+        try:
             await js.add_consumer(
                 DISPATCH_STREAM,
                 ConsumerConfig(
                     durable_name=name,
-                    filter_subject=subjects.dispatch(kind),
+                    filter_subject=subject,
                     ack_policy=AckPolicy.EXPLICIT,
                     ack_wait=OFFER_ACK_WAIT_S,
                     max_ack_pending=10000,
                     num_replicas=replicas,
                 ),
             )
-        return name
+            return name
+        except BadRequestError:  # another process created it meanwhile: for this kind, or for another?
+            info = await js.consumer_info(DISPATCH_STREAM, name)
+    if info.config.filter_subject and info.config.filter_subject != subject:
+        raise ConsumerNameTaken(f"its consumer {name} is taken by {info.config.filter_subject}")
     await _consumer_to_replicas(js, DISPATCH_STREAM, info.config, replicas)
     return name
 
