@@ -353,13 +353,15 @@ class ArtifactService:
         nothing was stored to them for ``orphan_after_s``; it cannot know of a commit under way on any instance,
         so the store refuses a row past this deadline, in the transaction, on its own clock: a gatewayd paused
         between its checks and the write (a freeze, a long GC) never records a row whose bytes were swept. An
-        upload already past it (a commit sent again long after, across a restart) is refused here; its node
+        upload already past it (a commit sent again long after, across a restart) is refused by that check too,
+        not by this gatewayd's clock: the store's refusal comes after any copy of the commit that won the row
+        (they lock the task's row in turn), so the undo that follows finds that row and keeps its bytes. Its node
         uploads again."""
         if record.chunks == 0:
             return None
         at = await self._bucket.last_at(record.upload)
-        if at is None or self._clock() - at > self.limits.orphan_after_s / 2:
-            exc = expired_upload(gone=at is None)
+        if at is None:
+            exc = expired_upload(gone=True)
             await self._audit_refusal(node_id, task, record.name, exc.code, exc.message)
             raise exc
         return at + self.limits.orphan_after_s / 2
@@ -371,8 +373,9 @@ class ArtifactService:
         if existing is None:
             await self._bucket.remove_object(object_name(record.task_id, record.name), record.upload)
             await self._drop_unrecorded(record.upload)
-        elif existing.upload != record.upload:
-            await self._bucket.write_meta(existing)
+            return
+        await self._bucket.write_meta(existing)  # ours may have overwritten the winner's meta (even of one upload)
+        if existing.upload != record.upload:
             await self._drop_unrecorded(record.upload)
 
     async def _record(
