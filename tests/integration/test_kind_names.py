@@ -96,9 +96,9 @@ async def test_a_stored_task_of_a_kind_nats_refuses_holds_back_no_other_kind(
         text = metrics.decode() if isinstance(metrics, bytes) else metrics
         assert "gw_dispatch_failing_kinds 2.0" in text, text[-2000:]
         assert 'gw_dispatch_kind_failing{kind="a..b"} 1.0' in text
-        for task in bad:  # canceled, the kind is no longer reported
-            assert (await api.task(task.id))["state"] == "queued"
-            status, _, _ = await api.call("POST", f"/api/tasks/{task.id}/cancel", {})
+        for stuck in bad:  # canceled, the kind is no longer reported
+            assert (await api.task(stuck.id))["state"] == "queued"
+            status, _, _ = await api.call("POST", f"/api/tasks/{stuck.id}/cancel", {})
             assert status == 200
 
         async def none_failing() -> bool:

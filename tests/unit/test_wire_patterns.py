@@ -17,6 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import scheduler_gateway.wire as wire
+from scheduler_gateway.wire import api as wire_api
+from scheduler_gateway.wire import messages as wire_messages
 from scheduler_gateway.wire import names
 from scheduler_gateway.wire.ids import is_id
 
@@ -75,8 +77,8 @@ def test_the_walk_finds_the_patterns_of_the_doors() -> None:
 
 def _anchors(pattern: str) -> set[str]:
     """The anchors a pattern uses, read from Python's own parse of it (a ``$`` in a class is a literal)."""
-    from re import _constants as c
-    from re import _parser as parser
+    c: Any = importlib.import_module("re._constants")  # Python's own parse of a pattern (3.11+)
+    parser: Any = importlib.import_module("re._parser")
 
     found: set[str] = set()
 
@@ -142,9 +144,9 @@ def test_a_kind_and_a_node_id_take_only_their_characters(value: str) -> None:
 def test_the_bad_kinds_of_the_issue_are_refused_everywhere(kind: str) -> None:
     assert not names.is_kind(kind)
     with pytest.raises(msgspec.ValidationError):
-        msgspec.convert({"kind": kind}, wire.api.CreateTaskBody)
+        msgspec.convert({"kind": kind}, wire_api.CreateTaskBody)
     with pytest.raises(msgspec.ValidationError):
-        msgspec.convert({"kinds": [kind]}, wire.messages.HeartbeatRequest)
+        msgspec.convert({"kinds": [kind]}, wire_messages.HeartbeatRequest)
 
 
 def test_node_ids_subject_prefixes_and_ids_take_the_whole_string() -> None:
@@ -157,9 +159,9 @@ def test_node_ids_subject_prefixes_and_ids_take_the_whole_string() -> None:
     good = "tsk_" + "0" * 32
     assert is_id(good) and not is_id(good + "\n") and not is_id("\n" + good)
     with pytest.raises(msgspec.ValidationError):
-        msgspec.convert({"taskId": "t", "attemptId": "a", "processId": "p\n"}, wire.messages.ClaimRequest)
+        msgspec.convert({"taskId": "t", "attemptId": "a", "processId": "p\n"}, wire_messages.ClaimRequest)
     with pytest.raises(msgspec.ValidationError):
-        msgspec.convert({"kind": "echo", "threadId": "thr_1\n"}, wire.api.CreateTaskBody)
+        msgspec.convert({"kind": "echo", "threadId": "thr_1\n"}, wire_api.CreateTaskBody)
 
 
 def test_the_worker_sdk_refuses_a_bad_kind_and_node_id() -> None:
@@ -171,3 +173,27 @@ def test_the_worker_sdk_refuses_a_bad_kind_and_node_id() -> None:
     with pytest.raises(ValueError, match="invalid node id"):
         validate_node_id("node\n")
     assert validate_kind("a.b") == "a.b" and validate_node_id("n-1") == "n-1"
+
+
+def package_patterns() -> dict[str, str]:
+    """Every module-level compiled pattern of the package (the daemon's, the worker SDK's and the client's doors
+    included)."""
+    import scheduler_gateway
+
+    out: dict[str, str] = {}
+    for info in pkgutil.walk_packages(scheduler_gateway.__path__, scheduler_gateway.__name__ + "."):
+        if info.name.endswith(("daemon.worker", "daemon.worker_cli", "__main__")):
+            continue  # deprecated aliases of the worker SDK (walked as scheduler_gateway.worker); entry points
+        module = importlib.import_module(info.name)
+        for attr, value in vars(module).items():
+            if isinstance(value, re.Pattern) and isinstance(value.pattern, str):
+                out[f"{info.name}.{attr}"] = value.pattern
+    return out
+
+
+def test_no_compiled_pattern_in_the_package_anchors_with_a_dollar() -> None:
+    """``$`` matches before a final newline: a check anchored with it lets ``"name\\n"`` through."""
+    patterns = package_patterns()
+    assert len(patterns) > 20, patterns  # the walk reached the daemon's modules
+    dollars = {name: p for name, p in patterns.items() if "AT_END" in _anchors(p)}
+    assert dollars == {}, dollars

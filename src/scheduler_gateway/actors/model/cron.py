@@ -43,8 +43,8 @@ _MAX_SEGMENTS = 64
 # No fire time is searched for after this (the API takes instants before 9000-01-01 only): a search from here
 # reaches at most _SEARCH_DAYS plus a day further, well inside datetime's year 9999.
 _CALENDAR_END = datetime(9900, 1, 1, tzinfo=UTC).timestamp()
-_FIELD_RE = re.compile(r"^[0-9A-Za-z*?,/-]+$")
-_SINGLE_NUMBER_RE = re.compile(r"^[0-9]{1,2}$")
+_FIELD_RE = re.compile(r"\A[0-9A-Za-z*?,/-]+\Z")  # whole strings: $ would pass a final newline
+_SINGLE_NUMBER_RE = re.compile(r"\A[0-9]{1,2}\Z")
 _DAYS_IN_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # the most each month can have
 
 

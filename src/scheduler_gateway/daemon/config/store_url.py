@@ -31,7 +31,7 @@ POSTGRES_SCHEMES = ("postgresql", "postgres")
 # a "%" that is no %XX escape, or the %00 libpq refuses: libpq's error would quote the token around it
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})|%00")
 # an IPv6 host's "]" followed by anything but a port or the next host: libpq's error would quote the whole URL
-_BAD_BRACKET = re.compile(r"\](?![:,]|$)")
+_BAD_BRACKET = re.compile(r"\](?![:,]|\Z)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from scheduler_gateway.wire.messages import NULL
 from scheduler_gateway.wire.subjects import EVENTS_STREAM
 
 # Event types become the ``event:`` line of a frame: nothing that could break the framing gets through.
-_TYPE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_TYPE_RE = re.compile(r"\A[A-Za-z0-9_.-]{1,128}\Z")  # the whole string: $ would pass "type\n"
 
 
 SLOW_CONSUMER = "SLOW_CONSUMER"
@@ -83,7 +83,7 @@ def disconnect_frame(reason: str, message: str) -> bytes:
 def decode_event(seq: int, body: bytes) -> StreamEvent:
     """Raises ValueError (or a msgspec error) when the message is not an event the gateway wrote."""
     b = _decode_body(body)
-    if not _TYPE_RE.match(b.type):
+    if not _TYPE_RE.fullmatch(b.type):
         raise ValueError("the event type is not a plain name")
     data = _SseData(
         seq=seq,

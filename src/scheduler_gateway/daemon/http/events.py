@@ -42,7 +42,7 @@ from scheduler_gateway.wire.errors import GatewayError, InvalidArgument
 
 log = logging.getLogger(__name__)
 
-_TYPE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_TYPE_RE = re.compile(r"\A[A-Za-z0-9_.-]{1,128}\Z")  # the whole string: $ would pass "type\n"
 _SEQ_RE = re.compile(r"[0-9]{1,20}", re.ASCII)
 MAX_TYPES = 50
 MAX_SEQ = 2**64 - 1  # JetStream sequences are unsigned 64-bit
@@ -80,7 +80,7 @@ def type_filter(raw: str | None) -> frozenset[str] | None:
     if raw is None or raw.strip() == "":
         return None
     types = frozenset(t.strip() for t in raw.split(",") if t.strip())
-    if len(types) > MAX_TYPES or not all(_TYPE_RE.match(t) for t in types):
+    if len(types) > MAX_TYPES or not all(_TYPE_RE.fullmatch(t) for t in types):
         raise InvalidArgument(
             f"types must be a comma-separated list of at most {MAX_TYPES} event types", details={"field": "types"}
         )
