@@ -7,10 +7,12 @@ STORAGE_ERROR before any header, never a 200 that promises a body and sends none
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgspec
 import pytest
 
@@ -150,5 +152,41 @@ async def test_a_download_whose_bytes_are_missing_answers_503_before_any_header(
                     assert body["error"]["code"] == "STORAGE_ERROR" and body["error"]["requestId"] == "req-missing"
             status, page, _ = await api.call("GET", f"/api/tasks/{task_id}/artifacts")
             assert status == 200 and [a["name"] for a in page["items"]] == ["gone.bin"]  # still indexed
+        finally:
+            await node.close()
+
+
+async def test_bytes_that_run_out_part_way_cut_the_connection_instead_of_hanging(
+    tmp_path: Path, fresh_nats: NatsServerProcess
+) -> None:
+    """A row whose upload holds fewer bytes than it names (the first chunk is there, the rest is not): the headers
+    went out with the first bytes, so the answer cannot become an error; the connection is cut and the reader
+    sees a short body at once."""
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+        node = await HandNode.connect(fresh_nats.url, "node-a")
+        try:
+            task_id, lease = await _claimed(api, node)
+            commit = await _uploaded(node, task_id, lease, "short.bin", PIECES)
+            assert (await _begin(node, commit)).ok
+            assert gw.bus.js is not None
+            # keep the first chunk only: delete the others behind the index
+            info = await gw.bus.js.stream_info(BUCKET_STREAM)
+            subject = chunk_subject("node-a", commit.upload_id)
+            seqs = []
+            for seq in range(int(info.state.first_seq), int(info.state.last_seq) + 1):
+                with contextlib.suppress(Exception):
+                    msg = await gw.bus.js.get_msg(BUCKET_STREAM, seq)
+                    if msg.subject == subject:
+                        seqs.append(seq)
+            assert len(seqs) == len(PIECES)
+            for seq in seqs[1:]:
+                await gw.bus.js.delete_msg(BUCKET_STREAM, seq)
+            url = f"{api.base}/api/tasks/{task_id}/artifacts/short.bin"
+            headers = {"Authorization": f"Bearer {api.token}"}
+            async with api.session.get(url, headers=headers) as resp:
+                assert resp.status == 200
+                with pytest.raises(aiohttp.ClientPayloadError):  # short, at once: not a wait for bytes never sent
+                    await asyncio.wait_for(resp.read(), READ_TIMEOUT_S)
+                assert resp.headers["X-Request-Id"]
         finally:
             await node.close()
