@@ -197,3 +197,14 @@ def test_no_compiled_pattern_in_the_package_anchors_with_a_dollar() -> None:
     assert len(patterns) > 20, patterns  # the walk reached the daemon's modules
     dollars = {name: p for name, p in patterns.items() if "AT_END" in _anchors(p)}
     assert dollars == {}, dollars
+
+
+@pytest.mark.parametrize("name", ["a..b", "a.", ".a", "A", "evil\\n", "x" * 65])
+def test_the_config_refuses_a_kind_section_nats_cannot_take(tmp_path: Any, name: str) -> None:
+    from scheduler_gateway.daemon.config import ConfigError, load_config
+
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'[kinds."{name}"]\nconcurrency = 2\n[kinds."a.b"]\nconcurrency = 1\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path, {})
+    assert len(info.value.problems) == 1 and names.KIND_RULE in info.value.problems[0], info.value.problems
