@@ -192,16 +192,26 @@ class Dispatcher(LoopActor):
         live = self._queued.get(task.id)
         if live is not None and live.attempt_id == task.attempt_id:
             self._reoffers[task.id] = (task.attempt_id, self._reoffer_count(task) + 1)
-        if task.thread_id and task.thread_id in self._lanes:
+        thread_id = task.thread_id
+        lane = self._lanes.get(thread_id) if thread_id else None
+        if lane is not None and thread_id:
             # the lane's head goes back in line, not the refused task: an older task of the thread queued again
             # while this one was on offer (a dead letter retried) is the head now, and the store refused this
             # claim for it; it was skipped while the lane was taken, and nothing else would put it back
-            self._lanes[task.thread_id].active.discard(task.id)
-            self._kick_lane(task.thread_id)
+            lane.active.discard(task.id)
+            if live is not None and not lane.active and lane.members and lane.members[0][1] == task.id:
+                self._hold_refused(live)  # the head itself was refused: after its hold, as below
+            else:
+                self._kick_lane(thread_id)
         elif live is not None:
-            hold = min(REFUSED_HOLD_S * float(2 ** max(0, min(self._reoffer_count(live) - 1, 16))), REFUSED_HOLD_MAX_S)
-            heapq.heappush(self._timers, (self._clock() + hold, live.id, live.attempt_id))
+            self._hold_refused(live)
         self._wake.set()
+
+    def _hold_refused(self, task: Task) -> None:
+        """Back in line after ``REFUSED_HOLD_S``, doubling with each refusal of its attempt (a timer entry)."""
+        n = max(0, min(self._reoffer_count(task) - 1, 16))
+        hold = min(REFUSED_HOLD_S * float(2**n), REFUSED_HOLD_MAX_S)
+        heapq.heappush(self._timers, (self._clock() + hold, task.id, task.attempt_id))
 
     def offered_count(self, kind: str) -> int:
         return len(self._offered.get(kind, ()))
