@@ -52,7 +52,7 @@ REOFFER_AFTER_S = 60.0
 REOFFER_MAX_S = 900.0
 #: a task whose claim was refused LIMITED is offered again (if its rules allow) no sooner than this, doubling with
 #: each refusal of its attempt up to ``REFUSED_HOLD_MAX_S``
-REFUSED_HOLD_S = 0.25
+REFUSED_HOLD_S = 1.0
 REFUSED_HOLD_MAX_S = 30.0
 
 
