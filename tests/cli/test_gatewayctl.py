@@ -229,6 +229,18 @@ def test_kinds_list_get_set_pause_resume(gw: Daemon, viewer_file: Path) -> None:
     assert table.returncode == 0 and table.stdout.split()[:3] == ["KIND", "PAUSED", "CONCURRENCY"]
 
 
+def test_kinds_set_past_a_bound_is_refused_by_the_gateway_and_changes_nothing(gw: Daemon) -> None:
+    """``kinds set`` speaks the API, so it meets the same bound check (docs/FLOW.md): exit 1, the code on stderr."""
+    ok_json(ctl(gw, "kinds", "set", "boundkind", "--concurrency", "2"))
+    for args in (("--rate", "1/inf"), ("--rate", "100000000000000000000000/60"), ("--concurrency", "1000001")):
+        p = ctl(gw, "kinds", "set", "boundkind", *args)
+        assert p.returncode == 1 and "INVALID_ARGUMENT" in p.stderr, (args, p.stderr)
+    p = ctl(gw, "kinds", "set", "boundkind", "--rate", "1/nan")  # not above 0: the parser's usage error first
+    assert p.returncode == 2, p.stderr
+    kind = api(gw, "GET", "/api/kinds/boundkind")
+    assert kind["concurrency"] == 2 and kind["rate"] is None
+
+
 def test_artifacts_list_and_get_of_the_docs_example(gw: Daemon, viewer_file: Path, tmp_path: Path) -> None:
     export = tmp_path / "export.csv"
     export.write_bytes(b"".join(b"%d,row %d\n" % (i, i) for i in range(40_000)))  # ~0.4 MB: a few chunks
