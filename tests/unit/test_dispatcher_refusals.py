@@ -57,3 +57,19 @@ async def test_a_refused_task_is_offered_again_as_a_fresh_copy_after_a_growing_h
 
 async def test_the_refused_head_of_a_thread_is_held_the_same_way() -> None:
     await refused_again_and_again(thread_id="thr_1")
+
+
+async def test_a_refusal_says_whether_this_dispatcher_offers_the_task_again() -> None:
+    """The claim's answer depends on it: a task this instance holds is offered again by it (the node may keep
+    the refused copy away long); one another instance offered comes back only as its refused copy."""
+    bus, clock = FakeBus(), Clock()
+    d = Dispatcher(bus, clock, reoffer_after_s=1e9)
+    await d.start()
+    try:
+        mine = task(1)
+        d.update(mine)
+        await until(lambda: len(bus.msg_ids) == 1)
+        assert d.claim_refused(mine) is True
+        assert d.claim_refused(task(2)) is False  # never given to this dispatcher: another instance's offer
+    finally:
+        await d.stop()

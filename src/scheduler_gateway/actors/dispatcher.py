@@ -179,7 +179,7 @@ class Dispatcher(LoopActor):
         same_key = sum(1 for tid in offered if self._offered_key.get(tid) == key) if key is not None else 0
         return self.flow.rule(kind, key, now, len(offered), same_key)
 
-    def claim_refused(self, task: Task) -> None:
+    def claim_refused(self, task: Task) -> bool:
         """The store refused a claim of this offer (a flow limit, or the thread's lane): the task goes back to
         wait by the rules, so it is neither counted as on offer nor offered again while they bind.
 
@@ -187,7 +187,10 @@ class Dispatcher(LoopActor):
         the attempt is a fresh copy under the next ``Nats-Msg-Id`` (JetStream would drop a repeat of the id as a
         duplicate): a resume or a freed slot starts the task at once, not when the refused copy comes back. A
         task refused again and again (another instance's starts this one does not see yet) is held a little
-        longer each time (``REFUSED_HOLD_S``, doubling), so a stale view never loops offers and refusals."""
+        longer each time (``REFUSED_HOLD_S``, doubling), so a stale view never loops offers and refusals.
+
+        True when this dispatcher holds the task and so offers it again itself; False for a task another instance
+        offered (its refused copy is then the way it comes back)."""
         self._unoffer(task.id, keep_attempt=None)
         live = self._queued.get(task.id)
         if live is not None and live.attempt_id == task.attempt_id:
@@ -206,6 +209,7 @@ class Dispatcher(LoopActor):
         elif live is not None:
             self._hold_refused(live)
         self._wake.set()
+        return live is not None
 
     def _hold_refused(self, task: Task) -> None:
         """Back in line after ``REFUSED_HOLD_S``, doubling with each refusal of its attempt (a timer entry)."""

@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 #: again itself (a fresh copy) as soon as its limit frees, so the refused copy coming back is only a fallback
 #: (an instance that did not offer the task answered the claim); held-back work costs no claim per second
 LIMITED_RETRY_AFTER_S = 30.0
+#: the same for a task another instance offered, held back by a limit that frees by itself (a slot, a rate's
+#: window): nothing here offers it again, so its refused copy comes back soon (a pause waits the long delay)
+LIMITED_RETRY_FOREIGN_S = 2.0
 #: attempts whose LIMITED refusal is audited already, kept to audit one row per attempt and limit, not per repeat
 LIMITED_SEEN_MAX = 10_000
 
@@ -151,11 +154,12 @@ class NodeProtocol:
                 )  # fmt: skip
             else:  # the same attempt held back by the same rule again: counted, not audited once more
                 self._metrics.refused("claim", Code.LIMITED)
-            self._dispatcher.claim_refused(task)
+            reoffered = self._dispatcher.claim_refused(task)
+            long_wait = reoffered or details.get("rule") == "kind_paused"
             return ClaimReply(
                 ok=False,
                 error=WireError(code=Code.LIMITED, message=message),
-                retry_after_seconds=LIMITED_RETRY_AFTER_S,
+                retry_after_seconds=LIMITED_RETRY_AFTER_S if long_wait else LIMITED_RETRY_FOREIGN_S,
             )
         failpoints.hit("claim.after_commit")  # the task is running in the store; the node has no reply yet
         if new.thread_id is not None:
