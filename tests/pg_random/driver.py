@@ -42,10 +42,16 @@ from scheduler_gateway.wire.messages import ClaimRequest, Settle, WireError
 from .checks import KindLog, flow_violations, snapshot_violations
 from .world import Instance, Observer, Rows
 
+#: the kinds whose settings the operations change; tasks of ``TASK_KINDS``' last one are never held back, so
+#: they keep dying and feeding the dead letters while the others are paused or limited
 KINDS = ("echo", "work")
+TASK_KINDS = (*KINDS, "free")
 CKEYS = (None, "ta", "tb")
 NODES = ("n1", "n2")
-MAX_TASKS = 25
+#: creates stop at this many tasks that can still change without a retry, or this many in all
+MAX_LIVE = 20
+MAX_TASKS = 80
+ENDED = ("succeeded", "canceled")
 ROOT = Caller("root", "admin", None)
 KIND_VALUES: dict[str, tuple[Any, ...]] = {
     "paused": (True, False),
@@ -55,13 +61,17 @@ KIND_VALUES: dict[str, tuple[Any, ...]] = {
 }
 #: where a freeze lands: the k-th pass through a store-call boundary (two per call: before it, after it)
 FREEZE_AT = (0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 6, 7, 8, 10, 12)
-#: ... counting every call (None), or only the passes of one read's calls, after it found something ("+"): where
-#: a decision has been read and not yet written. A name the code no longer calls just leaves the step unfrozen.
-FREEZE_ON = (
-    *(None, None, None),
-    *("get_dead_letter+", "get_dead_letter+", "get_kind", "get_kind"),
-    *("get_task+", "due_dead_letters+", "archivable_dead_letters+"),
-)
+#: ... counting every call (None), or only the passes of one read's calls (after it found something: "+"), by the
+#: frozen operation: where a decision has been read and not yet written. A name the code does not call (``get_kind``
+#: before the kinds' compare-and-set, ``read_kind`` after it) just leaves the step unfrozen.
+FREEZE_ON: dict[str, tuple[str | None, ...]] = {
+    "sweep": (
+        *(None, "get_dead_letter+", "get_dead_letter+", "get_task+"),
+        *("due_dead_letters+", "archivable_dead_letters+"),
+    ),
+    "kind_put": (None, "get_kind", "read_kind"),
+}
+FREEZE_ON["pause"] = FREEZE_ON["resume"] = FREEZE_ON["kind_put"]
 #: how long a lock pause may last at most, and how long nobody must finish before a waiting lock is let go
 LOCK_MAX_S = 3.0
 LOCK_QUIET_S = 0.05
@@ -124,9 +134,16 @@ class RandomRun:
         await self.observer.start()
         for inst in self.instances:
             await inst.start()
+        i = 0
         try:
             for i in range(self.steps):
                 await self.step(i)
+        except Exception as exc:
+            if not isinstance(exc, Violation):  # an operation that broke outright: its seed and steps too
+                exc.add_note(f"pg_random: seed {self.seed}, step {i}; the last steps:")
+                for s in self.log[-RECENT:]:
+                    exc.add_note("  " + s.describe(self.labels))
+            raise
         finally:
             quiet.setLevel(level)
             for inst in self.instances:
@@ -163,7 +180,7 @@ class RandomRun:
         freezer = inst.freezer
         inst.froze.clear()
         k = self.rng.choice(FREEZE_AT)
-        on = self.rng.choice(FREEZE_ON)
+        on = self.rng.choice(FREEZE_ON.get(first.name, (None,)))
         if on is not None:
             k = self.rng.choice((0, 0, 0, 1, 2))  # a named read: one of its first passes
         step.detail = f" {'AB'[first.inst]} at k={k}" + (f" of {on}" if on else "")
@@ -291,7 +308,7 @@ class RandomRun:
                 return related
         tasks = list(rows.tasks.values())
         weights = {
-            "create": 3 if len(tasks) < MAX_TASKS else 0,
+            "create": 3 if len(tasks) < MAX_TASKS and sum(t.state not in ENDED for t in tasks) < MAX_LIVE else 0,
             "claim": 3,
             "settle": 4,
             "cancel": 1,
@@ -379,7 +396,7 @@ class RandomRun:
         return Op(name, inst, t.id, {"letter": rows.letters[t.id].dead_letter_id})
 
     def _create(self, inst: int) -> Op:
-        return Op("create", inst, "", {"kind": self.rng.choice(KINDS), "key": self.rng.choice(CKEYS)})
+        return Op("create", inst, "", {"kind": self.rng.choice(TASK_KINDS), "key": self.rng.choice(CKEYS)})
 
     def _claim(self, t: Task, inst: int) -> Op:
         return Op("claim", inst, t.id, {"attempt": t.attempt_id, "node": self.rng.choice(NODES)})
