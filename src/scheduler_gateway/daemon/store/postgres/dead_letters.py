@@ -7,8 +7,8 @@ from scheduler_gateway.actors.model.records import DeadLetter
 from scheduler_gateway.actors.ports import DeadLetterQuery, Page
 from scheduler_gateway.daemon.store.change_rows import dead_letter_row
 from scheduler_gateway.daemon.store.common import clamp_limit, decode_or_raise, decode_rows, doc_decoder
-from scheduler_gateway.daemon.store.postgres.db import PgDb
 from scheduler_gateway.daemon.store.letter_rows import PG_UPDATE_DEAD_LETTER, update_params
+from scheduler_gateway.daemon.store.postgres.db import PgDb
 
 SQL_DUE_DEAD_LETTERS = (
     "SELECT dead_letter_id, doc FROM dead_letters"
