@@ -23,6 +23,7 @@ from tests import test_store_contract_cascade as cascade
 from tests import test_store_contract_flow as flow
 from tests import test_store_contract_idempotency as idempotency
 from tests import test_store_contract_kinds as kinds
+from tests import test_store_contract_nodes as nodes
 from tests import test_store_contract_search as search
 
 SUITES: dict[type, list[tuple[ModuleType, str]]] = {
@@ -100,6 +101,8 @@ SUITES: dict[type, list[tuple[ModuleType, str]]] = {
     ],
     ports.NodeStore: [
         (contract, "test_nodes"),
+        (nodes, "test_a_late_flush_never_takes_a_heartbeat_back"),
+        (nodes, "test_a_flush_never_undoes_a_drain_and_only_a_drain_moves_the_flag"),
     ],
     ports.KindStore: [
         (flow, "test_kind_settings_are_kept_with_their_audit_and_event"),
