@@ -219,8 +219,10 @@ def dead_letters_are_consistent(f: Facts) -> list[str]:
             elif letter.retry_count >= f.max_dead_retries and not letter.exhausted:
                 out.append(f"task {tid}: died with retryCount {letter.retry_count} but its letter is not exhausted")
     for tid, letter in f.letters.items():
-        if letter.archived and not letter.exhausted:
-            out.append(f"dead letter {letter.dead_letter_id}: archived but not exhausted")
+        # a scheduled task's letter is never redriven automatically (CONTRACT 2.7), so it is archived like an
+        # exhausted one
+        if letter.archived and not (letter.exhausted or letter.scheduled):
+            out.append(f"dead letter {letter.dead_letter_id}: archived but neither exhausted nor a schedule's")
         if letter.archived and f.tasks.get(tid) is not None and f.tasks[tid].state != "dead":
             pass  # a force-retried letter keeps its flag until the task dies again
     return out
