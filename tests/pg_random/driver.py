@@ -138,6 +138,11 @@ class RandomRun:
         try:
             for i in range(self.steps):
                 await self.step(i)
+            # how far the run got: letters that reached exhaustion and archiving are the keeper's windows
+            rows = await self.observer.rows()
+            for d in rows.letters.values():
+                state = "archived" if d.archived else "exhausted" if d.exhausted else "active"
+                self.counts[f"letters {state} at the end"] += 1
         except Exception as exc:
             if not isinstance(exc, Violation):  # an operation that broke outright: its seed and steps too
                 exc.add_note(f"pg_random: seed {self.seed}, step {i}; the last steps:")
