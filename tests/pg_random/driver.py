@@ -10,10 +10,10 @@ A step is one group of operations, run in one of four ways:
 - ``lock``: a third connection holds the lock of a row they touch (a kind, a dead letter, a task) while they
   run, and lets it go once one of them waits for it, so their writes queue up behind reads already made.
 
-The operations are the simulation's: creates, claims, settles (success, or failure to death), a task's cancel
-and retry, a dead letter's retry and force-retry, the keeper's sweep (automatic redrive, archiving), a kind's
-partial settings change, pause and resume. Targets are drawn from the rows as they are before the step, and the
-later operations of a group lean to the first one's object, so that they race on it.
+The operations are the simulation's: creates, claims, settles (success, or failure: to death, or to failed), a
+task's cancel, retry and rework, a dead letter's retry and force-retry, the keeper's sweep (automatic redrive,
+archiving), a kind's partial settings change, pause and resume. Targets are drawn from the rows as they are
+before the step, and the later operations of a group lean to the first one's object, so that they race on it.
 
 A failure names the seed (``SIM_PG_SEED``), the step, the violations and the steps that touched the objects
 named in them (the database's timing is not the seed's, so a replay of the seed finds the same races often,
@@ -261,11 +261,11 @@ class RandomRun:
                 lease_id=a["lease"],
                 outcome=a["outcome"],
                 result=msgspec.Raw(b'{"ok":true}' if ok else b"null"),
-                error=None if ok else WireError(code="HANDLER_ERROR", message="boom", retryable=True),
+                error=None if ok else WireError(code="HANDLER_ERROR", message="boom", retryable=a["retryable"]),
             )
             settled = await svc.settle(a["node"], msg)
             return settled.code or str(settled.result)
-        if op.name in ("cancel", "retry"):
+        if op.name in ("cancel", "retry", "rework"):
             await svc.act(ROOT, op.target, op.name)
             return "ok"
         if op.name in ("dl_retry", "dl_force"):
@@ -318,6 +318,7 @@ class RandomRun:
             "settle": 4,
             "cancel": 1,
             "retry": 2,
+            "rework": 1,
             "dl_retry": 2,
             "dl_force": 2,
             "sweep": 3,
@@ -356,7 +357,7 @@ class RandomRun:
             # the sweep's first letter of each kind (its order: oldest death first) more often than any other
             firsts = [ids[0] for ids in (due, old) if ids]
             task = rows.tasks[self.rng.choice(firsts if firsts and self.rng.random() < 0.7 else lettered)]
-        names = ["retry", "dl_retry", "dl_force", "sweep", "cancel", "claim", "settle"]
+        names = ["retry", "dl_retry", "dl_force", "sweep", "cancel", "claim", "settle", "rework"]
         self.rng.shuffle(names)
         for name in names:
             if name in self.leave_out:
@@ -385,6 +386,8 @@ class RandomRun:
             t = self.rng.choice(fit)
             outcome = "succeeded" if self.rng.random() < 0.2 else "failed"
             args = {"outcome": outcome, "attempt": t.attempt_id, "lease": t.lease_id, "node": t.node_id}
+            if outcome == "failed":  # retryable: dead (one attempt per budget); else failed, for a retry or rework
+                args["retryable"] = self.rng.random() < 0.85
             return Op("settle", inst, t.id, args)
         if name == "cancel":
             fit = [t for t in tasks if t.state in ("queued", "running")]
@@ -392,6 +395,9 @@ class RandomRun:
         if name == "retry":
             fit = [t for t in tasks if t.state in ("failed", "dead", "canceled")]
             return Op("retry", inst, self.rng.choice(fit).id) if fit else None
+        if name == "rework":  # a requeue that is no redrive: the letter's counts must not move
+            fit = [t for t in tasks if t.state in ("succeeded", "failed")]
+            return Op("rework", inst, self.rng.choice(fit).id) if fit else None
         # dl_retry, dl_force: a dead task's letter mostly, any letter sometimes (a refusal is an answer too)
         fit = [t for t in tasks if t.id in rows.letters]
         dead = [t for t in fit if t.state == "dead"]
