@@ -50,10 +50,6 @@ log = logging.getLogger(__name__)
 REOFFER_AFTER_S = 60.0
 #: the longest wait between two re-offers of one attempt (each waits twice as long as the one before)
 REOFFER_MAX_S = 900.0
-#: a task whose claim was refused LIMITED is offered again (if its rules allow) no sooner than this, doubling with
-#: each refusal of its attempt up to ``REFUSED_HOLD_MAX_S``
-REFUSED_HOLD_S = 1.0
-REFUSED_HOLD_MAX_S = 30.0
 
 
 @dataclass
@@ -179,43 +175,46 @@ class Dispatcher(LoopActor):
         same_key = sum(1 for tid in offered if self._offered_key.get(tid) == key) if key is not None else 0
         return self.flow.rule(kind, key, now, len(offered), same_key)
 
-    def claim_refused(self, task: Task) -> bool:
-        """The store refused a claim of this offer (a flow limit, or the thread's lane): the task goes back to
-        wait by the rules, so it is neither counted as on offer nor offered again while they bind.
+    def claim_refused(self, task: Task, *, park: bool = True) -> bool:
+        """The store refused a claim of this offer (a flow limit, or the thread's lane). True when this dispatcher
+        agrees: by its own view the task's flow rules hold it back now (an offer published before a pause or a
+        lowered limit). Then the task goes back to wait by the rules, neither counted as on offer nor offered
+        again while they bind, and its next offer is a fresh copy under the next ``Nats-Msg-Id`` (the refused
+        copy stays in the stream, its node naks it for long, and JetStream would drop a repeat of the id as a
+        duplicate): a resume or a freed slot starts it at once.
 
-        The refused copy stays in the stream (its node naks it for ``retryAfterSeconds``), so the next offer of
-        the attempt is a fresh copy under the next ``Nats-Msg-Id`` (JetStream would drop a repeat of the id as a
-        duplicate): a resume or a freed slot starts the task at once, not when the refused copy comes back. A
-        task refused again and again (another instance's starts this one does not see yet) is held a little
-        longer each time (``REFUSED_HOLD_S``, doubling), so a stale view never loops offers and refusals.
-
-        True when this dispatcher holds the task and so offers it again itself; False for a task another instance
-        offered (its refused copy is then the way it comes back)."""
-        self._unoffer(task.id, keep_attempt=None)
+        False otherwise: a task of another instance's, a thread's lane, or a view that lags the store (another
+        instance's starts not seen yet). Then the refused copy is how the task comes back, soon: the task stays
+        on offer here (a thread's lane is judged again, as the head may have changed). ``park=False`` (several
+        instances, under a limit: a view may lag the store either way): never parked, judged as before."""
         live = self._queued.get(task.id)
-        if live is not None and live.attempt_id == task.attempt_id:
-            self._reoffers[task.id] = (task.attempt_id, self._reoffer_count(task) + 1)
-        thread_id = task.thread_id
-        lane = self._lanes.get(thread_id) if thread_id else None
-        if lane is not None and thread_id:
+        if park and live is not None and live.attempt_id == task.attempt_id and not task.thread_id:
+            if self._rule_without(live) is None:
+                return False  # this view would offer it now: the store knows more; the refused copy comes back soon
+            if self._offered.get(task.kind, {}).get(task.id) == task.attempt_id:
+                self._reoffers[task.id] = (task.attempt_id, self._reoffer_count(task) + 1)
+                self._unoffer(task.id, keep_attempt=None)
+                self._schedule(live)
+                self._wake.set()
+            return True  # held by its rules here (again, if a parked copy came back): offered afresh once they allow
+        self._unoffer(task.id, keep_attempt=None)
+        if task.thread_id and task.thread_id in self._lanes:
             # the lane's head goes back in line, not the refused task: an older task of the thread queued again
             # while this one was on offer (a dead letter retried) is the head now, and the store refused this
             # claim for it; it was skipped while the lane was taken, and nothing else would put it back
-            lane.active.discard(task.id)
-            if live is not None and not lane.active and lane.members and lane.members[0][1] == task.id:
-                self._hold_refused(live)  # the head itself was refused: after its hold, as below
-            else:
-                self._kick_lane(thread_id)
+            self._lanes[task.thread_id].active.discard(task.id)
+            self._kick_lane(task.thread_id)
         elif live is not None:
-            self._hold_refused(live)
+            self._schedule(live)
         self._wake.set()
-        return live is not None
+        return False
 
-    def _hold_refused(self, task: Task) -> None:
-        """Back in line after ``REFUSED_HOLD_S``, doubling with each refusal of its attempt (a timer entry)."""
-        n = max(0, min(self._reoffer_count(task) - 1, 16))
-        hold = min(REFUSED_HOLD_S * float(2**n), REFUSED_HOLD_MAX_S)
-        heapq.heappush(self._timers, (self._clock() + hold, task.id, task.attempt_id))
+    def _rule_without(self, task: Task) -> str | None:
+        """The flow rule one more start of the task would break by this view, its own offer not counted."""
+        offered = [tid for tid in self._offered.get(task.kind, {}) if tid != task.id]
+        key = task.concurrency_key
+        same_key = sum(1 for tid in offered if self._offered_key.get(tid) == key) if key is not None else 0
+        return self.flow.rule(task.kind, key, self._clock(), len(offered), same_key)
 
     def offered_count(self, kind: str) -> int:
         return len(self._offered.get(kind, ()))

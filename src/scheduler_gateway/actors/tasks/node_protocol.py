@@ -37,13 +37,13 @@ from .waiting_settles import CANNOT_TELL, SettleBacklog
 
 log = logging.getLogger(__name__)
 
-#: a LIMITED claim's ``retryAfterSeconds``: the node naks the offer with this delay. The gateway offers the task
-#: again itself (a fresh copy) as soon as its limit frees, so the refused copy coming back is only a fallback
-#: (an instance that did not offer the task answered the claim); held-back work costs no claim per second
+#: a LIMITED claim's ``retryAfterSeconds`` where the refused copy is parked: the node naks the offer with this
+#: delay, and the gateway offers the task again itself (a fresh copy) as soon as its rules allow, or the kind is
+#: paused; held-back work then costs no claim per second
 LIMITED_RETRY_AFTER_S = 30.0
-#: the same for a task another instance offered, held back by a limit that frees by itself (a slot, a rate's
-#: window): nothing here offers it again, so its refused copy comes back soon (a pause waits the long delay)
-LIMITED_RETRY_FOREIGN_S = 2.0
+#: ... and where the refused copy is how the task comes back (another instance's offer; a limit with several
+#: instances, whose views lag the store): soon, as every LIMITED offer came back before
+LIMITED_RETRY_SOON_S = 1.0
 #: attempts whose LIMITED refusal is audited already, kept to audit one row per attempt and limit, not per repeat
 LIMITED_SEEN_MAX = 10_000
 
@@ -154,12 +154,17 @@ class NodeProtocol:
                 )  # fmt: skip
             else:  # the same attempt held back by the same rule again: counted, not audited once more
                 self._metrics.refused("claim", Code.LIMITED)
-            reoffered = self._dispatcher.claim_refused(task)
-            long_wait = reoffered or details.get("rule") == "kind_paused"
+            paused = details.get("rule") == "kind_paused"
+            # one instance: its dispatcher's view of the limits is the store's, so it may park the refused copy
+            # and offer afresh when they allow. Several: a view may lag the store either way (another instance's
+            # starts and ends come a second late), so only a pause parks it (a pause is long by nature, and every
+            # view learns it within a second); under a limit the refused copy comes back soon, as it always did
+            parked = self._dispatcher.claim_refused(task, park=self._ledger.shared is None or paused)
+            long_wait = parked or paused
             return ClaimReply(
                 ok=False,
                 error=WireError(code=Code.LIMITED, message=message),
-                retry_after_seconds=LIMITED_RETRY_AFTER_S if long_wait else LIMITED_RETRY_FOREIGN_S,
+                retry_after_seconds=LIMITED_RETRY_AFTER_S if long_wait else LIMITED_RETRY_SOON_S,
             )
         failpoints.hit("claim.after_commit")  # the task is running in the store; the node has no reply yet
         if new.thread_id is not None:
