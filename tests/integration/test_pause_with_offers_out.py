@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
+
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.worker import HandlerRegistry, NatsOptions, Worker
@@ -49,16 +51,25 @@ def limited_claims(metrics: bytes) -> float:
     return total
 
 
+HOLDS = {
+    # how the kind is held back with the offers out, and let go again
+    "pause": (("POST", "/api/kinds/echo/pause", None), ("POST", "/api/kinds/echo/resume", None)),
+    "limit": (("PUT", "/api/kinds/echo", {"concurrency": 0}), ("PUT", "/api/kinds/echo", {"concurrency": None})),
+}
+
+
+@pytest.mark.parametrize("hold", sorted(HOLDS))
 async def test_a_pause_with_offers_out_refuses_each_once_and_a_resume_starts_them(
-    gateway: Gateway, api: Api, fresh_nats: NatsServerProcess
+    gateway: Gateway, api: Api, fresh_nats: NatsServerProcess, hold: str
 ) -> None:
+    (method, path, body), (undo_method, undo_path, undo_body) = HOLDS[hold]
     tasks = [await api.create({"kind": "echo", "payload": {"i": i}}) for i in range(OFFERS)]
 
     async def all_offered() -> bool:
         return gateway.dispatcher.offered_count("echo") == OFFERS
 
     await wait_for(all_offered)
-    assert (await api.call("POST", "/api/kinds/echo/pause"))[0] == 200
+    assert (await api.call(method, path, body))[0] == 200
     async with echo_worker(fresh_nats.url):
         await asyncio.sleep(PAUSED_S)  # the worker pulls every offer out and claims it while the kind is paused
         refused = await refused_claims(api)
@@ -70,7 +81,7 @@ async def test_a_pause_with_offers_out_refuses_each_once_and_a_resume_starts_the
         for t in tasks:
             assert (await api.task(t["id"]))["state"] == "queued"
         resumed = time.monotonic()
-        assert (await api.call("POST", "/api/kinds/echo/resume"))[0] == 200
+        assert (await api.call(undo_method, undo_path, undo_body))[0] == 200
         for i, t in enumerate(tasks):
             done = await api.wait_state(t["id"], {"succeeded"}, timeout_s=20.0)
             assert done["result"] == {"i": i}

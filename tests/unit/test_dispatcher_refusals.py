@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from scheduler_gateway.actors.dispatcher import Dispatcher
+from scheduler_gateway.actors.dispatcher import PAUSE_SEEN_S, Dispatcher
 from scheduler_gateway.actors.model.flow import KindSettings
 
 from .test_runtime_and_dispatcher import Clock, FakeBus, task
@@ -64,5 +64,30 @@ async def test_a_refusal_the_view_does_not_see_keeps_the_task_on_offer() -> None
         await asyncio.sleep(0.02)
         assert bus.msg_ids == ["att_001"] and d.offered_count("echo") == 1
         assert d.claim_refused(task(2)) is False  # never given to this dispatcher: another instance's offer
+    finally:
+        await d.stop()
+
+
+async def test_a_pause_this_view_has_yet_to_learn_parks_the_task_for_a_second() -> None:
+    """Paused on another instance: this view learns it within its next read of the settings (a second). The task
+    waits that long, then by the rules: a resume then offers a fresh copy (a parked copy is not waited for)."""
+    bus, clock = FakeBus(), Clock()
+    d = Dispatcher(bus, clock, reoffer_after_s=1e9)
+    await d.start()
+    try:
+        t = task(1)
+        d.update(t)
+        await until(lambda: bus.msg_ids == ["att_001"])
+        assert d.claim_refused(t, paused=True) is True  # the store says paused; this view does not know yet
+        d.update(task(50, kind="other"))  # wakes the loop
+        await asyncio.sleep(0.02)
+        assert [m for m in bus.msg_ids if m.startswith("att_001")] == ["att_001"]  # not offered again at once
+        d.set_kind(KindSettings(kind="echo", paused=True))  # the view learns the pause
+        clock.now += PAUSE_SEEN_S
+        d.update(task(51, kind="other"))
+        await asyncio.sleep(0.02)
+        assert [m for m in bus.msg_ids if m.startswith("att_001")] == ["att_001"]  # held by the pause now
+        d.set_kind(KindSettings(kind="echo", paused=False))
+        await until(lambda: [m for m in bus.msg_ids if m.startswith("att_001")] == ["att_001", "att_001.1"])
     finally:
         await d.stop()

@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 REOFFER_AFTER_S = 60.0
 #: the longest wait between two re-offers of one attempt (each waits twice as long as the one before)
 REOFFER_MAX_S = 900.0
+#: how long a task refused for a pause this dispatcher has yet to learn waits before it is judged again: every
+#: instance reads the kinds' settings every second (actors/kinds.py)
+PAUSE_SEEN_S = 1.0
 
 
 @dataclass
@@ -131,10 +134,29 @@ class Dispatcher(LoopActor):
     def set_kind(self, settings: KindSettings) -> None:
         """A kind's flow settings, new or changed (here or on another instance)."""
         self.flow.set(settings)
+        if settings.paused:
+            self._withdraw(settings.kind)
         queue = self._ready.get(settings.kind)
         if queue is not None:
             queue.release_all()  # each key is judged again by the new rules at its next turn
         self._wake.set()
+
+    def _withdraw(self, kind: str) -> None:
+        """A pause: the kind's offers out are no longer counted as on offer, and each task's next offer is a fresh
+        copy (the next ``Nats-Msg-Id``), so a resume starts them at once wherever their copies are (parked by a
+        node after a refused claim, on this instance or another). A copy claimed meanwhile is refused LIMITED; one
+        claimed after the fresh copy ran is stale (acked)."""
+        for task_id, attempt_id in list(self._offered.get(kind, {}).items()):
+            task = self._queued.get(task_id)
+            self._unoffer(task_id, keep_attempt=None)
+            if task is None or task.attempt_id != attempt_id:
+                continue
+            self._reoffers[task_id] = (attempt_id, self._reoffer_count(task) + 1)
+            if task.thread_id and task.thread_id in self._lanes:
+                self._lanes[task.thread_id].active.discard(task_id)
+                self._kick_lane(task.thread_id)
+            else:
+                self._schedule(task)
 
     def waiting_for(self, task: Task) -> str | None:
         """Why a task that is not running has not started (the task's ``waitingFor``), as far as this instance
@@ -175,7 +197,7 @@ class Dispatcher(LoopActor):
         same_key = sum(1 for tid in offered if self._offered_key.get(tid) == key) if key is not None else 0
         return self.flow.rule(kind, key, now, len(offered), same_key)
 
-    def claim_refused(self, task: Task, *, park: bool = True) -> bool:
+    def claim_refused(self, task: Task, *, park: bool = True, paused: bool = False) -> bool:
         """The store refused a claim of this offer (a flow limit, or the thread's lane). True when this dispatcher
         agrees: by its own view the task's flow rules hold it back now (an offer published before a pause or a
         lowered limit). Then the task goes back to wait by the rules, neither counted as on offer nor offered
@@ -186,15 +208,21 @@ class Dispatcher(LoopActor):
         False otherwise: a task of another instance's, a thread's lane, or a view that lags the store (another
         instance's starts not seen yet). Then the refused copy is how the task comes back, soon: the task stays
         on offer here (a thread's lane is judged again, as the head may have changed). ``park=False`` (several
-        instances, under a limit: a view may lag the store either way): never parked, judged as before."""
+        instances, under a limit: a view may lag the store either way): never parked, judged as before.
+        ``paused``: the store refused it because the kind is paused; a view that does not know it yet (paused on
+        another instance) learns it within a second, so the task waits that long before it is judged again."""
         live = self._queued.get(task.id)
         if park and live is not None and live.attempt_id == task.attempt_id and not task.thread_id:
-            if self._rule_without(live) is None:
+            lags = self._rule_without(live) is None
+            if lags and not paused:
                 return False  # this view would offer it now: the store knows more; the refused copy comes back soon
             if self._offered.get(task.kind, {}).get(task.id) == task.attempt_id:
                 self._reoffers[task.id] = (task.attempt_id, self._reoffer_count(task) + 1)
                 self._unoffer(task.id, keep_attempt=None)
-                self._schedule(live)
+                if lags:  # a pause this view has yet to learn (within a second): judged again after that
+                    heapq.heappush(self._timers, (self._clock() + PAUSE_SEEN_S, live.id, live.attempt_id))
+                else:
+                    self._schedule(live)
                 self._wake.set()
             return True  # held by its rules here (again, if a parked copy came back): offered afresh once they allow
         self._unoffer(task.id, keep_attempt=None)

@@ -159,7 +159,7 @@ class NodeProtocol:
             # and offer afresh when they allow. Several: a view may lag the store either way (another instance's
             # starts and ends come a second late), so only a pause parks it (a pause is long by nature, and every
             # view learns it within a second); under a limit the refused copy comes back soon, as it always did
-            parked = self._dispatcher.claim_refused(task, park=self._ledger.shared is None or paused)
+            parked = self._dispatcher.claim_refused(task, park=self._ledger.shared is None or paused, paused=paused)
             long_wait = parked or paused
             return ClaimReply(
                 ok=False,
