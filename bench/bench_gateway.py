@@ -57,6 +57,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # the e2e tests' process helpers live in tests/e2e/procs.py
 
 import peer_dramatiq  # noqa: E402  (bench/ is on sys.path: this script's own folder)
+import peer_procrastinate  # noqa: E402
+import procs_cpu  # noqa: E402
+from pg_shape import PgGateways, pg_missing  # noqa: E402
 from tests.e2e.procs import Daemon, Worker  # noqa: E402
 
 from scheduler_gateway.client import GatewayClient, GatewayClientError  # noqa: E402
@@ -128,10 +131,13 @@ class CpuProbe:
     """CPU counters of the processes of one run, sampled at the start and at the end of the measured window."""
 
     pids: dict[str, list[int | None]]
+    #: process trees by their root's pid, e.g. PostgreSQL's postmaster and its backends (bench/procs_cpu.py)
+    trees: dict[str, int | None] = field(default_factory=dict)
     start: dict[str, Any] = field(default_factory=dict)
 
     def _sample(self) -> dict[str, Any]:
         out: dict[str, Any] = {name: sum(proc_cpu_s(p) for p in pids) for name, pids in self.pids.items()}
+        out.update({name: procs_cpu.tree_cpu_s(root) for name, root in self.trees.items()})
         out["client"] = self_cpu_s()
         out["machine"] = machine_cpu()
         return out
@@ -143,7 +149,7 @@ class CpuProbe:
         now = self._sample()
         rec: dict[str, float] = {"machine_cpu_pct": busy_pct(self.start["machine"], now["machine"])}
         total = 0.0
-        for name in [*self.pids, "client"]:
+        for name in [*self.pids, *self.trees, "client"]:
             secs = now[name] - self.start[name]
             rec[f"{name}_cpu_s"] = secs
             rec[f"{name}_cpu_ms_per_task"] = 1e3 * secs / n if n else float("nan")
@@ -227,7 +233,7 @@ BodyOf = Callable[[int], dict[str, Any]]
 
 
 async def submit(
-    api: Api,
+    api: Api | list[Api],
     run_id: str,
     n: int,
     rate: float,
@@ -237,12 +243,13 @@ async def submit(
 ) -> Submission:
     """Create n tasks (``body_of(i)``, echo by default): burst = `concurrency` senders back to back; paced = task
     i offered at t0 + i/rate. ``keys``: each POST carries a fresh Idempotency-Key, as ``GatewayClient.submit``
-    sends one.
+    sends one. ``api`` a list (several instances on one store): POST i goes to ``api[i % len(api)]``.
 
     No retries: a retried POST without an idempotency key could create a task twice, which would then look
     like a gateway duplicate. A failed POST is counted in `errors` instead.
     """
     sub = Submission()
+    apis = api if isinstance(api, list) else [api]
     bodies = [json.dumps({**body_of(i), "runId": run_id}).encode() for i in range(n)]
     hdrs = {"Content-Type": "application/json"}
     keyed = [{**hdrs, "Idempotency-Key": str(uuid.uuid4())} for _ in range(n)] if keys else None
@@ -251,7 +258,7 @@ async def submit(
         t = time.perf_counter()
         try:
             headers = hdrs if keyed is None else keyed[i]
-            async with api.http.post("/api/tasks", data=bodies[i], headers=headers) as resp:
+            async with apis[i % len(apis)].http.post("/api/tasks", data=bodies[i], headers=headers) as resp:
                 raw = await resp.read()
                 if resp.status == 201:
                     sub.ids.append(json.loads(raw)["id"])
@@ -298,23 +305,32 @@ async def submit(
 
 
 async def submit_batches(
-    client: GatewayClient, run_id: str, n: int, rate: float, size: int, concurrency: int, body_of: BodyOf = echo_body
+    client: GatewayClient | list[GatewayClient],
+    run_id: str,
+    n: int,
+    rate: float,
+    size: int,
+    concurrency: int,
+    body_of: BodyOf = echo_body,
 ) -> Submission:
     """Create n echo tasks through the client's ``submit_many`` (``POST /api/tasks/batch``), ``size`` per
     request, ``concurrency`` requests in flight. Burst: back to back; paced: chunk k offered at t0 + k*size/rate.
 
     Each item carries its idempotency key (``submit_many`` adds a uuid4), so the client's retry of a chunk
-    after a lost answer cannot create a task twice. ``http_s`` holds one round trip per chunk.
+    after a lost answer cannot create a task twice. ``http_s`` holds one round trip per chunk. ``client`` a list
+    (several instances on one store): chunk k goes to ``client[k % len(client)]``, round robin.
     """
     sub = Submission()
+    clients = client if isinstance(client, list) else [client]
     chunks = [
         [{**body_of(i), "runId": run_id} for i in range(start, min(n, start + size))] for start in range(0, n, size)
     ]
 
-    async def post(chunk: list[dict[str, Any]]) -> None:
+    async def post(k: int) -> None:
+        chunk = chunks[k]
         t = time.perf_counter()
         try:
-            results = await client.submit_many(chunk, chunk_size=len(chunk))
+            results = await clients[k % len(clients)].submit_many(chunk, chunk_size=len(chunk))
         except (GatewayClientError, aiohttp.ClientError, TimeoutError) as exc:
             key = type(exc).__name__
             sub.errors[key] = sub.errors.get(key, 0) + len(chunk)
@@ -334,7 +350,7 @@ async def submit_batches(
 
         async def sender() -> None:
             for k in todo:
-                await post(chunks[k])
+                await post(k)
 
         await asyncio.gather(*(sender() for _ in range(concurrency)))
     else:
@@ -343,7 +359,7 @@ async def submit_batches(
 
         async def paced(k: int) -> None:
             try:
-                await post(chunks[k])
+                await post(k)
             finally:
                 sem.release()
 
@@ -549,18 +565,39 @@ async def start_py_spies(probe: CpuProbe, out: str, duration_s: int, rate: int) 
 
 
 async def drive_gateway(
-    args: argparse.Namespace, daemon: Daemon, probe: CpuProbe, profile: bool, how: str, flow: FlowProfile | None = None
+    args: argparse.Namespace,
+    daemon: Daemon | list[Daemon],
+    probe: CpuProbe,
+    profile: bool,
+    how: str,
+    flow: FlowProfile | None = None,
 ) -> dict[str, Any]:
+    """One measured run. With several instances (``daemon`` a list: one store, the production shape) the creates
+    go round robin over them (a POST, or a ``submit_many`` chunk, each to the next); the polls and the reading
+    back go to the first."""
+    daemons = daemon if isinstance(daemon, list) else [daemon]
     timeout = aiohttp.ClientTimeout(total=60)
-    conn = aiohttp.TCPConnector(limit=args.http_concurrency + 8, keepalive_timeout=120)
-    headers = {"Authorization": f"Bearer {daemon.token}"}
-    async with aiohttp.ClientSession(daemon.base, headers=headers, connector=conn, timeout=timeout) as http:
+    headers = {"Authorization": f"Bearer {daemons[0].token}"}  # one store: the first's token is valid on all
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = [
+            await stack.enter_async_context(
+                aiohttp.ClientSession(
+                    d.base,
+                    headers=headers,
+                    connector=aiohttp.TCPConnector(limit=args.http_concurrency + 8, keepalive_timeout=120),
+                    timeout=timeout,
+                )
+            )
+            for d in daemons
+        ]
+        http = sessions[0]
         api = Api(http)
+        apis = [Api(s) for s in sessions]
         await wait_nodes(api, args.workers, 30.0)
         # Warm-up, outside the measurement: the first offers bind the workers' pull loops, open the HTTP
         # connections and fault in the code paths; a fresh daemon otherwise pays that inside the window.
         warm_id = "bench-warmup-" + secrets.token_hex(4)
-        warm = await submit(api, warm_id, max(50, 2 * args.workers * args.concurrency), 0, args.http_concurrency)
+        warm = await submit(apis, warm_id, max(50, 2 * args.workers * args.concurrency), 0, args.http_concurrency)
         if not await wait_drained(api, warm_id, time.monotonic() + 60, 0.1):
             raise RuntimeError("warm-up tasks did not finish within 60 s")
         if warm.errors:
@@ -579,12 +616,15 @@ async def drive_gateway(
             probe.begin()
         t0 = time.monotonic()
         if how == "batch":
-            client = GatewayClient(daemon.base, session=http, timeout_s=120.0)
+            pairs = zip(daemons, sessions, strict=True)
+            clients = [GatewayClient(d.base, session=x, timeout_s=120.0) for d, x in pairs]
             work = submit_batches(
-                client, run_id, args.n, args.rate, args.batch_size, args.batch_concurrency, body_of=body_of
+                clients, run_id, args.n, args.rate, args.batch_size, args.batch_concurrency, body_of=body_of
             )
         else:
-            work = submit(api, run_id, args.n, args.rate, args.http_concurrency, body_of=body_of, keys=args.single_keys)
+            work = submit(
+                apis, run_id, args.n, args.rate, args.http_concurrency, body_of=body_of, keys=args.single_keys
+            )
         submitting = asyncio.create_task(work)
         if profile and not prefill:
             spy = await start_py_spies(probe, args.py_spy_out, args.py_spy_duration, args.py_spy_rate)
@@ -678,12 +718,15 @@ async def drive_gateway(
     return rec
 
 
+def worker_kinds(args: argparse.Namespace) -> str:
+    return "echo" if args.task_kind == "echo" else f"echo,{args.task_kind}"  # the warm-up is echo
+
+
 def start_workers(args: argparse.Namespace, daemon: Daemon, prefix: str, workers: list[Worker]) -> CpuProbe:
     """Start ``--workers`` echo workers of the running ``daemon`` (appended to ``workers``, for the caller to stop)
     and the CPU probe over gatewayd, its nats-server and them."""
     for i in range(args.workers):
-        kinds = "echo" if args.task_kind == "echo" else f"echo,{args.task_kind}"  # the warm-up is echo
-        w = Worker(daemon.data_dir, f"{prefix}{i}", kinds=kinds, concurrency=args.concurrency)
+        w = Worker(daemon.data_dir, f"{prefix}{i}", kinds=worker_kinds(args), concurrency=args.concurrency)
         w.start()
         workers.append(w)
     assert daemon.proc is not None
@@ -724,8 +767,16 @@ def stop_daemon(daemon: Daemon) -> None:
 
 
 def run_gateway_rep(
-    args: argparse.Namespace, scratch: Path, profile: bool, how: str = "single", flow: FlowProfile | None = None
+    args: argparse.Namespace,
+    scratch: Path,
+    profile: bool,
+    how: str = "single",
+    flow: FlowProfile | None = None,
+    store: str = "sqlite",
+    instances: int = 1,
 ) -> dict[str, Any]:
+    if store == "postgres":
+        return run_pg_gateway_rep(args, scratch, profile, how, flow, instances)
     tmp = Path(tempfile.mkdtemp(prefix="gw-", dir=scratch))
     daemon = Daemon(tmp / "data")
     workers: list[Worker] = []
@@ -734,7 +785,7 @@ def run_gateway_rep(
         daemon.start(timeout_s=60.0)
         probe = start_workers(args, daemon, "bench-w", workers)
         rec = run_async(args, drive_gateway(args, daemon, probe, profile, how, flow))
-        rec["gatewayd_pid"] = daemon.proc.pid
+        rec.update(gatewayd_pid=daemon.proc.pid, store="sqlite", instances=1)
         ok = True
         return rec
     finally:
@@ -745,6 +796,35 @@ def run_gateway_rep(
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             print(f"  (kept {tmp} with the logs)", file=sys.stderr)
+
+
+def run_pg_gateway_rep(
+    args: argparse.Namespace, scratch: Path, profile: bool, how: str, flow: FlowProfile | None, instances: int
+) -> dict[str, Any]:
+    """The production shape (bench/pg_shape.py): a private PostgreSQL, a standalone nats-server, ``instances``
+    gatewayd on them, the workers; the creates spread over the instances. System ``<gateway...> pg x<K>``."""
+    tmp = Path(tempfile.mkdtemp(prefix="gwpg-", dir=scratch))
+    shape = PgGateways(tmp, instances, keep=args.keep)
+    ok = False
+    try:
+        shape.start()
+        shape.start_workers(args.workers, "bench-w", worker_kinds(args), args.concurrency)
+        pids, trees = shape.cpu_groups()
+        rec = run_async(args, drive_gateway(args, shape.daemons, CpuProbe(pids, trees), profile, how, flow))
+        rec.update(system=pg_system(rec["system"], instances), store="postgres", instances=instances)
+        ok = True
+        return rec
+    finally:
+        shape.stop(ok)
+        if ok and not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"  (kept {tmp} with the logs)", file=sys.stderr)
+
+
+def pg_system(system: str, instances: int) -> str:
+    """The name of a gateway run on PostgreSQL in the records and the table: ``gateway-batch pg x2``."""
+    return f"{system} pg x{instances}"
 
 
 # ------------------------------------------------------------------------------------------------ floor
@@ -1036,6 +1116,23 @@ def run_peer_rep(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     )
 
 
+def run_procrastinate_rep(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    """Procrastinate on a private PostgreSQL of the gateway's kind, same N, rate, worker layout and batches
+    (bench/peer_procrastinate.py has the method)."""
+    return peer_procrastinate.run_rep(
+        n=args.n,
+        rate=args.rate,
+        processes=args.workers,
+        concurrency=args.peer_threads or args.concurrency,
+        batch_size=args.batch_size,
+        batch_concurrency=args.batch_concurrency,
+        timeout_s=args.timeout,
+        scratch=scratch,
+        keep=args.keep,
+        make_probe=CpuProbe,
+    )
+
+
 # ------------------------------------------------------------------------------------------------ report
 
 
@@ -1079,26 +1176,26 @@ def table(records: Iterable[dict[str, Any]]) -> str:
     head = (
         "| system | mode | N | reps | tasks/s median (min-max) | queue p50 / p95 / p99 ms | exec p50 / p95 / p99 ms"
         " | end-to-end p50 / p95 / p99 ms | dup (checked) | lost | machine CPU % (of it not ours) | CPU ms/task: total"
-        " (gatewayd [+ its writer process] / nats or redis / workers / client)"
-        " | gateway / floor tasks/s | gateway / Dramatiq tasks/s |\n"
+        " (gatewayd [+ its writer process] / nats or redis / postgres / workers / client)"
+        " | gateway / floor tasks/s | gateway / peer tasks/s (SQLite: Dramatiq; pg: Procrastinate) |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
-    order = {"gateway": 0, "gateway-batch": 1, "floor": 2, "dramatiq": 3}
-    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3], order.get(k[4], 9))):
+    order = {"gateway": 0, "gateway-batch": 1, "floor": 2, "dramatiq": 3, "procrastinate": 4}
+    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3], order.get(k[4].split()[0], 9), k[4])):
         rate, n, workers, conc, system = key
         recs = groups[key]
         tps = [r["tasks_per_s"] for r in recs]
         mode = f"paced {rate:g}/s" if rate else "burst"
         ratios = []
-        for peer in ("floor", "dramatiq"):
+        for peer in ("floor", peer_of(system)):
             other = groups.get((rate, n, workers, conc, peer))
-            ok = system.startswith("gateway") and other
-            ratios.append(f"{med(recs, 'tasks_per_s') / med(other, 'tasks_per_s'):.3f}" if ok else "-")
+            ok = system.startswith("gateway") and other is not None
+            ratios.append(f"{med(recs, 'tasks_per_s') / med(other, 'tasks_per_s'):.3f}" if ok and other else "-")
         checked = sum(r.get("history_sampled", r["n"]) for r in recs)
         split = " / ".join(
             fmt(med(recs, f"{p}_cpu_ms_per_task"), 3) if f"{p}_cpu_ms_per_task" in recs[0] else "-"
-            for p in ("gatewayd", "redis" if system == "dramatiq" else "nats", "workers", "client")
+            for p in ("gatewayd", "redis" if system == "dramatiq" else "nats", "postgres", "workers", "client")
         )
         if med(recs, "gatewayd_writer_cpu_ms_per_task") > 0:  # gatewayd's loop + its writer process
             loop_ms = fmt(med(recs, "gatewayd_cpu_ms_per_task"), 3)
@@ -1107,6 +1204,8 @@ def table(records: Iterable[dict[str, Any]]) -> str:
         shape = f"{workers} worker procs x {conc}"
         if system == "dramatiq":
             shape = f"{recs[0]['peer_processes']} procs x {recs[0]['peer_threads']} threads"
+        elif system == "procrastinate":
+            shape = f"{recs[0]['peer_processes']} procs x {recs[0]['peer_threads']} jobs"
         lines.append(
             f"| {system} | {mode}, {shape} | {n} | {len(recs)}"
             f" | {fmt(statistics.median(tps), 0)} ({fmt(min(tps), 0)}-{fmt(max(tps), 0)})"
@@ -1116,6 +1215,29 @@ def table(records: Iterable[dict[str, Any]]) -> str:
             f" | {fmt(med(recs, 'cpu_ms_per_task'), 3)} ({split}) | {ratios[0]} | {ratios[1]} |"
         )
     return "\n".join(lines)
+
+
+def peer_of(system: str) -> str:
+    """The peer a gateway system is compared with: Procrastinate beside PostgreSQL, Dramatiq + Redis beside SQLite."""
+    return "procrastinate" if " pg x" in system else "dramatiq"
+
+
+def ratio_pairs(systems: Iterable[str]) -> list[tuple[str, str]]:
+    """(a, b) pairs whose tasks/s ratio a/b the summary prints, of the systems a configuration ran: each gateway
+    system against the floor and its peer; each one on PostgreSQL against the SQLite one of its submit mode (the
+    default store) and, with K > 1 instances, against 1 instance; the peers against the floor."""
+    have = list(systems)
+    pairs: list[tuple[str, str]] = []
+    for a in have:
+        if not a.startswith("gateway"):
+            continue
+        base = a.split(" pg x")[0]
+        wanted = ["floor", peer_of(a)]
+        if base != a:
+            wanted += [base, pg_system(base, 1)]
+        pairs += [(a, b) for b in wanted if b in have and b != a]
+    pairs += [(p, "floor") for p in ("dramatiq", "procrastinate") if p in have and "floor" in have]
+    return pairs
 
 
 def ratios(records: list[dict[str, Any]]) -> list[str]:
@@ -1128,10 +1250,8 @@ def ratios(records: list[dict[str, Any]]) -> list[str]:
     for (rate, n, _, _), by in sorted(groups.items(), key=lambda kv: kv[0]):
         tps = {system: med(recs, "tasks_per_s") for system, recs in by.items()}
         mode = f"paced {rate:g}/s" if rate else "burst"
-        parts = [f"{s} {fmt(tps[s], 0)}" for s in ("gateway", "gateway-batch", "floor", "dramatiq") if s in tps]
-        pairs = [(g, p) for g in ("gateway", "gateway-batch") for p in ("dramatiq", "floor")]
-        pairs.append(("dramatiq", "floor"))
-        parts += [f"{a}/{b} {tps[a] / tps[b]:.3f}" for a, b in pairs if a in tps and b in tps]
+        parts = [f"{s} {fmt(tps[s], 0)}" for s in tps]
+        parts += [f"{a}/{b} {tps[a] / tps[b]:.3f}" for a, b in ratio_pairs(tps)]
         reps = max(len(v) for v in by.values())
         lines.append(f"tasks/s, {mode}, N={n}, median of {reps}: " + ", ".join(parts))
     return lines
@@ -1195,9 +1315,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--http-concurrency", type=int, default=32, help="POSTs in flight at once (default 32)")
     p.add_argument(
         "--submit",
-        default="single",
+        default=None,
         help="how the gateway gets its tasks: single (POST /api/tasks, keep-alive, --http-concurrency in flight),\n"
-        "batch (the client's submit_many: POST /api/tasks/batch), or both, comma-separated (default single)",
+        "batch (the client's submit_many: POST /api/tasks/batch), or both, comma-separated (default single; batch\n"
+        "when --store has postgres)",
+    )
+    p.add_argument(
+        "--store",
+        default="sqlite",
+        help="the gateway's store: sqlite (one gatewayd, its embedded nats-server: the default shape), postgres (the\n"
+        "production shape: a private PostgreSQL cluster, a standalone nats-server, --instances gatewayd, the creates\n"
+        "round robin over them), or sqlite,postgres (both in each repetition)",
+    )
+    p.add_argument(
+        "--instances",
+        default="1",
+        help="--store postgres: gatewayd instances on the one database, a number or a comma-separated list of them,\n"
+        "each its own run per repetition (default 1)",
     )
     p.add_argument(
         "--single-keys",
@@ -1216,7 +1350,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--peers",
         action="store_true",
-        help="also run the peer, Dramatiq + Redis, in each repetition (needs redis-server and the bench extra)",
+        help="also run the peer in each repetition: beside SQLite Dramatiq + Redis (needs redis-server and the bench\n"
+        "extra), beside PostgreSQL Procrastinate on a private cluster of the same kind (the bench extra)",
     )
     p.add_argument(
         "--peer-threads", type=int, default=None, help="Dramatiq threads per worker process (default: --concurrency)"
@@ -1255,6 +1390,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What ``--store``, ``--instances`` and ``--submit`` ask for, checked."""
+
+    stores: tuple[str, ...]
+    instances: tuple[int, ...]
+    submits: tuple[str, ...]
+
+    def gateway_runs(self) -> list[tuple[str, str, int]]:
+        """(submit mode, store, instances) of each gateway run of a repetition."""
+        return [
+            (how, store, k)
+            for how in self.submits
+            for store in self.stores
+            for k in (self.instances if store == "postgres" else (1,))
+        ]
+
+
+def shape_of(args: argparse.Namespace) -> Shape:
+    """The checked ``--store`` / ``--instances`` / ``--submit`` (SystemExit with the reason when they are wrong)."""
+    stores = tuple(dict.fromkeys(x.strip() for x in args.store.split(",") if x.strip()))
+    if not stores or any(x not in ("sqlite", "postgres") for x in stores):
+        raise SystemExit(f"--store: sqlite, postgres or sqlite,postgres, not {args.store!r}")
+    try:
+        instances = tuple(dict.fromkeys(int(x) for x in args.instances.split(",") if x.strip()))
+    except ValueError:
+        instances = ()
+    if not instances or any(k < 1 or k > 16 for k in instances):
+        raise SystemExit(f"--instances: a number from 1 to 16, or a comma-separated list, not {args.instances!r}")
+    if instances != (1,) and "postgres" not in stores:
+        raise SystemExit("--instances: only with --store postgres (SQLite is one gatewayd)")
+    text = args.submit if args.submit is not None else ("batch" if "postgres" in stores else "single")
+    submits = tuple(dict.fromkeys(h.strip() for h in text.split(",") if h.strip()))
+    if not submits or any(h not in ("single", "batch") for h in submits):
+        raise SystemExit(f"--submit: single, batch or single,batch, not {text!r}")
+    return Shape(stores, instances, submits)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.role == "floor-worker":
@@ -1278,18 +1451,21 @@ def main(argv: list[str] | None = None) -> int:
     }
     records: list[dict[str, Any]] = []
     mode = f"paced {args.rate:g}/s" if args.rate else "burst"
-    print(f"bench: N={args.n} {mode}, {args.workers} workers x {args.concurrency}, {args.reps} reps -> {out}")
-    peers = False
-    if args.peers:
+    shape = shape_of(args)
+    stores = ", ".join(s if s == "sqlite" else f"postgres x {args.instances}" for s in shape.stores)
+    print(f"bench: N={args.n} {mode}, {args.workers} workers x {args.concurrency}, {args.reps} reps, {stores} -> {out}")
+    if "postgres" in shape.stores and (why := pg_missing()):
+        raise SystemExit(f"--store postgres: {why}")
+    skip = {"gateway": args.skip_gateway, "floor": args.skip_floor, "dramatiq": True, "procrastinate": True}
+    if args.peers and "sqlite" in shape.stores:
         why = peer_dramatiq.missing()
-        peers = why is None
+        skip["dramatiq"] = why is not None
         print(f"peers: Dramatiq + Redis skipped: {why}" if why else f"peers: Dramatiq + Redis ({peer_versions()})")
-    submits = [h.strip() for h in args.submit.split(",") if h.strip()]
-    if not submits or any(h not in ("single", "batch") for h in submits):
-        raise SystemExit(f"--submit: single, batch or single,batch, not {args.submit!r}")
-    skip = {"gateway": args.skip_gateway or "single" not in submits}
-    skip["gateway-batch"] = args.skip_gateway or "batch" not in submits
-    skip.update({"floor": args.skip_floor, "dramatiq": not peers})
+    if args.peers and "postgres" in shape.stores:
+        why = peer_procrastinate.missing()
+        skip["procrastinate"] = why is not None
+        versions = ", ".join(f"{k} {v}" for k, v in peer_procrastinate.versions().items()) if not why else ""
+        print(f"peers: Procrastinate skipped: {why}" if why else f"peers: Procrastinate ({versions})")
     known = flow_profiles(args)
     names = [n.strip() for n in args.flow.split(",") if n.strip()]
     if any(n not in known for n in names):
@@ -1298,21 +1474,24 @@ def main(argv: list[str] | None = None) -> int:
     profiled = False
     try:
         for rep in range(args.reps):
-            runs: list[tuple[str, FlowProfile | None]] = []
+            runs: list[tuple[str, FlowProfile | None, tuple[str, str, int] | None]] = []
             for system in [s for s, skipped in skip.items() if not skipped]:
-                if system.startswith("gateway"):
+                if system == "gateway":
                     # base and variants side by side; every other repetition in the reverse order (ABBA)
-                    runs += [(system, f) for f in (flows if rep % 2 == 0 else flows[::-1])]
+                    gw = shape.gateway_runs()
+                    runs += [(system, f, g) for g in gw for f in (flows if rep % 2 == 0 else flows[::-1])]
                 else:
-                    runs.append((system, None))
-            for system, flow in runs:
-                if system.startswith("gateway"):
+                    runs.append((system, None, None))
+            for system, flow, run in runs:
+                if run is not None:
                     profile = bool(args.py_spy_out) and not profiled
                     profiled = profiled or profile
-                    how = "single" if system == "gateway" else "batch"
-                    result = run_gateway_rep(args, scratch, profile=profile, how=how, flow=flow)
+                    how, store, k = run
+                    result = run_gateway_rep(args, scratch, profile, how, flow, store, k)
                 elif system == "floor":
                     result = run_floor_rep(args, scratch)
+                elif system == "procrastinate":
+                    result = run_procrastinate_rep(args, scratch)
                 else:
                     result = run_peer_rep(args, scratch)
                 rec = {**result, **common, "rep": rep}
