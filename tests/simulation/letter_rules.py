@@ -42,8 +42,18 @@ KEEPER_AWAITS = (
 LETTER_ACTIONS = ("redrive", "redrive", "force_retry", "force_retry", "task_retry")
 
 
+#: the history actions that requeue a task through its dead letter (actors/tasks/dead_letters.py ``redriven``): a
+#: task's retry counts as a redrive whether it leaves ``dead`` or, after a death, ``failed`` or ``canceled``
+REQUEUES = ("retry", "redrive", "force_retry")
+
+
+def _since_first_death(entries: list[HistoryEntry]) -> list[HistoryEntry]:
+    deaths = [i for i, h in enumerate(entries) if h.to_state == "dead"]
+    return entries[deaths[0] :] if deaths else []
+
+
 def _redrives(entries: list[HistoryEntry]) -> list[HistoryEntry]:
-    return [h for h in entries if h.from_state == "dead" and h.to_state == "queued"]
+    return [h for h in _since_first_death(entries) if h.action in REQUEUES and h.to_state == "queued"]
 
 
 def letter_violations(
@@ -64,7 +74,7 @@ def letter_violations(
         if letter.retry_count != len(redrives):
             out.append(
                 f"letter_counts_its_redrives: letter {name} of task {tid} has retryCount {letter.retry_count}, its "
-                f"task left dead {len(redrives)} times ({[h.action for h in redrives]})"
+                f"task was requeued through it {len(redrives)} times ({[h.action for h in redrives]})"
             )
         deaths = [h for h in entries if h.to_state == "dead" and h.from_state != "dead"]
         if deaths and letter.last_dead_at != deaths[-1].at:
@@ -74,13 +84,13 @@ def letter_violations(
             )
         left = 0
         exhausted = False
-        for h in entries:
+        for h in _since_first_death(entries):
             if h.to_state == "dead" and h.from_state != "dead":
                 exhausted = exhausted or left >= max_dead_retries
-            elif h.from_state == "dead" and h.to_state == "queued":
+            elif h.action in REQUEUES and h.to_state == "queued":
                 if exhausted and h.action != "force_retry":
                     out.append(
-                        f"exhausted_letter_left_only_by_force_retry: task {tid} left dead by {h.action} "
+                        f"exhausted_letter_left_only_by_force_retry: task {tid} requeued by {h.action} "
                         f"({h.actor.type} {h.actor.id}, revision {h.revision}) after its letter {name} was exhausted"
                     )
                 left += 1
