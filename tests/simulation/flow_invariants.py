@@ -204,8 +204,8 @@ class FairTurns:
         now = d._clock()
         offered: dict[str, str] = d._offered.get(kind, {})
         ready: dict[Key, list[Task]] = {}
-        # an attempt whose claim was refused LIMITED waits out its hold (dispatcher.REFUSED_HOLD_S) as one whose
-        # not_before is ahead does: not ready yet, so a newer task may go first
+        # an attempt refused LIMITED for a pause this view had yet to learn waits (dispatcher.PAUSE_SEEN_S) as one
+        # whose not_before is ahead does: not ready yet, so a newer task may go first
         held = {(tid, attempt) for at, tid, attempt in d._timers if at > now and tid}
         for q in d._queued.values():
             if q.kind != kind or (q.id in offered and q.id != task_id) or q.not_before > now:
