@@ -19,6 +19,11 @@ Per repetition:
 * **dramatiq** (with ``--peers``): the peer, Dramatiq + Redis, on the same N, mode and machine, with
   ``--workers`` processes x ``--concurrency`` threads (``--peer-threads`` to change); see peer_dramatiq.py.
   Skipped with a one-line note when redis-server or dramatiq[redis] (the ``bench`` extra) is missing.
+* **the production shape** (``--store postgres --instances K``, bench/pg_shape.py): a private PostgreSQL cluster,
+  a standalone nats-server and K gatewayd on them; the creates go round robin over the instances, and
+  PostgreSQL's CPU is its whole process tree's (bench/procs_cpu.py). With ``--peers`` its peer is Procrastinate
+  on a cluster of the same kind (bench/peer_procrastinate.py). ``--store sqlite,postgres`` runs both shapes in
+  each repetition, so their ratios come from one run.
 
 See bench/README.md for the columns and the method.
 """
