@@ -380,6 +380,32 @@ async def submit_batches(
     return sub
 
 
+def transitions_by_action(metrics: str) -> dict[str, float]:
+    """The task transitions an instance made, by action (``create``, ``claim``, ``settle``...), summed over kinds
+    and states, from its ``/metrics`` text (``gw_task_transitions_total``)."""
+    out: dict[str, float] = {}
+    for line in metrics.splitlines():
+        if not line.startswith("gw_task_transitions_total{"):
+            continue
+        labels, _, value = line.rpartition(" ")
+        for part in labels[labels.index("{") + 1 : labels.rindex("}")].split(","):
+            key, _, raw = part.partition("=")
+            if key.strip() == "action":
+                action = raw.strip().strip('"')
+                out[action] = out.get(action, 0.0) + float(value)
+    return out
+
+
+async def spread(sessions: list[aiohttp.ClientSession]) -> dict[str, list[float]]:
+    """Per instance (several on one store), the creates, claims and settles it made, warm-up included: how the
+    creates and the workers' requests spread over the instances."""
+    counts = []
+    for http in sessions:
+        async with http.get("/metrics") as resp:
+            counts.append(transitions_by_action(await resp.text()))
+    return {f"instance_{a}s": [c.get(a, 0.0) for c in counts] for a in ("create", "claim", "settle")}
+
+
 async def wait_nodes(api: Api, count: int, timeout_s: float) -> None:
     """Until `count` workers have heartbeated (the gateway then has created the echo consumer)."""
     deadline = time.monotonic() + timeout_s
@@ -660,6 +686,7 @@ async def drive_gateway(
         ids = sorted(created)
         sample = ids if len(ids) <= HISTORY_SAMPLE_ALL else random.sample(ids, HISTORY_SAMPLE)
         dups = await check_histories(api, sample)
+        per_instance = await spread(sessions) if len(sessions) > 1 else {}
 
     queue, execute, e2e, created_at, started_at, finished_at = [], [], [], [], [], []
     for t in terminal:
@@ -718,6 +745,7 @@ async def drive_gateway(
     rec.update(lat_ms("http_create", sub.http_s))
     rec.update(dups)
     rec.update(cpu)
+    rec.update(per_instance)
     if flow is not None and flow.slot_limit:
         rec.update(handoffs(terminal, flow.slot_limit))
     return rec
@@ -1270,6 +1298,10 @@ def short(rec: dict[str, Any]) -> str:
         f" dup {rec['duplicates']} lost {rec['lost']} cpu {rec['machine_cpu_pct']:.0f}%"
         f" ({rec['cpu_ms_per_task']:.3f} ms/task, other {rec['other_cpu_pct']:.0f}%)"
     )
+    if "instance_creates" in rec:
+        line += " per instance creates / claims: " + ", ".join(
+            f"{c:.0f}/{k:.0f}" for c, k in zip(rec["instance_creates"], rec["instance_claims"], strict=True)
+        )
     if "handoff_p99_ms" in rec:
         line += (
             f" hand-off p50/p95/p99/max {rec['handoff_p50_ms']:.1f}/{rec['handoff_p95_ms']:.1f}"

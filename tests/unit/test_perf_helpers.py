@@ -191,3 +191,17 @@ def test_the_procrastinate_figures_come_from_its_events_and_count_repeats_and_th
     assert rec["tasks_per_s"] == pytest.approx(1.5)
     assert rec["queue_p50_ms"] == pytest.approx(200.0)
     assert rec["exec_max_ms"] == pytest.approx(1800.0)
+
+
+def test_the_transitions_of_an_instance_are_read_by_action_from_its_metrics() -> None:
+    bg = _bench_module("bench_gateway")
+    text = (
+        "# HELP gw_task_transitions_total Task state changes by kind, action and resulting state\n"
+        "# TYPE gw_task_transitions_total counter\n"
+        'gw_task_transitions_total{action="create",kind="echo",state="queued"} 120.0\n'
+        'gw_task_transitions_total{action="create",kind="sleep",state="queued"} 5.0\n'
+        'gw_task_transitions_total{action="claim",kind="echo",state="running"} 60.0\n'
+        'gw_task_transitions_created{action="claim",kind="echo",state="running"} 1.7e9\n'
+        'gw_http_requests_total{route="/api/tasks",status="2xx"} 9.0\n'
+    )
+    assert bg.transitions_by_action(text) == {"create": 125.0, "claim": 60.0}
