@@ -1149,16 +1149,18 @@ def run_peer_rep(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     )
 
 
-def run_procrastinate_rep(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
-    """Procrastinate on a private PostgreSQL of the gateway's kind, same N, rate, worker layout and batches
-    (bench/peer_procrastinate.py has the method)."""
+def run_procrastinate_rep(args: argparse.Namespace, scratch: Path, shape: Shape) -> dict[str, Any]:
+    """Procrastinate on a private PostgreSQL of the gateway's kind, same N, rate and worker layout, deferred as the
+    gateway gets its creates: in ``--batch-size`` batches when the run has ``batch``, one job per call with
+    ``--http-concurrency`` in flight when it is ``single`` alone (bench/peer_procrastinate.py has the method)."""
+    single = "batch" not in shape.submits
     return peer_procrastinate.run_rep(
         n=args.n,
         rate=args.rate,
         processes=args.workers,
         concurrency=args.peer_threads or args.concurrency,
-        batch_size=args.batch_size,
-        batch_concurrency=args.batch_concurrency,
+        batch_size=1 if single else args.batch_size,
+        batch_concurrency=args.http_concurrency if single else args.batch_concurrency,
         timeout_s=args.timeout,
         scratch=scratch,
         keep=args.keep,
@@ -1528,7 +1530,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif system == "floor":
                     result = run_floor_rep(args, scratch)
                 elif system == "procrastinate":
-                    result = run_procrastinate_rep(args, scratch)
+                    result = run_procrastinate_rep(args, scratch, shape)
                 else:
                     result = run_peer_rep(args, scratch)
                 rec = {**result, **common, "rep": rep}

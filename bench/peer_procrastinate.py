@@ -223,7 +223,7 @@ async def drive(
             rows = await (await conn.execute(FIGURES, (run,))).fetchall()
     rec = {"system": "procrastinate", "complete": complete, "submit_s": submit_s}
     rec["offered_per_s"] = len(ids) / submit_s if submit_s > 0 else float("nan")
-    rec.update(figures(rows, n))
+    rec.update(figures(rows, n), batch_size=size, batch_concurrency=concurrency)
     rec.update(cpu)
     return rec
 
