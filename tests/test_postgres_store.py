@@ -17,10 +17,11 @@ from scheduler_gateway.actors.ports import Change, TaskQuery
 from scheduler_gateway.actors.schedule_ports import ActiveRunConflict
 from scheduler_gateway.daemon.config import ConfigError, load_config
 from scheduler_gateway.daemon.config.store_url import StoreUrlError, parse_store_url
+from scheduler_gateway.daemon.store.change_rows import ChangeRows
 from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.postgres import db as pg_db
-from scheduler_gateway.daemon.store.postgres.flow import SQL_OUTBOX_ORDER_LOCK
 from scheduler_gateway.daemon.store.postgres.migrations import SCHEMA_VERSION
+from scheduler_gateway.daemon.store.postgres.tasks import write_change
 from scheduler_gateway.wire.errors import Code, Conflict, StorageError
 
 from .test_schedule_store import T0, run, schedule
@@ -257,20 +258,22 @@ async def test_a_rate_counts_each_start_on_the_database_clock(two: tuple[Postgre
 async def test_an_instance_frozen_inside_a_write_holds_the_others_up_only_until_its_session_is_ended(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A write transaction takes the outbox's commit-order lock, which every task write of every instance takes.
-    An instance frozen between two statements of a write (a VM pause, SIGSTOP, a stalled loop) keeps its socket
-    open, so PostgreSQL kept the transaction, and its locks, for as long as the freeze lasted: every instance's
-    task writes waited with it. Its sessions now end an idle transaction after ``IDLE_IN_TRANSACTION_S`` (the
-    instance's liveness bound: it is taken for dead by then), and the others go on."""
+    """An instance frozen between two statements of a write (a VM pause, SIGSTOP, a stalled loop) keeps its socket
+    open, so PostgreSQL kept the transaction, and its locks, for as long as the freeze lasted: another instance's
+    write of the same row waited with it (before issue 50, every instance's task writes did: they shared one
+    lock). Its sessions now end an idle transaction after ``IDLE_IN_TRANSACTION_S`` (the instance's liveness
+    bound: it is taken for dead by then), and the others go on."""
     monkeypatch.setattr(pg_db, "IDLE_IN_TRANSACTION_S", 1.0)
     a, b = PostgresStore(pg_url), PostgresStore(pg_url)
     await a.start()
     await b.start()
     locked, resume = asyncio.Event(), asyncio.Event()
 
+    t1 = make_task(1, id="tsk_frozen_test_1")
+
     async def frozen_write() -> None:
-        async with a._db.transaction() as conn:
-            await conn.execute(SQL_OUTBOX_ORDER_LOCK)  # a's task write is under way
+        async with a._db.transaction() as conn:  # a's write of the task b creates too is under way
+            await write_change(conn, ChangeRows.of(Change(task=t1, expected_revision=None, event=event_for(t1))))
             locked.set()
             await resume.wait()  # a freezes here
             await conn.execute("SELECT 1")
@@ -278,7 +281,6 @@ async def test_an_instance_frozen_inside_a_write_holds_the_others_up_only_until_
     try:
         write = asyncio.create_task(frozen_write())
         await locked.wait()
-        t1 = make_task(1, id="tsk_frozen_test_1")
         began = time.monotonic()
         await asyncio.wait_for(b.apply(Change(task=t1, expected_revision=None, event=event_for(t1))), 8)
         assert time.monotonic() - began < 6

@@ -16,8 +16,8 @@ from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.daemon.store.artifacts import COLUMNS, TERMINAL_SQL, decide, insert_values, record_of, task_moved
 from scheduler_gateway.daemon.store.change_rows import audit_row
 from scheduler_gateway.daemon.store.postgres.db import DB_NOW, PgDb
-from scheduler_gateway.daemon.store.postgres.flow import SQL_OUTBOX_ORDER_LOCK
-from scheduler_gateway.daemon.store.postgres.tasks import SQL_INSERT_AUDIT, SQL_INSERT_OUTBOX
+from scheduler_gateway.daemon.store.postgres.outbox import SQL_INSERT_OUTBOX
+from scheduler_gateway.daemon.store.postgres.tasks import SQL_INSERT_AUDIT
 
 # the table: postgres/migrations.py, step 7 (PG_ARTIFACT_MIGRATION)
 
@@ -63,7 +63,6 @@ class PgArtifacts:
             await conn.execute(_INSERT, insert_values(record))
             await conn.execute(_USAGE_ADD, (record.task_id, record.size))
             await conn.execute(SQL_INSERT_AUDIT, audit_row(audit))
-            await conn.execute(SQL_OUTBOX_ORDER_LOCK)
             await conn.execute(SQL_INSERT_OUTBOX, (outbox_body(event),))
         return (record, True)
 

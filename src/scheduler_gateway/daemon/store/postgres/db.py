@@ -36,10 +36,11 @@ Conn = psycopg.AsyncConnection[Any]
 
 #: How long a session of this store may sit idle inside a transaction before PostgreSQL ends it. A process
 #: frozen between two statements of a write (a VM pause, SIGSTOP, a stalled loop) keeps its socket open, so
-#: without this PostgreSQL keeps its transaction, and the locks it took, for as long as the freeze lasts: the
-#: outbox's commit-order lock that every task write takes, the rows it wrote. The bound is the time after which
-#: the other instances take a silent one for dead (``daemon/ha.py``, ``INSTANCE_ALIVE_S``); the frozen
-#: instance finds its transaction gone when it resumes, and that write fails whole, as a crash would end it.
+#: without this PostgreSQL keeps its transaction, and the locks it took, for as long as the freeze lasts (the
+#: rows it wrote, a limited kind's lock; and it holds the event relay's horizon back, postgres/outbox.py). The
+#: bound is the time after which the other instances take a silent one for dead (``daemon/ha.py``,
+#: ``INSTANCE_ALIVE_S``); the frozen instance finds its transaction gone when it resumes, and that write fails
+#: whole, as a crash would end it.
 IDLE_IN_TRANSACTION_S = 10.0
 
 

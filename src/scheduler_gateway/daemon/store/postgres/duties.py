@@ -22,7 +22,7 @@ import psycopg
 from scheduler_gateway.actors.duties import Acquired, InstanceRecord
 from scheduler_gateway.daemon.store.postgres.db import DB_NOW, PgDb, without_idle_bound
 
-#: the advisory lock a starting instance holds while it decides whether the cluster was down (7301: the outbox's)
+#: the advisory lock a starting instance holds while it decides whether the cluster was down (7301 was the outbox's)
 START_LOCK = 7302
 
 _info_enc = msgspec.json.Encoder()

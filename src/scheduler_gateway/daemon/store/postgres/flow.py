@@ -2,15 +2,28 @@
 (daemon/store/flow_rows.py): a claim over a kind's limit and a duplicate unique task are refused in the
 transaction that writes them.
 
-Several instances claim at once here. Every task change takes the outbox's commit-order lock before it
-commits (postgres/tasks.py), and the limit check runs after it: under READ COMMITTED each count statement sees
-every claim committed before it began, and no claim can commit between this one's count and its commit.
+Several instances claim at once here. A claim of a limited kind holds that kind's lock (a transaction-scoped
+advisory lock keyed by the kind's hash, ``KIND_LOCK``) from before its limit check to its commit: under READ
+COMMITTED each count statement then sees every claim of the kind committed before it began, and no claim of the
+kind can commit between this one's count and its commit. Claims of other kinds never wait for it (two kinds
+whose hashes collide only share a lock: they wait for each other, the counts stay exact). A claim of a kind
+without limits takes the kind's lock shared, and a change of a kind's settings takes it alone
+(postgres/kinds.py), so a claim checks against the settings as they are when it commits, not ones replaced
+while it was deciding.
+
+A transaction takes its kinds' locks first, in the kinds' order, before it writes any row (``lock_claimed_kinds``):
+two batches claiming the same kinds never wait for each other in a cycle. The limited kinds are read before the
+locks; a kind that becomes limited between that read and the lock is locked alone in the check itself, out of
+order (PostgreSQL ends a deadlock this may make by failing one of the two batches, which its changes retry).
 
 A start is counted at the database's clock under that lock, not at the claim's ``startedAt``: that is the
 deciding instance's clock, which may be seconds off another's, and a claim decided before a pause commits long
 after it; by their own times two starts committed within a window could be a window apart (found by the
 simulation, tests/simulation: two instances 4 s apart started two tasks in one instant under a rate of one per
 2 s).
+
+The unique-task rule needs no lock: two live tasks of one key meet in the partial unique index
+(``uq_tasks_unique_live``), whose insert waits for the other's commit.
 """
 
 from __future__ import annotations
@@ -23,7 +36,27 @@ from scheduler_gateway.daemon.store.kind_docs import read_kind_doc
 from scheduler_gateway.daemon.store.postgres.db import DB_NOW, Conn
 from scheduler_gateway.wire.errors import Conflict
 
-SQL_OUTBOX_ORDER_LOCK = "SELECT pg_advisory_xact_lock(7301)"  # 7301: the outbox's commit-order lock
+#: the class of the kinds' locks (the first of the two keys; 7301-7303 are single-key locks, another space)
+KIND_LOCK = 7304
+_SQL_LOCK_KIND = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+_SQL_LOCK_KIND_SHARED = "SELECT pg_advisory_xact_lock_shared(%s, hashtext(%s))"
+
+
+async def lock_kind(conn: Conn, kind: str) -> None:
+    """The kind's lock, alone (a claim's limit check, a change of the kind's settings), to the commit."""
+    await conn.execute(_SQL_LOCK_KIND, (KIND_LOCK, kind))
+
+
+async def lock_claimed_kinds(conn: Conn, rows: list[ChangeRows]) -> None:
+    """Before a transaction writes ``rows``: the lock of each kind they claim, in the kinds' order; alone for a
+    kind with limits on its starts, shared for one without."""
+    kinds = sorted({r.claim[0] for r in rows if r.claim is not None})
+    if not kinds:
+        return
+    cur = await conn.execute("SELECT kind, doc FROM kinds WHERE kind = ANY(%s)", (kinds,))
+    limiting = {str(k) for k, doc in await cur.fetchall() if read_kind_doc(str(k), doc).limits_starts}
+    for kind in kinds:
+        await conn.execute(_SQL_LOCK_KIND if kind in limiting else _SQL_LOCK_KIND_SHARED, (KIND_LOCK, kind))
 
 
 async def _scalar(conn: Conn, sql: str, params: tuple[object, ...]) -> int:
@@ -51,10 +84,10 @@ async def limit_refusal(conn: Conn, r: ChangeRows, clock: Callable[[], float] | 
     if r.claim is None:
         return None
     kind, key, _decided_at = r.claim
-    s = await kind_settings(conn, kind)
+    s = await kind_settings(conn, kind)  # read under the kind's lock (lock_claimed_kinds): as it commits
     if s is None or not s.limits_starts:
         return None
-    await conn.execute(SQL_OUTBOX_ORDER_LOCK)  # held already when the change wrote an event; re-entrant
+    await lock_kind(conn, kind)  # held already (re-entrant), unless the kind became limited since that read
     at = clock() if clock is not None else await _now(conn)  # the start, when it commits (see the module doc)
     if s.counts_starts:
         await conn.execute("DELETE FROM task_starts WHERE kind = %s AND at <= %s", (kind, at - s.longest_period_s))

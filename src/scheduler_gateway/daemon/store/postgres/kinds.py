@@ -10,8 +10,9 @@ from scheduler_gateway.daemon.store.common import encode
 from scheduler_gateway.daemon.store.kind_docs import read_kind_doc
 from scheduler_gateway.daemon.store.kinds import SQL_LIVE_COUNTS, live_counts
 from scheduler_gateway.daemon.store.postgres.db import PgDb
-from scheduler_gateway.daemon.store.postgres.flow import SQL_OUTBOX_ORDER_LOCK
-from scheduler_gateway.daemon.store.postgres.tasks import SQL_INSERT_AUDIT, SQL_INSERT_OUTBOX
+from scheduler_gateway.daemon.store.postgres.flow import lock_kind
+from scheduler_gateway.daemon.store.postgres.outbox import SQL_INSERT_OUTBOX
+from scheduler_gateway.daemon.store.postgres.tasks import SQL_INSERT_AUDIT
 
 #: a change's write (``swap_kind``): only over the document it was decided on, or only where no row is; the row
 #: lock the UPDATE takes orders two instances' writes of one kind, and the loser matches no row
@@ -43,6 +44,7 @@ class PgKinds:
     ) -> bool:
         doc = encode(settings)
         async with self._db.transaction() as conn:
+            await lock_kind(conn, settings.kind)  # claims of the kind check against what commits (postgres/flow.py)
             if expected is None:
                 cur = await conn.execute(SQL_INSERT_KIND_IF_NONE, (settings.kind, doc))
             else:
@@ -50,18 +52,17 @@ class PgKinds:
             if cur.rowcount != 1:
                 return False  # another change committed since the read: nothing written, decided again
             await conn.execute(SQL_INSERT_AUDIT, audit_row(audit))
-            await conn.execute(SQL_OUTBOX_ORDER_LOCK)
             await conn.execute(SQL_INSERT_OUTBOX, (outbox_body(event),))
         return True
 
     async def put_kind(self, settings: KindSettings, audit: AuditEntry, event: EventRecord) -> None:
         async with self._db.transaction() as conn:
+            await lock_kind(conn, settings.kind)
             await conn.execute(
                 "INSERT INTO kinds (kind, doc) VALUES (%s, %s) ON CONFLICT (kind) DO UPDATE SET doc = excluded.doc",
                 (settings.kind, encode(settings)),
             )
             await conn.execute(SQL_INSERT_AUDIT, audit_row(audit))
-            await conn.execute(SQL_OUTBOX_ORDER_LOCK)
             await conn.execute(SQL_INSERT_OUTBOX, (outbox_body(event),))
 
     async def kind_counts(self) -> dict[str, dict[str, int]]:

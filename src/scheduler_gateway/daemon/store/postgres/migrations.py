@@ -18,6 +18,7 @@ import psycopg
 
 from scheduler_gateway.daemon.store.migrations import OUTBOX_LAYOUT_MIGRATION, TASK_LIST_MIGRATION
 from scheduler_gateway.daemon.store.node_rows import PG_NODE_DRAIN_MIGRATION
+from scheduler_gateway.daemon.store.postgres.outbox import PG_OUTBOX_XID_MIGRATION
 from scheduler_gateway.daemon.store.postgres.search import PG_SEARCH_MIGRATION
 from scheduler_gateway.wire.errors import StorageError
 
@@ -291,6 +292,9 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 12: a node's drain flag, its revision and its heartbeat's time as columns, as in the SQLite store (its
     # migration 18; text in store/node_rows.py)
     PG_NODE_DRAIN_MIGRATION,
+    # 13: each outbox row's writing transaction, the relay's order without a lock shared by the writers (text in
+    # postgres/outbox.py)
+    PG_OUTBOX_XID_MIGRATION,
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)

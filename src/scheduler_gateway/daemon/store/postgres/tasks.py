@@ -42,11 +42,12 @@ from scheduler_gateway.daemon.store.common import (
 from scheduler_gateway.daemon.store.letter_rows import PG_UPSERT_GUARD, letter_conflict
 from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb, constraint_of, refusal_or_storage
 from scheduler_gateway.daemon.store.postgres.flow import (
-    SQL_OUTBOX_ORDER_LOCK,
     limit_refusal,
     live_duplicate,
+    lock_claimed_kinds,
     unique_refusal,
 )
+from scheduler_gateway.daemon.store.postgres.outbox import SQL_INSERT_OUTBOX, SQL_OUTBOX_BATCH
 from scheduler_gateway.wire.errors import (
     Code,
     Conflict,
@@ -79,7 +80,6 @@ SQL_INSERT_AUDIT = (
     "INSERT INTO audit (id, at, action, object_id, request_id, owner, doc) VALUES (%s, %s, %s, %s, %s, %s, %s)"
     " ON CONFLICT (id) DO NOTHING"
 )
-SQL_INSERT_OUTBOX = "INSERT INTO outbox (body) VALUES (%s)"
 SQL_INSERT_IDEMPOTENCY = (
     "INSERT INTO idempotency (owner, key, doc, created_at) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
 )
@@ -132,7 +132,7 @@ async def write_change(conn: Conn, r: ChangeRows, clock: Callable[[], float] | N
     if refusal is not None:
         raise refusal
     await _write_companions(conn, r)
-    # after the outbox row: its commit-order lock is held, so every other claim either committed before this
+    # under the kind's lock (postgres/flow.py), so every other claim of the kind either committed before this
     # count reads (and is counted) or waits for this commit (and counts this one): exact across instances
     refusal = await limit_refusal(conn, r, clock)
     if refusal is not None:
@@ -176,10 +176,7 @@ async def _write_companions(conn: Conn, r: ChangeRows) -> None:
     if r.audit is not None:
         await conn.execute(SQL_INSERT_AUDIT, r.audit)
     if r.outbox is not None:
-        # Outbox sequence order must be commit order: the relay publishes in outbox order and treats what is
-        # in the stream as a prefix of the outbox. With several writers a lower bigserial could commit after
-        # a higher one was relayed, so every writer takes this lock (held until its commit) before its row.
-        await conn.execute(SQL_OUTBOX_ORDER_LOCK)
+        # no lock: the row records its transaction, and the relay reads below the oldest one open (outbox.py)
         await conn.execute(SQL_INSERT_OUTBOX, r.outbox)
     if r.idempotency is not None:
         cur = await conn.execute(SQL_INSERT_IDEMPOTENCY, r.idempotency)
@@ -229,6 +226,7 @@ class PgTasks:
     async def apply(self, change: Change) -> None:
         rows = ChangeRows.of(change)
         async with self._db.transaction() as conn:
+            await lock_claimed_kinds(conn, [rows])
             await write_change(conn, rows, self._clock)
 
     async def apply_many(self, changes: list[Change]) -> list[BaseException | None]:
@@ -238,6 +236,7 @@ class PgTasks:
         results: list[BaseException | None] = []
         try:
             async with self._db.transaction() as conn:
+                await lock_claimed_kinds(conn, rows)  # before any row: the kinds' locks in one order
                 for r in rows:
                     try:
                         async with conn.transaction():  # a savepoint: a refusal undoes only its own writes
@@ -257,6 +256,7 @@ class PgTasks:
             return
         rows = [ChangeRows.of(c) for c in changes]
         async with self._db.transaction() as conn:
+            await lock_claimed_kinds(conn, rows)
             for r in rows:
                 await write_change(conn, r, self._clock)
             if subtree_root is not None:
@@ -351,7 +351,7 @@ class PgTasks:
     async def outbox_batch(self, limit: int) -> list[OutboxRow]:
         if limit < 1:
             return []
-        rows = await self._db.fetch("SELECT seq, body FROM outbox ORDER BY seq LIMIT %s", (limit,))
+        rows = await self._db.fetch(SQL_OUTBOX_BATCH, (limit,))  # only what no open transaction can precede
         return [OutboxRow(int(seq), bytes(body)) for seq, body in rows]
 
     async def outbox_size(self) -> int:
