@@ -65,6 +65,14 @@ _decode_request: Callable[[bytes], ArtifactRequest] = msgspec.json.Decoder(Artif
 _encode = msgspec.json.Encoder().encode
 
 
+def _nuid(meta: bytes | None) -> str | None:
+    """The upload an object's meta names (None: not a meta of ours)."""
+    try:
+        return str(json.loads(meta or b"{}")["nuid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def _meta_subject(name: str) -> str:
     return META_PREFIX + base64.urlsafe_b64encode(name.encode()).decode()
 
@@ -284,9 +292,14 @@ class JetStreamArtifacts:
         await self._js.purge_stream(BUCKET_STREAM, subject=_meta_subject(object_name(record.task_id, record.name)))
 
     async def remove_object(self, name: str, upload: str) -> None:
-        meta = await self.meta_of(name)
-        if meta is not None and meta[0] == upload:
-            await self._js.purge_stream(BUCKET_STREAM, subject=_meta_subject(name))
+        """Remove ``name``'s meta if it still names ``upload``. The purge stops after the meta that was read: a
+        commit of the same name that writes its meta between the read and the purge keeps it."""
+        try:
+            msg = await self._js.get_last_msg(BUCKET_STREAM, _meta_subject(name))
+        except NotFoundError:
+            return
+        if _nuid(msg.data) == upload and msg.seq is not None:
+            await self._js.purge_stream(BUCKET_STREAM, subject=_meta_subject(name), seq=msg.seq + 1)
 
     async def listing(self) -> tuple[list[str], list[str]]:
         """Every upload and every object name, sorted (for tools and tests; the sweep walks the pages)."""
@@ -361,11 +374,8 @@ class JetStreamArtifacts:
             msg = await self._js.get_last_msg(BUCKET_STREAM, _meta_subject(name))
         except NotFoundError:
             return None
-        try:
-            nuid = str(json.loads(msg.data or b"{}")["nuid"])
-        except (ValueError, KeyError, TypeError):
-            return None
-        return nuid, _ts(msg.time)
+        nuid = _nuid(msg.data)
+        return None if nuid is None else (nuid, _ts(msg.time))
 
     async def read(self, record: ArtifactRecord, start: int, end: int) -> AsyncGenerator[bytes, None]:
         """Bytes ``start``..``end`` (inclusive) of the first ``record.chunks`` chunks: whatever was published
