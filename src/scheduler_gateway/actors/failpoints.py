@@ -49,6 +49,7 @@ NAMES: dict[str, str] = {
     "artifact.after_verify": "an upload's stored bytes were read back and match; its object's meta is not yet written",
     "artifact.after_meta": "an upload's bytes are checked and its object's meta written; its index row is not yet",
     "writer.after_commit": "gatewayd's SQLite writer process committed a batch; its answer is not yet sent",
+    "pg.before_commit": "a batch of task changes is written in its PostgreSQL transaction, not yet committed",
 }
 
 

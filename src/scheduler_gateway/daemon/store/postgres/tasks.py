@@ -15,6 +15,7 @@ from collections.abc import Callable
 import msgspec
 from psycopg import errors as pg_errors
 
+from scheduler_gateway.actors import failpoints
 from scheduler_gateway.actors.model.records import (
     ACTIVE_STATES,
     AuditEntry,
@@ -228,6 +229,7 @@ class PgTasks:
         async with self._db.transaction() as conn:
             await lock_claimed_kinds(conn, [rows])
             await write_change(conn, rows, self._clock)
+            failpoints.hit("pg.before_commit")
 
     async def apply_many(self, changes: list[Change]) -> list[BaseException | None]:
         if not changes:
@@ -245,6 +247,7 @@ class PgTasks:
                         results.append(exc)
                     else:
                         results.append(None)
+                failpoints.hit("pg.before_commit")  # a freeze here holds the transaction open (tests)
         except StorageError as exc:
             return [_own_copy(exc) for _ in rows]
         except Exception as exc:

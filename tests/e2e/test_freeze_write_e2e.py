@@ -1,0 +1,74 @@
+"""An instance frozen inside a write transaction never stalls the others (issue 50: no lock shared by every task
+write on PostgreSQL).
+
+Two real ``gatewayd`` on one PostgreSQL database and nats-server. P is armed with ``pg.before_commit:stop``: the
+first batch of task changes it writes freezes it (SIGSTOP) inside its transaction, before the commit, its rows
+written. While it is frozen (less than the 10 s after which PostgreSQL ends its idle transaction), Q keeps
+creating tasks with a p99 create latency under 1 s, and the tasks it created keep finishing. Before issue 50
+every task write took one advisory lock until its commit: Q's creates waited for P's session to be ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
+
+from .test_freeze_e2e import Pair, api_of, cont, wait_frozen
+
+#: how long Q is watched while P is frozen: well under the 10 s idle-in-transaction bound
+WINDOW_S = 6.0
+
+
+@pytest.fixture
+def pair(tmp_path: Path, fresh_nats: NatsServerProcess, pg_fresh_url: str) -> Iterator[Pair]:
+    p = Pair(tmp_path, fresh_nats.url, pg_fresh_url)
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+async def test_an_instance_frozen_inside_a_write_never_stalls_the_others_creates_and_settles(
+    pair: Pair, session: aiohttp.ClientSession
+) -> None:
+    pair.start_p("pg.before_commit:stop")
+    await asyncio.to_thread(pair.q.start)
+    pair.start_worker("echo", 16)
+    api_p, api_q = api_of(pair.p, session), api_of(pair.q, session)
+
+    frozen_create = asyncio.create_task(api_p.call("POST", "/api/tasks", {"kind": "echo", "payload": {"n": "p"}}))
+    await wait_frozen(pair.p, "pg.before_commit")
+    frozen_at = time.monotonic()
+
+    latencies: list[float] = []
+    created: list[str] = []
+    while time.monotonic() - frozen_at < WINDOW_S:
+        began = time.monotonic()
+        status, body, _ = await asyncio.wait_for(
+            api_q.call("POST", "/api/tasks", {"kind": "echo", "payload": {"n": len(created)}}), 12
+        )
+        latencies.append(time.monotonic() - began)
+        assert status == 201, body
+        created.append(body["id"])
+        await asyncio.sleep(0.05)
+    finished = 0
+    for task_id in created:
+        status, task, _ = await api_q.call("GET", f"/api/tasks/{task_id}")
+        assert status == 200, task
+        finished += task["state"] == "succeeded"
+    watched_s = time.monotonic() - frozen_at
+    cont(pair.p)
+    frozen_create.cancel()
+
+    latencies.sort()
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    assert len(latencies) >= 20, latencies  # Q answered creates all along
+    assert p99 < 1.0, f"p99 create latency {p99:.2f} s over {len(latencies)} creates"
+    assert finished >= int(WINDOW_S), f"{finished} of {len(created)} tasks finished in {watched_s:.1f} s"
