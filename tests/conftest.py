@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
-from tests.pg_cluster import pg_cluster, pg_fresh_url, pg_url
+from tests.pg_cluster import pg_cluster, pg_fresh_url, pg_url, two_pg_stores
 
 __all__ = [
     "pg_cluster",
     "pg_fresh_url",
     "pg_url",
+    "two_pg_stores",
 ]  # one private PostgreSQL cluster per session, a fresh database per test
 
 

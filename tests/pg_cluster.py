@@ -21,11 +21,13 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+
+from scheduler_gateway.daemon.store.postgres import PostgresStore
 
 PG_BIN = Path(os.environ.get("GW_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 _names = itertools.count(1)
@@ -190,3 +192,16 @@ def pg_url(pg_cluster: PgCluster) -> str:
 def pg_fresh_url(pg_cluster: PgCluster) -> str:
     """The URL of a new database of this test's own, never migrated."""
     return pg_cluster.url(pg_cluster.create_database())
+
+
+@pytest.fixture
+async def two_pg_stores(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
+    """Two PostgreSQL stores on one empty database, each with its own pool: two gatewayd, as the store sees them."""
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
+    await a.start()
+    await b.start()
+    try:
+        yield a, b
+    finally:
+        await a.stop()
+        await b.stop()

@@ -5,29 +5,14 @@ so of many acquirers racing for a free lease exactly one holds it, and a takeove
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-
-import pytest
 
 from scheduler_gateway.daemon.store.postgres import PostgresStore
 
 
-@pytest.fixture
-async def two(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
-    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
-    await a.start()
-    await b.start()
-    try:
-        yield a, b
-    finally:
-        await a.stop()
-        await b.stop()
-
-
 async def test_of_instances_racing_for_a_lease_one_holds_it_and_a_takeover_is_one_term(
-    two: tuple[PostgresStore, PostgresStore],
+    two_pg_stores: tuple[PostgresStore, PostgresStore],
 ) -> None:
-    a, b = two
+    a, b = two_pg_stores
     duty = "race-test"
     got = await asyncio.gather(*((a if n % 2 else b).duties.acquire_duty(duty, f"inst-{n}", 30.0) for n in range(12)))
     winners = [n for n, acquired in enumerate(got) if acquired is not None]

@@ -5,30 +5,14 @@ the expiry it writes never takes back the later extension the node was answered.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
-
 from scheduler_gateway.actors.ports import Change
 from scheduler_gateway.daemon.store.postgres import PostgresStore
 
 from .test_store_contract import T0, bump, make_task
 
 
-@pytest.fixture
-async def two(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
-    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
-    await a.start()
-    await b.start()
-    try:
-        yield a, b
-    finally:
-        await a.stop()
-        await b.stop()
-
-
-async def test_a_late_extension_never_moves_the_lease_back(two: tuple[PostgresStore, PostgresStore]) -> None:
-    a, b = two
+async def test_a_late_extension_never_moves_the_lease_back(two_pg_stores: tuple[PostgresStore, PostgresStore]) -> None:
+    a, b = two_pg_stores
     queued = make_task(901)
     await a.apply(Change(task=queued, expected_revision=None))
     running = bump(queued, state="running", lease_id="lse_1", started_at=T0, lease_expires_at=T0 + 30)

@@ -28,18 +28,6 @@ from .test_store_contract_flow import put
 WAIT_S = 4.0
 
 
-@pytest.fixture
-async def two(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
-    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
-    await a.start()
-    await b.start()
-    try:
-        yield a, b
-    finally:
-        await a.stop()
-        await b.stop()
-
-
 @contextlib.asynccontextmanager
 async def held_open(
     monkeypatch: pytest.MonkeyPatch, store: PostgresStore, change: Any
@@ -96,9 +84,9 @@ async def relay_read(store: PostgresStore) -> list[str]:
 
 
 async def test_a_write_held_open_never_holds_up_another_instances_creates_and_settles(
-    two: tuple[PostgresStore, PostgresStore], monkeypatch: pytest.MonkeyPatch
+    two_pg_stores: tuple[PostgresStore, PostgresStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    a, b = two
+    a, b = two_pg_stores
     frozen = make_task(1, id="tsk_frozen_write_1")
     async with held_open(monkeypatch, a, create(frozen)) as commit:
         for n in range(2, 6):  # b creates, claims and settles tasks meanwhile, each commit on its own
@@ -114,13 +102,13 @@ async def test_a_write_held_open_never_holds_up_another_instances_creates_and_se
 
 
 async def test_the_relay_reads_a_prefix_of_what_it_reads_next_and_every_event_once(
-    two: tuple[PostgresStore, PostgresStore], monkeypatch: pytest.MonkeyPatch
+    two_pg_stores: tuple[PostgresStore, PostgresStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A transaction that wrote its outbox row (a lower ``seq``) before others and commits after them: while it
     is open the relay publishes nothing written after it began (the horizon), so what it published before that
     commit is a prefix of what it reads after; once it commits its event is read, not skipped, and every event
     is read once."""
-    a, b = two
+    a, b = two_pg_stores
     early = make_task(1, id="tsk_early_event_1")
     await a.apply(create(early))  # committed before anything is held open: free to go at once
     first = await relay_read(b)
@@ -175,9 +163,9 @@ async def test_the_relay_read_is_in_writing_transaction_order_not_seq_order(pg_u
 
 @pytest.mark.parametrize("rule", ["kind_concurrency", "key_concurrency"])
 async def test_two_instances_racing_claims_of_a_limited_kind_never_go_over_it(
-    two: tuple[PostgresStore, PostgresStore], rule: str
+    two_pg_stores: tuple[PostgresStore, PostgresStore], rule: str
 ) -> None:
-    a, b = two
+    a, b = two_pg_stores
     if rule == "kind_concurrency":
         await put(a, KindSettings(kind="echo", concurrency=3))
         tasks = [make_task(n) for n in range(1, 21)]
@@ -205,10 +193,10 @@ async def test_two_instances_racing_claims_of_a_limited_kind_never_go_over_it(
 
 
 async def test_a_limited_kinds_claims_wait_only_for_that_kind(
-    two: tuple[PostgresStore, PostgresStore], monkeypatch: pytest.MonkeyPatch
+    two_pg_stores: tuple[PostgresStore, PostgresStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A claim of a limited kind held open holds up claims of that kind only: another kind's claims commit."""
-    a, b = two
+    a, b = two_pg_stores
     await put(a, KindSettings(kind="echo", concurrency=5))
     await put(a, KindSettings(kind="other", concurrency=5), 2)
     mine, theirs = make_task(1), make_task(2, kind="other")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -28,20 +27,8 @@ from .test_schedule_store import T0, run, schedule
 from .test_store_contract import bump, event_for, make_task
 
 
-@pytest.fixture
-async def two(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
-    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
-    await a.start()
-    await b.start()
-    try:
-        yield a, b
-    finally:
-        await a.stop()
-        await b.stop()
-
-
-async def test_two_instances_claim_disjoint_schedules(two: tuple[PostgresStore, PostgresStore]) -> None:
-    a, b = two
+async def test_two_instances_claim_disjoint_schedules(two_pg_stores: tuple[PostgresStore, PostgresStore]) -> None:
+    a, b = two_pg_stores
     for n in range(1, 41):
         await a.insert_schedule(schedule(n, next_run_at=T0))
     got = await asyncio.gather(*(s.claim_due(T0 + 1, 60, 5) for s in (a, b) for _ in range(4)))
@@ -50,8 +37,8 @@ async def test_two_instances_claim_disjoint_schedules(two: tuple[PostgresStore, 
     assert await a.claim_due(T0 + 1, 60, 10) == []  # all held under their lease now
 
 
-async def test_one_active_run_across_instances(two: tuple[PostgresStore, PostgresStore]) -> None:
-    a, b = two
+async def test_one_active_run_across_instances(two_pg_stores: tuple[PostgresStore, PostgresStore]) -> None:
+    a, b = two_pg_stores
     await a.insert_schedule(schedule(1))
     results = await asyncio.gather(
         a.insert_run(run(1, 1)), b.insert_run(run(2, 1)), a.insert_run(run(3, 1)), return_exceptions=True
@@ -61,8 +48,8 @@ async def test_one_active_run_across_instances(two: tuple[PostgresStore, Postgre
     assert await b.count_active_runs() == 1
 
 
-async def test_one_running_task_per_thread_is_the_index(two: tuple[PostgresStore, PostgresStore]) -> None:
-    a, b = two
+async def test_one_running_task_per_thread_is_the_index(two_pg_stores: tuple[PostgresStore, PostgresStore]) -> None:
+    a, b = two_pg_stores
     t1, t2 = make_task(1, thread_id="thr_1"), make_task(2, thread_id="thr_1")
     await a.apply(Change(task=t1, expected_revision=None))
     await a.apply(Change(task=t2, expected_revision=None))  # two queued in one thread: fine
@@ -73,8 +60,10 @@ async def test_one_running_task_per_thread_is_the_index(two: tuple[PostgresStore
     assert (await b.get_task(t2.id)).state == "queued"  # type: ignore[union-attr]
 
 
-async def test_ids_page_in_byte_order_whatever_the_collation(two: tuple[PostgresStore, PostgresStore]) -> None:
-    a, _ = two
+async def test_ids_page_in_byte_order_whatever_the_collation(
+    two_pg_stores: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, _ = two_pg_stores
     for task_id in ("tsk_b", "tsk_B", "tsk_a_1", "tsk_a1", "tsk_Z"):
         await a.apply(Change(task=make_task(1, id=task_id), expected_revision=None))
     page = await a.list_tasks(TaskQuery(limit=10))
@@ -229,7 +218,9 @@ async def test_a_purge_leaves_a_parent_that_a_child_insert_holds_and_keeps_it_on
         await store.stop()
 
 
-async def test_a_rate_counts_each_start_on_the_database_clock(two: tuple[PostgresStore, PostgresStore]) -> None:
+async def test_a_rate_counts_each_start_on_the_database_clock(
+    two_pg_stores: tuple[PostgresStore, PostgresStore],
+) -> None:
     """Found by the simulation (two instances 4 s apart started two tasks in one instant under a rate of one per
     2 s): a start is counted when its claim commits, on the database's clock, whatever the deciding instance's
     clock said (``startedAt`` an hour behind, an hour ahead, or a claim decided before a long pause)."""
@@ -239,7 +230,7 @@ async def test_a_rate_counts_each_start_on_the_database_clock(two: tuple[Postgre
     from .test_store_contract import create
     from .test_store_contract_flow import claim
 
-    a, b = two
+    a, b = two_pg_stores
     await a.put_kind(
         KindSettings(kind="echo", rate=Rate(limit=1, period_s=60.0)),
         AuditEntry(id="aud_rate", at=T0, action="kind.update", object_type="kind", object_id="echo", result="ok",

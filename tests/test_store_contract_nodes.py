@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import psycopg
-import pytest
 
 from scheduler_gateway.actors.model.records import ActorRef, AuditEntry
 from scheduler_gateway.actors.nodes import NodeRegistry
@@ -76,22 +74,12 @@ async def test_a_copy_takes_a_newer_drain_and_a_newer_heartbeat_never_an_older_o
     assert nodes.is_draining("node-2") and nodes.take_dirty() == []
 
 
-@pytest.fixture
-async def two(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
-    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
-    await a.start()
-    await b.start()
-    try:
-        yield a, b
-    finally:
-        await a.stop()
-        await b.stop()
-
-
-async def test_two_instances_drain_and_flush_at_once_and_lose_nothing(two: tuple[PostgresStore, PostgresStore]) -> None:
+async def test_two_instances_drain_and_flush_at_once_and_lose_nothing(
+    two_pg_stores: tuple[PostgresStore, PostgresStore],
+) -> None:
     """Drains and undrains on both instances, interleaved with both flushing heartbeats: every drain is counted
     (the revision is computed in the database), the flag is the last drain's, the heartbeat the newest."""
-    a, b = two
+    a, b = two_pg_stores
     await a.put_nodes([_heard(T0)])
     drains = [
         (a if n % 2 else b).set_node_draining("node-1", n % 3 != 0, _audit(n, "node-1", "drain")) for n in range(40)
