@@ -136,14 +136,17 @@ class LetterRules:
 
     @rule(
         inst=st.integers(0, 7),
-        k=st.integers(0, 3),
+        # a round reads few letters: early awaits, and an operator who acts on the letter the round holds (the
+        # oldest death, as the round takes them) and lets the round go on, are what a lost update needs; rarer
+        # draws made the default budget pause a round over a letter in 18 of 24,000 steps, too few to find one
+        k=st.sampled_from([0, 0, 1, 3]),
         at=st.sampled_from(KEEPER_AWAITS),
         redrive_delay=st.sampled_from([0.0, 0.0, 300.0]),
         archive_after=st.sampled_from([0.0, 0.0, 3600.0]),
         pause=st.booleans(),
-        during=st.sampled_from([None, *LETTER_ACTIONS]),
-        i=st.integers(0, 3),
-        resume=st.booleans(),
+        during=st.sampled_from([None, *LETTER_ACTIONS, *LETTER_ACTIONS]),
+        i=st.sampled_from([0, 0, 1, 3]),
+        resume=st.sampled_from([True, True, False]),
     )
     def keeper_sweep(
         self,

@@ -349,7 +349,7 @@ class SimMachine(KindRules, LetterRules, RuleBasedStateMachine):
                     self._committed(change, now)
         elif (written := kind_committed(name, args, result)) is not None:
             self.flow.kind_written(written)
-        elif name == "put_dead_letter":
+        elif name == "put_dead_letter" and result:  # False: its compare-and-set lost, nothing was written
             self.log.put_letter(args[0])
         elif name in ("insert_schedule", "save_schedule", "record_launch", "record_completion", "delete_schedule"):
             sid = args[0] if isinstance(args[0], str) else args[0].id
