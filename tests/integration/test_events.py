@@ -579,7 +579,11 @@ async def test_a_publish_lost_mid_batch_keeps_the_stream_in_outbox_order(
     # stream's tail on, an ack per event
     first = [(i, False) for i in expected[:-1]] + [(expected[-1], True)] if loss == "silent" else []
     first = first or [(expected[0], False), (expected[1], False)]
-    assert sent == first + [(i, True) for i in expected[1:]]
+    # the next round starts after the stream's tail; a loaded machine may read the tail before the first round's
+    # unacked send of the first event landed, and the round sends that one again (its Nats-Msg-Id deduplicates it:
+    # the stream above holds it once)
+    again = [(i, True) for i in expected[1:]]
+    assert sent in (first + again, [*first, (expected[0], True), *again]), sent
 
 
 async def _outbox_empty(gw: Gateway) -> bool:
