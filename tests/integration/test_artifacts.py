@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import secrets
 import time
@@ -196,6 +197,19 @@ async def _claimed(api: Api, node: HandNode, **body: Any) -> tuple[str, str]:
     assert reply.ok and reply.lease_id is not None
     CLAIMED[reply.lease_id] = offer.attempt_id
     return task["id"], reply.lease_id
+
+
+@contextlib.asynccontextmanager
+async def on_a_claimed_task(tmp_path: Path, nats_url: str) -> AsyncIterator[tuple[Gateway, Api, HandNode, str, str]]:
+    """A gateway, its API as admin, node ``node-a`` and a task that node holds the lease of: (gw, api, node, task
+    id, lease id)."""
+    async with running_gateway(tmp_path / "gw", nats_url) as gw, api_client(gw) as api:
+        node = await HandNode.connect(nats_url, "node-a")
+        try:
+            task_id, lease = await _claimed(api, node)
+            yield gw, api, node, task_id, lease
+        finally:
+            await node.close()
 
 
 async def test_the_node_protocol_refuses_what_the_contract_refuses(
