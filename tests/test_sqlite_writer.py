@@ -28,6 +28,12 @@ def wal_size(db: Path) -> int:
     return os.path.getsize(f"{db}-wal")
 
 
+def wal_restarts(db: Path) -> int:
+    """The WAL header's checkpoint sequence number: SQLite adds one each time the WAL starts over."""
+    with open(f"{db}-wal", "rb") as f:
+        return int.from_bytes(f.read(16)[12:16], "big")
+
+
 async def test_small_batches_commit_on_the_loop_and_heavy_ops_in_the_writer_thread(tmp_path: Path) -> None:
     db = SqliteDb(tmp_path / "gw.db")
     await db.start()
@@ -153,7 +159,7 @@ async def test_the_wal_starts_over_under_writes_and_reads_that_never_pause(tmp_p
 
         readers = [asyncio.ensure_future(reader()) for _ in range(2)]
         rows, batches = 50, 1200  # 60 MB written, 15 times the bound
-        largest = 0
+        largest, first = 0, None
         for k in range(0, batches, 4):
 
             def insert(start: int) -> Callable[[sqlite3.Connection], None]:
@@ -164,10 +170,15 @@ async def test_the_wal_starts_over_under_writes_and_reads_that_never_pause(tmp_p
 
             await asyncio.gather(*(db.run(insert((k + j) * rows), weight=rows) for j in range(4)))
             largest = max(largest, wal_size(path))
+            first = wal_restarts(path) if first is None else first
+        restarts = wal_restarts(path) - (first or 0)
         stop.set()
         await asyncio.gather(*readers)
         written = batches * rows * len(BLOB)
-        assert largest < written / 5, (largest, written)
+        # without the catch-up the WAL never starts over and grows to about ``written``; how near the bound it
+        # stays depends on the machine's load (loaded runs saw 15-25 MB), so the test asks for what the catch-up
+        # does: starting over again and again, which keeps the WAL well short of what went through it
+        assert restarts >= 3 and largest < written * 0.6, (restarts, largest, written)
         (count,) = (await db.fetchall("SELECT count(*) FROM scratch"))[0]
         assert count == batches * rows
     finally:
