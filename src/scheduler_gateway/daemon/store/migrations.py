@@ -198,7 +198,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 6: retention (what it asks for: terminal tasks by finish, keys by age, active runs by task; text in
     # store/retention.py)
     RETENTION_MIGRATION,
-    # 7: task lists that combine filters (bench/bench_growth.py, docs/PERFORMANCE.md#growth-issue-11). A page
+    # 7: task lists that combine filters (bench/bench_growth.py, docs/PERFORMANCE.md#growth). A page
     # is ``WHERE id > ? AND <filters> ORDER BY id LIMIT ?``; with one-column indexes the planner walks one
     # filter's (column, id) index in id order and tests the others on each row, so a rare combination reads
     # every row of the common one (a user's queued tasks behind a million finished ones: 400 ms). These give
