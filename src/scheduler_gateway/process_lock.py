@@ -13,8 +13,10 @@ import fcntl
 import os
 from pathlib import Path
 
+from scheduler_gateway.wire.errors import Fault
 
-class InUse(RuntimeError):
+
+class InUse(Fault, RuntimeError):
     """Another live process holds the lock; ``holder`` is the pid it wrote ("?" when unreadable)."""
 
     def __init__(self, path: Path, holder: str) -> None:

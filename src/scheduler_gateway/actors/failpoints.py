@@ -26,6 +26,8 @@ import signal
 import sys
 from typing import Literal
 
+from scheduler_gateway.wire.errors import Fault
+
 ENV = "GW_FAILPOINTS"
 EXIT_CODE = 137
 
@@ -65,7 +67,7 @@ class Arm:
 _armed: dict[str, Arm] | None = None
 
 
-class FailpointSpecError(ValueError):
+class FailpointSpecError(Fault, ValueError):
     pass
 
 

@@ -18,6 +18,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 
+from scheduler_gateway.wire.errors import Fault
 from scheduler_gateway.wire.names import KIND_RULE, is_kind
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ PUBLISH_RETRY_S = 1.0
 KIND_RETRY_MAX_S = 60.0
 
 
-class KindUnavailable(Exception):
+class KindUnavailable(Fault):
     """The bus cannot offer this kind at all (its name, or its consumer refused): a fault of the kind, not of
     NATS. ``Bus.publish_offers`` answers it for each offer of that kind."""
 

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
+from scheduler_gateway.wire.errors import Fault
 from scheduler_gateway.wire.messages import Settle
 
 from .model.artifacts import ArtifactLimits, ArtifactRecord
@@ -533,7 +534,7 @@ class TaskStore(
     """Every narrow port: what a store adapter implements (``SqliteStore``, the memory store of the tests)."""
 
 
-class PublishUncertain(Exception):
+class PublishUncertain(Fault):
     """A publish whose items were not acked one by one, and whose last ack did not vouch for them all."""
 
 

@@ -41,6 +41,7 @@ from scheduler_gateway.daemon.nats.embedded import (
 from scheduler_gateway.daemon.nats.nats_server import MAX_PAYLOAD_BYTES, find_binary, port_in_use
 from scheduler_gateway.daemon.store.integrity import CHECK_BUDGET_S, inspect_sqlite_file
 from scheduler_gateway.daemon.store.probe import describe_version, known_version, probe_postgres, sqlite_schema_version
+from scheduler_gateway.wire.errors import Fault
 from scheduler_gateway.wire.redact import redact_url
 
 #: What a task message needs above its payload: the offer's other fields and headers.
@@ -59,7 +60,7 @@ class CheckResult:
     warning: bool = False
 
 
-class NatsProbeError(Exception):
+class NatsProbeError(Fault):
     """The server did not answer as it should; the message is fit for printing."""
 
 

@@ -1,6 +1,17 @@
-"""Stable error codes and the one error hierarchy that carries them.
+"""Stable error codes and the one error hierarchy of the package.
+
+Every exception the daemon raises on purpose is under ``SchedulerGatewayError``::
+
+    SchedulerGatewayError
+    +-- GatewayError            a refusal or failure with a stable ``code``: what a caller is answered
+    |   +-- InvalidArgument, PayloadTooLarge, Unauthenticated, Forbidden, NotFound, Conflict,
+    |   |   StorageError, Unavailable (and their subclasses next to the rules that raise them)
+    +-- Fault                   a condition one part reports to another and the catcher handles;
+        +-- ConfigError, StoreUrlError, WriterLost, PublishError, ...   never an answer as it is
 
 Codes are the contract's (docs/API.md, Errors and docs/WIRE.md, Claim). Only the HTTP layer maps them to status codes.
+The worker SDK and the client keep hierarchies of their own (``TaskFailed``, ``GatewayClientError``): they are
+raised in users' processes, and their users catch them by those names.
 """
 
 from __future__ import annotations
@@ -48,7 +59,16 @@ class Code:
     CANCELED: Final = "CANCELED"
 
 
-class GatewayError(Exception):
+class SchedulerGatewayError(Exception):
+    """The base of every exception the daemon raises on purpose."""
+
+
+class Fault(SchedulerGatewayError):
+    """A condition reported between the daemon's own parts and handled where it is caught (a lost writer, a
+    publish that may or may not have landed, a bad config file): never answered to a caller as it is."""
+
+
+class GatewayError(SchedulerGatewayError):
     """A domain error: a stable ``code``, a human message and JSON-safe details (never a secret)."""
 
     code: str = Code.INTERNAL

@@ -33,6 +33,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 from croniter.croniter import CroniterError
 
+from scheduler_gateway.wire.errors import Fault
+
 _EPOCH = datetime(1970, 1, 1)
 _MINUTE = timedelta(minutes=1)
 _DAY = timedelta(days=1)
@@ -48,7 +50,7 @@ _SINGLE_NUMBER_RE = re.compile(r"\A[0-9]{1,2}\Z")
 _DAYS_IN_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # the most each month can have
 
 
-class CronError(ValueError):
+class CronError(Fault, ValueError):
     """The expression or the time zone is not valid; the message says why (no secrets in it)."""
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler_gateway.wire.errors import Code, Conflict
+from scheduler_gateway.wire.errors import Code, Conflict, Fault
 
 ERROR_REASONS = frozenset({Code.LEASE_EXPIRED, Code.TIMEOUT, Code.HANDLER_ERROR})
 
@@ -10,7 +10,7 @@ ERROR_REASONS = frozenset({Code.LEASE_EXPIRED, Code.TIMEOUT, Code.HANDLER_ERROR}
 STALE_RETRIES = 8
 
 
-class StaleWrite(Exception):
+class StaleWrite(Fault):
     """A write's compare-and-set lost: another writer (a cancel cascade, another instance) changed the task
     after this message read it. The mailbox re-runs the message on the fresh task; callers never see it."""
 

@@ -12,6 +12,7 @@ import msgspec
 
 from scheduler_gateway.actors.model.flow import KindSettings
 from scheduler_gateway.daemon.config.store_url import StoreLocation, parse_store_url, sqlite_url
+from scheduler_gateway.wire.errors import Fault
 from scheduler_gateway.wire.redact import REDACTED, redact_one_url, redact_url
 
 Mode = Literal["dev", "production"]
@@ -52,7 +53,7 @@ _SUBJECT_PREFIX = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 _NATS_HARD_MAX_PAYLOAD = 64 * 1024 * 1024
 
 
-class ConfigError(Exception):
+class ConfigError(Fault):
     """The configuration is invalid; ``problems`` lists every finding (keys, never secret values)."""
 
     def __init__(self, problems: list[str]) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
+from scheduler_gateway.wire.errors import Fault
 from scheduler_gateway.wire.redact import redact_one_url
 
 StoreKind = Literal["sqlite", "postgresql"]
@@ -50,7 +51,7 @@ class StoreLocation:
         return f"StoreLocation(kind={self.kind!r}, url={self.redacted!r})"
 
 
-class StoreUrlError(ValueError):
+class StoreUrlError(Fault, ValueError):
     """The URL names no store we know; the message never contains the URL's secrets."""
 
 

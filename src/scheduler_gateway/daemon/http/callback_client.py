@@ -31,13 +31,14 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
 from scheduler_gateway.actors.ports import CallbackPost
+from scheduler_gateway.wire.errors import Fault
 
 log = logging.getLogger(__name__)
 
 MAX_RESPONSE_READ = 64 * 1024  # a receiver's answer body is read (to reuse the connection), then dropped
 
 
-class TargetRefused(OSError):
+class TargetRefused(Fault, OSError):
     """The target is not a public address (production mode)."""
 
 

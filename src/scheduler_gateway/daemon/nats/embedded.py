@@ -39,6 +39,7 @@ from pathlib import Path
 from scheduler_gateway.daemon.nats.auth import DEV_NODE_ID, node_permissions
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess, NatsUser
 from scheduler_gateway.process_lock import InUse, ProcessLock
+from scheduler_gateway.wire.errors import Fault
 from scheduler_gateway.wire.subjects import Subjects
 
 NATS_SUBDIR = "nats"
@@ -51,7 +52,7 @@ NODE_USER = "node"
 _PASSWORD_BYTES = 32
 
 
-class DataDirInUse(RuntimeError):
+class DataDirInUse(Fault, RuntimeError):
     """Another live process runs the embedded server of this data dir."""
 
 

@@ -28,13 +28,15 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from scheduler_gateway.wire.errors import Fault
+
 log = logging.getLogger(__name__)
 
 
 SWEEP_AT = 8192  # pending acks before the futures nobody waits for any more are swept out
 
 
-class PublishError(Exception):
+class PublishError(Fault):
     """JetStream refused the message (or nobody answered for its subject)."""
 
 

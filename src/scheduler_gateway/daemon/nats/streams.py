@@ -38,6 +38,7 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError, NotFoundError
 
+from scheduler_gateway.wire.errors import Fault
 from scheduler_gateway.wire.subjects import (
     DISPATCH_STREAM,
     EVENTS_STREAM,
@@ -127,7 +128,7 @@ async def ensure_streams(
     )
 
 
-class ConsumerNameTaken(Exception):
+class ConsumerNameTaken(Fault):
     """The kind's consumer name belongs to another kind: a dot becomes ``_`` in a consumer name, so ``a.b`` and
     ``a_b`` both name ``gw-kind-a_b`` (CONTRACT 3 pins the names). The second kind is refused rather than given
     a consumer that delivers the first kind's offers."""

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler_gateway.daemon.config import ConfigError, load_config
+from scheduler_gateway.wire.errors import Fault
 
 BUSY_TIMEOUT_MS = 10_000
 
 
-class BackupError(Exception):
+class BackupError(Fault):
     """The backup could not be taken; the message is fit for printing (paths, never contents)."""
 
 

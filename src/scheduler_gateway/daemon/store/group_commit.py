@@ -52,6 +52,7 @@ from scheduler_gateway.daemon.store.search import (
 from scheduler_gateway.wire.errors import (
     Code,
     Conflict,
+    Fault,
     GatewayError,
     StorageError,
     task_not_found,
@@ -61,7 +62,7 @@ log = logging.getLogger(__name__)
 A = TypeVar("A")
 
 
-class _Fallback(Exception):
+class _Fallback(Fault):
     """The fast path cannot give every change its own result: redo the batch one change at a time."""
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler_gateway.daemon.store.migrations import MIGRATIONS
+from scheduler_gateway.wire.errors import Fault
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 #: what ``gatewayd check`` spends on ``quick_check`` at most; ``gatewayd run`` spends less (RUN_BUDGET_S)
@@ -50,7 +51,7 @@ class FileVerdict:
     note: str = ""
 
 
-class _OutOfTime(Exception):
+class _OutOfTime(Fault):
     pass
 
 

@@ -40,7 +40,7 @@ from scheduler_gateway.daemon.store.migrations import MIGRATIONS
 from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb, without_idle_bound
 from scheduler_gateway.daemon.store.transfer_secrets import LEFT_OUT_KEY, left_out_warning, without_secrets
 from scheduler_gateway.process_lock import store_lock
-from scheduler_gateway.wire.errors import GatewayError
+from scheduler_gateway.wire.errors import Fault, GatewayError
 
 FORMAT = "scheduler-gateway-export/1"
 
@@ -82,7 +82,7 @@ _BATCH = 1000
 _decode_task = doc_decoder(Task)
 
 
-class TransferError(Exception):
+class TransferError(Fault):
     """The export or import was refused or failed; the message is fit for printing (no contents, no secrets)."""
 
 

@@ -54,6 +54,7 @@ from scheduler_gateway.daemon.store.change_rows import (
 )
 from scheduler_gateway.daemon.store.common import BUSY_TIMEOUT_MS
 from scheduler_gateway.wire import errors
+from scheduler_gateway.wire.errors import Fault
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ Batch = list["tuple[bool, str | None, list[tuple[Any, ...]]] | Statements"]
 Outcome = tuple["list[list[BaseException | None]] | errors.StorageError", int]
 
 
-class WriterLost(Exception):
+class WriterLost(Fault):
     """The writer process is gone: the batch in flight may or may not have committed."""
 
 
