@@ -18,6 +18,7 @@ from scheduler_gateway.daemon.store.postgres.callbacks import PgCallbacks
 from scheduler_gateway.daemon.store.postgres.db import PgDb
 from scheduler_gateway.daemon.store.postgres.dead_letters import PgDeadLetters
 from scheduler_gateway.daemon.store.postgres.duties import PgDuties
+from scheduler_gateway.daemon.store.postgres.group_commit import PgGroupCommit
 from scheduler_gateway.daemon.store.postgres.kinds import PgKinds
 from scheduler_gateway.daemon.store.postgres.migrations import PG_MIGRATIONS, SCHEMA_VERSION
 from scheduler_gateway.daemon.store.postgres.nodes import PgNodes
@@ -58,6 +59,11 @@ class PostgresStore(ComposedStore):
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.redacted_url!r})"
+
+    @property
+    def committer(self) -> PgGroupCommit:
+        """The group committer of this store's task changes (its limits and counters)."""
+        return self._tasks.committer
 
     @property
     def redacted_url(self) -> str:

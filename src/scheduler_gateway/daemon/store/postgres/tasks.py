@@ -2,7 +2,9 @@
 history, audit, outbox, idempotency, dead-letter and callback rows, in one transaction), task reads,
 idempotency keys, audit and the outbox.
 
-``apply`` is one transaction. ``apply_many`` is one transaction too (group commit), each change under a
+``apply`` hands its change to the group committer (postgres/group_commit.py), which writes the changes of
+concurrent callers in one ``apply_many`` (a fenced duty write goes alone, in a transaction that checks its
+fence). ``apply_many`` is one transaction (group commit), each change under a
 savepoint so that one refusal never undoes another. ``apply_group`` is one transaction, all or nothing, with
 the subtree guard as a recursive CTE. The parent rule reads the parent ``FOR SHARE``: a cancel of that parent
 in another transaction waits for this one, and then its subtree guard sees the new child.
@@ -16,6 +18,7 @@ import msgspec
 from psycopg import errors as pg_errors
 
 from scheduler_gateway.actors import failpoints
+from scheduler_gateway.actors.duties import FENCE
 from scheduler_gateway.actors.model.records import (
     ACTIVE_STATES,
     AuditEntry,
@@ -48,6 +51,7 @@ from scheduler_gateway.daemon.store.postgres.flow import (
     lock_claimed_kinds,
     unique_refusal,
 )
+from scheduler_gateway.daemon.store.postgres.group_commit import PgGroupCommit
 from scheduler_gateway.daemon.store.postgres.outbox import SQL_INSERT_OUTBOX, SQL_OUTBOX_BATCH
 from scheduler_gateway.wire.errors import (
     Code,
@@ -223,8 +227,17 @@ class PgTasks:
     def __init__(self, db: PgDb, clock: Callable[[], float] | None = None) -> None:
         self._db = db
         self._clock = clock  # None: the database's clock for the starts a rate counts (postgres/flow.py)
+        # concurrent applies share transactions (postgres/group_commit.py); a few batches at once, well inside
+        # the pool, so reads, heartbeats and the duties keep connections of their own
+        self.committer = PgGroupCommit(self.apply_many, self._apply_alone, max_in_flight=max(1, db.max_size // 3))
 
     async def apply(self, change: Change) -> None:
+        if FENCE.get() is not None:  # a duty's write: its own transaction, which checks the fence (db.py)
+            await self._apply_alone(change)
+            return
+        await self.committer.submit(change)
+
+    async def _apply_alone(self, change: Change) -> None:
         rows = ChangeRows.of(change)
         async with self._db.transaction() as conn:
             await lock_claimed_kinds(conn, [rows])
