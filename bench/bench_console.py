@@ -7,7 +7,12 @@ is signed in through the form (``/ui/login``), and each page is fetched ``--requ
 (the whole answer read), by an admin and by a ``user``. It prints p50 / p99 / max per page and appends one JSON
 line to ``--out`` (default ``bench/results/<UTC date>-console.jsonl``). It asserts nothing.
 
+``--store postgres``: the same tasks in a private PostgreSQL cluster (bench/pg_shape.py, fsync off), written by
+COPY with the PostgreSQL store's own columns and values (bench/growth_pg.py), then ``VACUUM (ANALYZE)``; gatewayd
+runs on it (``GW_STORE_URL``). ``--keep`` leaves that cluster running for ``--reuse DIR --pg-url URL``.
+
     .venv/bin/python bench/bench_console.py                       # 1,000,000 + 100,000 tasks (~4 min fill)
+    .venv/bin/python bench/bench_console.py --store postgres      # the same on PostgreSQL
     .venv/bin/python bench/bench_console.py --terminal 50000 --queued 5000 --requests 50    # quick
     .venv/bin/python bench/bench_console.py --reuse /tmp/gwcon/data                        # a kept fill
 """
@@ -25,9 +30,12 @@ import sqlite3
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import psycopg
 
 SELF = Path(__file__).resolve()
 REPO = SELF.parent.parent
@@ -37,25 +45,45 @@ for p in (str(SELF.parent), str(REPO / "src"), str(REPO)):
 
 from bench_gateway import Daemon, pct, stop_daemon  # noqa: E402
 from bench_growth import DB_NAME, USER_TOKEN, add_user, fill  # noqa: E402
+from growth_pg import add_user_pg, fill_pg  # noqa: E402
+from pg_shape import PrivateCluster, pg_missing  # noqa: E402
 
 _CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
-def pages(db: Path, owner: str | None = None) -> list[tuple[str, str]]:
+Row = Callable[[str, tuple[Any, ...]], Any]
+
+
+def sqlite_row(db: Path) -> Row:
+    def row(sql: str, params: tuple[Any, ...]) -> Any:
+        conn = sqlite3.connect(db)
+        try:
+            return conn.execute(sql, params).fetchone()
+        finally:
+            conn.close()
+
+    return row
+
+
+def pg_row(url: str) -> Row:
+    def row(sql: str, params: tuple[Any, ...]) -> Any:
+        with psycopg.connect(url) as conn:
+            return conn.execute(sql.replace("?", "%s"), params).fetchone()  # type: ignore[arg-type]
+
+    return row
+
+
+def pages(row: Row, owner: str | None = None) -> list[tuple[str, str]]:
     """(name, path) of every console page, with ids and values read from the filled store (the task page: one of
-    ``owner``'s tasks, for a user)."""
-    conn = sqlite3.connect(db)
-    try:
-        task = conn.execute(
-            "SELECT id FROM tasks WHERE state = 'failed' AND owner = coalesce(?, owner) ORDER BY id DESC LIMIT 1",
-            (owner,),
-        ).fetchone()[0]
-        code = conn.execute("SELECT error_code FROM tasks WHERE error_code IS NOT NULL LIMIT 1").fetchone()
-        label = conn.execute("SELECT key, value FROM task_labels LIMIT 1").fetchone()
-        node = conn.execute("SELECT node_id FROM tasks WHERE node_id IS NOT NULL LIMIT 1").fetchone()
-        deep = conn.execute("SELECT id FROM tasks ORDER BY id LIMIT 1 OFFSET 500000").fetchone()
-    finally:
-        conn.close()
+    ``owner``'s tasks, for a user); ``row`` reads one row of the store (SQLite or PostgreSQL)."""
+    task = row(
+        "SELECT id FROM tasks WHERE state = 'failed' AND owner = coalesce(?, owner) ORDER BY id DESC LIMIT 1",
+        (owner,),
+    )[0]
+    code = row("SELECT error_code FROM tasks WHERE error_code IS NOT NULL LIMIT 1", ())
+    label = row("SELECT key, value FROM task_labels LIMIT 1", ())
+    node = row("SELECT node_id FROM tasks WHERE node_id IS NOT NULL LIMIT 1", ())
+    deep = row("SELECT id FROM tasks ORDER BY id LIMIT 1 OFFSET 500000", ())
     out = [
         ("overview", "/ui/"),
         ("tasks", "/ui/tasks?live=0"),
@@ -114,26 +142,55 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=11)
     p.add_argument("--requests", type=int, default=200, help="timed requests per page (default 200)")
     p.add_argument("--reuse", type=Path, default=None, help="a data dir filled by an earlier run")
-    p.add_argument("--keep", action="store_true", help="keep the filled data dir")
+    p.add_argument("--keep", action="store_true", help="keep the filled data dir (postgres: and the cluster running)")
+    p.add_argument(
+        "--store",
+        choices=("sqlite", "postgres"),
+        default="sqlite",
+        help="sqlite (the default: gateway.db in the data dir) or postgres (a private cluster as the tests start\n"
+        "it, fsync off, bench/pg_shape.py; the fill by COPY, bench/growth_pg.py)",
+    )
+    p.add_argument(
+        "--pg-url",
+        default=None,
+        help="--store postgres: a database filled earlier (with --reuse: its data dir)",
+    )
     p.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    if a.store == "postgres" and (why := pg_missing()):
+        raise SystemExit(f"--store postgres: {why}")
+    if a.pg_url and not (a.store == "postgres" and a.reuse):
+        raise SystemExit("--pg-url: with --store postgres and --reuse (the data dir of that fill)")
     out = a.out or REPO / "bench" / "results" / f"{dt.datetime.now(dt.UTC):%Y-%m-%d}-console.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="gwconsole-"))
     data = a.reuse or scratch / "data"
+    cluster = PrivateCluster(keep=a.keep) if a.store == "postgres" and not a.pg_url else None
+    url = a.pg_url
+    fill_rec: dict[str, Any] = {}
     try:
+        if cluster is not None:
+            url = cluster.start()
+            print(f"postgres: {url} (postmaster {cluster.pid}, {cluster.root})", flush=True)
         if a.reuse is None:
-            print(f"fill: {a.terminal:,} terminal + {a.queued:,} queued tasks", flush=True)
-            print(f"fill: {fill(data, a.terminal, a.queued, a.chunk, a.seed)}", flush=True)
+            print(f"fill: {a.terminal:,} terminal + {a.queued:,} queued tasks ({a.store})", flush=True)
+            if url:
+                fill_rec = fill_pg(url, data, a.terminal, a.queued, a.chunk, a.seed)
+            else:
+                fill_rec = fill(data, a.terminal, a.queued, a.chunk, a.seed)
+            print(f"fill: {fill_rec}", flush=True)
         if not (data / USER_TOKEN).exists():
-            asyncio.run(add_user(data))
-        cases = pages(data / DB_NAME)
-        user_cases = pages(data / DB_NAME, "alice")
+            asyncio.run(add_user_pg(url, data) if url else add_user(data))
+        row = pg_row(url) if url else sqlite_row(data / DB_NAME)
+        cases = pages(row)
+        user_cases = pages(row, "alice")
         daemon = Daemon(data)
+        if url:
+            daemon.extra_env = {"GW_STORE_URL": url}
         try:
             daemon.start(timeout_s=180.0)
             admin = asyncio.run(timings(daemon.base, daemon.token, cases, a.requests))
@@ -143,17 +200,19 @@ def main(argv: list[str] | None = None) -> int:
             stop_daemon(daemon)
         rec = {
             "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "store": a.store,
             "terminal": a.terminal,
             "queued": a.queued,
             "requests": a.requests,
             "host_cpus": os.cpu_count(),
             "loadavg": os.getloadavg(),
+            "fill": fill_rec,
             "admin": admin,
             "user": user,
         }
         with out.open("a") as f:
             f.write(json.dumps(rec) + "\n")
-        print(f"{'page':28s} {'admin p50':>10s} {'p99':>8s} {'user p50':>10s} {'p99':>8s}   (ms)")
+        print(f"{'page':28s} {'admin p50':>10s} {'p99':>8s} {'user p50':>10s} {'p99':>8s}   (ms, {a.store})")
         for name, _ in cases:
             ad, us = admin[name], user[name]
             print(f"{name:28s} {ad['p50_ms']:10.1f} {ad['p99_ms']:8.1f} {us['p50_ms']:10.1f} {us['p99_ms']:8.1f}")
@@ -162,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"(kept {data})")
         else:
             shutil.rmtree(scratch, ignore_errors=True)
+        if cluster is not None:
+            if a.keep:  # left running for --reuse DATA --pg-url URL; stop it by its PID
+                print(f"(kept the cluster running: --pg-url {url} --reuse {data}; postmaster PID {cluster.pid})")
+            else:
+                cluster.stop()
     return 0
 
 

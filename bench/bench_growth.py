@@ -65,6 +65,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -227,46 +228,89 @@ def _queued(svc: _Service, rng: random.Random, i: int, created: float) -> list[A
     return [svc.change(sm.create(task, ActorRef("user", owner), created, None), None, None, None, None)]
 
 
+class ChunkRows:
+    """The rows of one fill transaction, built from the tasks' changes by the store's encoder: the final row of
+    each task (its ``ChangeRows``, each store taking its own insert values from it), every history and audit row,
+    the idempotency keys, and the console's rows the SQLite writer adds (labels, minutes, created-off, counts by
+    owner/kind/state of the final rows)."""
+
+    def __init__(self, tasks: list[list[Any]]) -> None:
+        self.finals: list[ChangeRows] = []
+        self.history: list[Any] = []
+        self.audit: list[Any] = []
+        self.idem: list[Any] = []
+        self.labels: list[Any] = []
+        self.minutes: list[Any] = []
+        self.created_off: list[Any] = []
+        counts = []
+        for changes in tasks:
+            rows = [ChangeRows.of(c) for c in changes]
+            self.finals.append(rows[-1])
+            final = rows[-1].task_values
+            counts.append((final[0], final[1], final[2], 1))
+            for r in rows:
+                if r.history is not None:
+                    self.history.append(r.history)
+                if r.audit is not None:
+                    self.audit.append(r.audit)
+                if r.idempotency is not None:
+                    self.idem.append(r.idempotency)
+                if r.labels:
+                    self.labels.extend(r.labels)
+                if r.minute is not None:
+                    self.minutes.append(r.minute)
+                if r.created_off is not None:
+                    self.created_off.append(r.created_off)
+        self.counts = summed_counts(counts)
+
+
 def _write(conn: sqlite3.Connection, tasks: list[list[Any]]) -> None:
-    """One transaction: the final row of each task, every history and audit row, the idempotency keys, and the
-    console's rows the writer adds (labels, minutes, counts by owner/kind/state of the final rows)."""
-    task_rows, history, audit, idem, labels, minutes, created_off, counts = [], [], [], [], [], [], [], []
-    for changes in tasks:
-        rows = [ChangeRows.of(c) for c in changes]
-        task_rows.append(rows[-1].sqlite_insert_row)  # the final row, with the console's columns
-        final = rows[-1].task_values
-        counts.append((final[0], final[1], final[2], 1))
-        for r in rows:
-            if r.history is not None:
-                history.append(r.history)
-            if r.audit is not None:
-                audit.append(r.audit)
-            if r.idempotency is not None:
-                idem.append(r.idempotency)
-            if r.labels:
-                labels.extend(r.labels)
-            if r.minute is not None:
-                minutes.append(r.minute)
-            if r.created_off is not None:
-                created_off.append(r.created_off)
+    """One SQLite transaction of a chunk's rows (``ChunkRows``), with the SQLite store's statements."""
+    c = ChunkRows(tasks)
     conn.execute("BEGIN IMMEDIATE")
-    conn.executemany(SQL_INSERT_TASK, task_rows)
-    conn.executemany(SQL_INSERT_HISTORY, history)
-    conn.executemany(SQL_INSERT_AUDIT, audit)
-    if idem:
-        conn.executemany(SQL_INSERT_IDEMPOTENCY, idem)
-    if labels:
-        conn.executemany(SQL_INSERT_LABEL, labels)
-    if minutes:
-        conn.executemany(SQL_ADD_MINUTE, minutes)
+    conn.executemany(SQL_INSERT_TASK, [r.sqlite_insert_row for r in c.finals])  # with the console's columns
+    conn.executemany(SQL_INSERT_HISTORY, c.history)
+    conn.executemany(SQL_INSERT_AUDIT, c.audit)
+    if c.idem:
+        conn.executemany(SQL_INSERT_IDEMPOTENCY, c.idem)
+    if c.labels:
+        conn.executemany(SQL_INSERT_LABEL, c.labels)
+    if c.minutes:
+        conn.executemany(SQL_ADD_MINUTE, c.minutes)
         conn.execute(SQL_DROP_OLD_MINUTES, (int(time.time() // 60) - MINUTES_KEPT,))
-    if created_off:
-        conn.executemany(SQL_INSERT_CREATED_OFF, created_off)
-    conn.executemany(SQL_ADD_COUNT, summed_counts(counts))
+    if c.created_off:
+        conn.executemany(SQL_INSERT_CREATED_OFF, c.created_off)
+    conn.executemany(SQL_ADD_COUNT, c.counts)
     conn.execute("COMMIT")
 
 
-def fill(data_dir: Path, terminal: int, queued: int, chunk: int, seed: int) -> dict[str, Any]:
+def task_chunks(
+    terminal: int, queued: int, chunk: int, seed: int, now: float | None = None
+) -> Iterator[tuple[int, list[list[Any]]]]:
+    """The fill's tasks, ``chunk`` at a time, each as its changes (``_lifecycle`` / ``_queued``), with the count of
+    tasks made so far (the terminal ones first, then the backlog). Printed every 20 chunks. ``now``: the time the
+    fill's times are relative to (None: the clock), so two fills of one seed and ``now`` hold the same tasks."""
+    rng = random.Random(seed)
+    svc = _Service()
+    now = time.time() if now is None else now
+    t0 = time.perf_counter()
+    first, last = now - 6 * DAY, now - HOUR
+    step = (last - first) / max(1, terminal)
+    for start in range(0, terminal, chunk):
+        batch = [
+            _lifecycle(svc, rng, i, first + i * step + rng.uniform(0, step * 0.9), now)
+            for i in range(start, min(terminal, start + chunk))
+        ]
+        yield start + len(batch), batch
+        if (start // chunk) % 20 == 0:
+            print(f"  fill: {start + len(batch):,} terminal tasks, {time.perf_counter() - t0:.0f} s", flush=True)
+    qfirst, qstep = now - HOUR + 60, (HOUR - 120) / max(1, queued)
+    for start in range(0, queued, chunk):
+        batch = [_queued(svc, rng, i, qfirst + i * qstep) for i in range(start, min(queued, start + chunk))]
+        yield terminal + start + len(batch), batch
+
+
+def fill(data_dir: Path, terminal: int, queued: int, chunk: int, seed: int, now: float | None = None) -> dict[str, Any]:
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / DB_NAME
 
@@ -277,28 +321,15 @@ def fill(data_dir: Path, terminal: int, queued: int, chunk: int, seed: int) -> d
         await store.stop()
 
     asyncio.run(create())
-    rng = random.Random(seed)
-    svc = _Service()
-    now = time.time()
     t0 = time.perf_counter()
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
-    first, last = now - 6 * DAY, now - HOUR
-    step = (last - first) / max(1, terminal)
-    for start in range(0, terminal, chunk):
-        batch = [
-            _lifecycle(svc, rng, i, first + i * step + rng.uniform(0, step * 0.9), now)
-            for i in range(start, min(terminal, start + chunk))
-        ]
+    terminal_s = 0.0
+    for done, batch in task_chunks(terminal, queued, chunk, seed, now):
         _write(conn, batch)
-        if (start // chunk) % 20 == 0:
-            print(f"  fill: {start + len(batch):,} terminal tasks, {time.perf_counter() - t0:.0f} s", flush=True)
-    terminal_s = time.perf_counter() - t0
-    qfirst, qstep = now - HOUR + 60, (HOUR - 120) / max(1, queued)
-    for start in range(0, queued, chunk):
-        batch = [_queued(svc, rng, i, qfirst + i * qstep) for i in range(start, min(queued, start + chunk))]
-        _write(conn, batch)
+        if done == terminal:
+            terminal_s = time.perf_counter() - t0
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     counts = dict(conn.execute("SELECT state, count(*) FROM tasks GROUP BY state").fetchall())
     rows = {
