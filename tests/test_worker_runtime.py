@@ -70,7 +70,7 @@ from scheduler_gateway.worker import (
 )
 from scheduler_gateway.worker import _demo as demo_handlers
 from scheduler_gateway.worker._cli import worker_main
-from scheduler_gateway.worker._runtime import lease_margin
+from scheduler_gateway.worker._leases import lease_margin
 
 log = logging.getLogger(__name__)
 SUBJECTS = Subjects()

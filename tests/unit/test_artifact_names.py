@@ -4,6 +4,7 @@ refuses such a name or type before it sends anything."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from scheduler_gateway.wire.artifacts import CONTENT_TYPE_MAX, content_type_problem, name_problem, upload_id_ok
 from scheduler_gateway.worker import ArtifactRefused
-from scheduler_gateway.worker._artifacts import Uploader
+from scheduler_gateway.worker._artifacts import ArtifactLink, Uploader
 
 NAMES = st.from_regex(re.compile(r"\A[A-Za-z0-9_-]{1,20}(/[A-Za-z0-9._-]{0,10}[A-Za-z0-9_-])?\Z"))
 TOKEN = st.from_regex(re.compile(r"\A[A-Za-z0-9!#$&^_.+-]{1,12}\Z"))
@@ -51,14 +52,12 @@ def test_the_limits_and_shapes() -> None:
     assert upload_id_ok("upl_abc") and not upload_id_ok("upl_abc\n") and not upload_id_ok("upl_")
 
 
-class _NoNats:
-    """A worker whose connection must never be used: the SDK refuses before sending."""
+async def _never(*args: Any, **kwargs: Any) -> bytes:
+    raise AssertionError("the SDK sent a request for an artifact it should have refused")
 
-    node_id = "node-x"
 
-    @property
-    def nc(self) -> Any:
-        raise AssertionError("the SDK sent a request for an artifact it should have refused")
+#: a link whose connection must never be used: the SDK refuses before sending
+_NO_NATS = ArtifactLink(request=_never, publish=_never, reconnected=asyncio.Event)
 
 
 @pytest.mark.parametrize(
@@ -66,7 +65,7 @@ class _NoNats:
     [("a.txt\n", None), ("x" * 255 + "\n", None), ("a.txt", "text/plain\n"), ("a.txt", "text/plain; a=b\r\nX: y")],
 )
 async def test_the_worker_sdk_refuses_such_a_name_or_type_before_sending(name: str, content_type: str | None) -> None:
-    uploader = Uploader(_NoNats(), "tsk_x", "lse_x")  # type: ignore[arg-type]
+    uploader = Uploader(_NO_NATS, "tsk_x", "lse_x")
     with pytest.raises(ArtifactRefused) as refused:
         await uploader.put(name, b"data", content_type)
     assert refused.value.code == "INVALID_ARGUMENT"

@@ -6,7 +6,9 @@ go in chunks (the size the gateway hands out, 1 MiB by default), at most ``WINDO
 unacknowledged at a time, so a 1 GiB file never sits in the worker's memory: a path is read a chunk at a time in
 a thread, an async iterator is re-chunked as it yields. The sha256 is computed as the chunks go. Then the
 gateway checks what it stored against the size and digest and records it; its refusal raises ``ArtifactRefused``
-with the stable code (the handler may catch it; uncaught, the attempt fails like any exception).
+with the stable code (the handler may catch it; uncaught, the attempt fails like any exception). An ``Uploader``
+is given an ``ArtifactLink`` (the artifact subject's request, the chunks' JetStream publish, the reconnect
+signal), never the worker.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import contextlib
 import hashlib
 import mimetypes
 import os
-from collections.abc import AsyncIterable, AsyncIterator
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final
 
 import msgspec
 
@@ -34,9 +37,6 @@ from scheduler_gateway.wire.artifacts import (
     name_problem,
 )
 from scheduler_gateway.wire.errors import Code
-
-if TYPE_CHECKING:
-    from ._runtime import Worker
 
 WINDOW: Final = 16  # chunks in flight (published, not yet acked by JetStream)
 REQUEST_TIMEOUT_S: Final = 10.0
@@ -60,24 +60,34 @@ class ArtifactRefused(Exception):
 Data = bytes | bytearray | memoryview | str | os.PathLike[str] | AsyncIterable[bytes]
 
 
-class Uploader:
-    """One handler's artifacts, on its worker's NATS connection."""
+@dataclass(frozen=True)
+class ArtifactLink:
+    """What an ``Uploader`` needs of the worker's connection: ``request`` on the node's artifact subject,
+    ``publish(subject, chunk, timeout_s)`` of a chunk to JetStream (returns once the stream holds it), and
+    ``reconnected()``, the event set at the next reconnect."""
 
-    def __init__(self, worker: Worker, task_id: str, lease_id: str) -> None:
-        self._w = worker
+    request: Callable[[bytes, float], Awaitable[bytes]]
+    publish: Callable[[str, bytes, float], Awaitable[object]]
+    reconnected: Callable[[], asyncio.Event]
+
+
+class Uploader:
+    """One handler's artifacts, sent over ``link``."""
+
+    def __init__(self, link: ArtifactLink, task_id: str, lease_id: str) -> None:
+        self._link = link
         self._task_id = task_id
         self._lease_id = lease_id
 
     async def _request(self, req: ArtifactRequest, timeout_s: float = REQUEST_TIMEOUT_S) -> ArtifactReply:
-        w = self._w
         try:
-            msg = await w.nc.request(w.subjects.artifact(w.node_id), _encode(req), timeout=timeout_s)
+            data = await self._link.request(_encode(req), timeout_s)
         except Exception as exc:  # no gateway answered in time: the caller may retry
             raise ArtifactRefused(
                 Code.SERVICE_UNAVAILABLE, f"no answer from the gateway ({type(exc).__name__})"
             ) from None
         try:
-            return _decode_reply(msg.data)
+            return _decode_reply(data)
         except msgspec.DecodeError:
             raise ArtifactRefused(Code.SERVICE_UNAVAILABLE, "the gateway's answer does not decode") from None
 
@@ -152,9 +162,7 @@ class Uploader:
     async def _commit_once(self, commit: ArtifactCommit | ArtifactPut, timeout_s: float) -> ArtifactReply:
         """One commit request; when the connection is re-made meanwhile (the gateway may have restarted and
         lost it), SERVICE_UNAVAILABLE at once rather than after the whole timeout, so the caller sends again."""
-        reconnected = getattr(self._w, "reconnected", None)
-        if not isinstance(reconnected, asyncio.Event):
-            return await self._request(commit, timeout_s)
+        reconnected = self._link.reconnected()
         request = asyncio.ensure_future(self._request(commit, timeout_s))
         waiter = asyncio.ensure_future(reconnected.wait())
         try:
@@ -168,7 +176,7 @@ class Uploader:
         raise ArtifactRefused(Code.SERVICE_UNAVAILABLE, "the connection to NATS was re-made during the commit")
 
     async def _upload(self, subject: str, chunks: AsyncIterator[bytes], limit: int) -> tuple[int, str]:
-        js = self._w.js
+        publish = self._link.publish
         h, total = hashlib.sha256(), 0
         window: set[asyncio.Future[Any]] = set()
 
@@ -186,7 +194,7 @@ class Uploader:
                     raise ArtifactRefused(Code.PAYLOAD_TOO_LARGE, f"the artifact is over its limit of {limit} bytes")
                 h.update(chunk)
                 await drain(WINDOW - 1)
-                window.add(asyncio.ensure_future(js.publish(subject, chunk, timeout=REQUEST_TIMEOUT_S)))
+                window.add(asyncio.ensure_future(publish(subject, chunk, REQUEST_TIMEOUT_S)))
             await drain(0)
         finally:
             for fut in window:

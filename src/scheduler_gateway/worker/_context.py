@@ -1,11 +1,12 @@
-"""What a handler sees: ``TaskContext`` (the attempt it runs, progress, cancellation), ``TaskFailed`` and the
-``Handler`` signature."""
+"""What a handler sees: ``TaskContext`` (the attempt it runs, progress, cancellation, artifacts), ``TaskFailed``
+and the ``Handler`` signature; ``AttemptState``, what the context shares with whoever runs the handler (the
+runtime's lease book, or ``scheduler_gateway.worker.testing``), and ``ArtifactSink``, where its artifacts go."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import msgspec
 
@@ -47,6 +48,32 @@ class TaskFailed(Exception):
         self.code = code
 
 
+class ArtifactSink(Protocol):
+    """Where ``ctx.put_artifact`` sends a file or blob: the runtime's ``Uploader`` (worker/_artifacts.py), or the
+    in-memory store of ``scheduler_gateway.worker.testing``."""
+
+    async def put(self, name: str, data: Any, content_type: str | None) -> dict[str, Any]: ...
+
+
+class AttemptState:
+    """What a handler's context and the one running it share: the last progress (JSON, read by the heartbeats),
+    how many times the handler called ``heartbeat``, and whether the attempt was cancelled. The runtime sets
+    ``cancelled`` just before it cancels the handler's asyncio task."""
+
+    __slots__ = ("beats", "cancelled", "progress")
+
+    def __init__(self) -> None:
+        self.progress: msgspec.Raw | None = None
+        self.cancelled = False
+        self.beats = 0
+
+    def record(self, progress: msgspec.Raw | None) -> None:
+        """A ``ctx.heartbeat`` call: ``progress`` None keeps the previous value."""
+        self.beats += 1
+        if progress is not None:
+            self.progress = progress
+
+
 class TaskContext:
     """What a handler knows about the attempt it runs, and its two ways to talk back.
 
@@ -58,9 +85,8 @@ class TaskContext:
     """
 
     __slots__ = (
-        "_cancelled",
-        "_progress",
-        "_uploader",
+        "_artifacts",
+        "_state",
         "attempt_id",
         "attempt_no",
         "kind",
@@ -84,6 +110,8 @@ class TaskContext:
         thread_id: str | None = None,
         request_id: str | None = None,
         traceparent: str | None = None,
+        state: AttemptState | None = None,
+        artifacts: ArtifactSink | None = None,
     ) -> None:
         self.task_id = task_id
         self.attempt_id = attempt_id
@@ -96,19 +124,19 @@ class TaskContext:
         #: the W3C trace context to pass on to the services the handler calls: its own span's when the worker
         #: exports traces (docs/WORKERS.md, Tracing), else the task's as the offer brought it (None: no trace)
         self.traceparent = traceparent
-        self._progress: msgspec.Raw | None = None
-        self._cancelled = False
-        #: set by the runtime (worker/_artifacts.py): where ``put_artifact`` sends the bytes
-        self._uploader: Any = None
+        self._state = state if state is not None else AttemptState()
+        #: where ``put_artifact`` sends the bytes (None: a context built by hand, which has nowhere to send them)
+        self._artifacts = artifacts
 
     @property
     def cancelled(self) -> bool:
-        return self._cancelled
+        return self._state.cancelled
 
     @property
     def progress(self) -> Any:
         """The last progress recorded by ``heartbeat``, decoded (None if none)."""
-        return None if self._progress is None else _decode_any(self._progress)
+        raw = self._state.progress
+        return None if raw is None else _decode_any(raw)
 
     async def heartbeat(self, progress: Any = None) -> None:
         """Record ``progress`` (JSON-able; None keeps the previous value) for the next heartbeat.
@@ -116,13 +144,15 @@ class TaskContext:
         Raises ``TypeError`` for a value that is not JSON-able and ``ProgressTooLarge`` (a ``ValueError``)
         for one over ``MAX_PROGRESS_BYTES`` encoded; either way the previous progress stays.
         """
+        raw = None
         if progress is not None:
             # Encode now, so a value that is not JSON-able or too big fails in the handler that passed
             # it, not later inside the heartbeat of every lease this node holds.
             data = _encode(progress)
             if len(data) > MAX_PROGRESS_BYTES:
                 raise ProgressTooLarge(len(data))
-            self._progress = msgspec.Raw(data)
+            raw = msgspec.Raw(data)
+        self._state.record(raw)
         # Yield once: a tight handler loop that only calls heartbeat() still sees a cancel.
         await asyncio.sleep(0)
 
@@ -132,10 +162,9 @@ class TaskContext:
         the name (else ``application/octet-stream``). Returns ``{name, size, sha256, contentType}``; the same name
         and bytes again is a repeat (the same answer). Raises ``ArtifactRefused`` with a stable ``code`` (a bad
         name, over a limit, another digest under that name, the lease gone), and nothing is recorded."""
-        if self._uploader is None:
-            raise RuntimeError("put_artifact works in a handler the worker runs")
-        result: dict[str, Any] = await self._uploader.put(name, data, content_type)
-        return result
+        if self._artifacts is None:
+            raise RuntimeError("put_artifact works in a handler the worker (or worker.testing) runs")
+        return await self._artifacts.put(name, data, content_type)
 
     def __repr__(self) -> str:
         return f"TaskContext(task_id={self.task_id!r}, attempt_id={self.attempt_id!r}, kind={self.kind!r})"

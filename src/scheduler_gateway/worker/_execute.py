@@ -13,7 +13,7 @@ from scheduler_gateway.wire import tracecontext
 from scheduler_gateway.wire.errors import Code
 from scheduler_gateway.wire.messages import Offer, Outcome, WireError
 
-from ._context import Handler, TaskContext, TaskFailed, _decode_any, _encode
+from ._context import AttemptState, Handler, TaskContext, TaskFailed, _decode_any, _encode
 
 log = logging.getLogger("scheduler_gateway.worker")
 
@@ -21,10 +21,13 @@ MAX_ERROR_MESSAGE: Final = 500
 
 
 @dataclass
-class _Running:
+class Running:
+    """A handler running under a lease: what the lease book (``_leases``) holds per lease."""
+
     offer: Offer
     ctx: TaskContext
     kind: str
+    state: AttemptState  # shared with ``ctx``: its progress, and whether it was cancelled
     task: asyncio.Task[None] | None = None
     cancel_reason: str | None = None  # set when the gateway cancelled / revoked: no settle
     shutdown: bool = False  # cancelled by stop() after the grace period: settles failed, retryable
@@ -35,13 +38,13 @@ class _Running:
     lease_timer: asyncio.TimerHandle | None = None
 
 
-def log_extra(run: _Running) -> dict[str, str | None]:
+def log_extra(run: Running) -> dict[str, str | None]:
     """The structured ``extra`` of a log line about ``run``: task, attempt and trace ids (docs/WORKERS.md)."""
     return tracecontext.log_extra(run.offer.task_id, run.offer.attempt_id, run.ctx.traceparent)
 
 
 @dataclass(frozen=True)
-class _Ending:
+class Ending:
     """How a handler ended, as its settle says it."""
 
     outcome: Outcome
@@ -49,7 +52,7 @@ class _Ending:
     error: WireError | None
 
 
-async def execute(run: _Running, fn: Handler) -> _Ending | None:
+async def execute(run: Running, fn: Handler) -> Ending | None:
     """Run ``fn`` for ``run`` under the offer's timeout; None when the gateway cancelled it (no settle).
 
     ``TaskFailed`` keeps its ``retryable``; any other exception, a timeout and a stop() after the grace
@@ -68,7 +71,7 @@ async def execute(run: _Running, fn: Handler) -> _Ending | None:
                 raise  # the handler's own TimeoutError: a handler error like any other
             return _failed(Code.TIMEOUT, f"handler ran longer than {timeout_s} s", retryable=True)
         try:
-            return _Ending("succeeded", _encode(result), None)
+            return Ending("succeeded", _encode(result), None)
         except (TypeError, msgspec.EncodeError) as exc:
             return _failed(Code.HANDLER_ERROR, f"result is not JSON: {exc}", retryable=False)
     except TaskFailed as exc:
@@ -89,8 +92,8 @@ async def execute(run: _Running, fn: Handler) -> _Ending | None:
         return _failed(Code.HANDLER_ERROR, str(exc) or type(exc).__name__, retryable=True)
 
 
-def _failed(code: str, message: str, *, retryable: bool) -> _Ending:
-    return _Ending("failed", b"null", WireError(code=code, message=_truncate(message), retryable=retryable))
+def _failed(code: str, message: str, *, retryable: bool) -> Ending:
+    return Ending("failed", b"null", WireError(code=code, message=_truncate(message), retryable=retryable))
 
 
 def _truncate(text: str) -> str:

@@ -5,7 +5,8 @@ task's progress cannot cost another task its lease (each progress is capped, ``M
 
 The reply extends the leases (each handler's local lease deadline moves on, ``_handlers.renew_lease``),
 revokes the ones the gateway gave up on (their handlers are cancelled) and says whether the node is
-draining (docs/WIRE.md).
+draining (docs/WIRE.md). Given the lease book (what to report, what to extend or cancel), the request callable
+and the node's identity; the node-wide part of a reply (draining, settle batches) goes to ``on_reply``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 import msgspec
 import nats.errors
@@ -22,10 +23,9 @@ import nats.errors
 from scheduler_gateway.wire.messages import HeartbeatReply, HeartbeatRequest, LeaseReport
 
 from ._context import _encode
-from ._tasks import _wait_all
-
-if TYPE_CHECKING:
-    from ._runtime import Worker
+from ._leases import LeaseBook
+from ._options import WorkerTimings
+from ._tasks import _wait_all, supervised
 
 log = logging.getLogger("scheduler_gateway.worker")
 
@@ -34,12 +34,33 @@ _decode_heartbeat_reply = msgspec.json.Decoder(HeartbeatReply).decode
 DEFAULT_MAX_PAYLOAD = 1024 * 1024  # nats-server's default, if the server's INFO said nothing
 PAYLOAD_ROOM = 64  # bytes of a heartbeat request kept below max_payload
 
+#: the heartbeat subject's request/reply: ``(body, timeout_s) -> reply``; raises TimeoutError or a NATS error
+Request = Callable[[bytes, float], Awaitable[bytes]]
 
-class _Heartbeats:
-    """The heartbeat loop of one worker; reads the worker's leases, calls back on revokes and draining."""
 
-    def __init__(self, worker: Worker) -> None:
-        self._w = worker
+class Heartbeats:
+    """The heartbeat loop of one worker. ``max_payload()`` is the server's message limit (0: unknown)."""
+
+    def __init__(
+        self,
+        book: LeaseBook,
+        *,
+        request: Request,
+        node_id: str,
+        kinds: list[str],
+        idle_s: float,
+        timings: WorkerTimings,
+        max_payload: Callable[[], int],
+        on_reply: Callable[[HeartbeatReply], None],
+    ) -> None:
+        self._book = book
+        self._send_request = request
+        self._node_id = node_id
+        self._kinds = kinds
+        self._idle_s = idle_s
+        self._timings = timings
+        self._max_payload = max_payload
+        self._on_reply = on_reply
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._now = False  # beat at once (after a reconnect: the gateway may have missed beats)
@@ -47,9 +68,9 @@ class _Heartbeats:
         self._progress_dropped: set[str] = set()  # leases whose progress was left out, warned once
 
     def start(self) -> None:
-        w = self._w
+        what = f"heartbeat loop of node {self._node_id}"
         self._task = asyncio.create_task(
-            w._supervised("heartbeat loop", self._loop), name=f"worker-heartbeat-{w.node_id}"
+            supervised(what, self._loop, retry_s=self._timings.bind_retry_s), name=f"worker-heartbeat-{self._node_id}"
         )
 
     def wake(self, *, now: bool = False) -> None:
@@ -64,13 +85,11 @@ class _Heartbeats:
             await _wait_all([self._task])
 
     def interval(self) -> float:
-        w = self._w
-        leases = [r.offer.lease_seconds for r in w._running.values()]
-        leases += [p.lease_s for p in w._settling.values()]
+        leases = self._book.lease_seconds()
         if not leases:
-            return w.heartbeat_idle_s
+            return self._idle_s
         # lease/3 leaves two more tries before the lease runs out; never slower than the idle beat.
-        return max(0.05, min(w.heartbeat_idle_s, min(leases) / 3))
+        return max(0.05, min(self._idle_s, min(leases) / 3))
 
     async def _loop(self) -> None:
         last = time.monotonic()
@@ -87,27 +106,18 @@ class _Heartbeats:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), due - now)
 
-    def _leases(self) -> list[LeaseReport]:
-        w = self._w
-        leases = [
-            LeaseReport(task_id=r.offer.task_id, lease_id=lease_id, progress=r.ctx._progress)
-            for lease_id, r in w._running.items()
-            if r.cancel_reason is None
-        ]
-        leases += [
-            LeaseReport(task_id=p.task_id, lease_id=p.lease_id, progress=p.progress) for p in w._settling.values()
-        ]
-        return leases
-
     def requests(self) -> list[HeartbeatRequest]:
         """This beat's requests: one, unless the leases with their progress exceed the server's
         ``max_payload``; then as many as needed, each within it, so no lease misses its extension."""
-        w = self._w
-        leases = self._leases()
-        base = HeartbeatRequest(kinds=list(w.kinds), capacity=w.concurrency, running=len(w._running), leases=[])
+        book = self._book
+        leases = book.reports()
+        base = HeartbeatRequest(
+            kinds=list(self._kinds), capacity=book.concurrency, running=book.running_count, leases=[]
+        )
         if not leases:
             return [base]
-        limit = (w.nc.max_payload or DEFAULT_MAX_PAYLOAD) - PAYLOAD_ROOM
+        max_payload = self._max_payload()
+        limit = (max_payload or DEFAULT_MAX_PAYLOAD) - PAYLOAD_ROOM
         if len(_encode(msgspec.structs.replace(base, leases=leases))) <= limit:
             return [msgspec.structs.replace(base, leases=leases)]
         room = limit - len(_encode(base))
@@ -123,7 +133,7 @@ class _Heartbeats:
                         "progress of task %s (%d bytes) does not fit in a heartbeat (max_payload %d); sent without",
                         lease.task_id,
                         size,
-                        w.nc.max_payload,
+                        max_payload,
                     )
                     self._progress_dropped.add(lease.lease_id)
                 lease = LeaseReport(task_id=lease.task_id, lease_id=lease.lease_id)
@@ -135,7 +145,7 @@ class _Heartbeats:
             used += size
         held = {lease.lease_id for lease in leases}
         self._progress_dropped &= held
-        log.debug("heartbeat of node %s split in %d requests (max_payload %d)", w.node_id, len(chunks), limit)
+        log.debug("heartbeat of node %s split in %d requests (max_payload %d)", self._node_id, len(chunks), limit)
         return [msgspec.structs.replace(base, leases=chunk) for chunk in chunks]
 
     async def send(self) -> None:
@@ -143,27 +153,24 @@ class _Heartbeats:
         await asyncio.gather(*(self._request(req) for req in self.requests()))
 
     async def _request(self, req: HeartbeatRequest) -> None:
-        w = self._w
-        timeout = max(0.5, min(w.timings.heartbeat_timeout_s, self.interval()))
+        timeout = max(0.5, min(self._timings.heartbeat_timeout_s, self.interval()))
         sent = asyncio.get_running_loop().time()  # an extension runs leaseSeconds from here at most
         try:
-            resp = await w.nc.request(w.subjects.heartbeat(w.node_id), _encode(req), timeout=timeout)
-            reply = _decode_heartbeat_reply(resp.data)
+            reply = _decode_heartbeat_reply(await self._send_request(_encode(req), timeout))
         except (TimeoutError, nats.errors.Error) as exc:
             if not self._failing:
-                log.warning("heartbeat of node %s got no answer (%s)", w.node_id, type(exc).__name__)
+                log.warning("heartbeat of node %s got no answer (%s)", self._node_id, type(exc).__name__)
                 self._failing = True
             return
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.error("undecodable heartbeat reply: %s", exc)
             return
         if self._failing:
-            log.info("heartbeats of node %s answered again", w.node_id)
+            log.info("heartbeats of node %s answered again", self._node_id)
             self._failing = False
         for extended in reply.extended:
-            w._lease_extended(extended.lease_id, sent)
+            self._book.extended(extended.lease_id, sent)
         for revoked in reply.revoked:
-            if w._cancel_lease(revoked.lease_id, f"lease revoked: {revoked.reason}"):
+            if self._book.cancel(revoked.lease_id, f"lease revoked: {revoked.reason}"):
                 log.info("lease %s of task %s revoked (%s)", revoked.lease_id, revoked.task_id, revoked.reason)
-        w._set_draining(reply.draining)
-        w.settle_batches = reply.settle_batches
+        self._on_reply(reply)

@@ -1,23 +1,26 @@
-"""Pulling offers: one ``_KindPuller`` per kind on its durable consumer ``gw-kind-<kind>`` of ``GW_DISPATCH``
-(docs/WIRE.md), plus the ack / nak / term of a delivered offer."""
+"""Pulling offers: one ``KindPuller`` per kind on its durable consumer ``gw-kind-<kind>`` of ``GW_DISPATCH``
+(docs/WIRE.md), plus the ack / nak / term of a delivered offer. A puller is given the connection, the free slots,
+the worker's pull gate and where to deliver an offer; it knows nothing else of the worker."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import nats.errors
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
 from nats.js.api import Header
 from nats.js.errors import NotFoundError
 
 from scheduler_gateway.wire.subjects import DISPATCH_STREAM, consumer_name
 
-if TYPE_CHECKING:
-    from ._runtime import Worker
+from ._options import WorkerTimings
 
 log = logging.getLogger("scheduler_gateway.worker")
 
@@ -40,7 +43,7 @@ class _PullRequest:
             self.done.set()
 
 
-class _KindPuller:
+class KindPuller:
     """The pull loop of one kind on its durable consumer, with at most one pull request outstanding.
 
     Pull requests are sent by hand (``$JS.API.CONSUMER.MSG.NEXT``) instead of through nats-py's
@@ -49,13 +52,33 @@ class _KindPuller:
     node to see it), and ``fetch(batch>1)`` holds a received offer until its timeout. Here the inbox is
     always read: every offer that arrives is claimed at once or nak'd, and a request ends exactly on its
     status (404 / 408) or its last message.
+
+    ``kinds`` is how many kinds pull on the same slots; ``wait_allowed()`` returns when the worker may pull (running,
+    not draining, a slot free); ``deliver(kind, msg)`` takes each offer that arrives.
     """
 
-    def __init__(self, worker: Worker, kind: str) -> None:
+    def __init__(
+        self,
+        kind: str,
+        *,
+        nc: NATS,
+        js: JetStreamContext,
+        timings: WorkerTimings,
+        kinds: int,
+        free_slots: Callable[[], int],
+        wait_allowed: Callable[[], Awaitable[None]],
+        deliver: Callable[[str, Msg], None],
+    ) -> None:
         self.kind = kind
         self.consumer = consumer_name(kind)
-        self._w = worker
-        self._inbox = worker.nc.new_inbox()
+        self._nc = nc
+        self._js = js
+        self._timings = timings
+        self._kinds = max(1, kinds)
+        self._free_slots = free_slots
+        self._wait_allowed = wait_allowed
+        self._deliver = deliver
+        self._inbox = nc.new_inbox()
         self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{DISPATCH_STREAM}.{self.consumer}"
         self._sub: Subscription | None = None
         self._seq = 0
@@ -64,18 +87,18 @@ class _KindPuller:
     async def run(self) -> None:
         try:
             await self._bind()
-            self._sub = await self._w.nc.subscribe(self._inbox + ".*", cb=self._on_msg)
-            timings = self._w.timings
+            self._sub = await self._nc.subscribe(self._inbox + ".*", cb=self._on_msg)
+            timings = self._timings
             while True:
-                await self._w.wait_pull_allowed()
+                await self._wait_allowed()
                 # Take what is waiting now, up to the free slots (returns at once, 404 when empty) ...
-                free = min(self._w.free_slots(), timings.max_batch)
+                free = min(self._free_slots(), timings.max_batch)
                 got, status = await self._request(max(free, 1), no_wait=True)
                 if await self._after(status) or got:
                     continue
                 # ... and when nothing was, linger: each offer is delivered (and claimed) the moment it arrives,
                 # and one lingering request takes offer after offer while the node is mostly idle.
-                await self._w.wait_pull_allowed()
+                await self._wait_allowed()
                 got, status = await self._request(self._linger_batch(), no_wait=False)
                 await self._after(status)
         finally:
@@ -86,22 +109,21 @@ class _KindPuller:
         each asks for its share (at least one): offers arriving on all of them together stay within the slots
         free now, and only offers that arrive take slots. A request for one offer cost three more messages per
         offer at low load (a ``no_wait`` request, its 404, a new lingering request)."""
-        kinds = max(1, len(self._w._pullers))
-        return max(1, min(self._w.free_slots(), self._w.timings.max_batch) // kinds)
+        return max(1, min(self._free_slots(), self._timings.max_batch) // self._kinds)
 
     async def _bind(self) -> None:
         """Wait until the gateway has created the consumer (it does when it first offers the kind)."""
         announced = False
         while True:
             try:
-                await self._w.js.consumer_info(DISPATCH_STREAM, self.consumer)
+                await self._js.consumer_info(DISPATCH_STREAM, self.consumer)
             except NotFoundError:
                 if not announced:
                     log.info(
                         "consumer %s on %s does not exist yet; retrying every %g s",
                         self.consumer,
                         DISPATCH_STREAM,
-                        self._w.timings.bind_retry_s,
+                        self._timings.bind_retry_s,
                     )
                     announced = True
             except (TimeoutError, nats.errors.Error) as exc:
@@ -111,13 +133,13 @@ class _KindPuller:
             else:
                 log.info("pulling kind %s from consumer %s", self.kind, self.consumer)
                 return
-            await asyncio.sleep(self._w.timings.bind_retry_s)
+            await asyncio.sleep(self._timings.bind_retry_s)
 
     async def _request(self, batch: int, *, no_wait: bool) -> tuple[int, str | None]:
         self._seq += 1
         req = _PullRequest(f"{self._inbox}.{self._seq}", batch)
         self._current = req
-        timings = self._w.timings
+        timings = self._timings
         if no_wait:
             # No "expires" with no_wait: the server would then treat it as a lingering request.
             body: dict[str, Any] = {"batch": batch, "no_wait": True}
@@ -127,7 +149,7 @@ class _KindPuller:
             # Wait a little longer than the server, so this request's own 408 ends it.
             wait_s = timings.fetch_idle_s + 1.0
         try:
-            await self._w.nc.publish(self._next_subject, json.dumps(body).encode(), reply=req.reply)
+            await self._nc.publish(self._next_subject, json.dumps(body).encode(), reply=req.reply)
         except nats.errors.Error as exc:
             log.debug("pull request for %s not sent: %r", self.kind, exc)
             await asyncio.sleep(timings.bind_retry_s)
@@ -153,12 +175,12 @@ class _KindPuller:
             # No responders / deleted: the consumer (or JetStream) is gone, e.g. a server restarted
             # without its store. Wait for the gateway to create it again.
             log.warning("consumer %s went away (%s); binding again", self.consumer, status)
-            await asyncio.sleep(self._w.timings.bind_retry_s)
+            await asyncio.sleep(self._timings.bind_retry_s)
             await self._bind()
             return True
         # 409 Exceeded MaxWaiting, 400...: transient or a misconfiguration; do not spin.
         log.warning("pull request on %s ended with status %s", self.consumer, status)
-        await asyncio.sleep(self._w.timings.bind_retry_s)
+        await asyncio.sleep(self._timings.bind_retry_s)
         return True
 
     async def _on_msg(self, msg: Msg) -> None:
@@ -181,7 +203,7 @@ class _KindPuller:
             req.got += 1
             if req.got >= req.batch:
                 req.finish(None)
-        self._w.accept_offer(self.kind, msg)
+        self._deliver(self.kind, msg)
 
     def abort_request(self) -> None:
         """After a reconnect the server may have lost the request: stop waiting for it."""

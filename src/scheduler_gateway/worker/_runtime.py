@@ -1,10 +1,17 @@
-"""The worker runtime: ``Worker``, one NATS connection per node (docs/WIRE.md).
+"""The worker runtime: ``Worker``, one NATS connection per node (docs/WIRE.md). The worker owns the connection
+and the lifecycle and composes the parts, each given the lease book and a few collaborators:
 
-A pull loop per kind (``_pull``), the claim request per offer (``_offers``), handlers run as asyncio tasks
-(``_handlers``, ``_execute``), one heartbeat loop carrying every held lease, the cancel subscription, and settles
-published to ``GW_SETTLE`` until JetStream acks them (``_settle``). The runtime coalesces heartbeats into one
-request per interval and cancels a handler's asyncio task when the gateway cancels the task or revokes its
-lease, or when the node could not renew the lease before its local deadline (``_handlers.renew_lease``).
+- ``LeaseBook`` (``_leases``): the slots, the attempts claimed and running, the settles not yet acked, the
+  early cancels and each lease's local deadline; the only owner of that state.
+- ``KindPuller`` (``_pull``): one pull loop per kind, delivering offers to ``accept_offer``.
+- ``OfferHandler`` (``_offers``): claims an offer (``ClaimBatcher``, ``_claims``) and starts its handler.
+- ``HandlerRunner`` (``_handlers``, ``_execute``): runs a handler as an asyncio task and queues its settle.
+- ``Heartbeats`` (``_heartbeat``): one request per interval carrying every held lease; extends, revokes.
+- ``Uploader`` (``_artifacts``): a handler's ``put_artifact``, over an ``ArtifactLink``.
+- ``SettleSender`` (``_settle``): settles published to ``GW_SETTLE`` until JetStream acks them.
+
+A handler's asyncio task is cancelled when the gateway cancels the task or revokes its lease, or when the node
+could not renew the lease before its local deadline (``LeaseBook.renew``).
 """
 
 from __future__ import annotations
@@ -13,8 +20,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Final
 
 import msgspec
@@ -24,25 +30,27 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
-from scheduler_gateway.wire.messages import CancelNotice
+from scheduler_gateway.wire.messages import CancelNotice, HeartbeatReply
 from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.subjects import Subjects, node_inbox_prefix
 
+from ._artifacts import ArtifactLink, Uploader
 from ._claims import ClaimBatcher
-from ._execute import _Ending, _Running, log_extra
-from ._handlers import LEASE_MARGIN_FRACTION, LEASE_MARGIN_MAX_S, lease_margin, renew_lease
-from ._heartbeat import _Heartbeats
-from ._offers import handle_offer
+from ._execute import Ending, Running, log_extra
+from ._handlers import HandlerRunner
+from ._heartbeat import Heartbeats
+from ._leases import LeaseBook
+from ._offers import OfferHandler
 from ._options import NatsOptions, WorkerTimings
-from ._pull import _KindPuller, nak
+from ._pull import KindPuller, nak
 from ._registry import HandlerRegistry, validate_kind, validate_node_id
-from ._settle import SettleSender, _PendingSettle, encode_settle
-from ._tasks import _cancel_all, _forget, _wait_until
+from ._settle import PendingSettle, SettleSender, encode_settle
+from ._tasks import _cancel_all, _forget, _wait_until, supervised
 
 log = logging.getLogger("scheduler_gateway.worker")
 
 STUBBORN_HANDLER_WAIT_S: Final = 5.0  # on stop(), after cancelling the handlers that outlived the grace
-__all__ = ["LEASE_MARGIN_FRACTION", "LEASE_MARGIN_MAX_S", "STUBBORN_HANDLER_WAIT_S", "Worker", "lease_margin"]
+__all__ = ["STUBBORN_HANDLER_WAIT_S", "Worker"]
 
 _decode_cancel = msgspec.json.Decoder(CancelNotice).decode
 
@@ -94,24 +102,43 @@ class Worker:
         self._draining = False
         #: the gateway said (in a heartbeat reply) that it reads settles sent together in one message
         self.settle_batches = False
-        self._busy = 0  # offers being claimed + handlers running
         self._pull_gate = asyncio.Event()
-        self._pullers: list[_KindPuller] = []
+        self._book = LeaseBook(concurrency, on_slots=self._update_gate)
+        self._pullers: list[KindPuller] = []
         self._puller_tasks: list[asyncio.Task[None]] = []
         self._offer_tasks: set[asyncio.Task[None]] = set()
         #: this process among any started with the same node id: its claims name it, and the gateway keeps a
         #: lease with the process that claimed it (a restarted worker is another process)
         self.process_id = secrets.token_hex(8)
         self._claims = ClaimBatcher(self._claim_request, self.process_id)
+        self._artifact_link = ArtifactLink(
+            request=self._artifact_request,
+            publish=lambda subject, chunk, timeout_s: self.js.publish(subject, chunk, timeout=timeout_s),
+            reconnected=lambda: self.reconnected,
+        )
+        self._runner = HandlerRunner(
+            self._book,
+            registry=registry,
+            node_id=self.node_id,
+            artifacts=lambda task_id, lease_id: Uploader(self._artifact_link, task_id, lease_id),
+            settle=self._queue_settle,
+            lease_started=lambda: self._heartbeats.wake(),
+        )
+        self._offers = OfferHandler(
+            self._book, claims=self._claims, runner=self._runner, timings=timings, set_draining=self._set_draining
+        )
         self._settle_tasks: set[asyncio.Task[None]] = set()
         self._settle_sender: SettleSender | None = None
-        self._claiming: set[str] = set()  # attempt ids
-        self._running: dict[str, _Running] = {}  # lease id -> running handler
-        self._attempts: dict[str, str] = {}  # attempt id -> lease id
-        self._settling: dict[str, _PendingSettle] = {}  # lease id -> settle not yet acked by JetStream
-        # Cancels that raced ahead of their claim reply (bounded, oldest forgotten first).
-        self._early_cancels: OrderedDict[str, None] = OrderedDict()
-        self._heartbeats = _Heartbeats(self)
+        self._heartbeats = Heartbeats(
+            self._book,
+            request=self._heartbeat_request,
+            node_id=self.node_id,
+            kinds=self.kinds,
+            idle_s=heartbeat_idle_s,
+            timings=timings,
+            max_payload=lambda: int(self.nc.max_payload),
+            on_reply=self._on_heartbeat_reply,
+        )
         self._closing = False
         self._cancel_sub: Subscription | None = None
         self._conn_errors: set[str] = set()
@@ -139,10 +166,10 @@ class Worker:
 
     @property
     def running_count(self) -> int:
-        return len(self._running)
+        return self._book.running_count
 
     def free_slots(self) -> int:
-        return max(0, self.concurrency - self._busy)
+        return self._book.free_slots()
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -200,10 +227,22 @@ class Worker:
             return
         self._heartbeats.start()
         for kind in self.kinds:
-            puller = _KindPuller(self, kind)
+            puller = KindPuller(
+                kind,
+                nc=self.nc,
+                js=self.js,
+                timings=self.timings,
+                kinds=len(self.kinds),
+                free_slots=self.free_slots,
+                wait_allowed=self.wait_pull_allowed,
+                deliver=self.accept_offer,
+            )
             self._pullers.append(puller)
+            what = f"pull loop of {kind} of node {self.node_id}"
             self._puller_tasks.append(
-                asyncio.create_task(self._supervised(f"pull loop of {kind}", puller.run), name=f"worker-pull-{kind}")
+                asyncio.create_task(
+                    supervised(what, puller.run, retry_s=self.timings.bind_retry_s), name=f"worker-pull-{kind}"
+                )
             )
         self._state = "running"
         self._update_gate()
@@ -237,7 +276,7 @@ class Worker:
             self._connect_task.cancel()
         await self._start_done.wait()
         self._state = "stopping"
-        log.info("node %s stopping (grace %.1f s, %d running)", self.node_id, grace_s, len(self._running))
+        log.info("node %s stopping (grace %.1f s, %d running)", self.node_id, grace_s, self._book.running_count)
 
         # 1. No more pulls. Cancelling a puller unsubscribes its inbox, which withdraws its request.
         await _cancel_all(self._puller_tasks, "pull")
@@ -248,8 +287,8 @@ class Worker:
         await self._claims.close()
 
         # 3. Running handlers get the rest of the grace period; heartbeats keep their leases alive.
-        await _wait_until(self._handler_tasks(), deadline)
-        leftovers = list(self._running.values())
+        await _wait_until(self._book.handler_tasks(), deadline)
+        leftovers = self._book.running()
         if leftovers:
             log.warning("node %s: %d handler(s) still running after grace; cancelling", self.node_id, len(leftovers))
         for run in leftovers:
@@ -257,8 +296,8 @@ class Worker:
             if run.task is not None:
                 run.task.cancel()
         # A handler that swallows its cancellation must not hold the process forever.
-        await _wait_until(self._handler_tasks(), time.monotonic() + STUBBORN_HANDLER_WAIT_S)
-        for run in list(self._running.values()):
+        await _wait_until(self._book.handler_tasks(), time.monotonic() + STUBBORN_HANDLER_WAIT_S)
+        for run in self._book.running():
             log.error(
                 "handler of task %s ignores cancellation; leaving it, the gateway will expire its lease",
                 run.offer.task_id,
@@ -268,7 +307,7 @@ class Worker:
         if self._settle_sender is not None:
             self._settle_sender.flush()  # the ones still lingering for company go now
         await _wait_until(self._settle_tasks, time.monotonic() + self.timings.settle_flush_s)
-        for lease_id in list(self._settling):
+        for lease_id in self._book.unsettled():
             log.error(
                 "settle for lease %s not acknowledged by JetStream before shutdown; "
                 "the gateway will expire the lease and retry the task",
@@ -298,9 +337,6 @@ class Worker:
             except (TimeoutError, nats.errors.Error) as exc:
                 log.debug("final flush failed: %r", exc)
         await nc.close()
-
-    def _handler_tasks(self) -> list[asyncio.Task[None]]:
-        return [r.task for r in self._running.values() if r.task is not None]
 
     # ---------------------------------------------------------------- connection callbacks
 
@@ -357,13 +393,10 @@ class Worker:
             delay = None if self._stopping else self.timings.busy_nak_delay_s
             self._spawn(self._offer_tasks, nak(msg, delay), "nak")
             return
-        self._busy += 1
-        self._update_gate()
-        self._spawn(self._offer_tasks, handle_offer(self, kind, msg), "offer")
+        self._book.take_slot()
+        self._spawn(self._offer_tasks, self._offers.handle(kind, msg), "offer")
 
-    def _release_slot(self) -> None:
-        self._busy -= 1
-        self._update_gate()
+    # ---------------------------------------------------------------- requests of the gateway
 
     async def _claim_request(self, body: bytes) -> bytes | None:
         try:
@@ -373,28 +406,15 @@ class Worker:
             return None
         return bytes(resp.data)
 
-    # ---------------------------------------------------------------- local lease deadlines
+    async def _heartbeat_request(self, body: bytes, timeout_s: float) -> bytes:
+        resp = await self.nc.request(self.subjects.heartbeat(self.node_id), body, timeout=timeout_s)
+        return bytes(resp.data)
 
-    def _lease_extended(self, lease_id: str, sent: float) -> None:
-        """A heartbeat reply extended ``lease_id``; ``sent`` is when its request left (loop clock)."""
-        run = self._running.get(lease_id)
-        if run is not None and run.cancel_reason is None:
-            renew_lease(self, run, sent)
+    async def _artifact_request(self, body: bytes, timeout_s: float) -> bytes:
+        resp = await self.nc.request(self.subjects.artifact(self.node_id), body, timeout=timeout_s)
+        return bytes(resp.data)
 
-    def _cancel_lease(self, lease_id: str, reason: str) -> bool:
-        run = self._running.get(lease_id)
-        if run is None:
-            if lease_id not in self._settling:
-                self._early_cancels[lease_id] = None
-                while len(self._early_cancels) > 1024:
-                    self._early_cancels.popitem(last=False)
-            return False
-        if run.cancel_reason is None:
-            run.cancel_reason = reason
-            run.ctx._cancelled = True
-            if run.task is not None:
-                run.task.cancel()
-        return True
+    # ---------------------------------------------------------------- the gateway's word on leases and the node
 
     async def _on_cancel(self, msg: Msg) -> None:
         try:
@@ -402,15 +422,20 @@ class Worker:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.warning("undecodable cancel notice ignored: %s", exc)
             return
-        if self._cancel_lease(notice.lease_id, f"cancel: {notice.reason}"):
+        if self._book.cancel(notice.lease_id, f"cancel: {notice.reason}"):
             log.info("cancelling task %s (%s)", notice.task_id, notice.reason)
+
+    def _on_heartbeat_reply(self, reply: HeartbeatReply) -> None:
+        """The node-wide part of a heartbeat reply (the leases' part goes to the book)."""
+        self._set_draining(reply.draining)
+        self.settle_batches = reply.settle_batches
 
     # ---------------------------------------------------------------- settles
 
-    def _queue_settle(self, run: _Running, ending: _Ending) -> None:
+    def _queue_settle(self, run: Running, ending: Ending) -> None:
         offer, lease_id = run.offer, run.ctx.lease_id
         data, msg_id, outcome = encode_settle(run, ending, self.nc.max_payload)
-        self._settling[lease_id] = _PendingSettle(offer.task_id, lease_id, offer.lease_seconds, run.ctx._progress)
+        self._book.settling(PendingSettle(offer.task_id, lease_id, offer.lease_seconds, run.state.progress))
         self._settler().queue(lease_id, data, msg_id)
         log.debug("task %s %s; settling", offer.task_id, outcome, extra=log_extra(run))
 
@@ -422,23 +447,12 @@ class Worker:
                 self.subjects.settle(self.node_id),
                 self.timings,
                 lambda coro: self._spawn(self._settle_tasks, coro, "settle"),
-                lambda lease_id: self._settling.pop(lease_id, None),
+                self._book.settled,
                 batching=lambda: self.settle_batches,
             )
         return self._settle_sender
 
     # ---------------------------------------------------------------- helpers
-
-    async def _supervised(self, what: str, loop: Callable[[], Awaitable[None]]) -> None:
-        """Run a loop that should never end; a bug in it is logged and the loop restarted, so one bad
-        message cannot silently stop a kind from being pulled or the leases from being extended."""
-        while True:
-            try:
-                await loop()
-                return
-            except Exception:
-                log.exception("%s of node %s failed; restarting it", what, self.node_id)
-                await asyncio.sleep(self.timings.bind_retry_s)
 
     def _spawn(self, bucket: set[asyncio.Task[None]], coro: Awaitable[None], what: str) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)

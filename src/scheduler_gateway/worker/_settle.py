@@ -29,7 +29,7 @@ from scheduler_gateway.wire.messages import (
 from scheduler_gateway.wire.timefmt import fmt_ts
 
 from ._context import _encode
-from ._execute import _Ending, _Running
+from ._execute import Ending, Running
 from ._options import WorkerTimings
 
 log = logging.getLogger("scheduler_gateway.worker")
@@ -38,7 +38,7 @@ HEADER_ROOM = 512  # bytes of a NATS message kept free for its headers
 
 
 @dataclass
-class _PendingSettle:
+class PendingSettle:
     """A finished handler whose settle JetStream has not acked yet: its lease is still heartbeated."""
 
     task_id: str
@@ -47,7 +47,7 @@ class _PendingSettle:
     progress: msgspec.Raw | None
 
 
-def encode_settle(run: _Running, ending: _Ending, max_payload: int) -> tuple[bytes, str, str]:
+def encode_settle(run: Running, ending: Ending, max_payload: int) -> tuple[bytes, str, str]:
     """The settle of ``run`` as bytes, its ``Nats-Msg-Id`` and its outcome.
 
     A result too big for one NATS message fails the attempt for good instead (a retry would not shrink it).

@@ -1,11 +1,12 @@
-"""asyncio helpers of the runtime: waiting for sets of tasks with a deadline, logging the ones that failed."""
+"""asyncio helpers of the runtime: waiting for sets of tasks with a deadline, logging the ones that failed,
+restarting a loop that must not end."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 log = logging.getLogger("scheduler_gateway.worker")
@@ -52,3 +53,15 @@ async def _wait_until(tasks: Iterable[asyncio.Future[Any]], deadline: float) -> 
         if not pending or remaining <= 0:
             return
         await asyncio.wait(pending, timeout=remaining)
+
+
+async def supervised(what: str, loop: Callable[[], Awaitable[None]], *, retry_s: float) -> None:
+    """Run a loop that should never end; a bug in it is logged and the loop restarted after ``retry_s``, so one bad
+    message cannot silently stop a kind from being pulled or the leases from being extended."""
+    while True:
+        try:
+            await loop()
+            return
+        except Exception:
+            log.exception("%s failed; restarting it", what)
+            await asyncio.sleep(retry_s)
