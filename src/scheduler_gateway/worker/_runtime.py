@@ -55,6 +55,17 @@ __all__ = ["STUBBORN_HANDLER_WAIT_S", "Worker"]
 _decode_cancel = msgspec.json.Decoder(CancelNotice).decode
 
 
+def _checked_kinds(kinds: Iterable[str], registry: HandlerRegistry) -> list[str]:
+    """``kinds`` without repeats, each a valid kind with a handler in ``registry``; at least one."""
+    checked = [validate_kind(k) for k in dict.fromkeys(kinds)]
+    if not checked:
+        raise ValueError("a worker needs at least one kind")
+    missing = [k for k in checked if k not in registry]
+    if missing:
+        raise ValueError(f"no handler registered for kind(s) {', '.join(missing)}")
+    return checked
+
+
 class Worker:
     """A node worker: ``await start()``, then ``await stop(grace_s)`` (idempotent, safe before start).
 
@@ -75,12 +86,7 @@ class Worker:
         timings: WorkerTimings = WorkerTimings(),
     ) -> None:
         self.node_id = validate_node_id(node_id)
-        self.kinds = [validate_kind(k) for k in dict.fromkeys(kinds)]
-        if not self.kinds:
-            raise ValueError("a worker needs at least one kind")
-        missing = [k for k in self.kinds if k not in registry]
-        if missing:
-            raise ValueError(f"no handler registered for kind(s) {', '.join(missing)}")
+        self.kinds = _checked_kinds(kinds, registry)
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if heartbeat_idle_s <= 0:
@@ -111,6 +117,18 @@ class Worker:
         #: lease with the process that claimed it (a restarted worker is another process)
         self.process_id = secrets.token_hex(8)
         self._claims = ClaimBatcher(self._claim_request, self.process_id)
+        self._settle_tasks: set[asyncio.Task[None]] = set()
+        self._settle_sender: SettleSender | None = None
+        self._compose(registry)
+        self._closing = False
+        self._cancel_sub: Subscription | None = None
+        self._conn_errors: set[str] = set()
+        #: set (and replaced by a fresh one) at each reconnect: a request waiting for its reply (an artifact's
+        #: commit) sends again at once, since the gateway that had it may have restarted meanwhile
+        self.reconnected = asyncio.Event()
+
+    def _compose(self, registry: HandlerRegistry) -> None:
+        """The parts, each given the lease book and the few collaborators it uses."""
         self._artifact_link = ArtifactLink(
             request=self._artifact_request,
             publish=lambda subject, chunk, timeout_s: self.js.publish(subject, chunk, timeout=timeout_s),
@@ -125,26 +143,18 @@ class Worker:
             lease_started=lambda: self._heartbeats.wake(),
         )
         self._offers = OfferHandler(
-            self._book, claims=self._claims, runner=self._runner, timings=timings, set_draining=self._set_draining
+            self._book, claims=self._claims, runner=self._runner, timings=self.timings, set_draining=self._set_draining
         )
-        self._settle_tasks: set[asyncio.Task[None]] = set()
-        self._settle_sender: SettleSender | None = None
         self._heartbeats = Heartbeats(
             self._book,
             request=self._heartbeat_request,
             node_id=self.node_id,
             kinds=self.kinds,
-            idle_s=heartbeat_idle_s,
-            timings=timings,
+            idle_s=self.heartbeat_idle_s,
+            timings=self.timings,
             max_payload=lambda: int(self.nc.max_payload),
             on_reply=self._on_heartbeat_reply,
         )
-        self._closing = False
-        self._cancel_sub: Subscription | None = None
-        self._conn_errors: set[str] = set()
-        #: set (and replaced by a fresh one) at each reconnect: a request waiting for its reply (an artifact's
-        #: commit) sends again at once, since the gateway that had it may have restarted meanwhile
-        self.reconnected = asyncio.Event()
 
     # ---------------------------------------------------------------- public state
 
