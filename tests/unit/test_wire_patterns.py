@@ -178,8 +178,8 @@ def package_patterns() -> dict[str, str]:
 
     out: dict[str, str] = {}
     for info in pkgutil.walk_packages(scheduler_gateway.__path__, scheduler_gateway.__name__ + "."):
-        if info.name.endswith(("daemon.worker", "daemon.worker_cli", "__main__")):
-            continue  # deprecated aliases of the worker SDK (walked as scheduler_gateway.worker); entry points
+        if info.name.endswith("__main__"):
+            continue  # entry points: a command runs when imported
         module = importlib.import_module(info.name)
         for attr, value in vars(module).items():
             if isinstance(value, re.Pattern) and isinstance(value.pattern, str):
