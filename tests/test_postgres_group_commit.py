@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -117,11 +118,12 @@ async def lock_waiters(url: str) -> int:
 
 
 async def until_a_write_waits(url: str) -> None:
-    async def poll() -> None:
-        while await lock_waiters(url) < 1:
-            await asyncio.sleep(0.02)
-
-    await asyncio.wait_for(poll(), WAIT_S)
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        if await lock_waiters(url) >= 1:
+            return
+        assert time.monotonic() < deadline, "no write waits on the held row"
+        await asyncio.sleep(0.02)
 
 
 async def test_cancelled_callers_never_lose_or_duplicate_another_callers_outcome(pg_url: str) -> None:

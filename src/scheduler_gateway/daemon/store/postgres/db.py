@@ -43,9 +43,19 @@ Conn = psycopg.AsyncConnection[Any]
 #: whole, as a crash would end it.
 IDLE_IN_TRANSACTION_S = 10.0
 
+#: After how many executions on one connection psycopg prepares a statement on the server (parsed and planned
+#: once per connection, then only bound and run): 0, at its first. Pooled connections live for the process,
+#: and every statement of the write path has a fixed text (arrays through ``= ANY(%s)`` and ``unnest``, never
+#: an IN list or a VALUES list that grows with the batch), so each is prepared once per connection and its
+#: later executions skip the parse; psycopg keeps up to ``PREPARED_MAX`` of them per connection (least recently
+#: used dropped first), well above the statements the store has.
+PREPARE_THRESHOLD: int | None = 0
+PREPARED_MAX = 200
+
 
 async def _configure(conn: Conn) -> None:
     """Every pooled session's settings (autocommit: they hold for the session)."""
+    conn.prepared_max = PREPARED_MAX
     timeout = f"{max(1, int(IDLE_IN_TRANSACTION_S * 1000))}ms"
     await conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)", (timeout,))
 
@@ -128,7 +138,7 @@ class PgDb:
             self.url,
             min_size=self.min_size,
             max_size=self.max_size,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, "prepare_threshold": PREPARE_THRESHOLD},
             configure=_configure,
             open=False,
             timeout=self.connect_timeout_s,

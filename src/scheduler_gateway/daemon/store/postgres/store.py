@@ -44,7 +44,9 @@ class PostgresStore(ComposedStore):
         """``clock``: the store's clock for claim leases and the starts a rate counts; None (always, outside
         tests) is the database's own."""
         self._db = PgDb(url, min_size=min_size, max_size=max_size)
-        self._tasks = PgTasks(self._db, clock)
+        tasks = PgTasks(self._db, clock)
+        self._tasks = tasks
+        self._committer = tasks.committer
         self._dead_letters = PgDeadLetters(self._db)
         self._nodes = PgNodes(self._db)
         self._kinds = PgKinds(self._db)
@@ -63,7 +65,7 @@ class PostgresStore(ComposedStore):
     @property
     def committer(self) -> PgGroupCommit:
         """The group committer of this store's task changes (its limits and counters)."""
-        return self._tasks.committer
+        return self._committer
 
     @property
     def redacted_url(self) -> str:
