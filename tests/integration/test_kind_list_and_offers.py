@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-import scheduler_gateway.client._client as client_module
+import scheduler_gateway.client._operations as client_module
 from scheduler_gateway.client import GatewayClient
 from scheduler_gateway.daemon.gateway import Gateway
 

@@ -2,7 +2,9 @@
 
 ``GatewayClient`` (asyncio, one keep-alive aiohttp session) and ``SyncGatewayClient`` (the same calls,
 blocking). Bodies and answers are the wire types of ``scheduler_gateway.wire``; refusals raise
-``GatewayClientError`` subclasses carrying the stable error code. This package imports ``wire`` only.
+``GatewayClientError`` subclasses carrying the stable error code (the hierarchy is drawn in ``_errors``).
+Every request goes through one ``Transport`` (``_transport``); ``MockTransport`` answers its seam from a
+function, for tests without a gateway. This package imports ``wire`` only.
 """
 
 from scheduler_gateway.wire.api import (
@@ -35,6 +37,7 @@ from ._errors import (
     CONNECTION_FAILED,
     HTTP_ERROR,
     Conflict,
+    ConnectError,
     Forbidden,
     GatewayClientError,
     IdempotencyConflict,
@@ -47,10 +50,13 @@ from ._errors import (
     PayloadTooLarge,
     RevisionConflict,
     TaskAlreadyTerminal,
+    TransportError,
     Unauthenticated,
     Unavailable,
 )
+from ._mock import MockResponse, MockTransport
 from ._sync import SyncGatewayClient
+from ._transport import Request, Response, Transport
 from ._types import (
     TASK_STATES,
     TERMINAL_STATES,
@@ -83,6 +89,7 @@ __all__ = [
     "CallbackDeadLetterView",
     "CheckView",
     "Conflict",
+    "ConnectError",
     "CreateScheduledTaskBody",
     "CreateTaskBody",
     "DeadLetterView",
@@ -103,12 +110,16 @@ __all__ = [
     "KindCountsView",
     "KindView",
     "LaunchFailed",
+    "MockResponse",
+    "MockTransport",
     "NodeView",
     "NotFound",
     "PayloadTooLarge",
     "RateView",
     "ReadyView",
     "RedriveView",
+    "Request",
+    "Response",
     "RevisionConflict",
     "RunView",
     "ScheduleBody",
@@ -122,6 +133,8 @@ __all__ = [
     "TemplateBody",
     "TemplatePatchBody",
     "ThreadView",
+    "Transport",
+    "TransportError",
     "Unauthenticated",
     "Unavailable",
     "UpdateScheduledTaskBody",

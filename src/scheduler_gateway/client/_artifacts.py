@@ -16,16 +16,12 @@ import os
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 from urllib.parse import quote
 
-import aiohttp
-
-from ._errors import CONNECTION_FAILED, HTTP_ERROR, GatewayClientError, error_for, error_from_response
+from ._errors import CONNECTION_FAILED, HTTP_ERROR, GatewayClientError, TransportError, error_for
 from ._http import _id, _trace_headers
-
-if TYPE_CHECKING:
-    from ._client import GatewayClient
+from ._transport import Response, Transport
 
 DIGEST_MISMATCH = "DIGEST_MISMATCH"  # the bytes read do not have the sha256 the gateway named (ETag)
 CHUNK_BYTES = 1 << 20
@@ -47,12 +43,12 @@ class ArtifactStream:
     its end (``aclose()``, or ``async with``)."""
 
     def __init__(
-        self, client: GatewayClient, task_id: str, name: str, *, start: int = 0, end: int | None = None,
+        self, transport: Transport, task_id: str, name: str, *, start: int = 0, end: int | None = None,
         chunk_bytes: int = CHUNK_BYTES,
     ) -> None:  # fmt: skip
         if start < 0 or (end is not None and end < start) or chunk_bytes <= 0:
             raise ValueError("start >= 0, end >= start (or None) and chunk_bytes > 0")
-        self.client = client
+        self.transport = transport
         self.task_id = task_id
         self.name = name
         self.path = artifact_path(task_id, name)
@@ -65,7 +61,7 @@ class ArtifactStream:
         self.length: int | None = None
         self.resumes = 0  # connections resumed after a cut
         self._pos = start  # the next byte to yield
-        self._resp: aiohttp.ClientResponse | None = None
+        self._resp: Response | None = None
         self._gen: AsyncGenerator[bytes, None] | None = None
         self._closed = False
 
@@ -75,9 +71,9 @@ class ArtifactStream:
             return None
         return f"bytes={self._pos}-" + ("" if self.end is None else str(self.end))
 
-    async def _request(self) -> aiohttp.ClientResponse:
+    async def _request(self) -> Response:
         """One GET from ``_pos``, retried (connection lost, 503) like any read; a refusal raises."""
-        c = self.client
+        t = self.transport
         attempt = 0
         while True:
             headers = _trace_headers()
@@ -86,23 +82,19 @@ class ArtifactStream:
                 headers["Range"] = wanted
             failure: GatewayClientError
             try:
-                resp = await c._http().get(c.base_url + self.path, headers=headers, timeout=c.stream_timeout)
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-                failure = error_for(CONNECTION_FAILED, f"GET {self.path}: {type(exc).__name__}: {exc}")
-            else:
-                if resp.status in (200, 206):
-                    return resp
-                body = await resp.read()
-                resp.release()
-                failure = error_from_response(resp.status, body, resp.headers.get("X-Request-Id"))
-                if resp.status != 503:
-                    raise failure
-            if attempt >= c.retries:
+                return await t.open(self.path, headers, ok=(200, 206))
+            except TransportError as exc:
+                failure = error_for(CONNECTION_FAILED, f"GET {self.path}: {exc.message}")
+            except GatewayClientError as exc:
+                if exc.status != 503:
+                    raise
+                failure = exc
+            if attempt >= t.retries:
                 raise failure
-            await asyncio.sleep(c._delay(attempt))
+            await asyncio.sleep(t.delay(attempt))
             attempt += 1
 
-    def _learn(self, resp: aiohttp.ClientResponse) -> None:
+    def _learn(self, resp: Response) -> None:
         """The artifact's size, digest and type from the first answer; a resumed answer must name the same."""
         etag = resp.headers.get("ETag", "").strip('"') or None
         if self.sha256 is not None and etag != self.sha256:
@@ -163,7 +155,7 @@ class ArtifactStream:
             buf = bytearray()
             try:
                 try:
-                    async for data in resp.content.iter_any():
+                    async for data in resp.iter_chunks():
                         buf += data
                         cuts = 0
                         while len(buf) >= self.chunk_bytes:
@@ -171,14 +163,14 @@ class ArtifactStream:
                             del buf[: self.chunk_bytes]
                             self._pos += len(out)
                             yield out
-                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+                except TransportError as exc:
                     cuts += 1
-                    if cuts > self.client.retries:
-                        raise error_for(CONNECTION_FAILED, f"GET {self.path}: {type(exc).__name__}: {exc}") from exc
+                    if cuts > self.transport.retries:
+                        raise error_for(CONNECTION_FAILED, f"GET {self.path}: {exc.message}") from exc
                     if buf:
                         self._pos += len(buf)
                         yield bytes(buf)
-                    await asyncio.sleep(self.client._delay(cuts - 1))
+                    await asyncio.sleep(self.transport.delay(cuts - 1))
                     continue  # resume from _pos
             finally:
                 resp.release()
@@ -189,7 +181,7 @@ class ArtifactStream:
                 return
             # the answer ended early without an error (a proxy cut it cleanly): resume too
             cuts += 1
-            if cuts > self.client.retries:
+            if cuts > self.transport.retries:
                 raise error_for(CONNECTION_FAILED, f"GET {self.path}: the answer ended at byte {self._pos}")
 
     async def aclose(self) -> None:
@@ -215,14 +207,14 @@ Destination = str | os.PathLike[str] | IO[bytes]
 
 
 async def download(
-    client: GatewayClient, task_id: str, name: str, to: Destination, *, chunk_bytes: int = CHUNK_BYTES,
+    transport: Transport, task_id: str, name: str, to: Destination, *, chunk_bytes: int = CHUNK_BYTES,
     verify: bool = True,
 ) -> int:  # fmt: skip
     """Stream the artifact into ``to``; the number of bytes written. A path is written as ``<path>.part`` and
     renamed into place once every byte arrived and (``verify``) their sha256 is the artifact's, so a refused,
     cut or corrupt download never leaves a file under the name; its writes run in a thread. A binary file
     object gets the chunks as they come (its ``write`` is called on the event loop)."""
-    stream = ArtifactStream(client, task_id, name, chunk_bytes=chunk_bytes)
+    stream = ArtifactStream(transport, task_id, name, chunk_bytes=chunk_bytes)
     h = hashlib.sha256() if verify else None
     written = 0
     async with stream:

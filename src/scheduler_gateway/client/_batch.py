@@ -7,19 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import Any, Final, cast
 
-import aiohttp
 import msgspec
 
 from scheduler_gateway.wire import api
 
-from ._errors import CONNECTION_FAILED, HTTP_ERROR, GatewayClientError, error_for
+from ._errors import GatewayClientError, error_for
 from ._http import _jsonable, _new_key
+from ._transport import Transport
 from ._types import SubmitOutcome, SubmitResult, _BatchItemView, _BatchView
-
-if TYPE_CHECKING:
-    from ._client import GatewayClient
 
 MAX_BATCH: Final = 1000  # items per POST /api/tasks/batch
 MAX_BATCH_BYTES: Final = 48 * 1024 * 1024  # a chunk's body stays well under the route's 64 MiB
@@ -146,7 +143,7 @@ def _item_result(index: int, key: str, it: _BatchItemView, request_id: str | Non
 
 
 async def submit_batches(
-    client: GatewayClient,
+    transport: Transport,
     tasks: Sequence[Item],
     idempotency_keys: Sequence[str] | None,
     chunk_size: int,
@@ -170,22 +167,16 @@ async def submit_batches(
             end += 1
         body = msgspec.Raw(b'{"tasks":[' + b",".join(items[start:end]) + b"]}")
         try:
-            answer = await client._call("POST", BATCH_PATH, body=body)
-        except GatewayClientError as exc:
+            answer = await transport.call("POST", BATCH_PATH, body=body)
+        except GatewayClientError as exc:  # the transport lets no other error out
             # an answered refusal (4xx) made nothing; no answer, or a 5xx, may have made some of the chunk
             made_nothing = exc.status is not None and 400 <= exc.status < 500
             raise _stopped(exc, "not_created" if made_nothing else "unknown", results, start, end, tasks, keys) from exc
-        except aiohttp.ClientError as exc:  # what the request core does not turn into an answer
-            failure = error_for(CONNECTION_FAILED, f"POST {BATCH_PATH}: {type(exc).__name__}: {exc}")
-            raise _stopped(failure, "unknown", results, start, end, tasks, keys) from exc
         request_id = answer.headers.get("X-Request-Id")
         try:
-            view = client._decode(answer.body, _BatchView)
-        except msgspec.DecodeError as exc:
-            failure = error_for(
-                HTTP_ERROR, f"the batch answer cannot be read: {exc}", status=answer.status, request_id=request_id
-            )
-            raise _stopped(failure, "unknown", results, start, end, tasks, keys) from exc
+            view = transport.decode(answer, _BatchView)
+        except GatewayClientError as exc:  # HTTP_ERROR: the answer cannot be read
+            raise _stopped(exc, "unknown", results, start, end, tasks, keys) from exc
         if len(view.items) != end - start:
             failure = error_for(
                 "INTERNAL",

@@ -1,6 +1,27 @@
-"""Errors of the client: one exception per answer the gateway refused, carrying the stable ``code``
-(docs/API.md, Errors), grouped in families so a caller can catch ``NotFound`` or ``Conflict`` without
-listing codes."""
+"""Errors of the client: every exception it raises on purpose is a ``GatewayClientError``, carrying the
+stable ``code`` (docs/API.md, Errors), grouped in families so a caller can catch ``NotFound`` or
+``Conflict`` without listing codes (docs/CLIENT.md, Errors). The hierarchy::
+
+    GatewayClientError            code, message, status, request_id, details; HTTP_ERROR (an answer without
+    |                             the gateway's envelope, or one that cannot be read), DIGEST_MISMATCH
+    +-- InvalidArgument           400
+    |   +-- InvalidSchedule       422
+    +-- Unauthenticated           401
+    +-- Forbidden                 403
+    +-- NotFound                  404
+    +-- Conflict                  409
+    |   +-- InvalidStateTransition, TaskAlreadyTerminal, RevisionConflict, IdempotencyConflict
+    +-- PayloadTooLarge           413
+    +-- LaunchFailed              502
+    +-- Unavailable               503; CONNECTION_FAILED (no answer, status None)
+    |   +-- TransportError        the transport's seam got no answer (never seen by a caller: the request
+    |       +-- ConnectError      core retries it or raises ``Unavailable``); ConnectError: never connected
+    +-- InternalError             500
+    (SubmitManyError, in ``_batch``: a ``GatewayClientError`` that is also of its failure's class)
+
+Outside it, on purpose: ``ValueError``/``TypeError`` for arguments the caller got wrong (raised before
+anything is sent), ``TimeoutError`` from ``wait(timeout=)``, ``RuntimeError`` from a closed
+``SyncGatewayClient``."""
 
 from __future__ import annotations
 
@@ -95,6 +116,20 @@ class Unavailable(GatewayClientError):
 
 class InternalError(GatewayClientError):
     """500 ``INTERNAL``: a bug in the gateway."""
+
+
+class TransportError(Unavailable):
+    """What the transport's seam (``Transport.handle_async_request``, or reading an answer's body) raises
+    when no answer came: the connection was lost, reset or timed out. The request core turns it into a
+    retry or an ``Unavailable`` with ``CONNECTION_FAILED``; a ``MockTransport`` handler raises it to play a
+    lost answer."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(CONNECTION_FAILED, message)
+
+
+class ConnectError(TransportError):
+    """The connection was never made: nothing reached the gateway, so any request may be sent again."""
 
 
 _BY_CODE: dict[str, type[GatewayClientError]] = {

@@ -6,21 +6,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING
 
-import aiohttp
 import msgspec
 
 from scheduler_gateway.wire import api
 from scheduler_gateway.wire.messages import Event
 
 from . import _sse
-from ._errors import Unavailable, error_from_response
-from ._http import _query
+from ._errors import TransportError, Unavailable
+from ._http import _id, _query
+from ._transport import Response, Transport
 from ._types import Disconnect, Gap
-
-if TYPE_CHECKING:
-    from ._client import GatewayClient
 
 
 class EventStream:
@@ -33,21 +29,21 @@ class EventStream:
 
     def __init__(
         self,
-        client: GatewayClient,
+        transport: Transport,
         *,
         types: Iterable[str] | None = None,
         aggregate_id: str | None = None,
         last_event_id: int | None = None,
         on_connect: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        self.client = client
+        self.transport = transport
         self.types = sorted(set(types)) if types is not None else None
         self.aggregate_id = aggregate_id
         self.last_event_id = last_event_id
         self.disconnects = 0
         self.last_disconnect: Disconnect | None = None
         self._on_connect = on_connect
-        self._pending: aiohttp.ClientResponse | None = None
+        self._pending: Response | None = None
         self._gen: AsyncGenerator[Event | Gap, None] | None = None
         self._closed = False
 
@@ -85,26 +81,20 @@ class EventStream:
     ) -> None:
         await self.aclose()
 
-    async def _open(self) -> aiohttp.ClientResponse:
-        c = self.client
+    async def _open(self) -> Response:
         params = _query({"types": self.types, "aggregateId": self.aggregate_id})
         headers = {"Accept": "text/event-stream"}
         if self.last_event_id is not None:
             headers["Last-Event-ID"] = str(self.last_event_id)
-        resp = await c._http().get(c.base_url + "/api/events", params=params, headers=headers, timeout=c.stream_timeout)
-        if resp.status != 200:
-            body = await resp.read()
-            resp.release()
-            raise error_from_response(resp.status, body, resp.headers.get("X-Request-Id"))
-        return resp
+        return await self.transport.open("/api/events", headers, params)
 
-    async def _connect(self) -> aiohttp.ClientResponse:
+    async def _connect(self) -> Response:
         failures = 0
         while True:
             try:
                 return await self._open()
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError, Unavailable):
-                await asyncio.sleep(self.client._delay(min(failures, 8)))
+            except Unavailable:  # a lost connection (TransportError) or a 503
+                await asyncio.sleep(self.transport.delay(min(failures, 8)))
                 failures += 1
 
     async def _run(self) -> AsyncGenerator[Event | Gap, None]:
@@ -115,7 +105,7 @@ class EventStream:
             try:
                 if self._on_connect is not None:
                     await self._on_connect()
-                async for frame in _sse.frames(resp.content.iter_any()):
+                async for frame in _sse.frames(resp.iter_chunks()):
                     if frame.event == "gap":
                         yield msgspec.json.decode(frame.data, type=Gap)
                     elif frame.event == "disconnect":
@@ -128,12 +118,12 @@ class EventStream:
                         if ev.seq is not None:
                             self.last_event_id = ev.seq
                         yield ev
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError):
+            except TransportError:
                 cut = True
             finally:
                 resp.close()
             self.disconnects += 1
-            await asyncio.sleep(self.client._delay(1 if cut else 0))
+            await asyncio.sleep(self.transport.delay(1 if cut else 0))
 
 
 class _Stop(Exception):
@@ -142,7 +132,7 @@ class _Stop(Exception):
 
 
 async def wait_for(
-    client: GatewayClient,
+    transport: Transport,
     task_id: str,
     timeout: float | None,  # noqa: ASYNC109 -- the call's own deadline, as documented
     wanted: frozenset[str],
@@ -150,12 +140,12 @@ async def wait_for(
     """``GatewayClient.wait``: subscribe to the task's events first, then read the task, so no change is missed."""
 
     async def check() -> None:
-        task = await client.get(task_id)
+        task = await transport.get(f"/api/tasks/{_id(task_id)}", api.TaskView)
         if task.state in wanted:
             raise _Stop(task)
 
     async with asyncio.timeout(timeout):
-        stream = EventStream(client, aggregate_id=task_id, on_connect=check)
+        stream = EventStream(transport, aggregate_id=task_id, on_connect=check)
         try:
             async for ev in stream:
                 if isinstance(ev, Gap) or (isinstance(ev.data, dict) and ev.data.get("to") in wanted):

@@ -1,35 +1,27 @@
-"""The request core of ``GatewayClient``: ``send`` (one request and its retries, docs/CLIENT.md, Retries) and
-its helpers: a wire body as the JSON it stands for (only what was set), query parameters, a path segment, an
-answer, and what a retry may do."""
+"""What a request is made of, before the transport sends it: a wire body as the JSON it stands for (only what
+was set), query parameters, a path segment, a fresh Idempotency-Key, the caller's ``traceparent``, what a
+retry may do (``Retry``), and ``Answer``, a read answer. Pure functions: no I/O, no client."""
 
 from __future__ import annotations
 
-import asyncio
-import io
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 from urllib.parse import quote
 
-import aiohttp
 import msgspec
 
 from scheduler_gateway import tracing
 
-from ._errors import CONNECTION_FAILED, error_for, error_from_response
 from ._types import timestamp
-
-if TYPE_CHECKING:
-    from ._client import GatewayClient
 
 T = TypeVar("T")
 Body = msgspec.Struct | Mapping[str, Any]
 
 USER_AGENT: Final = "scheduler-gateway-client/0.1"
-_LARGE_BODY: Final = 512 * 1024
 
 # what a retry may do: "safe" requests are retried on any lost answer and on a 503; "connect" ones only
 # when the connection was never made (the request cannot have reached the gateway)
@@ -87,7 +79,9 @@ def _id(value: str) -> str:
 
 
 @dataclass(frozen=True)
-class _Answer:
+class Answer:
+    """An answer read whole: its status, body and headers."""
+
     status: int
     body: bytes
     headers: Mapping[str, str]
@@ -120,54 +114,3 @@ def _trace_headers() -> dict[str, str]:
     """``traceparent`` of the caller's active span when the application runs OpenTelemetry, else nothing."""
     traceparent = tracing.current_traceparent()
     return {} if traceparent is None else {"traceparent": traceparent}
-
-
-async def send(
-    client: GatewayClient,
-    method: str,
-    path: str,
-    *,
-    body: Any = None,
-    params: Mapping[str, Any] | None = None,
-    idempotency_key: str | None = None,
-    retry: Retry = "safe",
-    ok: Iterable[int] = (),
-    missing_ok_on_retry: bool = False,
-) -> _Answer:
-    headers = _trace_headers()
-    data: bytes | None = None
-    if body is not None:
-        data = msgspec.json.encode(_jsonable(body))
-        headers["Content-Type"] = "application/json"
-    if idempotency_key is not None:
-        headers["Idempotency-Key"] = idempotency_key
-    url = client.base_url + path
-    query = _query(params or {})
-    accept = set(ok)
-    attempt = 0
-    while True:
-        try:
-            # a large body goes as a file-like object, so aiohttp writes it without blocking the loop
-            payload: Any = io.BytesIO(data) if data is not None and len(data) > _LARGE_BODY else data
-            async with client._http().request(
-                method, url, data=payload, params=query, headers=headers, timeout=client.timeout
-            ) as resp:
-                answer = _Answer(resp.status, await resp.read(), dict(resp.headers))
-        except aiohttp.ClientConnectorError as exc:  # never connected: nothing was sent
-            failure = error_for(CONNECTION_FAILED, f"cannot connect to {client.base_url}: {exc}")
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-            failure = error_for(CONNECTION_FAILED, f"{method} {path}: no answer ({type(exc).__name__}: {exc})")
-            if retry != "safe":
-                raise failure from exc
-        else:
-            if answer.status < 400 or answer.status in accept:
-                return answer
-            if answer.status == 404 and missing_ok_on_retry and attempt > 0:
-                return _Answer(204, b"", answer.headers)  # the lost first try did it
-            failure = error_from_response(answer.status, answer.body, answer.headers.get("X-Request-Id"))
-            if answer.status != 503 or retry != "safe":
-                raise failure
-        if attempt >= client.retries:
-            raise failure
-        await asyncio.sleep(client._delay(attempt))
-        attempt += 1

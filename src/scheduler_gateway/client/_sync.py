@@ -43,7 +43,7 @@ class SyncGatewayClient:
     ``events()`` are plain iterators. Use it as a context manager (or call ``close()``). Safe to call from
     several threads: the calls run concurrently on the client's loop."""
 
-    def __init__(self, base_url: str, token: str | None = None, **options: Any) -> None:
+    def __init__(self, base_url: str | None = None, token: str | None = None, **options: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="gateway-client", daemon=True)
         self._thread.start()
