@@ -3,7 +3,7 @@ JetStream has not acked yet), at ``leaseSeconds / 3`` of the shortest lease, els
 A beat whose leases and progress exceed the server's ``max_payload`` is split into several requests, so one
 task's progress cannot cost another task its lease (each progress is capped, ``MAX_PROGRESS_BYTES``).
 
-The reply extends the leases (each handler's local lease deadline moves on, ``_handlers.renew_lease``),
+The reply extends the leases (each handler's local lease deadline moves on, ``LeaseBook.renew``),
 revokes the ones the gateway gave up on (their handlers are cancelled) and says whether the node is
 draining (docs/WIRE.md). Given the lease book (what to report, what to extend or cancel), the request callable
 and the node's identity; the node-wide part of a reply (draining, settle batches) goes to ``on_reply``.
