@@ -52,6 +52,8 @@ NAMES: dict[str, str] = {
     "artifact.after_meta": "an upload's bytes are checked and its object's meta written; its index row is not yet",
     "writer.after_commit": "gatewayd's SQLite writer process committed a batch; its answer is not yet sent",
     "pg.before_commit": "a batch of task changes is written in its PostgreSQL transaction, not yet committed",
+    "pg.batch_after_set_write": "a PostgreSQL batch's set statement ran; its changes decided alone and the commit"
+    " are still to come",
 }
 
 

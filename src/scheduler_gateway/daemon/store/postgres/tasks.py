@@ -4,10 +4,11 @@ idempotency keys, audit and the outbox.
 
 ``apply`` hands its change to the group committer (postgres/group_commit.py), which writes the changes of
 concurrent callers in one ``apply_many`` (a fenced duty write goes alone, in a transaction that checks its
-fence). ``apply_many`` is one transaction (group commit), each change under a
-savepoint so that one refusal never undoes another. ``apply_group`` is one transaction, all or nothing, with
-the subtree guard as a recursive CTE. The parent rule reads the parent ``FOR SHARE``: a cancel of that parent
-in another transaction waits for this one, and then its subtree guard sees the new child.
+fence). ``apply_many`` is one transaction (group commit) of a few set-based statements
+(postgres/batch_write.py); a change a rule refuses is re-decided alone under a savepoint, so that one refusal
+never undoes another. ``apply_group`` is one transaction, all or nothing, with the subtree guard as a recursive
+CTE. The parent rule reads the parent ``FOR SHARE``: a cancel of that parent in another transaction waits for
+this one, and then its subtree guard sees the new child.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from scheduler_gateway.daemon.store.common import (
     int_cursor,
 )
 from scheduler_gateway.daemon.store.letter_rows import PG_UPSERT_GUARD, letter_conflict
+from scheduler_gateway.daemon.store.postgres.batch_write import write_batch
 from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb, constraint_of, refusal_or_storage
 from scheduler_gateway.daemon.store.postgres.flow import (
     limit_refusal,
@@ -56,7 +58,6 @@ from scheduler_gateway.daemon.store.postgres.outbox import SQL_INSERT_OUTBOX, SQ
 from scheduler_gateway.wire.errors import (
     Code,
     Conflict,
-    GatewayError,
     StorageError,
     task_not_found,
 )
@@ -248,24 +249,20 @@ class PgTasks:
         if not changes:
             return []
         rows = [ChangeRows.of(c) for c in changes]
-        results: list[BaseException | None] = []
         try:
             async with self._db.transaction() as conn:
                 await lock_claimed_kinds(conn, rows)  # before any row: the kinds' locks in one order
-                for r in rows:
-                    try:
-                        async with conn.transaction():  # a savepoint: a refusal undoes only its own writes
-                            await write_change(conn, r, self._clock)
-                    except GatewayError as exc:  # a refusal (a driver failure propagates: the batch fails)
-                        results.append(exc)
-                    else:
-                        results.append(None)
+                # set-based: a few statements for the whole batch, a refused change re-decided alone
+                results = await write_batch(conn, rows, self._write_one)
                 failpoints.hit("pg.before_commit")  # a freeze here holds the transaction open (tests)
         except StorageError as exc:
             return [_own_copy(exc) for _ in rows]
         except Exception as exc:
             return [refusal_or_storage(exc) for _ in rows]
         return results
+
+    async def _write_one(self, conn: Conn, r: ChangeRows) -> None:
+        await write_change(conn, r, self._clock)  # looked up at each call: tests wrap it
 
     async def apply_group(self, changes: list[Change], *, subtree_root: str | None = None) -> None:
         if not changes:

@@ -1,0 +1,291 @@
+"""Set-based writes of a batch of task changes on PostgreSQL (``PgTasks.apply_many``; issue 50, point 1).
+
+A batch is one transaction. The changes no rule needs a read for go in ONE statement (``SQL_SET_WRITE``): a
+multi-row ``INSERT ... ON CONFLICT (id) DO NOTHING`` of the new tasks, one ``UPDATE tasks ... FROM unnest(...)``
+whose ``WHERE t.revision = v.expected`` is the compare-and-set of every updated row at once, and, filtered to
+the rows those two returned (the winners), one insert per companion table: history, audit, outbox (in the
+batch's order), idempotency keys, dead letters (each with its revision guard) and callbacks. What each part
+returns says which change lost: a task row not returned lost its compare-and-set (answered as the per-change
+path answers it, TASK_NOT_FOUND or REVISION_CONFLICT, from one read of the losers' revisions) and wrote nothing;
+a winner whose history, key, letter or callback row was not returned had a companion refused after its row was
+written: the statement is rolled back to the savepoint before it and tried again without that change, which is
+re-decided alone (below).
+
+Re-decided alone, in the batch's order, after the set statement, each under a savepoint of its own through
+the per-change path (``write_one``, tasks.py ``write_change``): a change that needs a read to decide (the parent
+rule, a unique task, a claim of a kind with limits on its starts), a companion refused in the set statement,
+every change that shares a row or a rule's scope with another of the batch (one task twice, one idempotency key,
+callback or letter id, one thread, a parent changed in the batch, a limited kind's tasks): the set statement runs
+its rows "at once", so only changes that cannot see each other's writes go there, and the order between them does
+not matter. A unique index that refuses the set statement whole (one running task per thread, one live unique
+task, a letter id of another task) rolls it back to its savepoint and the whole batch goes change by change,
+as SQLite's slow path does (store/group_commit.py). A refusal never undoes a batch-mate, and every change that
+commits writes its history, audit and event once: either in the set statement that stands or alone.
+
+Round trips of a batch whose changes all go in the set statement: the BEGIN, one for the savepoint and the
+statement (pipelined), one read of the losers' revisions when one lost, and the COMMIT; claims add the kinds'
+locks (postgres/flow.py) and one read of their settings under those locks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any
+
+from psycopg import errors as pg_errors
+
+from scheduler_gateway.actors import failpoints
+from scheduler_gateway.daemon.store.change_rows import ChangeRows
+from scheduler_gateway.daemon.store.kind_docs import read_kind_doc
+from scheduler_gateway.daemon.store.letter_rows import PG_UPSERT_GUARD
+from scheduler_gateway.daemon.store.postgres.db import Conn
+from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, task_not_found
+
+WriteOne = Callable[[Conn, ChangeRows], Awaitable[None]]
+
+_SAVEPOINT = "gw_set_write"
+#: the most set statements one batch tries: each retry re-decides alone at least one more change
+_MAX_SET_ATTEMPTS = 3
+
+_T, _I8, _I4, _F8, _B, _BOOL = "text[]", "bigint[]", "integer[]", "double precision[]", "bytea[]", "boolean[]"
+
+
+def _unnest(*types: str) -> str:
+    return "unnest(" + ", ".join(f"%s::{t}" for t in types) + ")"
+
+
+_TASK_TYPES = (_T, _T, _T, _I8, _I4, _T, _T, _T, _F8, _F8, _B)  # SQL_INSERT_TASK's _TASK_COLUMNS (tasks.py)
+_SET_COLUMNS = (
+    "owner", "kind", "state", "revision", "priority", "parent_id", "run_id", "thread_id", "created_at",
+    "not_before", "doc", "lease_expires_at", "deadline_at", "finished_at",
+)  # fmt: skip
+_LETTER_SET = (
+    "dead_letter_id = excluded.dead_letter_id, requeued = excluded.requeued, exhausted = excluded.exhausted,"
+    " archived = excluded.archived, last_dead_at = excluded.last_dead_at, doc = excluded.doc"
+)
+#: The whole fast part of a batch in one statement; its rows say who won: ('w', task id) per task row written,
+#: ('h', task id) per history row, ('i', owner, key) per idempotency key, ('l', task id) per letter, ('c', id)
+#: per callback. Every part is always there (an empty array when the batch has none), so the text never changes
+#: and PostgreSQL plans it once per connection (prepared).
+SQL_SET_WRITE = (
+    "WITH ins AS (INSERT INTO tasks (id, owner, kind, state, revision, priority, parent_id, run_id, thread_id,"
+    " created_at, not_before, doc, concurrency_key, unique_key, lease_expires_at, deadline_at, finished_at)"
+    f" SELECT * FROM {_unnest(_T, *_TASK_TYPES, _T, _T, _F8, _F8, _F8)} ON CONFLICT (id) DO NOTHING RETURNING id),"
+    f" upd AS (UPDATE tasks t SET {', '.join(f'{c} = v.{c}' for c in _SET_COLUMNS)}"
+    f" FROM {_unnest(*_TASK_TYPES, _F8, _F8, _F8, _T, _I8)}"
+    f" AS v({', '.join(_SET_COLUMNS)}, id, expected)"
+    " WHERE t.id = v.id AND t.revision = v.expected RETURNING t.id),"
+    " won AS (SELECT id FROM ins UNION ALL SELECT id FROM upd),"
+    " hist AS (INSERT INTO task_history (task_id, revision, lease_id, doc)"
+    f" SELECT x.task_id, x.revision, x.lease_id, x.doc FROM {_unnest(_T, _I8, _T, _B)}"
+    " AS x(task_id, revision, lease_id, doc) WHERE x.task_id IN (SELECT id FROM won)"
+    " ON CONFLICT DO NOTHING RETURNING task_id),"
+    # audit entries are immutable and named by id: the same one twice (a retried append) is a no-op
+    " aud AS (INSERT INTO audit (id, at, action, object_id, request_id, owner, doc)"
+    " SELECT x.id, x.at, x.action, x.object_id, x.request_id, x.owner, x.doc"
+    f" FROM {_unnest(_T, _T, _F8, _T, _T, _T, _T, _B)} AS x(of, id, at, action, object_id, request_id, owner, doc)"
+    " WHERE x.of IN (SELECT id FROM won) ON CONFLICT (id) DO NOTHING),"
+    # the events in the batch's order (seq); writer_xid, the relay's order, is the column's default (outbox.py)
+    f" obx AS (INSERT INTO outbox (body) SELECT x.body FROM {_unnest(_T, _B)} WITH ORDINALITY AS x(of, body, n)"
+    " WHERE x.of IN (SELECT id FROM won) ORDER BY x.n),"
+    " idem AS (INSERT INTO idempotency (owner, key, doc, created_at)"
+    f" SELECT x.owner, x.key, x.doc, x.created_at FROM {_unnest(_T, _T, _T, _B, _F8)}"
+    " AS x(of, owner, key, doc, created_at) WHERE x.of IN (SELECT id FROM won)"
+    " ON CONFLICT DO NOTHING RETURNING owner, key),"
+    " letter AS (INSERT INTO dead_letters (dead_letter_id, task_id, requeued, exhausted, archived, last_dead_at, doc)"
+    " SELECT x.dead_letter_id, x.task_id, x.requeued, x.exhausted, x.archived, x.last_dead_at, x.doc"
+    f" FROM {_unnest(_T, _T, _BOOL, _BOOL, _BOOL, _F8, _B)}"
+    " AS x(dead_letter_id, task_id, requeued, exhausted, archived, last_dead_at, doc)"
+    f" WHERE x.task_id IN (SELECT id FROM won) ON CONFLICT (task_id) DO UPDATE SET {_LETTER_SET}{PG_UPSERT_GUARD}"
+    " RETURNING task_id),"
+    " cb AS (INSERT INTO callback_deliveries (id, task_id, due_at, doc)"
+    f" SELECT x.id, x.task_id, x.due_at, x.doc FROM {_unnest(_T, _T, _T, _F8, _B)} AS x(of, id, task_id, due_at, doc)"
+    " WHERE x.of IN (SELECT id FROM won) ON CONFLICT DO NOTHING RETURNING id)"
+    " SELECT 'w', id, NULL FROM won UNION ALL SELECT 'h', task_id, NULL FROM hist"
+    " UNION ALL SELECT 'i', owner, key FROM idem UNION ALL SELECT 'l', task_id, NULL FROM letter"
+    " UNION ALL SELECT 'c', id, NULL FROM cb"
+)
+
+Result = BaseException | None
+
+
+async def write_batch(conn: Conn, rows: list[ChangeRows], write_one: WriteOne) -> list[Result]:
+    """Every change of ``rows`` in the caller's transaction (the kinds' locks already taken): one result per
+    change, None for written, the refusal otherwise. A driver failure propagates (the batch fails whole)."""
+    results: dict[int, Result] = {}
+    alone = _alone(rows, await _limited_kinds(conn, rows))
+    together = [i for i in range(len(rows)) if i not in alone]
+    for _ in range(_MAX_SET_ATTEMPTS):
+        if not together:
+            break
+        decided = await _set_write(conn, rows, together)
+        if decided is None:  # a unique index refused the statement whole: the batch goes change by change
+            alone.update(together)
+            together = []
+            break
+        results.update(decided.lost)
+        alone.update(decided.refused)
+        if not decided.refused:
+            together = []
+            break
+        together = [i for i in together if i not in decided.lost and i not in decided.refused]
+    alone.update(together)  # still refusing after the last attempt
+    failpoints.hit("pg.batch_after_set_write")  # a crash between the batch's statements (tests)
+    for i in sorted(alone):
+        try:
+            async with conn.transaction():  # a savepoint: a refusal undoes only its own writes
+                await write_one(conn, rows[i])
+        except GatewayError as exc:  # a refusal (a driver failure propagates: the batch fails)
+            results[i] = exc
+        else:
+            results[i] = None
+    return [results.get(i) for i in range(len(rows))]
+
+
+async def _limited_kinds(conn: Conn, rows: list[ChangeRows]) -> set[str]:
+    """The claimed kinds with limits on their starts, read under the kinds' locks (a change of a kind's settings
+    takes its lock alone, so these settings stand until the commit)."""
+    kinds = sorted({r.claim[0] for r in rows if r.claim is not None})
+    if not kinds:
+        return set()
+    cur = await conn.execute("SELECT kind, doc FROM kinds WHERE kind = ANY(%s)", (kinds,))
+    return {str(k) for k, doc in await cur.fetchall() if read_kind_doc(str(k), doc).limits_starts}
+
+
+def _alone(rows: list[ChangeRows], limited: set[str]) -> set[int]:
+    """The changes that go alone: those whose rule needs a read, and every change that shares a row or a rule's
+    scope with another of the batch (the set statement would write them at once, not in the batch's order)."""
+    scopes: list[list[Hashable]] = []
+    alone: set[int] = set()
+    for i, r in enumerate(rows):
+        kind, thread_id = r.task_values[1], r.task_values[7]
+        scope: list[Hashable] = [("task", r.task_id)]
+        if r.parent_id is not None and r.task is not None:  # the parent rule reads the parent, as it is then
+            scope.append(("task", r.parent_id))
+            alone.add(i)
+        if r.keys[1] is not None or r.unique_window is not None:  # a unique task: its index and window
+            alone.add(i)
+        if kind in limited:
+            scope.append(("kind", kind))
+            if r.claim is not None:
+                alone.add(i)
+        if thread_id is not None:
+            scope.append(("thread", thread_id))
+        if r.idempotency is not None:
+            scope.append(("key", r.idempotency[0], r.idempotency[1]))
+        if r.dead_letter is not None:
+            scope.append(("letter", r.dead_letter[0]))
+            if r.dead_letter[1] != r.task_id:  # the statement names a letter by the change's task
+                alone.add(i)
+        if r.callback is not None:
+            scope.append(("callback", r.callback[0]))
+        if r.history is not None and r.history[0] != r.task_id:  # the statement names a history row by its task
+            alone.add(i)
+        scopes.append(scope)
+    seen = Counter(s for scope in scopes for s in set(scope))
+    alone.update(i for i, scope in enumerate(scopes) if any(seen[s] > 1 for s in scope))
+    return alone
+
+
+class _Decided:
+    """What one set statement decided: ``lost`` the changes whose task row lost (nothing of them written; their
+    answers), ``refused`` the winners with a companion refused (the statement is rolled back: re-decide them)."""
+
+    __slots__ = ("lost", "refused")
+
+    def __init__(self, lost: dict[int, BaseException], refused: set[int]) -> None:
+        self.lost = lost
+        self.refused = refused
+
+
+async def _set_write(conn: Conn, rows: list[ChangeRows], together: list[int]) -> _Decided | None:
+    """The set statement over the changes ``together``; None when a constraint refused it whole (rolled back)."""
+    params = _params([rows[i] for i in together])
+    try:
+        async with conn.pipeline():  # the savepoint and the statement in one round trip
+            await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+            cur = await conn.execute(SQL_SET_WRITE, params)
+            out = await cur.fetchall()
+    except pg_errors.IntegrityError:
+        await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+        return None
+    won = {str(a) for tag, a, _ in out if tag == "w"}
+    written = {(str(tag), str(a), None if b is None else str(b)) for tag, a, b in out if tag != "w"}
+    lost: dict[int, BaseException] = {}
+    stale: list[int] = []
+    refused: set[int] = set()
+    for i in together:
+        r = rows[i]
+        if r.task_id in won:
+            if _companion_refused(r, written):
+                refused.add(i)
+        elif r.expected_revision is None:
+            lost[i] = _already_exists(r)
+        else:
+            stale.append(i)
+    if refused:  # undo the winners' rows too: those refused are re-decided alone, the others written again
+        await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+    if stale:  # the losers' revisions as they are now, as the per-change path reads them after its update
+        cur = await conn.execute(
+            "SELECT id, revision FROM tasks WHERE id = ANY(%s)", ([rows[i].task_id for i in stale],)
+        )
+        found = {str(task_id): int(rev) for task_id, rev in await cur.fetchall()}
+        for i in stale:
+            lost[i] = _stale(rows[i], found.get(rows[i].task_id))
+    return _Decided(lost, refused)
+
+
+def _already_exists(r: ChangeRows) -> Conflict:
+    return Conflict(f"task {r.task_id} already exists", code=Code.REVISION_CONFLICT, details={"taskId": r.task_id})
+
+
+def _stale(r: ChangeRows, revision: int | None) -> GatewayError:
+    """As ``tasks._write_task`` answers a compare-and-set that lost."""
+    if revision is None:
+        return task_not_found(r.task_id)
+    return Conflict(
+        f"task {r.task_id} is at revision {revision}, not {r.expected_revision}",
+        code=Code.REVISION_CONFLICT,
+        details={"taskId": r.task_id, "expectedRevision": r.expected_revision, "revision": revision},
+    )
+
+
+def _companion_refused(r: ChangeRows, written: set[tuple[str, str, str | None]]) -> bool:
+    if r.history is not None and ("h", r.task_id, None) not in written:
+        return True
+    if r.idempotency is not None and ("i", r.idempotency[0], r.idempotency[1]) not in written:
+        return True
+    if r.dead_letter is not None and ("l", r.task_id, None) not in written:
+        return True
+    return r.callback is not None and ("c", r.callback[0], None) not in written
+
+
+def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """Rows as one list per column (the statement's arrays)."""
+    if not rows:
+        return [[] for _ in range(width)]
+    return [list(c) for c in zip(*rows, strict=True)]
+
+
+def _params(rows: list[ChangeRows]) -> list[list[Any]]:
+    inserts = [(*r.insert_row, *r.lease_cols, r.finished_at) for r in rows if r.expected_revision is None]
+    # sorted by id: two batches lock the rows they update in one order (no deadlock between them on these)
+    updates = sorted(
+        (
+            (*r.task_values[:-1], *r.lease_cols, r.finished_at, r.task_id, r.expected_revision)
+            for r in rows
+            if r.expected_revision is not None
+        ),
+        key=lambda u: str(u[14]),
+    )
+    return [
+        *_columns(inserts, 17),
+        *_columns(updates, 16),
+        *_columns([r.history for r in rows if r.history is not None], 4),
+        *_columns([(r.task_id, *r.audit) for r in rows if r.audit is not None], 8),
+        *_columns([(r.task_id, *r.outbox) for r in rows if r.outbox is not None], 2),
+        *_columns([(r.task_id, *r.idempotency) for r in rows if r.idempotency is not None], 5),
+        *_columns([r.dead_letter for r in rows if r.dead_letter is not None], 7),
+        *_columns([(r.task_id, *r.callback) for r in rows if r.callback is not None], 5),
+    ]
