@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from scheduler_gateway.actors.model.artifacts import (
     ArtifactLimits,
@@ -23,10 +23,8 @@ from scheduler_gateway.actors.model.records import AuditEntry, EventRecord
 from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.daemon.store.change_rows import SQL_INSERT_AUDIT, SQL_INSERT_OUTBOX, audit_row
 from scheduler_gateway.daemon.store.common import Refusal
+from scheduler_gateway.daemon.store.sqlite_ops import SqliteOps
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError
-
-if TYPE_CHECKING:  # sqlite_conn runs the migrations, which hold ARTIFACT_MIGRATION
-    from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
 
 TERMINAL_SQL = "('succeeded', 'failed', 'canceled', 'dead')"
 
@@ -119,7 +117,7 @@ def task_moved(task_id: str) -> Conflict:
 
 
 class SqliteArtifacts:
-    def __init__(self, db: SqliteDb, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: SqliteOps, clock: Callable[[], float] = time.time) -> None:
         self._db = db
         self._clock = clock  # read in the writer's transaction: a paused process reads it when it goes on
 

@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from scheduler_gateway.actors.ports import PurgeResult, StoreSize
 from scheduler_gateway.daemon.store.common import fetch_one
 from scheduler_gateway.daemon.store.flow_rows import SQL_FORGET_MARKS, SQL_MARK_PURGED
 from scheduler_gateway.daemon.store.schedule_rows import ACTIVE_RUN_SQL
+from scheduler_gateway.daemon.store.sqlite_ops import SqliteOps
 from scheduler_gateway.wire.api import UNIQUE_FOR_MAX_S
-
-if TYPE_CHECKING:  # sqlite_conn imports the migrations, which import this module's migration text
-    from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +127,7 @@ def _delete_in(conn: sqlite3.Connection, sql: str, keys: list[tuple[Any, ...]]) 
 class SqliteRetention:
     """The ``RetentionStore`` part of ``SqliteStore``."""
 
-    def __init__(self, db: SqliteDb) -> None:
+    def __init__(self, db: SqliteOps) -> None:
         self._db = db
 
     async def _run(self, fn: Any) -> Any:

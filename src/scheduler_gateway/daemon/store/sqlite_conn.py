@@ -16,22 +16,8 @@ a millisecond of CPU wherever it runs, but handing it to a thread cost ~3 ms of 
 then the thread waiting for the GIL the busy loop holds, at every statement), and the claims, whose round trip
 sets how fast a node's slots turn over, waited for it (docs/PERFORMANCE.md).
 
-WAL checkpoints run beside the writer, never in it: SQLite's automatic checkpoint (off on the write connection)
-would run inside the commit that crosses its threshold, copying pages into the database file and waiting for
-its fsync, on the loop for an inline commit, and every caller of the batch waiting with it (half of a retention
-batch's time on a 5 GiB store). A checkpointer with a connection and a thread of its own runs a PASSIVE
-checkpoint every ``checkpoint_interval_s`` (it never blocks the writer or a reader); should it fall behind by
-``checkpoint_backstop_rows`` rows, the writer thread checkpoints between two batches. Reads use another
-connection through aiosqlite: in WAL mode it reads the last committed state while the writer writes.
-
-PASSIVE checkpoints alone do not keep the WAL short under a steady stream of writes. SQLite starts the WAL over
-only at a commit that finds all of it copied and no reader on a snapshot in it; with reads and writes all the
-time that moment hardly comes, and the WAL grew by ~40 KiB per task through a burst (1.6 GB for 40,000 tasks),
-every page lookup searching a longer WAL index. So once a checkpoint finds ``wal_catch_up_frames`` or more in
-the WAL, the writer checkpoints itself between two batches: a RESTART checkpoint, which copies the short rest
-(nothing is appended meanwhile) and waits up to ``CATCH_UP_WAIT_MS`` for the readers in the WAL to finish (reads
-are short; one that is not only makes this attempt give up). Its next commit starts the WAL over, and
-``journal_size_limit`` gives the file back down to that size.
+WAL checkpoints run beside the writer, never in it, and a long WAL is started over by the writer itself between
+two batches: sqlite_file.py says why and how.
 
 Every task write is a compare-and-set on ``revision``; the row, its history entry, audit entry, outbox
 event, idempotency key and dead letter commit together or not at all (docs/ARCHITECTURE.md, Inside gatewayd).
@@ -44,7 +30,6 @@ import collections
 import logging
 import os
 import sqlite3
-import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -73,6 +58,13 @@ from scheduler_gateway.daemon.store.common import (
 )
 from scheduler_gateway.daemon.store.group_commit import commit_batch, is_busy
 from scheduler_gateway.daemon.store.migrations import migrate
+from scheduler_gateway.daemon.store.sqlite_file import (
+    WAL_CATCH_UP_FRAMES,
+    Checkpointer,
+    close_writer,
+    in_thread,
+    open_writer,
+)
 from scheduler_gateway.daemon.store.writer_process import Outcome, WriterProcess
 from scheduler_gateway.wire.errors import (
     StorageError,
@@ -97,15 +89,6 @@ CHECKPOINT_INTERVAL_S = 0.5
 #: Rows written since the checkpointer last finished after which the writer thread checkpoints itself (a bound on
 #: the WAL should the checkpointer fall behind; ~100 times SQLite's own 1 000-page interval at our row sizes).
 CHECKPOINT_BACKSTOP_ROWS = 200_000
-#: A WAL of at least this many frames at a checkpoint: the writer checkpoints and starts it over (module
-#: docstring). 262,144 frames are 1 GiB at 4 KiB pages, ~25,000 tasks of a burst. A bound on disk use and on the
-#: slowdown of a multi-GB WAL, set high because each catch-up holds the writer 6-17 ms: at 16,384 or 65,536
-#: frames that showed in the p99 of paced single creates (docs/PERFORMANCE.md, What each lever gave).
-WAL_CATCH_UP_FRAMES = 262_144
-#: How long the writer's catch-up checkpoint waits for readers of older snapshots.
-CATCH_UP_WAIT_MS = 200
-#: What the WAL file is cut back to when SQLite starts it over.
-WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 
 
 class SqliteDb:
@@ -143,18 +126,11 @@ class SqliteDb:
         self._running = False
         self._stop_requested = False
         self._stopped: asyncio.Event | None = None  # set once a stop() finished; None while not stopping
-        self._checkpoint_interval_s = checkpoint_interval_s
-        self._checkpoint_backstop_rows = checkpoint_backstop_rows
-        self._wal_catch_up_frames = wal_catch_up_frames
-        self._catch_up = False  # the last checkpoint found a long WAL: the writer starts it over
-        self._rows_since_checkpoint = 0  # rows written since a checkpoint last finished
+        self._checkpointer = Checkpointer(
+            self.path, checkpoint_interval_s, checkpoint_backstop_rows, wal_catch_up_frames
+        )
         self._changes_seen = 0  # the write connection's total_changes when last looked at
         self._last_commit_end = float("-inf")  # loop time: when the writer last finished a batch
-        self._cconn: sqlite3.Connection | None = None  # the checkpointer's connection, in its own thread
-        self._cthread: ThreadPoolExecutor | None = None
-        self._checkpointer: asyncio.Task[None] | None = None
-        self._checkpointing = False  # the checkpointer is running one now
-        self._dirty = asyncio.Event()  # rows were written since the checkpointer last looked
         #: task changes committed by a process of their own (writer_process.py); None: on the loop or the thread
         self._child: WriterProcess | None = None
         self._use_child = writer_process
@@ -176,11 +152,11 @@ class SqliteDb:
         wconn: sqlite3.Connection | None = None
         rconn: aiosqlite.Connection | None = None
         try:
-            wconn = await self._in_writer(wthread, open_writer, self.path)
-            await self._in_writer(wthread, migrate, wconn)
+            wconn = await in_thread(wthread, open_writer, self.path)
+            await in_thread(wthread, migrate, wconn)
             # from here no busy wait by default: a commit on the loop must not sleep there while another
             # connection holds the write lock; the thread waits instead (_commit_waiting)
-            await self._in_writer(wthread, wconn.execute, "PRAGMA busy_timeout = 0")
+            await in_thread(wthread, wconn.execute, "PRAGMA busy_timeout = 0")
             rconn = await aiosqlite.connect(self.path, isolation_level=None)
             await rconn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             await rconn.execute("PRAGMA query_only = ON")
@@ -191,7 +167,7 @@ class SqliteDb:
             if rconn is not None:
                 await _close_quietly(rconn)
             if wconn is not None:
-                await self._in_writer(wthread, _close_writer, wconn)
+                await in_thread(wthread, close_writer, wconn)
             wthread.shutdown(wait=False)
             if isinstance(exc, StorageError):
                 raise
@@ -203,7 +179,7 @@ class SqliteDb:
             except StorageError:
                 await _close_quietly(rconn)
                 qconn.close()
-                await self._in_writer(wthread, _close_writer, wconn)
+                await in_thread(wthread, close_writer, wconn)
                 wthread.shutdown(wait=False)
                 raise
             self._child = child
@@ -212,16 +188,14 @@ class SqliteDb:
         self._loop = asyncio.get_running_loop()
         self._wconn, self._rconn, self._qconn = wconn, rconn, qconn
         self._changes_seen = wconn.total_changes
-        self._dirty = asyncio.Event()  # of this loop (a store may be started again on another one)
-        self._rows_since_checkpoint = 0
-        self._catch_up = False
         self._queue.clear()
         self._wakeup = asyncio.Event()
         self._stop_requested = False
         self._stopped = None
         self._running = True
+        self._checkpointer.reset()  # before the writer's first batch counts its rows
         self._writer = asyncio.create_task(self._write_loop(), name="sqlite-store-writer")
-        await self._start_checkpointer()
+        await self._checkpointer.start()
 
     async def stop(self) -> None:
         """Let the batch being committed finish, fail every queued write, close. Idempotent."""
@@ -244,65 +218,20 @@ class SqliteDb:
             child, self._child = self._child, None  # stop() waits for the answers of the batches sent
             if child is not None:
                 await child.stop()
-            await self._stop_checkpointer()
+            await self._checkpointer.stop()
             if self._rconn is not None:
                 await _close_quietly(self._rconn)
             if self._qconn is not None:
                 self._qconn.close()
                 self._qconn = None
             if self._wconn is not None and self._wthread is not None:
-                await self._in_writer(self._wthread, _close_writer, self._wconn)
+                await in_thread(self._wthread, close_writer, self._wconn)
             if self._wthread is not None:
                 self._wthread.shutdown(wait=False)
             self._rconn = self._wconn = None
             self._wthread = None
         finally:
             self._stopped.set()
-
-    # ------------------------------------------------------------------ the checkpointer
-
-    async def _start_checkpointer(self) -> None:
-        thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-checkpoint")
-        try:
-            conn = await self._in_writer(thread, _open_checkpointer, self.path)
-        except sqlite3.Error as exc:  # the writer's backstop still bounds the WAL
-            thread.shutdown(wait=False)
-            log.warning("task store: no background checkpointer (%s)", type(exc).__name__)
-            return
-        self._cconn, self._cthread = conn, thread
-        self._checkpointer = asyncio.create_task(self._checkpoint_loop(), name="sqlite-store-checkpointer")
-
-    async def _checkpoint_loop(self) -> None:
-        conn, thread = self._cconn, self._cthread
-        assert conn is not None and thread is not None
-        while True:
-            # asleep while nothing is written (an idle daemon keeps no timer for it), then every interval
-            await self._dirty.wait()
-            await asyncio.sleep(self._checkpoint_interval_s)
-            self._dirty.clear()  # rows written from here on set it again
-            written = self._rows_since_checkpoint
-            if not written:
-                continue
-            self._checkpointing = True
-            try:
-                frames = await self._in_writer(thread, _checkpoint, conn)
-            finally:
-                self._checkpointing = False
-            if frames is not None:
-                self._rows_since_checkpoint -= written  # what was written meanwhile waits for the next one
-                self._catch_up = frames >= self._wal_catch_up_frames
-
-    async def _stop_checkpointer(self) -> None:
-        task, self._checkpointer = self._checkpointer, None
-        if task is not None:
-            task.cancel()
-            await asyncio.wait([task])
-        conn, thread = self._cconn, self._cthread
-        self._cconn = self._cthread = None
-        if conn is not None and thread is not None:
-            await self._in_writer(thread, _close_writer, conn)
-        if thread is not None:
-            thread.shutdown(wait=False)
 
     def enqueue_changes(
         self, rows: list[ChangeRows], *, atomic: bool = False, subtree_root: str | None = None
@@ -390,26 +319,15 @@ class SqliteDb:
         self._fail_batch(list(self._queue), StorageError("the task store stopped before this write"))
         self._queue.clear()
 
-    @staticmethod
-    async def _in_writer(thread: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(thread, fn, *args)
-
     async def _commit(self, batch: list[Work]) -> None:
         conn, thread = self._wconn, self._wthread
         assert conn is not None and thread is not None
         child = self._child
-        if self._rows_since_checkpoint >= self._checkpoint_backstop_rows and not self._checkpointing:
-            # the checkpointer is not running one (it is gone, or its interval is long): bound the WAL here
-            log.info("task store: %d rows since a checkpoint; the writer checkpoints", self._rows_since_checkpoint)
-            self._rows_since_checkpoint = 0
+        turn = self._checkpointer.writers_turn()
+        if turn is not None:
             if child is not None:
-                await child.idle()  # between two batches, as without the child
-            await self._in_writer(thread, _checkpoint, conn)
-        elif self._catch_up and not self._checkpointing:
-            self._catch_up = False
-            if child is not None:
-                await child.idle()  # a RESTART checkpoint would make the child's next commit wait for it
-            await self._in_writer(thread, _catch_up, conn)
+                await child.idle()  # between two batches, as without the child (a RESTART would stall its commit)
+            await in_thread(thread, turn, conn)
         if child is not None:
             if _for_child(batch[0]):
                 await child.room()
@@ -420,9 +338,9 @@ class SqliteDb:
             outcome = commit_batch(conn, batch, quiet_busy=True)
             if isinstance(outcome, StorageError) and is_busy(outcome):
                 # another connection holds the write lock (never this daemon's own): wait for it in the thread
-                outcome = await self._in_writer(thread, _commit_waiting, conn, batch)
+                outcome = await in_thread(thread, _commit_waiting, conn, batch)
         else:
-            outcome = await self._in_writer(thread, _commit_waiting, conn, batch)
+            outcome = await in_thread(thread, _commit_waiting, conn, batch)
         written = conn.total_changes - self._changes_seen
         self._changes_seen = conn.total_changes
         self._settle_batch(batch, outcome, written)
@@ -440,9 +358,7 @@ class SqliteDb:
     def _settle_batch(
         self, batch: list[Work], outcome: list[list[BaseException | None]] | StorageError, written: int
     ) -> None:
-        if written:
-            self._rows_since_checkpoint += written
-            self._dirty.set()
+        self._checkpointer.wrote(written)
         if isinstance(outcome, StorageError):
             self._fail_batch(batch, outcome)
             return
@@ -533,27 +449,6 @@ class SqliteDb:
         return box[0]
 
 
-def open_writer(path: Path) -> sqlite3.Connection:
-    """The write connection, opened in the writer thread that alone will use it."""
-    # isolation_level None: no implicit transactions; the writer issues BEGIN/COMMIT itself
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-        if mode is None or str(mode[0]).lower() != "wal":
-            raise StorageError("the task store could not switch to WAL mode")
-        # NORMAL in WAL mode: a power cut may lose the last commits but never corrupts the file
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("PRAGMA foreign_keys = OFF")
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # for the migrations; SqliteDb.start() sets 0
-        # checkpoints are the checkpointer's (module docstring), never inside a commit made on the loop
-        conn.execute("PRAGMA wal_autocheckpoint = 0")
-        conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES}")
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
 def _for_child(work: Work) -> bool:
     """Whether a writer process can commit ``work``: a task change, or an op that is only statements."""
     return isinstance(work, ChangeWork) or (work.statements is not None and not work.heavy)
@@ -583,51 +478,6 @@ def _commit_waiting(conn: sqlite3.Connection, batch: list[Work]) -> list[list[Ba
         return commit_batch(conn, batch)
     finally:
         conn.execute("PRAGMA busy_timeout = 0")
-
-
-def _open_checkpointer(path: Path) -> sqlite3.Connection:
-    """The checkpointer's connection, opened in its own thread (the file is in WAL mode by then)."""
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    try:
-        conn.execute("PRAGMA synchronous = NORMAL")  # per connection: a checkpoint syncs as the writer's would
-        conn.execute("PRAGMA wal_autocheckpoint = 0")  # it never writes; explicit checkpoints only
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def _catch_up(conn: sqlite3.Connection) -> None:
-    """The writer's own checkpoint of a long WAL (module docstring): copy all of it, waiting a little for the
-    readers in it, so that the writer's next commit starts the WAL over. It polls every half millisecond rather
-    than use SQLite's busy handler, whose sleeps (1, 2, 5, 10 ms...) made a reader's 0.2 ms cost the writer ~17."""
-    deadline = time.monotonic() + CATCH_UP_WAIT_MS / 1000
-    try:
-        while conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()[0][0] and time.monotonic() < deadline:
-            time.sleep(0.0005)  # the copy is done by the first call; the next ones only wait for the readers
-    except sqlite3.Error as exc:  # the checkpointer's next round tries again
-        log.warning("task store: WAL catch-up checkpoint failed (%s)", type(exc).__name__)
-
-
-def _checkpoint(conn: sqlite3.Connection) -> int | None:
-    """Copy what is committed in the WAL into the database file as far as readers allow, without waiting for
-    the writer or a reader (PASSIVE). The frames in the WAL; None when it failed or another connection was
-    checkpointing."""
-    try:
-        rows = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()  # all: no statement left holding a read
-    except sqlite3.Error as exc:  # the next one tries again; the WAL only grows meanwhile
-        log.warning("task store: WAL checkpoint failed (%s)", type(exc).__name__)
-        return None
-    if not rows or rows[0][0] or rows[0][1] < 0:  # busy: another checkpoint was running
-        return None
-    return int(rows[0][1])
-
-
-def _close_writer(conn: sqlite3.Connection) -> None:
-    try:
-        conn.close()
-    except sqlite3.Error as exc:
-        log.warning("task store: closing the write connection failed (%s)", type(exc).__name__)
 
 
 async def _close_quietly(conn: aiosqlite.Connection) -> None:

@@ -53,6 +53,7 @@ from scheduler_gateway.daemon.store.change_rows import (
     run_statements,
 )
 from scheduler_gateway.daemon.store.common import BUSY_TIMEOUT_MS
+from scheduler_gateway.daemon.store.sqlite_file import open_writer
 from scheduler_gateway.wire import errors
 from scheduler_gateway.wire.errors import Fault
 
@@ -282,7 +283,6 @@ def _die_with_parent(parent: int) -> None:
 
 def _serve(path: Path, parent: int) -> int:
     from scheduler_gateway.daemon.store.group_commit import commit_batch
-    from scheduler_gateway.daemon.store.sqlite_conn import open_writer
 
     _die_with_parent(parent)
     conn: sqlite3.Connection = open_writer(path)
