@@ -105,11 +105,11 @@ def _app() -> web.Application:
     n: Any = _Nothing()
     api = AdminApi(n, n, n, n, n, HttpSettings(), n)
     app = api.app()
-    schedule_routes(api, n)(app)
+    schedule_routes(api.bodies, n)(app)
     EventsApi(n, n, SseSettings()).install(app)
     CallbacksApi(n).install(app)
-    ArtifactRoutes(api, n, n).install(app)
-    KindRoutes(api, n, n, n).install(app)
+    ArtifactRoutes(n, n).install(app)
+    KindRoutes(api.bodies, n, n, n).install(app)
     return app
 
 

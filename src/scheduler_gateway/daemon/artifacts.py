@@ -19,7 +19,6 @@ from scheduler_gateway.actors.artifacts import ArtifactIndex, ArtifactService
 from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord
 from scheduler_gateway.actors.model.retention import RetentionPolicy
 from scheduler_gateway.actors.task_service import TaskService
-from scheduler_gateway.daemon.http.app import AdminApi
 from scheduler_gateway.daemon.http.artifacts import ArtifactRoutes
 from scheduler_gateway.daemon.nats.artifacts import ArtifactResponder, JetStreamArtifacts, ensure_bucket
 from scheduler_gateway.daemon.nats.bus import NatsBus
@@ -83,12 +82,12 @@ class Artifacts:
         self.keeper: ArtifactKeeper | None = None
         self._responder: ArtifactResponder | None = None
 
-    def routes(self, api: AdminApi) -> Callable[[web.Application], None]:
+    def routes(self) -> Callable[[web.Application], None]:
         """The routes' installer, for ``Gateway.http_extensions`` (the app is built after ``start``)."""
 
         def install(app: web.Application) -> None:
             assert self.service is not None, "Artifacts.start() runs before the HTTP app is built"
-            ArtifactRoutes(api, self._tasks, self.service).install(app)
+            ArtifactRoutes(self._tasks, self.service).install(app)
 
         return install
 

@@ -231,7 +231,7 @@ class Gateway:
             refresh_s=REFRESH_S if self.ha else None,
             on_committed=self.relay.notify,  # kind.updated reaches the stream at once, as task events do
         )
-        self.http_extensions.append(KindRoutes(self.api, self.kinds, self.store, self.nodes).install)
+        self.http_extensions.append(KindRoutes(self.api.bodies, self.kinds, self.store, self.nodes).install)
         self.metrics.set_flow(self.dispatcher.flow_figures)
         register_dispatch_metrics(self.metrics.registry, self.dispatcher.trouble, self.metrics.kind)
         # the bucket, node requests, keeper, routes
@@ -247,7 +247,7 @@ class Gateway:
             stream_replicas=s.stream_replicas,
             retention=s.retention,
         )
-        self.http_extensions.append(self.artifacts.routes(self.api))
+        self.http_extensions.append(self.artifacts.routes())
         self.http_extensions.append(console_routes(self))  # the web console at /ui/ and the viewer role
         if self.ha is not None:
             self.ha.attach(

@@ -50,7 +50,7 @@ class Scheduling:
         tasks.add_listener(self.actor.on_transition)
         tasks.set_thread_check(self.service.check_thread)
         tasks.set_requeue_guard(RunReopen(store))  # a schedule's task retried gets its run back (CONTRACT 2.7)
-        http_extensions.append(schedule_routes(api, self.service))
+        http_extensions.append(schedule_routes(api.bodies, self.service))
 
     async def start(self) -> None:
         await self.actor.start()

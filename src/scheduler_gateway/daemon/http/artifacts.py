@@ -16,7 +16,6 @@ import contextlib
 import logging
 import re
 from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from aiohttp import web
@@ -24,16 +23,14 @@ from aiohttp import web
 from scheduler_gateway.actors.artifacts import ArtifactService
 from scheduler_gateway.actors.model.artifacts import ArtifactRecord
 from scheduler_gateway.actors.task_service import TaskService
+from scheduler_gateway.daemon.http.answers import json_response
+from scheduler_gateway.daemon.http.context import CALLER, REQUEST_ID
+from scheduler_gateway.daemon.http.errors import error_response
+from scheduler_gateway.daemon.http.requests import page_args, task_id_arg
 from scheduler_gateway.wire.api import ListView
 from scheduler_gateway.wire.artifacts import DEFAULT_CONTENT_TYPE, ArtifactView, content_type_problem, name_problem
 from scheduler_gateway.wire.errors import Code, GatewayError, InvalidArgument, NotFound
 from scheduler_gateway.wire.timefmt import fmt_ts
-
-from .context import CALLER, REQUEST_ID, page_args, task_id_arg
-from .errors import error_response
-
-if TYPE_CHECKING:
-    from .app import AdminApi
 
 log = logging.getLogger(__name__)
 # ASCII digits only (``\d`` takes any script's digits), the whole header; a position of more digits than this is
@@ -91,8 +88,7 @@ def disposition(name: str) -> str:
 
 
 class ArtifactRoutes:
-    def __init__(self, api: AdminApi, tasks: TaskService, artifacts: ArtifactService) -> None:
-        self.api = api
+    def __init__(self, tasks: TaskService, artifacts: ArtifactService) -> None:
         self.tasks = tasks
         self.artifacts = artifacts
 
@@ -112,7 +108,7 @@ class ArtifactRoutes:
         rows = await self.artifacts.list(task.id)
         page = rows[start : start + limit]
         next_cursor = str(start + limit) if start + limit < len(rows) else None
-        return self.api._json(ListView([artifact_view(r) for r in page], next_cursor))
+        return json_response(ListView([artifact_view(r) for r in page], next_cursor))
 
     async def get_artifact(self, request: web.Request) -> web.StreamResponse:
         task = await self.tasks.get(request[CALLER], task_id_arg(request))

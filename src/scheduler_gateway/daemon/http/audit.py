@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from aiohttp import web
 
 from scheduler_gateway.actors.model.records import AuditEntry
@@ -12,13 +10,11 @@ from scheduler_gateway.actors.ports import (
     AuditStore,
 )
 from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.daemon.http.answers import json_response
+from scheduler_gateway.daemon.http.context import CALLER
+from scheduler_gateway.daemon.http.requests import page_args
 from scheduler_gateway.wire import api
 from scheduler_gateway.wire.timefmt import fmt_ts
-
-from .context import CALLER, page_args
-
-if TYPE_CHECKING:
-    from .app import AdminApi
 
 
 def audit_view(a: AuditEntry) -> api.AuditView:
@@ -42,8 +38,7 @@ def audit_view(a: AuditEntry) -> api.AuditView:
 
 
 class AuditRoutes:
-    def __init__(self, api: AdminApi, store: AuditStore) -> None:
-        self.api = api
+    def __init__(self, store: AuditStore) -> None:
         self.store = store
 
     def install(self, app: web.Application) -> None:
@@ -63,4 +58,4 @@ class AuditRoutes:
                 cursor=cursor,
             )
         )
-        return self.api._json(api.ListView([audit_view(a) for a in page.items], page.next_cursor))
+        return json_response(api.ListView([audit_view(a) for a in page.items], page.next_cursor))

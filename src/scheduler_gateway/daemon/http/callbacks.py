@@ -17,7 +17,9 @@ from aiohttp import web
 from scheduler_gateway.actors.callback_sender import CallbackSender
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery
 from scheduler_gateway.actors.task_service import Caller
-from scheduler_gateway.daemon.http.app import CALLER, AdminApi
+from scheduler_gateway.daemon.http.answers import json_response
+from scheduler_gateway.daemon.http.context import CALLER
+from scheduler_gateway.daemon.http.requests import page_args
 from scheduler_gateway.wire.api import ListView
 from scheduler_gateway.wire.redact import redact_url
 from scheduler_gateway.wire.timefmt import fmt_ts
@@ -46,37 +48,33 @@ def letter_view(d: CallbackDeadLetter) -> CallbackDeadLetterView:
 class CallbacksApi:
     def __init__(self, sender: CallbackSender) -> None:
         self.sender = sender
-        self._enc = msgspec.json.Encoder()
 
     def install(self, app: web.Application) -> None:
         app.router.add_get("/api/callbacks/deadletter", self.list_letters)
         app.router.add_get("/api/callbacks/deadletter/{id}", self.get_letter)
         app.router.add_post("/api/callbacks/deadletter/{id}/redeliver", self.redeliver)
 
-    def _json(self, value: object) -> web.Response:
-        return web.Response(body=self._enc.encode(value), content_type="application/json")
-
     async def list_letters(self, request: web.Request) -> web.Response:
         caller: Caller = request[CALLER]
-        limit, cursor = AdminApi._page_args(request)
+        limit, cursor = page_args(request)
         page = await self.sender.list_dead_letters(
             caller.user,
             caller.is_admin,
             CallbackDeadLetterQuery(task_id=request.query.get("taskId") or None, limit=limit, cursor=cursor),
         )
-        return self._json(ListView([letter_view(d) for d in page.items], page.next_cursor))
+        return json_response(ListView([letter_view(d) for d in page.items], page.next_cursor))
 
     async def get_letter(self, request: web.Request) -> web.Response:
         caller: Caller = request[CALLER]
         letter = await self.sender.get_dead_letter(caller.user, caller.is_admin, request.match_info["id"])
-        return self._json(letter_view(letter))
+        return json_response(letter_view(letter))
 
     async def redeliver(self, request: web.Request) -> web.Response:
         """Queue the delivery again (same body, same ``X-Callback-Id``, a fresh attempt budget); answers the
         letter as it was. It leaves the list; should the new delivery fail too, a new letter is written."""
         caller: Caller = request[CALLER]
         letter = await self.sender.redeliver(caller.actor, caller.is_admin, request.match_info["id"], caller.request_id)
-        return self._json(letter_view(letter))
+        return json_response(letter_view(letter))
 
 
 def callback_routes(api: CallbacksApi) -> Callable[[web.Application], None]:

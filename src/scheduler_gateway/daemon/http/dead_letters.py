@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -13,17 +13,15 @@ from scheduler_gateway.actors.ports import (
     DeadLetterStore,
 )
 from scheduler_gateway.actors.task_service import Caller, TaskService
+from scheduler_gateway.daemon.http.answers import json_response
+from scheduler_gateway.daemon.http.context import CALLER
+from scheduler_gateway.daemon.http.requests import Bodies, decode_body, page_args
+from scheduler_gateway.daemon.http.tasks import task_view
 from scheduler_gateway.wire import api
 from scheduler_gateway.wire.errors import (
     InvalidArgument,
 )
 from scheduler_gateway.wire.timefmt import fmt_ts
-
-from .context import CALLER, page_args
-from .tasks import task_view
-
-if TYPE_CHECKING:
-    from .app import AdminApi
 
 
 def dead_letter_fields(d: DeadLetter) -> dict[str, Any]:
@@ -42,8 +40,8 @@ def dead_letter_fields(d: DeadLetter) -> dict[str, Any]:
 
 
 class DeadLetterRoutes:
-    def __init__(self, api: AdminApi, service: TaskService, store: DeadLetterStore) -> None:
-        self.api = api
+    def __init__(self, bodies: Bodies, service: TaskService, store: DeadLetterStore) -> None:
+        self.bodies = bodies
         self.service = service
         self.store = store
 
@@ -70,23 +68,23 @@ class DeadLetterRoutes:
                 cursor=cursor,
             )
         )
-        return self.api._json(
+        return json_response(
             api.ListView([api.DeadLetterView(**dead_letter_fields(d)) for d in page.items], page.next_cursor)
         )
 
     async def get_dead_letter(self, request: web.Request) -> web.Response:
         letter = await self.service.get_dead_letter(request[CALLER], request.match_info["id"])
-        return self.api._json(api.DeadLetterView(**dead_letter_fields(letter)))
+        return json_response(api.DeadLetterView(**dead_letter_fields(letter)))
 
     def _redrive_handler(self, force: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             reason = None
             if force:
-                reason = self.api._decode(await self.api._body(request), api.ForceRetryBody).reason
+                reason = decode_body(await self.bodies.read(request), api.ForceRetryBody).reason
             letter, task = await self.service.redrive(
                 request[CALLER], request.match_info["id"], force=force, reason=reason
             )
-            return self.api._json(
+            return json_response(
                 api.RedriveView(**dead_letter_fields(letter), task=task_view(task, self.service.waiting_for(task)))
             )
 

@@ -28,7 +28,7 @@ from aiohttp import web
 from aiohttp_sse import EventSourceResponse
 
 from scheduler_gateway.actors.task_service import Caller
-from scheduler_gateway.daemon.http.app import CALLER, REQUEST_ID
+from scheduler_gateway.daemon.http.context import CALLER, REQUEST_ID
 from scheduler_gateway.daemon.http.event_hub import (
     CLIENT_GONE,
     UNAVAILABLE,

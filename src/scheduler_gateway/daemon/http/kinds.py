@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -15,15 +15,13 @@ from scheduler_gateway.actors.model.flow import KindSettings, Rate
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.ports import KindStore
 from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.daemon.http.answers import json_response
+from scheduler_gateway.daemon.http.context import CALLER
+from scheduler_gateway.daemon.http.requests import Bodies, page_args
 from scheduler_gateway.wire import kind_api as ka
 from scheduler_gateway.wire.errors import Forbidden, InvalidArgument
 from scheduler_gateway.wire.names import KIND_PATTERN, KIND_RULE
 from scheduler_gateway.wire.timefmt import fmt_ts
-
-from .context import CALLER, page_args
-
-if TYPE_CHECKING:
-    from .app import AdminApi
 
 _KIND = re.compile(KIND_PATTERN)
 _FIELD_AT = re.compile(r"at `\$\.([A-Za-z]+)")
@@ -66,8 +64,8 @@ def changes_of(body: ka.UpdateKindBody) -> dict[str, Any]:
 
 
 class KindRoutes:
-    def __init__(self, api: AdminApi, kinds: KindService, store: KindStore, nodes: NodeRegistry) -> None:
-        self.api = api
+    def __init__(self, bodies: Bodies, kinds: KindService, store: KindStore, nodes: NodeRegistry) -> None:
+        self.bodies = bodies
         self.kinds = kinds
         self.store = store
         self.nodes = nodes
@@ -102,21 +100,21 @@ class KindRoutes:
         page = names[start : start + limit]
         more = start + limit < len(names)
         items = [kind_view(stored.get(k) or KindSettings(kind=k), counts.get(k, {})) for k in page]
-        return self.api._json(ka.KindList(items=items, next_cursor=page[-1] if more and page else None))
+        return json_response(ka.KindList(items=items, next_cursor=page[-1] if more and page else None))
 
     async def get_kind(self, request: web.Request) -> web.Response:
         kind = self._kind(request)
         # any kind name is a kind: one never used answers its (empty) settings, as a PUT would start from
         settings = await self.store.get_kind(kind)
         counts = (await self.store.kind_counts()).get(kind, {})
-        return self.api._json(kind_view(settings or KindSettings(kind=kind), counts))
+        return json_response(kind_view(settings or KindSettings(kind=kind), counts))
 
     async def put_kind(self, request: web.Request) -> web.Response:
         caller: Caller = request[CALLER]
         kind = self._kind(request)
         if not caller.is_admin:
             raise Forbidden("only an admin can change a kind's flow settings")
-        body = await self.api._body(request)
+        body = await self.bodies.read(request)
         try:
             req = msgspec.json.decode(body if body.strip() else b"{}", type=ka.UpdateKindBody)
         except msgspec.ValidationError as exc:
@@ -140,4 +138,4 @@ class KindRoutes:
         caller: Caller = request[CALLER]
         new = await self.kinds.update(kind, changes, caller.actor, caller.request_id)
         counts = (await self.store.kind_counts()).get(kind, {})
-        return self.api._json(kind_view(new, counts))
+        return json_response(kind_view(new, counts))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from aiohttp import web
 
@@ -17,6 +17,8 @@ from scheduler_gateway.actors.ports import (
     NodeStore,
 )
 from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.daemon.http.answers import json_response
+from scheduler_gateway.daemon.http.context import CALLER
 from scheduler_gateway.wire import api
 from scheduler_gateway.wire.errors import (
     Forbidden,
@@ -24,19 +26,13 @@ from scheduler_gateway.wire.errors import (
 )
 from scheduler_gateway.wire.timefmt import fmt_ts
 
-from .context import CALLER
-
-if TYPE_CHECKING:
-    from .app import AdminApi
-
 
 class NodeStoreAndAudit(NodeStore, AuditStore, Protocol):
     """A drain writes the node's flag and its audit entry (in one transaction: ``NodeStore.set_node_draining``)."""
 
 
 class NodeRoutes:
-    def __init__(self, api: AdminApi, nodes: NodeRegistry, store: NodeStoreAndAudit) -> None:
-        self.api = api
+    def __init__(self, nodes: NodeRegistry, store: NodeStoreAndAudit) -> None:
         self.nodes = nodes
         self.store = store
 
@@ -49,7 +45,7 @@ class NodeRoutes:
     async def list_nodes(self, request: web.Request) -> web.Response:
         now = time.time()
         items = [self._node_view(n, now) for n in self.nodes.all()]
-        return self.api._json(api.ListView(items, None))
+        return json_response(api.ListView(items, None))
 
     def _node_view(self, n: NodeRecord, now: float) -> api.NodeView:
         return api.NodeView(
@@ -80,6 +76,6 @@ class NodeRoutes:
             rec = await set_draining(self.nodes, self.store, node_id, draining, audit)
             if rec is None:
                 raise NotFound(f"node {node_id[:64]} not found")
-            return self.api._json(self._node_view(rec, time.time()))
+            return json_response(self._node_view(rec, time.time()))
 
         return handle

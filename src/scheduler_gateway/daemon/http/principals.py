@@ -18,6 +18,7 @@ of it, and writes the tokens' last use, coalesced, every ``flush_s`` (one write 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -34,6 +35,11 @@ SQLITE_RECHECK_S = 0.005
 REVOKE_SETTLE_S = 2 * SQLITE_RECHECK_S
 WATCH_S = 1.0
 FLUSH_S = 30.0
+
+
+def token_hash(token: str) -> str:
+    """What the store keeps of a bearer token, and what the cache is asked by: its SHA-256, in hex."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 class PrincipalCache:

@@ -30,7 +30,9 @@ from scheduler_gateway.actors.scheduler import (
     TemplatePatch,
 )
 from scheduler_gateway.actors.task_service import Caller
-from scheduler_gateway.daemon.http.app import CALLER, AdminApi
+from scheduler_gateway.daemon.http.answers import json_response
+from scheduler_gateway.daemon.http.context import CALLER
+from scheduler_gateway.daemon.http.requests import Bodies, decode_body, page_args
 from scheduler_gateway.wire import schedule_api as sa
 from scheduler_gateway.wire.errors import InvalidArgument
 from scheduler_gateway.wire.ids import is_id
@@ -92,14 +94,14 @@ def thread_view(t: Thread) -> sa.ThreadView:
     return sa.ThreadView(id=t.id, title=t.title, owner=t.owner, created_at=fmt_ts(t.created_at))
 
 
-def schedule_routes(api: AdminApi, service: ScheduleService) -> Callable[[web.Application], None]:
-    """The extension that adds these routes to the admin API's app."""
-    return _Routes(api, service).register
+def schedule_routes(bodies: Bodies, service: ScheduleService) -> Callable[[web.Application], None]:
+    """The extension that adds these routes to the admin API's app (``bodies``: its body limits)."""
+    return _Routes(bodies, service).register
 
 
 class _Routes:
-    def __init__(self, api: AdminApi, service: ScheduleService) -> None:
-        self.api = api
+    def __init__(self, bodies: Bodies, service: ScheduleService) -> None:
+        self.bodies = bodies
         self.service = service
 
     def register(self, app: web.Application) -> None:
@@ -136,16 +138,16 @@ class _Routes:
         return tid
 
     def _ok(self, value: object, status: int = 200) -> web.Response:
-        return self.api._json(value, status)
+        return json_response(value, status)
 
     # -- threads ---------------------------------------------------------------------------------
     async def create_thread(self, request: web.Request) -> web.Response:
-        body: sa.CreateThreadBody = self.api._decode(await self.api._body(request), sa.CreateThreadBody)
+        body: sa.CreateThreadBody = decode_body(await self.bodies.read(request), sa.CreateThreadBody)
         thread = await self.service.create_thread(request[CALLER], body.title)
         return self._ok(thread_view(thread), 201)
 
     async def list_threads(self, request: web.Request) -> web.Response:
-        limit, cursor = self.api._page_args(request)
+        limit, cursor = page_args(request)
         items, nxt = await self.service.list_threads(request[CALLER], limit, cursor)
         return self._ok(sa.ListView([thread_view(t) for t in items], nxt))
 
@@ -157,16 +159,16 @@ class _Routes:
         return web.Response(status=204)
 
     async def thread_schedules(self, request: web.Request) -> web.Response:
-        limit, cursor = self.api._page_args(request)
+        limit, cursor = page_args(request)
         items, nxt = await self.service.list_tasks_by_thread(request[CALLER], self._thread_id(request), limit, cursor)
         return self._ok(sa.ListView([schedule_view(t) for t in items], nxt))
 
     # -- scheduled tasks -------------------------------------------------------------------------
     async def create(self, request: web.Request) -> web.Response:
         caller: Caller = request[CALLER]
-        body: sa.CreateScheduledTaskBody = self.api._decode(await self.api._body(request), sa.CreateScheduledTaskBody)
+        body: sa.CreateScheduledTaskBody = decode_body(await self.bodies.read(request), sa.CreateScheduledTaskBody)
         t = body.task
-        self.api._check_payload(t.payload)
+        self.bodies.check_payload(t.payload)
         s = body.schedule
         cmd = NewSchedule(
             title=body.title,
@@ -190,7 +192,7 @@ class _Routes:
         return self._ok(schedule_view(task), 201)
 
     async def list(self, request: web.Request) -> web.Response:
-        limit, cursor = self.api._page_args(request)
+        limit, cursor = page_args(request)
         items, nxt = await self.service.list_tasks(
             request[CALLER], status=request.query.get("status") or None, limit=limit, cursor=cursor
         )
@@ -201,14 +203,14 @@ class _Routes:
 
     async def patch(self, request: web.Request) -> web.Response:
         sid = self._schedule_id(request)
-        body: sa.UpdateScheduledTaskBody = self.api._decode(await self.api._body(request), sa.UpdateScheduledTaskBody)
+        body: sa.UpdateScheduledTaskBody = decode_body(await self.bodies.read(request), sa.UpdateScheduledTaskBody)
         template = None
         if body.task is not None:
             t = body.task
             payload = None if len(t.payload) == 0 else t.payload  # ABSENT: not sent
             if payload is not None and bytes(payload).strip() == b"null":
                 payload = None  # null means not sent
-            self.api._check_payload(payload)
+            self.bodies.check_payload(payload)
             template = TemplatePatch(
                 kind=t.kind,
                 payload=payload,
@@ -250,7 +252,7 @@ class _Routes:
         return self._ok(run_view(run))
 
     async def runs(self, request: web.Request) -> web.Response:
-        limit, cursor = self.api._page_args(request)
+        limit, cursor = page_args(request)
         items, nxt = await self.service.list_task_runs(request[CALLER], self._schedule_id(request), limit, cursor)
         return self._ok(sa.ListView([run_view(r) for r in items], nxt))
 

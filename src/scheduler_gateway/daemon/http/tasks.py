@@ -4,7 +4,7 @@ rework)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -15,9 +15,21 @@ from scheduler_gateway.actors.ports import (
     TaskQuery,
 )
 from scheduler_gateway.actors.task_service import BatchItem, Caller, NewTask, TaskService
+from scheduler_gateway.daemon.http import task_spans
+from scheduler_gateway.daemon.http.answers import json_response
 from scheduler_gateway.daemon.http.callback_client import target_host, target_problem
+from scheduler_gateway.daemon.http.context import CALLER
 from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
 from scheduler_gateway.daemon.http.input import MAX_JSON_DEPTH, check_json_depth, idempotency_key
+from scheduler_gateway.daemon.http.requests import (
+    Bodies,
+    canonical_hash,
+    decode_body,
+    page_args,
+    task_id_arg,
+    value_hash,
+)
+from scheduler_gateway.daemon.http.settings import HttpSettings
 from scheduler_gateway.wire import api, tracecontext
 from scheduler_gateway.wire.errors import (
     GatewayError,
@@ -26,12 +38,6 @@ from scheduler_gateway.wire.errors import (
 )
 from scheduler_gateway.wire.ids import is_id
 from scheduler_gateway.wire.timefmt import RANGE_TEXT, fmt_ts, parse_ts
-
-from . import task_spans
-from .context import CALLER, canonical_hash, page_args, task_id_arg, value_hash
-
-if TYPE_CHECKING:
-    from .app import AdminApi
 
 TASK_STATES = ("waiting_approval", "queued", "running", "succeeded", "failed", "canceled", "dead")
 
@@ -97,8 +103,12 @@ def history_view(h: HistoryEntry) -> api.HistoryView:
 
 
 class TaskRoutes:
-    def __init__(self, api: AdminApi, service: TaskService) -> None:
-        self.api = api
+    """The task routes, given the body limits, the ``[http]`` settings a create is checked against, and the task
+    service."""
+
+    def __init__(self, bodies: Bodies, settings: HttpSettings, service: TaskService) -> None:
+        self.bodies = bodies
+        self.settings = settings
         self.service = service
 
     def _view(self, task: Task, artifact_count: int = 0) -> api.TaskView:
@@ -120,18 +130,18 @@ class TaskRoutes:
 
     async def create_task(self, request: web.Request) -> web.Response:
         caller: Caller = request[CALLER]
-        body = await self.api._body(request)
-        req: api.CreateTaskBody = self.api._decode(body, api.CreateTaskBody)
-        self.api._check_payload(req.payload)
+        body = await self.bodies.read(request)
+        req: api.CreateTaskBody = decode_body(body, api.CreateTaskBody)
+        self.bodies.check_payload(req.payload)
         spec = self._new_task(req)
         key = idempotency_key(request.headers.get("Idempotency-Key"))
         with task_spans.create_span(caller, spec, request.headers.get("traceparent")) as (spec, span):
             task, replayed = await self.service.create(caller, spec, key, canonical_hash(body) if key else "")
             task_spans.created(span, task.id, replayed)
         if replayed:
-            return self.api._json(self._view(task), 200, {"Idempotent-Replayed": "true"})
+            return json_response(self._view(task), 200, {"Idempotent-Replayed": "true"})
         failpoints.hit("http.after_commit")  # committed, not answered
-        return self.api._json(self._view(task), 201)
+        return json_response(self._view(task), 201)
 
     async def create_tasks_batch(self, request: web.Request) -> web.Response:
         """``POST /api/tasks/batch``: 1 to 1000 creates, each answered alone, all accepted ones committed."""
@@ -140,8 +150,8 @@ class TaskRoutes:
         # {"tasks": [item, ...]} wraps each item two levels deep; each item is held to the limit alone, as a
         # create sent alone is, so one item too deep fails alone. The request as a whole is bounded still (twice
         # the limit: past that the decoder is not asked to read it)
-        body = await self.api._body(request.clone(client_max_size=limit), limit, depth=2 * MAX_JSON_DEPTH)
-        batch: api.BatchCreateBody = self.api._decode(body, api.BatchCreateBody)
+        body = await self.bodies.read(request.clone(client_max_size=limit), limit, depth=2 * MAX_JSON_DEPTH)
+        batch: api.BatchCreateBody = decode_body(body, api.BatchCreateBody)
         if len(batch.tasks) > api.BATCH_MAX_ITEMS:
             raise PayloadTooLarge(
                 f"a batch holds at most {api.BATCH_MAX_ITEMS} tasks", details={"limit": api.BATCH_MAX_ITEMS}
@@ -169,12 +179,12 @@ class TaskRoutes:
                     status=200 if replayed else 201, task=self._view(task), replayed=replayed
                 )
         failpoints.hit("http.after_commit")  # committed, not answered
-        return self.api._json(api.BatchCreateAnswer(items=[a for a in answers if a is not None]))
+        return json_response(api.BatchCreateAnswer(items=[a for a in answers if a is not None]))
 
     def _batch_item(self, raw: msgspec.Raw) -> BatchItem:
         check_json_depth(bytes(raw))
-        item: api.BatchItemBody = self.api._decode(bytes(raw), api.BatchItemBody)
-        self.api._check_payload(item.payload)
+        item: api.BatchItemBody = decode_body(bytes(raw), api.BatchItemBody)
+        self.bodies.check_payload(item.payload)
         spec = self._new_task(item)
         key = idempotency_key(item.idempotency_key)
         if key is None:
@@ -205,10 +215,10 @@ class TaskRoutes:
                 raise InvalidArgument("callbackUrl must be an http or https URL", details={"field": "callbackUrl"})
             # a name is checked on its resolved address at each delivery; a literal IP (as the HTTP client reads
             # the host, full-width digits folded) can be refused now
-            problem = None if self.api.settings.allow_private_networks else target_problem(req.callback_url)
+            problem = None if self.settings.allow_private_networks else target_problem(req.callback_url)
             if problem is not None:
                 raise InvalidArgument(f"callbackUrl points at {problem}", details={"field": "callbackUrl"})
-            if not req.callback_secret and not self.api.settings.callback_secret_configured:
+            if not req.callback_secret and not self.settings.callback_secret_configured:
                 raise InvalidArgument(
                     "a callbackUrl needs a callbackSecret (no [callbacks] secret is configured)",
                     details={"field": "callbackSecret"},
@@ -254,16 +264,16 @@ class TaskRoutes:
             ),
         )
         counts = await self.service.artifact_counts([t.id for t in items])
-        return self.api._json(api.ListView([self._view(t, counts.get(t.id, 0)) for t in items], next_cursor))
+        return json_response(api.ListView([self._view(t, counts.get(t.id, 0)) for t in items], next_cursor))
 
     async def get_task(self, request: web.Request) -> web.Response:
         task = await self.service.get(request[CALLER], task_id_arg(request))
-        return self.api._json(await self._counted(task))
+        return json_response(await self._counted(task))
 
     async def task_history(self, request: web.Request) -> web.Response:
         limit, cursor = page_args(request)
         items, next_cursor = await self.service.history(request[CALLER], task_id_arg(request), limit, cursor)
-        return self.api._json(api.ListView([history_view(h) for h in items], next_cursor))
+        return json_response(api.ListView([history_view(h) for h in items], next_cursor))
 
     def _action_handler(self, action: str) -> Callable[[web.Request], Awaitable[web.Response]]:
         body_type: type[Any] = {
@@ -277,12 +287,12 @@ class TaskRoutes:
         async def handle(request: web.Request) -> web.Response:
             caller: Caller = request[CALLER]
             task_id = task_id_arg(request)
-            body = await self.api._body(request)
-            req = self.api._decode(body, body_type)
+            body = await self.bodies.read(request)
+            req = decode_body(body, body_type)
             payload = getattr(req, "payload", None)
             if payload is not None and len(payload) == 0:  # api.ABSENT: not sent
                 payload = None
-            self.api._check_payload(payload)
+            self.bodies.check_payload(payload)
             key = idempotency_key(request.headers.get("Idempotency-Key")) if action != "cancel" else None
             task, repeated = await self.service.act(
                 caller,
@@ -297,6 +307,6 @@ class TaskRoutes:
             if not repeated:
                 failpoints.hit("http.after_commit")  # committed, not answered
             headers = {"Idempotent-Replayed": "true"} if repeated and key else None
-            return self.api._json(await self._counted(task), 200, headers)
+            return json_response(await self._counted(task), 200, headers)
 
         return handle

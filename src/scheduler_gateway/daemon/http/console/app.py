@@ -30,9 +30,7 @@ from aiohttp import web
 from scheduler_gateway.daemon.http.console.pages.base import (
     HERE,
     JINJA_KEY,
-    PAGE_SIZE,
     SESSION,
-    STATES,
     FlashRedirect,
     Pages,
     ago,
@@ -50,18 +48,9 @@ from scheduler_gateway.daemon.http.console.pages.nodes import NodePages
 from scheduler_gateway.daemon.http.console.pages.overview import OverviewPages
 from scheduler_gateway.daemon.http.console.pages.schedules import SchedulePages, local_wall_time
 from scheduler_gateway.daemon.http.console.pages.signin import SignInPages
-from scheduler_gateway.daemon.http.console.pages.tasks import (
-    ALLOWED,
-    BULK_ACTIONS,
-    BULK_BATCH,
-    EVENT_TYPES,
-    FILTER_FIELDS,
-    SCAN_LIMIT,
-    TERMINAL,
-    TaskFilter,
-    TaskPages,
-)
+from scheduler_gateway.daemon.http.console.pages.tasks import TaskPages
 from scheduler_gateway.daemon.http.console.sessions import LoginCsrf, Session, Sessions, SignInLimiter, csrf_ok
+from scheduler_gateway.daemon.http.console.state import ConsoleState
 from scheduler_gateway.daemon.http.console.viewer import VIEWER, viewer_guard
 from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
 from scheduler_gateway.daemon.http.events import STREAM_ALIVE
@@ -71,28 +60,8 @@ from scheduler_gateway.wire.redact import redact_url
 if TYPE_CHECKING:
     from scheduler_gateway.daemon.http.console.host import ConsoleHost
 
-__all__ = [
-    "ALLOWED",
-    "BULK_ACTIONS",
-    "BULK_BATCH",
-    "CSP",
-    "EVENT_TYPES",
-    "FILTER_FIELDS",
-    "HERE",
-    "JINJA_KEY",
-    "PAGE_GROUPS",
-    "PAGE_SIZE",
-    "SCAN_LIMIT",
-    "SESSION",
-    "STATES",
-    "TERMINAL",
-    "Console",
-    "TaskFilter",
-    "local_wall_time",
-    "pretty_json",
-    "see_other",
-    "ts",
-]
+# ``local_wall_time`` (the schedule pages') is named here for the tests that read a schedule's wall time
+__all__ = ["CSP", "PAGE_GROUPS", "Console", "local_wall_time"]
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -112,8 +81,9 @@ PAGE_GROUPS: tuple[type[Pages], ...] = (
 
 
 class Console:
-    """The console's shared state: ``sessions``, the sign-in form's CSRF key (``login_csrf``) and the sign-in rate
-    limit (``sign_in_limit``), each replaceable (tests give smaller limits and their own clock)."""
+    """The console on the admin app: builds its page groups, each given the host and the shared ``ConsoleState``
+    (``sessions``, the sign-in form's CSRF key ``login_csrf``, the sign-in rate limit ``sign_in_limit``: each
+    replaceable here, tests give smaller limits and their own clock), and runs the console's middleware."""
 
     def __init__(
         self,
@@ -124,12 +94,35 @@ class Console:
         sign_in_limit: SignInLimiter | None = None,
     ) -> None:
         self.gw = gw
-        self.sessions = sessions or Sessions()
-        self.login_csrf = login_csrf or LoginCsrf()
-        self.sign_in_limit = sign_in_limit or SignInLimiter()
+        self.state = ConsoleState(sessions, login_csrf, sign_in_limit)
         # a revoked token's sessions end on this instance, their live streams with them (a lambda: tests
         # replace ``sessions``)
-        gw.api.principals.on_revoked(lambda token_hash: self.sessions.end_token(token_hash))
+        gw.principals.on_revoked(lambda token_hash: self.sessions.end_token(token_hash))
+
+    # the shared state's parts, read and replaced through the console (the pages read them from ``state``)
+    @property
+    def sessions(self) -> Sessions:
+        return self.state.sessions
+
+    @sessions.setter
+    def sessions(self, value: Sessions) -> None:
+        self.state.sessions = value
+
+    @property
+    def login_csrf(self) -> LoginCsrf:
+        return self.state.login_csrf
+
+    @login_csrf.setter
+    def login_csrf(self, value: LoginCsrf) -> None:
+        self.state.login_csrf = value
+
+    @property
+    def sign_in_limit(self) -> SignInLimiter:
+        return self.state.sign_in_limit
+
+    @sign_in_limit.setter
+    def sign_in_limit(self, value: SignInLimiter) -> None:
+        self.state.sign_in_limit = value
 
     # -- installation ------------------------------------------------------------------------------
     def install(self, app: web.Application) -> None:
@@ -150,7 +143,7 @@ class Console:
         app.middlewares.append(viewer_guard)
         app.middlewares.append(self._ui_middleware)
         r = app.router
-        self.pages = [cls(self) for cls in PAGE_GROUPS]
+        self.pages = [cls(self.gw, self.state) for cls in PAGE_GROUPS]
         for group in self.pages:
             group.routes(r)
         r.add_static("/ui/static/", HERE / "static", append_version=False)
@@ -163,7 +156,7 @@ class Console:
             return await handler(request)
         public = request.path in ("/ui/login", "/ui") or request.path.startswith("/ui/static/")
         session = self.sessions.get(request)
-        if session is not None and await self.gw.api.principals.resolve(session.token_hash) is None:
+        if session is not None and await self.gw.principals.resolve(session.token_hash) is None:
             self.sessions.end_token(session.token_hash)  # revoked: the revocation log said so just now
             session = None
         if session is not None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import msgspec
 
@@ -70,3 +71,28 @@ class Confirmations:
             return None
         del self._by_id[confirmation_id]
         return c if c.expires_at > self._clock() else None
+
+
+def bulk_op(form: Mapping[str, Any], actions: tuple[str, ...]) -> tuple[str, str]:
+    """The action a bulk form asks for and its scope ("" when the form does not say): a button of the list sends
+    ``op=<action>:<scope>``, the confirmation page ``action=<action>``. 400 for an action not in ``actions``."""
+    op = str(form.get("op", ""))
+    action, _, scope = op.partition(":") if op else (str(form.get("action", "")), "", "")
+    if action not in actions:
+        raise InvalidArgument("unknown bulk action", details={"field": "action"})
+    return action, scope
+
+
+class BulkTally:
+    """What a confirmed bulk action did: ``done``, ``skipped`` (the object changed since the confirmation, or is
+    gone) and ``refused`` (by error code, in ``refused_codes``)."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.skipped = 0
+        self.refused = 0
+        self.refused_codes: dict[str, int] = {}
+
+    def refuse(self, code: str) -> None:
+        self.refused += 1
+        self.refused_codes[code] = self.refused_codes.get(code, 0) + 1

@@ -13,8 +13,9 @@ from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.ports import ConsoleStore
 from scheduler_gateway.actors.scheduler import ScheduleService
 from scheduler_gateway.actors.task_service import TaskService
-from scheduler_gateway.daemon.http.app import AdminApi, HttpSettings
 from scheduler_gateway.daemon.http.events import EventsApi
+from scheduler_gateway.daemon.http.principals import PrincipalCache
+from scheduler_gateway.daemon.http.settings import HttpSettings
 
 
 class HostSettings(Protocol):
@@ -46,7 +47,7 @@ class ConsoleHost(Protocol):
     @property
     def nodes(self) -> NodeRegistry: ...
     @property
-    def api(self) -> AdminApi: ...
+    def principals(self) -> PrincipalCache: ...
     @property
     def events_api(self) -> EventsApi: ...
     @property

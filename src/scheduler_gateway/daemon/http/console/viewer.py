@@ -15,7 +15,7 @@ import msgspec
 from aiohttp import web
 
 from scheduler_gateway.actors.task_service import Caller
-from scheduler_gateway.daemon.http.app import CALLER
+from scheduler_gateway.daemon.http.context import CALLER
 from scheduler_gateway.wire.errors import Forbidden
 
 VIEWER = "viewer"

@@ -15,12 +15,13 @@ resource), ``components.py`` (the Structs described and their schemas), ``docume
 """
 
 from scheduler_gateway.daemon.http.openapi.components import EVENT_TYPES, REF, DisconnectEvent, GapEvent
-from scheduler_gateway.daemon.http.openapi.document import build_document, document_bytes
+from scheduler_gateway.daemon.http.openapi.document import OPENAPI_PATH, build_document, document_bytes
 from scheduler_gateway.daemon.http.openapi.operations import OPERATIONS
 from scheduler_gateway.daemon.http.openapi.params import Op
 
 __all__ = [
     "EVENT_TYPES",
+    "OPENAPI_PATH",
     "OPERATIONS",
     "REF",
     "DisconnectEvent",

@@ -8,9 +8,9 @@ from typing import Any, Literal
 import msgspec
 
 from scheduler_gateway.actors.model.schedule import RUN_STATUSES, SCHEDULE_STATUSES
-from scheduler_gateway.daemon.http.app import TASK_STATES
 from scheduler_gateway.daemon.http.callbacks import CallbackDeadLetterView
 from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
+from scheduler_gateway.daemon.http.tasks import TASK_STATES
 from scheduler_gateway.wire import api
 from scheduler_gateway.wire import kind_api as ka
 from scheduler_gateway.wire import schedule_api as sa

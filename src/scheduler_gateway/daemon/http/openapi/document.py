@@ -8,7 +8,6 @@ from typing import Any
 
 import msgspec
 
-from scheduler_gateway.daemon.http.app import OPENAPI_PATH
 from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
 from scheduler_gateway.daemon.http.events import MAX_TYPES
 from scheduler_gateway.daemon.http.openapi.components import EVENT_TYPES
@@ -16,6 +15,8 @@ from scheduler_gateway.daemon.http.openapi.components import schemas as componen
 from scheduler_gateway.daemon.http.openapi.operations import OPERATIONS
 from scheduler_gateway.daemon.http.openapi.operations.artifacts import DOWNLOAD_PATH, download_operation
 from scheduler_gateway.daemon.http.openapi.params import IDEMPOTENCY_KEY, Op, query_param, ref
+
+OPENAPI_PATH = "/api/openapi.json"  # the one /api route without auth (docs/API.md)
 
 _ERROR_TEXT = {
     400: "INVALID_ARGUMENT: malformed JSON, an unknown field, a wrong type or limit, a bad parameter",

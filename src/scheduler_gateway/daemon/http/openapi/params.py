@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler_gateway.daemon.http.app import MAX_LIMIT
 from scheduler_gateway.daemon.http.openapi.components import REF
+from scheduler_gateway.daemon.http.requests import MAX_LIMIT
 
 
 def ref(name: str) -> dict[str, str]:

@@ -13,15 +13,15 @@ import msgspec
 from aiohttp import web
 
 from scheduler_gateway.actors.task_service import Caller
-from scheduler_gateway.daemon.http.app import REQUEST_ID
 from scheduler_gateway.daemon.http.console.sessions import Session
+from scheduler_gateway.daemon.http.console.state import ConsoleState
 from scheduler_gateway.daemon.http.console.viewer import VIEWER
+from scheduler_gateway.daemon.http.context import REQUEST_ID
 from scheduler_gateway.wire.errors import Forbidden, NotFound
 from scheduler_gateway.wire.ids import is_id
 from scheduler_gateway.wire.timefmt import fmt_ts
 
 if TYPE_CHECKING:
-    from scheduler_gateway.daemon.http.console.app import Console
     from scheduler_gateway.daemon.http.console.host import ConsoleHost
 
 HERE = Path(__file__).parent.parent
@@ -123,12 +123,12 @@ def render(request: web.Request, name: str, context: dict[str, Any], status: int
 
 
 class Pages:
-    """One group of pages: ``routes`` adds its routes; it reads the gateway through ``self.gw`` and the
-    console's shared state (sessions, counter history) through ``self.console``."""
+    """One group of pages: ``routes`` adds its routes; it reads the gateway through ``self.gw`` (the host) and the
+    console's shared state (sessions, the sign-in CSRF key and rate limit) through ``self.state``."""
 
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self.gw: ConsoleHost = console.gw
+    def __init__(self, gw: ConsoleHost, state: ConsoleState) -> None:
+        self.gw = gw
+        self.state = state
 
     def routes(self, r: web.UrlDispatcher) -> None:
         raise NotImplementedError

@@ -16,12 +16,13 @@ from scheduler_gateway.actors.model.callbacks import CallbackDeadLetterQuery
 from scheduler_gateway.actors.model.records import AuditEntry, DeadLetter
 from scheduler_gateway.actors.ports import DeadLetterQuery
 from scheduler_gateway.actors.task_service import Caller
-from scheduler_gateway.daemon.http.console.bulk import MAX_TASKS, Confirmations
+from scheduler_gateway.daemon.http.console.bulk import MAX_TASKS, BulkTally, Confirmation, Confirmations, bulk_op
 from scheduler_gateway.daemon.http.console.pages.base import Pages
+from scheduler_gateway.daemon.http.console.state import ConsoleState
 from scheduler_gateway.wire.errors import GatewayError, InvalidArgument, NotFound
 
 if TYPE_CHECKING:
-    from scheduler_gateway.daemon.http.console.app import Console
+    from scheduler_gateway.daemon.http.console.host import ConsoleHost
 
 VIEWS = ("active", "exhausted", "archived")
 BULK_ACTIONS = ("retry", "force-retry")
@@ -37,8 +38,8 @@ def letter_mark(d: DeadLetter) -> int:
 class DeadLetterPages(Pages):
     """``/ui/deadletters``, its bulk actions, and ``/ui/callbacks/{id}/redeliver``."""
 
-    def __init__(self, console: Console) -> None:
-        super().__init__(console)
+    def __init__(self, gw: ConsoleHost, state: ConsoleState) -> None:
+        super().__init__(gw, state)
         self.confirmations = Confirmations()
 
     def routes(self, r: web.UrlDispatcher) -> None:
@@ -111,53 +112,73 @@ class DeadLetterPages(Pages):
         caller = self._writer(request)
         session = self._session(request)
         form = await request.post()
-        op = str(form.get("op", ""))
-        action, _, op_scope = op.partition(":") if op else (str(form.get("action", "")), "", "")
-        if action not in BULK_ACTIONS:
-            raise InvalidArgument("unknown bulk action", details={"field": "action"})
+        action, op_scope = bulk_op(form, BULK_ACTIONS)
         reason = str(form.get("forceReason", "")).strip()[:500]
         if action == "force-retry" and not reason:
             raise self._redirect("/ui/deadletters?view=exhausted", "a bulk force-retry needs a reason")
-        view, dead_reason = self._filter(form)
         confirmation_id = str(form.get("confirmation", ""))
         confirmed = self.confirmations.take(session.id, confirmation_id, action) if confirmation_id else None
         if confirmed is None:
             scope = op_scope or str(form.get("scope", "matching"))
-            if scope == "selected":
-                ids = [str(v) for v in form.getall("id", []) if isinstance(v, str)]
-                letters = await self._selected(caller, ids)
-            else:
-                letters = await self._matching(caller, view, dead_reason)
-            candidates = [d for d in letters if action == "force-retry" or not d.exhausted]
-            args = {"view": view, **({"reason": dead_reason} if dead_reason else {})}
-            cid = (
-                self.confirmations.create(
-                    session.id, action, {**args, "_scope": scope, "_reason": reason},
-                    {d.dead_letter_id: letter_mark(d) for d in candidates},
-                )
-                if candidates
-                else ""
-            )  # fmt: skip
-            return self._render(
-                request,
-                "deadletters_confirm.html",
-                {
-                    "action": action,
-                    "scope": scope,
-                    "args": args,
-                    "force_reason": reason,
-                    "count": len(candidates),
-                    "total": len(letters),
-                    "shown": candidates[:SHOWN],
-                    "confirmation": cid,
-                    "notice": "That confirmation expired or was already used; nothing was changed."
-                    if confirmation_id
-                    else "",
-                },
-            )
-        done, skipped, refused = 0, 0, 0
-        items = list(confirmed.tasks.items())
+            return await self._confirm(request, form, caller, session.id, action, scope, reason, bool(confirmation_id))
         force_reason = confirmed.filter_args.get("_reason") or None
+        tally = await self._redrive_all(caller, action, list(confirmed.tasks.items()), force_reason)
+        args = {k: v for k, v in confirmed.filter_args.items() if not k.startswith("_")}
+        await self._audit_bulk(caller, action, confirmed, args, force_reason, tally)
+        text = f"bulk {action}: {tally.done} requeued, {tally.skipped} skipped because they changed"
+        if tally.refused:
+            text += f", {tally.refused} refused"
+        raise self._redirect("/ui/deadletters?" + urlencode(args), text)
+
+    async def _confirm(
+        self,
+        request: web.Request,
+        form: Any,
+        caller: Caller,
+        session_id: str,
+        action: str,
+        scope: str,
+        reason: str,
+        expired: bool,
+    ) -> web.Response:
+        """The confirmation page: the letters selected, or those matching the form's filter now, that ``action``
+        takes; kept (id and when each last died) under a new confirmation id that the page's form sends back."""
+        view, dead_reason = self._filter(form)
+        if scope == "selected":
+            ids = [str(v) for v in form.getall("id", []) if isinstance(v, str)]
+            letters = await self._selected(caller, ids)
+        else:
+            letters = await self._matching(caller, view, dead_reason)
+        candidates = [d for d in letters if action == "force-retry" or not d.exhausted]
+        args = {"view": view, **({"reason": dead_reason} if dead_reason else {})}
+        cid = (
+            self.confirmations.create(
+                session_id, action, {**args, "_scope": scope, "_reason": reason},
+                {d.dead_letter_id: letter_mark(d) for d in candidates},
+            )
+            if candidates
+            else ""
+        )  # fmt: skip
+        return self._render(
+            request,
+            "deadletters_confirm.html",
+            {
+                "action": action,
+                "scope": scope,
+                "args": args,
+                "force_reason": reason,
+                "count": len(candidates),
+                "total": len(letters),
+                "shown": candidates[:SHOWN],
+                "confirmation": cid,
+                "notice": "That confirmation expired or was already used; nothing was changed." if expired else "",
+            },
+        )
+
+    async def _redrive_all(
+        self, caller: Caller, action: str, items: list[tuple[str, int]], force_reason: str | None
+    ) -> BulkTally:
+        """Each confirmed letter redriven, in batches, unless it changed since the confirmation (skipped)."""
 
         async def one(letter_id: str, mark: int) -> str:
             d = await self.gw.store.get_dead_letter(letter_id)
@@ -169,12 +190,24 @@ class DeadLetterPages(Pages):
                 return "skipped" if isinstance(exc, NotFound) or "CONFLICT" in exc.code else "refused"
             return "done"
 
+        tally = BulkTally()
         for i in range(0, len(items), BATCH):
             for res in await asyncio.gather(*(one(k, v) for k, v in items[i : i + BATCH])):
-                done += res == "done"
-                skipped += res == "skipped"
-                refused += res == "refused"
-        args = {k: v for k, v in confirmed.filter_args.items() if not k.startswith("_")}
+                tally.done += res == "done"
+                tally.skipped += res == "skipped"
+                tally.refused += res == "refused"
+        return tally
+
+    async def _audit_bulk(
+        self,
+        caller: Caller,
+        action: str,
+        confirmed: Confirmation,
+        args: dict[str, str],
+        force_reason: str | None,
+        tally: BulkTally,
+    ) -> None:
+        """One audit entry for the whole bulk request: the actor, the scope, the filter, the reason, the counts."""
         await self.gw.store.append_audit(
             [
                 AuditEntry(
@@ -190,18 +223,14 @@ class DeadLetterPages(Pages):
                         "scope": confirmed.filter_args.get("_scope", "matching"),
                         "filter": args,
                         "reason": force_reason,
-                        "confirmed": len(items),
-                        "done": done,
-                        "skipped": skipped,
-                        "refused": refused,
+                        "confirmed": len(confirmed.tasks),
+                        "done": tally.done,
+                        "skipped": tally.skipped,
+                        "refused": tally.refused,
                     },
                 )
             ]
         )
-        text = f"bulk {action}: {done} requeued, {skipped} skipped because they changed"
-        if refused:
-            text += f", {refused} refused"
-        raise self._redirect("/ui/deadletters?" + urlencode(args), text)
 
     async def dead_letter_action(self, request: web.Request) -> web.StreamResponse:
         caller = self._writer(request)

@@ -15,6 +15,7 @@ from scheduler_gateway.actors.model.schedule import ScheduleSpec, TaskTemplate, 
 from scheduler_gateway.actors.scheduler import NewSchedule, SchedulePatch, SpecPatch, TemplatePatch
 from scheduler_gateway.daemon.http.console.pages.base import Pages, pretty_json, ts
 from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
+from scheduler_gateway.daemon.http.requests import check_payload
 from scheduler_gateway.wire import schedule_api as sa
 from scheduler_gateway.wire.errors import Code, GatewayError, InvalidArgument, NotFound
 
@@ -102,7 +103,7 @@ class SchedulePages(Pages):
             body: sa.TemplateBody = msgspec.json.decode(msgspec.json.encode(raw), type=sa.TemplateBody)
         except msgspec.ValidationError as exc:
             raise InvalidArgument(f"invalid task: {exc}") from None
-        self.gw.api._check_payload(body.payload)
+        check_payload(body.payload, self.gw.settings.http.max_payload_bytes)
         return body
 
     async def schedule_create(self, request: web.Request) -> web.StreamResponse:

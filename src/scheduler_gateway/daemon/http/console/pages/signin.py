@@ -17,6 +17,7 @@ from scheduler_gateway.daemon.http.console.sessions import (
     set_cookie,
 )
 from scheduler_gateway.daemon.http.input import bearer_token_text
+from scheduler_gateway.daemon.http.principals import token_hash
 from scheduler_gateway.wire.errors import Unavailable
 
 
@@ -33,14 +34,14 @@ class SignInPages(Pages):
         raise web.HTTPSeeOther("/ui/")
 
     async def login_form(self, request: web.Request, error: str = "", status: int = 200) -> web.Response:
-        nonce, login_csrf = self.console.login_csrf.issue()
+        nonce, login_csrf = self.state.login_csrf.issue()
         resp = self._render(request, "login.html", {"login_csrf": login_csrf, "error": error}, status=status)
-        ttl = int(self.console.login_csrf.ttl_s)
+        ttl = int(self.state.login_csrf.ttl_s)
         set_cookie(request, resp, LOGIN_COOKIE, nonce, ttl, production=self.gw.settings.production)
         return resp
 
     async def login(self, request: web.Request) -> web.StreamResponse:
-        wait_s = self.console.sign_in_limit.take(client_address(request))
+        wait_s = self.state.sign_in_limit.take(client_address(request))
         if wait_s > 0:
             retry_after = max(1, math.ceil(wait_s))
             resp = await self.login_form(
@@ -52,7 +53,7 @@ class SignInPages(Pages):
             return resp
         form = await request.post()
         given = form.get("csrf")
-        if not self.console.login_csrf.check(
+        if not self.state.login_csrf.check(
             request.cookies.get(LOGIN_COOKIE), given if isinstance(given, str) else None
         ):
             return await self.login_form(request, "The sign-in form expired; try again.", 403)
@@ -61,24 +62,22 @@ class SignInPages(Pages):
         principal = None
         digest = ""
         if token and bearer_token_text(token):
-            from scheduler_gateway.daemon.http.app import token_hash
-
             digest = token_hash(token)
-            principal = await self.gw.api.principals.resolve(digest)
+            principal = await self.gw.principals.resolve(digest)
         if principal is None:
             return await self.login_form(request, "That token is not valid.", 401)
         try:
-            session = self.console.sessions.create(principal.user, principal.role, digest)
+            session = self.state.sessions.create(principal.user, principal.role, digest)
         except Unavailable as exc:
             return await self.login_form(request, exc.message, 503)
         resp = see_other("/ui/")
-        ttl = int(self.console.sessions.ttl_s)
+        ttl = int(self.state.sessions.ttl_s)
         set_cookie(request, resp, COOKIE, session.id, ttl, production=self.gw.settings.production)
         resp.del_cookie(LOGIN_COOKIE, path="/ui/")
         return resp
 
     async def logout(self, request: web.Request) -> web.StreamResponse:
-        self.console.sessions.drop(self._session(request))
+        self.state.sessions.drop(self._session(request))
         resp = see_other("/ui/login")
         resp.del_cookie(COOKIE, path="/ui/")
         return resp

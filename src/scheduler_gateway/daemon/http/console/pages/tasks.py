@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
@@ -13,22 +12,22 @@ from aiohttp import web
 
 from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.model.records import AuditEntry, Task
-from scheduler_gateway.actors.ports import AuditQuery, TaskQuery, TaskRef, TaskSearch
+from scheduler_gateway.actors.ports import AuditQuery, TaskQuery, TaskRef
 from scheduler_gateway.actors.task_service import Caller
 from scheduler_gateway.daemon.http.artifacts import ArtifactRoutes
-from scheduler_gateway.daemon.http.console.bulk import MAX_TASKS, Confirmations
+from scheduler_gateway.daemon.http.console.bulk import MAX_TASKS, BulkTally, Confirmation, Confirmations, bulk_op
 from scheduler_gateway.daemon.http.console.pages.base import STATES, Pages
+from scheduler_gateway.daemon.http.console.state import ConsoleState
+from scheduler_gateway.daemon.http.console.task_filter import TaskFilter, row_of
 from scheduler_gateway.daemon.http.context import CALLER
 from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
 from scheduler_gateway.wire.errors import Code, GatewayError, InvalidArgument, NotFound
 from scheduler_gateway.wire.ids import is_id
 
 if TYPE_CHECKING:
-    from scheduler_gateway.daemon.http.console.app import Console
+    from scheduler_gateway.daemon.http.console.host import ConsoleHost
 
-SCAN_LIMIT = 20_000  # kept for importers; every filter is now the store's (TaskSearchStore)
 BULK_BATCH = 50
-TERMINAL = frozenset({"succeeded", "failed", "canceled", "dead"})
 ALLOWED: dict[str, frozenset[str]] = {
     "cancel": frozenset({"waiting_approval", "queued", "running"}),
     "approve": frozenset({"waiting_approval"}),
@@ -62,161 +61,13 @@ EVENT_TYPES = (
     "task.force_retried",
     "task.reworked",
 )
-#: the list's filters as URL parameters (``state`` may repeat, or list states with commas)
-FILTER_FIELDS = (
-    "state",
-    "kind",
-    "owner",
-    "node",
-    "errorCode",
-    "label",
-    "concurrencyKey",
-    "parentId",
-    "runId",
-    "threadId",
-    "createdFrom",
-    "createdTo",
-    "id",
-)
-
-
-class TaskFilter(msgspec.Struct, kw_only=True):
-    """The task list's filter, as the URL carries it (so a reload or a shared link shows the same list)."""
-
-    states: tuple[str, ...] = ()
-    kind: str | None = None
-    owner: str | None = None  # admin and viewer only; a user's list is its own
-    node: str | None = None
-    error_code: str | None = None
-    label: str | None = None  # key=value
-    concurrency_key: str | None = None
-    parent_id: str | None = None
-    run_id: str | None = None
-    thread_id: str | None = None
-    created_from: str | None = None  # datetime-local, UTC
-    created_to: str | None = None
-    id_prefix: str | None = None
-
-    @classmethod
-    def of(cls, data: Any) -> TaskFilter:
-        def get(name: str) -> str | None:
-            v = (data.get(name) or "").strip()
-            return v[:200] or None
-
-        raw_states = data.getall("state", []) if hasattr(data, "getall") else [data.get("state") or ""]
-        states: list[str] = []
-        for raw in raw_states:
-            for st in str(raw).split(","):
-                st = st.strip()
-                if st and st not in states:
-                    if st not in STATES:
-                        raise InvalidArgument(f"unknown state {st[:40]}", details={"field": "state"})
-                    states.append(st)
-        label = get("label")
-        if label is not None and "=" not in label:
-            raise InvalidArgument("a label filter is key=value", details={"field": "label"})
-        f = cls(
-            states=tuple(s for s in STATES if s in states),
-            kind=get("kind"),
-            owner=get("owner"),
-            node=get("node"),
-            error_code=get("errorCode"),
-            label=label,
-            concurrency_key=get("concurrencyKey"),
-            parent_id=get("parentId"),
-            run_id=get("runId"),
-            thread_id=get("threadId"),
-            created_from=get("createdFrom"),
-            created_to=get("createdTo"),
-            id_prefix=get("id"),
-        )
-        f.bounds()  # refuse a malformed date now
-        return f
-
-    def query_args(self) -> dict[str, str]:
-        pairs = {
-            "state": ",".join(self.states),
-            "kind": self.kind,
-            "owner": self.owner,
-            "node": self.node,
-            "errorCode": self.error_code,
-            "label": self.label,
-            "concurrencyKey": self.concurrency_key,
-            "parentId": self.parent_id,
-            "runId": self.run_id,
-            "threadId": self.thread_id,
-            "createdFrom": self.created_from,
-            "createdTo": self.created_to,
-            "id": self.id_prefix,
-        }
-        return {k: v for k, v in pairs.items() if v}
-
-    def text(self) -> str:
-        args = self.query_args()
-        return ", ".join(f"{k}={v}" for k, v in args.items()) or "all tasks"
-
-    def bounds(self) -> tuple[float | None, float | None]:
-        def parse(raw: str | None, field: str) -> float | None:
-            if not raw:
-                return None
-            try:
-                dt = datetime.fromisoformat(raw)
-            except ValueError:
-                raise InvalidArgument(f"{field} is not a date and time", details={"field": field}) from None
-            return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
-
-        return parse(self.created_from, "createdFrom"), parse(self.created_to, "createdTo")
-
-    def search(self, caller: Caller, **extra: Any) -> TaskSearch:
-        """The store's query: a user's own tasks only, whatever ``owner`` says."""
-        lo, hi = self.bounds()
-        label = None
-        if self.label:
-            key, _, value = self.label.partition("=")
-            label = (key.strip(), value.strip())
-        return TaskSearch(
-            owner=(self.owner if caller.is_admin else caller.user),
-            states=self.states,
-            kind=self.kind,
-            node_id=self.node,
-            error_code=self.error_code,
-            label=label,
-            concurrency_key=self.concurrency_key,
-            parent_id=self.parent_id,
-            run_id=self.run_id,
-            thread_id=self.thread_id,
-            created_from=lo,
-            created_to=hi,
-            id_prefix=self.id_prefix,
-            **extra,
-        )
-
-
-class Row(msgspec.Struct, frozen=True):
-    """A task as its list row shows it."""
-
-    task: Task
-    waiting_for: str | None
-    last_attempt_s: float | None  # the duration of the last attempt (so far, while it runs)
-
-
-def row_of(task: Task, waiting_for: str | None, now: float) -> Row:
-    spent: float | None = None
-    if task.started_at is not None:
-        if task.state == "running":
-            spent = now - task.started_at
-        elif task.finished_at is not None and task.finished_at >= task.started_at:
-            spent = task.finished_at - task.started_at
-        elif task.state in ("queued", "failed", "dead") and task.updated_at >= task.started_at:
-            spent = task.updated_at - task.started_at  # the attempt that failed
-    return Row(task, waiting_for, spent)
 
 
 class TaskPages(Pages):
     """``/ui/tasks`` and below."""
 
-    def __init__(self, console: Console) -> None:
-        super().__init__(console)
+    def __init__(self, gw: ConsoleHost, state: ConsoleState) -> None:
+        super().__init__(gw, state)
         self.confirmations = Confirmations()  # what the bulk confirmations of this console's sessions named
 
     def routes(self, r: web.UrlDispatcher) -> None:
@@ -292,10 +143,7 @@ class TaskPages(Pages):
         caller = self._writer(request)
         session = self._session(request)
         form = await request.post()
-        op = str(form.get("op", ""))  # a button of the list: "<action>:<scope>"
-        action, _, op_scope = op.partition(":") if op else (str(form.get("action", "")), "", "")
-        if action not in BULK_ACTIONS:
-            raise InvalidArgument("unknown bulk action", details={"field": "action"})
+        action, op_scope = bulk_op(form, BULK_ACTIONS)
         confirmation_id = str(form.get("confirmation", ""))
         confirmed = self.confirmations.take(session.id, confirmation_id, action) if confirmation_id else None
         if confirmed is None:
@@ -309,8 +157,20 @@ class TaskPages(Pages):
                 raise InvalidArgument("unknown bulk scope", details={"field": "scope"})
             ids = [str(v) for v in form.getall("id", []) if isinstance(v, str)] if scope == "selected" else []
             return await self._confirm(request, caller, session.id, action, TaskFilter.of(form), scope, ids, notice)
-        done, skipped, refused = 0, 0, 0
-        refused_codes: dict[str, int] = {}
+        tally = await self._act_on(caller, action, confirmed)
+        filter_args = dict(confirmed.filter_args)
+        scope = filter_args.pop("_scope", "matching")
+        f = TaskFilter.of(filter_args)
+        await self._audit_bulk(caller, action, scope, f, len(confirmed.tasks), tally)
+        text = f"bulk {action}: {tally.done} {DONE_WORD[action]}, {tally.skipped} skipped because they changed"
+        if tally.refused:
+            codes = ", ".join(f"{n} {c}" for c, n in sorted(tally.refused_codes.items()))
+            text += f", {tally.refused} refused ({codes})"
+        raise self._redirect("/ui/tasks?" + urlencode(f.query_args()), text)
+
+    async def _act_on(self, caller: Caller, action: str, confirmed: Confirmation) -> BulkTally:
+        """The confirmed tasks, in batches, each through the task service with the revision the confirmation saw."""
+        tally = BulkTally()
         items = list(confirmed.tasks.items())
         reason = "bulk cancel from the console" if action == "cancel" else None
         for i in range(0, len(items), BULK_BATCH):
@@ -325,30 +185,32 @@ class TaskPages(Pages):
             for res in results:
                 if isinstance(res, GatewayError):
                     if res.code in CHANGED:
-                        skipped += 1
+                        tally.skipped += 1
                     else:
-                        refused += 1
-                        refused_codes[res.code] = refused_codes.get(res.code, 0) + 1
+                        tally.refuse(res.code)
                 elif isinstance(res, BaseException):
                     raise res
                 elif res[1]:  # a repeat: it was canceled meanwhile (a cancel repeats whatever the revision)
-                    skipped += 1
+                    tally.skipped += 1
                 else:
-                    done += 1
-        filter_args = dict(confirmed.filter_args)
-        scope = filter_args.pop("_scope", "matching")
-        f = TaskFilter.of(filter_args)
+                    tally.done += 1
+        return tally
+
+    async def _audit_bulk(
+        self, caller: Caller, action: str, scope: str, f: TaskFilter, confirmed: int, tally: BulkTally
+    ) -> None:
+        """One audit entry for the whole bulk request: the actor, the scope, the filter and the counts."""
         details: dict[str, Any] = {
             "scope": scope,
             "filter": f.query_args(),
-            "confirmed": len(items),
-            "matched": len(items),
-            "done": done,
-            "skipped": skipped,
-            "refused": refused,
+            "confirmed": confirmed,
+            "matched": confirmed,
+            "done": tally.done,
+            "skipped": tally.skipped,
+            "refused": tally.refused,
         }
-        if refused_codes:
-            details["refusedCodes"] = refused_codes
+        if tally.refused_codes:
+            details["refusedCodes"] = tally.refused_codes
         await self.gw.store.append_audit(
             [
                 AuditEntry(
@@ -356,7 +218,7 @@ class TaskPages(Pages):
                     at=time.time(),
                     action=f"bulk_{action}",
                     object_type="task_filter" if scope == "matching" else "task_selection",
-                    object_id=(f.text() if scope == "matching" else f"{len(items)} selected tasks")[:200],
+                    object_id=(f.text() if scope == "matching" else f"{confirmed} selected tasks")[:200],
                     result="ok",
                     actor=caller.actor,
                     request_id=caller.request_id,
@@ -364,10 +226,6 @@ class TaskPages(Pages):
                 )
             ]
         )
-        text = f"bulk {action}: {done} {DONE_WORD[action]}, {skipped} skipped because they changed"
-        if refused:
-            text += f", {refused} refused (" + ", ".join(f"{n} {c}" for c, n in sorted(refused_codes.items())) + ")"
-        raise self._redirect("/ui/tasks?" + urlencode(f.query_args()), text)
 
     async def _selected(self, caller: Caller, ids: list[str]) -> list[TaskRef]:
         """The selected tasks the caller may see, as they are now (an unknown or another user's id is left out)."""
@@ -481,7 +339,7 @@ class TaskPages(Pages):
         if service is None:
             raise NotFound("artifacts are not served here", code=Code.ARTIFACT_NOT_FOUND)
         request[CALLER] = self._reader(request)
-        return await ArtifactRoutes(self.gw.api, self.gw.service, service).get_artifact(request)
+        return await ArtifactRoutes(self.gw.service, service).get_artifact(request)
 
     async def task_action(self, request: web.Request) -> web.StreamResponse:
         caller = self._writer(request)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from scheduler_gateway.daemon.http.app import TASK_STATES
 from scheduler_gateway.daemon.http.openapi.params import IDEMPOTENCY_KEY, PAGE, TASK_ID, Op, enum_filter, filter_param
+from scheduler_gateway.daemon.http.tasks import TASK_STATES
 
 TASK_ACTION_ERRORS = (403, 409, 413)
 
