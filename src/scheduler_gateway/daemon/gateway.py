@@ -191,7 +191,7 @@ class Gateway:
         sqlite = isinstance(self.store, SqliteStore)
         self.principals = PrincipalCache(self.store, recheck_s=SQLITE_RECHECK_S if sqlite else RECHECK_S)
         self.api = AdminApi(self.service, self.store, self.nodes, self.metrics, self.readiness, s.http, self.principals)
-        self._runner: web.AppRunner | None = None
+        self._runner: AdminRunner | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._flusher: asyncio.Task[None] | None = None
         self.http_port = s.http_port

@@ -7,9 +7,9 @@ no ``X-Request-Id``, and its log line carries the offending bytes (an ``Authoriz
 aiohttp has no public hook for this (aio-libs/aiohttp#3287 is open): the app's middlewares never see these
 requests, and ``on_response_prepare`` is not sent for them. So the protocol class is a subclass whose
 ``handle_error`` answers in the envelope with a fresh request id and logs the error's kind only; a
-``web.Server`` subclass builds it, and ``AdminRunner`` overrides ``AppRunner._make_server`` (the runner's only
-seam for the server it runs, underscored but meant to be overridden: each runner class implements it) to
-hand aiohttp's server pieces (``request_handler``, ``request_factory``, public attributes) to that server.
+``web.Server`` subclass builds it, and ``AdminRunner`` is a ``BaseRunner`` whose ``_make_server`` (the abstract
+seam each runner class implements) has aiohttp's ``AppRunner`` start the app and build its server, then hands
+that server's pieces (``request_handler``, ``request_factory``, public attributes) to the envelope server.
 No private attribute is read.
 """
 
@@ -122,19 +122,34 @@ class EnvelopeServer(web.Server):
         return EnvelopeRequestHandler(self, loop=self._envelope_loop, **self._envelope_kwargs)
 
 
-class AdminRunner(web.AppRunner):
-    """``web.AppRunner`` (app startup, cleanup, sites) serving through ``EnvelopeServer``."""
+class AdminRunner(web.BaseRunner):
+    """The admin app's runner (app startup, shutdown, cleanup, sites), serving through ``EnvelopeServer``.
+
+    aiohttp's ``AppRunner`` starts and freezes the app and builds aiohttp's server for it (never served): its public
+    pieces (``request_handler``, ``request_factory``) go to the envelope server this runner serves. The app's
+    shutdown and cleanup are ``Application``'s public calls, in ``BaseRunner.cleanup``'s order (sites stopped, then
+    the app's shutdown, the connections closed, then its cleanup)."""
 
     def __init__(self, app: web.Application, **kwargs: Any) -> None:
         settings = {**SERVER_SETTINGS, **kwargs}
-        super().__init__(app, handle_signals=False, **settings)
+        super().__init__(handle_signals=False, **settings)
+        self.app = app
+        self._starter = web.AppRunner(app, handle_signals=False, **settings)
         self._envelope_kwargs = settings
 
+    async def shutdown(self) -> None:
+        await self.app.shutdown()
+
     async def _make_server(self) -> web.Server:
-        base = await super()._make_server()  # starts and freezes the app; aiohttp's server for it, never served
+        await self._starter.setup()  # starts and freezes the app
+        base = self._starter.server
+        assert base is not None, "AppRunner.setup() made its server"
         return EnvelopeServer(
             base.request_handler,
             request_factory=base.request_factory,
             handler_cancellation=base.handler_cancellation,
             **self._envelope_kwargs,
         )
+
+    async def _cleanup_server(self) -> None:
+        await self.app.cleanup()
