@@ -83,189 +83,231 @@ def load_config(path: Path | None, env: Mapping[str, str]) -> Config:
 
     Raises ``ConfigError`` listing every problem found.
     """
-    raw: dict[str, Any] = {}
-    if path is not None:
-        try:
-            with open(path, "rb") as f:
-                raw = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError([f"config file {path} does not exist"]) from None
-        except OSError as exc:
-            raise ConfigError([f"config file {path} cannot be read: {exc.strerror}"]) from None
-        except tomllib.TOMLDecodeError as exc:
-            # tomllib's message names line and column, not the offending text
-            raise ConfigError([f"config file {path} is not valid TOML: {exc}"]) from None
-
-    r = _Reader(raw, env)
+    r = _Reader(_read_toml(path), env)
     root = r.section("")
     mode_text = root.choice("mode", "dev", ("dev", "production"))
     mode: Mode = "production" if mode_text == "production" else "dev"
     data_dir = root.path("data_dir", Path("var"))
-
-    http_s = r.section("http")
-    http = HttpConfig(
-        host=http_s.string("host", "127.0.0.1", nonempty=True),
-        port=http_s.integer("port", 8080, lo=0, hi=65535),
+    http = _http(r)
+    config = Config(
+        mode=mode,
+        data_dir=data_dir,
+        http=http,
+        nats=_nats(r),
+        callbacks=_callbacks(r, mode),
+        deadletter=_deadletter(r),
+        dispatch=_dispatch(r),
+        kinds=_kinds(r),
+        scheduler=_scheduler(r),
+        events=_events(r),
+        tasks=_tasks(r),
+        recovery=_recovery(r),
+        retention=_retention(r),
+        artifacts=_artifacts(r),
+        log=_log(r),
+        store=_store(r, env),
+        instance=_instance(r, http),
+        source=path,
     )
-    http_s.finish()
+    root.finish(subsections=SECTIONS)
+    if r.errors:
+        raise ConfigError(r.errors)
+    return config
 
-    nats_s = r.section("nats")
+
+#: the file's sections (each read by the function of its name below)
+SECTIONS = (
+    "kinds",
+    "http",
+    "nats",
+    "callbacks",
+    "deadletter",
+    "dispatch",
+    "scheduler",
+    "events",
+    "tasks",
+    "recovery",
+    "retention",
+    "artifacts",
+    "log",
+    "store",
+    "instance",
+)
+
+
+def _read_toml(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError([f"config file {path} does not exist"]) from None
+    except OSError as exc:
+        raise ConfigError([f"config file {path} cannot be read: {exc.strerror}"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        # tomllib's message names line and column, not the offending text
+        raise ConfigError([f"config file {path} is not valid TOML: {exc}"]) from None
+
+
+def _http(r: _Reader) -> HttpConfig:
+    s = r.section("http")
+    http = HttpConfig(
+        host=s.string("host", "127.0.0.1", nonempty=True),
+        port=s.integer("port", 8080, lo=0, hi=65535),
+    )
+    s.finish()
+    return http
+
+
+def _nats(r: _Reader) -> NatsConfig:
+    s = r.section("nats")
     emb_s = r.section("nats.embedded")
     embedded = EmbeddedNatsConfig(port=emb_s.integer("port", 4222, lo=0, hi=65535))
     emb_s.finish()
-    url = nats_s.nats_url("url")
-    user = nats_s.optional_string("user")
-    password = nats_s.optional_string("password")
+    url = s.nats_url("url")
+    user = s.optional_string("user")
+    password = s.optional_string("password")
     if (user is None) != (password is None):
         r.errors.append("nats.user and nats.password must be given together")
     nats = NatsConfig(
         url=url,
         user=user,
         password=password,
-        subject_prefix=nats_s.pattern("subject_prefix", "gw", _SUBJECT_PREFIX, "a NATS subject prefix like gw"),
-        stream_replicas=nats_s.integer("stream_replicas", 1, lo=1, hi=5),
+        subject_prefix=s.pattern("subject_prefix", "gw", _SUBJECT_PREFIX, "a NATS subject prefix like gw"),
+        stream_replicas=s.integer("stream_replicas", 1, lo=1, hi=5),
         embedded=embedded,
     )
-    nats_s.finish(subsections=("embedded",))
+    s.finish(subsections=("embedded",))
+    return nats
 
-    cb_s = r.section("callbacks")
+
+def _callbacks(r: _Reader, mode: Mode) -> CallbacksConfig:
+    s = r.section("callbacks")
     callbacks = CallbacksConfig(
-        secret=cb_s.optional_string("secret"),
-        retry_delays_s=cb_s.number_list("retry_delays_s", (1.0, 5.0, 30.0), lo=0),
-        timeout_s=cb_s.number("timeout_s", 5.0, gt=0),
-        allow_private_networks=cb_s.boolean("allow_private_networks", mode == "dev"),
-        max_in_flight=cb_s.integer("max_in_flight", 32, lo=1, hi=10_000),
-        max_in_flight_per_target=cb_s.integer("max_in_flight_per_target", 0, lo=0, hi=10_000),
+        secret=s.optional_string("secret"),
+        retry_delays_s=s.number_list("retry_delays_s", (1.0, 5.0, 30.0), lo=0),
+        timeout_s=s.number("timeout_s", 5.0, gt=0),
+        allow_private_networks=s.boolean("allow_private_networks", mode == "dev"),
+        max_in_flight=s.integer("max_in_flight", 32, lo=1, hi=10_000),
+        max_in_flight_per_target=s.integer("max_in_flight_per_target", 0, lo=0, hi=10_000),
     )
-    cb_s.finish()
+    s.finish()
+    return callbacks
 
-    dl_s = r.section("deadletter")
+
+def _deadletter(r: _Reader) -> DeadletterConfig:
+    s = r.section("deadletter")
     deadletter = DeadletterConfig(
-        max_dead_retries=dl_s.integer("max_dead_retries", 3, lo=0),
-        auto_redrive=dl_s.boolean("auto_redrive", True),
-        redrive_delay_s=dl_s.number("redrive_delay_s", 300.0, lo=0),
-        archive_after_s=dl_s.number("archive_after_s", 604800.0, lo=0),
-        sweep_interval_s=dl_s.number("sweep_interval_s", 10.0, gt=0),
+        max_dead_retries=s.integer("max_dead_retries", 3, lo=0),
+        auto_redrive=s.boolean("auto_redrive", True),
+        redrive_delay_s=s.number("redrive_delay_s", 300.0, lo=0),
+        archive_after_s=s.number("archive_after_s", 604800.0, lo=0),
+        sweep_interval_s=s.number("sweep_interval_s", 10.0, gt=0),
     )
-    dl_s.finish()
+    s.finish()
+    return deadletter
 
-    dp_s = r.section("dispatch")
+
+def _dispatch(r: _Reader) -> DispatchConfig:
+    s = r.section("dispatch")
     dispatch = DispatchConfig(
-        max_offers_per_kind=dp_s.integer("max_offers_per_kind", 64, lo=1),
-        reoffer_after_s=dp_s.number("reoffer_after_s", 60.0, gt=0),
+        max_offers_per_kind=s.integer("max_offers_per_kind", 64, lo=1),
+        reoffer_after_s=s.number("reoffer_after_s", 60.0, gt=0),
     )
-    dp_s.finish()
+    s.finish()
+    return dispatch
 
-    sc_s = r.section("scheduler")
+
+def _scheduler(r: _Reader) -> SchedulerConfig:
+    s = r.section("scheduler")
     scheduler = SchedulerConfig(
-        max_concurrent_runs=sc_s.integer("max_concurrent_runs", 16, lo=1),
-        min_once_delay_s=sc_s.number("min_once_delay_s", 60.0, lo=0),
-        poll_interval_s=sc_s.number("poll_interval_s", 1.0, gt=0),
-        lease_s=sc_s.number("lease_s", 60.0, gt=0),
+        max_concurrent_runs=s.integer("max_concurrent_runs", 16, lo=1),
+        min_once_delay_s=s.number("min_once_delay_s", 60.0, lo=0),
+        poll_interval_s=s.number("poll_interval_s", 1.0, gt=0),
+        lease_s=s.number("lease_s", 60.0, gt=0),
     )
-    sc_s.finish()
+    s.finish()
+    return scheduler
 
-    ev_s = r.section("events")
-    events = EventsConfig(
-        max_age_s=ev_s.number("max_age_s", 604800.0, gt=0),
-        max_msgs=ev_s.integer("max_msgs", 10000, lo=1),
-    )
-    ev_s.finish()
 
-    tk_s = r.section("tasks")
+def _events(r: _Reader) -> EventsConfig:
+    s = r.section("events")
+    events = EventsConfig(max_age_s=s.number("max_age_s", 604800.0, gt=0), max_msgs=s.integer("max_msgs", 10000, lo=1))
+    s.finish()
+    return events
+
+
+def _tasks(r: _Reader) -> TasksConfig:
+    s = r.section("tasks")
     tasks = TasksConfig(
-        default_lease_s=tk_s.number("default_lease_s", 30.0, gt=0),
-        default_timeout_s=tk_s.number("default_timeout_s", 3600.0, gt=0),
-        default_max_attempts=tk_s.integer("default_max_attempts", 3, lo=1),
-        max_payload_bytes=tk_s.integer("max_payload_bytes", 1048576, lo=1, hi=_NATS_HARD_MAX_PAYLOAD),
+        default_lease_s=s.number("default_lease_s", 30.0, gt=0),
+        default_timeout_s=s.number("default_timeout_s", 3600.0, gt=0),
+        default_max_attempts=s.integer("default_max_attempts", 3, lo=1),
+        max_payload_bytes=s.integer("max_payload_bytes", 1048576, lo=1, hi=_NATS_HARD_MAX_PAYLOAD),
     )
-    tk_s.finish()
+    s.finish()
+    return tasks
 
-    rc_s = r.section("recovery")
-    recovery = RecoveryConfig(grace_s=rc_s.optional_number("grace_s", gt=0))
-    rc_s.finish()
 
-    rt_s = r.section("retention")
+def _recovery(r: _Reader) -> RecoveryConfig:
+    s = r.section("recovery")
+    recovery = RecoveryConfig(grace_s=s.optional_number("grace_s", gt=0))
+    s.finish()
+    return recovery
+
+
+def _retention(r: _Reader) -> RetentionConfig:
+    s = r.section("retention")
     retention = RetentionConfig(
-        tasks_s=rt_s.number("tasks_s", 604800.0, gt=0),
-        audit_s=rt_s.number("audit_s", 2592000.0, gt=0),
-        idempotency_s=rt_s.number("idempotency_s", 86400.0, gt=0),
-        runs_per_schedule=rt_s.integer("runs_per_schedule", 200, lo=1),
-        interval_s=rt_s.number("interval_s", 60.0, gt=0),
-        batch=rt_s.integer("batch", 200, lo=1, hi=5000),
+        tasks_s=s.number("tasks_s", 604800.0, gt=0),
+        audit_s=s.number("audit_s", 2592000.0, gt=0),
+        idempotency_s=s.number("idempotency_s", 86400.0, gt=0),
+        runs_per_schedule=s.integer("runs_per_schedule", 200, lo=1),
+        interval_s=s.number("interval_s", 60.0, gt=0),
+        batch=s.integer("batch", 200, lo=1, hi=5000),
     )
-    rt_s.finish()
+    s.finish()
+    return retention
 
-    ar_s = r.section("artifacts")
+
+def _artifacts(r: _Reader) -> ArtifactsConfig:
+    s = r.section("artifacts")
     artifacts = ArtifactsConfig(
-        max_bytes=ar_s.integer("max_bytes", 5368709120, lo=0),
-        max_per_task=ar_s.integer("max_per_task", 1000, lo=0),
-        max_task_bytes=ar_s.integer("max_task_bytes", 21474836480, lo=0),
-        orphan_after_s=ar_s.number("orphan_after_s", 3600.0, gt=0),
+        max_bytes=s.integer("max_bytes", 5368709120, lo=0),
+        max_per_task=s.integer("max_per_task", 1000, lo=0),
+        max_task_bytes=s.integer("max_task_bytes", 21474836480, lo=0),
+        orphan_after_s=s.number("orphan_after_s", 3600.0, gt=0),
     )
-    ar_s.finish()
+    s.finish()
+    return artifacts
 
-    lg_s = r.section("log")
-    log = LogConfig(level=lg_s.choice("level", "INFO", LOG_LEVELS, upper=True))
-    lg_s.finish()
 
-    st_s = r.section("store")
-    store_url = st_s.optional_string("url")
-    if store_url is not None:
+def _log(r: _Reader) -> LogConfig:
+    s = r.section("log")
+    log = LogConfig(level=s.choice("level", "INFO", LOG_LEVELS, upper=True))
+    s.finish()
+    return log
+
+
+def _store(r: _Reader, env: Mapping[str, str]) -> StoreConfig:
+    s = r.section("store")
+    url = s.optional_string("url")
+    if url is not None:
         try:
-            store_url = parse_store_url(store_url).url
+            url = parse_store_url(url).url
         except StoreUrlError as exc:
             # the URL may carry a password: shown redacted
             var = " (GW_STORE_URL)" if env.get("GW_STORE_URL") else ""
-            r.errors.append(f"store.url{var} {exc}: {redact_one_url(store_url)!r}")
-            store_url = None
-    writer_process = st_s.boolean("writer_process", True)
-    st_s.finish()
+            r.errors.append(f"store.url{var} {exc}: {redact_one_url(url)!r}")
+            url = None
+    writer_process = s.boolean("writer_process", True)
+    s.finish()
+    return StoreConfig(url=url, writer_process=writer_process)
 
-    in_s = r.section("instance")
-    instance = InstanceConfig(id=in_s.string("id", f"{socket.gethostname()}-{http.port}", nonempty=True).strip())
-    in_s.finish()
 
-    kinds = _kinds(r)
-
-    root.finish(
-        subsections=(
-            "kinds",
-            "http",
-            "nats",
-            "callbacks",
-            "deadletter",
-            "dispatch",
-            "scheduler",
-            "events",
-            "tasks",
-            "recovery",
-            "retention",
-            "artifacts",
-            "log",
-            "store",
-            "instance",
-        )
-    )
-    if r.errors:
-        raise ConfigError(r.errors)
-    return Config(
-        mode=mode,
-        data_dir=data_dir,
-        http=http,
-        nats=nats,
-        callbacks=callbacks,
-        deadletter=deadletter,
-        dispatch=dispatch,
-        kinds=kinds,
-        scheduler=scheduler,
-        events=events,
-        tasks=tasks,
-        recovery=recovery,
-        retention=retention,
-        artifacts=artifacts,
-        log=log,
-        store=StoreConfig(url=store_url, writer_process=writer_process),
-        instance=instance,
-        source=path,
-    )
+def _instance(r: _Reader, http: HttpConfig) -> InstanceConfig:
+    s = r.section("instance")
+    instance = InstanceConfig(id=s.string("id", f"{socket.gethostname()}-{http.port}", nonempty=True).strip())
+    s.finish()
+    return instance
