@@ -345,3 +345,35 @@ async def test_a_batch_keeps_its_order_where_changes_meet(store: PostgresStore, 
     assert_code(results[5], Conflict, Code.THREAD_BUSY)
     assert_code(results[6], Conflict, Code.IDEMPOTENCY_CONFLICT)
     assert tid(5) not in alone and len(alone) == 6
+
+
+async def test_two_instances_updating_the_same_rows_at_once_each_change_wins_once(
+    two_pg_stores: tuple[PostgresStore, PostgresStore], pg_url: str
+) -> None:
+    """Two stores (two gatewayd) write batches of compare-and-sets on the same tasks at the same revisions, in
+    opposite orders, at once: each task's revision is won by exactly one of them, which alone wrote its history,
+    audit and event; the other's change is answered REVISION_CONFLICT (the compare-and-set of a row another
+    transaction changed meanwhile is decided on the row as that one committed it); no batch fails."""
+    a, b = two_pg_stores
+    tasks = [make_task(n) for n in range(1, 41)]
+    assert await a.apply_many([create(t) for t in tasks]) == [None] * 40
+    now = {t.id: t for t in tasks}
+    for round_ in range(1, 4):
+        mine = [update(now[t.id], bump(now[t.id], priority=10 + round_)) for t in tasks]
+        theirs = [update(now[t.id], bump(now[t.id], priority=20 + round_)) for t in reversed(tasks)]
+        got_a, got_b = await asyncio.gather(a.apply_many(mine), b.apply_many(theirs))
+        by_b = dict(zip([c.task.id for c in theirs], got_b, strict=True))
+        for change, result in zip(mine, got_a, strict=True):
+            other = by_b[change.task.id]
+            assert (result is None) != (other is None), (result, other)
+            assert_code(result if result is not None else other, Conflict, Code.REVISION_CONFLICT)
+            winner = change if result is None else next(c for c in theirs if c.task.id == change.task.id)
+            now[change.task.id] = winner.task
+        history, audit, events, revisions = rows_of(pg_url)  # rows_of: every event id once
+        assert all(revisions[t.id] == 1 + round_ for t in tasks)
+        assert all(n == 1 for n in history.values()) and len(history) == 40 * (1 + round_)
+        assert audit == Counter({t.id: 1 + round_ for t in tasks})
+        assert events == Counter({task_key(t.id): 1 + round_ for t in tasks})
+        for t in tasks:
+            stored = await a.get_task(t.id)
+            assert stored is not None and stored.priority == now[t.id].priority
