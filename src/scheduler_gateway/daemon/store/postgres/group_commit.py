@@ -117,8 +117,8 @@ class PgGroupCommit:
         outcomes: list[BaseException | None]
         try:
             outcomes = await self._outcomes([w.change for w in batch])
-        except BaseException as exc:  # cancelled (the loop is closing): nobody's change is known committed
-            err = StorageError("the task store stopped before this change's batch committed")
+        except BaseException as exc:  # cancelled (the loop is closing): whether the batch committed is unknown
+            err = StorageError("the task store stopped while this change's batch was committing")
             err.__cause__ = exc
             _answer(batch, [_own_copy(err) for _ in batch])
             raise
