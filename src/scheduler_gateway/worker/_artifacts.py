@@ -20,7 +20,7 @@ import mimetypes
 import os
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import msgspec
 
@@ -60,13 +60,20 @@ class ArtifactRefused(Exception):
 Data = bytes | bytearray | memoryview | str | os.PathLike[str] | AsyncIterable[bytes]
 
 
+class ArtifactAsk(Protocol):
+    """The node's artifact subject's request/reply: raises when no gateway answered. ``reads_back``: the bytes the
+    gateway reads back before it answers (a commit's size)."""
+
+    def __call__(self, body: bytes, timeout_s: float, *, reads_back: int = 0) -> Awaitable[bytes]: ...
+
+
 @dataclass(frozen=True)
 class ArtifactLink:
     """What an ``Uploader`` needs of the worker's connection: ``request`` on the node's artifact subject,
     ``publish(subject, chunk, timeout_s)`` of a chunk to JetStream (returns once the stream holds it), and
     ``reconnected()``, the event set at the next reconnect."""
 
-    request: Callable[[bytes, float], Awaitable[bytes]]
+    request: ArtifactAsk
     publish: Callable[[str, bytes, float], Awaitable[object]]
     reconnected: Callable[[], asyncio.Event]
 
@@ -80,8 +87,9 @@ class Uploader:
         self._lease_id = lease_id
 
     async def _request(self, req: ArtifactRequest, timeout_s: float = REQUEST_TIMEOUT_S) -> ArtifactReply:
+        reads_back = req.size if isinstance(req, ArtifactCommit) else 0  # checked before it is answered
         try:
-            data = await self._link.request(_encode(req), timeout_s)
+            data = await self._link.request(_encode(req), timeout_s, reads_back=reads_back)
         except Exception as exc:  # no gateway answered in time: the caller may retry
             raise ArtifactRefused(
                 Code.SERVICE_UNAVAILABLE, f"no answer from the gateway ({type(exc).__name__})"

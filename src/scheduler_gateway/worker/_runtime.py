@@ -9,6 +9,7 @@ and the lifecycle and composes the parts, each given the lease book and a few co
 - ``Heartbeats`` (``_heartbeat``): one request per interval carrying every held lease; extends, revokes.
 - ``Uploader`` (``_artifacts``): a handler's ``put_artifact``, over an ``ArtifactLink``.
 - ``SettleSender`` (``_settle``): settles published to ``GW_SETTLE`` until JetStream acks them.
+- ``NodeRequests`` (``_requests``): how claims, heartbeats and artifact requests are sent.
 
 A handler's asyncio task is cancelled when the gateway cancels the task or revokes its lease, or when the node
 could not renew the lease before its local deadline (``LeaseBook.renew``).
@@ -44,6 +45,7 @@ from ._offers import OfferHandler
 from ._options import NatsOptions, WorkerTimings
 from ._pull import KindPuller, nak
 from ._registry import HandlerRegistry, validate_kind, validate_node_id
+from ._requests import NodeRequests
 from ._settle import PendingSettle, SettleSender, encode_settle
 from ._tasks import _cancel_all, _forget, _wait_until, supervised
 
@@ -116,7 +118,10 @@ class Worker:
         #: this process among any started with the same node id: its claims name it, and the gateway keeps a
         #: lease with the process that claimed it (a restarted worker is another process)
         self.process_id = secrets.token_hex(8)
-        self._claims = ClaimBatcher(self._claim_request, self.process_id)
+        #: claims, heartbeats and artifact requests, each sent again while unanswered (docs/WIRE.md, Several
+        #: gateway instances): the parts are given its ``claim``, ``heartbeat`` and ``artifact`` callables
+        self.requests = NodeRequests(lambda: self.nc, subjects, self.node_id, timings.claim_timeout_s)
+        self._claims = ClaimBatcher(self.requests.claim, self.process_id)
         self._settle_tasks: set[asyncio.Task[None]] = set()
         self._settle_sender: SettleSender | None = None
         self._compose(registry)
@@ -130,7 +135,7 @@ class Worker:
     def _compose(self, registry: HandlerRegistry) -> None:
         """The parts, each given the lease book and the few collaborators it uses."""
         self._artifact_link = ArtifactLink(
-            request=self._artifact_request,
+            request=self.requests.artifact,
             publish=lambda subject, chunk, timeout_s: self.js.publish(subject, chunk, timeout=timeout_s),
             reconnected=lambda: self.reconnected,
         )
@@ -147,7 +152,7 @@ class Worker:
         )
         self._heartbeats = Heartbeats(
             self._book,
-            request=self._heartbeat_request,
+            request=self.requests.heartbeat,
             node_id=self.node_id,
             kinds=self.kinds,
             idle_s=self.heartbeat_idle_s,
@@ -405,24 +410,6 @@ class Worker:
             return
         self._book.take_slot()
         self._spawn(self._offer_tasks, self._offers.handle(kind, msg), "offer")
-
-    # ---------------------------------------------------------------- requests of the gateway
-
-    async def _claim_request(self, body: bytes) -> bytes | None:
-        try:
-            resp = await self.nc.request(self.subjects.claim(self.node_id), body, timeout=self.timings.claim_timeout_s)
-        except (TimeoutError, nats.errors.Error) as exc:
-            log.warning("a claim request got no answer (%s)", type(exc).__name__)
-            return None
-        return bytes(resp.data)
-
-    async def _heartbeat_request(self, body: bytes, timeout_s: float) -> bytes:
-        resp = await self.nc.request(self.subjects.heartbeat(self.node_id), body, timeout=timeout_s)
-        return bytes(resp.data)
-
-    async def _artifact_request(self, body: bytes, timeout_s: float) -> bytes:
-        resp = await self.nc.request(self.subjects.artifact(self.node_id), body, timeout=timeout_s)
-        return bytes(resp.data)
 
     # ---------------------------------------------------------------- the gateway's word on leases and the node
 
