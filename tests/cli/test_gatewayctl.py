@@ -118,7 +118,7 @@ def test_wait_exits_1_for_a_task_that_did_not_succeed(gw: Daemon, tmp_path: Path
     assert p.returncode == 1
     assert json.loads(p.stdout)["state"] == "failed"
     assert p.stderr.strip().startswith("gatewayctl: TASK_NOT_SUCCEEDED:") and "HANDLER_ERROR" in p.stderr
-    slow = ok_json(ctl(gw, "tasks", "submit", "sleep", "--payload", '{"seconds": 5}'))
+    slow = ok_json(ctl(gw, "tasks", "submit", "sleep", "--payload", '{"seconds": 60}'))
     started = time.monotonic()
     p = ctl(gw, "tasks", "wait", slow["id"], "--timeout", "0.5")
     assert p.returncode == 1 and "TIMEOUT" in p.stderr and time.monotonic() - started < 5

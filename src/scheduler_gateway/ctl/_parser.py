@@ -111,7 +111,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _globals(parser, leaf=False)
     sub = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
+    _tasks_commands(sub)
+    _dlq_commands(sub)
+    _schedules_commands(sub)
+    _kinds_commands(sub)
+    _nodes_commands(sub)
+    _artifacts_commands(sub)
+    _events_commands(sub)
 
+    p = sub.add_parser("completion", help="print the shell completion script (bash or zsh)")
+    p.add_argument("shell", choices=("bash", "zsh"))
+    return parser
+
+
+def _tasks_commands(sub: Any) -> None:
     tasks = _group(sub, "tasks", "submit, list, read, wait for and act on tasks")
     p = tasks.leaf("submit", "create a task (POST /api/tasks)")
     p.add_argument("kind", metavar="KIND")
@@ -142,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", metavar="ID")
     p.add_argument("--timeout", type=_seconds, metavar="S", help="give up after S seconds (exit 1)")
 
+
+def _dlq_commands(sub: Any) -> None:
     dlq = _group(sub, "dlq", "dead letters: tasks that ran out of attempts")
     p = dlq.leaf("list", "list dead letters")
     p.add_argument("--exhausted", action="store_true", help="only exhausted letters (no automatic redrive)")
@@ -151,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", metavar="ID")
     p.add_argument("--reason", required=True, metavar="R")
 
+
+def _schedules_commands(sub: Any) -> None:
     schedules = _group(sub, "schedules", "scheduled tasks (cron and one-shot)")
     schedules.leaf("list", "list scheduled tasks").add_argument(
         "--page-size", type=_positive_int, default=100, help=argparse.SUPPRESS
@@ -163,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         schedules.leaf(action, what).add_argument("id", metavar="ID")
 
+
+def _kinds_commands(sub: Any) -> None:
     kinds = _group(sub, "kinds", "kinds: their flow limits, counts and pause switch")
     kinds.leaf("list", "every kind with tasks or settings")
     kinds.leaf("get", "one kind").add_argument("kind", metavar="KIND")
@@ -191,11 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
     kinds.leaf("pause", "start nothing more of a kind (running tasks go on)").add_argument("kind", metavar="KIND")
     kinds.leaf("resume", "start a paused kind's queue again").add_argument("kind", metavar="KIND")
 
+
+def _nodes_commands(sub: Any) -> None:
     nodes = _group(sub, "nodes", "node workers")
     nodes.leaf("list", "every node the gateway knows")
     nodes.leaf("drain", "no new claims for a node; its running tasks go on").add_argument("id", metavar="ID")
     nodes.leaf("undrain", "let a drained node claim again").add_argument("id", metavar="ID")
 
+
+def _artifacts_commands(sub: Any) -> None:
     artifacts = _group(sub, "artifacts", "files a task's handler attached")
     artifacts.leaf("list", "a task's artifacts").add_argument("task_id", metavar="TASK_ID")
     p = artifacts.leaf("get", "download an artifact (to stdout, or -o FILE)")
@@ -203,12 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", metavar="NAME")
     p.add_argument("-o", dest="out", metavar="FILE", help="write it to FILE (default: stdout)")
 
+
+def _events_commands(sub: Any) -> None:
     events = _group(sub, "events", "the event stream")
     p = events.leaf("tail", "print events as they come until interrupted; resumes by itself after a cut")
     p.add_argument("--types", metavar="T1,T2", help="only these event types (comma-separated)")
     p.add_argument("--from-seq", type=_positive_int, metavar="N", help="replay from seq N first, then go live")
     p.add_argument("--aggregate-id", metavar="ID", help="only events of this object (a task id...)")
-
-    p = sub.add_parser("completion", help="print the shell completion script (bash or zsh)")
-    p.add_argument("shell", choices=("bash", "zsh"))
-    return parser
