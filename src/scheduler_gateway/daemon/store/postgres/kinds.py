@@ -8,7 +8,8 @@ from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.daemon.store.change_rows import audit_row
 from scheduler_gateway.daemon.store.common import encode
 from scheduler_gateway.daemon.store.kind_docs import read_kind_doc
-from scheduler_gateway.daemon.store.kinds import SQL_LIVE_COUNTS, live_counts
+from scheduler_gateway.daemon.store.kinds import live_counts
+from scheduler_gateway.daemon.store.postgres.counts import live_counts as kept_live_counts
 from scheduler_gateway.daemon.store.postgres.db import PgDb
 from scheduler_gateway.daemon.store.postgres.flow import lock_kind
 from scheduler_gateway.daemon.store.postgres.outbox import SQL_INSERT_OUTBOX
@@ -66,4 +67,5 @@ class PgKinds:
             await conn.execute(SQL_INSERT_OUTBOX, (outbox_body(event),))
 
     async def kind_counts(self) -> dict[str, dict[str, int]]:
-        return live_counts(await self._db.fetch(SQL_LIVE_COUNTS))
+        # kept with every write (migration 14, postgres/counts.py): no scan of the live tasks
+        return live_counts(await kept_live_counts(self._db))

@@ -18,6 +18,7 @@ import psycopg
 
 from scheduler_gateway.daemon.store.migrations import OUTBOX_LAYOUT_MIGRATION, TASK_LIST_MIGRATION
 from scheduler_gateway.daemon.store.node_rows import PG_NODE_DRAIN_MIGRATION
+from scheduler_gateway.daemon.store.postgres.counts import PG_COUNTS_MIGRATION
 from scheduler_gateway.daemon.store.postgres.outbox import PG_OUTBOX_XID_MIGRATION
 from scheduler_gateway.daemon.store.postgres.search import PG_SEARCH_MIGRATION
 from scheduler_gateway.wire.errors import StorageError
@@ -295,6 +296,9 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 13: each outbox row's writing transaction, the relay's order without a lock shared by the writers (text in
     # postgres/outbox.py)
     PG_OUTBOX_XID_MIGRATION,
+    # 14: tasks per owner, kind and state kept with each write, appended (no row every writer updates) and folded
+    # (text in postgres/counts.py): the overview, the kinds pages and a list's exact total without counting rows
+    PG_COUNTS_MIGRATION,
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)

@@ -15,9 +15,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from scheduler_gateway.actors.ports import MinuteCounts, TaskRef, TaskSearch, TaskSearchPage
+from scheduler_gateway.daemon.store.postgres.counts import count_of
 from scheduler_gateway.daemon.store.search import (
     MINUTES_KEPT,
     count_sql,
+    counted_by_state,
     make_page,
     minute_rows,
     minutes_sql,
@@ -123,12 +125,18 @@ class PgSearch:
         return make_page(query, list(await self._db.fetch(sql, params)), backwards)
 
     async def count_tasks(self, query: TaskSearch, cap: int | None = None) -> int:
+        kept = await self.kept_count(query)
+        if kept is not None:
+            return kept if cap is None else min(kept, max(0, cap))
         sql, params = count_sql(query, "%s", cap)
         n = int((await self._db.fetch(sql, params))[0][0])  # the sum of the arms' counts, each up to cap
         return n if cap is None else min(n, max(0, cap))
 
     async def kept_count(self, query: TaskSearch) -> int | None:
-        return None  # no counts are kept (a counter row per owner/kind/state would serialize the instances)
+        if not counted_by_state(query):
+            return None
+        # the counts migration 14 keeps (postgres/counts.py), as SQLite's task_counts answers it
+        return await count_of(self._db, query.owner, query.kind, tuple(query.states))
 
     async def task_refs(self, query: TaskSearch, limit: int) -> list[TaskRef]:
         sql, params = refs_sql(query, "%s", max(0, limit))

@@ -46,6 +46,7 @@ from scheduler_gateway.daemon.store.common import (
 )
 from scheduler_gateway.daemon.store.letter_rows import PG_UPSERT_GUARD, letter_conflict
 from scheduler_gateway.daemon.store.postgres.batch_write import write_batch
+from scheduler_gateway.daemon.store.postgres.counts import task_counts as kept_task_counts
 from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb, constraint_of, refusal_or_storage
 from scheduler_gateway.daemon.store.postgres.flow import (
     limit_refusal,
@@ -326,13 +327,8 @@ class PgTasks:
         return task is not None and task.lease_id == lease_id
 
     async def task_counts(self, owner: str | None = None) -> list[tuple[str, str, int]]:
-        if owner is None:
-            rows = await self._db.fetch("SELECT state, kind, count(*) FROM tasks GROUP BY state, kind", ())
-        else:
-            rows = await self._db.fetch(
-                "SELECT state, kind, count(*) FROM tasks WHERE owner = %s GROUP BY state, kind", (owner,)
-            )
-        return [(str(r[0]), str(r[1]), int(r[2])) for r in rows]
+        # kept with every write (migration 14, postgres/counts.py): no scan of the tasks
+        return await kept_task_counts(self._db, owner)
 
     async def active_tasks(self) -> list[Task]:
         rows = await self._db.fetch(
