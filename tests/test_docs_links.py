@@ -101,7 +101,7 @@ class _Nothing:
 
 
 def _app() -> web.Application:
-    """The admin API's app with every extension the gateway installs (``Gateway.http_extensions``)."""
+    """The admin API's app with every extension the gateway installs (``Gateway._route_groups``)."""
     n: Any = _Nothing()
     api = AdminApi(n, n, n, n, n, HttpSettings(), n)
     app = api.app()

@@ -29,7 +29,7 @@ SESSION_CSRF = re.compile(r"hx-headers='\{\"X-CSRF-Token\": \"([^\"]+)\"\}'")
 
 def console_of(gw: Gateway) -> Console:
     """The gateway's console (its routes are the bound ``install`` of one ``Console``)."""
-    for ext in gw.http_extensions:
+    for ext in gw.http_server.routes:
         owner = getattr(ext, "__self__", None)
         if isinstance(owner, Console):
             return owner

@@ -78,8 +78,9 @@ async def test_every_changing_route_is_forbidden_for_a_viewer(gateway: Gateway, 
         {"title": "t", "task": {"kind": "echo"}, "schedule": {"type": "cron", "cron": "0 9 * * *"}},
     )
     assert status == 201, sched
-    assert gateway._runner is not None
-    app = gateway._runner.app
+    runner = gateway.http_server.runner
+    assert runner is not None
+    app = runner.app
     ids = {"tsk": task["id"], "sch": sched["id"], "thr": "thr_" + "0" * 32, "dlq": "dlq_" + "0" * 32}
     viewer = api.as_user(VIEWER_TOKEN)
     checked = 0

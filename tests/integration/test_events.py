@@ -328,7 +328,7 @@ def _shrink_server_send_buffer(gw: Gateway, client: socket.socket) -> None:
     """Loopback's huge MSS lets the kernel buffer megabytes for a client that reads nothing; a small send
     buffer on the gateway's side of this one connection makes it stall after kilobytes, as a slow remote
     client over a real network would."""
-    runner = gw._runner
+    runner = gw.http_server.runner
     assert runner is not None and runner.server is not None
     for handler in runner.server.connections:
         sock = handler.transport.get_extra_info("socket") if handler.transport else None

@@ -13,7 +13,7 @@ from scheduler_gateway.daemon import ha
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 
 from .harness import HandNode
-from .test_ha import apis, crash, leader_of, start_gateway
+from .test_ha import apis, crash, ha_of, leader_of, start_gateway
 
 # a hang names its place in the report (the asyncio tasks' stacks before the timeout)
 pytestmark = pytest.mark.usefixtures("tasks_dumped_before_the_timeout")
@@ -33,8 +33,8 @@ async def test_the_tasks_a_dead_follower_held_back_are_offered_by_the_leader(
     b = await start_gateway(tmp_path, fresh_nats.url, pg_fresh_url, "gw-b")
     try:
         assert (await leader_of([a, b])) is a
-        assert a.ha is not None and a.ha.gone is not None
-        a.ha.gone._interval_s = 0.2
+        assert ha_of(a) is not None and ha_of(a).gone is not None
+        ha_of(a).gone._interval_s = 0.2
         async with apis([a, b]) as (api_a, api_b):
             status, view, _ = await api_b.call("PUT", "/api/kinds/echo", {"concurrency": 1})
             assert status == 200, view
@@ -57,7 +57,7 @@ async def test_the_tasks_a_dead_follower_held_back_are_offered_by_the_leader(
             # a sees b's row age out and re-reads the queued tasks: it offers the one b held back
             (again, msg2), *_ = await node.pull("echo", n=1, timeout_s=10)
             assert again.task_id == held["id"]
-            assert a.ha.gone.reoffers >= 1
+            assert ha_of(a).gone.reoffers >= 1
             reply2 = await node.claim(again.task_id, again.attempt_id)
             assert reply2.ok, reply2
             await msg2.ack()

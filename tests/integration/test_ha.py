@@ -20,12 +20,19 @@ from scheduler_gateway.actors.callback_sender import CallbackSender
 from scheduler_gateway.actors.duties import Leadership, LeaseTiming, fenced
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy, callback_id
 from scheduler_gateway.actors.ports import CallbackPost, Change
-from scheduler_gateway.actors.scheduler import SchedulerSettings
-from scheduler_gateway.actors.task_service import TaskPolicy
+from scheduler_gateway.actors.scheduling import SchedulerSettings
+from scheduler_gateway.actors.tasks import TaskPolicy
 from scheduler_gateway.daemon.check import check_store
 from scheduler_gateway.daemon.config import load_config
 from scheduler_gateway.daemon.gateway import Gateway
-from scheduler_gateway.daemon.ha import INSTANCE_ALIVE_S, INSTANCE_BEAT_S, FencedPoster, FencedStore, NotLeader
+from scheduler_gateway.daemon.ha import (
+    INSTANCE_ALIVE_S,
+    INSTANCE_BEAT_S,
+    FencedPoster,
+    FencedStore,
+    HighAvailability,
+    NotLeader,
+)
 from scheduler_gateway.daemon.nats.bus import NodeInputs
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.daemon.store.postgres import PostgresStore
@@ -37,6 +44,12 @@ from ..test_store_contract import T0, bump, create, finish, make_task
 from .harness import Api, HandNode, add_tokens, api_client, settings, wait_for
 from .sse import sse
 from .test_schedules_http import body, created, soon
+
+
+def ha_of(gw: Gateway) -> HighAvailability | None:
+    """The gateway's duty group when it runs as one of several instances (PostgreSQL)."""
+    return gw.duties if isinstance(gw.duties, HighAvailability) else None
+
 
 # a hang (one was seen once, 120 s on a database wait) names its place in the report
 pytestmark = pytest.mark.usefixtures("tasks_dumped_before_the_timeout")
@@ -74,13 +87,11 @@ async def start_gateway(tmp: Path, nats_url: str, pg_url: str, name: str, **kw: 
 
 async def crash(gw: Gateway) -> None:
     """Die without cleanup, as kill -9 would: nothing released, the instance row and the lease stay."""
-    assert gw.ha is not None
-    await gw.ha.abandon()
-    if gw._runner is not None:
-        await gw._runner.cleanup()
-        gw._runner = None
-    if gw._flusher is not None:
-        gw._flusher.cancel()
+    ha = ha_of(gw)
+    assert ha is not None
+    await ha.abandon()
+    await gw.http_server.stop()
+    await gw.node_sync.abandon()
     await gw.bus.close()
     for actor in (gw.dispatcher, gw.scheduling, gw.dead_letter_keeper, gw.callbacks, gw.relay, gw.retention):
         await actor.stop()
@@ -103,7 +114,7 @@ async def cluster(tmp_path: Path, fresh_nats: NatsServerProcess, pg_fresh_url: s
 
 async def leader_of(gws: list[Gateway], timeout_s: float = 15.0) -> Gateway:
     async def one() -> Gateway | None:
-        held = [g for g in gws if g.ha is not None and g.ha.leadership.held]
+        held = [g for g in gws if ha_of(g) is not None and ha_of(g).leadership.held]
         return held[0] if len(held) == 1 else None
 
     return await wait_for(one, timeout_s)  # type: ignore[no-any-return]
@@ -117,14 +128,14 @@ async def apis(gws: list[Gateway]) -> AsyncIterator[list[Api]]:
 
 async def test_one_leader_then_a_takeover_within_15_s_after_a_crash(cluster: list[Gateway]) -> None:
     leader = await leader_of(cluster)
-    assert sum(1 for g in cluster if g.ha and g.ha.leadership.held) == 1
-    assert leader.ha is not None and all(leader.ha.duties_running().values())
+    assert sum(1 for g in cluster if ha_of(g) and ha_of(g).leadership.held) == 1
+    assert ha_of(leader) is not None and all(ha_of(leader).duties_running().values())
     for g in cluster:  # followers run no duty, and are ready all the same
         checks = await g.readiness()
         assert checks["duties"][0] and checks["store"] == (True, "postgresql writable"), checks
         assert checks["actors"][0], checks
         if g is not leader:
-            assert g.ha is not None and not any(g.ha.duties_running().values())
+            assert ha_of(g) is not None and not any(ha_of(g).duties_running().values())
     instances = await leader.store.duties.live_instances(10)  # type: ignore[union-attr]
     assert sorted(i.id for i in instances) == ["gw-a", "gw-b", "gw-c"]
 
@@ -132,12 +143,13 @@ async def test_one_leader_then_a_takeover_within_15_s_after_a_crash(cluster: lis
         None, {"GW_DATA_DIR": str(leader.settings.data_dir), "GW_STORE_URL": leader.store_location.url}
     )
     line = (await asyncio.to_thread(check_store, config)).detail
-    token = leader.ha.leadership.token
+    token = ha_of(leader).leadership.token
     assert token is not None
     assert line.endswith(
         "live instances: "
         + ", ".join(
-            f"{n} (leader, term {token.term})" if n == leader.ha.instance_id else n for n in ("gw-a", "gw-b", "gw-c")
+            f"{n} (leader, term {token.term})" if n == ha_of(leader).instance_id else n
+            for n in ("gw-a", "gw-b", "gw-c")
         )
     ), line
 
@@ -147,33 +159,33 @@ async def test_one_leader_then_a_takeover_within_15_s_after_a_crash(cluster: lis
     new = await leader_of(rest, timeout_s=15)
     took = time.monotonic() - crashed_at
     assert took < 15, took
-    assert new.ha is not None and new.ha.leadership.takeovers == 1
-    assert all(new.ha.duties_running().values())
+    assert ha_of(new) is not None and ha_of(new).leadership.takeovers == 1
+    assert all(ha_of(new).duties_running().values())
     text = new.metrics.registry.get_sample_value("gw_duty_takeovers_total", {"duty": "leader"})
     assert text == 1.0
     assert new.metrics.registry.get_sample_value("gw_duty_held", {"duty": "leader"}) == 1.0
-    token = new.ha.leadership.token
-    old = leader.ha.leadership.stale_token() if leader.ha else None
+    token = ha_of(new).leadership.token
+    old = ha_of(leader).leadership.stale_token() if ha_of(leader) else None
     assert token is not None and old is not None and token.term == old.term + 1
 
 
 async def test_a_former_leader_cannot_write_as_the_owner(cluster: list[Gateway]) -> None:
     leader = await leader_of(cluster)
-    assert leader.ha is not None
-    old = leader.ha.leadership.token
+    assert ha_of(leader) is not None
+    old = ha_of(leader).leadership.token
     assert old is not None
-    leader.ha.leadership.frozen = True  # paused: no renewal goes out, its duties stop at the trust window
+    ha_of(leader).leadership.frozen = True  # paused: no renewal goes out, its duties stop at the trust window
     new = await leader_of([g for g in cluster if g is not leader], timeout_s=15)
-    assert new.ha is not None and new.ha.leadership.token is not None
-    assert not leader.ha.leadership.held and not any(leader.ha.duties_running().values())
+    assert ha_of(new) is not None and ha_of(new).leadership.token is not None
+    assert not ha_of(leader).leadership.held and not any(ha_of(leader).duties_running().values())
     # its late writes, with its old term, fail in the database
     with pytest.raises(FencedOut), fenced(old):
         await leader.store.outbox_delete([1])
     # and the duty's own store view refuses before asking the database
     with pytest.raises(NotLeader):
-        await leader.ha.fenced_store.outbox_delete([1])
+        await ha_of(leader).fenced_store.outbox_delete([1])
     # the new leader's fence passes
-    with fenced(new.ha.leadership.token):
+    with fenced(ha_of(new).leadership.token):
         await new.store.outbox_delete([1])
     # its callback sender's client refuses to post (daemon/ha.py FencedPoster)
     assert isinstance(leader.callbacks._poster, FencedPoster)
@@ -183,13 +195,13 @@ async def test_a_former_leader_cannot_write_as_the_owner(cluster: list[Gateway])
 
 async def test_retention_runs_on_the_leader_only_and_moves_with_the_lease(cluster: list[Gateway]) -> None:
     leader = await leader_of(cluster)
-    assert leader.ha is not None and leader.ha.duties["retention"] is leader.retention
+    assert ha_of(leader) is not None and ha_of(leader).duties["retention"] is leader.retention
     assert leader.retention.running
     followers = [g for g in cluster if g is not leader]
     for g in followers:
-        assert g.ha is not None and not g.retention.running and g.retention.rounds == 0
+        assert ha_of(g) is not None and not g.retention.running and g.retention.rounds == 0
         with pytest.raises(NotLeader):  # its store view refuses a purge before asking the database
-            await g.ha.fenced_store.purge_tasks(T0, 10)
+            await ha_of(g).fenced_store.purge_tasks(T0, 10)
     t = make_task(1)  # finished long before the 7-day cutoff
     await leader.store.apply(Change(task=t, expected_revision=None))
     await leader.store.apply(Change(task=bump(t, state="succeeded", finished_at=T0), expected_revision=1))
@@ -286,8 +298,8 @@ async def test_a_lease_whose_claimer_died_is_expired_by_the_new_leader(
                 return got if got is not None and got.state == "queued" and got.attempt_no == 2 else None
 
             again = await wait_for(requeued, timeout_s=20)
-            assert b.ha is not None and b.ha.leadership.held and b.ha.watcher is not None
-            assert b.ha.watcher.expired >= 1
+            assert ha_of(b) is not None and ha_of(b).leadership.held and ha_of(b).watcher is not None
+            assert ha_of(b).watcher.expired >= 1
             assert again.attempt_id != offer.attempt_id
             history = await api_b.history(task["id"])
             assert history[-1]["action"] == "attempt_failed" and history[-1]["reason"] == "LEASE_EXPIRED"
@@ -319,8 +331,8 @@ async def test_an_offer_lost_before_a_takeover_is_offered_again_by_the_new_leade
             await msg.ack()  # the offer is gone from the stream, unclaimed
             await crash(a)
             await leader_of([b])
-            assert b.ha is not None
-            ha = b.ha
+            assert ha_of(b) is not None
+            ha = ha_of(b)
 
             async def reread() -> bool | None:  # leadership is held before the takeover's re-read has run
                 return True if ha.reoffered >= 1 else None
@@ -346,7 +358,7 @@ async def test_a_lease_expired_first_by_another_instance_is_offered_by_this_one(
     a = await start_gateway(tmp_path, fresh_nats.url, pg_fresh_url, "gw-a", reoffer_after_s=REOFFER_S)
     b = await start_gateway(tmp_path, fresh_nats.url, pg_fresh_url, "gw-b", reoffer_after_s=REOFFER_S)
     try:
-        assert (await leader_of([a, b])) is a and b.ha is not None and b.ha.live_sync is not None
+        assert (await leader_of([a, b])) is a and ha_of(b) is not None and ha_of(b).live_sync is not None
         await b.bus.stop_serving()  # a answers the claim
         async with apis([a, b]) as (_api_a, api_b):
             task = await api_b.create({"kind": "echo", "leaseSeconds": 2})  # in b's live copies and dispatcher
@@ -360,7 +372,7 @@ async def test_a_lease_expired_first_by_another_instance_is_offered_by_this_one(
                 return live is not None and live.state == "running"
 
             await wait_for(running_on_b)
-            await b.ha.live_sync.stop()  # b learns of a's requeue only through its own lost write
+            await ha_of(b).live_sync.stop()  # b learns of a's requeue only through its own lost write
             await b.service.lease_clock.stop()
             stale = await b.store.get_task(task["id"])
             assert stale is not None and stale.state == "running"
@@ -592,7 +604,7 @@ async def test_a_restart_after_every_instance_was_killed_is_a_cold_start(
     b, _ = await start_timed(tmp_path, fresh_nats.url, pg_fresh_url, "gw-b")
     gws = [a, b]
     try:
-        assert a.ha is not None and a.ha.cold_start and b.ha is not None and not b.ha.cold_start
+        assert ha_of(a) is not None and ha_of(a).cold_start and ha_of(b) is not None and not ha_of(b).cold_start
         task_id = await a_running_scheduled_task(a, node)
         (before,) = await a.store.shared.get_tasks([task_id])  # type: ignore[union-attr]
         await crash(a)
@@ -600,7 +612,9 @@ async def test_a_restart_after_every_instance_was_killed_is_a_cold_start(
         restarted_at = time.time()
         again, took = await start_timed(tmp_path, fresh_nats.url, pg_fresh_url, "gw-a")
         gws.append(again)
-        assert again.ha is not None and again.ha.cold_start, "a restart after every instance died is a cold start"
+        assert ha_of(again) is not None and ha_of(again).cold_start, (
+            "a restart after every instance died is a cold start"
+        )
         assert took < INSTANCE_ALIVE_S + 3, took  # it waited for gw-b's row to age out, no longer
         (after,) = await again.store.shared.get_tasks([task_id])  # type: ignore[union-attr]
         assert before.lease_expires_at is not None and before.lease_expires_at < restarted_at + GRACE_S - 60
@@ -627,9 +641,9 @@ async def test_instances_restarted_together_after_all_were_killed_make_one_cold_
             *(start_timed(tmp_path, fresh_nats.url, pg_fresh_url, n) for n in ("gw-a", "gw-b"))
         )
         gws += [gw for gw, _ in started]
-        cold = [gw for gw, _ in started if gw.ha is not None and gw.ha.cold_start]
-        warm = [gw for gw, _ in started if gw.ha is not None and not gw.ha.cold_start]
-        assert len(cold) == 1 and len(warm) == 1, [gw.ha and gw.ha.cold_start for gw, _ in started]
+        cold = [gw for gw, _ in started if ha_of(gw) is not None and ha_of(gw).cold_start]
+        warm = [gw for gw, _ in started if ha_of(gw) is not None and not ha_of(gw).cold_start]
+        assert len(cold) == 1 and len(warm) == 1, [ha_of(gw) and ha_of(gw).cold_start for gw, _ in started]
         await wait_for(lambda: reconciled_alive(cold[0]), 10)
         assert warm[0].scheduling.actor.reconcile_report == {}  # it skipped the reconcile: gw was alive
     finally:
@@ -649,12 +663,12 @@ async def test_an_instance_restarted_beside_a_live_one_is_not_a_cold_start(
         await crash(b)  # gw-a lives on and dispatches; gw-b's row looks alive too
         again, took = await start_timed(tmp_path, fresh_nats.url, pg_fresh_url, "gw-b")
         gws.append(again)
-        assert again.ha is not None and not again.ha.cold_start
+        assert ha_of(again) is not None and not ha_of(again).cold_start
         assert took < 2 * INSTANCE_BEAT_S + 2, took  # gw-a's row moved within a beat
         assert again.scheduling.actor.reconcile_report == {}
         started, took = await start_timed(tmp_path, fresh_nats.url, pg_fresh_url, "gw-c")  # a new one, too
         gws.append(started)
-        assert started.ha is not None and not started.ha.cold_start and took < 2 * INSTANCE_BEAT_S + 2, took
+        assert ha_of(started) is not None and not ha_of(started).cold_start and took < 2 * INSTANCE_BEAT_S + 2, took
     finally:
         for gw in gws:
             with contextlib.suppress(Exception):

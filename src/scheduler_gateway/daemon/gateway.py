@@ -1,27 +1,32 @@
-"""The composition root: builds the store, the NATS bus, the actors and the HTTP sidecar, and runs them.
+"""The composition root: builds the store, the NATS bus, the actors and the HTTP sidecar, connects them, and
+runs them as one list of services (daemon/lifecycle.py).
 
-Start order is recovery order: the store opens, NATS connects and the streams exist, the task service
-loads every active task (queued ones are re-offered, running leases get a grace period), and only then
-do the node subscriptions and the settle consumer start, so settles that waited in ``GW_SETTLE`` while
-the daemon was down are applied against the recovered state. Stop is the reverse: stop taking work,
-let in-flight writes finish, close.
+Start order is recovery order: the store opens, NATS connects and the streams exist, the node registry is
+read, this instance takes its place among the store's instances, the task service loads every active task
+(queued ones are re-offered, running leases get a grace period), the duty group starts (the leader-only
+duties: here, or under the leader lease on PostgreSQL, daemon/duty_group.py), and only then do the node
+subscriptions and the settle consumer start, so settles that waited in ``GW_SETTLE`` while the daemon was
+down are applied against the recovered state; the HTTP API comes last. Stop is the reverse: stop taking
+work (HTTP, node inputs), stop the duties, let in-flight writes finish, close. A start that fails stops what
+it had started.
+
+Every part is built in ``__init__`` and given its collaborators there; what a part adds to another (a task
+listener, the thread check, a route group, a duty, a gauge) is connected in one place (``_connect``,
+``_route_groups``, ``_gauges``), never by a part's constructor.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
-from aiohttp import web
 
 from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.callback_sender import CallbackSender
@@ -30,7 +35,7 @@ from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.duties import LeaseTiming
 from scheduler_gateway.actors.event_relay import EventRelay
 from scheduler_gateway.actors.kind_trouble import dispatch_check
-from scheduler_gateway.actors.kinds import REFRESH_S, KindService
+from scheduler_gateway.actors.kinds import KindService
 from scheduler_gateway.actors.model.artifacts import ArtifactLimits
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.flow import KindSettings
@@ -38,13 +43,14 @@ from scheduler_gateway.actors.model.records import ActorRef, AuditEntry
 from scheduler_gateway.actors.model.retention import RetentionPolicy
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.retention import RetentionKeeper
-from scheduler_gateway.actors.runtime import cancel_and_wait
-from scheduler_gateway.actors.scheduler import SchedulerSettings
-from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
+from scheduler_gateway.actors.scheduling import SchedulerSettings
+from scheduler_gateway.actors.tasks import TaskPolicy, TaskService
 from scheduler_gateway.daemon import task_spans
+from scheduler_gateway.daemon.admin_server import AdminServer, RouteGroup
 from scheduler_gateway.daemon.artifacts import Artifacts
 from scheduler_gateway.daemon.config.store_url import StoreLocation, StoreUrlError, parse_store_url, sqlite_url
-from scheduler_gateway.daemon.ha import HighAvailability, default_instance_id
+from scheduler_gateway.daemon.duty_group import Mode, mode_for
+from scheduler_gateway.daemon.ha import default_instance_id
 from scheduler_gateway.daemon.http.app import AdminApi, HttpSettings
 from scheduler_gateway.daemon.http.callback_client import AiohttpCallbackPoster
 from scheduler_gateway.daemon.http.callbacks import CallbacksApi, callback_routes
@@ -52,27 +58,24 @@ from scheduler_gateway.daemon.http.console import console_routes
 from scheduler_gateway.daemon.http.event_hub import EventHub, corrupt_event_auditor
 from scheduler_gateway.daemon.http.events import EventsApi, SseSettings, event_routes
 from scheduler_gateway.daemon.http.kinds import KindRoutes
-from scheduler_gateway.daemon.http.principals import RECHECK_S, SQLITE_RECHECK_S, PrincipalCache
-from scheduler_gateway.daemon.http.server import AdminRunner
+from scheduler_gateway.daemon.http.principals import PrincipalCache
+from scheduler_gateway.daemon.lifecycle import Duty, Services, Step, step
 from scheduler_gateway.daemon.metrics import PrometheusMetrics, PrometheusRetentionMetrics
 from scheduler_gateway.daemon.metrics_dispatch import register_dispatch_metrics
 from scheduler_gateway.daemon.metrics_events import EventCallbackMetrics
 from scheduler_gateway.daemon.nats.bus import NatsBus, NodeInputs
+from scheduler_gateway.daemon.node_sync import NodeSync
 from scheduler_gateway.daemon.scheduling import Scheduling
 from scheduler_gateway.daemon.store.outbox_mark import first_event_seq
-from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.select import open_store
-from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.wire.errors import GatewayError
 from scheduler_gateway.wire.redact import redact_one_url, redact_url
 from scheduler_gateway.wire.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
-NODE_FLUSH_S = 2.0
 #: /readyz: a SQLite store whose file system has less free than this is not ready (its writes fail or soon will)
 STORE_MIN_FREE_BYTES = 1024 * 1024
-STOP_STEP_TIMEOUT_S = 15.0
 
 
 class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -123,9 +126,10 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Gateway:
+    """The composition root (module docstring): every part, connected, run as ``services``."""
+
     def __init__(self, settings: GatewaySettings) -> None:
-        self.settings = settings
-        s = settings
+        self.settings = s = settings
         clock = time.time
         self.metrics = PrometheusMetrics()
         self.store_location = s.store_location
@@ -142,98 +146,17 @@ class Gateway:
             # a GW_EVENTS made anew (its JetStream store lost) starts above every seq the outbox handed out
             events_first_seq=lambda: first_event_seq(self.store),
         )
-        self.dispatcher = Dispatcher(
-            self.bus, clock, s.max_offers_per_kind, self.metrics, reoffer_after_s=s.reoffer_after_s
-        )
-        self.nodes = NodeRegistry(clock, on_new_kinds=self._announce_kinds)
-        # several instances on PostgreSQL: the leader's duties write under its fence (daemon/ha.py)
-        self.ha = (
-            HighAvailability(
-                s.instance_id or default_instance_id(),
-                self.store,
-                self.metrics.registry,
-                clock,
-                timing=s.duty_lease,
-            )
-            if isinstance(self.store, PostgresStore)
-            else None
-        )
-        duty_store: Any = self.store if self.ha is None else self.ha.fenced_store
-        self.relay = EventRelay(
-            duty_store, self.bus if self.ha is None else self.ha.fenced_bus(self.bus), self.subjects, clock
-        )
-        self.service = TaskService(
-            self.store,
-            self.dispatcher,
-            self.nodes,
-            self.bus.publish_cancel,
-            policy=s.policy,
-            clock=clock,
-            metrics=self.metrics,
-            on_committed=self.relay.notify,
-            waiting_settles=self.bus.waiting_settles,
-        )
-        self.dead_letter_keeper = DeadLetterKeeper(
-            self.store, self.service, s.dead_letters, clock, on_counts=self._dead_letter_counts
-        )
-        self.retention_metrics = PrometheusRetentionMetrics(self.metrics.registry)
-        # retention: on PostgreSQL one of the leader's duties, its purges under the leader's fence (daemon/ha.py)
-        self.retention = RetentionKeeper(
-            duty_store,
-            s.retention,
-            clock,
-            on_purged=self.retention_metrics.purged,
-            on_size=self.retention_metrics.size,
-            # one writer: the keeper yields to the hot path only while its writes wait (PostgreSQL: always)
-            writes_waiting=self.store.writes_waiting if isinstance(self.store, SqliteStore) else None,
-        )
-        # API tokens: read once, then answered from memory kept true to the store's revocation log
-        sqlite = isinstance(self.store, SqliteStore)
-        self.principals = PrincipalCache(self.store, recheck_s=SQLITE_RECHECK_S if sqlite else RECHECK_S)
-        self.api = AdminApi(self.service, self.store, self.nodes, self.metrics, self.readiness, s.http, self.principals)
-        self._runner: AdminRunner | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._flusher: asyncio.Task[None] | None = None
-        self.http_port = s.http_port
-        self._started = False
+        # alone on the store or one of several: the duty group and the figures that differ (daemon/duty_group.py)
+        mode = mode_for(self.store, s.instance_id or default_instance_id(), self.metrics.registry, clock, s.duty_lease)
+        self.duties = mode.duties
         #: what else says NATS is unusable while connected (the embedded server's watch, ``embedded_watch``)
         self.nats_health: Callable[[], tuple[bool, str] | None] | None = None
-        # more routes on the same app (same auth, request ids and error envelope): added before start()
-        self.http_extensions: list[Callable[[web.Application], None]] = []
-        # events over SSE (the hub starts and stops with the HTTP app) and result callbacks
-        self.event_metrics = EventCallbackMetrics(self.metrics.registry)
-        self.event_hub = EventHub(
-            self.bus,
-            self.subjects,
-            on_corrupt=corrupt_event_auditor(self.store, clock),
-            on_disconnect=lambda reason: self.event_metrics.sse_disconnects.labels(reason).inc(),
-            window=min(s.sse.window_events, s.events_max_msgs),  # never more than the stream itself keeps
-        )
-        self.events_api = EventsApi(self.event_hub, self.event_metrics, s.sse)
-        self.callback_poster = AiohttpCallbackPoster(allow_private_networks=s.http.allow_private_networks)
-        # on PostgreSQL each POST is checked against the leader's trust window just before it goes out (daemon/ha.py)
-        poster = self.callback_poster if self.ha is None else self.ha.fenced_poster(self.callback_poster)
-        self.callbacks = CallbackSender(duty_store, poster, s.callbacks, clock, self.event_metrics)
-        self.service.add_listener(self.callbacks.on_transition)
-        self.service.add_listener(task_spans.on_transition)  # claim and settle spans, task log lines
-        self.event_metrics.track(lambda: self.events_api.connected, lambda: self.callbacks.backlog)
-        self.http_extensions += [event_routes(self.events_api), callback_routes(CallbacksApi(self.callbacks))]
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._build_tasks(mode, clock)
+        self._build_keepers(mode, clock)
+        self._build_http(mode, clock)
         # scheduled tasks and threads: the poller, the completion hook, the thread check, their routes
-        self.scheduling = Scheduling(
-            s.scheduler, self.store, self.service, self.api, self.metrics, self.http_extensions, clock
-        )
-        # kinds as objects: flow settings for the dispatcher, re-read from the store when instances share it
-        self.kinds = KindService(
-            self.store,
-            self.dispatcher.set_kind,
-            clock,
-            defaults=s.kinds,
-            refresh_s=REFRESH_S if self.ha else None,
-            on_committed=self.relay.notify,  # kind.updated reaches the stream at once, as task events do
-        )
-        self.http_extensions.append(KindRoutes(self.api.bodies, self.kinds, self.store, self.nodes).install)
-        self.metrics.set_flow(self.dispatcher.flow_figures)
-        register_dispatch_metrics(self.metrics.registry, self.dispatcher.trouble, self.metrics.kind)
+        self.scheduling = Scheduling(s.scheduler, self.store, self.service, self.metrics, clock)
         # the bucket, node requests, keeper, routes
         self.artifacts = Artifacts(
             s.artifacts,
@@ -247,41 +170,169 @@ class Gateway:
             stream_replicas=s.stream_replicas,
             retention=s.retention,
         )
-        self.http_extensions.append(self.artifacts.routes())
-        self.http_extensions.append(console_routes(self))  # the web console at /ui/ and the viewer role
-        if self.ha is not None:
-            self.ha.attach(
-                self.service,
-                {
-                    "event-relay": self.relay,
-                    "callback-sender": self.callbacks,
-                    "dead-letter-keeper": self.dead_letter_keeper,
-                    "retention": self.retention,
-                },
-            )
+        self._connect()
+        self.http_server = AdminServer(self.api.app, self._route_groups(), s.http_host, s.http_port)
+        self.services = Services(self._services())
+
+    def _build_tasks(self, mode: Mode, clock: Callable[[], float]) -> None:
+        """The task path: dispatcher, node registry, the event relay (woken by every commit), tasks, kinds."""
+        s = self.settings
+        self.dispatcher = Dispatcher(
+            self.bus, clock, s.max_offers_per_kind, self.metrics, reoffer_after_s=s.reoffer_after_s
+        )
+        self.nodes = NodeRegistry(clock, on_new_kinds=self._announce_kinds)
+        self.node_sync = NodeSync(self.nodes, self.store)
+        # one of the duties: on PostgreSQL its writes and publishes under the leader's fence (daemon/ha.py)
+        self.relay = EventRelay(mode.duties.duty_store, mode.duties.duty_bus(self.bus), self.subjects, clock)
+        self.service = TaskService(
+            self.store,
+            self.dispatcher,
+            self.nodes,
+            self.bus.publish_cancel,
+            policy=s.policy,
+            clock=clock,
+            metrics=self.metrics,
+            on_committed=self.relay.notify,
+            waiting_settles=self.bus.waiting_settles,
+        )
+        # kinds as objects: flow settings for the dispatcher, re-read from the store when instances share it
+        self.kinds = KindService(
+            self.store,
+            self.dispatcher.set_kind,
+            clock,
+            defaults=s.kinds,
+            refresh_s=mode.refresh_s,
+            on_committed=self.relay.notify,  # kind.updated reaches the stream at once, as task events do
+        )
+
+    def _build_keepers(self, mode: Mode, clock: Callable[[], float]) -> None:
+        """The other duties: dead letters, retention, result callbacks."""
+        s = self.settings
+        self.dead_letter_keeper = DeadLetterKeeper(
+            self.store, self.service, s.dead_letters, clock, on_counts=self._dead_letter_counts
+        )
+        self.retention_metrics = PrometheusRetentionMetrics(self.metrics.registry)
+        self.retention = RetentionKeeper(
+            mode.duties.duty_store,  # on PostgreSQL its purges under the leader's fence
+            s.retention,
+            clock,
+            on_purged=self.retention_metrics.purged,
+            on_size=self.retention_metrics.size,
+            # one writer: the keeper yields to the hot path only while its writes wait (PostgreSQL: always)
+            writes_waiting=mode.writes_waiting,
+        )
+        self.event_metrics = EventCallbackMetrics(self.metrics.registry)
+        self.callback_poster = AiohttpCallbackPoster(allow_private_networks=s.http.allow_private_networks)
+        # on PostgreSQL each POST is checked against the leader's trust window just before it goes out (daemon/ha.py)
+        poster = mode.duties.duty_poster(self.callback_poster)
+        self.callbacks = CallbackSender(mode.duties.duty_store, poster, s.callbacks, clock, self.event_metrics)
+
+    def _build_http(self, mode: Mode, clock: Callable[[], float]) -> None:
+        """The admin API, its token cache, and events over SSE (the hub starts and stops with the HTTP app)."""
+        s = self.settings
+        # API tokens: read once, then answered from memory kept true to the store's revocation log
+        self.principals = PrincipalCache(self.store, recheck_s=mode.token_recheck_s)
+        self.api = AdminApi(self.service, self.store, self.nodes, self.metrics, self.readiness, s.http, self.principals)
+        self.event_hub = EventHub(
+            self.bus,
+            self.subjects,
+            on_corrupt=corrupt_event_auditor(self.store, clock),
+            on_disconnect=lambda reason: self.event_metrics.sse_disconnects.labels(reason).inc(),
+            window=min(s.sse.window_events, s.events_max_msgs),  # never more than the stream itself keeps
+        )
+        self.events_api = EventsApi(self.event_hub, self.event_metrics, s.sse)
+
+    def _connect(self) -> None:
+        """What the parts add to each other, in one place: task listeners, hooks, the duties, the gauges."""
+        for listener in (
+            self.callbacks.on_transition,
+            task_spans.on_transition,  # claim and settle spans, task log lines
+            self.scheduling.actor.on_transition,  # a scheduled run completes with its task
+        ):
+            self.service.add_listener(listener)
+        self.service.set_thread_check(self.scheduling.service.check_thread)
+        self.service.set_requeue_guard(self.scheduling.requeue_guard)
+        # started in this order (stopped in reverse), here or while this instance leads
+        self.duties.attach(
+            self.service,
+            {
+                "event-relay": self.relay,
+                "callback-sender": self.callbacks,
+                "dead-letter-keeper": self.dead_letter_keeper,
+                "retention": self.retention,
+            },
+        )
+        self._gauges()
+
+    def _gauges(self) -> None:
+        """The metrics read from the parts when scraped."""
+        m = self.metrics
+        m.set_flow(self.dispatcher.flow_figures)
+        register_dispatch_metrics(m.registry, self.dispatcher.trouble, m.kind)
+        self.event_metrics.track(lambda: self.events_api.connected, lambda: self.callbacks.backlog)
+        m.set_active(self.service.active_counts)
+        m.outbox_backlog.set_function(lambda: self.node_sync.outbox_backlog)
+        m.events_relayed.set_function(lambda: self.relay.relayed)
+        m.nats_connected.set_function(lambda: 1 if self.bus.connected else 0)
+        m.leases_watched.set_function(self.service.lease_clock.watched)
+
+    def _route_groups(self) -> list[RouteGroup]:
+        """The admin app's route groups beside the API's own (same auth, request ids and error envelope)."""
+        return [
+            event_routes(self.events_api),
+            callback_routes(CallbacksApi(self.callbacks)),
+            self.scheduling.routes(self.api.bodies),
+            KindRoutes(self.api.bodies, self.kinds, self.store, self.nodes).install,
+            self.artifacts.routes(),
+            console_routes(self),  # the web console at /ui/ and the viewer role
+        ]
+
+    def _services(self) -> list[Step]:
+        """Start order is recovery order (module docstring); stop is the reverse."""
+        return [
+            Step("data dir", start=self._make_data_dir),
+            step("store", self.store),
+            step("token cache", self.principals),
+            Step("nats", start=self.bus.connect, stop=self.bus.close),
+            step("node registry", self.node_sync),  # read; flushed every 2 s and at stop
+            Step("instance", start=self._take_place, stop=self.duties.leave),
+            step("kinds", self.kinds),  # before the service hands the dispatcher its queued tasks
+            step("task service", self.service),
+            step("dispatcher", self.dispatcher),
+            Step("callback client", stop=self.callback_poster.close),  # closed once the sender stopped
+            step("scheduler", self.scheduling),
+            step("duties", self.duties),
+            step("artifacts", self.artifacts),  # gw.artifact.<node> and the keeper
+            Step("node inputs", start=self._serve_nodes, stop=self.bus.stop_serving),
+            step("http", self.http_server),
+        ]
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
-        s = self.settings
-        s.data_dir.mkdir(parents=True, exist_ok=True)
-        await self.store.start()
-        await self.principals.start()
-        await self.bus.connect()
-        self.nodes.load(await self.store.list_nodes())
-        if self.ha is not None:
-            grace = s.policy.recovery_grace_s if s.policy.recovery_grace_s is not None else s.policy.default_lease_s
-            if not await self.ha.prepare(grace):
-                self.scheduling.actor.reconciled = True  # others are live: their runs are not leftovers
-        await self.kinds.start()  # before the service hands the dispatcher its queued tasks
-        await self.service.start()
-        await self.dispatcher.start()
-        if self.ha is None:  # else the leader runs them (daemon/ha.py)
-            await self.relay.start()
-            await self.dead_letter_keeper.start()
-            await self.callbacks.start()
-        await self.scheduling.start()
-        if self.ha is None:  # else it is one of the leader's duties
-            await self.retention.start()
+        """Start every service in order; one that fails stops what started and raises."""
+        await self.services.start()
+        log.info("gatewayd ready: http://%s:%d", self.settings.http_host, self.http_port)
+
+    async def stop(self) -> None:
+        """Stop taking work, finish in-flight writes, close: the services in reverse. Idempotent. Each step is
+        bounded, so one that hangs is logged (with every task's stack) and cannot keep the process from exiting."""
+        await self.services.stop()
+
+    @property
+    def http_port(self) -> int:
+        """The admin API's port (with ``http_port = 0``: the one the OS picked, once started)."""
+        return self.http_server.port
+
+    async def _make_data_dir(self) -> None:
+        self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+
+    async def _take_place(self) -> None:
+        policy = self.settings.policy
+        grace = policy.recovery_grace_s if policy.recovery_grace_s is not None else policy.default_lease_s
+        if not await self.duties.prepare(grace):
+            self.scheduling.actor.reconciled = True  # others are live: their runs are not leftovers
+
+    async def _serve_nodes(self) -> None:
         await self.bus.serve(
             NodeInputs(
                 claim=self.service.claim,
@@ -291,78 +342,8 @@ class Gateway:
                 claim_many=self.service.claim_many,
             )
         )
-        await self.artifacts.start()  # gw.artifact.<node> and the keeper (before the routes are installed)
-        self._flusher = asyncio.create_task(self._flush_nodes())
-        if self.ha is not None:
-            await self.ha.start()
-        self.metrics.set_active(self.service.active_counts)
-        self.metrics.outbox_backlog.set_function(lambda: self._outbox_backlog)
-        self.metrics.events_relayed.set_function(lambda: self.relay.relayed)
-        self.metrics.nats_connected.set_function(lambda: 1 if self.bus.connected else 0)
-        self.metrics.leases_watched.set_function(self.service.lease_clock.watched)
-        app = self.api.app()
-        for extend in self.http_extensions:
-            extend(app)
-        # the input limits (http.server.SERVER_SETTINGS) and the error envelope for what aiohttp's parser refuses
-        self._runner = AdminRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, s.http_host, s.http_port)
-        await site.start()
-        if s.http_port == 0:  # tests: learn the port the OS picked
-            sockets = getattr(site._server, "sockets", None) or []
-            if sockets:
-                self.http_port = int(sockets[0].getsockname()[1])
-        self._started = True
-        log.info("gatewayd ready: http://%s:%d", s.http_host, self.http_port)
-
-    async def stop(self) -> None:
-        """Stop taking work, finish in-flight writes, close. Idempotent. Each step is bounded, so one
-        that hangs is logged (with every task's stack) and cannot keep the process from exiting."""
-        if self._runner is not None:
-            await self._bounded("http", self._runner.cleanup())
-            self._runner = None
-        await self._bounded("node inputs", self.bus.stop_serving())
-        await self._bounded("artifacts", self.artifacts.stop())
-        if self.ha is not None:
-            await self._bounded("duties", self.ha.stop())
-        await self._bounded("dispatcher", self.dispatcher.stop())
-        await self._bounded("dead-letter keeper", self.dead_letter_keeper.stop())
-        await self._bounded("retention", self.retention.stop())
-        await self._bounded("callback sender", self.callbacks.stop())
-        await self._bounded("callback client", self.callback_poster.close())
-        await self._bounded("scheduler", self.scheduling.stop())
-        await self._bounded("kinds", self.kinds.stop())
-        await self._bounded("task service", self.service.stop())
-        await self._bounded("event relay", self.relay.stop())
-        if self._flusher is not None:
-            await cancel_and_wait(self._flusher)
-            self._flusher = None
-        with contextlib.suppress(GatewayError):
-            await self._bounded("node registry flush", self.store.put_nodes(self.nodes.take_dirty()))
-        await self._bounded("nats", self.bus.close())
-        await self._bounded("token cache", self.principals.stop())
-        await self._bounded("store", self.store.stop())
-        self._started = False
-
-    @staticmethod
-    async def _bounded(step: str, coro: Coroutine[Any, Any, Any]) -> None:
-        try:
-            await asyncio.wait_for(coro, STOP_STEP_TIMEOUT_S)
-        except TimeoutError:
-            stacks = io.StringIO()
-            for task in asyncio.all_tasks():
-                task.print_stack(limit=8, file=stacks)
-            log.error(
-                "stop: %s did not finish in %.0f s; going on. Tasks:\n%s", step, STOP_STEP_TIMEOUT_S, stacks.getvalue()
-            )
-        except Exception:
-            # e.g. nats-py's close() raises ConnectionResetError while the server is down: the later steps
-            # (the store above all) must still run, or the process cannot exit
-            log.exception("stop: %s failed; going on", step)
 
     # -- helpers ---------------------------------------------------------------------------------
-    _outbox_backlog = 0
-
     def _dead_letter_counts(self, counts: dict[str, int]) -> None:
         for state, n in counts.items():
             self.metrics.dead_letters.labels(state).set(n)
@@ -397,20 +378,6 @@ class Gateway:
         )
         self.metrics.refused(operation, code)
 
-    async def _flush_nodes(self) -> None:
-        while True:
-            await asyncio.sleep(NODE_FLUSH_S)
-            try:
-                dirty = self.nodes.take_dirty()
-                if dirty:
-                    await self.store.put_nodes(dirty)
-                # what other instances flushed and drained (actors/nodes.py): a drain decided on another instance
-                # is refused here within a flush
-                self.nodes.merge(await self.store.list_nodes())
-                self._outbox_backlog = await self.store.outbox_size()
-            except GatewayError as exc:
-                log.warning("node registry flush failed: %s", exc.code)
-
     def _store_disk_full(self) -> str | None:
         """SQLite: why the store's file system cannot take writes (under ``STORE_MIN_FREE_BYTES`` free), or None."""
         path = self.store_location.path
@@ -425,6 +392,24 @@ class Gateway:
         return f"STORAGE_ERROR: disk full ({free // 1024} KiB free where {path.name} lives)"
 
     async def readiness(self) -> dict[str, tuple[bool, str]]:
+        checks = {**await self._store_checks(), **await self._nats_checks(), **await self.duties.readiness()}
+        actors: dict[str, Duty] = {
+            "dispatcher": self.dispatcher,
+            "lease-clock": self.service.lease_clock,
+            "scheduler": self.scheduling.actor,
+            **self.duties.watched(),  # the leader's duties run on the leader only
+        }
+        down = [name for name, a in actors.items() if not a.running]
+        checks["actors"] = (not down, "running" if not down else "stopped: " + ", ".join(down))
+        checks["dispatch"] = dispatch_check(self.dispatcher.failing_kinds())
+        backlog = self.node_sync.outbox_backlog
+        checks["events"] = (
+            self.relay.healthy,
+            f"relaying, backlog {backlog}" if self.relay.healthy else f"NATS unreachable, backlog {backlog}",
+        )
+        return checks
+
+    async def _store_checks(self) -> dict[str, tuple[bool, str]]:
         checks: dict[str, tuple[bool, str]] = {}
         try:
             await asyncio.wait_for(self.store.ping(), 2.0)
@@ -441,34 +426,14 @@ class Gateway:
             checks["data_dir"] = (True, "writable")
         except OSError as exc:
             checks["data_dir"] = (False, exc.strerror or "not writable")
-        checks["nats"] = (self.bus.connected, "connected" if self.bus.connected else "disconnected")
+        return checks
+
+    async def _nats_checks(self) -> dict[str, tuple[bool, str]]:
+        checks = {"nats": (self.bus.connected, "connected" if self.bus.connected else "disconnected")}
         trouble = self.nats_health() if self.nats_health is not None else None
         if trouble is not None:  # connected, and still JetStream cannot write (a stream's critical write error)
             checks["nats"] = trouble
         if self.bus.connected:
             for name, result in (await self.bus.stream_health()).items():
                 checks[f"stream:{name}"] = result
-        actors = {
-            "dispatcher": self.dispatcher,
-            "event-relay": self.relay,
-            "lease-clock": self.service.lease_clock,
-            "dead-letter-keeper": self.dead_letter_keeper,
-            "callback-sender": self.callbacks,
-            "scheduler": self.scheduling.actor,
-            "retention": self.retention,
-        }
-        if self.ha is not None:  # the leader's duties run on the leader only
-            checks["duties"] = await self.ha.readiness()
-            if not self.ha.leadership.held:
-                for duty in self.ha.duties:
-                    actors.pop(duty, None)
-            actors["live-sync"] = self.ha.live_sync  # type: ignore[assignment]
-        down = [name for name, a in actors.items() if a is None or not a.running]
-        checks["actors"] = (not down, "running" if not down else "stopped: " + ", ".join(down))
-        checks["dispatch"] = dispatch_check(self.dispatcher.failing_kinds())
-        backlog = self._outbox_backlog
-        checks["events"] = (
-            self.relay.healthy,
-            f"relaying, backlog {backlog}" if self.relay.healthy else f"NATS unreachable, backlog {backlog}",
-        )
         return checks

@@ -42,20 +42,22 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from scheduler_gateway.actors.duties import LEADER, FenceToken, InstanceRecord, Leadership, LeaseTiming, fenced
-from scheduler_gateway.actors.ports import CallbackPost, CallbackPoster
+from scheduler_gateway.actors.ports import Bus, CallbackPost, CallbackPoster, SettlesWaiting
 from scheduler_gateway.actors.runtime import cancel_and_wait
 from scheduler_gateway.actors.shared_tasks import GoneInstances, LeaseWatcher, LiveSync, reoffer_queued
-from scheduler_gateway.actors.task_service import TaskService
+from scheduler_gateway.actors.tasks import TaskService
+from scheduler_gateway.daemon.lifecycle import Duty, Services, step
 from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError
 
 log = logging.getLogger(__name__)
+S = TypeVar("S")
 
 INSTANCE_BEAT_S = 2.0
 #: an instance whose row was not refreshed for this long (on the database's clock) is no longer counted as alive
@@ -115,9 +117,14 @@ class FencedStore:
     """The store as the leader's duties see it: the writes in ``FENCED_WRITES`` run under the current fence
     (refused at once when the lease is not trusted); everything else passes through."""
 
-    def __init__(self, store: Any, token: Callable[[], FenceToken | None]) -> None:
+    def __init__(self, store: object, token: Callable[[], FenceToken | None]) -> None:
         self._store = store
         self._token = token
+
+    @staticmethod
+    def over(store: S, token: Callable[[], FenceToken | None]) -> S:
+        """``store`` fenced, typed as ``store`` itself: every attribute is the store's (some writes fenced)."""
+        return cast(S, FencedStore(store, token))
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
@@ -138,7 +145,7 @@ class FencedBus:
     """The bus as the event relay sees it: no publish unless the leader lease is trusted, so a paused former
     leader cannot publish after its trust window (a publish in flight is deduplicated by ``Nats-Msg-Id``)."""
 
-    def __init__(self, bus: Any, held: Callable[[], bool]) -> None:
+    def __init__(self, bus: Bus, held: Callable[[], bool]) -> None:
         self._bus = bus
         self._held = held
 
@@ -164,6 +171,9 @@ class FencedBus:
     async def publish_cancel(self, node_id: str, body: bytes) -> None:
         await self._bus.publish_cancel(node_id, body)
 
+    async def waiting_settles(self, node_id: str) -> SettlesWaiting:
+        return await self._bus.waiting_settles(node_id)
+
 
 class FencedPoster:
     """The callback client as the leader's callback sender sees it: no POST unless the leader lease is trusted
@@ -185,7 +195,9 @@ class FencedPoster:
 
 
 class HighAvailability:
-    """The shared mode of one gatewayd: built by ``Gateway`` when ``[store] url`` is PostgreSQL."""
+    """The shared mode of one gatewayd, the ``DutyGroup`` (daemon/duty_group.py) chosen when ``[store] url`` is
+    PostgreSQL: ``prepare``/``leave`` its place among the instances, ``start``/``stop`` its bid for the leader
+    lease, under which the duties run (started when it is gained, stopped in reverse when it is lost)."""
 
     def __init__(
         self,
@@ -209,9 +221,9 @@ class HighAvailability:
             on_lost=self._lost,
             metrics=self.metrics,
         )
-        self.fenced_store = FencedStore(store, lambda: self.leadership.token)
-        self.duties: dict[str, Any] = {}  # name -> actor with start()/stop(), run while leader
-        self._on_gained_extra: list[Callable[[], Any]] = []
+        self.fenced_store = FencedStore.over(store, lambda: self.leadership.token)
+        self.duties: dict[str, Duty] = {}  # run while leader, started in this order, stopped in reverse
+        self._running = Services(())
         self._service: TaskService | None = None
         self.watcher: LeaseWatcher | None = None
         self.gone: GoneInstances | None = None
@@ -222,13 +234,24 @@ class HighAvailability:
         self.cold_start = False
         self.reoffered = 0
 
-    def fenced_bus(self, bus: Any) -> FencedBus:
+    def fenced_bus(self, bus: Bus) -> FencedBus:
         return FencedBus(bus, lambda: self.leadership.held)
 
     def fenced_poster(self, poster: CallbackPoster) -> FencedPoster:
         return FencedPoster(poster, lambda: self.leadership.held)
 
-    def attach(self, service: TaskService, duties: dict[str, Any]) -> None:
+    # -- the DutyGroup's view: the duties' writes, publishes and POSTs go through the fence
+    @property
+    def duty_store(self) -> PostgresStore:
+        return self.fenced_store
+
+    def duty_bus(self, bus: Bus) -> Bus:
+        return self.fenced_bus(bus)
+
+    def duty_poster(self, poster: CallbackPoster) -> CallbackPoster:
+        return self.fenced_poster(poster)
+
+    def attach(self, service: TaskService, duties: Mapping[str, Duty]) -> None:
         """Before the service starts: share its tasks through the store, and name the leader's duties."""
         self._service = service
         service.share(self.store.shared)
@@ -238,6 +261,7 @@ class HighAvailability:
             self._live_ids, lambda: reoffer_queued(self.store.list_tasks, service), self.instance_id
         )
         self.duties = {"lease-watcher": self.watcher, "gone-instances": self.gone, **duties}
+        self._running = Services([step(name, duty) for name, duty in self.duties.items()])
 
     async def prepare(self, grace_s: float) -> bool:
         """Before the task service starts: decide whether this instance starts a cluster that was down, then
@@ -315,6 +339,9 @@ class HighAvailability:
         await self._stop_duties()
         if self.live_sync is not None:
             await self.live_sync.stop()
+
+    async def leave(self) -> None:
+        """Undo ``prepare``: the heartbeat ends and the instance row goes (others see this instance gone at once)."""
         if self._beat is not None:
             await cancel_and_wait(self._beat)
             self._beat = None
@@ -334,8 +361,7 @@ class HighAvailability:
 
     # -- the leader's duties -------------------------------------------------------------------------
     async def _gained(self, token: FenceToken) -> None:
-        for actor in self.duties.values():
-            await actor.start()
+        await self._running.start()
         assert self._service is not None
         try:
             self.reoffered = await reoffer_queued(self.store.list_tasks, self._service)
@@ -348,14 +374,17 @@ class HighAvailability:
         await self._stop_duties()
 
     async def _stop_duties(self) -> None:
-        for name, actor in self.duties.items():
-            try:
-                await actor.stop()
-            except Exception:
-                log.exception("stopping duty %s failed", name)
+        await self._running.stop()  # in reverse; one that fails is logged and the others still stop
 
     def duties_running(self) -> dict[str, bool]:
-        return {name: bool(getattr(a, "running", False)) for name, a in self.duties.items()}
+        return {name: a.running for name, a in self.duties.items()}
+
+    def watched(self) -> dict[str, Duty]:
+        """What must run on this instance now (readiness): the live-copy sync, and the duties while leader."""
+        watched: dict[str, Duty] = dict(self.duties) if self.leadership.held else {}
+        if self.live_sync is not None:
+            watched["live-sync"] = self.live_sync
+        return watched
 
     # -- liveness ----------------------------------------------------------------------------------
     async def _seen(self) -> None:
@@ -375,7 +404,10 @@ class HighAvailability:
             except GatewayError as exc:
                 log.warning("instance heartbeat failed (%s)", exc.code)
 
-    async def readiness(self) -> tuple[bool, str]:
+    async def readiness(self) -> dict[str, tuple[bool, str]]:
+        return {"duties": await self._duties_check()}
+
+    async def _duties_check(self) -> tuple[bool, str]:
         token = self.leadership.token
         if token is not None:
             return True, f"{self.instance_id} leads (term {token.term}): {', '.join(sorted(self.duties))}"
