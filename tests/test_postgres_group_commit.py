@@ -217,3 +217,41 @@ async def test_a_batch_that_raised_is_written_change_by_change() -> None:
     results = await outcomes([committer.submit(create(t)) for t in tasks])
     assert results[0] is None and isinstance(results[1], StorageError) and results[2] is None
     assert sorted(alone) == sorted(t.id for t in tasks)
+
+
+# --- reads of single tasks, coalesced (postgres/read_batch.py) ---
+
+
+async def test_concurrent_task_reads_share_one_statement_and_see_every_commit_before_them(pg_url: str) -> None:
+    from scheduler_gateway.daemon.store.postgres.db import PgDb
+    from scheduler_gateway.daemon.store.postgres.tasks import PgTasks
+
+    db = PgDb(pg_url)
+    await db.start()
+    try:
+        tasks = PgTasks(db)
+        made = [make_task(n) for n in range(30)]
+        assert await tasks.apply_many([create(t) for t in made]) == [None] * 30
+        ids = [t.id for t in made] + [make_task(n).id for n in range(100, 110)]  # ten without a row
+        got = await asyncio.gather(*(tasks.get_task(i) for i in ids))
+        assert got == [*made, *([None] * 10)]
+        assert tasks.reads.reads == 40 and tasks.reads.statements <= 2, (tasks.reads.reads, tasks.reads.statements)
+        # a read asked after a commit sees it
+        moved = bump(made[0], state="canceled", finished_at=made[0].created_at + 1)
+        await tasks.apply(update(made[0], moved, "cancel"))
+        assert await tasks.get_task(made[0].id) == moved
+    finally:
+        await db.stop()
+
+
+async def test_a_failed_read_statement_fails_each_of_its_reads_with_an_error_of_its_own() -> None:
+    from scheduler_gateway.daemon.store.postgres.read_batch import TaskReads
+
+    async def fetch_many(keys: list[str]) -> dict[str, Any]:
+        raise StorageError("the task store failed (57P01)", details={"sqlState": "57P01"})
+
+    reads = TaskReads(fetch_many)
+    results = await asyncio.gather(*(reads.get(k) for k in ("a", "b", "c")), return_exceptions=True)
+    assert all(isinstance(r, StorageError) and r.details["sqlState"] == "57P01" for r in results), results
+    assert len({id(r) for r in results}) == 3
+    assert reads.statements == 1

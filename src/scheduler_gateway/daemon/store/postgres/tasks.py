@@ -14,6 +14,7 @@ this one, and then its subtree guard sees the new child.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 from psycopg import errors as pg_errors
@@ -56,6 +57,7 @@ from scheduler_gateway.daemon.store.postgres.flow import (
 )
 from scheduler_gateway.daemon.store.postgres.group_commit import PgGroupCommit
 from scheduler_gateway.daemon.store.postgres.outbox import SQL_INSERT_OUTBOX, SQL_OUTBOX_BATCH
+from scheduler_gateway.daemon.store.postgres.read_batch import TaskReads
 from scheduler_gateway.wire.errors import (
     Code,
     Conflict,
@@ -232,6 +234,8 @@ class PgTasks:
         # concurrent applies share transactions (postgres/group_commit.py); a few batches at once, well inside
         # the pool, so reads, heartbeats and the duties keep connections of their own
         self.committer = PgGroupCommit(self.apply_many, self._apply_alone, max_in_flight=max(1, db.max_size // 3))
+        # concurrent reads of single tasks (each claim and settle reads its task first) share one statement
+        self.reads = TaskReads(self._rows_of)
 
     async def apply(self, change: Change) -> None:
         if FENCE.get() is not None:  # a duty's write: its own transaction, which checks the fence (db.py)
@@ -291,10 +295,16 @@ class PgTasks:
         await self._db.write("DELETE FROM outbox WHERE seq = ANY(%s)", ([int(s) for s in seqs],))
 
     async def get_task(self, task_id: str) -> Task | None:
-        rows = await self._db.fetch("SELECT doc, lease_expires_at FROM tasks WHERE id = %s", (task_id,))
-        if not rows:
+        row = await self.reads.get(task_id)
+        if row is None:
             return None
-        return with_lease(decode_or_raise(_decode_task, rows[0][0], "task", task_id), rows[0][1])
+        return with_lease(decode_or_raise(_decode_task, row[0], "task", task_id), row[1])
+
+    async def _rows_of(self, task_ids: list[str]) -> dict[str, tuple[Any, float | None]]:
+        rows = await self._db.fetch(
+            "SELECT id, doc, lease_expires_at FROM tasks WHERE id = ANY(%s::text[])", (task_ids,)
+        )
+        return {str(r[0]): (r[1], r[2]) for r in rows}
 
     async def list_tasks(self, query: TaskQuery) -> Page:
         filters = (
