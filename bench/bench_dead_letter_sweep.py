@@ -35,7 +35,7 @@ if str(REPO / "src") not in sys.path:
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterKeeper, DeadLetterPolicy  # noqa: E402
 from scheduler_gateway.actors.model.records import DeadLetter  # noqa: E402
 from scheduler_gateway.actors.ports import DeadLetterQuery  # noqa: E402
-from scheduler_gateway.actors.task_service import TaskService  # noqa: E402
+from scheduler_gateway.actors.tasks import TaskService  # noqa: E402
 from scheduler_gateway.daemon.store.change_rows import dead_letter_row  # noqa: E402
 from scheduler_gateway.daemon.store.sqlite import SqliteStore  # noqa: E402
 

@@ -41,7 +41,7 @@ if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
 
 from scheduler_gateway.actors.model.schedule import ScheduledTask, ScheduleSpec, TaskTemplate  # noqa: E402
-from scheduler_gateway.actors.scheduler import SchedulerSettings  # noqa: E402
+from scheduler_gateway.actors.scheduling import SchedulerSettings  # noqa: E402
 from scheduler_gateway.daemon.gateway import Gateway, GatewaySettings  # noqa: E402
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess  # noqa: E402
 from scheduler_gateway.daemon.store.sqlite import SqliteStore  # noqa: E402

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from scheduler_gateway.actors.model.schedule import SchedulePolicy
-from scheduler_gateway.actors.scheduler import SchedulerSettings
+from scheduler_gateway.actors.scheduling import SchedulerSettings
 from scheduler_gateway.daemon.cli import settings_from_config
 from scheduler_gateway.daemon.config import load_config
 from scheduler_gateway.daemon.gateway import Gateway

@@ -15,7 +15,7 @@ import pytest
 from scheduler_gateway.actors.model.records import TaskError
 from scheduler_gateway.actors.model.schedule import SKIPPED_OVERLAP, RunError, ScheduleSpec
 from scheduler_gateway.actors.schedule_ports import RunUpdate
-from scheduler_gateway.actors.scheduler import SchedulePatch
+from scheduler_gateway.actors.scheduling import SchedulePatch
 
 from .test_schedule_run_ends import ALICE, World, world  # noqa: F401  (the fixture)
 from .test_schedule_store import ONCE, T0, record, rid, run, schedule, sid, store  # noqa: F401  (the fixture)

@@ -25,7 +25,7 @@ from scheduler_gateway.actors.model.schedule import (
     TaskTemplate,
 )
 from scheduler_gateway.actors.schedule_ports import LaunchedTask, RunUpdate
-from scheduler_gateway.actors.scheduler import (
+from scheduler_gateway.actors.scheduling import (
     FinishedTask,
     NewSchedule,
     SchedulePatch,
@@ -33,7 +33,7 @@ from scheduler_gateway.actors.scheduler import (
     ScheduleService,
     SpecPatch,
 )
-from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.wire.timefmt import fmt_ts
 from tests.fakes.memory_store import MemoryStore

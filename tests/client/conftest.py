@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_gateway.actors.scheduler import SchedulerSettings
+from scheduler_gateway.actors.scheduling import SchedulerSettings
 from scheduler_gateway.client import GatewayClient
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess

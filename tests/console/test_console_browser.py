@@ -17,7 +17,7 @@ import pytest
 from playwright.async_api import Browser, Page, expect
 from playwright.async_api import Error as PlaywrightError
 
-from scheduler_gateway.actors.task_service import Caller, NewTask
+from scheduler_gateway.actors.tasks import Caller, NewTask
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.wire.messages import WireError
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from playwright.async_api import Browser, expect
 
-from scheduler_gateway.actors.task_service import Caller, NewTask
+from scheduler_gateway.actors.tasks import Caller, NewTask
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.http.console import bulk
 from scheduler_gateway.daemon.http.console.bulk import Confirmations

@@ -19,7 +19,7 @@ from playwright.async_api import Browser, Page, expect
 from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord
 from scheduler_gateway.actors.model.records import ActorRef, AuditEntry, EventRecord
 from scheduler_gateway.actors.ports import TaskQuery
-from scheduler_gateway.actors.task_service import Caller, NewTask
+from scheduler_gateway.actors.tasks import Caller, NewTask
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.wire.messages import WireError
 

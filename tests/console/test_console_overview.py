@@ -8,7 +8,7 @@ import time
 import pytest
 from playwright.async_api import Browser, expect
 
-from scheduler_gateway.actors.task_service import Caller, NewTask
+from scheduler_gateway.actors.tasks import Caller, NewTask
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.http.console.stats import HourFigures, since_minute
 from scheduler_gateway.daemon.nats.nats_server import free_port

@@ -18,7 +18,7 @@ import nats.js.errors
 from multidict import CIMultiDict
 
 from scheduler_gateway.actors.ports import Principal
-from scheduler_gateway.actors.task_service import TaskPolicy
+from scheduler_gateway.actors.tasks import TaskPolicy
 from scheduler_gateway.daemon.gateway import Gateway, GatewaySettings
 from scheduler_gateway.daemon.http.app import token_hash
 from scheduler_gateway.wire.messages import (

@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterPolicy
-from scheduler_gateway.actors.task_service import TaskPolicy
+from scheduler_gateway.actors.tasks import TaskPolicy
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.wire.messages import WireError
 

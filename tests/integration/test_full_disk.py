@@ -14,7 +14,7 @@ import collections
 import time
 from pathlib import Path
 
-from scheduler_gateway.actors.task_service import TaskPolicy
+from scheduler_gateway.actors.tasks import TaskPolicy
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from tests.e2e import invariants_api as inv
 from tests.tmpfs import small_disk

@@ -17,7 +17,7 @@ import nats
 import pytest
 from nats.js.api import DiscardPolicy
 
-from scheduler_gateway.actors.task_service import TaskPolicy
+from scheduler_gateway.actors.tasks import TaskPolicy
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.wire.subjects import DISPATCH_STREAM, EVENTS_STREAM, SETTLE_STREAM
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_gateway.actors.scheduler import SchedulerSettings
+from scheduler_gateway.actors.scheduling import SchedulerSettings
 from scheduler_gateway.daemon.check import check_store
 from scheduler_gateway.daemon.config import load_config
 from scheduler_gateway.daemon.gateway import Gateway

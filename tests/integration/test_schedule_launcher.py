@@ -18,7 +18,7 @@ import pytest
 
 from scheduler_gateway.actors.model.schedule import ScheduledRun
 from scheduler_gateway.actors.schedule_ports import LaunchFailed, ThreadBusy
-from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 

@@ -26,8 +26,8 @@ from scheduler_gateway.actors.model.schedule import (
     Thread,
 )
 from scheduler_gateway.actors.schedule_ports import LaunchedTask
-from scheduler_gateway.actors.scheduler import NewSchedule, ScheduleService
-from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.actors.scheduling import NewSchedule, ScheduleService
+from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 
 ALICE = Caller("alice", "user")

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterPolicy
-from scheduler_gateway.actors.scheduler import SchedulerSettings
+from scheduler_gateway.actors.scheduling import SchedulerSettings
 from scheduler_gateway.actors.scheduling.requeue import REOPEN_GRACE_S
-from scheduler_gateway.actors.task_service import TaskPolicy
+from scheduler_gateway.actors.tasks import TaskPolicy
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 
 from .harness import Api, HandNode, api_client, running_gateway, wait_for

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_gateway.actors.scheduler import SchedulerSettings
+from scheduler_gateway.actors.scheduling import SchedulerSettings
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.wire.timefmt import fmt_ts

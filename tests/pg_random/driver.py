@@ -35,7 +35,7 @@ import msgspec
 
 from scheduler_gateway.actors.model.flow import Rate
 from scheduler_gateway.actors.model.records import ActorRef, Task
-from scheduler_gateway.actors.task_service import Caller, NewTask
+from scheduler_gateway.actors.tasks import Caller, NewTask
 from scheduler_gateway.wire.errors import GatewayError
 from scheduler_gateway.wire.messages import ClaimRequest, Settle, WireError
 

@@ -29,7 +29,7 @@ from scheduler_gateway.actors.kinds import KindService
 from scheduler_gateway.actors.model.flow import KindSettings
 from scheduler_gateway.actors.model.records import DeadLetter, HistoryEntry, Task
 from scheduler_gateway.actors.nodes import NodeRegistry
-from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
+from scheduler_gateway.actors.tasks import TaskPolicy, TaskService
 from scheduler_gateway.daemon.store.postgres import PostgresStore
 from tests.simulation.sim_world import Freezer, StoreGate
 from tests.unit.service_kit import RecordingBus

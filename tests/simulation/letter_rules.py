@@ -23,7 +23,7 @@ from hypothesis.stateful import rule
 
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterKeeper, DeadLetterPolicy
 from scheduler_gateway.actors.model.records import DeadLetter, HistoryEntry, Task
-from scheduler_gateway.actors.task_service import Caller, NewTask
+from scheduler_gateway.actors.tasks import Caller, NewTask
 from scheduler_gateway.wire.messages import ClaimRequest
 
 #: Where a keeper's sweep stops (None: at its k-th IO await, whichever call that is): its reads of what is due,

@@ -32,8 +32,8 @@ from scheduler_gateway.actors.model.records import (
 from scheduler_gateway.actors.model.schedule import ScheduleSpec, TaskTemplate
 from scheduler_gateway.actors.outbox import read_outbox_body
 from scheduler_gateway.actors.ports import Change
-from scheduler_gateway.actors.scheduler import NewSchedule, SchedulePatch, SpecPatch, TemplatePatch
-from scheduler_gateway.actors.task_service import Caller, NewTask
+from scheduler_gateway.actors.scheduling import NewSchedule, SchedulePatch, SpecPatch, TemplatePatch
+from scheduler_gateway.actors.tasks import Caller, NewTask
 from scheduler_gateway.daemon.nats.bus import SETTLE_ACK_WAIT_S
 from scheduler_gateway.daemon.nats.streams import DUPLICATE_WINDOW_S
 from scheduler_gateway.daemon.store.sqlite import SqliteStore

@@ -50,8 +50,8 @@ from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.schedule import SchedulePolicy
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.ports import TAIL_SKEW_S, CallbackPost, SettlesWaiting, vouched_round
-from scheduler_gateway.actors.scheduler import Scheduler, ScheduleService, TaskServiceLauncher
-from scheduler_gateway.actors.task_service import TaskPolicy, TaskService
+from scheduler_gateway.actors.scheduling import Scheduler, ScheduleService, TaskServiceLauncher
+from scheduler_gateway.actors.tasks import TaskPolicy, TaskService
 from scheduler_gateway.daemon.nats.streams import DUPLICATE_WINDOW_S
 from scheduler_gateway.wire.artifacts import object_name
 from scheduler_gateway.wire.errors import Code, GatewayError, StorageError

@@ -13,7 +13,7 @@ import msgspec
 from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.ports import SettlesWaiting
-from scheduler_gateway.actors.task_service import Caller, NewTask, TaskPolicy, TaskService
+from scheduler_gateway.actors.tasks import Caller, NewTask, TaskPolicy, TaskService
 from scheduler_gateway.wire.messages import ClaimReply, ClaimRequest, Offer, Settle
 from tests.fakes.memory_store import MemoryStore
 

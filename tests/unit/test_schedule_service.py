@@ -24,7 +24,7 @@ from scheduler_gateway.actors.model.schedule import (
     Thread,
 )
 from scheduler_gateway.actors.schedule_ports import ClaimLost, LaunchedTask, LaunchFailed, LaunchRecord, ThreadBusy
-from scheduler_gateway.actors.scheduler import (
+from scheduler_gateway.actors.scheduling import (
     FinishedTask,
     NewSchedule,
     RoundResult,
@@ -34,7 +34,7 @@ from scheduler_gateway.actors.scheduler import (
     SpecPatch,
     poll_timeout,
 )
-from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.wire.errors import Code, NotFound, StorageError
 from tests.fakes.memory_store import MemoryStore
 

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from scheduler_gateway.actors.ports import AuditQuery, Change, TaskQuery
-from scheduler_gateway.actors.task_service import TaskPolicy
+from scheduler_gateway.actors.tasks import TaskPolicy
 from scheduler_gateway.actors.tasks.api import BatchItem, NewTask
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 from scheduler_gateway.wire.errors import Code, Conflict, StorageError

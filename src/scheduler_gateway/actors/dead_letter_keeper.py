@@ -18,7 +18,7 @@ from scheduler_gateway.wire.errors import GatewayError
 from .model.records import DeadLetter
 from .ports import DeadLetterStore
 from .runtime import LoopActor, Wakeup
-from .task_service import Caller, TaskService
+from .tasks import Caller, TaskService
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from scheduler_gateway.actors.artifact_keeper import ArtifactKeeper
 from scheduler_gateway.actors.artifacts import ArtifactIndex, ArtifactService
 from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRecord
 from scheduler_gateway.actors.model.retention import RetentionPolicy
-from scheduler_gateway.actors.task_service import TaskService
+from scheduler_gateway.actors.tasks import TaskService
 from scheduler_gateway.daemon.http.artifacts import ArtifactRoutes
 from scheduler_gateway.daemon.nats.artifacts import ArtifactResponder, JetStreamArtifacts, ensure_bucket
 from scheduler_gateway.daemon.nats.bus import NatsBus

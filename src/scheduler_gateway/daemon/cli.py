@@ -22,8 +22,8 @@ from scheduler_gateway.actors.dead_letter_keeper import DeadLetterPolicy
 from scheduler_gateway.actors.model.artifacts import ArtifactLimits
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.retention import RetentionPolicy
-from scheduler_gateway.actors.scheduler import SchedulerSettings
-from scheduler_gateway.actors.task_service import TaskPolicy
+from scheduler_gateway.actors.scheduling import SchedulerSettings
+from scheduler_gateway.actors.tasks import TaskPolicy
 from scheduler_gateway.daemon.check import check_main
 from scheduler_gateway.daemon.config import Config, ConfigError, load_config, production_problems
 from scheduler_gateway.daemon.gateway import Gateway, GatewaySettings

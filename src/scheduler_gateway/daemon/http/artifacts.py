@@ -22,7 +22,7 @@ from aiohttp import web
 
 from scheduler_gateway.actors.artifacts import ArtifactService
 from scheduler_gateway.actors.model.artifacts import ArtifactRecord
-from scheduler_gateway.actors.task_service import TaskService
+from scheduler_gateway.actors.tasks import TaskService
 from scheduler_gateway.daemon.http.answers import json_response
 from scheduler_gateway.daemon.http.context import CALLER, REQUEST_ID
 from scheduler_gateway.daemon.http.errors import error_response

@@ -9,7 +9,7 @@ from scheduler_gateway.actors.ports import (
     AuditQuery,
     AuditStore,
 )
-from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.http.answers import json_response
 from scheduler_gateway.daemon.http.context import CALLER
 from scheduler_gateway.daemon.http.requests import page_args

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from scheduler_gateway.actors.callback_sender import CallbackSender
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDeadLetterQuery
-from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.http.answers import json_response
 from scheduler_gateway.daemon.http.context import CALLER
 from scheduler_gateway.daemon.http.requests import page_args

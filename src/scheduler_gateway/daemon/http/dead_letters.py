@@ -12,7 +12,7 @@ from scheduler_gateway.actors.ports import (
     DeadLetterQuery,
     DeadLetterStore,
 )
-from scheduler_gateway.actors.task_service import Caller, TaskService
+from scheduler_gateway.actors.tasks import Caller, TaskService
 from scheduler_gateway.daemon.http.answers import json_response
 from scheduler_gateway.daemon.http.context import CALLER
 from scheduler_gateway.daemon.http.requests import Bodies, decode_body, page_args

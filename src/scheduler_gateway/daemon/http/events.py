@@ -27,7 +27,7 @@ import msgspec
 from aiohttp import web
 from aiohttp_sse import EventSourceResponse
 
-from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.http.context import CALLER, REQUEST_ID
 from scheduler_gateway.daemon.http.event_hub import (
     CLIENT_GONE,

@@ -16,7 +16,7 @@ from scheduler_gateway.actors.ports import (
     NodeRecord,
     NodeStore,
 )
-from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.http.answers import json_response
 from scheduler_gateway.daemon.http.context import CALLER
 from scheduler_gateway.wire import api

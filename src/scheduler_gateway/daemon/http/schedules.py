@@ -22,14 +22,14 @@ from scheduler_gateway.actors.model.schedule import (
     schedule_not_found,
     thread_not_found,
 )
-from scheduler_gateway.actors.scheduler import (
+from scheduler_gateway.actors.scheduling import (
     NewSchedule,
     SchedulePatch,
     ScheduleService,
     SpecPatch,
     TemplatePatch,
 )
-from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.http.answers import json_response
 from scheduler_gateway.daemon.http.context import CALLER
 from scheduler_gateway.daemon.http.requests import Bodies, decode_body, page_args

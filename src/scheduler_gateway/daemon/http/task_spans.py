@@ -11,7 +11,7 @@ from contextlib import ExitStack, contextmanager
 import msgspec
 
 from scheduler_gateway import tracing
-from scheduler_gateway.actors.task_service import BatchItem, BatchOutcome, Caller, NewTask
+from scheduler_gateway.actors.tasks import BatchItem, BatchOutcome, Caller, NewTask
 from scheduler_gateway.wire import tracecontext
 from scheduler_gateway.wire.errors import GatewayError
 

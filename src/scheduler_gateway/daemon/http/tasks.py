@@ -14,7 +14,7 @@ from scheduler_gateway.actors.model.records import HistoryEntry, Task
 from scheduler_gateway.actors.ports import (
     TaskQuery,
 )
-from scheduler_gateway.actors.task_service import BatchItem, Caller, NewTask, TaskService
+from scheduler_gateway.actors.tasks import BatchItem, Caller, NewTask, TaskService
 from scheduler_gateway.daemon.http import task_spans
 from scheduler_gateway.daemon.http.answers import json_response
 from scheduler_gateway.daemon.http.callback_client import target_host, target_problem

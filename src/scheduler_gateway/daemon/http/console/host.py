@@ -11,8 +11,8 @@ from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.kinds import KindService
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.ports import ConsoleStore
-from scheduler_gateway.actors.scheduler import ScheduleService
-from scheduler_gateway.actors.task_service import TaskService
+from scheduler_gateway.actors.scheduling import ScheduleService
+from scheduler_gateway.actors.tasks import TaskService
 from scheduler_gateway.daemon.http.events import EventsApi
 from scheduler_gateway.daemon.http.principals import PrincipalCache
 from scheduler_gateway.daemon.http.settings import HttpSettings

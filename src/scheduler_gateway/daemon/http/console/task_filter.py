@@ -10,7 +10,7 @@ import msgspec
 
 from scheduler_gateway.actors.model.records import Task
 from scheduler_gateway.actors.ports import TaskSearch
-from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.http.console.pages.base import STATES
 from scheduler_gateway.wire.errors import InvalidArgument
 

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from aiohttp import web
 
-from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.http.context import CALLER
 from scheduler_gateway.wire.errors import Forbidden
 

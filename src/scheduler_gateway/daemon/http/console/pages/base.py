@@ -12,7 +12,7 @@ import jinja2
 import msgspec
 from aiohttp import web
 
-from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.http.console.sessions import Session
 from scheduler_gateway.daemon.http.console.state import ConsoleState
 from scheduler_gateway.daemon.http.console.viewer import VIEWER

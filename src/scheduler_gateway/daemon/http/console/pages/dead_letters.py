@@ -15,7 +15,7 @@ from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetterQuery
 from scheduler_gateway.actors.model.records import AuditEntry, DeadLetter
 from scheduler_gateway.actors.ports import DeadLetterQuery
-from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.http.console.bulk import MAX_TASKS, BulkTally, Confirmation, Confirmations, bulk_op
 from scheduler_gateway.daemon.http.console.pages.base import Pages
 from scheduler_gateway.daemon.http.console.state import ConsoleState

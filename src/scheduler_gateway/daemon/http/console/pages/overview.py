@@ -8,7 +8,7 @@ from aiohttp import web
 
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetterQuery
 from scheduler_gateway.actors.ports import DeadLetterQuery
-from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.http.console.pages.base import STATES, Pages
 from scheduler_gateway.daemon.http.console.stats import HourFigures, chart, since_minute
 from scheduler_gateway.daemon.http.context import CALLER

@@ -12,7 +12,7 @@ import msgspec
 from aiohttp import web
 
 from scheduler_gateway.actors.model.schedule import ScheduleSpec, TaskTemplate, merge_spec
-from scheduler_gateway.actors.scheduler import NewSchedule, SchedulePatch, SpecPatch, TemplatePatch
+from scheduler_gateway.actors.scheduling import NewSchedule, SchedulePatch, SpecPatch, TemplatePatch
 from scheduler_gateway.daemon.http.console.pages.base import Pages, pretty_json, ts
 from scheduler_gateway.daemon.http.errors import STATUS_OF_CODE
 from scheduler_gateway.daemon.http.requests import check_payload

@@ -13,7 +13,7 @@ from aiohttp import web
 from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.model.records import AuditEntry, Task
 from scheduler_gateway.actors.ports import AuditQuery, TaskQuery, TaskRef
-from scheduler_gateway.actors.task_service import Caller
+from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.http.artifacts import ArtifactRoutes
 from scheduler_gateway.daemon.http.console.bulk import MAX_TASKS, BulkTally, Confirmation, Confirmations, bulk_op
 from scheduler_gateway.daemon.http.console.pages.base import STATES, Pages
