@@ -274,24 +274,43 @@ def _key(source: str) -> str:
     return "l.task_id" if source.startswith("task_labels l") else "t.id"
 
 
-def _union(arms: list[Arm], columns: str, order: str, mark: str, limit_params: list[Any]) -> tuple[str, list[Any]]:
+#: an arm as a store runs it and the columns its ORDER BY puts before its id (each fixed by the arm's filters):
+#: PostgreSQL's choice of the ``(columns..., id)`` index that answers the page in its order (postgres/search.py);
+#: SQLite's planner picks it alone (``_as_is``)
+Shape = Callable[[Arm], tuple[Arm, list[str]]]
+
+
+def _as_is(arm: Arm) -> tuple[Arm, list[str]]:
+    return arm, []
+
+
+def _select(columns: str, arm: Arm, order: str, mark: str, shape: Shape) -> tuple[str, list[Any]]:
+    """One arm's SELECT in its order, cut to a LIMIT (its params, without the limit's)."""
+    (source, terms, params), lead = shape(arm)
+    where = " AND ".join(terms) or "1 = 1"
+    by = ", ".join(f"{c} {order}" for c in [*lead, _key(source)])
+    return f"SELECT {columns} FROM {source} WHERE {where} ORDER BY {by} LIMIT {mark}", params
+
+
+def _union(
+    arms: list[Arm], columns: str, order: str, mark: str, limit_params: list[Any], shape: Shape = _as_is
+) -> tuple[str, list[Any]]:
     """One SELECT per arm, each ordered by id with its own LIMIT (its index's order: no sort of the whole
     match), merged and cut to the limit; one arm is the plain SELECT."""
     if len(arms) == 1:
-        source, terms, params = arms[0]
-        where = " AND ".join(terms) or "1 = 1"
-        sql = f"SELECT {columns} FROM {source} WHERE {where} ORDER BY {_key(source)} {order} LIMIT {mark}"
+        sql, params = _select(columns, arms[0], order, mark, shape)
         return sql, [*params, *limit_params]
     parts, all_params = [], []
-    for i, (source, terms, params) in enumerate(arms):
-        where = " AND ".join(terms) or "1 = 1"
-        one = f"SELECT {columns} FROM {source} WHERE {where} ORDER BY {_key(source)} {order} LIMIT {mark}"
+    for i, arm in enumerate(arms):
+        one, params = _select(columns, arm, order, mark, shape)
         parts.append(f"SELECT * FROM ({one}) a{i}")
         all_params += [*params, *limit_params]
     return " UNION ALL ".join(parts) + f" ORDER BY id {order} LIMIT {mark}", [*all_params, *limit_params]
 
 
-def page_sql(q: TaskSearch, mark: str, columns: str, sqlite: bool = False) -> tuple[str, list[Any], bool]:
+def page_sql(
+    q: TaskSearch, mark: str, columns: str, sqlite: bool = False, shape: Shape = _as_is
+) -> tuple[str, list[Any], bool]:
     """The SQL of one page (``limit + 1`` rows, to know whether there is more) and whether it reads backwards
     (a ``before`` page is read in the reverse order, then turned round)."""
     arms = _arms(q, mark, sqlite)
@@ -302,7 +321,7 @@ def page_sql(q: TaskSearch, mark: str, columns: str, sqlite: bool = False) -> tu
         arms = [(src, [*terms, f"{_key(src)} {'<' if descending else '>'} {mark}"], [*params, cursor])
                 for src, terms, params in arms]  # fmt: skip
     order = "DESC" if descending else "ASC"
-    sql, params = _union(arms, columns, order, mark, [clamp_limit(q.limit) + 1])
+    sql, params = _union(arms, columns, order, mark, [clamp_limit(q.limit) + 1], shape)
     return sql, params, backwards
 
 
@@ -321,23 +340,34 @@ def make_page(q: TaskSearch, rows: list[Any], backwards: bool) -> TaskSearchPage
     return TaskSearchPage(items=items, next_cursor=last if more else None, prev_cursor=first if q.after else None)
 
 
-def refs_sql(q: TaskSearch, mark: str, limit: int, sqlite: bool = False) -> tuple[str, list[Any]]:
+def refs_sql(
+    q: TaskSearch, mark: str, limit: int, sqlite: bool = False, shape: Shape = _as_is
+) -> tuple[str, list[Any]]:
     order = "DESC" if q.newest_first else "ASC"
-    return _union(_arms(q, mark, sqlite), "t.id, t.revision, t.state", order, mark, [limit])
+    return _union(_arms(q, mark, sqlite), "t.id, t.revision, t.state", order, mark, [limit], shape)
 
 
-def count_sql(q: TaskSearch, mark: str, cap: int | None = None, sqlite: bool = False) -> tuple[str, list[Any]]:
-    """The count of every arm, summed (the caller cuts the sum to ``cap``)."""
+def count_sql(
+    q: TaskSearch, mark: str, cap: int | None = None, sqlite: bool = False, shape: Shape = _as_is
+) -> tuple[str, list[Any]]:
+    """The count of every arm, summed (the caller cuts the sum to ``cap``). An arm that ``shape`` gives an index
+    is counted up to ``cap`` in that index's order (PostgreSQL: from its estimate of the other filters' share, it
+    would scan the whole table for a user's node or error code)."""
     arms = _arms(q, mark, sqlite)
     if q.label is not None and arms == [(arms[0][0], [], arms[0][2])]:
         # the label alone: its rows are its tasks' (a purge takes them with the task), no task row is read
         arms = [("task_labels l", [f"l.key = {mark} AND l.value = {mark}"], [q.label[0], q.label[1]])]
     parts, all_params = [], []
-    for i, (source, terms, params) in enumerate(arms):
+    for i, arm in enumerate(arms):
+        source, terms, params = arm
         where = " AND ".join(terms) or "1 = 1"
         if cap is None:
             parts.append(f"(SELECT count(*) FROM {source} WHERE {where})")
             all_params += params
+        elif shape(arm)[1]:
+            one, params = _select("1", arm, "ASC", mark, shape)
+            parts.append(f"(SELECT count(*) FROM ({one}) c{i})")
+            all_params += [*params, max(0, cap)]
         else:
             parts.append(f"(SELECT count(*) FROM (SELECT 1 FROM {source} WHERE {where} LIMIT {mark}) c{i})")
             all_params += [*params, max(0, cap)]

@@ -20,7 +20,7 @@ from scheduler_gateway.daemon.store.migrations import OUTBOX_LAYOUT_MIGRATION, T
 from scheduler_gateway.daemon.store.node_rows import PG_NODE_DRAIN_MIGRATION
 from scheduler_gateway.daemon.store.postgres.counts import PG_COUNTS_MIGRATION
 from scheduler_gateway.daemon.store.postgres.outbox import PG_OUTBOX_XID_MIGRATION
-from scheduler_gateway.daemon.store.postgres.search import PG_SEARCH_MIGRATION
+from scheduler_gateway.daemon.store.postgres.search import PG_SEARCH_MIGRATION, PG_SEARCH_OWNER_MIGRATION
 from scheduler_gateway.wire.errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -299,6 +299,9 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 14: tasks per owner, kind and state kept with each write, appended (no row every writer updates) and folded
     # (text in postgres/counts.py): the overview, the kinds pages and a list's exact total without counting rows
     PG_COUNTS_MIGRATION,
+    # 15: a user's node and error code lists counted from their indexes, the owner at the end of each (text in
+    # postgres/search.py)
+    PG_SEARCH_OWNER_MIGRATION,
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)
