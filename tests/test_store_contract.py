@@ -35,8 +35,8 @@ from scheduler_gateway.actors.ports import (
     NodeRecord,
     Principal,
     TaskQuery,
-    TaskStore,
 )
+from scheduler_gateway.actors.store_ports import TaskStore
 from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.sqlite import MIGRATIONS, SqliteStore
 from scheduler_gateway.wire.errors import Code, Conflict, InvalidArgument, NotFound, StorageError

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import pytest
 
-from scheduler_gateway.actors import ports
+from scheduler_gateway.actors import store_ports as ports
 from tests import test_store_contract as contract
 from tests import test_store_contract_artifacts as artifacts
 from tests import test_store_contract_cascade as cascade

@@ -15,8 +15,8 @@ import nats
 import pytest
 
 from scheduler_gateway.actors import idgen
+from scheduler_gateway.actors.bus_ports import TAIL_SKEW_S
 from scheduler_gateway.actors.outbox import read_outbox_body
-from scheduler_gateway.actors.ports import TAIL_SKEW_S
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.http.events import SseSettings
 from scheduler_gateway.daemon.nats import streams

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
+from scheduler_gateway.actors.bus_ports import CallbackPost
 from scheduler_gateway.actors.callback_sender import CallbackSender
 from scheduler_gateway.actors.duties import Leadership, LeaseTiming, fenced
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy, callback_id
-from scheduler_gateway.actors.ports import CallbackPost, Change
+from scheduler_gateway.actors.ports import Change
 from scheduler_gateway.actors.scheduling import SchedulerSettings
 from scheduler_gateway.actors.tasks import TaskPolicy
 from scheduler_gateway.daemon.check import check_store

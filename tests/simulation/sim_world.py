@@ -39,6 +39,7 @@ from scheduler_gateway.actors import event_relay as event_relay_mod
 from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.artifact_keeper import ArtifactKeeper
 from scheduler_gateway.actors.artifacts import ArtifactService
+from scheduler_gateway.actors.bus_ports import TAIL_SKEW_S, CallbackPost, SettlesWaiting, vouched_round
 from scheduler_gateway.actors.callback_sender import CallbackSender
 from scheduler_gateway.actors.dead_letter_keeper import DeadLetterKeeper, DeadLetterPolicy
 from scheduler_gateway.actors.dispatcher import Dispatcher
@@ -49,7 +50,6 @@ from scheduler_gateway.actors.model.artifacts import ArtifactLimits, ArtifactRec
 from scheduler_gateway.actors.model.callbacks import CallbackPolicy
 from scheduler_gateway.actors.model.schedule import SchedulePolicy
 from scheduler_gateway.actors.nodes import NodeRegistry
-from scheduler_gateway.actors.ports import TAIL_SKEW_S, CallbackPost, SettlesWaiting, vouched_round
 from scheduler_gateway.actors.scheduling import Scheduler, ScheduleService, TaskServiceLauncher
 from scheduler_gateway.actors.tasks import TaskPolicy, TaskService
 from scheduler_gateway.daemon.nats.streams import DUPLICATE_WINDOW_S

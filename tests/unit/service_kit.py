@@ -10,9 +10,9 @@ from typing import Any
 
 import msgspec
 
+from scheduler_gateway.actors.bus_ports import SettlesWaiting
 from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.nodes import NodeRegistry
-from scheduler_gateway.actors.ports import SettlesWaiting
 from scheduler_gateway.actors.tasks import Caller, NewTask, TaskPolicy, TaskService
 from scheduler_gateway.wire.messages import ClaimReply, ClaimRequest, Offer, Settle
 from tests.fakes.memory_store import MemoryStore

@@ -17,6 +17,7 @@ import msgspec
 import pytest
 from aiohttp_sse import EventSourceResponse
 
+from scheduler_gateway.actors.bus_ports import CallbackPost
 from scheduler_gateway.actors.callback_sender import CallbackSender, url_host
 from scheduler_gateway.actors.model.callbacks import (
     CallbackDeadLetterQuery,
@@ -28,7 +29,7 @@ from scheduler_gateway.actors.model.callbacks import (
     wants_callback,
 )
 from scheduler_gateway.actors.model.records import AuditEntry, Task, TaskError
-from scheduler_gateway.actors.ports import AuditQuery, CallbackPost, Change
+from scheduler_gateway.actors.ports import AuditQuery, Change
 from scheduler_gateway.daemon.http.callback_client import PublicOnlyResolver, TargetRefused, address_problem
 from scheduler_gateway.daemon.http.event_hub import (
     SLOW_CONSUMER,

@@ -20,8 +20,8 @@ from scheduler_gateway.wire.errors import GatewayError
 
 from .artifacts import ArtifactBucket
 from .model.artifacts import ArtifactLimits
-from .ports import ArtifactStore
 from .runtime import LoopActor, Wakeup
+from .store_ports import ArtifactStore
 
 log = logging.getLogger(__name__)
 #: entries of the bucket's listing looked at per page (one fetch from the bucket, one store query)

@@ -60,7 +60,7 @@ from .model.artifacts import (
     size_refusal,
 )
 from .model.records import ActorRef, AuditEntry, AuditResult, EventRecord, Task
-from .ports import ArtifactStore, AuditStore
+from .store_ports import ArtifactStore, AuditStore
 
 log = logging.getLogger(__name__)
 RECORD_RETRIES = 3

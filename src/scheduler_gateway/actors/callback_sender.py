@@ -30,6 +30,7 @@ from scheduler_gateway.wire.callbacks import CALLBACK_ID_HEADER, SIGNATURE_HEADE
 from scheduler_gateway.wire.errors import Code, GatewayError, NotFound
 
 from . import idgen
+from .bus_ports import CallbackPost, CallbackPoster
 from .model import task_machine as sm
 from .model.callbacks import (
     CallbackDeadLetter,
@@ -43,8 +44,9 @@ from .model.callbacks import (
     wants_callback,
 )
 from .model.records import SYSTEM, ActorRef, AuditEntry
-from .ports import CallbackPost, CallbackPoster, CallbackSenderStore, Page
+from .ports import Page
 from .runtime import LoopActor, Wakeup, cancel_and_wait
+from .store_ports import CallbackSenderStore
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import msgspec
 from scheduler_gateway.wire.errors import GatewayError
 
 from .model.records import DeadLetter
-from .ports import DeadLetterStore
 from .runtime import LoopActor, Wakeup
+from .store_ports import DeadLetterStore
 from .tasks import Caller, TaskService
 
 log = logging.getLogger(__name__)

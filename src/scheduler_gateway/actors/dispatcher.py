@@ -37,11 +37,11 @@ import msgspec
 
 from scheduler_gateway.wire.messages import Offer
 
+from .bus_ports import Bus, Metrics, NullMetrics
 from .dispatch_flow import FlowBook, Key, KindQueue
 from .kind_trouble import KindTrouble, KindUnavailable
 from .model.flow import KindSettings
 from .model.records import Task
-from .ports import Bus, Metrics, NullMetrics
 from .runtime import LoopActor, Wakeup
 
 log = logging.getLogger(__name__)

@@ -36,10 +36,12 @@ from scheduler_gateway.wire.errors import GatewayError
 from scheduler_gateway.wire.subjects import Subjects
 
 from . import failpoints, idgen
+from .bus_ports import Bus, PublishUncertain
 from .model.records import SYSTEM, AuditEntry
 from .outbox import OutboxEntry, read_outbox_body, why_unreadable
-from .ports import Bus, OutboxRow, PublishUncertain, RelayStore
+from .ports import OutboxRow
 from .runtime import LoopActor, Wakeup
+from .store_ports import RelayStore
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from . import idgen
 from .model.flow import KindSettings
 from .model.kind_limits import check_changes
 from .model.records import SYSTEM, ActorRef, AuditEntry, EventRecord
-from .ports import KindStore
 from .runtime import cancel_and_wait
+from .store_ports import KindStore
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,8 @@ import msgspec
 from scheduler_gateway.wire.messages import HeartbeatRequest
 
 from .model.records import AuditEntry
-from .ports import NodeRecord, NodeStore
+from .ports import NodeRecord
+from .store_ports import NodeStore
 
 MIN_INTERVAL_S = 1.0
 DEFAULT_INTERVAL_S = 5.0

@@ -25,8 +25,9 @@ from collections.abc import Awaitable, Callable
 from scheduler_gateway.wire.errors import GatewayError
 
 from .model.retention import PURGE_KINDS, RetentionPolicy
-from .ports import PurgeResult, RetentionStore, StoreSize
+from .ports import PurgeResult, StoreSize
 from .runtime import LoopActor, Wakeup
+from .store_ports import RetentionStore
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,10 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
+from scheduler_gateway.actors.bus_ports import Bus, CallbackPoster
 from scheduler_gateway.actors.duties import LeaseTiming
 from scheduler_gateway.actors.kinds import REFRESH_S
-from scheduler_gateway.actors.ports import Bus, CallbackPoster, CallbackSenderStore, RelayStore, RetentionStore
+from scheduler_gateway.actors.store_ports import CallbackSenderStore, RelayStore, RetentionStore
 from scheduler_gateway.actors.tasks import TaskService
 from scheduler_gateway.daemon.ha import HighAvailability
 from scheduler_gateway.daemon.http.principals import RECHECK_S, SQLITE_RECHECK_S

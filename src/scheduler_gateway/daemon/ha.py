@@ -47,8 +47,8 @@ from typing import Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from scheduler_gateway.actors.bus_ports import Bus, CallbackPost, CallbackPoster, SettlesWaiting
 from scheduler_gateway.actors.duties import LEADER, FenceToken, InstanceRecord, Leadership, LeaseTiming, fenced
-from scheduler_gateway.actors.ports import Bus, CallbackPost, CallbackPoster, SettlesWaiting
 from scheduler_gateway.actors.runtime import cancel_and_wait
 from scheduler_gateway.actors.shared_tasks import GoneInstances, LeaseWatcher, LiveSync, reoffer_queued
 from scheduler_gateway.actors.tasks import TaskService

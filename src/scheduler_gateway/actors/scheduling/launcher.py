@@ -9,8 +9,8 @@ from scheduler_gateway.wire.errors import Code, Conflict, GatewayError
 
 from ..model.records import Task
 from ..model.schedule import RunError, ScheduledRun, ScheduledTask
-from ..ports import TaskReads
 from ..schedule_ports import DuplicateOccurrence, LaunchedTask, LaunchFailed, ScheduleStore, ThreadBusy
+from ..store_ports import TaskReads
 from ..tasks import RUN_LABEL, SCHEDULE_LABEL, Caller, NewTask, TaskService
 
 log = logging.getLogger(__name__)

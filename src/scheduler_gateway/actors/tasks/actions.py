@@ -10,9 +10,11 @@ import msgspec
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidArgument, task_not_found
 
 from .. import failpoints, idgen
+from ..bus_ports import Metrics
 from ..model import task_machine as sm
 from ..model.records import TERMINAL_STATES, ActorRef, DeadLetter, Task
-from ..ports import IdempotencyRecord, Metrics, TaskQuery, TaskServiceStore
+from ..ports import IdempotencyRecord, TaskQuery
+from ..store_ports import TaskServiceStore
 from .api import Caller
 from .dead_letters import redriven
 from .keys import Replays

@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from ..model.artifacts import lease_refusal
 from ..model.records import Task
-from ..ports import TaskServiceStore
+from ..store_ports import TaskServiceStore
 from .ledger import TaskLedger
 
 T = TypeVar("T")

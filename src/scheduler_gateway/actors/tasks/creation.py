@@ -9,7 +9,8 @@ from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidA
 from .. import idgen
 from ..model import task_machine as sm
 from ..model.records import Task
-from ..ports import IdempotencyRecord, TaskServiceStore
+from ..ports import IdempotencyRecord
+from ..store_ports import TaskServiceStore
 from .api import BatchItem, BatchOutcome, Caller, NewTask, TaskPolicy, as_gateway_error, check_labels
 from .keys import KeySlots, Replays
 from .ledger import TaskLedger

@@ -10,9 +10,10 @@ import msgspec
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, NotFound, task_not_found
 
 from .. import idgen
+from ..bus_ports import Metrics
 from ..model import task_machine as sm
 from ..model.records import ActorRef, AuditEntry, DeadLetter, Task
-from ..ports import Metrics, TaskServiceStore
+from ..store_ports import TaskServiceStore
 from .api import Caller, TaskPolicy
 from .ledger import TaskLedger
 from .records import StaleWrite

@@ -18,7 +18,8 @@ from scheduler_gateway.wire.errors import (
 )
 
 from ..model.records import Task
-from ..ports import IdempotencyRecord, TaskServiceStore
+from ..ports import IdempotencyRecord
+from ..store_ports import TaskServiceStore
 from .api import Caller
 from .ledger import TaskLedger
 

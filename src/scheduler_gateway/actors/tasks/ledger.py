@@ -25,14 +25,16 @@ from scheduler_gateway.wire.messages import CancelNotice, ExtendedLease, Revoked
 from scheduler_gateway.wire.timefmt import fmt_ts
 
 from .. import idgen
+from ..bus_ports import Metrics
 from ..dispatcher import Dispatcher
 from ..lease_clock import LeaseClock
 from ..model import task_machine as sm
 from ..model.callbacks import new_delivery, wants_callback
 from ..model.records import TERMINAL_STATES, ActorRef, AuditEntry, AuditResult, DeadLetter, EventRecord, Task
-from ..ports import Change, IdempotencyRecord, Metrics, TaskServiceStore
+from ..ports import Change, IdempotencyRecord
 from ..runtime import KeyedMailboxes
 from ..shared_tasks import SharedTasks
+from ..store_ports import TaskServiceStore
 from .api import SCHEDULE_LABEL, Caller
 from .records import ERROR_REASONS, STALE_RETRIES, StaleWrite, stale_or
 

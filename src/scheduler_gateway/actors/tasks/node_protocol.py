@@ -24,12 +24,13 @@ from scheduler_gateway.wire.messages import (
 from scheduler_gateway.wire.timefmt import fmt_ts
 
 from .. import failpoints, idgen
+from ..bus_ports import Metrics, WaitingSettles
 from ..dispatcher import Dispatcher
 from ..model import task_machine as sm
 from ..model.records import ActorRef, Task, TaskError
 from ..model.retry_policy import backoff_s
 from ..nodes import NodeRegistry
-from ..ports import Metrics, TaskServiceStore, WaitingSettles
+from ..store_ports import TaskServiceStore
 from .api import SettleOutcome, body_digest
 from .dead_letters import DeadLetters
 from .ledger import TaskLedger

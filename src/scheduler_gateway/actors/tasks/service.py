@@ -25,13 +25,15 @@ import msgspec
 
 from scheduler_gateway.wire.messages import ClaimReply, ClaimRequest, HeartbeatReply, HeartbeatRequest, Settle
 
+from ..bus_ports import Metrics, NullMetrics, WaitingSettles
 from ..dispatcher import Dispatcher
 from ..lease_clock import LeaseClock
 from ..model import task_machine as sm
 from ..model.records import DeadLetter, Task
 from ..nodes import NodeRegistry
-from ..ports import Metrics, NullMetrics, TaskQuery, TaskServiceStore, WaitingSettles
+from ..ports import TaskQuery
 from ..shared_tasks import SharedTasks
+from ..store_ports import TaskServiceStore
 from .actions import TaskActions
 from .api import BatchItem, BatchOutcome, Caller, NewTask, SettleOutcome, TaskPolicy
 from .artifact_lease import ArtifactLeases

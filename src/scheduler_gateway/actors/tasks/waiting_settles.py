@@ -10,7 +10,7 @@ from typing import Final
 
 from scheduler_gateway.wire.messages import Settle
 
-from ..ports import WaitingSettles
+from ..bus_ports import WaitingSettles
 
 log = logging.getLogger(__name__)
 

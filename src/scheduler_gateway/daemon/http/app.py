@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.nodes import NodeRegistry
-from scheduler_gateway.actors.ports import AdminStore
+from scheduler_gateway.actors.store_ports import AdminStore
 from scheduler_gateway.actors.tasks import Caller, TaskService
 from scheduler_gateway.daemon.http.answers import json_response
 from scheduler_gateway.daemon.http.audit import AuditRoutes

@@ -5,10 +5,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from scheduler_gateway.actors.model.records import AuditEntry
-from scheduler_gateway.actors.ports import (
-    AuditQuery,
-    AuditStore,
-)
+from scheduler_gateway.actors.ports import AuditQuery
+from scheduler_gateway.actors.store_ports import AuditStore
 from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.http.answers import json_response
 from scheduler_gateway.daemon.http.context import CALLER

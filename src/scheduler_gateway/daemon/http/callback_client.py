@@ -30,7 +30,7 @@ import yarl
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
-from scheduler_gateway.actors.ports import CallbackPost
+from scheduler_gateway.actors.bus_ports import CallbackPost
 from scheduler_gateway.wire.errors import Fault
 
 log = logging.getLogger(__name__)

@@ -8,10 +8,8 @@ from typing import Any
 from aiohttp import web
 
 from scheduler_gateway.actors.model.records import DeadLetter
-from scheduler_gateway.actors.ports import (
-    DeadLetterQuery,
-    DeadLetterStore,
-)
+from scheduler_gateway.actors.ports import DeadLetterQuery
+from scheduler_gateway.actors.store_ports import DeadLetterStore
 from scheduler_gateway.actors.tasks import Caller, TaskService
 from scheduler_gateway.daemon.http.answers import json_response
 from scheduler_gateway.daemon.http.context import CALLER

@@ -11,7 +11,7 @@ import msgspec
 
 from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.model.records import SYSTEM, AuditEntry
-from scheduler_gateway.actors.ports import AuditStore
+from scheduler_gateway.actors.store_ports import AuditStore
 from scheduler_gateway.wire.messages import NULL
 from scheduler_gateway.wire.subjects import EVENTS_STREAM
 

@@ -13,7 +13,7 @@ from aiohttp import web
 from scheduler_gateway.actors.kinds import KindService
 from scheduler_gateway.actors.model.flow import KindSettings, Rate
 from scheduler_gateway.actors.nodes import NodeRegistry
-from scheduler_gateway.actors.ports import KindStore
+from scheduler_gateway.actors.store_ports import KindStore
 from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.http.answers import json_response
 from scheduler_gateway.daemon.http.context import CALLER

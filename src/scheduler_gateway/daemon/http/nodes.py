@@ -11,11 +11,8 @@ from aiohttp import web
 from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.model.records import AuditEntry
 from scheduler_gateway.actors.nodes import NodeRegistry, set_draining
-from scheduler_gateway.actors.ports import (
-    AuditStore,
-    NodeRecord,
-    NodeStore,
-)
+from scheduler_gateway.actors.ports import NodeRecord
+from scheduler_gateway.actors.store_ports import AuditStore, NodeStore
 from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.http.answers import json_response
 from scheduler_gateway.daemon.http.context import CALLER

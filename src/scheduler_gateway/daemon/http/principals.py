@@ -23,8 +23,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from scheduler_gateway.actors.ports import Principal, PrincipalStore
+from scheduler_gateway.actors.ports import Principal
 from scheduler_gateway.actors.runtime import cancel_and_wait
+from scheduler_gateway.actors.store_ports import PrincipalStore
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import APIError, NotFoundError
 
 from scheduler_gateway.actors import failpoints
+from scheduler_gateway.actors.bus_ports import TAIL_SKEW_S, SettlesWaiting, vouched_round
 from scheduler_gateway.actors.kind_trouble import KindUnavailable
-from scheduler_gateway.actors.ports import TAIL_SKEW_S, SettlesWaiting, vouched_round
 from scheduler_gateway.daemon.nats.leave import leave
 from scheduler_gateway.daemon.nats.publisher import AckedPublisher, PubAck
 from scheduler_gateway.daemon.nats.streams import (

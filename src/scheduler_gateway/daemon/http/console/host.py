@@ -10,8 +10,8 @@ from scheduler_gateway.actors.callback_sender import CallbackSender
 from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.kinds import KindService
 from scheduler_gateway.actors.nodes import NodeRegistry
-from scheduler_gateway.actors.ports import ConsoleStore
 from scheduler_gateway.actors.scheduling import ScheduleService
+from scheduler_gateway.actors.store_ports import ConsoleStore
 from scheduler_gateway.actors.tasks import TaskService
 from scheduler_gateway.daemon.http.events import EventsApi
 from scheduler_gateway.daemon.http.principals import PrincipalCache
