@@ -24,7 +24,7 @@ commits writes its history, audit and event once: either in the set statement th
 
 Round trips of a batch whose changes all go in the set statement: the BEGIN, one for the savepoint and the
 statement (pipelined), one read of the losers' revisions when one lost, and the COMMIT; claims add the kinds'
-locks (postgres/flow.py) and one read of their settings under those locks.
+settings read, their locks (postgres/flow.py) and the settings read again under those locks.
 """
 
 from __future__ import annotations
