@@ -83,7 +83,7 @@ class Artifacts:
         self._responder: ArtifactResponder | None = None
 
     def routes(self) -> Callable[[web.Application], None]:
-        """The routes' installer, for ``Gateway.http_extensions`` (the app is built after ``start``)."""
+        """The routes' installer, one of the admin app's route groups (the app is built at the HTTP server's start)."""
 
         def install(app: web.Application) -> None:
             assert self.service is not None, "Artifacts.start() runs before the HTTP app is built"
