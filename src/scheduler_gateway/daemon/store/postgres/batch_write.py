@@ -23,8 +23,10 @@ as SQLite's slow path does (store/group_commit.py). A refusal never undoes a bat
 commits writes its history, audit and event once: either in the set statement that stands or alone.
 
 Round trips of a batch whose changes all go in the set statement: the BEGIN, one for the savepoint and the
-statement (pipelined), one read of the losers' revisions when one lost, and the COMMIT; claims add the kinds'
-settings read, their locks (postgres/flow.py) and the settings read again under those locks.
+statement (pipelined), one read of the losers' revisions when one lost, and the COMMIT. Claims add one: the
+kinds' settings read before their locks (postgres/flow.py: a kind with limits is locked alone); the locks and
+the settings read again under them (a kind whose settings changed between the two reads has the batch decided
+again on the second) go in the set statement's round trip, before its savepoint.
 """
 
 from __future__ import annotations
@@ -37,9 +39,15 @@ from psycopg import errors as pg_errors
 
 from scheduler_gateway.actors import failpoints
 from scheduler_gateway.daemon.store.change_rows import ChangeRows
-from scheduler_gateway.daemon.store.kind_docs import read_kind_doc
 from scheduler_gateway.daemon.store.letter_rows import PG_UPSERT_GUARD
 from scheduler_gateway.daemon.store.postgres.db import Conn
+from scheduler_gateway.daemon.store.postgres.flow import (
+    SQL_KIND_DOCS,
+    claimed_kinds,
+    kind_locks,
+    limiting,
+    limiting_kinds,
+)
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, task_not_found
 
 WriteOne = Callable[[Conn, ChangeRows], Awaitable[None]]
@@ -111,26 +119,37 @@ Result = BaseException | None
 
 
 async def write_batch(conn: Conn, rows: list[ChangeRows], write_one: WriteOne) -> list[Result]:
-    """Every change of ``rows`` in the caller's transaction (the kinds' locks already taken): one result per
-    change, None for written, the refusal otherwise. A driver failure propagates (the batch fails whole)."""
-    results: dict[int, Result] = {}
-    alone = _alone(rows, await _limited_kinds(conn, rows))
+    """Every change of ``rows`` in the caller's transaction: one result per change, None for written, the refusal
+    otherwise. It takes the claimed kinds' locks (postgres/flow.py) before any row. A driver failure propagates
+    (the batch fails whole)."""
+    kinds = claimed_kinds(rows)
+    read = await limiting_kinds(conn, kinds)  # which lock each kind takes: alone for one with limits
+    alone = _alone(rows, read)
     together = [i for i in range(len(rows)) if i not in alone]
-    for _ in range(_MAX_SET_ATTEMPTS):
-        if not together:
-            break
-        decided = await _set_write(conn, rows, together)
+    # the kinds' locks, their settings read again under them, and the set statement: one round trip
+    decided, limited = await _set_write(conn, rows, together, kind_locks(kinds, read), kinds)
+    if limited != read:  # a kind's settings changed between that read and its lock: decide again on these
+        if decided is not None and together:
+            await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+        alone = _alone(rows, limited)
+        together = [i for i in range(len(rows)) if i not in alone]
+        decided, _ = await _set_write(conn, rows, together, [], [])
+    results: dict[int, Result] = {}
+    attempts = 1
+    while True:
         if decided is None:  # a unique index refused the statement whole: the batch goes change by change
             alone.update(together)
-            together = []
             break
         results.update(decided.lost)
-        alone.update(decided.refused)
-        if not decided.refused:
-            together = []
+        if not decided.refused:  # written: the rest of ``together`` stands
             break
+        alone.update(decided.refused)
         together = [i for i in together if i not in decided.lost and i not in decided.refused]
-    alone.update(together)  # still refusing after the last attempt
+        if attempts == _MAX_SET_ATTEMPTS:  # still refusing: the rest goes alone too
+            alone.update(together)
+            break
+        decided, _ = await _set_write(conn, rows, together, [], [])
+        attempts += 1
     failpoints.hit("pg.batch_after_set_write")  # a crash between the batch's statements (tests)
     for i in sorted(alone):
         try:
@@ -141,16 +160,6 @@ async def write_batch(conn: Conn, rows: list[ChangeRows], write_one: WriteOne) -
         else:
             results[i] = None
     return [results.get(i) for i in range(len(rows))]
-
-
-async def _limited_kinds(conn: Conn, rows: list[ChangeRows]) -> set[str]:
-    """The claimed kinds with limits on their starts, read under the kinds' locks (a change of a kind's settings
-    takes its lock alone, so these settings stand until the commit)."""
-    kinds = sorted({r.claim[0] for r in rows if r.claim is not None})
-    if not kinds:
-        return set()
-    cur = await conn.execute("SELECT kind, doc FROM kinds WHERE kind = ANY(%s)", (kinds,))
-    return {str(k) for k, doc in await cur.fetchall() if read_kind_doc(str(k), doc).limits_starts}
 
 
 def _alone(rows: list[ChangeRows], limited: set[str]) -> set[int]:
@@ -199,17 +208,28 @@ class _Decided:
         self.refused = refused
 
 
-async def _set_write(conn: Conn, rows: list[ChangeRows], together: list[int]) -> _Decided | None:
-    """The set statement over the changes ``together``; None when a constraint refused it whole (rolled back)."""
-    params = _params([rows[i] for i in together])
+async def _set_write(
+    conn: Conn, rows: list[ChangeRows], together: list[int], locks: list[tuple[str, Any]], kinds: list[str]
+) -> tuple[_Decided | None, set[str]]:
+    """The set statement over the changes ``together`` (None when a constraint refused it whole: rolled back),
+    after the statements ``locks`` and in the same round trip; with the kinds of ``kinds`` that limit their
+    starts, read after those locks."""
     try:
-        async with conn.pipeline():  # the savepoint and the statement in one round trip
-            await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
-            cur = await conn.execute(SQL_SET_WRITE, params)
-            out = await cur.fetchall()
-    except pg_errors.IntegrityError:
+        async with conn.pipeline():
+            for sql, params in locks:
+                await conn.execute(sql, params)
+            settings = await conn.execute(SQL_KIND_DOCS, (kinds,)) if kinds else None
+            out: list[Any] = []
+            if together:
+                await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+                cur = await conn.execute(SQL_SET_WRITE, _params([rows[i] for i in together]))
+                out = await cur.fetchall()
+            limited = limiting(await settings.fetchall()) if settings is not None else set()
+    except pg_errors.IntegrityError:  # only the set statement writes a row: the locks and the read stand
         await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-        return None
+        return None, await limiting_kinds(conn, kinds)
+    if not together:
+        return _Decided({}, set()), limited
     won = {str(a) for tag, a, _ in out if tag == "w"}
     written = {(str(tag), str(a), None if b is None else str(b)) for tag, a, b in out if tag != "w"}
     lost: dict[int, BaseException] = {}
@@ -233,7 +253,7 @@ async def _set_write(conn: Conn, rows: list[ChangeRows], together: list[int]) ->
         found = {str(task_id): int(rev) for task_id, rev in await cur.fetchall()}
         for i in stale:
             lost[i] = _stale(rows[i], found.get(rows[i].task_id))
-    return _Decided(lost, refused)
+    return _Decided(lost, refused), limited
 
 
 def _already_exists(r: ChangeRows) -> Conflict:

@@ -29,6 +29,7 @@ The unique-task rule needs no lock: two live tasks of one key meet in the partia
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from scheduler_gateway.actors.model.flow import Counts, KindSettings, duplicate, exceeded, limited
 from scheduler_gateway.daemon.store.change_rows import ChangeRows
@@ -50,13 +51,36 @@ async def lock_kind(conn: Conn, kind: str) -> None:
 async def lock_claimed_kinds(conn: Conn, rows: list[ChangeRows]) -> None:
     """Before a transaction writes ``rows``: the lock of each kind they claim, in the kinds' order; alone for a
     kind with limits on its starts, shared for one without."""
-    kinds = sorted({r.claim[0] for r in rows if r.claim is not None})
+    kinds = claimed_kinds(rows)
+    for sql, params in kind_locks(kinds, await limiting_kinds(conn, kinds)):
+        await conn.execute(sql, params)
+
+
+def claimed_kinds(rows: list[ChangeRows]) -> list[str]:
+    """The kinds ``rows`` claim, in the order their locks are taken."""
+    return sorted({r.claim[0] for r in rows if r.claim is not None})
+
+
+#: the settings of the kinds named (``limiting``)
+SQL_KIND_DOCS = "SELECT kind, doc FROM kinds WHERE kind = ANY(%s)"
+
+
+def limiting(docs: list[Any]) -> set[str]:
+    """The kinds with limits on their starts among ``SQL_KIND_DOCS``'s rows."""
+    return {str(k) for k, doc in docs if read_kind_doc(str(k), doc).limits_starts}
+
+
+async def limiting_kinds(conn: Conn, kinds: list[str]) -> set[str]:
     if not kinds:
-        return
-    cur = await conn.execute("SELECT kind, doc FROM kinds WHERE kind = ANY(%s)", (kinds,))
-    limiting = {str(k) for k, doc in await cur.fetchall() if read_kind_doc(str(k), doc).limits_starts}
-    for kind in kinds:
-        await conn.execute(_SQL_LOCK_KIND if kind in limiting else _SQL_LOCK_KIND_SHARED, (KIND_LOCK, kind))
+        return set()
+    cur = await conn.execute(SQL_KIND_DOCS, (kinds,))
+    return limiting(await cur.fetchall())
+
+
+def kind_locks(kinds: list[str], limiting: set[str]) -> list[tuple[str, tuple[int, str]]]:
+    """The statements that take ``kinds``' locks, in their order: alone for a kind in ``limiting``, else shared (a
+    caller may send them pipelined: each waits for its lock before the next runs)."""
+    return [(_SQL_LOCK_KIND if kind in limiting else _SQL_LOCK_KIND_SHARED, (KIND_LOCK, kind)) for kind in kinds]
 
 
 async def _scalar(conn: Conn, sql: str, params: tuple[object, ...]) -> int:

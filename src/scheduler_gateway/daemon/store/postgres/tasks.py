@@ -256,8 +256,8 @@ class PgTasks:
         rows = [ChangeRows.of(c) for c in changes]
         try:
             async with self._db.transaction() as conn:
-                await lock_claimed_kinds(conn, rows)  # before any row: the kinds' locks in one order
-                # set-based: a few statements for the whole batch, a refused change re-decided alone
+                # set-based: a few statements for the whole batch, a refused change re-decided alone; the
+                # claimed kinds' locks first, before any row, in the kinds' order (postgres/flow.py)
                 results = await write_batch(conn, rows, self._write_one)
                 failpoints.hit("pg.before_commit")  # a freeze here holds the transaction open (tests)
         except StorageError as exc:
@@ -314,7 +314,9 @@ class PgTasks:
             ("parent_id", query.parent_id),
             ("run_id", query.run_id),
         )
-        return await self._db.page("tasks", "id", filters, query.cursor or "", query.limit, _decode_task, "task")
+        return await self._db.page(
+            "tasks", "id", filters, query.cursor or "", query.limit, _decode_task, "task", query.newest_first
+        )
 
     async def history(self, task_id: str, limit: int = 500, cursor: str | None = None) -> Page:
         n = clamp_limit(limit)
