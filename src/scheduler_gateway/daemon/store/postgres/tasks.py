@@ -314,9 +314,7 @@ class PgTasks:
             ("parent_id", query.parent_id),
             ("run_id", query.run_id),
         )
-        return await self._db.page(
-            "tasks", "id", filters, query.cursor or "", query.limit, _decode_task, "task", query.newest_first
-        )
+        return await self._db.page("tasks", "id", filters, query.cursor or "", query.limit, _decode_task, "task")
 
     async def history(self, task_id: str, limit: int = 500, cursor: str | None = None) -> Page:
         n = clamp_limit(limit)
