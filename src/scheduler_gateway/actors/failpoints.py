@@ -26,6 +26,7 @@ import signal
 import sys
 from typing import Literal
 
+from scheduler_gateway.hard_exit import hard_exit
 from scheduler_gateway.wire.errors import Fault
 
 ENV = "GW_FAILPOINTS"
@@ -143,4 +144,4 @@ def _hit(name: str) -> None:
         sys.stderr.write(f"failpoint {name} hit: exiting with {EXIT_CODE}\n")
         sys.stderr.flush()
     finally:
-        os._exit(EXIT_CODE)
+        hard_exit(EXIT_CODE)

@@ -28,7 +28,9 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
+from nats.js.client import DEFAULT_JS_SUB_PENDING_BYTES_LIMIT
 from nats.js.errors import NotFoundError
+from nats.nuid import NUID
 
 from scheduler_gateway.actors.model.artifacts import ArtifactRecord, missing_bytes
 from scheduler_gateway.daemon.nats.leave import leave
@@ -124,6 +126,7 @@ class JetStreamArtifacts:
         self._nc = nc
         self._js = js
         self._watches: dict[str, _Watch] = {}
+        self._names = NUID()  # the names of the pull consumers it makes
 
     def watch(self, upload: str) -> None:
         """Start hashing ``upload``'s chunks as the node stores them (a chunked upload was just begun)."""
@@ -178,10 +181,9 @@ class JetStreamArtifacts:
         ``follow``, also those stored later, until none came for ``WATCH_IDLE_S``."""
         subject = CHUNKS_PREFIX + upload
         try:
-            sub = await self._js.pull_subscribe(
-                subject,
-                stream=BUCKET_STREAM,
-                config=api.ConsumerConfig(
+            sub, consumer = await self._pull_consumer(
+                api.ConsumerConfig(
+                    filter_subject=subject,
                     ack_policy=api.AckPolicy.NONE,
                     deliver_policy=api.DeliverPolicy.ALL,
                     mem_storage=True,
@@ -213,7 +215,20 @@ class JetStreamArtifacts:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
             with contextlib.suppress(Exception):
-                await self._js.delete_consumer(BUCKET_STREAM, sub._consumer)
+                await self._js.delete_consumer(BUCKET_STREAM, consumer)
+
+    async def _pull_consumer(
+        self, config: api.ConsumerConfig, pending_bytes_limit: int = DEFAULT_JS_SUB_PENDING_BYTES_LIMIT
+    ) -> tuple[JetStreamContext.PullSubscription, str]:
+        """A pull consumer of its own on the bucket (``config`` names its subjects) and a subscription bound to
+        it, with the consumer's name for the delete once read: made as ``pull_subscribe`` makes one (a NUID for
+        a name), whose subscription keeps the name to itself."""
+        name = config.name = self._names.next().decode()
+        await self._js.add_consumer(BUCKET_STREAM, config=config)
+        sub = await self._js.pull_subscribe_bind(
+            consumer=name, stream=BUCKET_STREAM, pending_bytes_limit=pending_bytes_limit
+        )
+        return sub, name
 
     async def _pending(self, sub: Any) -> int:
         info = await sub.consumer_info()
@@ -332,10 +347,9 @@ class JetStreamArtifacts:
         Paged by the consumer, so the walk has no limit on subjects (a stream info's subject list is cut by the
         server past 100,000)."""
         try:
-            sub = await self._js.pull_subscribe(
-                subjects,
-                stream=BUCKET_STREAM,
-                config=api.ConsumerConfig(
+            sub, consumer = await self._pull_consumer(
+                api.ConsumerConfig(
+                    filter_subject=subjects,
                     ack_policy=api.AckPolicy.NONE,
                     deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
                     headers_only=headers_only,
@@ -360,7 +374,7 @@ class JetStreamArtifacts:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
             with contextlib.suppress(Exception):
-                await self._js.delete_consumer(BUCKET_STREAM, sub._consumer)
+                await self._js.delete_consumer(BUCKET_STREAM, consumer)
 
     async def last_at(self, upload: str) -> float | None:
         try:

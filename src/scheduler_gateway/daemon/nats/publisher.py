@@ -11,8 +11,8 @@ header) and checks the subject: about 5 us a message, against 1 us for the same 
 subjects and headers sent here are the daemon's own (subjects from ``Subjects``, whose kinds the API checked;
 header values that are ids and sequence numbers), so ``hpub`` formats the ``HPUB`` command itself and hands it
 to the client's outgoing buffer, with the checks of ``publish`` that concern a buffer. That buffer is the
-client's private API: where a client lacks it, every message goes through ``publish`` instead
-(``tests/unit/test_publisher_wire.py`` pins the bytes to nats-py's own).
+client's private API, reached only through ``nats_internals.py``: where a client lacks it, every message goes
+through ``publish`` instead (``tests/integration/test_publisher_wire.py`` pins the bytes to nats-py's own).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import logging
 import secrets
 
 import msgspec
-from nats import errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from scheduler_gateway.daemon.nats import nats_internals
 from scheduler_gateway.wire.errors import Fault
 
 log = logging.getLogger(__name__)
@@ -63,13 +63,6 @@ def hpub(subject: str, reply: str, headers: dict[str, str], body: bytes) -> byte
     )  # fmt: skip
 
 
-_BUFFER_API = ("_send_command", "_flush_pending", "_flush_queue", "_max_pending_size", "_pending_data_size", "stats")
-
-
-def _has_buffer(nc: Client) -> bool:
-    return all(hasattr(nc, name) for name in _BUFFER_API) and callable(getattr(nc, "_send_command", None))
-
-
 class AckedPublisher:
     def __init__(self, nc: Client) -> None:
         self._nc = nc
@@ -81,7 +74,7 @@ class AckedPublisher:
         # the loop is looked up once: 3.11's get_running_loop() makes a getpid() syscall on every call
         self._loop: asyncio.AbstractEventLoop | None = None
         self._decode = msgspec.json.Decoder(PubAck).decode
-        self._raw = _has_buffer(nc)
+        self._raw = nats_internals.has_buffer(nc)
 
     async def start(self) -> None:
         if self._sub is None:
@@ -128,21 +121,7 @@ class AckedPublisher:
         if not self._raw:
             await nc.publish(subject, body, reply=reply, headers=headers)
             return
-        # what publish checks before it writes, in its order
-        if nc.is_closed:
-            raise errors.ConnectionClosedError
-        if nc.is_draining_pubs:
-            raise errors.ConnectionDrainingError
-        size = len(body)
-        if not nc.is_connected and (nc._max_pending_size <= 0 or size + nc._pending_data_size > nc._max_pending_size):
-            raise errors.OutboundBufferLimitError
-        if size > nc.max_payload:
-            raise errors.MaxPayloadError
-        nc.stats["out_msgs"] += 1
-        nc.stats["out_bytes"] += size
-        await nc._send_command(hpub(subject, reply, headers, body))
-        if nc._flush_queue is not None and nc._flush_queue.empty():
-            await nc._flush_pending()
+        await nats_internals.send(nc, hpub(subject, reply, headers, body), len(body))
 
     async def _on_ack(self, msg: Msg) -> None:
         fut = self._pending.pop(msg.subject[len(self._prefix) :], None)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -66,6 +65,7 @@ from scheduler_gateway.daemon.store.sqlite_file import (
     open_writer,
 )
 from scheduler_gateway.daemon.store.writer_process import Outcome, WriterProcess
+from scheduler_gateway.hard_exit import hard_exit
 from scheduler_gateway.wire.errors import (
     StorageError,
 )
@@ -417,19 +417,23 @@ class SqliteDb:
         limit: int,
         decode: Callable[[Any], T],
         what: str,
+        descending: bool = False,
     ) -> Page:
         """One page of ``table`` ordered by ``key`` after the cursor value ``after``, with equality filters
-        (None = no filter). The next cursor is the last row's key even when that row was skipped as corrupt."""
+        (None = no filter). The next cursor is the last row's key even when that row was skipped as corrupt.
+        ``descending``: largest key first, the page after ``after`` holding the smaller keys (no cursor: the top)."""
         n = clamp_limit(limit)
-        where = [f"{key} > ?"]
-        params: list[Any] = [after]
+        where = [f"{key} < ?" if descending else f"{key} > ?"] if after or not descending else ["1 = 1"]
+        params: list[Any] = [after] if after or not descending else []
         for column, value in filters:
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
         params.append(n + 1)
         rows = await self.fetchall(
-            f"SELECT {key}, doc FROM {table} WHERE {' AND '.join(where)} ORDER BY {key} LIMIT ?", params
+            f"SELECT {key}, doc FROM {table} WHERE {' AND '.join(where)} ORDER BY {key}{' DESC' if descending else ''}"
+            " LIMIT ?",
+            params,
         )
         more = len(rows) > n
         rows = rows[:n]
@@ -458,7 +462,7 @@ def _end_the_process(what: str) -> None:
     """gatewayd's answer to a lost writer process: end now, as a crash would (writer_process.py)."""
     log.critical("%s: gatewayd stops at once; the restart recovers what was committed", what)
     logging.shutdown()
-    os._exit(1)
+    hard_exit(1)
 
 
 def _inline(batch: list[Work]) -> bool:

@@ -54,6 +54,7 @@ from scheduler_gateway.daemon.store.change_rows import (
 )
 from scheduler_gateway.daemon.store.common import BUSY_TIMEOUT_MS
 from scheduler_gateway.daemon.store.sqlite_file import open_writer
+from scheduler_gateway.hard_exit import hard_exit
 from scheduler_gateway.wire import errors
 from scheduler_gateway.wire.errors import Fault
 
@@ -278,7 +279,7 @@ def _die_with_parent(parent: int) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
     if os.getppid() != parent:
-        os._exit(0)
+        hard_exit(0)
 
 
 def _serve(path: Path, parent: int) -> int:
