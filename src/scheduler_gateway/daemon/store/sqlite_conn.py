@@ -417,23 +417,19 @@ class SqliteDb:
         limit: int,
         decode: Callable[[Any], T],
         what: str,
-        descending: bool = False,
     ) -> Page:
         """One page of ``table`` ordered by ``key`` after the cursor value ``after``, with equality filters
-        (None = no filter). The next cursor is the last row's key even when that row was skipped as corrupt.
-        ``descending``: largest key first, the page after ``after`` holding the smaller keys (no cursor: the top)."""
+        (None = no filter). The next cursor is the last row's key even when that row was skipped as corrupt."""
         n = clamp_limit(limit)
-        where = [f"{key} < ?" if descending else f"{key} > ?"] if after or not descending else ["1 = 1"]
-        params: list[Any] = [after] if after or not descending else []
+        where = [f"{key} > ?"]
+        params: list[Any] = [after]
         for column, value in filters:
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
         params.append(n + 1)
         rows = await self.fetchall(
-            f"SELECT {key}, doc FROM {table} WHERE {' AND '.join(where)} ORDER BY {key}{' DESC' if descending else ''}"
-            " LIMIT ?",
-            params,
+            f"SELECT {key}, doc FROM {table} WHERE {' AND '.join(where)} ORDER BY {key} LIMIT ?", params
         )
         more = len(rows) > n
         rows = rows[:n]
