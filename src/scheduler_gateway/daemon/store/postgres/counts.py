@@ -20,12 +20,10 @@ triggers' start are one instant: a write is counted by the backfill or by a trig
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from scheduler_gateway.daemon.store.postgres.reader import PgReader
 from scheduler_gateway.daemon.store.search import MINUTES_KEPT
-
-if TYPE_CHECKING:
-    from scheduler_gateway.daemon.store.postgres.db import PgDb
 
 _T = 'text COLLATE "C"'
 
@@ -147,7 +145,7 @@ _ALL = (
 )
 
 
-async def _folded(db: PgDb, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+async def _folded(db: PgReader, sql: str, params: Sequence[Any] = ()) -> list[Any]:
     """The rows of ``sql`` after a fold of the appended moves, on one connection (the fold is skipped while
     another one runs: then its moves are read unfolded)."""
     async with db.connection() as conn:
@@ -156,14 +154,14 @@ async def _folded(db: PgDb, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         return await cur.fetchall()
 
 
-async def task_counts(db: PgDb, owner: str | None) -> list[tuple[str, str, int]]:
+async def task_counts(db: PgReader, owner: str | None) -> list[tuple[str, str, int]]:
     """(state, kind, count) of every task, or of ``owner``'s, without the empty ones."""
     where, params = ("", ()) if owner is None else (" WHERE owner = %s", (owner,))
     sql = f"SELECT state, kind, sum(n) FROM ({_ALL}) c{where} GROUP BY state, kind HAVING sum(n) > 0"
     return [(str(r[0]), str(r[1]), int(r[2])) for r in await _folded(db, sql, params)]
 
 
-async def live_counts(db: PgDb) -> list[tuple[str, str, int]]:
+async def live_counts(db: PgReader) -> list[tuple[str, str, int]]:
     """(kind, state, count) of the queued, running and waiting tasks (``kind_counts``)."""
     sql = (
         f"SELECT kind, state, sum(n) FROM ({_ALL}) c WHERE state IN ('queued', 'running', 'waiting_approval')"
@@ -172,7 +170,7 @@ async def live_counts(db: PgDb) -> list[tuple[str, str, int]]:
     return [(str(r[0]), str(r[1]), int(r[2])) for r in await _folded(db, sql)]
 
 
-async def count_of(db: PgDb, owner: str | None, kind: str | None, states: tuple[str, ...]) -> int:
+async def count_of(db: PgReader, owner: str | None, kind: str | None, states: tuple[str, ...]) -> int:
     """The exact count of the tasks of ``owner``, ``kind`` and ``states`` (each None / empty: any)."""
     terms: list[str] = ["1 = 1"]
     params: list[Any] = []

@@ -13,10 +13,11 @@ read as spaces (PostgreSQL refuses them, and a payload may hold one).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from scheduler_gateway.actors.ports import MinuteCounts, TaskRef, TaskSearch, TaskSearchPage
 from scheduler_gateway.daemon.store.postgres.counts import count_of
+from scheduler_gateway.daemon.store.postgres.reader import PgReader
 from scheduler_gateway.daemon.store.search import (
     MINUTES_KEPT,
     Arm,
@@ -28,9 +29,6 @@ from scheduler_gateway.daemon.store.search import (
     page_sql,
     refs_sql,
 )
-
-if TYPE_CHECKING:  # the migrations import this module's migration text, and db.py imports the migrations
-    from scheduler_gateway.daemon.store.postgres.db import PgDb
 
 _T = 'text COLLATE "C"'
 
@@ -179,7 +177,7 @@ PG_SEARCH_OWNER_MIGRATION: tuple[str, ...] = (
 class PgSearch:
     """``TaskSearchStore`` on the PostgreSQL pool."""
 
-    def __init__(self, db: PgDb) -> None:
+    def __init__(self, db: PgReader) -> None:
         self._db = db
 
     async def search_tasks(self, query: TaskSearch) -> TaskSearchPage:
