@@ -292,9 +292,10 @@ class MemoryStore(
                 and (query.kind is None or t.kind == query.kind)
                 and (query.parent_id is None or t.parent_id == query.parent_id)
                 and (query.run_id is None or t.run_id == query.run_id)
-                and (not query.cursor or t.id > query.cursor)
+                and (not query.cursor or (t.id < query.cursor if query.newest_first else t.id > query.cursor))
             ),
             key=lambda t: t.id,
+            reverse=query.newest_first,
         )
         items = matches[:limit]
         return Page(list(items), items[-1].id if len(matches) > limit else None)

@@ -16,7 +16,7 @@ from scheduler_gateway.daemon.gateway import Gateway
 
 from .harness import ADMIN_TOKEN, Api
 
-LINE = re.compile(r"^(tok_[0-9a-f]{20}) (\S+) (admin|user|viewer) (\S+Z) (\S+)$")
+LINE = re.compile(r"^(tok_[0-9a-f]{20}) +(\S+) +(admin|user|viewer) +(\S+Z) +(\S+)$")
 
 
 async def gatewayd(capsys: pytest.CaptureFixture[str], config: Path, *args: str) -> tuple[int, str, str]:
@@ -46,7 +46,9 @@ async def test_a_revoked_token_answers_401_at_once_and_the_revocation_is_audited
     rc, out, _ = await gatewayd(capsys, config, "list")
     assert rc == 0
     lines = {m.group(2): m for m in map(LINE.match, out.splitlines()) if m}
-    assert len(lines) == len(out.splitlines()) >= 4  # the harness's three and carol's, every line well formed
+    header, *rows = out.splitlines()
+    assert header.split() == ["ID", "USER", "ROLE", "CREATED", "LAST", "USED"]  # a header row, then the tokens
+    assert len(lines) == len(rows) >= 4  # the harness's three and carol's, every line well formed
     assert token not in out and lines["carol"].group(3) == "user"
     assert lines["carol"].group(5) == "-"  # used, but not written yet: last uses are written coalesced
     await gateway.principals.flush()

@@ -25,6 +25,8 @@ from .store_ports import NodeStore
 
 MIN_INTERVAL_S = 1.0
 DEFAULT_INTERVAL_S = 5.0
+#: a kind is served while a node that is not draining heartbeated it this recently (CONTRACT 2.1 ``no_node``)
+SERVED_WITHIN_S = 60.0
 
 
 class NodeRegistry:
@@ -89,6 +91,16 @@ class NodeRegistry:
         if rec.last_heartbeat_at is None or now - rec.last_heartbeat_at > 3 * interval:
             return "offline"
         return "online"
+
+    def serving(self, kind: str, now: float | None = None) -> int:
+        """How many nodes serve ``kind``: they named it in a heartbeat of the last ``SERVED_WITHIN_S`` and are not
+        draining. 0 is a queued task's ``waitingFor: "no_node"`` (a typo in a kind, or its workers down)."""
+        since = (self._clock() if now is None else now) - SERVED_WITHIN_S
+        return sum(
+            1
+            for rec in self._nodes.values()
+            if kind in rec.kinds and not rec.draining and (rec.last_heartbeat_at or 0.0) >= since
+        )
 
     def get(self, node_id: str) -> NodeRecord | None:
         return self._nodes.get(node_id)

@@ -51,6 +51,7 @@ class TaskQuery(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str | None = None
     limit: int = 50
     cursor: str | None = None  # the last id of the previous page; pages go by id, oldest first
+    newest_first: bool = False  # pages go by id, newest first (the cursor: the smallest id of the page before)
 
 
 class TaskSearch(msgspec.Struct, frozen=True, kw_only=True):

@@ -124,9 +124,17 @@ class TaskCalls:
         parent_id: str | None = None,
         run_id: str | None = None,
         page_size: int = 100,
+        newest_first: bool = False,
     ) -> AsyncIterator[api.TaskView]:
-        """Every task the caller sees, oldest first, fetched page by page as the iteration goes."""
-        params = {"state": state, "kind": kind, "parentId": parent_id, "runId": run_id}
+        """Every task the caller sees, oldest first (``newest_first``: newest first), fetched page by page as the
+        iteration goes."""
+        params = {
+            "state": state,
+            "kind": kind,
+            "parentId": parent_id,
+            "runId": run_id,
+            "order": "newest" if newest_first else None,
+        }
         return self.transport.pages("/api/tasks", api.TaskView, params, page_size)
 
     def history(self, task_id: str, *, page_size: int = 100) -> AsyncIterator[api.HistoryView]:

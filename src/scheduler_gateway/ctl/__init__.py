@@ -71,12 +71,40 @@ def resolve_token(given: str | None, env: dict[str, str] | None = None, cwd: Pat
     return None
 
 
+def token_source(given: str | None, env: dict[str, str] | None = None, cwd: Path | None = None) -> str | None:
+    """Where ``resolve_token`` found the token, for a message (never the token): None when it found none."""
+    env = dict(os.environ) if env is None else env
+    if given is not None:
+        return f"--token-file {given}"
+    if env.get("GATEWAY_TOKEN", "").strip():
+        return "GATEWAY_TOKEN"
+    default = (cwd or Path.cwd()) / DEFAULT_TOKEN_FILE
+    return str(default) if default.is_file() else None
+
+
+def refusal_hint(code: str, source: str | None) -> str:
+    """What to do about a refusal of the token: where the token came from, or where none was found."""
+    if code == "UNAUTHENTICATED" and source is None:
+        return (
+            f"; no token found (looked at --token-file, GATEWAY_TOKEN, then {Path.cwd() / DEFAULT_TOKEN_FILE}):"
+            " pass --token-file FILE or set GATEWAY_TOKEN (gatewayd token create --user NAME makes a token)"
+        )
+    if code == "UNAUTHENTICATED":
+        return f"; the token from {source} was refused (revoked, or not this gateway's): give another one"
+    if code == "FORBIDDEN":
+        return (
+            f"; the token from {source or 'nowhere'} may not do this: use a token with that right"
+            " (--token-file FILE or GATEWAY_TOKEN)"
+        )
+    return ""
+
+
 def _err(message: str) -> None:
     sys.stderr.write(f"gatewayctl: {message}\n")
     sys.stderr.flush()
 
 
-async def _run(args: Any, url: str, token: str | None) -> int:
+async def _run(args: Any, url: str, token: str | None, source: str | None = None) -> int:
     from scheduler_gateway.client import CONNECTION_FAILED, GatewayClient, GatewayClientError
 
     from ._commands import COMMANDS, Ctx, Failed
@@ -98,7 +126,7 @@ async def _run(args: Any, url: str, token: str | None) -> int:
                 _err(f"cannot reach the gateway at {url}: {_reason(exc)}")
                 return EXIT_USAGE
             request = f" (request {exc.request_id})" if exc.request_id else ""
-            _err(f"{exc.code}: {_one_line(exc.message)}{request}")
+            _err(f"{exc.code}: {_one_line(exc.message)}{refusal_hint(exc.code, source)}{request}")
             return EXIT_REFUSED
     return EXIT_OK
 
@@ -133,13 +161,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         url = resolve_url(args.url)
         token = resolve_token(args.token_file)
+        source = token_source(args.token_file) if token is not None else None
     except UsageError as exc:
         _err(str(exc))
         return EXIT_USAGE
     import asyncio
 
     try:
-        return asyncio.run(_run(args, url, token))
+        return asyncio.run(_run(args, url, token, source))
     except KeyboardInterrupt:
         return EXIT_OK if (args.group, args.action) == ("events", "tail") else 130
     except BrokenPipeError:  # `gatewayctl ... | head`: the reader left

@@ -14,7 +14,7 @@ import msgspec
 from scheduler_gateway.client import Gap, GatewayClient, TaskView
 from scheduler_gateway.wire import api
 
-from ._render import COLUMNS, Progress, as_dict, event_line, json_line, record, table
+from ._render import COLUMNS, Progress, as_dict, event_header, event_line, explain, json_line, record, table
 
 _encode = msgspec.json.Encoder().encode
 
@@ -36,11 +36,13 @@ class Ctx:
     progress: Progress
 
     def one(self, view: Any, kind: str | None = None) -> None:
-        """One object: its API JSON, or field and value per line."""
+        """One object: its API JSON, or field and value per line (a task's attempts and ``waitingFor`` said
+        plainly)."""
         if self.output == "json":
             self.out.write(json_line(view) + "\n")
         else:
-            record(as_dict(view), self.out)
+            row = as_dict(view)
+            record(explain(row) if isinstance(view, TaskView) else row, self.out)
         self.out.flush()
 
     async def many(self, items: AsyncIterator[Any], kind: str, what: str, limit: int | None = None) -> int:
@@ -159,8 +161,10 @@ async def tasks_submit(ctx: Ctx, a: Any) -> None:
 
 
 async def tasks_list(ctx: Ctx, a: Any) -> None:
+    """Newest first (the API's ``order=newest``) unless ``--oldest``: ``--limit 20`` is the 20 latest tasks."""
     page = min(a.page_size, a.limit) if a.limit else a.page_size
-    await ctx.many(ctx.gw.list_tasks(state=a.state, kind=a.kind, page_size=page), "task", "tasks", a.limit)
+    tasks = ctx.gw.list_tasks(state=a.state, kind=a.kind, page_size=page, newest_first=not a.oldest)
+    await ctx.many(tasks, "task", "tasks", a.limit)
 
 
 async def tasks_get(ctx: Ctx, a: Any) -> None:
@@ -189,8 +193,9 @@ async def tasks_wait(ctx: Ctx, a: Any) -> None:
 
 # -- dead letters, schedules, kinds, nodes ----------------------------------------------------------------------
 async def dlq_list(ctx: Ctx, a: Any) -> None:
-    letters = ctx.gw.dead_letters(exhausted=True if a.exhausted else None, page_size=a.page_size)
-    await ctx.many(letters, "dead_letter", "dead letters")
+    page = min(a.page_size, a.limit) if a.limit else a.page_size
+    letters = ctx.gw.dead_letters(exhausted=True if a.exhausted else None, page_size=page)
+    await ctx.many(letters, "dead_letter", "dead letters", a.limit)
 
 
 async def dlq_retry(ctx: Ctx, a: Any) -> None:
@@ -219,6 +224,42 @@ async def schedules_resume(ctx: Ctx, a: Any) -> None:
 
 async def schedules_trigger(ctx: Ctx, a: Any) -> None:
     ctx.one(await ctx.gw.trigger_schedule(a.id))
+
+
+async def schedules_create(ctx: Ctx, a: Any) -> None:
+    """``--cron EXPR`` (in ``--timezone``, default UTC) or ``--at TIME`` (once, RFC 3339)."""
+    schedule: dict[str, Any] = {"type": "cron", "cron": a.cron} if a.cron else {"type": "once", "runAt": a.at}
+    if a.timezone:
+        schedule["timezone"] = a.timezone
+    body: dict[str, Any] = {"task": {"kind": a.kind, "payload": read_payload(a.payload)}, "schedule": schedule}
+    if a.title:
+        body["title"] = a.title
+    ctx.one(await ctx.gw.create_schedule(body))
+
+
+async def schedules_delete(ctx: Ctx, a: Any) -> None:
+    await ctx.gw.delete_schedule(a.id)
+    if ctx.output == "json":
+        ctx.out.write(json_line({"id": a.id, "deleted": True}) + "\n")
+    else:
+        ctx.out.write(f"deleted schedule {a.id}\n")
+    ctx.out.flush()
+
+
+async def schedules_runs(ctx: Ctx, a: Any) -> None:
+    """The schedule's runs as the API lists them (the first ``--limit``)."""
+    page = min(a.page_size, a.limit) if a.limit else a.page_size
+    await ctx.many(ctx.gw.schedule_runs(a.id, page_size=page), "run", "runs", a.limit)
+
+
+async def schedules_upcoming(ctx: Ctx, a: Any) -> None:
+    """The next ``--count`` fire times: a JSON array of RFC 3339 strings, or one per line under a header."""
+    times = await ctx.gw.upcoming(a.id, count=a.count)
+    if ctx.output == "json":
+        ctx.out.write(json_line(times) + "\n")
+    else:
+        table([{"at": t} for t in times], COLUMNS["time"], ctx.out)
+    ctx.out.flush()
 
 
 async def kinds_list(ctx: Ctx, a: Any) -> None:
@@ -284,6 +325,9 @@ async def events_tail(ctx: Ctx, a: Any) -> None:
     types = [t for t in (a.types or "").split(",") if t.strip()] or None
     last = a.from_seq - 1 if a.from_seq is not None else None
     async with ctx.gw.events(types=types, aggregate_id=a.aggregate_id, last_event_id=last) as stream:
+        if ctx.output != "json":
+            ctx.out.write(event_header() + "\n")
+            ctx.out.flush()
         async for ev in stream:
             if isinstance(ev, Gap):
                 sys.stderr.write(
@@ -314,6 +358,10 @@ COMMANDS: dict[tuple[str, str], Command] = {
     ("schedules", "pause"): schedules_pause,
     ("schedules", "resume"): schedules_resume,
     ("schedules", "trigger"): schedules_trigger,
+    ("schedules", "create"): schedules_create,
+    ("schedules", "delete"): schedules_delete,
+    ("schedules", "runs"): schedules_runs,
+    ("schedules", "upcoming"): schedules_upcoming,
     ("kinds", "list"): kinds_list,
     ("kinds", "get"): kinds_get,
     ("kinds", "set"): kinds_set,

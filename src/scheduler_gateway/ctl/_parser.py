@@ -136,10 +136,11 @@ def _tasks_commands(sub: Any) -> None:
     p.add_argument("--label", action="append", default=[], metavar="K=V", help="a label (repeatable)")
     p.add_argument("--wait", action="store_true", help="wait until it ends; exit 0 only if it succeeded")
     p.add_argument("--timeout", type=_seconds, metavar="S", help="with --wait: give up after S seconds (exit 1)")
-    p = tasks.leaf("list", "list tasks, newest pages fetched as they go (every page)")
+    p = tasks.leaf("list", "list tasks, newest first (pages fetched as they go)")
     p.add_argument("--state", choices=TASK_STATES)
     p.add_argument("--kind", metavar="K")
-    p.add_argument("--limit", type=_positive_int, metavar="N", help="at most N tasks (default: all)")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help="at most N tasks: the N newest (default: all)")
+    p.add_argument("--oldest", action="store_true", help="oldest first (--limit N: the N oldest)")
     p.add_argument("--page-size", type=_positive_int, default=100, help=argparse.SUPPRESS)
     tasks.leaf("get", "one task").add_argument("id", metavar="ID")
     tasks.leaf("history", "every transition of a task, oldest first").add_argument("id", metavar="ID")
@@ -160,6 +161,7 @@ def _dlq_commands(sub: Any) -> None:
     dlq = _group(sub, "dlq", "dead letters: tasks that ran out of attempts")
     p = dlq.leaf("list", "list dead letters")
     p.add_argument("--exhausted", action="store_true", help="only exhausted letters (no automatic redrive)")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help="at most N letters (default: all)")
     p.add_argument("--page-size", type=_positive_int, default=100, help=argparse.SUPPRESS)
     dlq.leaf("retry", "redrive a dead letter's task").add_argument("id", metavar="ID")
     p = dlq.leaf("force-retry", "redrive an exhausted dead letter (recorded with the reason)")
@@ -177,8 +179,24 @@ def _schedules_commands(sub: Any) -> None:
         ("pause", "pause a schedule"),
         ("resume", "resume a paused schedule"),
         ("trigger", "start a run now"),
+        ("delete", "delete a schedule (its tasks stay)"),
     ):
         schedules.leaf(action, what).add_argument("id", metavar="ID")
+    p = schedules.leaf("create", "create a schedule: a cron (--cron) or one run at a time (--at)")
+    p.add_argument("--kind", required=True, metavar="K", help="the kind of the tasks it starts")
+    p.add_argument("--payload", metavar="JSON|@FILE", help="the tasks' payload as JSON text, or @FILE (@- reads stdin)")
+    when = p.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", metavar="EXPR", help='a cron expression, e.g. "*/5 * * * *"')
+    when.add_argument("--at", metavar="TIME", help="once, at this RFC 3339 time, e.g. 2030-01-01T09:00:00Z")
+    p.add_argument("--timezone", metavar="TZ", help="the cron's time zone, e.g. Europe/Paris (default UTC)")
+    p.add_argument("--title", metavar="T")
+    p = schedules.leaf("runs", "a schedule's runs")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help="at most N runs (default: all)")
+    p.add_argument("--page-size", type=_positive_int, default=100, help=argparse.SUPPRESS)
+    p = schedules.leaf("upcoming", "a schedule's next fire times")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--count", type=_positive_int, metavar="N", help="how many (1 to 100; default the API's)")
 
 
 def _kinds_commands(sub: Any) -> None:

@@ -61,13 +61,73 @@ def record(row: dict[str, Any], out: IO[str]) -> None:
         out.write(f"{k.ljust(width)}  {cell(v, 200)}\n")
 
 
-def _error(row: dict[str, Any]) -> Any:
-    err = row.get("error")
+#: the message column's width in tables: enough to say what went wrong, the whole text is one ``get`` away
+MESSAGE_CELL: Final = 48
+
+#: what each ``waitingFor`` means, for a person (CONTRACT 2.1)
+WAITING: Final[dict[str, str]] = {
+    "approval": "waits for an approval",
+    "not_before": "waits for its notBefore time",
+    "thread": "waits for the task before it in its thread",
+    "kind_paused": "its kind is paused (gatewayctl kinds resume KIND)",
+    "kind_concurrency": "its kind's concurrency limit is reached",
+    "key_concurrency": "its concurrency key's limit is reached",
+    "kind_rate": "its kind's rate limit is reached",
+    "key_rate": "its concurrency key's rate limit is reached",
+    "retry_backoff": "waits to retry after a failed attempt",
+    "dependencies": "waits for the tasks it depends on",
+    "workflow_parallel": "waits for a free slot of its workflow",
+    "no_node": "no node serves this kind: start a worker with --kinds KIND (or check the kind for a typo)",
+}
+
+
+def _error(row: dict[str, Any], field: str = "error") -> Any:
+    err = row.get(field)
     return err.get("code") if isinstance(err, dict) else None
+
+
+def _message(field: str = "error") -> Callable[[dict[str, Any]], Any]:
+    def get(row: dict[str, Any]) -> Any:
+        err = row.get(field)
+        text = err.get("message") if isinstance(err, dict) else None
+        return cell(text, MESSAGE_CELL) if text else None
+
+    return get
 
 
 def _task_note(row: dict[str, Any]) -> Any:
     return _error(row) or row.get("waitingFor")
+
+
+def _task_message(row: dict[str, Any]) -> Any:
+    waiting = row.get("waitingFor")
+    if not _error(row) and waiting:
+        return cell(WAITING.get(waiting, waiting), MESSAGE_CELL)
+    return _message()(row)
+
+
+def attempts(row: dict[str, Any]) -> str:
+    """``2/3``: the second attempt of a budget of three; ``1/2 (7 in all)`` once the task was retried or redriven
+    (``attemptNo`` counts every attempt of its life, ``maxAttempts`` only those since the last fresh budget)."""
+    total, budget = row.get("attemptNo"), row.get("maxAttempts")
+    this = row.get("attemptInBudget", total)
+    text = f"{this}/{budget}"
+    return text if this == total else f"{text} ({total} in all)"
+
+
+def explain(row: dict[str, Any]) -> dict[str, Any]:
+    """A task for ``tasks get -O table``: its fields, ``attempt`` spelled out and ``waitingFor`` said plainly."""
+    out = dict(row)
+    if "attemptNo" in row and "maxAttempts" in row:
+        this = row.get("attemptInBudget", row["attemptNo"])
+        spelled = f"attempt {this} of {row['maxAttempts']} in this budget"
+        if this != row["attemptNo"]:
+            spelled += f"; {row['attemptNo']} attempts in all (retries and redrives start a fresh budget)"
+        out["attempts"] = spelled
+    waiting = row.get("waitingFor")
+    if waiting:
+        out["waitingFor"] = f"{waiting}: {WAITING.get(waiting, waiting)}"
+    return out
 
 
 def _rate(name: str) -> Callable[[dict[str, Any]], Any]:
@@ -92,11 +152,12 @@ COLUMNS: Final[dict[str, list[Column]]] = {
         ("ID", key("id")),
         ("KIND", key("kind")),
         ("STATE", key("state")),
-        ("ATTEMPT", lambda r: f"{r.get('attemptNo')}/{r.get('maxAttempts')}"),
+        ("ATTEMPT", attempts),
         ("PRIORITY", key("priority")),
         ("OWNER", key("owner")),
         ("CREATED", key("createdAt")),
         ("NOTE", _task_note),
+        ("MESSAGE", _task_message),
     ],
     "history": [
         ("REV", key("revision")),
@@ -116,8 +177,20 @@ COLUMNS: Final[dict[str, list[Column]]] = {
         ("RETRIES", key("retryCount")),
         ("EXHAUSTED", key("exhausted")),
         ("LAST DEAD", key("lastDeadAt")),
-        ("ERROR", _error),
+        ("ERROR", lambda r: _error(r, "lastError")),
+        ("MESSAGE", _message("lastError")),
     ],
+    "run": [
+        ("ID", key("id")),
+        ("TRIGGER", key("trigger")),
+        ("STATUS", key("status")),
+        ("SCHEDULED FOR", key("scheduledFor")),
+        ("TASK", key("taskId")),
+        ("FINISHED", key("finishedAt")),
+        ("ERROR", _error),
+        ("MESSAGE", _message()),
+    ],
+    "time": [("NEXT RUN", key("at"))],
     "schedule": [
         ("ID", key("id")),
         ("TITLE", key("title")),
@@ -138,6 +211,7 @@ COLUMNS: Final[dict[str, list[Column]]] = {
         ("QUEUED", _count("queued")),
         ("RUNNING", _count("running")),
         ("APPROVAL", _count("waitingApproval")),
+        ("NODES", lambda r: r.get("onlineNodes") or "none"),
     ],
     "node": [
         ("ID", key("id")),
@@ -158,15 +232,26 @@ COLUMNS: Final[dict[str, list[Column]]] = {
 }
 
 
+#: ``events tail -O table``: the columns and their widths (events stream, so the widths are fixed beforehand: a
+#: seq to a billion, a millisecond timestamp, the longest event type, an id); a longer value pushes its line only
+EVENT_COLUMNS: Final = (("SEQ", 9), ("AT", 24), ("TYPE", 22), ("OBJECT", 30), ("REV", 4), ("CHANGE", 0))
+
+
+def event_header() -> str:
+    return "  ".join(name.ljust(width) for name, width in EVENT_COLUMNS).rstrip()
+
+
 def event_line(row: dict[str, Any]) -> str:
+    """One event as a table row under ``event_header``; a state change reads ``queued -> running`` (a new
+    object's first state: ``(new) -> queued``)."""
     data = row.get("data")
     change = ""
     if isinstance(data, dict) and ("from" in data or "to" in data):
-        change = f" {data.get('from') or '-'}->{data.get('to') or '-'}"
-    return (
-        f"{row.get('seq')}  {row.get('at')}  {row.get('type')}  {row.get('aggregateId')}"
-        f"  rev={cell(row.get('revision'))}{change}"
-    )
+        change = f"{data.get('from') or '(new)'} -> {data.get('to') or '-'}"
+    values = (row.get("seq"), row.get("at"), row.get("type"), row.get("aggregateId"), row.get("revision"), change)
+    return "  ".join(
+        cell(None if v == "" else v).ljust(width) for v, (_, width) in zip(values, EVENT_COLUMNS, strict=True)
+    ).rstrip()
 
 
 class Progress:

@@ -64,11 +64,15 @@ async def create_principal(store: Store, user: str, role: str) -> str:
 
 
 def list_lines(principals: list[Principal]) -> list[str]:
-    """One line per token, oldest first: ``id user role createdAt lastUsedAt`` (``-``: never used)."""
-    return [
-        f"{p.id} {p.user} {p.role} {fmt_ts(p.created_at)} {fmt_ts(p.last_used_at) or '-'}"
+    """A header row, then one line per token, oldest first: ``id user role createdAt lastUsedAt`` (``-``: never
+    used), in aligned columns."""
+    rows = [("ID", "USER", "ROLE", "CREATED", "LAST USED")]
+    rows += [
+        (p.id, p.user, p.role, fmt_ts(p.created_at) or "-", fmt_ts(p.last_used_at) or "-")
         for p in sorted(principals, key=lambda p: (p.created_at, p.id))
     ]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
 async def revoke(store: Store, token: str | None, user: str | None) -> list[Principal]:

@@ -175,6 +175,9 @@ class TaskView(msgspec.Struct, rename="camel", kw_only=True):
     waiting_for: str | None = None
     #: how many artifacts the task has (docs/ARTIFACTS.md)
     artifact_count: int = 0
+    #: this attempt's number within the current budget (since the last create, retry, redrive or rework), the
+    #: one ``maxAttempts`` bounds; ``attemptNo`` counts every attempt of the task's life
+    attempt_in_budget: int = 1
 
 
 class ActorView(msgspec.Struct):

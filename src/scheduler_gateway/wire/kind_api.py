@@ -46,6 +46,8 @@ class KindView(msgspec.Struct, rename="camel", kw_only=True):
     key_rate: RateView | None
     counts: KindCountsView
     updated_at: str | None
+    #: nodes serving the kind (a heartbeat naming it in the last 60 s, not draining); 0: no node runs its tasks
+    online_nodes: int = 0
 
 
 class KindList(msgspec.Struct, rename="camel", kw_only=True):

@@ -66,6 +66,7 @@ class TaskService:
         an attempt (``NodeProtocol``); None: deadlines do not look."""
         self._store = store
         self._dispatcher = dispatcher
+        self._nodes = nodes
         self.policy = policy or TaskPolicy()
         self._clock = clock
         metrics = metrics or NullMetrics()
@@ -126,8 +127,14 @@ class TaskService:
         return await self._store.artifact_counts(task_ids) if task_ids else {}
 
     def waiting_for(self, task: Task) -> str | None:
-        """Why the task has not started (its ``waitingFor``, docs/FLOW.md), judged on its live copy."""
-        return self._dispatcher.waiting_for(self.ledger.live.get(task.id, task))
+        """Why the task has not started (its ``waitingFor``, docs/FLOW.md), judged on its live copy. ``no_node``
+        comes last (CONTRACT 2.1): a queued task that nothing else holds (on offer, maybe) whose kind no node
+        serves."""
+        live = self.ledger.live.get(task.id, task)
+        reason = self._dispatcher.waiting_for(live)
+        if reason is None and live.state == "queued" and not self._nodes.serving(live.kind):
+            return "no_node"
+        return reason
 
     def add_listener(self, listener: Callable[[sm.Transition], None]) -> None:
         """Called after every committed transition (in the task's mailbox; keep it quick and non-blocking).

@@ -33,7 +33,7 @@ def _rate_view(r: Rate | None) -> ka.RateView | None:
     return None if r is None else ka.RateView(limit=r.limit, period_seconds=r.period_s)
 
 
-def kind_view(s: KindSettings, counts: dict[str, int]) -> ka.KindView:
+def kind_view(s: KindSettings, counts: dict[str, int], online_nodes: int = 0) -> ka.KindView:
     return ka.KindView(
         kind=s.kind,
         paused=s.paused,
@@ -47,6 +47,7 @@ def kind_view(s: KindSettings, counts: dict[str, int]) -> ka.KindView:
             waiting_approval=counts.get("waiting_approval", 0),
         ),
         updated_at=fmt_ts(s.updated_at) if s.updated_at else None,
+        online_nodes=online_nodes,
     )
 
 
@@ -99,7 +100,9 @@ class KindRoutes:
         start = bisect.bisect_right(names, cursor) if cursor is not None else 0
         page = names[start : start + limit]
         more = start + limit < len(names)
-        items = [kind_view(stored.get(k) or KindSettings(kind=k), counts.get(k, {})) for k in page]
+        items = [
+            kind_view(stored.get(k) or KindSettings(kind=k), counts.get(k, {}), self.nodes.serving(k)) for k in page
+        ]
         return json_response(ka.KindList(items=items, next_cursor=page[-1] if more and page else None))
 
     async def get_kind(self, request: web.Request) -> web.Response:
@@ -107,7 +110,7 @@ class KindRoutes:
         # any kind name is a kind: one never used answers its (empty) settings, as a PUT would start from
         settings = await self.store.get_kind(kind)
         counts = (await self.store.kind_counts()).get(kind, {})
-        return json_response(kind_view(settings or KindSettings(kind=kind), counts))
+        return json_response(kind_view(settings or KindSettings(kind=kind), counts, self.nodes.serving(kind)))
 
     async def put_kind(self, request: web.Request) -> web.Response:
         caller: Caller = request[CALLER]
@@ -138,4 +141,4 @@ class KindRoutes:
         caller: Caller = request[CALLER]
         new = await self.kinds.update(kind, changes, caller.actor, caller.request_id)
         counts = (await self.store.kind_counts()).get(kind, {})
-        return json_response(kind_view(new, counts))
+        return json_response(kind_view(new, counts, self.nodes.serving(kind)))

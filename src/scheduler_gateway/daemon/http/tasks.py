@@ -82,6 +82,7 @@ def task_view(t: Task, waiting_for: str | None = None, artifact_count: int = 0) 
         unique_key=t.unique_key,
         waiting_for=waiting_for,
         artifact_count=artifact_count,
+        attempt_in_budget=t.attempts_in_budget,
     )
 
 
@@ -252,6 +253,9 @@ class TaskRoutes:
         state = q.get("state") or None
         if state is not None and state not in TASK_STATES:
             raise InvalidArgument(f"unknown state {state[:40]}", details={"field": "state"})
+        order = q.get("order") or "oldest"
+        if order not in ("oldest", "newest"):
+            raise InvalidArgument("order must be oldest or newest", details={"field": "order"})
         items, next_cursor = await self.service.list_tasks(
             caller,
             TaskQuery(
@@ -261,6 +265,7 @@ class TaskRoutes:
                 run_id=q.get("runId") or None,
                 limit=limit,
                 cursor=cursor,
+                newest_first=order == "newest",
             ),
         )
         counts = await self.service.artifact_counts([t.id for t in items])

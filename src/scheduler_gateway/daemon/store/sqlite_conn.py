@@ -417,19 +417,23 @@ class SqliteDb:
         limit: int,
         decode: Callable[[Any], T],
         what: str,
+        descending: bool = False,
     ) -> Page:
         """One page of ``table`` ordered by ``key`` after the cursor value ``after``, with equality filters
-        (None = no filter). The next cursor is the last row's key even when that row was skipped as corrupt."""
+        (None = no filter). The next cursor is the last row's key even when that row was skipped as corrupt.
+        ``descending``: largest key first, the page after ``after`` holding the smaller keys (no cursor: the top)."""
         n = clamp_limit(limit)
-        where = [f"{key} > ?"]
-        params: list[Any] = [after]
+        where = [f"{key} < ?" if descending else f"{key} > ?"] if after or not descending else ["1 = 1"]
+        params: list[Any] = [after] if after or not descending else []
         for column, value in filters:
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
         params.append(n + 1)
         rows = await self.fetchall(
-            f"SELECT {key}, doc FROM {table} WHERE {' AND '.join(where)} ORDER BY {key} LIMIT ?", params
+            f"SELECT {key}, doc FROM {table} WHERE {' AND '.join(where)} ORDER BY {key}{' DESC' if descending else ''}"
+            " LIMIT ?",
+            params,
         )
         more = len(rows) > n
         rows = rows[:n]

@@ -105,7 +105,9 @@ class SqliteTasks:
             ("parent_id", query.parent_id),
             ("run_id", query.run_id),
         )
-        return await self._db.page("tasks", "id", filters, query.cursor or "", query.limit, _decode_task, "task")
+        return await self._db.page(
+            "tasks", "id", filters, query.cursor or "", query.limit, _decode_task, "task", query.newest_first
+        )
 
     async def history(self, task_id: str, limit: int = 500, cursor: str | None = None) -> Page:
         n = clamp_limit(limit)

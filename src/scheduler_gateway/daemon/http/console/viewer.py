@@ -35,6 +35,9 @@ async def viewer_guard(
     caller = request.get(CALLER)
     if caller is not None and caller.role == VIEWER and request.match_info.http_exception is None:
         if request.method not in READ_METHODS:
-            raise Forbidden("a viewer reads and changes nothing")
+            raise Forbidden(
+                f"this token is a viewer's: it reads and changes nothing ({request.method} refused); "
+                "use a user's or an admin's token to make changes"
+            )
         request[CALLER] = read_caller(caller)
     return await handler(request)

@@ -228,19 +228,23 @@ class PgDb:
         limit: int,
         decode: Callable[[Any], T],
         what: str,
+        descending: bool = False,
     ) -> Page:
         """One page of ``table`` ordered by ``key`` after ``after``, with equality filters (None = none). The
-        next cursor is the last row's key even when that row was skipped as corrupt."""
+        next cursor is the last row's key even when that row was skipped as corrupt. ``descending``: largest key
+        first, the page after ``after`` holding the smaller keys (no cursor: the top)."""
         n = clamp_limit(limit)
-        where = [f"{key} > %s"]
-        params: list[Any] = [after]
+        where = [f"{key} < %s" if descending else f"{key} > %s"] if after or not descending else ["TRUE"]
+        params: list[Any] = [after] if after or not descending else []
         for column, value in filters:
             if value is not None:
                 where.append(f"{column} = %s")
                 params.append(value)
         params.append(n + 1)
         rows = await self.fetch(
-            f"SELECT {key}, doc FROM {table} WHERE {' AND '.join(where)} ORDER BY {key} LIMIT %s", params
+            f"SELECT {key}, doc FROM {table} WHERE {' AND '.join(where)} ORDER BY {key}{' DESC' if descending else ''}"
+            " LIMIT %s",
+            params,
         )
         more = len(rows) > n
         rows = rows[:n]

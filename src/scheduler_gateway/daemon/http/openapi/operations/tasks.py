@@ -37,7 +37,7 @@ OPERATIONS: list[Op] = [
         "get",
         "/api/tasks",
         "listTasks",
-        "list tasks, oldest first",
+        "list tasks, oldest first (or newest first with order=newest)",
         "tasks",
         answer="TaskPage",
         params=[
@@ -46,6 +46,7 @@ OPERATIONS: list[Op] = [
             filter_param("kind", "only tasks of this kind"),
             filter_param("parentId", "only children of this task"),
             filter_param("runId", "only tasks of this run"),
+            enum_filter("order", ("oldest", "newest"), "by creation: oldest first (the default) or newest first"),
         ],
     ),
     Op("get", "/api/tasks/{id}", "getTask", "one task", "tasks", answer="TaskView", params=[TASK_ID]),
