@@ -48,6 +48,13 @@ from scheduler_gateway.daemon.store.postgres.flow import (
     limiting,
     limiting_kinds,
 )
+from scheduler_gateway.daemon.store.postgres.lock_bounds import (
+    LOCK_WAIT_S,
+    SKIPPED_WAIT_S,
+    SQL_BOUND_LOCK_WAITS,
+    bound_param,
+    lock_busy,
+)
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, task_not_found
 
 WriteOne = Callable[[Conn, ChangeRows], Awaitable[None]]
@@ -74,16 +81,20 @@ _LETTER_SET = (
 )
 #: The whole fast part of a batch in one statement; its rows say who won: ('w', task id) per task row written,
 #: ('h', task id) per history row, ('i', owner, key) per idempotency key, ('l', task id) per letter, ('c', id)
-#: per callback. Every part is always there (an empty array when the batch has none), so the text never changes
-#: and PostgreSQL plans it once per connection (prepared).
+#: per callback, ('k', task id) per row to update that it locked (one it did not was skipped: held elsewhere).
+#: Every part is always there (an empty array when the batch has none), so the text never changes and
+#: PostgreSQL plans it once per connection (prepared).
 SQL_SET_WRITE = (
     "WITH ins AS (INSERT INTO tasks (id, owner, kind, state, revision, priority, parent_id, run_id, thread_id,"
     " created_at, not_before, doc, concurrency_key, unique_key, lease_expires_at, deadline_at, finished_at)"
     f" SELECT * FROM {_unnest(_T, *_TASK_TYPES, _T, _T, _F8, _F8, _F8)} ON CONFLICT (id) DO NOTHING RETURNING id),"
+    # the rows to update, locked in id order; one another transaction holds is skipped, not waited for (a
+    # frozen instance's open transaction would hold the whole batch): its change is decided alone (lock_bounds.py)
+    " lk AS (SELECT t.id FROM tasks t WHERE t.id = ANY(%s::text[]) ORDER BY t.id FOR UPDATE SKIP LOCKED),"
     f" upd AS (UPDATE tasks t SET {', '.join(f'{c} = v.{c}' for c in _SET_COLUMNS)}"
     f" FROM {_unnest(*_TASK_TYPES, _F8, _F8, _F8, _T, _I8)}"
     f" AS v({', '.join(_SET_COLUMNS)}, id, expected)"
-    " WHERE t.id = v.id AND t.revision = v.expected RETURNING t.id),"
+    " WHERE t.id = v.id AND t.revision = v.expected AND t.id IN (SELECT id FROM lk) RETURNING t.id),"
     " won AS (SELECT id FROM ins UNION ALL SELECT id FROM upd),"
     " hist AS (INSERT INTO task_history (task_id, revision, lease_id, doc)"
     f" SELECT x.task_id, x.revision, x.lease_id, x.doc FROM {_unnest(_T, _I8, _T, _B)}"
@@ -110,7 +121,8 @@ SQL_SET_WRITE = (
     " cb AS (INSERT INTO callback_deliveries (id, task_id, due_at, doc)"
     f" SELECT x.id, x.task_id, x.due_at, x.doc FROM {_unnest(_T, _T, _T, _F8, _B)} AS x(of, id, task_id, due_at, doc)"
     " WHERE x.of IN (SELECT id FROM won) ON CONFLICT DO NOTHING RETURNING id)"
-    " SELECT 'w', id, NULL FROM won UNION ALL SELECT 'h', task_id, NULL FROM hist"
+    " SELECT 'w', id, NULL FROM won UNION ALL SELECT 'k', id, NULL FROM lk"
+    " UNION ALL SELECT 'h', task_id, NULL FROM hist"
     " UNION ALL SELECT 'i', owner, key FROM idem UNION ALL SELECT 'l', task_id, NULL FROM letter"
     " UNION ALL SELECT 'c', id, NULL FROM cb"
 )
@@ -127,7 +139,8 @@ async def write_batch(conn: Conn, rows: list[ChangeRows], write_one: WriteOne) -
     alone = _alone(rows, read)
     together = [i for i in range(len(rows)) if i not in alone]
     # the kinds' locks, their settings read again under them, and the set statement: one round trip
-    decided, limited = await _set_write(conn, rows, together, kind_locks(kinds, read), kinds)
+    bound = [(SQL_BOUND_LOCK_WAITS, bound_param(LOCK_WAIT_S))]  # no lock of this transaction waits longer
+    decided, limited = await _set_write(conn, rows, together, [*bound, *kind_locks(kinds, read)], kinds)
     if limited != read:  # a kind's settings changed between that read and its lock: decide again on these
         if decided is not None and together:
             await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
@@ -135,28 +148,35 @@ async def write_batch(conn: Conn, rows: list[ChangeRows], write_one: WriteOne) -
         together = [i for i in range(len(rows)) if i not in alone]
         decided, _ = await _set_write(conn, rows, together, [], [])
     results: dict[int, Result] = {}
+    skipped: set[int] = set()
     attempts = 1
     while True:
         if decided is None:  # a unique index refused the statement whole: the batch goes change by change
             alone.update(together)
             break
         results.update(decided.lost)
+        skipped.update(decided.skipped)
         if not decided.refused:  # written: the rest of ``together`` stands
             break
         alone.update(decided.refused)
-        together = [i for i in together if i not in decided.lost and i not in decided.refused]
+        together = [i for i in together if i not in decided.lost and i not in decided.refused | decided.skipped]
         if attempts == _MAX_SET_ATTEMPTS:  # still refusing: the rest goes alone too
             alone.update(together)
             break
         decided, _ = await _set_write(conn, rows, together, [], [])
         attempts += 1
     failpoints.hit("pg.batch_after_set_write")  # a crash between the batch's statements (tests)
+    if skipped:  # a row another transaction holds: waited for briefly, so its batch-mates wait no longer
+        alone.update(skipped)
+        await conn.execute(SQL_BOUND_LOCK_WAITS, bound_param(SKIPPED_WAIT_S))
     for i in sorted(alone):
         try:
             async with conn.transaction():  # a savepoint: a refusal undoes only its own writes
                 await write_one(conn, rows[i])
         except GatewayError as exc:  # a refusal (a driver failure propagates: the batch fails)
             results[i] = exc
+        except pg_errors.LockNotAvailable as exc:  # held longer than its bound: this change alone, retryable
+            results[i] = lock_busy(rows[i].task_id, exc)
         else:
             results[i] = None
     return [results.get(i) for i in range(len(rows))]
@@ -201,11 +221,12 @@ class _Decided:
     """What one set statement decided: ``lost`` the changes whose task row lost (nothing of them written; their
     answers), ``refused`` the winners with a companion refused (the statement is rolled back: re-decide them)."""
 
-    __slots__ = ("lost", "refused")
+    __slots__ = ("lost", "refused", "skipped")
 
-    def __init__(self, lost: dict[int, BaseException], refused: set[int]) -> None:
+    def __init__(self, lost: dict[int, BaseException], refused: set[int], skipped: set[int]) -> None:
         self.lost = lost
         self.refused = refused
+        self.skipped = skipped  # row locked by another transaction (or gone): nothing written, decided alone
 
 
 async def _set_write(
@@ -229,21 +250,9 @@ async def _set_write(
         await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
         return None, await limiting_kinds(conn, kinds)
     if not together:
-        return _Decided({}, set()), limited
-    won = {str(a) for tag, a, _ in out if tag == "w"}
-    written = {(str(tag), str(a), None if b is None else str(b)) for tag, a, b in out if tag != "w"}
-    lost: dict[int, BaseException] = {}
-    stale: list[int] = []
-    refused: set[int] = set()
-    for i in together:
-        r = rows[i]
-        if r.task_id in won:
-            if _companion_refused(r, written):
-                refused.add(i)
-        elif r.expected_revision is None:
-            lost[i] = _already_exists(r)
-        else:
-            stale.append(i)
+        return _Decided({}, set(), set()), limited
+    decided, stale, locked = _outcomes(rows, together, out)
+    lost, refused = decided.lost, decided.refused
     if refused:  # undo the winners' rows too: those refused are re-decided alone, the others written again
         await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
     if stale:  # the losers' revisions as they are now, as the per-change path reads them after its update
@@ -252,8 +261,32 @@ async def _set_write(
         )
         found = {str(task_id): int(rev) for task_id, rev in await cur.fetchall()}
         for i in stale:
-            lost[i] = _stale(rows[i], found.get(rows[i].task_id))
-    return _Decided(lost, refused), limited
+            task_id = rows[i].task_id
+            if task_id in found and task_id not in locked:  # held by another transaction: decided alone
+                decided.skipped.add(i)
+            else:
+                lost[i] = _stale(rows[i], found.get(task_id))
+    return decided, limited
+
+
+def _outcomes(rows: list[ChangeRows], together: list[int], out: list[Any]) -> tuple[_Decided, list[int], set[str]]:
+    """What the set statement's rows ``out`` say of each change of ``together``; the updates that wrote nothing,
+    whose answers need their rows read; and the ids of the rows the statement locked."""
+    won = {str(a) for tag, a, _ in out if tag == "w"}
+    locked = {str(a) for tag, a, _ in out if tag == "k"}
+    written = {(str(tag), str(a), None if b is None else str(b)) for tag, a, b in out if tag not in ("w", "k")}
+    decided = _Decided({}, set(), set())
+    stale: list[int] = []
+    for i in together:
+        r = rows[i]
+        if r.task_id in won:
+            if _companion_refused(r, written):
+                decided.refused.add(i)
+        elif r.expected_revision is None:
+            decided.lost[i] = _already_exists(r)
+        else:  # lost its compare-and-set, or skipped (held elsewhere) if it exists (see _set_write)
+            stale.append(i)
+    return decided, stale, locked
 
 
 def _already_exists(r: ChangeRows) -> Conflict:
@@ -301,6 +334,7 @@ def _params(rows: list[ChangeRows]) -> list[list[Any]]:
     )
     return [
         *_columns(inserts, 17),
+        [u[14] for u in updates],  # the rows to lock (lk)
         *_columns(updates, 16),
         *_columns([r.history for r in rows if r.history is not None], 4),
         *_columns([(r.task_id, *r.audit) for r in rows if r.audit is not None], 8),

@@ -19,6 +19,7 @@ import psycopg
 from scheduler_gateway.daemon.store.migrations import OUTBOX_LAYOUT_MIGRATION, TASK_LIST_MIGRATION
 from scheduler_gateway.daemon.store.node_rows import PG_NODE_DRAIN_MIGRATION
 from scheduler_gateway.daemon.store.postgres.counts import PG_COUNTS_MIGRATION
+from scheduler_gateway.daemon.store.postgres.minutes import PG_MINUTES_MIGRATION
 from scheduler_gateway.daemon.store.postgres.outbox import PG_OUTBOX_XID_MIGRATION
 from scheduler_gateway.daemon.store.postgres.search import PG_SEARCH_MIGRATION, PG_SEARCH_OWNER_MIGRATION
 from scheduler_gateway.wire.errors import StorageError
@@ -302,6 +303,9 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 15: a user's node and error code lists counted from their indexes, the owner at the end of each (text in
     # postgres/search.py)
     PG_SEARCH_OWNER_MIGRATION,
+    # 16: the per-minute figures a row per writing session, so no transaction waits for another's (text in
+    # postgres/minutes.py)
+    PG_MINUTES_MIGRATION,
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)

@@ -7,6 +7,7 @@ from scheduler_gateway.actors.model.records import Task
 from scheduler_gateway.daemon.store.change_rows import running_deadlines
 from scheduler_gateway.daemon.store.common import decode_or_raise, doc_decoder
 from scheduler_gateway.daemon.store.postgres.db import PgDb
+from scheduler_gateway.daemon.store.postgres.lock_bounds import bound_lock_waits
 from scheduler_gateway.daemon.store.postgres.tasks import with_lease
 
 _decode_task = doc_decoder(Task)
@@ -22,18 +23,23 @@ class PgShared:
         # Heartbeats of one task reach any instance, and one answered late (a paused instance, a node that timed
         # out and asked again elsewhere) may commit after a later one, from an earlier clock: the expiry never
         # moves back, so every extension a node was answered holds (docs/INVARIANTS.md, Rows with several writers)
-        rows = await self._db.fetch(
-            "UPDATE tasks t SET lease_expires_at = greatest(t.lease_expires_at, v.expires)"
-            " FROM unnest(%s::text[], %s::bigint[], %s::float8[], %s::float8[]) AS v(id, rev, expires, now)"
-            " WHERE t.id = v.id AND t.revision = v.rev AND t.state = 'running'"
-            " AND coalesce(t.lease_expires_at, 0) > v.now RETURNING t.id",
-            (
-                [i[0] for i in items],
-                [i[1] for i in items],
-                [i[2] for i in items],
-                [i[3] for i in items],
-            ),
-        )
+        # a task row another transaction holds (a frozen instance's claim or settle of it) is waited for 1 s at
+        # most: the heartbeat fails (the node sends it again) instead of holding a pooled connection 10 s
+        async with self._db.transaction() as conn:
+            await bound_lock_waits(conn)
+            cur = await conn.execute(
+                "UPDATE tasks t SET lease_expires_at = greatest(t.lease_expires_at, v.expires)"
+                " FROM unnest(%s::text[], %s::bigint[], %s::float8[], %s::float8[]) AS v(id, rev, expires, now)"
+                " WHERE t.id = v.id AND t.revision = v.rev AND t.state = 'running'"
+                " AND coalesce(t.lease_expires_at, 0) > v.now RETURNING t.id",
+                (
+                    [i[0] for i in items],
+                    [i[1] for i in items],
+                    [i[2] for i in items],
+                    [i[3] for i in items],
+                ),
+            )
+            rows = await cur.fetchall()
         return {str(r[0]) for r in rows}
 
     async def get_tasks(self, task_ids: list[str]) -> list[Task]:

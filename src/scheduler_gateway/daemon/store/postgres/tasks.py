@@ -56,6 +56,7 @@ from scheduler_gateway.daemon.store.postgres.flow import (
     unique_refusal,
 )
 from scheduler_gateway.daemon.store.postgres.group_commit import PgGroupCommit
+from scheduler_gateway.daemon.store.postgres.lock_bounds import bound_lock_waits
 from scheduler_gateway.daemon.store.postgres.outbox import SQL_INSERT_OUTBOX, SQL_OUTBOX_BATCH
 from scheduler_gateway.daemon.store.postgres.read_batch import TaskReads
 from scheduler_gateway.wire.errors import (
@@ -246,6 +247,7 @@ class PgTasks:
     async def _apply_alone(self, change: Change) -> None:
         rows = ChangeRows.of(change)
         async with self._db.transaction() as conn:
+            await bound_lock_waits(conn)  # a frozen instance's locks cost this change 1 s at most (lock_bounds.py)
             await lock_claimed_kinds(conn, [rows])
             await write_change(conn, rows, self._clock)
             failpoints.hit("pg.before_commit")
@@ -274,6 +276,7 @@ class PgTasks:
             return
         rows = [ChangeRows.of(c) for c in changes]
         async with self._db.transaction() as conn:
+            await bound_lock_waits(conn)
             await lock_claimed_kinds(conn, rows)
             for r in rows:
                 await write_change(conn, r, self._clock)
