@@ -34,8 +34,8 @@ from scheduler_gateway.daemon.ha import (
     HighAvailability,
     NotLeader,
 )
-from scheduler_gateway.daemon.nats.bus import NodeInputs
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
+from scheduler_gateway.daemon.nats.node_inputs import NodeInputs
 from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.postgres.db import FencedOut
 from scheduler_gateway.wire.callbacks import CALLBACK_ID_HEADER

@@ -63,7 +63,8 @@ from scheduler_gateway.daemon.lifecycle import Duty, Services, Step, step
 from scheduler_gateway.daemon.metrics import PrometheusMetrics, PrometheusRetentionMetrics
 from scheduler_gateway.daemon.metrics_dispatch import register_dispatch_metrics
 from scheduler_gateway.daemon.metrics_events import EventCallbackMetrics
-from scheduler_gateway.daemon.nats.bus import NatsBus, NodeInputs
+from scheduler_gateway.daemon.nats.bus import NatsBus
+from scheduler_gateway.daemon.nats.node_inputs import NodeInputs
 from scheduler_gateway.daemon.node_sync import NodeSync
 from scheduler_gateway.daemon.scheduling import Scheduling
 from scheduler_gateway.daemon.store.outbox_mark import first_event_seq
