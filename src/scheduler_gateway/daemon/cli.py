@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--deep", action="store_true", help="check every page of the SQLite store file (integrity_check, no time bound)"
     )
-    add_token_parser(sub)
+    add_token_parser(sub.add_parser("token", help="API tokens"))
     backup = sub.add_parser("backup", help="copy the store consistently while the daemon runs (SQLite backup API)")
     backup.add_argument("--to", type=Path, required=True, metavar="FILE", help="the backup file (replaced)")
     backup.add_argument("--config", type=Path)

@@ -127,8 +127,8 @@ def token_main(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
-def add_token_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    token = sub.add_parser("token", help="API tokens")
+def add_token_parser(token: argparse.ArgumentParser) -> None:
+    """The subcommands of ``gatewayd token`` (``token``: that command's parser)."""
     token_sub = token.add_subparsers(dest="token_command", required=True)
     create = token_sub.add_parser("create", help="create a token and print it")
     create.add_argument("--user", required=True)
