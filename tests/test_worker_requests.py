@@ -121,12 +121,12 @@ async def test_copies_go_out_at_growing_waits_until_the_timeout_when_nobody_answ
 
 
 async def test_the_first_answer_wins_and_a_late_one_is_dropped() -> None:
-    group = FakeGroup(["late", "late", "live"], late_s=0.15)
+    group = FakeGroup(["late", "late", "live"], late_s=MIN_FIRST_S * 1.5)
     r = resender(group)
     got = await r.request("gw.claim.n1", b"c", timeout_s=5.0)
     assert got == b"late answer of c"  # the first copy answered after the first wait, before the third was sent
     assert [m for m, _ in group.sent] == ["late", "late"]
-    await asyncio.sleep(0.3)  # the second copy was cancelled: its late answer goes nowhere
+    await asyncio.sleep(MIN_FIRST_S * 1.5 + 0.1)  # the second copy was cancelled: its late answer goes nowhere
     assert group.ended.count("late") == 2
 
 
