@@ -39,7 +39,8 @@ def _types_holding_secrets() -> list[tuple[type[Any], list[str]]]:
                 names = [f.name for f in dataclasses.fields(cls)]
             else:
                 continue
-            secret = [n for n in names if SECRET_FIELD.search(n) and not n.endswith(("_hash", "_configured"))]
+            # a hash, a flag saying one is set, or a number of seconds (``token_recheck_s``) is no secret
+            secret = [n for n in names if SECRET_FIELD.search(n) and not n.endswith(("_hash", "_configured", "_s"))]
             if secret:
                 found[cls] = secret
     return sorted(found.items(), key=lambda kv: f"{kv[0].__module__}.{kv[0].__qualname__}")
