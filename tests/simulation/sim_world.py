@@ -566,7 +566,7 @@ class SimBucket:
 
 
 class BucketGate:
-    """The ``ArtifactBucket`` port (actors/artifacts.py) for one incarnation, on the shared ``SimBucket``: every
+    """The ``ArtifactBucket`` port (actors/artifact_ports.py) for one incarnation, on the shared ``SimBucket``: every
     call is an await point where a frozen instance stops, and fails once the process died or NATS is down."""
 
     def __init__(self, bucket: SimBucket, bus: SimBus, wall: Callable[[], float], freezer: Freezer) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from scheduler_gateway.wire.artifacts import object_name
 from scheduler_gateway.wire.errors import GatewayError
 
-from .artifacts import ArtifactBucket
+from .artifact_ports import ArtifactBucket
 from .model.artifacts import ArtifactLimits
 from .runtime import LoopActor, Wakeup
 from .store_ports import ArtifactStore

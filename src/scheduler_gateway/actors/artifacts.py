@@ -14,7 +14,8 @@ it lost), two copies of one commit racing, or a commit refused after its upload 
 bytes) answer or refuse without touching them. Every drop of a refused upload goes through ``_drop_unrecorded``
 (the store says no row names it), and the commits of one upload on one instance run one at a time.
 
-Retention and the orphan sweep are ``ArtifactKeeper``'s (actors/artifact_keeper.py).
+Retention and the orphan sweep are ``ArtifactKeeper``'s (actors/artifact_keeper.py); the bucket that holds the
+bytes and the task service's lease checks are ports of their own (actors/artifact_ports.py).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from scheduler_gateway.wire.artifacts import (
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidArgument, NotFound, PayloadTooLarge
 
 from . import failpoints, idgen
+from .artifact_ports import ArtifactBucket, LeaseHolder
 from .model.artifacts import (
     ArtifactLimits,
     ArtifactRecord,
@@ -64,65 +66,6 @@ from .store_ports import ArtifactStore, AuditStore
 
 log = logging.getLogger(__name__)
 RECORD_RETRIES = 3
-
-
-class ArtifactBucket(Protocol):
-    """The bytes (the daemon's JetStream object store adapter, daemon/nats/artifacts.py)."""
-
-    def upload_settings(self) -> tuple[str, int]:
-        """``(chunk subject template, chunk size)``: where nodes publish and how big a chunk may be."""
-        ...
-
-    def watch(self, upload: str) -> None:
-        """A chunked upload was begun here: the bucket may start checking its chunks as they are stored, so that
-        ``verify`` need not read them all back (an optimisation: ``verify`` is right either way)."""
-        ...
-
-    async def verify(self, upload: str, size: int, sha256: str) -> int:
-        """Read the stored chunks of ``upload`` back: their count when they hold exactly ``size`` bytes with that
-        sha256; else GatewayError DIGEST_MISMATCH (the chunks stay: the caller drops them)."""
-        ...
-
-    async def write_meta(self, record: ArtifactRecord) -> None:
-        """Make the object ``<taskId>/<name>`` name the record's chunks (the object store's meta)."""
-        ...
-
-    async def put_chunk(self, upload: str, data: bytes) -> None:
-        """Store ``data`` as the one chunk of ``upload`` (the bytes of a ``put``), acknowledged by the bucket."""
-        ...
-
-    async def remove(self, record: ArtifactRecord) -> None:
-        """Remove the record's object: its meta and its chunks (nothing when already gone)."""
-        ...
-
-    async def drop_upload(self, upload: str) -> None:
-        """Purge the chunks of ``upload`` (nothing when already gone)."""
-        ...
-
-    async def remove_object(self, object_name: str, upload: str) -> None:
-        """Remove the meta ``object_name`` while it still names ``upload`` (an orphan object: no row names it)."""
-        ...
-
-    def upload_pages(self, page: int) -> AsyncIterator[list[tuple[str, float]]]:
-        """Every upload the bucket holds chunks of, with when its newest chunk was stored, ``page`` at a time."""
-        ...
-
-    def object_pages(self, page: int) -> AsyncIterator[list[tuple[str, str, float]]]:
-        """Every object the bucket holds a meta of: ``(name, the upload it names, when it was written)``, ``page``
-        at a time."""
-        ...
-
-    async def last_at(self, upload: str) -> float | None:
-        """When the newest chunk of ``upload`` was stored (None: it holds none)."""
-        ...
-
-    async def meta_of(self, object_name: str) -> tuple[str, float] | None:
-        """The upload the meta ``object_name`` names and when it was written (None: no such meta)."""
-        ...
-
-    def read(self, record: ArtifactRecord, start: int, end: int) -> AsyncGenerator[bytes, None]:
-        """The bytes ``start`` to ``end`` (inclusive) of the record's object, chunk by chunk."""
-        ...
 
 
 class ArtifactIndex(ArtifactStore, AuditStore, Protocol):
@@ -154,15 +97,6 @@ def record_for(
 
 def refused(exc: GatewayError) -> ArtifactReply:
     return ArtifactReply(ok=False, error=ArtifactError(code=exc.code, message=exc.message))
-
-
-class LeaseHolder(Protocol):
-    """The task service's side: the lease check, and running a step in the task's mailbox."""
-
-    async def check_artifact_lease(self, node_id: str, task_id: str, lease_id: str) -> Task: ...
-    async def under_artifact_lease(
-        self, node_id: str, task_id: str, lease_id: str, fn: Callable[[Task], Awaitable[Any]]
-    ) -> Any: ...
 
 
 class ArtifactService:

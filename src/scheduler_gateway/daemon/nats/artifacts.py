@@ -120,7 +120,7 @@ class _Watch:
 
 
 class JetStreamArtifacts:
-    """The ``ArtifactBucket`` port (actors/artifacts.py) on one NATS connection (the gateway's)."""
+    """The ``ArtifactBucket`` port (actors/artifact_ports.py) on one NATS connection (the gateway's)."""
 
     def __init__(self, nc: Client, js: JetStreamContext) -> None:
         self._nc = nc
