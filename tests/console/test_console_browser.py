@@ -247,6 +247,7 @@ async def test_dead_letter_force_retry_with_reason(
     row = page.locator("#dead-letters tr", has_text=task["id"])
     await expect(row).to_be_visible()
     await shot(page, "dead-letters")
+    await row.locator("details.more summary").click()  # Force retry and its reason fold behind "more"
     await row.locator(".force-reason").fill("operator says the bug is fixed")
     await row.locator(".force-retry").click()
     await expect(page.locator(".flash")).to_contain_text("force-retry")

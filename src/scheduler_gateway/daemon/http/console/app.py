@@ -27,6 +27,7 @@ import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
+from scheduler_gateway.daemon.http.console.display import actor_text, kv, schedule_of, utc_now, zoned
 from scheduler_gateway.daemon.http.console.pages.base import (
     HERE,
     JINJA_KEY,
@@ -78,6 +79,19 @@ PAGE_GROUPS: tuple[type[Pages], ...] = (
     SchedulePages,
     NodePages,
 )
+
+
+#: the console's icon (a 16 px SVG: a clock face), answered at ``/favicon.ico`` so a browser's request finds it
+FAVICON = (HERE / "static" / "favicon.svg").read_bytes()
+
+
+async def favicon(request: web.Request) -> web.Response:
+    """The icon, cached for a day (it changes only with a release); public: a browser asks before signing in."""
+    return web.Response(
+        body=FAVICON,
+        content_type="image/svg+xml",
+        headers={"Cache-Control": "public, max-age=86400", "X-Content-Type-Options": "nosniff"},
+    )
 
 
 class Console:
@@ -140,6 +154,11 @@ class Console:
         env.filters["iso"] = iso
         env.filters["duration"] = duration
         env.filters["size"] = size
+        env.filters["actor"] = actor_text
+        env.filters["kv"] = kv
+        env.filters["zoned"] = zoned
+        env.filters["schedule_of"] = schedule_of
+        env.globals["utc_now"] = utc_now
         app.middlewares.append(viewer_guard)
         app.middlewares.append(self._ui_middleware)
         r = app.router
@@ -147,6 +166,7 @@ class Console:
         for group in self.pages:
             group.routes(r)
         r.add_static("/ui/static/", HERE / "static", append_version=False)
+        r.add_get("/favicon.ico", favicon)
 
     @web.middleware
     async def _ui_middleware(

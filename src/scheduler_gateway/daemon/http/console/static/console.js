@@ -2,6 +2,10 @@
 // the CSP allows no inline script). Without it the list still works: filters, paging and bulk actions are forms.
 (function () {
   "use strict";
+  // a phone shows the tasks first: the filters fold behind their "Filters" toggle (open when a filter is set)
+  var toggle = document.getElementById("filters-toggle");
+  if (toggle && window.matchMedia && window.matchMedia("(max-width: 720px)").matches &&
+      toggle.getAttribute("data-active") !== "1") { toggle.open = false; }
   var rows = function () { return document.getElementById("task-rows"); };
   var boxes = function () { return document.querySelectorAll("input.row-select"); };
   var anySelected = function () {
