@@ -7,6 +7,7 @@ from typing import Protocol
 
 from scheduler_gateway.actors.artifacts import ArtifactService
 from scheduler_gateway.actors.callback_sender import CallbackSender
+from scheduler_gateway.actors.dead_letter_keeper import DeadLetterPolicy
 from scheduler_gateway.actors.dispatcher import Dispatcher
 from scheduler_gateway.actors.kinds import KindService
 from scheduler_gateway.actors.nodes import NodeRegistry
@@ -23,6 +24,8 @@ class HostSettings(Protocol):
     def http(self) -> HttpSettings: ...
     @property
     def production(self) -> bool: ...
+    @property
+    def dead_letters(self) -> DeadLetterPolicy: ...
 
 
 class HostScheduling(Protocol):
