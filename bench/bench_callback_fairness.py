@@ -107,7 +107,7 @@ async def run(args: argparse.Namespace) -> None:
         for n in range(args.hole):
             t = task(n, f"http://127.0.0.1:{hole_port}/cb/{n}", now)
             changes.append(Change(task=t, expected_revision=None, callback=new_delivery(f"cbd_a{n:08}", t, now)))
-        await store.apply_many(changes)
+        await store.tasks.apply_many(changes)
         sender = CallbackSender(store, poster, policy, time.time)
         await sender.start()
         written: dict[str, float] = {}
@@ -116,7 +116,9 @@ async def run(args: argparse.Namespace) -> None:
             for n in range(args.healthy):
                 at = time.time()
                 t = task(1_000_000 + n, f"http://127.0.0.1:{healthy_port}/cb", at)
-                await store.apply(Change(task=t, expected_revision=None, callback=new_delivery(f"cbd_b{n:08}", t, at)))
+                await store.tasks.apply(
+                    Change(task=t, expected_revision=None, callback=new_delivery(f"cbd_b{n:08}", t, at))
+                )
                 written[f"{t.id}:{t.revision}"] = at
                 sender.notify()
                 await asyncio.sleep(args.every_ms / 1000)

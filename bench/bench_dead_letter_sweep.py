@@ -94,13 +94,13 @@ async def measure(size: int, rounds: int) -> dict[str, float]:
         keeper = DeadLetterKeeper(store, cast(TaskService, None), policy, clock=lambda: NOW)
 
         async def queries() -> None:
-            await store.due_dead_letters(NOW - policy.redrive_delay_s, 500)
-            await store.archivable_dead_letters(NOW - policy.archive_after_s, 500)
+            await store.letters.due_dead_letters(NOW - policy.redrive_delay_s, 500)
+            await store.letters.archivable_dead_letters(NOW - policy.archive_after_s, 500)
 
         async def old_listing() -> None:
             cursor = None
             while True:
-                page = await store.list_dead_letters(DeadLetterQuery(archived=True, limit=500, cursor=cursor))
+                page = await store.letters.list_dead_letters(DeadLetterQuery(archived=True, limit=500, cursor=cursor))
                 cursor = page.next_cursor
                 if cursor is None:
                     return
@@ -109,7 +109,7 @@ async def measure(size: int, rounds: int) -> dict[str, float]:
             figures = {
                 "sweep": await timed(rounds, keeper.sweep),
                 "queries": await timed(rounds, queries),
-                "counts": await timed(rounds, store.dead_letter_counts),
+                "counts": await timed(rounds, store.letters.dead_letter_counts),
                 "old_listing": await timed(max(1, rounds // 10) if size >= 100_000 else rounds, old_listing),
             }
         finally:

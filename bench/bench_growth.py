@@ -87,6 +87,7 @@ from scheduler_gateway.actors.model.records import ActorRef, Task, TaskError  # 
 from scheduler_gateway.actors.model.retention import RetentionPolicy  # noqa: E402
 from scheduler_gateway.actors.ports import IdempotencyRecord, TaskQuery  # noqa: E402
 from scheduler_gateway.actors.retention import RetentionKeeper  # noqa: E402
+from scheduler_gateway.actors.store_ports import RetentionStore  # noqa: E402
 from scheduler_gateway.actors.tasks.ledger import TaskLedger  # noqa: E402
 from scheduler_gateway.daemon.cli import create_principal  # noqa: E402
 from scheduler_gateway.daemon.store.change_rows import (  # noqa: E402
@@ -367,9 +368,9 @@ async def check_store(path: Path) -> list[str]:
             ("canceled", "resize"),
             ("queued", BACKLOG_KIND),
         ):
-            page = await store.list_tasks(TaskQuery(state=state, kind=kind, limit=2))
+            page = await store.tasks.list_tasks(TaskQuery(state=state, kind=kind, limit=2))
             for t in page.items:
-                hist = (await store.history(t.id)).items
+                hist = (await store.tasks.history(t.id)).items
                 ok = (
                     hist
                     and hist[-1].to_state == t.state
@@ -515,7 +516,7 @@ def check_api(base: str, token: str, ids: list[str]) -> list[str]:
 class PhaseStore(TimedStore):
     """bench_retention's timed store, also noting when the round left the task phase."""
 
-    def __init__(self, store: SqliteStore) -> None:
+    def __init__(self, store: RetentionStore) -> None:
         super().__init__(store)
         self.tasks_end: float | None = None
 
@@ -529,7 +530,7 @@ async def purge(path: Path, batch: int) -> dict[str, Any]:
     store = SqliteStore(path)
     await store.start()
     try:
-        timed = PhaseStore(store)
+        timed = PhaseStore(store.retention)
         clock = time.time() + 8 * DAY  # every terminal task (finished 1 h - 6 days ago) is due
         # the default policy; free pages are left for reuse (giving 4 GiB back to the file system after the
         # round, 512 pages a step, is not the purge and would take minutes)

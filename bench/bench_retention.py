@@ -38,6 +38,7 @@ from scheduler_gateway.actors.model.records import ActorRef, AuditEntry, EventRe
 from scheduler_gateway.actors.model.retention import RetentionPolicy  # noqa: E402
 from scheduler_gateway.actors.ports import Change, PurgeResult  # noqa: E402
 from scheduler_gateway.actors.retention import RetentionKeeper  # noqa: E402
+from scheduler_gateway.actors.store_ports import RetentionStore  # noqa: E402
 from scheduler_gateway.daemon.store.sqlite import SqliteStore  # noqa: E402
 
 DAY = 86400.0
@@ -121,19 +122,19 @@ async def create_and_finish(store: SqliteStore, ids: Ids, count: int, finished_a
         k = min(chunk, count - start)
         nums = [ids.next() for _ in range(k)]
         created = [_task(n, finished_at) for n in nums]
-        await store.apply_many([_change(t, None, "create", ids.next()) for t in created])
+        await store.tasks.apply_many([_change(t, None, "create", ids.next()) for t in created])
         done = [
             msgspec.structs.replace(t, state="succeeded", revision=2, finished_at=finished_at, updated_at=finished_at)
             for t in created
         ]
-        await store.apply_many([_change(t, 1, "settle", ids.next()) for t in done])
-    await store.outbox_delete([r.seq for r in await store.outbox_batch(10**9)])  # the relay's part
+        await store.tasks.apply_many([_change(t, 1, "settle", ids.next()) for t in done])
+    await store.tasks.outbox_delete([r.seq for r in await store.tasks.outbox_batch(10**9)])  # the relay's part
 
 
 class TimedStore:
     """The store, with each purge batch timed (one batch = one writer transaction)."""
 
-    def __init__(self, store: SqliteStore) -> None:
+    def __init__(self, store: RetentionStore) -> None:
         self.store = store
         self.batches: list[float] = []
         self.by_kind: dict[str, list[float]] = {}
@@ -164,7 +165,7 @@ async def write_latencies(store: SqliteStore, ids: Ids, stop: asyncio.Event, now
         n = ids.next()
         t = _task(n, now)
         t0 = time.perf_counter()
-        await store.apply(_change(t, None, "create", ids.next()))
+        await store.tasks.apply(_change(t, None, "create", ids.next()))
         out.append(time.perf_counter() - t0)
         await asyncio.sleep(0.002)
     return out
@@ -187,11 +188,11 @@ async def main() -> None:
         t0 = time.perf_counter()
         await create_and_finish(store, ids, args.tasks, now - 30 * DAY)
         fill_s = time.perf_counter() - t0
-        size = await store.store_size()
+        size = await store.retention.store_size()
         print(f"fill: {args.tasks} terminal tasks in {fill_s:.1f} s; file {size.size_bytes / mib:.1f} MiB")
 
         policy = RetentionPolicy(batch=args.batch, keep_free_bytes=1 << 62)  # measure the purge alone
-        timed = TimedStore(store)
+        timed = TimedStore(store.retention)
         keeper = RetentionKeeper(timed, policy, lambda: now, writes_waiting=store.writes_waiting)  # type: ignore[arg-type]
         t0 = time.perf_counter()
         done = await keeper.round()
@@ -206,7 +207,7 @@ async def main() -> None:
         )
         for kind, xs in timed.by_kind.items():
             print(f"  {kind}: {len(xs)} batches, p50 {statistics.median(xs):.1f} ms, max {max(xs):.1f} ms")
-        size = await store.store_size()
+        size = await store.retention.store_size()
         print(f"after purge: file {size.size_bytes / mib:.1f} MiB, free {size.free_bytes / mib:.1f} MiB")
 
         # task writes with and without a purge running next to them
@@ -219,7 +220,7 @@ async def main() -> None:
         stop = asyncio.Event()
         busy = asyncio.create_task(write_latencies(store, ids, stop, now))
         t0 = time.perf_counter()
-        done = await RetentionKeeper(store, policy, lambda: now, writes_waiting=store.writes_waiting).round()
+        done = await RetentionKeeper(store.retention, policy, lambda: now, writes_waiting=store.writes_waiting).round()
         stop.set()
         during = [x * 1000 for x in await busy]
         print(
@@ -236,15 +237,17 @@ async def main() -> None:
             ids = Ids()
             clock = [now]
             keeper = RetentionKeeper(
-                store, RetentionPolicy(tasks_s=DAY, audit_s=DAY, keep_free_bytes=keep_free), lambda c=clock: c[0]
+                store.retention,
+                RetentionPolicy(tasks_s=DAY, audit_s=DAY, keep_free_bytes=keep_free),
+                lambda c=clock: c[0],
             )
             sizes = []
             for _ in range(args.cycles):
                 await create_and_finish(store, ids, args.cycle_tasks, clock[0])
-                peak = await store.store_size()
+                peak = await store.retention.store_size()
                 clock[0] += 2 * DAY  # this cycle's tasks are due now
                 await keeper.round()
-                after = await store.store_size()
+                after = await store.retention.store_size()
                 sizes.append(f"{peak.size_bytes / mib:.1f}/{after.size_bytes / mib:.1f}({after.free_bytes / mib:.1f})")
             file_bytes = (Path(tmp) / "gateway.db").stat().st_size
             print(

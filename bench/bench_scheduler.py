@@ -95,7 +95,7 @@ def schedules(n: int, due: int, due_at: float, now: float, seed: int = 1) -> lis
 async def insert_all(store: SqliteStore, rows: list[ScheduledTask], chunk: int = 2000) -> float:
     t0 = time.perf_counter()
     for i in range(0, len(rows), chunk):
-        await asyncio.gather(*(store.insert_schedule(r) for r in rows[i : i + chunk]))
+        await asyncio.gather(*(store.schedules.insert_schedule(r) for r in rows[i : i + chunk]))
     return time.perf_counter() - t0
 
 
@@ -108,10 +108,10 @@ async def claim_rounds(path: Path, rows: list[ScheduledTask], due_at: float, rep
         empty, busy, next_due = [], [], []
         for _ in range(reps):
             t0 = time.perf_counter()
-            assert await store.claim_due(due_at - 60, 60, 5000) == []
+            assert await store.schedules.claim_due(due_at - 60, 60, 5000) == []
             empty.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            await store.next_due_at()
+            await store.schedules.next_due_at()
             next_due.append(time.perf_counter() - t0)
         for _ in range(reps):
             # put the due rows back to enabled, then time one claim of all of them
@@ -122,7 +122,7 @@ async def claim_rounds(path: Path, rows: list[ScheduledTask], due_at: float, rep
                 )
             )
             t0 = time.perf_counter()
-            claimed = await store.claim_due(due_at + 1, 60, 5000)
+            claimed = await store.schedules.claim_due(due_at + 1, 60, 5000)
             busy.append(time.perf_counter() - t0)
             assert len(claimed) == sum(1 for r in rows if r.next_run_at == due_at)
         return {
@@ -166,15 +166,15 @@ async def firing(tmp: Path, rows: list[ScheduledTask], due_at: float, max_runs: 
                 raise SystemExit("inserting took too long: the due time passed before the gateway was ready")
             deadline = due_at + 120
             while time.time() < deadline:
-                if await gw.store.count_active_runs() >= len(due_ids):
+                if await gw.store.schedules.count_active_runs() >= len(due_ids):
                     break
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.5)
             lateness, launch = [], []
             for sid in due_ids:
-                page = await gw.store.list_runs(sid, 10, None)
+                page = await gw.store.schedules.list_runs(sid, 10, None)
                 (run,) = page.items
-                task = await gw.store.get_task(run.task_id)
+                task = await gw.store.tasks.get_task(run.task_id)
                 assert task is not None and run.scheduled_for is not None
                 lateness.append(task.created_at - run.scheduled_for)
                 launch.append(task.created_at)

@@ -86,11 +86,11 @@ async def test_a_conflict_on_one_row_of_a_multi_row_update_fails_only_that_chang
     store: PostgresStore, pg_url: str, alone: list[str]
 ) -> None:
     tasks = [make_task(n) for n in range(1, 6)]
-    assert await store.apply_many([create(t) for t in tasks]) == [None] * 5
+    assert await store.tasks.apply_many([create(t) for t in tasks]) == [None] * 5
     stale = tasks[2]
-    await store.apply_many([update(stale, bump(stale, priority=9))])  # now at 2: the batch's CAS on 1 loses
+    await store.tasks.apply_many([update(stale, bump(stale, priority=9))])  # now at 2: the batch's CAS on 1 loses
     alone.clear()
-    results = await store.apply_many([update(t, bump(t, priority=3)) for t in tasks])
+    results = await store.tasks.apply_many([update(t, bump(t, priority=3)) for t in tasks])
     assert results[:2] == [None, None] and results[3:] == [None, None]
     assert_code(results[2], Conflict, Code.REVISION_CONFLICT)
     assert isinstance(results[2], Conflict) and results[2].details == {
@@ -104,7 +104,7 @@ async def test_a_conflict_on_one_row_of_a_multi_row_update_fails_only_that_chang
         assert history[(t.id, 2)] == 1 and history[(t.id, 1)] == 1
         assert audit[t.id] == 2  # its create and one update (stale's: its own before the batch, not the batch's)
         assert events[task_key(t.id)] == 2
-    got = await store.get_task(stale.id)
+    got = await store.tasks.get_task(stale.id)
     assert got is not None and got.priority == 9
     assert alone == []  # every change decided by the set statement, the loser too (the per-change path: 5)
 
@@ -117,12 +117,12 @@ async def test_a_companion_refused_in_the_middle_of_a_batch_fails_only_its_chang
     statement is undone and written again without it, and it is re-decided alone, refused as the per-change
     path refuses it; its batch-mates commit once each (not twice, not lost)."""
     tasks = [make_task(n, state="running") for n in range(1, 4)]
-    assert await store.apply_many([create(t) for t in tasks]) == [None] * 3
+    assert await store.tasks.apply_many([create(t) for t in tasks]) == [None] * 3
     middle = tasks[1]
     changes = [update(t, bump(t, state="dead"), "fail") for t in tasks]
     if where == "idempotency":
         taken = idem("k-taken", tid(99))
-        assert await store.put_idempotency(taken)
+        assert await store.tasks.put_idempotency(taken)
         changes = [msgspec.structs.replace(c, idempotency=idem(f"k{n}", c.task.id)) for n, c in enumerate(changes)]
         changes[1] = msgspec.structs.replace(changes[1], idempotency=taken)
     elif where == "history":  # someone else already wrote the history entry of the revision it makes
@@ -140,7 +140,7 @@ async def test_a_companion_refused_in_the_middle_of_a_batch_fails_only_its_chang
                 ("dlq_other", middle.id, msgspec.json.encode(dead_letter(middle, revision=3))),
             )
     alone.clear()
-    results = await store.apply_many(changes)
+    results = await store.tasks.apply_many(changes)
     assert results[0] is None and results[2] is None
     code = Code.IDEMPOTENCY_CONFLICT if where == "idempotency" else Code.REVISION_CONFLICT
     assert_code(results[1], Conflict, code)
@@ -152,10 +152,10 @@ async def test_a_companion_refused_in_the_middle_of_a_batch_fails_only_its_chang
     assert history[(middle.id, 2)] == (1 if where == "history" else 0)  # only the one written beforehand
     assert audit[middle.id] == 1 and events[task_key(middle.id)] == 1  # its create's
     if where == "idempotency":
-        assert [await store.get_idempotency("alice", k) is not None for k in ("k0", "k2")] == [True, True]
+        assert [await store.tasks.get_idempotency("alice", k) is not None for k in ("k0", "k2")] == [True, True]
     if where == "letter":
-        assert [await store.get_dead_letter_for_task(t.id) is not None for t in tasks] == [True, True, True]
-        kept = await store.get_dead_letter_for_task(middle.id)
+        assert [await store.letters.get_dead_letter_for_task(t.id) is not None for t in tasks] == [True, True, True]
+        kept = await store.letters.get_dead_letter_for_task(middle.id)
         assert kept is not None and kept.revision == 3  # the letter written meanwhile, kept
 
 
@@ -180,11 +180,11 @@ async def test_a_mix_of_inserts_and_updates_with_refusals_of_both(
     store: PostgresStore, pg_url: str, alone: list[str]
 ) -> None:
     old = [make_task(n) for n in range(1, 4)]
-    assert await store.apply_many([create(t) for t in old]) == [None] * 3
+    assert await store.tasks.apply_many([create(t) for t in old]) == [None] * 3
     fresh = [make_task(n) for n in range(10, 13)]
     again = make_task(20)
     alone.clear()
-    results = await store.apply_many(
+    results = await store.tasks.apply_many(
         [
             create(fresh[0]),
             update(old[0], bump(old[0], priority=1)),
@@ -215,9 +215,9 @@ async def test_a_mix_of_inserts_and_updates_with_refusals_of_both(
     )
     assert audit == Counter({t.id: revisions[t.id] for t in (*old, *fresh, again)})
     assert events == Counter({task_key(t.id): revisions[t.id] for t in (*old, *fresh, again)})
-    got = await store.get_task(old[1].id)
+    got = await store.tasks.get_task(old[1].id)
     assert got is not None and got.kind == "echo"
-    assert await store.get_task(tid(30)) is None
+    assert await store.tasks.get_task(tid(30)) is None
 
 
 async def test_a_unique_index_that_refuses_the_set_statement_sends_the_batch_change_by_change(
@@ -227,11 +227,11 @@ async def test_a_unique_index_that_refuses_the_set_statement_sends_the_batch_cha
     statement; it is undone, and each change is decided alone: only that claim fails, the others commit once."""
     busy, waiting = make_task(1, thread_id="thr_1"), make_task(2, thread_id="thr_1")
     others = [make_task(n) for n in range(3, 6)]
-    assert await store.apply_many([create(t) for t in (busy, waiting, *others)]) == [None] * 5
-    assert await store.apply_many([update(busy, bump(busy, state="running"), "claim")]) == [None]
+    assert await store.tasks.apply_many([create(t) for t in (busy, waiting, *others)]) == [None] * 5
+    assert await store.tasks.apply_many([update(busy, bump(busy, state="running"), "claim")]) == [None]
     alone.clear()
     claims = [update(t, bump(t, state="running"), "claim") for t in (others[0], waiting, others[1], others[2])]
-    results = await store.apply_many(claims)
+    results = await store.tasks.apply_many(claims)
     assert results[0] is None and results[2:] == [None, None]
     assert_code(results[1], Conflict, Code.THREAD_BUSY)
     assert alone == [c.task.id for c in claims]  # all redone alone, in the batch's order
@@ -248,7 +248,7 @@ async def test_a_failure_between_the_statements_of_a_batch_commits_nothing_and_a
     """The driver fails on a change decided alone, after the set statement wrote its batch-mates: every change
     of the batch gets its own StorageError, nothing of it stands, and the same batch again commits each once."""
     parent = make_task(1)
-    assert await store.apply_many([create(parent)]) == [None]
+    assert await store.tasks.apply_many([create(parent)]) == [None]
     child = make_task(2, parent_id=parent.id)
     batch = [create(make_task(3)), create(child), create(make_task(4))]
     original = pg_tasks.write_change
@@ -258,12 +258,12 @@ async def test_a_failure_between_the_statements_of_a_batch_commits_nothing_and_a
         raise psycopg.OperationalError("the connection broke")
 
     monkeypatch.setattr(pg_tasks, "write_change", broken)
-    results = await store.apply_many(batch)
+    results = await store.tasks.apply_many(batch)
     assert all(isinstance(r, StorageError) for r in results) and len({id(r) for r in results}) == 3
     history, audit, events, revisions = rows_of(pg_url)
     assert set(revisions) == {parent.id} and set(audit) == {parent.id}
     monkeypatch.setattr(pg_tasks, "write_change", original)
-    assert await store.apply_many(batch) == [None, None, None]
+    assert await store.tasks.apply_many(batch) == [None, None, None]
     history, audit, events, revisions = rows_of(pg_url)
     assert revisions == {tid(n): 1 for n in range(1, 5)}
     assert history == Counter({(tid(n), 1): 1 for n in range(1, 5)})
@@ -284,7 +284,7 @@ _KILLED_BATCH = textwrap.dedent(
         parent = make_task(1)
         batch = [create(make_task(3)), create(make_task(2, parent_id=parent.id)), create(make_task(4))]
         failpoints.configure("pg.batch_after_set_write")
-        await store.apply_many(batch)
+        await store.tasks.apply_many(batch)
         print("not killed")
 
     asyncio.run(main())
@@ -298,7 +298,7 @@ async def test_a_crash_between_the_statements_of_a_batch_commits_nothing_and_a_r
     """A process killed (the failpoint's exit) after the set statement, before the change decided alone and the
     commit: nothing of its batch stands; the same batch written again commits each change once."""
     parent = make_task(1)
-    assert await store.apply_many([create(parent)]) == [None]
+    assert await store.tasks.apply_many([create(parent)]) == [None]
     done = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-c", _KILLED_BATCH, pg_url],
@@ -313,7 +313,7 @@ async def test_a_crash_between_the_statements_of_a_batch_commits_nothing_and_a_r
     history, audit, events, revisions = rows_of(pg_url)
     assert set(revisions) == {parent.id} and set(history) == {(parent.id, 1)} and set(audit) == {parent.id}
     batch = [create(make_task(3)), create(make_task(2, parent_id=parent.id)), create(make_task(4))]
-    assert await store.apply_many(batch) == [None, None, None]
+    assert await store.tasks.apply_many(batch) == [None, None, None]
     history, audit, events, revisions = rows_of(pg_url)
     assert revisions == {tid(n): 1 for n in range(1, 5)}
     assert history == Counter({(tid(n), 1): 1 for n in range(1, 5)})
@@ -326,10 +326,10 @@ async def test_a_batch_keeps_its_order_where_changes_meet(store: PostgresStore, 
     first run."""
     parent = make_task(1)
     a, b = make_task(2, thread_id="thr_x"), make_task(3, thread_id="thr_x")
-    assert await store.apply_many([create(t) for t in (parent, a, b)]) == [None] * 3
+    assert await store.tasks.apply_many([create(t) for t in (parent, a, b)]) == [None] * 3
     key = idem("k", tid(4))
     alone.clear()
-    results = await store.apply_many(
+    results = await store.tasks.apply_many(
         [
             create(make_task(4), idempotency=key),
             update(b, bump(b, state="running"), "claim"),
@@ -356,12 +356,12 @@ async def test_two_instances_updating_the_same_rows_at_once_each_change_wins_onc
     transaction changed meanwhile is decided on the row as that one committed it); no batch fails."""
     a, b = two_pg_stores
     tasks = [make_task(n) for n in range(1, 41)]
-    assert await a.apply_many([create(t) for t in tasks]) == [None] * 40
+    assert await a.tasks.apply_many([create(t) for t in tasks]) == [None] * 40
     now = {t.id: t for t in tasks}
     for round_ in range(1, 4):
         mine = [update(now[t.id], bump(now[t.id], priority=10 + round_)) for t in tasks]
         theirs = [update(now[t.id], bump(now[t.id], priority=20 + round_)) for t in reversed(tasks)]
-        got_a, got_b = await asyncio.gather(a.apply_many(mine), b.apply_many(theirs))
+        got_a, got_b = await asyncio.gather(a.tasks.apply_many(mine), b.tasks.apply_many(theirs))
         by_b = dict(zip([c.task.id for c in theirs], got_b, strict=True))
         for change, result in zip(mine, got_a, strict=True):
             other = by_b[change.task.id]
@@ -375,5 +375,5 @@ async def test_two_instances_updating_the_same_rows_at_once_each_change_wins_onc
         assert audit == Counter({t.id: 1 + round_ for t in tasks})
         assert events == Counter({task_key(t.id): 1 + round_ for t in tasks})
         for t in tasks:
-            stored = await a.get_task(t.id)
+            stored = await a.tasks.get_task(t.id)
             assert stored is not None and stored.priority == now[t.id].priority

@@ -28,7 +28,7 @@ _RAW_INSERT = (
 
 
 async def _counts(store: PostgresStore, owner: str | None = None) -> dict[tuple[str, str], int]:
-    return {(s, k): n for s, k, n in await store.task_counts(owner)}
+    return {(s, k): n for s, k, n in await store.tasks.task_counts(owner)}
 
 
 def _moves(url: str) -> int:
@@ -41,21 +41,23 @@ async def test_two_instances_count_each_others_writes_exactly(
 ) -> None:
     a, b = two_pg_stores
     tasks = [make_task(i, kind="mail" if i % 2 else "echo") for i in range(1, 41)]
-    await asyncio.gather(a.apply_many([create(t) for t in tasks[:20]]), b.apply_many([create(t) for t in tasks[20:]]))
+    await asyncio.gather(
+        a.tasks.apply_many([create(t) for t in tasks[:20]]), b.tasks.apply_many([create(t) for t in tasks[20:]])
+    )
     moved = [bump(t, state="running", node_id="n1") for t in tasks[:10]]
     await asyncio.gather(
         *(
-            (a if i % 2 else b).apply(leaving(update(t, m, "claim"), "queued"))
+            (a if i % 2 else b).tasks.apply(leaving(update(t, m, "claim"), "queued"))
             for i, (t, m) in enumerate(zip(tasks, moved, strict=False))
         )
     )
     want = {("queued", "echo"): 15, ("queued", "mail"): 15, ("running", "echo"): 5, ("running", "mail"): 5}
     assert await _counts(a) == want and await _counts(b) == want
     # kept: a list's total by owner / kind / states is read from them, not counted (SQLite answers it alike)
-    assert await a.kept_count(TaskSearch(kind="mail", states=("queued", "running"))) == 20
-    assert await b.kept_count(TaskSearch(states=("running",))) == 10
-    assert await a.count_tasks(TaskSearch(kind="echo"), cap=7) == 7
-    assert await a.kind_counts() == {"echo": {"queued": 15, "running": 5}, "mail": {"queued": 15, "running": 5}}
+    assert await a.search.kept_count(TaskSearch(kind="mail", states=("queued", "running"))) == 20
+    assert await b.search.kept_count(TaskSearch(states=("running",))) == 10
+    assert await a.search.count_tasks(TaskSearch(kind="echo"), cap=7) == 7
+    assert await a.kinds.kind_counts() == {"echo": {"queued": 15, "running": 5}, "mail": {"queued": 15, "running": 5}}
 
 
 async def test_an_open_write_and_a_held_fold_make_nobody_wait(pg_url: str) -> None:
@@ -63,7 +65,7 @@ async def test_an_open_write_and_a_held_fold_make_nobody_wait(pg_url: str) -> No
     await store.start()
     try:
         t = make_task(1)
-        await store.apply(create(t))
+        await store.tasks.apply(create(t))
         with psycopg.connect(pg_url) as writer, psycopg.connect(pg_url, autocommit=True) as folder:
             # another session holds the fold (a frozen instance in the middle of one) ...
             folder.execute("SELECT pg_advisory_lock(%s)", (FOLD_LOCK,))
@@ -72,7 +74,7 @@ async def test_an_open_write_and_a_held_fold_make_nobody_wait(pg_url: str) -> No
             got = await asyncio.wait_for(_counts(store), 5)
             assert got == {("queued", "echo"): 1}, got  # the open write is not counted yet
             other = make_task(2)
-            await asyncio.wait_for(store.apply(create(other)), 5)  # another write goes on
+            await asyncio.wait_for(store.tasks.apply(create(other)), 5)  # another write goes on
             writer.commit()
             assert await asyncio.wait_for(_counts(store), 5) == {("running", "echo"): 1, ("queued", "echo"): 1}
             folder.execute("SELECT pg_advisory_unlock(%s)", (FOLD_LOCK,))
@@ -94,7 +96,7 @@ async def test_moves_stay_bounded_without_readers_and_follow_raw_writes(pg_url: 
             conn.execute("DELETE FROM tasks WHERE id > %s", (f"tsk_raw_{n - 100:08d}",))
             assert _moves(pg_url) <= FOLD_EVERY + 2
         assert await _counts(store, "raw") == {("canceled", "bulk"): 1000, ("queued", "bulk"): n - 1100}
-        assert await store.count_tasks(TaskSearch(owner="raw", states=("queued",))) == n - 1100
+        assert await store.search.count_tasks(TaskSearch(owner="raw", states=("queued",))) == n - 1100
     finally:
         await store.stop()
 
@@ -110,7 +112,7 @@ async def test_the_migration_counts_the_tasks_already_there(
     old = PostgresStore(pg_fresh_url)
     await old.start()
     tasks: list[Any] = [make_task(i, owner="bob" if i % 3 else "alice") for i in range(1, 13)]
-    await old.apply_many([create(t) for t in tasks])
+    await old.tasks.apply_many([create(t) for t in tasks])
     with psycopg.connect(pg_fresh_url, autocommit=True) as conn:
         conn.execute("UPDATE tasks SET state = 'succeeded', doc = %s WHERE id = %s", (encode(tasks[0]), tasks[0].id))
     await old.stop()

@@ -52,32 +52,32 @@ async def outcomes(calls: list[Any]) -> list[BaseException | None]:
 async def test_concurrent_applies_share_a_few_transactions(pg_url: str) -> None:
     async with started(pg_url) as store:
         tasks = [make_task(n) for n in range(60)]
-        results = await outcomes([store.apply(create(t)) for t in tasks])
+        results = await outcomes([store.tasks.apply(create(t)) for t in tasks])
         assert results == [None] * 60
         for t in tasks:
-            assert await store.get_task(t.id) == t
+            assert await store.tasks.get_task(t.id) == t
         xids = await writer_xids(pg_url)
         # one transaction per change before (60); one per batch now, a few batches at most
         assert 1 <= len(xids) <= 3, xids
-        assert len(await store.outbox_batch(1000)) == 60  # every change's event once
+        assert len(await store.tasks.outbox_batch(1000)) == 60  # every change's event once
 
 
 async def test_one_refused_change_among_concurrent_ones_fails_only_itself(pg_url: str) -> None:
     async with started(pg_url) as store:
         tasks = [make_task(n) for n in range(10)]
-        assert await outcomes([store.apply(create(t)) for t in tasks]) == [None] * 10
+        assert await outcomes([store.tasks.apply(create(t)) for t in tasks]) == [None] * 10
         before = set(await writer_xids(pg_url))
         changes = [update(t, bump(t, state="canceled", finished_at=t.created_at + 1), "cancel") for t in tasks]
         stale = Change(task=changes[5].task, expected_revision=7, history=changes[5].history)
         changes[5] = stale
-        results = await outcomes([store.apply(c) for c in changes])
+        results = await outcomes([store.tasks.apply(c) for c in changes])
         for n, r in enumerate(results):
             if n == 5:
                 assert isinstance(r, Conflict) and r.code == Code.REVISION_CONFLICT, r
             else:
                 assert r is None, (n, r)
         for n, t in enumerate(tasks):
-            got = await store.get_task(t.id)
+            got = await store.tasks.get_task(t.id)
             assert got is not None and got.state == ("queued" if n == 5 else "canceled"), (n, got)
         # the nine went together (the refusal was decided inside their batch, not alone)
         assert 1 <= len(set(await writer_xids(pg_url)) - before) <= 3
@@ -97,14 +97,14 @@ async def test_a_failed_transaction_fails_exactly_its_batch_and_commits_nothing_
                 " RETURN NEW; END $$"
             )
             await conn.execute("CREATE TRIGGER poison BEFORE INSERT ON tasks FOR EACH ROW EXECUTE FUNCTION poison()")
-        results = await outcomes([store.apply(create(t)) for t in tasks])
+        results = await outcomes([store.tasks.apply(create(t)) for t in tasks])
         assert all(isinstance(r, StorageError) for r in results), results
         assert len({id(r) for r in results}) == len(results)  # one exception object per caller
         for t in tasks:
-            assert await store.get_task(t.id) is None
-        assert await store.outbox_batch(100) == []
+            assert await store.tasks.get_task(t.id) is None
+        assert await store.tasks.outbox_batch(100) == []
         rest = [make_task(n) for n in range(10, 14)]
-        assert await outcomes([store.apply(create(t)) for t in rest]) == [None] * 4
+        assert await outcomes([store.tasks.apply(create(t)) for t in rest]) == [None] * 4
 
 
 async def lock_waiters(url: str) -> int:
@@ -133,16 +133,16 @@ async def test_cancelled_callers_never_lose_or_duplicate_another_callers_outcome
     is never written, the queued one beside it commits."""
     async with started(pg_url) as store:
         tasks = [make_task(n) for n in range(4)]
-        assert await outcomes([store.apply(create(t)) for t in tasks]) == [None] * 4
+        assert await outcomes([store.tasks.apply(create(t)) for t in tasks]) == [None] * 4
         store.committer.max_in_flight = 1  # one batch at a time: the second pair must queue
         cancel = [update(t, bump(t, state="canceled", finished_at=t.created_at + 1), "cancel") for t in tasks]
         async with await psycopg.AsyncConnection.connect(pg_url) as holder:
             await holder.execute("SELECT 1 FROM tasks WHERE id = %s FOR UPDATE", (tasks[0].id,))
-            first = asyncio.ensure_future(store.apply(cancel[0]))
-            mate = asyncio.ensure_future(store.apply(cancel[1]))
+            first = asyncio.ensure_future(store.tasks.apply(cancel[0]))
+            mate = asyncio.ensure_future(store.tasks.apply(cancel[1]))
             await until_a_write_waits(pg_url)
-            queued_cancelled = asyncio.ensure_future(store.apply(cancel[2]))
-            queued = asyncio.ensure_future(store.apply(cancel[3]))
+            queued_cancelled = asyncio.ensure_future(store.tasks.apply(cancel[2]))
+            queued = asyncio.ensure_future(store.tasks.apply(cancel[3]))
             await asyncio.sleep(0)
             await asyncio.sleep(0)
             mate.cancel()
@@ -153,10 +153,10 @@ async def test_cancelled_callers_never_lose_or_duplicate_another_callers_outcome
         for f in (mate, queued_cancelled):
             with pytest.raises(asyncio.CancelledError):
                 await f
-        states = [getattr(await store.get_task(t.id), "state", None) for t in tasks]
+        states = [getattr(await store.tasks.get_task(t.id), "state", None) for t in tasks]
         assert states == ["canceled", "canceled", "queued", "canceled"]
         for t, n in zip(tasks, (2, 2, 1, 2), strict=True):
-            assert len((await store.history(t.id)).items) == n, t.id
+            assert len((await store.tasks.history(t.id)).items) == n, t.id
         assert store.committer.batches >= 2
 
 
@@ -166,12 +166,12 @@ async def test_a_fenced_write_checks_its_fence_while_others_share_a_batch(pg_url
 
         async def fenced_create(t: Any) -> None:
             with fenced(FenceToken(duty="leader", holder="gone", term=7)):
-                await store.apply(create(t))
+                await store.tasks.apply(create(t))
 
-        results = await outcomes([fenced_create(tasks[0]), *(store.apply(create(t)) for t in tasks[1:])])
+        results = await outcomes([fenced_create(tasks[0]), *(store.tasks.apply(create(t)) for t in tasks[1:])])
         assert isinstance(results[0], FencedOut), results[0]
         assert results[1:] == [None] * 5
-        assert await store.get_task(tasks[0].id) is None
+        assert await store.tasks.get_task(tasks[0].id) is None
 
 
 # --- the committer alone, with a fake apply_many: what no real database makes happen on demand ---

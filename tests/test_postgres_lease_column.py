@@ -14,9 +14,9 @@ from .test_store_contract import T0, bump, make_task
 async def test_a_late_extension_never_moves_the_lease_back(two_pg_stores: tuple[PostgresStore, PostgresStore]) -> None:
     a, b = two_pg_stores
     queued = make_task(901)
-    await a.apply(Change(task=queued, expected_revision=None))
+    await a.tasks.apply(Change(task=queued, expected_revision=None))
     running = bump(queued, state="running", lease_id="lse_1", started_at=T0, lease_expires_at=T0 + 30)
-    await a.apply(Change(task=running, expected_revision=1))
+    await a.tasks.apply(Change(task=running, expected_revision=1))
     assert a.shared is not None and b.shared is not None
     # b answered the node's later heartbeat first (to T0+40); a's answer to the earlier one commits after it
     assert await b.shared.extend_leases([(running.id, running.revision, T0 + 40, T0 + 10)]) == {running.id}

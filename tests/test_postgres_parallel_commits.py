@@ -19,7 +19,7 @@ from scheduler_gateway.actors.model.records import Task
 from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.postgres import tasks as pg_tasks
 from scheduler_gateway.daemon.store.postgres.outbox import SQL_OUTBOX_BATCH
-from scheduler_gateway.wire.errors import Code, Conflict
+from scheduler_gateway.wire.errors import Code, Conflict, StorageError
 
 from .test_store_contract import T0, bump, create, make_task, update
 from .test_store_contract_flow import put
@@ -44,7 +44,7 @@ async def held_open(
             await resume.wait()
 
     monkeypatch.setattr(pg_tasks, "write_change", write_then_wait)
-    apply = asyncio.create_task(store.apply(change))
+    apply = asyncio.create_task(store.tasks.apply(change))
     await asyncio.wait_for(written.wait(), WAIT_S)
 
     async def commit() -> None:
@@ -72,7 +72,7 @@ def settled(t: Task, at: float) -> tuple[Any, Any, Task]:
 
 async def relay_read(store: PostgresStore) -> list[str]:
     """What the relay would publish now, in its order (the rows' event ids)."""
-    rows = await store.outbox_batch(1000)
+    rows = await store.tasks.outbox_batch(1000)
     from scheduler_gateway.actors.outbox import read_outbox_body
 
     ids = []
@@ -91,14 +91,14 @@ async def test_a_write_held_open_never_holds_up_another_instances_creates_and_se
     async with held_open(monkeypatch, a, create(frozen)) as commit:
         for n in range(2, 6):  # b creates, claims and settles tasks meanwhile, each commit on its own
             t = make_task(n)
-            await asyncio.wait_for(b.apply(create(t)), WAIT_S)
+            await asyncio.wait_for(b.tasks.apply(create(t)), WAIT_S)
             claim, succeed, done = settled(t, T0 + n)
-            await asyncio.wait_for(b.apply_many([claim]), WAIT_S)
-            await asyncio.wait_for(b.apply(succeed), WAIT_S)
-            assert await b.get_task(t.id) == done
-        assert await b.get_task(frozen.id) is None  # a's write has not committed
+            await asyncio.wait_for(b.tasks.apply_many([claim]), WAIT_S)
+            await asyncio.wait_for(b.tasks.apply(succeed), WAIT_S)
+            assert await b.tasks.get_task(t.id) == done
+        assert await b.tasks.get_task(frozen.id) is None  # a's write has not committed
         await commit()
-    assert await b.get_task(frozen.id) is not None
+    assert await b.tasks.get_task(frozen.id) is not None
 
 
 async def test_the_relay_reads_a_prefix_of_what_it_reads_next_and_every_event_once(
@@ -110,20 +110,20 @@ async def test_the_relay_reads_a_prefix_of_what_it_reads_next_and_every_event_on
     is read once."""
     a, b = two_pg_stores
     early = make_task(1, id="tsk_early_event_1")
-    await a.apply(create(early))  # committed before anything is held open: free to go at once
+    await a.tasks.apply(create(early))  # committed before anything is held open: free to go at once
     first = await relay_read(b)
     assert first == ["evt_early_event_11"]
     published = list(first)
-    await b.outbox_delete([r.seq for r in await b.outbox_batch(1000)])  # the relay's delete
+    await b.tasks.outbox_delete([r.seq for r in await b.tasks.outbox_batch(1000)])  # the relay's delete
 
     held = make_task(2, id="tsk_held_event_2")
     others = [make_task(n) for n in range(3, 6)]
     async with held_open(monkeypatch, a, create(held)) as commit:
         for t in others:
-            await asyncio.wait_for(b.apply(create(t)), WAIT_S)
+            await asyncio.wait_for(b.tasks.apply(create(t)), WAIT_S)
         claim, succeed, _ = settled(others[0], T0 + 3)
-        await asyncio.wait_for(b.apply(claim), WAIT_S)
-        await asyncio.wait_for(b.apply(succeed), WAIT_S)
+        await asyncio.wait_for(b.tasks.apply(claim), WAIT_S)
+        await asyncio.wait_for(b.tasks.apply(succeed), WAIT_S)
         while_open = await relay_read(b)
         assert while_open == []  # all came after the held one began: they wait for it
         await commit()
@@ -172,20 +172,28 @@ async def test_two_instances_racing_claims_of_a_limited_kind_never_go_over_it(
     else:
         await put(a, KindSettings(kind="echo", key_concurrency=1))
         tasks = [make_task(n, concurrency_key=f"k{n % 2}") for n in range(1, 21)]
-    await a.apply_many([create(t) for t in tasks])
+    await a.tasks.apply_many([create(t) for t in tasks])
     claims = [settled(t, T0 + 1)[0] for t in tasks]
     # each store claims in batches of five and singly, all at once
     results = await asyncio.gather(
-        *(s.apply_many(claims[i : i + 5]) for s, i in ((a, 0), (b, 5), (a, 10), (b, 15))),
-        *(s.apply(c) for s, c in zip((b, a) * 10, claims, strict=True)),
+        *(s.tasks.apply_many(claims[i : i + 5]) for s, i in ((a, 0), (b, 5), (a, 10), (b, 15))),
+        *(s.tasks.apply(c) for s, c in zip((b, a) * 10, claims, strict=True)),
         return_exceptions=True,
     )
     flat: list[Any] = []
     for r in results:
         flat += r if isinstance(r, list) else [r]
     refusals = [e for e in flat if e is not None]
-    assert all(isinstance(e, Conflict) and e.code in {Code.LIMITED, Code.REVISION_CONFLICT} for e in refusals), refusals
-    running = [t for t in (await a.active_tasks()) if t.state == "running"]
+    # a refusal of the rules, or a claim that waited longer than its bound for the kind's lock behind the others
+    # (postgres/lock_bounds.py: retryable, nothing written; seen on a loaded machine)
+    odd = [
+        e
+        for e in refusals
+        if not (isinstance(e, Conflict) and e.code in {Code.LIMITED, Code.REVISION_CONFLICT})
+        and not (isinstance(e, StorageError) and e.details.get("sqlState") == "55P03")
+    ]
+    assert not odd, odd
+    running = [t for t in (await a.tasks.active_tasks()) if t.state == "running"]
     if rule == "kind_concurrency":
         assert len(running) == 3
     else:
@@ -200,11 +208,11 @@ async def test_a_limited_kinds_claims_wait_only_for_that_kind(
     await put(a, KindSettings(kind="echo", concurrency=5))
     await put(a, KindSettings(kind="other", concurrency=5), 2)
     mine, theirs = make_task(1), make_task(2, kind="other")
-    await a.apply_many([create(mine), create(theirs)])
+    await a.tasks.apply_many([create(mine), create(theirs)])
     async with held_open(monkeypatch, a, settled(mine, T0)[0]) as commit:
-        await asyncio.wait_for(b.apply(settled(theirs, T0)[0]), WAIT_S)
+        await asyncio.wait_for(b.tasks.apply(settled(theirs, T0)[0]), WAIT_S)
         await commit()
-    assert {t.id for t in await a.active_tasks() if t.state == "running"} == {mine.id, theirs.id}
+    assert {t.id for t in await a.tasks.active_tasks() if t.state == "running"} == {mine.id, theirs.id}
 
 
 async def test_outbox_rows_from_before_migration_13_keep_their_order_and_go_out_first(
@@ -227,8 +235,8 @@ async def test_outbox_rows_from_before_migration_13_keep_their_order_and_go_out_
     await store.start()
     try:
         t = make_task(1)
-        await store.apply(create(t))
-        assert [bytes(r.body)[:6] for r in await store.outbox_batch(10)][:3] == [b"third", b"first", b"second"]
+        await store.tasks.apply(create(t))
+        assert [bytes(r.body)[:6] for r in await store.tasks.outbox_batch(10)][:3] == [b"third", b"first", b"second"]
         assert await relay_read_tail(store) == f"evt_{t.id[4:]}1"
     finally:
         await store.stop()
@@ -237,7 +245,7 @@ async def test_outbox_rows_from_before_migration_13_keep_their_order_and_go_out_
 async def relay_read_tail(store: PostgresStore) -> str:
     from scheduler_gateway.actors.outbox import read_outbox_body
 
-    rows = await store.outbox_batch(10)
+    rows = await store.tasks.outbox_batch(10)
     entry = read_outbox_body(rows[-1].body)
     assert entry is not None and len(rows) == 4
     return entry.id

@@ -30,34 +30,37 @@ from .test_store_contract import bump, event_for, make_task
 async def test_two_instances_claim_disjoint_schedules(two_pg_stores: tuple[PostgresStore, PostgresStore]) -> None:
     a, b = two_pg_stores
     for n in range(1, 41):
-        await a.insert_schedule(schedule(n, next_run_at=T0))
-    got = await asyncio.gather(*(s.claim_due(T0 + 1, 60, 5) for s in (a, b) for _ in range(4)))
+        await a.schedules.insert_schedule(schedule(n, next_run_at=T0))
+    got = await asyncio.gather(*(s.schedules.claim_due(T0 + 1, 60, 5) for s in (a, b) for _ in range(4)))
     ids = [c.task.id for claims in got for c in claims]
     assert len(ids) == len(set(ids)) == 40  # every due schedule once, none twice
-    assert await a.claim_due(T0 + 1, 60, 10) == []  # all held under their lease now
+    assert await a.schedules.claim_due(T0 + 1, 60, 10) == []  # all held under their lease now
 
 
 async def test_one_active_run_across_instances(two_pg_stores: tuple[PostgresStore, PostgresStore]) -> None:
     a, b = two_pg_stores
-    await a.insert_schedule(schedule(1))
+    await a.schedules.insert_schedule(schedule(1))
     results = await asyncio.gather(
-        a.insert_run(run(1, 1)), b.insert_run(run(2, 1)), a.insert_run(run(3, 1)), return_exceptions=True
+        a.schedules.insert_run(run(1, 1)),
+        b.schedules.insert_run(run(2, 1)),
+        a.schedules.insert_run(run(3, 1)),
+        return_exceptions=True,
     )
     assert sum(r is None for r in results) == 1
     assert all(isinstance(r, ActiveRunConflict) for r in results if r is not None)
-    assert await b.count_active_runs() == 1
+    assert await b.schedules.count_active_runs() == 1
 
 
 async def test_one_running_task_per_thread_is_the_index(two_pg_stores: tuple[PostgresStore, PostgresStore]) -> None:
     a, b = two_pg_stores
     t1, t2 = make_task(1, thread_id="thr_1"), make_task(2, thread_id="thr_1")
-    await a.apply(Change(task=t1, expected_revision=None))
-    await a.apply(Change(task=t2, expected_revision=None))  # two queued in one thread: fine
-    await a.apply(Change(task=bump(t1, state="running"), expected_revision=1))
+    await a.tasks.apply(Change(task=t1, expected_revision=None))
+    await a.tasks.apply(Change(task=t2, expected_revision=None))  # two queued in one thread: fine
+    await a.tasks.apply(Change(task=bump(t1, state="running"), expected_revision=1))
     with pytest.raises(Conflict) as info:
-        await b.apply(Change(task=bump(t2, state="running"), expected_revision=1))
+        await b.tasks.apply(Change(task=bump(t2, state="running"), expected_revision=1))
     assert info.value.code == Code.THREAD_BUSY and info.value.details["threadId"] == "thr_1"
-    assert (await b.get_task(t2.id)).state == "queued"  # type: ignore[union-attr]
+    assert (await b.tasks.get_task(t2.id)).state == "queued"  # type: ignore[union-attr]
 
 
 async def test_ids_page_in_byte_order_whatever_the_collation(
@@ -65,8 +68,8 @@ async def test_ids_page_in_byte_order_whatever_the_collation(
 ) -> None:
     a, _ = two_pg_stores
     for task_id in ("tsk_b", "tsk_B", "tsk_a_1", "tsk_a1", "tsk_Z"):
-        await a.apply(Change(task=make_task(1, id=task_id), expected_revision=None))
-    page = await a.list_tasks(TaskQuery(limit=10))
+        await a.tasks.apply(Change(task=make_task(1, id=task_id), expected_revision=None))
+    page = await a.tasks.list_tasks(TaskQuery(limit=10))
     assert [t.id for t in page.items] == sorted(["tsk_b", "tsk_B", "tsk_a_1", "tsk_a1", "tsk_Z"])
 
 
@@ -146,10 +149,12 @@ async def test_migration_3_fills_in_finished_at_of_the_terminal_tasks_already_th
     await store.start()
     try:
         assert await store.schema_version() == SCHEMA_VERSION >= 3
-        r = await store.purge_tasks(T0 + 100, 10)
+        r = await store.retention.purge_tasks(T0 + 100, 10)
         assert r.purged["tasks"] == 2 and r.kept == 0 and r.cursor is None
-        assert await store.get_task(tasks[0].id) is None and await store.get_task(tasks[1].id) is None
-        assert await store.get_task(tasks[2].id) is not None and await store.get_task(tasks[3].id) is not None
+        assert await store.tasks.get_task(tasks[0].id) is None and await store.tasks.get_task(tasks[1].id) is None
+        assert (
+            await store.tasks.get_task(tasks[2].id) is not None and await store.tasks.get_task(tasks[3].id) is not None
+        )
     finally:
         await store.stop()
 
@@ -160,12 +165,12 @@ async def test_postgres_reports_its_tables_size_and_gives_no_space_back(pg_url: 
     try:
         for n in range(1, 30):
             t = make_task(n)
-            await store.apply(Change(task=t, expected_revision=None))
-            await store.apply(Change(task=bump(t, state="succeeded", finished_at=T0), expected_revision=1))
-        size = await store.store_size()
+            await store.tasks.apply(Change(task=t, expected_revision=None))
+            await store.tasks.apply(Change(task=bump(t, state="succeeded", finished_at=T0), expected_revision=1))
+        size = await store.retention.store_size()
         assert size.size_bytes > 0 and 0 <= size.free_bytes <= size.size_bytes
-        assert (await store.purge_tasks(T0, 100)).purged["tasks"] == 29
-        assert await store.reclaim_space(1000) == 0  # autovacuum makes the space reusable in place
+        assert (await store.retention.purge_tasks(T0, 100)).purged["tasks"] == 29
+        assert await store.retention.reclaim_space(1000) == 0  # autovacuum makes the space reusable in place
     finally:
         await store.stop()
 
@@ -178,11 +183,11 @@ async def test_a_purge_under_a_lost_fence_is_refused(pg_url: str) -> None:
     await store.start()
     try:
         t = make_task(1)
-        await store.apply(Change(task=t, expected_revision=None))
-        await store.apply(Change(task=bump(t, state="succeeded", finished_at=T0), expected_revision=1))
+        await store.tasks.apply(Change(task=t, expected_revision=None))
+        await store.tasks.apply(Change(task=bump(t, state="succeeded", finished_at=T0), expected_revision=1))
         with fenced(FenceToken(duty="leader", holder="gone", term=7)), pytest.raises(FencedOut):
-            await store.purge_tasks(T0, 10)
-        assert await store.get_task(t.id) is not None
+            await store.retention.purge_tasks(T0, 10)
+        assert await store.tasks.get_task(t.id) is not None
     finally:
         await store.stop()
 
@@ -197,8 +202,8 @@ async def test_a_purge_leaves_a_parent_that_a_child_insert_holds_and_keeps_it_on
     await store.start()
     try:
         parent = make_task(1)
-        await store.apply(Change(task=parent, expected_revision=None))
-        await store.apply(Change(task=bump(parent, state="succeeded", finished_at=T0), expected_revision=1))
+        await store.tasks.apply(Change(task=parent, expected_revision=None))
+        await store.tasks.apply(Change(task=bump(parent, state="succeeded", finished_at=T0), expected_revision=1))
         child_id = make_task(2).id
         async with await psycopg.AsyncConnection.connect(pg_url) as creator:
             # the store's insert of a child, held open between its parent check and its commit
@@ -208,12 +213,14 @@ async def test_a_purge_leaves_a_parent_that_a_child_insert_holds_and_keeps_it_on
                 "UPDATE child SET id = %s, parent_id = %s, state = 'queued', finished_at = NULL", (child_id, parent.id)
             )
             await creator.execute("INSERT INTO tasks SELECT * FROM child")
-            result = await asyncio.wait_for(store.purge_tasks(T0 + 100, 10), 5)  # the creator holds the parent
+            result = await asyncio.wait_for(
+                store.retention.purge_tasks(T0 + 100, 10), 5
+            )  # the creator holds the parent
             assert result.purged.get("tasks", 0) == 0 and result.kept == 1, result
             await creator.commit()
-        result = await store.purge_tasks(T0 + 100, 10)
+        result = await store.retention.purge_tasks(T0 + 100, 10)
         assert result.purged.get("tasks", 0) == 0 and result.kept == 1, result  # its child names it now
-        assert await store.get_task(parent.id) is not None
+        assert await store.tasks.get_task(parent.id) is not None
     finally:
         await store.stop()
 
@@ -231,7 +238,7 @@ async def test_a_rate_counts_each_start_on_the_database_clock(
     from .test_store_contract_flow import claim
 
     a, b = two_pg_stores
-    await a.put_kind(
+    await a.kinds.put_kind(
         KindSettings(kind="echo", rate=Rate(limit=1, period_s=60.0)),
         AuditEntry(id="aud_rate", at=T0, action="kind.update", object_type="kind", object_id="echo", result="ok",
                    actor=ActorRef("user", "admin")),
@@ -239,10 +246,10 @@ async def test_a_rate_counts_each_start_on_the_database_clock(
                     revision=None, at=T0, request_id=None),
     )  # fmt: skip
     behind, ahead = make_task(1), make_task(2)
-    await a.apply_many([create(behind), create(ahead)])
-    await a.apply(claim(behind, T0 - 3600.0))  # an instance whose clock is an hour behind
+    await a.tasks.apply_many([create(behind), create(ahead)])
+    await a.tasks.apply(claim(behind, T0 - 3600.0))  # an instance whose clock is an hour behind
     with pytest.raises(Conflict) as info:
-        await b.apply(claim(ahead, T0 + 3600.0))  # another's, an hour ahead, in the same minute of the database
+        await b.tasks.apply(claim(ahead, T0 + 3600.0))  # another's, an hour ahead, in the same minute of the database
     assert info.value.code == Code.LIMITED and info.value.details["rule"] == "kind_rate"
 
 
@@ -273,13 +280,13 @@ async def test_an_instance_frozen_inside_a_write_holds_the_others_up_only_until_
         write = asyncio.create_task(frozen_write())
         await locked.wait()
         began = time.monotonic()
-        await asyncio.wait_for(b.apply(Change(task=t1, expected_revision=None, event=event_for(t1))), 8)
+        await asyncio.wait_for(b.tasks.apply(Change(task=t1, expected_revision=None, event=event_for(t1))), 8)
         assert time.monotonic() - began < 6
         resume.set()
         with pytest.raises(StorageError) as info:  # a goes on: its transaction is gone, and that write with it
             await write
         assert info.value.details == {"sqlState": "25P03"}  # idle_in_transaction_session_timeout
-        assert [t.id for t in (await a.list_tasks(TaskQuery(limit=10))).items] == [t1.id]  # a new session
+        assert [t.id for t in (await a.tasks.list_tasks(TaskQuery(limit=10))).items] == [t1.id]  # a new session
     finally:
         await a.stop()
         await b.stop()

@@ -108,26 +108,26 @@ def _task(n: int) -> Task:
 @pytest.mark.parametrize("status", RUN_STATUSES)
 async def test_every_place_agrees_on_each_status(store: Any, status: str) -> None:  # noqa: F811
     active = status in ACTIVE_RUN_STATUSES
-    await store.insert_schedule(schedule(1))
-    await store.apply(Change(task=_task(1), expected_revision=None))
-    await store.insert_run(run(1, 1, status, task_id=_task(1).id))
+    await store.schedules.insert_schedule(schedule(1))
+    await store.tasks.apply(Change(task=_task(1), expected_revision=None))
+    await store.schedules.insert_run(run(1, 1, status, task_id=_task(1).id))
     # the fast path
-    assert await store.has_active_run(sid(1)) is active
-    assert await store.count_active_runs() == int(active)
-    assert [r.id for r in await store.active_runs()] == ([rid(1)] if active else [])
+    assert await store.schedules.has_active_run(sid(1)) is active
+    assert await store.schedules.count_active_runs() == int(active)
+    assert [r.id for r in await store.schedules.active_runs()] == ([rid(1)] if active else [])
     # the arbiter: a second active run of the schedule is refused exactly while this one is active
     second = run(2, 1, "queued")
     if active:
         with pytest.raises(ActiveRunConflict):
-            await store.insert_run(second)
+            await store.schedules.insert_run(second)
     else:
-        await store.insert_run(second)
+        await store.schedules.insert_run(second)
     # retention: a due task is kept while an active run names it
-    result = await store.purge_tasks(T0 + 1, 10)
+    result = await store.retention.purge_tasks(T0 + 1, 10)
     assert (result.purged.get("tasks", 0), result.kept) == ((0, 1) if active else (1, 0))
     # retention: runs past the kept ones are purged only when terminal
-    await store.insert_run(run(3, 1, "succeeded"))
-    await store.insert_run(run(4, 1, "succeeded"))
-    await store.purge_runs(1, 100)
-    left = {r.id for r in (await store.list_runs(sid(1), 100, None)).items}
+    await store.schedules.insert_run(run(3, 1, "succeeded"))
+    await store.schedules.insert_run(run(4, 1, "succeeded"))
+    await store.retention.purge_runs(1, 100)
+    left = {r.id for r in (await store.schedules.list_runs(sid(1), 100, None)).items}
     assert (rid(1) in left) is active

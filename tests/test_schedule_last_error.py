@@ -24,36 +24,36 @@ BOOM = RunError("HANDLER_ERROR", "boom")
 
 
 async def test_store_an_error_reaches_last_error_after_an_edit_but_not_the_verdict(store: Any) -> None:  # noqa: F811
-    await store.insert_schedule(schedule(1, spec=ONCE, status="enabled"))
-    await store.insert_run(run(1, 1, "running", task_id="tsk_1", schedule_generation=0))
-    await store.insert_schedule(schedule(2, spec=ONCE))  # a bystander, untouched
+    await store.schedules.insert_schedule(schedule(1, spec=ONCE, status="enabled"))
+    await store.schedules.insert_run(run(1, 1, "running", task_id="tsk_1", schedule_generation=0))
+    await store.schedules.insert_schedule(schedule(2, spec=ONCE))  # a bystander, untouched
     # an edit during the run (the store's own write of a PATCH, pause or resume): generation 0 -> 1
     await _edit(store, 1)
     update = RunUpdate(rid(1), "failed", finished_at=T0 + 5, error=BOOM)
-    assert await store.record_completion(sid(1), "failed", BOOM, update, T0 + 5, generation=0) is True
+    assert await store.schedules.record_completion(sid(1), "failed", BOOM, update, T0 + 5, generation=0) is True
     t = await record(store, 1)
     assert (t.status, t.last_error, t.last_run_status) == ("paused", BOOM, "failed")
     assert (await record(store, 2)).last_error is None
 
 
 async def test_store_a_success_clears_last_error_only_on_the_schedule_that_launched_the_run(store: Any) -> None:  # noqa: F811
-    await store.insert_schedule(schedule(1, status="enabled", last_error=SKIPPED_OVERLAP))
-    await store.insert_run(run(1, 1, "running", task_id="tsk_1", schedule_generation=0))
+    await store.schedules.insert_schedule(schedule(1, status="enabled", last_error=SKIPPED_OVERLAP))
+    await store.schedules.insert_run(run(1, 1, "running", task_id="tsk_1", schedule_generation=0))
     await _edit(store, 1)
     update = RunUpdate(rid(1), "succeeded", finished_at=T0 + 5)
-    assert await store.record_completion(sid(1), None, None, update, T0 + 5, generation=0) is True
+    assert await store.schedules.record_completion(sid(1), None, None, update, T0 + 5, generation=0) is True
     assert (await record(store, 1)).last_error == SKIPPED_OVERLAP  # an older problem of the edited schedule stays
-    await store.insert_schedule(schedule(2, status="enabled", last_error=SKIPPED_OVERLAP))
-    await store.insert_run(run(2, 2, "running", task_id="tsk_2", schedule_generation=0))
+    await store.schedules.insert_schedule(schedule(2, status="enabled", last_error=SKIPPED_OVERLAP))
+    await store.schedules.insert_run(run(2, 2, "running", task_id="tsk_2", schedule_generation=0))
     update = RunUpdate(rid(2), "succeeded", finished_at=T0 + 5)
-    assert await store.record_completion(sid(2), None, None, update, T0 + 5, generation=0) is True
+    assert await store.schedules.record_completion(sid(2), None, None, update, T0 + 5, generation=0) is True
     assert (await record(store, 2)).last_error is None  # the schedule that launched it: cleared
 
 
 async def _edit(s: Any, n: int) -> None:
     current = await record(s, n)
     paused = msgspec.structs.replace(current, status="paused")
-    assert await s.save_schedule(paused, current.version, T0 + 1) is True
+    assert await s.schedules.save_schedule(paused, current.version, T0 + 1) is True
     assert (await record(s, n)).generation == current.generation + 1
 
 

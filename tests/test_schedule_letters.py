@@ -32,14 +32,16 @@ def letter(n: int, *, scheduled: bool) -> DeadLetter:
 @pytest.mark.parametrize("scheduled", [False, True])
 async def test_a_schedules_letter_is_never_due_for_the_automatic_redrive(store: Any, scheduled: bool) -> None:  # noqa: F811
     task = make_task(1)
-    await store.apply(create(task))
+    await store.tasks.apply(create(task))
     dead = bump(task, state="dead", finished_at=T0)
-    await store.apply(msgspec.structs.replace(update(task, dead, "die"), dead_letter=letter(1, scheduled=scheduled)))
-    due = [d.dead_letter_id for d in await store.due_dead_letters(T0 + 1, 10)]
-    archivable = [d.dead_letter_id for d in await store.archivable_dead_letters(T0 + 1, 10)]
+    await store.tasks.apply(
+        msgspec.structs.replace(update(task, dead, "die"), dead_letter=letter(1, scheduled=scheduled))
+    )
+    due = [d.dead_letter_id for d in await store.letters.due_dead_letters(T0 + 1, 10)]
+    archivable = [d.dead_letter_id for d in await store.letters.archivable_dead_letters(T0 + 1, 10)]
     assert (due, archivable) == (([], ["dlq_1"]) if scheduled else (["dlq_1"], []))
-    assert await store.archivable_dead_letters(T0 - 1, 10) == []  # archived only once its age is reached
-    counts = await store.dead_letter_counts()
+    assert await store.letters.archivable_dead_letters(T0 - 1, 10) == []  # archived only once its age is reached
+    counts = await store.letters.dead_letter_counts()
     assert counts == {"active": 0 if scheduled else 1, "exhausted": 1 if scheduled else 0, "archived": 0}
-    got = await store.get_dead_letter("dlq_1")
+    got = await store.letters.get_dead_letter("dlq_1")
     assert (got.exhausted, got.scheduled) == (False, scheduled)

@@ -50,7 +50,7 @@ class World:
         self.clock = Clock()
         self.launcher = FakeLauncher()
         self.service = ScheduleService(
-            store, self.launcher, SchedulePolicy(min_once_delay_s=60), self.clock, new_id=ids()
+            store.schedules, self.launcher, SchedulePolicy(min_once_delay_s=60), self.clock, new_id=ids()
         )
 
     async def create(self, spec: ScheduleSpec = EVERY_5) -> ScheduledTask:
@@ -123,7 +123,7 @@ async def test_a_manual_run_ending_after_its_once_was_re_armed_does_not_complete
     assert (re_armed.status, re_armed.next_run_at) == ("enabled", T0 + 3600)
     assert await world.finish(manual) is True
     got = await world.get(s)
-    assert (await world.store.get_run(manual.id)).status == "succeeded"
+    assert (await world.store.schedules.get_run(manual.id)).status == "succeeded"
     assert (got.status, got.next_run_at) == ("enabled", T0 + 3600)  # not completed: it still fires
     await world.tick(T0 + 3601)
     assert (await world.get(s)).status == "running"
@@ -145,7 +145,7 @@ async def test_a_run_that_a_skip_took_over_from_does_not_decide_the_once(world: 
     world.launcher.on_launch = poller_meanwhile
     manual = await world.service.trigger_task(ALICE, s.id)
     assert await world.finish(manual) is True
-    assert (await world.store.get_run(manual.id)).status == "succeeded"
+    assert (await world.store.schedules.get_run(manual.id)).status == "succeeded"
     assert (await world.get(s)).status == "failed"
 
 
@@ -206,12 +206,12 @@ async def test_a_task_that_is_not_the_runs_own_does_not_end_it(world: World) -> 
         is False
     )
     await _deliver(world, _task(world, run, "tsk_bobs", "bob", "thr_bobs"))
-    got_run = await world.store.get_run(run.id)
+    got_run = await world.store.schedules.get_run(run.id)
     assert (got_run.status, got_run.task_id) == ("running", run.task_id)
     assert (await world.get(s)).status == "running"
     # its own task does
     await _deliver(world, _task(world, run, run.task_id, "alice", run.thread_id))
-    assert (await world.store.get_run(run.id)).status == "cancelled"
+    assert (await world.store.schedules.get_run(run.id)).status == "cancelled"
     assert (await world.get(s)).status == "cancelled"
 
 
@@ -222,23 +222,23 @@ async def test_before_the_launch_record_only_a_task_launched_for_the_run_ends_it
     await world.tick(T0 + 121)
     (run,) = await world.runs(s)
     # what the window leaves: the run inserted, its task created, no launch record yet
-    await world.store.update_run(RunUpdate(run.id, "queued", protect_terminal=False))
+    await world.store.schedules.update_run(RunUpdate(run.id, "queued", protect_terminal=False))
     if isinstance(world.store, MemoryStore):
         world.store._ss.runs[run.id] = msgspec.structs.replace(run, status="queued", task_id=None)
     else:
         with sqlite3.connect(world.store.path) as conn:
             conn.execute("UPDATE scheduled_runs SET task_id = NULL WHERE id = ?", (run.id,))
-    assert (await world.store.get_run(run.id)).task_id is None  # type: ignore[union-attr]
+    assert (await world.store.schedules.get_run(run.id)).task_id is None  # type: ignore[union-attr]
     await _deliver(
         world,
         _task(world, run, "tsk_bobs", "bob", run.thread_id),  # another owner
         _task(world, run, "tsk_elsewhere", "alice", "thr_other"),  # not in the run's thread
     )
-    got_run = await world.store.get_run(run.id)
+    got_run = await world.store.schedules.get_run(run.id)
     assert (got_run.status, got_run.task_id) == ("queued", None)
     assert (await world.get(s)).status == "running"
     await _deliver(world, _task(world, run, "tsk_real", "alice", run.thread_id))
-    got_run = await world.store.get_run(run.id)
+    got_run = await world.store.schedules.get_run(run.id)
     assert (got_run.status, got_run.task_id) == ("cancelled", "tsk_real")
     assert (await world.get(s)).status == "cancelled"
 
@@ -255,14 +255,14 @@ async def test_reconcile_records_the_launch_a_crash_lost_and_the_occurrence_does
     s = await world.create(spec)
     assert s.next_run_at is not None
     due = s.next_run_at
-    real = world.store.record_launch
+    real = world.store.schedules.record_launch
 
     async def crash(*args: Any, **kwargs: Any) -> None:
         raise Crash  # between the task's creation and the launch record
 
-    world.store.record_launch = crash
+    world.store.schedules.record_launch = crash
     await world.tick(due + 1)
-    world.store.record_launch = real
+    world.store.schedules.record_launch = real
     (run,) = await world.runs(s)
     assert (run.status, run.task_id, run.scheduled_for) == ("queued", None, due)
     task_id = world.launcher.tasks[run.id].task_id

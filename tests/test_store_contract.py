@@ -230,90 +230,90 @@ def assert_code(exc: BaseException | None, cls: type[BaseException], code: str) 
 
 async def test_insert_get_round_trip_keeps_payload_bytes(store: TaskStore) -> None:
     payload = msgspec.Raw(b'{"b": [1, 2.50, "\\u00e9x"],   "a":null}')
-    await store.apply(create(make_task(0)))  # the parent: a create naming no stored task is refused
+    await store.tasks.apply(create(make_task(0)))  # the parent: a create naming no stored task is refused
     task = make_task(1, payload=payload, labels={"team": "ops"}, parent_id=tid(0), thread_id="thr_x")
-    await store.apply(create(task))
-    got = await store.get_task(task.id)
+    await store.tasks.apply(create(task))
+    got = await store.tasks.get_task(task.id)
     assert got == task
     assert got is not None and bytes(got.payload) == bytes(payload)
-    assert await store.get_task(tid(2)) is None
+    assert await store.tasks.get_task(tid(2)) is None
 
 
 async def test_result_bytes_and_error_round_trip(store: TaskStore) -> None:
     task = make_task(1, state="succeeded", result=msgspec.Raw(b"[1,2 ,3]"), error=TaskError("X", "y"))
-    await store.apply(create(task))
-    got = await store.get_task(task.id)
+    await store.tasks.apply(create(task))
+    got = await store.tasks.get_task(task.id)
     assert got is not None and got.result is not None and bytes(got.result) == b"[1,2 ,3]"
     assert got.error == TaskError("X", "y")
 
 
 async def test_cas_success_bumps_revision(store: TaskStore) -> None:
     t1 = make_task(1)
-    await store.apply(create(t1))
+    await store.tasks.apply(create(t1))
     t2 = bump(t1, state="running", lease_id="lse_1")
-    await store.apply(update(t1, t2, "claim"))
-    got = await store.get_task(t1.id)
+    await store.tasks.apply(update(t1, t2, "claim"))
+    got = await store.tasks.get_task(t1.id)
     assert got is not None and got.revision == 2 and got.state == "running"
 
 
 async def test_same_revision_rewrite_is_allowed(store: TaskStore) -> None:
     """A lease extension rewrites the row at the revision it read (no history, no event)."""
     t1 = make_task(1, state="running", lease_id="lse_1", lease_expires_at=T0 + 30)
-    await store.apply(create(t1))
+    await store.tasks.apply(create(t1))
     extended = msgspec.structs.replace(t1, lease_expires_at=T0 + 60)
-    await store.apply(Change(task=extended, expected_revision=1))
-    got = await store.get_task(t1.id)
+    await store.tasks.apply(Change(task=extended, expected_revision=1))
+    got = await store.tasks.get_task(t1.id)
     assert got is not None and got.revision == 1 and got.lease_expires_at == T0 + 60
-    assert await store.outbox_size() == 1  # only the create's event
+    assert await store.tasks.outbox_size() == 1  # only the create's event
 
 
 async def test_stale_revision_is_refused_and_row_unchanged(store: TaskStore) -> None:
     t1 = make_task(1)
-    await store.apply(create(t1))
+    await store.tasks.apply(create(t1))
     t2 = bump(t1, state="running")
-    await store.apply(update(t1, t2, "claim"))
-    before_outbox = await store.outbox_size()
-    before_audit = len((await store.list_audit(AuditQuery())).items)
+    await store.tasks.apply(update(t1, t2, "claim"))
+    before_outbox = await store.tasks.outbox_size()
+    before_audit = len((await store.tasks.list_audit(AuditQuery())).items)
     stale = bump(t1, state="canceled")  # also revision 2, built from the old read
     with pytest.raises(Conflict) as info:
-        await store.apply(update(t1, stale, "cancel"))
+        await store.tasks.apply(update(t1, stale, "cancel"))
     assert info.value.code == Code.REVISION_CONFLICT
-    assert await store.get_task(t1.id) == t2
+    assert await store.tasks.get_task(t1.id) == t2
     # nothing that goes with the refused change was written either
-    assert await store.outbox_size() == before_outbox
-    assert len((await store.list_audit(AuditQuery())).items) == before_audit
-    assert [h.action for h in (await store.history(t1.id)).items] == ["create", "claim"]
+    assert await store.tasks.outbox_size() == before_outbox
+    assert len((await store.tasks.list_audit(AuditQuery())).items) == before_audit
+    assert [h.action for h in (await store.tasks.history(t1.id)).items] == ["create", "claim"]
 
 
 async def test_update_of_missing_task_is_task_not_found(store: TaskStore) -> None:
     t = make_task(1, revision=2)
     with pytest.raises(NotFound) as info:
-        await store.apply(Change(task=t, expected_revision=1))
+        await store.tasks.apply(Change(task=t, expected_revision=1))
     assert info.value.code == Code.TASK_NOT_FOUND
-    assert await store.get_task(t.id) is None
+    assert await store.tasks.get_task(t.id) is None
 
 
 async def test_duplicate_insert_is_revision_conflict(store: TaskStore) -> None:
     t = make_task(1)
-    await store.apply(create(t))
+    await store.tasks.apply(create(t))
     with pytest.raises(Conflict) as info:
-        await store.apply(create(make_task(1, kind="other")))
+        await store.tasks.apply(create(make_task(1, kind="other")))
     assert info.value.code == Code.REVISION_CONFLICT
-    assert await store.get_task(t.id) == t
+    assert await store.tasks.get_task(t.id) == t
 
 
 async def test_apply_many_one_stale_in_the_middle(store: TaskStore) -> None:
     tasks = [make_task(i) for i in range(1, 4)]
-    assert await store.apply_many([create(t) for t in tasks]) == [None, None, None]
+    assert await store.tasks.apply_many([create(t) for t in tasks]) == [None, None, None]
     changes = [
         update(tasks[0], bump(tasks[0], priority=5)),
         Change(task=bump(bump(tasks[1])), expected_revision=2),  # stale: it is at 1
         update(tasks[2], bump(tasks[2], priority=7)),
     ]
-    results = await store.apply_many(changes)
+    results = await store.tasks.apply_many(changes)
     assert results[0] is None and results[2] is None
     assert_code(results[1], Conflict, Code.REVISION_CONFLICT)
-    got = [await store.get_task(t.id) for t in tasks]
+    got = [await store.tasks.get_task(t.id) for t in tasks]
     assert [g.revision if g else None for g in got] == [2, 1, 2]
     assert [g.priority if g else None for g in got] == [5, 0, 7]
 
@@ -324,13 +324,13 @@ async def test_a_second_running_task_of_a_thread_is_refused_where_the_claim_comm
     and in a batch beside others; once the lane is free the same claim commits."""
     a, b, c = (make_task(i, thread_id="thr_1") for i in range(1, 4))
     other = make_task(4, thread_id="thr_2")
-    assert await store.apply_many([create(t) for t in (a, b, c, other)]) == [None] * 4
+    assert await store.tasks.apply_many([create(t) for t in (a, b, c, other)]) == [None] * 4
     running_a = bump(a, state="running", lease_id="lse_a")
-    await store.apply(update(a, running_a, "claim", lease_id="lse_a"))
+    await store.tasks.apply(update(a, running_a, "claim", lease_id="lse_a"))
     with pytest.raises(Conflict) as info:
-        await store.apply(update(b, bump(b, state="running", lease_id="lse_b"), "claim", lease_id="lse_b"))
+        await store.tasks.apply(update(b, bump(b, state="running", lease_id="lse_b"), "claim", lease_id="lse_b"))
     assert info.value.code == Code.THREAD_BUSY
-    results = await store.apply_many(
+    results = await store.tasks.apply_many(
         [
             update(c, bump(c, state="running", lease_id="lse_c"), "claim", lease_id="lse_c"),
             update(other, bump(other, state="running", lease_id="lse_o"), "claim", lease_id="lse_o"),
@@ -338,22 +338,22 @@ async def test_a_second_running_task_of_a_thread_is_refused_where_the_claim_comm
     )
     assert_code(results[0], Conflict, Code.THREAD_BUSY)
     assert results[1] is None
-    got_b, got_c = await store.get_task(b.id), await store.get_task(c.id)
+    got_b, got_c = await store.tasks.get_task(b.id), await store.tasks.get_task(c.id)
     assert got_b is not None and (got_b.state, got_b.revision) == ("queued", 1)
     assert got_c is not None and (got_c.state, got_c.revision) == ("queued", 1)
-    page = await store.history(b.id)
+    page = await store.tasks.history(b.id)
     assert [h.revision for h in page.items] == [1]
-    await store.apply(update(running_a, bump(running_a, state="succeeded", lease_id=None), "settle"))
-    await store.apply(update(b, bump(b, state="running", lease_id="lse_b"), "claim", lease_id="lse_b"))
-    got_b = await store.get_task(b.id)
+    await store.tasks.apply(update(running_a, bump(running_a, state="succeeded", lease_id=None), "settle"))
+    await store.tasks.apply(update(b, bump(b, state="running", lease_id="lse_b"), "claim", lease_id="lse_b"))
+    got_b = await store.tasks.get_task(b.id)
     assert got_b is not None and got_b.state == "running"
 
 
 async def test_apply_many_mixes_refusals_of_every_kind(store: TaskStore) -> None:
     existing = make_task(1)
-    await store.apply(create(existing))
+    await store.tasks.apply(create(existing))
     fresh = make_task(2)
-    results = await store.apply_many(
+    results = await store.tasks.apply_many(
         [
             create(make_task(1)),  # duplicate id
             create(fresh),
@@ -365,117 +365,117 @@ async def test_apply_many_mixes_refusals_of_every_kind(store: TaskStore) -> None
     assert results[1] is None
     assert_code(results[2], NotFound, Code.TASK_NOT_FOUND)
     assert results[3] is None
-    got = await store.get_task(fresh.id)
+    got = await store.tasks.get_task(fresh.id)
     assert got is not None and got.revision == 2
-    assert await store.get_task(tid(3)) is None
+    assert await store.tasks.get_task(tid(3)) is None
 
 
 async def test_apply_many_insert_then_update_same_task(store: TaskStore) -> None:
     t1 = make_task(1)
     t2 = bump(t1, state="running")
     t3 = bump(t2, state="succeeded")
-    results = await store.apply_many([create(t1), update(t1, t2, "claim"), update(t2, t3, "settle")])
+    results = await store.tasks.apply_many([create(t1), update(t1, t2, "claim"), update(t2, t3, "settle")])
     assert results == [None, None, None]
-    assert await store.get_task(t1.id) == t3
-    assert [h.revision for h in (await store.history(t1.id)).items] == [1, 2, 3]
+    assert await store.tasks.get_task(t1.id) == t3
+    assert [h.revision for h in (await store.tasks.history(t1.id)).items] == [1, 2, 3]
 
 
 async def test_apply_many_update_before_its_insert_is_not_found(store: TaskStore) -> None:
     """Changes apply in order: a CAS listed before the insert of its task sees no task."""
     t1 = make_task(1)
-    results = await store.apply_many([update(t1, bump(t1)), create(t1)])
+    results = await store.tasks.apply_many([update(t1, bump(t1)), create(t1)])
     assert_code(results[0], NotFound, Code.TASK_NOT_FOUND)
     assert results[1] is None
-    assert await store.get_task(t1.id) == t1
+    assert await store.tasks.get_task(t1.id) == t1
 
 
 async def test_apply_many_empty(store: TaskStore) -> None:
-    assert await store.apply_many([]) == []
+    assert await store.tasks.apply_many([]) == []
 
 
 async def test_concurrent_cas_at_the_same_revision_exactly_one_wins(store: TaskStore) -> None:
     t1 = make_task(1)
-    await store.apply(create(t1))
+    await store.tasks.apply(create(t1))
     a = bump(t1, state="running", node_id="node-a")
     b = bump(t1, state="canceled")
     results = await asyncio.gather(
-        store.apply(update(t1, a, "claim")), store.apply(update(t1, b, "cancel")), return_exceptions=True
+        store.tasks.apply(update(t1, a, "claim")), store.tasks.apply(update(t1, b, "cancel")), return_exceptions=True
     )
     assert sorted(r is None for r in results) == [False, True]
     loser = next(r for r in results if r is not None)
     assert_code(loser, Conflict, Code.REVISION_CONFLICT)
     winner = a if results[0] is None else b
-    assert await store.get_task(t1.id) == winner
-    assert len((await store.history(t1.id)).items) == 2
+    assert await store.tasks.get_task(t1.id) == winner
+    assert len((await store.tasks.history(t1.id)).items) == 2
 
 
 async def test_many_concurrent_writers_all_land(store: TaskStore) -> None:
     tasks = [make_task(i) for i in range(1, 301)]
-    await asyncio.gather(*(store.apply(create(t)) for t in tasks))
-    await asyncio.gather(*(store.apply(update(t, bump(t))) for t in tasks))
-    page = await store.list_tasks(TaskQuery(limit=500))
+    await asyncio.gather(*(store.tasks.apply(create(t)) for t in tasks))
+    await asyncio.gather(*(store.tasks.apply(update(t, bump(t))) for t in tasks))
+    page = await store.tasks.list_tasks(TaskQuery(limit=500))
     assert len(page.items) == 300 and all(t.revision == 2 for t in page.items)
-    assert await store.outbox_size() == 600
+    assert await store.tasks.outbox_size() == 600
 
 
 async def test_idempotency_duplicate_is_refused_and_task_not_inserted(store: TaskStore) -> None:
     rec = IdempotencyRecord(owner="alice", key="k1", operation="create", body_hash="h1", task_id=tid(1), created_at=T0)
-    await store.apply(create(make_task(1), idempotency=rec))
-    assert await store.get_idempotency("alice", "k1") == rec
-    assert await store.get_idempotency("bob", "k1") is None
-    outbox_before = await store.outbox_size()
+    await store.tasks.apply(create(make_task(1), idempotency=rec))
+    assert await store.tasks.get_idempotency("alice", "k1") == rec
+    assert await store.tasks.get_idempotency("bob", "k1") is None
+    outbox_before = await store.tasks.outbox_size()
     dup = msgspec.structs.replace(rec, task_id=tid(2), body_hash="h2")
     with pytest.raises(Conflict) as info:
-        await store.apply(create(make_task(2), idempotency=dup))
+        await store.tasks.apply(create(make_task(2), idempotency=dup))
     assert info.value.code == Code.IDEMPOTENCY_CONFLICT
-    assert await store.get_task(tid(2)) is None
-    assert (await store.history(tid(2))).items == []
-    assert await store.outbox_size() == outbox_before
-    assert await store.get_idempotency("alice", "k1") == rec
+    assert await store.tasks.get_task(tid(2)) is None
+    assert (await store.tasks.history(tid(2))).items == []
+    assert await store.tasks.outbox_size() == outbox_before
+    assert await store.tasks.get_idempotency("alice", "k1") == rec
     # the same key of another owner is another key
     other = msgspec.structs.replace(rec, owner="bob", task_id=tid(3))
-    await store.apply(create(make_task(3, owner="bob"), idempotency=other))
-    assert await store.get_idempotency("bob", "k1") == other
+    await store.tasks.apply(create(make_task(3, owner="bob"), idempotency=other))
+    assert await store.tasks.get_idempotency("bob", "k1") == other
 
 
 async def test_idempotency_duplicate_inside_one_batch(store: TaskStore) -> None:
     rec = IdempotencyRecord(owner="alice", key="k", operation="create", body_hash="h", task_id=tid(1), created_at=T0)
-    results = await store.apply_many(
+    results = await store.tasks.apply_many(
         [create(make_task(1), idempotency=rec), create(make_task(2), idempotency=rec), create(make_task(3))]
     )
     assert results[0] is None and results[2] is None
     assert_code(results[1], Conflict, Code.IDEMPOTENCY_CONFLICT)
-    assert await store.get_task(tid(2)) is None
+    assert await store.tasks.get_task(tid(2)) is None
 
 
 async def test_history_oldest_first_with_paging(store: TaskStore) -> None:
     t = make_task(1)
-    await store.apply(create(t))
+    await store.tasks.apply(create(t))
     for _ in range(6):
         nt = bump(t)
-        await store.apply(update(t, nt, "amend"))
+        await store.tasks.apply(update(t, nt, "amend"))
         t = nt
-    page1 = await store.history(t.id, limit=3)
+    page1 = await store.tasks.history(t.id, limit=3)
     assert [h.revision for h in page1.items] == [1, 2, 3]
     assert page1.next_cursor == "3"
-    page2 = await store.history(t.id, limit=3, cursor=page1.next_cursor)
+    page2 = await store.tasks.history(t.id, limit=3, cursor=page1.next_cursor)
     assert [h.revision for h in page2.items] == [4, 5, 6]
-    page3 = await store.history(t.id, limit=3, cursor=page2.next_cursor)
+    page3 = await store.tasks.history(t.id, limit=3, cursor=page2.next_cursor)
     assert [h.revision for h in page3.items] == [7]
     assert page3.next_cursor is None
     assert page1.items[0] == history_for(make_task(1))
-    assert (await store.history(tid(99))).items == []
+    assert (await store.tasks.history(tid(99))).items == []
     with pytest.raises(InvalidArgument):
-        await store.history(t.id, cursor="not-a-number")
+        await store.tasks.history(t.id, cursor="not-a-number")
 
 
 async def test_history_entry_at_an_existing_revision_is_refused(store: TaskStore) -> None:
     t1 = make_task(1)
-    await store.apply(create(t1))
+    await store.tasks.apply(create(t1))
     # a same-revision rewrite that (wrongly) carries a history entry for revision 1 again
     change = Change(task=t1, expected_revision=1, history=history_for(t1, "amend"))
     with pytest.raises(Conflict) as info:
-        await store.apply(change)
+        await store.tasks.apply(change)
     assert info.value.code == Code.REVISION_CONFLICT
 
 
@@ -494,10 +494,10 @@ async def test_list_tasks_filters_cursor_and_limit_clamp(store: TaskStore) -> No
                 )
             )
         )
-    assert await store.apply_many(changes) == [None] * 12
+    assert await store.tasks.apply_many(changes) == [None] * 12
 
     async def ids(**q: Any) -> list[str]:
-        return [t.id for t in (await store.list_tasks(TaskQuery(**q))).items]
+        return [t.id for t in (await store.tasks.list_tasks(TaskQuery(**q))).items]
 
     assert await ids() == [tid(i) for i in range(1, 13)]
     assert await ids(owner="alice") == [tid(i) for i in (1, 3, 5, 7, 9, 11)]
@@ -511,7 +511,7 @@ async def test_list_tasks_filters_cursor_and_limit_clamp(store: TaskStore) -> No
     cursor: str | None = None
     pages = 0
     while True:
-        page = await store.list_tasks(TaskQuery(owner="alice", limit=4, cursor=cursor))
+        page = await store.tasks.list_tasks(TaskQuery(owner="alice", limit=4, cursor=cursor))
         seen += [t.id for t in page.items]
         pages += 1
         cursor = page.next_cursor
@@ -519,43 +519,44 @@ async def test_list_tasks_filters_cursor_and_limit_clamp(store: TaskStore) -> No
             break
     assert seen == [tid(i) for i in (1, 3, 5, 7, 9, 11)] and pages == 2
 
-    exact = await store.list_tasks(TaskQuery(limit=12))
+    exact = await store.tasks.list_tasks(TaskQuery(limit=12))
     assert len(exact.items) == 12 and exact.next_cursor is None
-    assert len((await store.list_tasks(TaskQuery(limit=0))).items) == 1  # clamped up to 1
-    assert len((await store.list_tasks(TaskQuery(limit=-5))).items) == 1
+    assert len((await store.tasks.list_tasks(TaskQuery(limit=0))).items) == 1  # clamped up to 1
+    assert len((await store.tasks.list_tasks(TaskQuery(limit=-5))).items) == 1
 
 
 async def test_list_tasks_limit_is_clamped_to_500(store: TaskStore) -> None:
     assert (
-        await store.apply_many([Change(task=make_task(i), expected_revision=None) for i in range(510)]) == [None] * 510
+        await store.tasks.apply_many([Change(task=make_task(i), expected_revision=None) for i in range(510)])
+        == [None] * 510
     )
-    page = await store.list_tasks(TaskQuery(limit=10_000))
+    page = await store.tasks.list_tasks(TaskQuery(limit=10_000))
     assert len(page.items) == 500
     assert page.next_cursor == tid(499)
-    rest = await store.list_tasks(TaskQuery(limit=10_000, cursor=page.next_cursor))
+    rest = await store.tasks.list_tasks(TaskQuery(limit=10_000, cursor=page.next_cursor))
     assert [t.id for t in rest.items] == [tid(i) for i in range(500, 510)] and rest.next_cursor is None
 
 
 async def test_lease_seen(store: TaskStore) -> None:
     t1 = make_task(1)
-    await store.apply(create(t1))
+    await store.tasks.apply(create(t1))
     t2 = bump(t1, state="running", lease_id="lse_a", node_id="n1")
-    await store.apply(update(t1, t2, "claim", lease_id="lse_a"))
+    await store.tasks.apply(update(t1, t2, "claim", lease_id="lse_a"))
     t3 = bump(t2, state="queued", lease_id=None, node_id=None)
-    await store.apply(update(t2, t3, "attempt_failed", lease_id="lse_a"))
+    await store.tasks.apply(update(t2, t3, "attempt_failed", lease_id="lse_a"))
     # a current lease with no history entry of its own (the row alone names it)
     t4 = bump(t3, state="running", lease_id="lse_b")
-    await store.apply(Change(task=t4, expected_revision=3))
-    assert await store.lease_seen(t1.id, "lse_a") is True
-    assert await store.lease_seen(t1.id, "lse_b") is True
-    assert await store.lease_seen(t1.id, "lse_zzz") is False
-    assert await store.lease_seen(tid(99), "lse_a") is False
+    await store.tasks.apply(Change(task=t4, expected_revision=3))
+    assert await store.tasks.lease_seen(t1.id, "lse_a") is True
+    assert await store.tasks.lease_seen(t1.id, "lse_b") is True
+    assert await store.tasks.lease_seen(t1.id, "lse_zzz") is False
+    assert await store.tasks.lease_seen(tid(99), "lse_a") is False
 
 
 async def test_active_tasks(store: TaskStore) -> None:
     states = ["waiting_approval", "queued", "running", "succeeded", "failed", "canceled", "dead"]
-    await store.apply_many([create(make_task(i, state=s)) for i, s in enumerate(states, start=1)])
-    active = await store.active_tasks()
+    await store.tasks.apply_many([create(make_task(i, state=s)) for i, s in enumerate(states, start=1)])
+    active = await store.tasks.active_tasks()
     assert [t.state for t in active] == ["waiting_approval", "queued", "running"]
     assert [t.id for t in active] == [tid(1), tid(2), tid(3)]
 
@@ -565,19 +566,19 @@ async def test_active_tasks(store: TaskStore) -> None:
 
 async def test_audit_filters_and_paging(store: TaskStore) -> None:
     t = make_task(1)
-    await store.apply(create(t))  # one entry from a change
+    await store.tasks.apply(create(t))  # one entry from a change
     entries = [
         audit_for(tid(1), "cancel", request_id="req_1"),
         audit_for(tid(2), "create", owner="bob", request_id="req_1"),
         audit_for(tid(2), "cancel", owner="bob"),
         audit_for("node-1", "drain", owner=None),
     ]
-    await store.append_audit(entries)
-    await store.append_audit([entries[0]])  # a repeat of the same entry is a no-op
-    await store.append_audit([])
+    await store.tasks.append_audit(entries)
+    await store.tasks.append_audit([entries[0]])  # a repeat of the same entry is a no-op
+    await store.tasks.append_audit([])
 
     async def actions(**q: Any) -> list[tuple[str, str]]:
-        return [(a.object_id, a.action) for a in (await store.list_audit(AuditQuery(**q))).items]
+        return [(a.object_id, a.action) for a in (await store.tasks.list_audit(AuditQuery(**q))).items]
 
     assert await actions() == [(tid(1), "create"), (tid(1), "cancel"), (tid(2), "create"), (tid(2), "cancel"),
                                ("node-1", "drain")]  # fmt: skip
@@ -587,26 +588,26 @@ async def test_audit_filters_and_paging(store: TaskStore) -> None:
     assert await actions(owner="bob", action="create") == [(tid(2), "create")]
     assert await actions(owner="carol") == []
 
-    p1 = await store.list_audit(AuditQuery(limit=2))
+    p1 = await store.tasks.list_audit(AuditQuery(limit=2))
     assert len(p1.items) == 2 and p1.next_cursor is not None
-    p2 = await store.list_audit(AuditQuery(limit=2, cursor=p1.next_cursor))
-    p3 = await store.list_audit(AuditQuery(limit=2, cursor=p2.next_cursor))
+    p2 = await store.tasks.list_audit(AuditQuery(limit=2, cursor=p1.next_cursor))
+    p3 = await store.tasks.list_audit(AuditQuery(limit=2, cursor=p2.next_cursor))
     assert [a.id for a in p1.items + p2.items + p3.items] == [
-        a.id for a in (await store.list_audit(AuditQuery())).items
+        a.id for a in (await store.tasks.list_audit(AuditQuery())).items
     ]
     assert p3.next_cursor is None and len(p3.items) == 1
     assert p2.items[0] == entries[1]
     with pytest.raises(InvalidArgument):
-        await store.list_audit(AuditQuery(cursor="x"))
+        await store.tasks.list_audit(AuditQuery(cursor="x"))
 
 
 async def test_outbox_order_and_delete(store: TaskStore) -> None:
     tasks = [make_task(i) for i in range(1, 6)]
-    await store.apply_many([create(t) for t in tasks])
+    await store.tasks.apply_many([create(t) for t in tasks])
     t6 = bump(tasks[0])
-    await store.apply(update(tasks[0], t6))
-    assert await store.outbox_size() == 6
-    rows = await store.outbox_batch(100)
+    await store.tasks.apply(update(tasks[0], t6))
+    assert await store.tasks.outbox_size() == 6
+    rows = await store.tasks.outbox_batch(100)
     seqs = [r.seq for r in rows]
     assert seqs == sorted(seqs) and len(set(seqs)) == 6
     entries = [read_outbox_body(r.body) for r in rows]
@@ -614,27 +615,27 @@ async def test_outbox_order_and_delete(store: TaskStore) -> None:
     assert [(e.aggregate_id, e.revision) for e in wire] == [(t.id, 1) for t in tasks] + [(t6.id, 2)]
     assert entries[0] == read_outbox_body(outbox_body(event_for(tasks[0])))
 
-    first = await store.outbox_batch(2)
+    first = await store.tasks.outbox_batch(2)
     assert [r.seq for r in first] == seqs[:2]
-    await store.outbox_delete([r.seq for r in first])
-    await store.outbox_delete([])
-    await store.outbox_delete([seqs[0], 10**9])  # already gone / never there: no error
-    assert await store.outbox_size() == 4
-    assert [r.seq for r in await store.outbox_batch(100)] == seqs[2:]
-    assert await store.outbox_batch(0) == []
+    await store.tasks.outbox_delete([r.seq for r in first])
+    await store.tasks.outbox_delete([])
+    await store.tasks.outbox_delete([seqs[0], 10**9])  # already gone / never there: no error
+    assert await store.tasks.outbox_size() == 4
+    assert [r.seq for r in await store.tasks.outbox_batch(100)] == seqs[2:]
+    assert await store.tasks.outbox_batch(0) == []
     # a delete names rows, never the seqs between them, in any order and with repeats
-    await store.outbox_delete([seqs[5], seqs[3], seqs[5]])
-    assert [r.seq for r in await store.outbox_batch(100)] == [seqs[2], seqs[4]]
+    await store.tasks.outbox_delete([seqs[5], seqs[3], seqs[5]])
+    assert [r.seq for r in await store.tasks.outbox_batch(100)] == [seqs[2], seqs[4]]
     # sequences keep growing after deletes
-    await store.outbox_delete(seqs[2:])
-    await store.apply(create(make_task(7)))
-    (row,) = await store.outbox_batch(10)
+    await store.tasks.outbox_delete(seqs[2:])
+    await store.tasks.apply(create(make_task(7)))
+    (row,) = await store.tasks.outbox_batch(10)
     assert row.seq > seqs[-1]
 
 
 async def test_dead_letter_upsert_by_task(store: TaskStore) -> None:
     t1 = make_task(1, state="running")
-    await store.apply(create(t1))
+    await store.tasks.apply(create(t1))
     dl = DeadLetter(
         dead_letter_id="dlq_1",
         task_id=t1.id,
@@ -646,16 +647,20 @@ async def test_dead_letter_upsert_by_task(store: TaskStore) -> None:
         last_dead_at=T0,
     )
     t2 = bump(t1, state="dead")
-    await store.apply(Change(task=t2, expected_revision=1, history=history_for(t2, "attempt_failed"), dead_letter=dl))
-    assert await store.get_dead_letter_for_task(t1.id) == dl
-    assert await store.get_dead_letter_for_task(tid(2)) is None
+    await store.tasks.apply(
+        Change(task=t2, expected_revision=1, history=history_for(t2, "attempt_failed"), dead_letter=dl)
+    )
+    assert await store.letters.get_dead_letter_for_task(t1.id) == dl
+    assert await store.letters.get_dead_letter_for_task(tid(2)) is None
     # the task dies again after a redrive: the same letter, updated
     t3 = bump(t2, state="queued")
     t4 = bump(t3, state="dead")
     dl2 = msgspec.structs.replace(dl, retry_count=1, exhausted=True, last_dead_at=T0 + 100, revision=dl.revision + 1)
-    results = await store.apply_many([update(t2, t3, "redrive"), Change(task=t4, expected_revision=3, dead_letter=dl2)])
+    results = await store.tasks.apply_many(
+        [update(t2, t3, "redrive"), Change(task=t4, expected_revision=3, dead_letter=dl2)]
+    )
     assert results == [None, None]
-    assert await store.get_dead_letter_for_task(t1.id) == dl2
+    assert await store.letters.get_dead_letter_for_task(t1.id) == dl2
 
 
 async def test_dead_letter_id_of_another_task_is_refused(store: TaskStore) -> None:
@@ -669,13 +674,13 @@ async def test_dead_letter_id_of_another_task_is_refused(store: TaskStore) -> No
         first_dead_at=T0,
         last_dead_at=T0,
     )
-    await store.apply(Change(task=t1, expected_revision=None, dead_letter=dl))
+    await store.tasks.apply(Change(task=t1, expected_revision=None, dead_letter=dl))
     with pytest.raises(StorageError):
-        await store.apply(
+        await store.tasks.apply(
             Change(task=t2, expected_revision=None, dead_letter=msgspec.structs.replace(dl, task_id=t2.id))
         )
-    assert await store.get_task(t2.id) is None
-    assert await store.get_dead_letter_for_task(t1.id) == dl
+    assert await store.tasks.get_task(t2.id) is None
+    assert await store.letters.get_dead_letter_for_task(t1.id) == dl
 
 
 # ---------------------------------------------------------------------- principals, nodes, health
@@ -683,12 +688,12 @@ async def test_dead_letter_id_of_another_task_is_refused(store: TaskStore) -> No
 
 async def test_principals(store: TaskStore) -> None:
     p = Principal(token_hash="h" * 64, user="alice", role="user", created_at=T0)
-    assert await store.get_principal(p.token_hash) is None
-    await store.put_principal(p)
-    assert await store.get_principal(p.token_hash) == p
+    assert await store.nodes.get_principal(p.token_hash) is None
+    await store.nodes.put_principal(p)
+    assert await store.nodes.get_principal(p.token_hash) == p
     admin = msgspec.structs.replace(p, role="admin")
-    await store.put_principal(admin)
-    assert await store.get_principal(p.token_hash) == admin
+    await store.nodes.put_principal(admin)
+    assert await store.nodes.get_principal(p.token_hash) == admin
 
 
 def _token_audit(action: str, p: Principal) -> AuditEntry:
@@ -707,62 +712,62 @@ def _token_audit(action: str, p: Principal) -> AuditEntry:
 async def test_revoked_tokens_are_gone_and_logged_for_every_cache(store: TaskStore) -> None:
     alice = Principal(token_hash="a" * 64, user="alice", role="user", created_at=T0)
     bob = Principal(token_hash="b" * 64, user="bob", role="viewer", created_at=T0 + 1)
-    start, none = await store.revocations_since(-1)
+    start, none = await store.nodes.revocations_since(-1)
     assert none == []
-    await store.put_principal(alice, _token_audit("token.created", alice))
-    await store.put_principal(bob)
-    assert await store.list_principals() == [alice, bob]
+    await store.nodes.put_principal(alice, _token_audit("token.created", alice))
+    await store.nodes.put_principal(bob)
+    assert await store.nodes.list_principals() == [alice, bob]
     assert alice.id.startswith("tok_") and alice.token_hash not in alice.id and alice.id != bob.id
 
-    revoked = await store.revoke_principals([alice.token_hash, "c" * 64], [_token_audit("token.revoked", alice)])
+    revoked = await store.nodes.revoke_principals([alice.token_hash, "c" * 64], [_token_audit("token.revoked", alice)])
     assert revoked == [alice.token_hash]  # an unknown hash is not logged
-    assert await store.get_principal(alice.token_hash) is None
-    assert await store.list_principals() == [bob]
-    newest, hashes = await store.revocations_since(start)
+    assert await store.nodes.get_principal(alice.token_hash) is None
+    assert await store.nodes.list_principals() == [bob]
+    newest, hashes = await store.nodes.revocations_since(start)
     assert hashes == [alice.token_hash] and newest > start
-    assert await store.revocations_since(newest) == (newest, [])
-    assert await store.revoke_principals([alice.token_hash], []) == []  # twice: nothing more
-    assert await store.revocations_since(newest) == (newest, [])
-    actions = [a.action for a in (await store.list_audit(AuditQuery(object_id=alice.id))).items]
+    assert await store.nodes.revocations_since(newest) == (newest, [])
+    assert await store.nodes.revoke_principals([alice.token_hash], []) == []  # twice: nothing more
+    assert await store.nodes.revocations_since(newest) == (newest, [])
+    actions = [a.action for a in (await store.tasks.list_audit(AuditQuery(object_id=alice.id))).items]
     assert actions == ["token.created", "token.revoked"]
 
 
 async def test_last_use_is_kept_beside_the_token_and_never_moves_back(store: TaskStore) -> None:
     p = Principal(token_hash="d" * 64, user="dora", role="user", created_at=T0)
-    await store.put_principal(p)
-    await store.touch_principals({p.token_hash: T0 + 10, "e" * 64: T0})  # an unknown (revoked) hash: ignored
-    await store.touch_principals({p.token_hash: T0 + 5})
-    got = await store.get_principal(p.token_hash)
+    await store.nodes.put_principal(p)
+    await store.nodes.touch_principals({p.token_hash: T0 + 10, "e" * 64: T0})  # an unknown (revoked) hash: ignored
+    await store.nodes.touch_principals({p.token_hash: T0 + 5})
+    got = await store.nodes.get_principal(p.token_hash)
     assert got is not None and got.last_used_at == T0 + 10
-    assert [x.last_used_at for x in await store.list_principals()] == [T0 + 10]
-    await store.put_principal(msgspec.structs.replace(p, role="admin"))  # a rewrite keeps the last use
-    got = await store.get_principal(p.token_hash)
+    assert [x.last_used_at for x in await store.nodes.list_principals()] == [T0 + 10]
+    await store.nodes.put_principal(msgspec.structs.replace(p, role="admin"))  # a rewrite keeps the last use
+    got = await store.nodes.get_principal(p.token_hash)
     assert got is not None and got.role == "admin" and got.last_used_at == T0 + 10
 
 
 async def test_nodes(store: TaskStore) -> None:
-    assert await store.list_nodes() == []
+    assert await store.nodes.list_nodes() == []
     a = NodeRecord(id="node-b", kinds=["echo"], capacity=4, last_heartbeat_at=T0)
     b = NodeRecord(id="node-a", kinds=["sleep", "fail"], draining=True)
-    await store.put_nodes([a, b])
-    await store.put_nodes([])
+    await store.nodes.put_nodes([a, b])
+    await store.nodes.put_nodes([])
     # a flush never writes the drain flag: only a drain does (store/node_rows.py)
-    assert await store.list_nodes() == [msgspec.structs.replace(b, draining=False), a]
+    assert await store.nodes.list_nodes() == [msgspec.structs.replace(b, draining=False), a]
     audit = AuditEntry(
         id="aud_drain", at=T0, action="drain", object_type="node", object_id=b.id, result="ok",
         actor=ActorRef("user", "admin"), node_id=b.id,
     )  # fmt: skip
     b = msgspec.structs.replace(b, drain_revision=1)
-    assert await store.set_node_draining(b.id, True, audit) == b
-    assert await store.list_nodes() == [b, a]
+    assert await store.nodes.set_node_draining(b.id, True, audit) == b
+    assert await store.nodes.list_nodes() == [b, a]
     a2 = msgspec.structs.replace(a, running=2, active_leases=2)
-    await store.put_nodes([a2])
-    assert await store.list_nodes() == [b, a2]
+    await store.nodes.put_nodes([a2])
+    assert await store.nodes.list_nodes() == [b, a2]
 
 
 async def test_ping(store: TaskStore) -> None:
-    await store.ping()
-    await store.ping()
+    await store.nodes.ping()
+    await store.nodes.ping()
 
 
 # ---------------------------------------------------------------------- lifecycle
@@ -772,24 +777,24 @@ async def test_data_survives_stop_and_start(harness: Harness) -> None:
     store = harness.store
     t1 = make_task(1)
     rec = IdempotencyRecord(owner="alice", key="k", operation="create", body_hash="h", task_id=t1.id, created_at=T0)
-    await store.apply(create(t1, idempotency=rec))
+    await store.tasks.apply(create(t1, idempotency=rec))
     t2 = bump(t1, state="running", lease_id="lse_1")
-    await store.apply(update(t1, t2, "claim", lease_id="lse_1"))
-    await store.put_principal(Principal(token_hash="th", user="alice", role="user", created_at=T0))
-    await store.put_nodes([NodeRecord(id="n1", kinds=["echo"])])
-    seqs = [r.seq for r in await store.outbox_batch(10)]
+    await store.tasks.apply(update(t1, t2, "claim", lease_id="lse_1"))
+    await store.nodes.put_principal(Principal(token_hash="th", user="alice", role="user", created_at=T0))
+    await store.nodes.put_nodes([NodeRecord(id="n1", kinds=["echo"])])
+    seqs = [r.seq for r in await store.tasks.outbox_batch(10)]
 
     store = await harness.reopen()
-    assert await store.get_task(t1.id) == t2
-    assert [h.revision for h in (await store.history(t1.id)).items] == [1, 2]
-    assert await store.get_idempotency("alice", "k") == rec
-    assert len((await store.list_audit(AuditQuery())).items) == 2
-    assert [r.seq for r in await store.outbox_batch(10)] == seqs
-    assert (await store.get_principal("th")) is not None
-    assert [n.id for n in await store.list_nodes()] == ["n1"]
-    assert await store.lease_seen(t1.id, "lse_1")
+    assert await store.tasks.get_task(t1.id) == t2
+    assert [h.revision for h in (await store.tasks.history(t1.id)).items] == [1, 2]
+    assert await store.tasks.get_idempotency("alice", "k") == rec
+    assert len((await store.tasks.list_audit(AuditQuery())).items) == 2
+    assert [r.seq for r in await store.tasks.outbox_batch(10)] == seqs
+    assert (await store.nodes.get_principal("th")) is not None
+    assert [n.id for n in await store.nodes.list_nodes()] == ["n1"]
+    assert await store.tasks.lease_seen(t1.id, "lse_1")
     # and it keeps working: a CAS on the reopened store
-    await store.apply(update(t2, bump(t2, state="succeeded"), "settle"))
+    await store.tasks.apply(update(t2, bump(t2, state="succeeded"), "settle"))
 
 
 async def test_stop_is_idempotent_and_writes_after_stop_fail(harness: Harness) -> None:
@@ -797,11 +802,11 @@ async def test_stop_is_idempotent_and_writes_after_stop_fail(harness: Harness) -
     await store.stop()
     await store.stop()
     with pytest.raises(StorageError):
-        await store.apply(create(make_task(1)))
+        await store.tasks.apply(create(make_task(1)))
     with pytest.raises(StorageError):
-        await store.ping()
+        await store.nodes.ping()
     with pytest.raises(StorageError):
-        await store.get_task(tid(1))
+        await store.tasks.get_task(tid(1))
     await store.start()  # the fixture stops it again
 
 
@@ -859,10 +864,10 @@ async def test_sqlite_task_update_keeps_the_columns_the_model_never_changes(sqli
     the fast path (a batch) and the slow one (a refused change in the batch makes it redo one by one)."""
     parent = make_task(1, state="running", revision=1)
     child = make_task(2, parent_id=parent.id, kind="resize", owner="alice", thread_id="thr_1", priority=5)
-    await sqlite_store.apply_many([create(parent), create(child)])
+    await sqlite_store.tasks.apply_many([create(parent), create(child)])
     moved = bump(child, state="running", lease_id="lse_1", node_id="n1")
     stale = bump(parent, state="succeeded")  # wrong expected revision below: refused, forces the slow path
-    results = await sqlite_store.apply_many(
+    results = await sqlite_store.tasks.apply_many(
         [
             update(child, moved, "claim", lease_id="lse_1"),
             Change(**{**msgspec.structs.asdict(update(parent, stale)), "expected_revision": 7}),
@@ -870,7 +875,7 @@ async def test_sqlite_task_update_keeps_the_columns_the_model_never_changes(sqli
     )
     assert results[0] is None and results[1] is not None
     done = bump(moved, state="succeeded", finished_at=T0 + 9)
-    assert await sqlite_store.apply_many([update(moved, done, "settle")]) == [None]
+    assert await sqlite_store.tasks.apply_many([update(moved, done, "settle")]) == [None]
     with sqlite3.connect(sqlite_store.path) as db:
         row = db.execute(
             "SELECT owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before,"
@@ -879,8 +884,8 @@ async def test_sqlite_task_update_keeps_the_columns_the_model_never_changes(sqli
         ).fetchone()
     db.close()
     assert row == ("alice", "resize", "succeeded", 3, 5, parent.id, child.run_id, "thr_1", child.created_at, T0, T0 + 9)
-    assert await sqlite_store.get_task(child.id) == done
-    page = await sqlite_store.list_tasks(TaskQuery(owner="alice", state="succeeded", kind="resize"))
+    assert await sqlite_store.tasks.get_task(child.id) == done
+    page = await sqlite_store.tasks.list_tasks(TaskQuery(owner="alice", state="succeeded", kind="resize"))
     assert [t.id for t in page.items] == [child.id]
 
 
@@ -901,7 +906,7 @@ async def test_sqlite_task_list_filters_seek_an_index_in_id_order(
     """A page of a combination of list filters is one seek of an index with every filter and then id (migration
     7): the LIMIT stops the scan, however many rows match one filter but not the others (bench_growth.py)."""
     # rows of other owners and kinds only: whichever index the planner takes, it must be the exact one
-    await sqlite_store.apply_many(
+    await sqlite_store.tasks.apply_many(
         [create(msgspec.structs.replace(make_task(i), owner="bob", kind="other")) for i in range(1, 200)]
     )
     where = " AND ".join(f"{k} = ?" for k in filters)
@@ -912,7 +917,7 @@ async def test_sqlite_task_list_filters_seek_an_index_in_id_order(
     assert f"USING INDEX {index} (" in plan, plan
     assert "TEMP B-TREE" not in plan, plan
     # the store's own query (SqliteDb.page: filters in the order owner, state, kind) has this shape
-    page = await sqlite_store.list_tasks(TaskQuery(limit=50, **filters))
+    page = await sqlite_store.tasks.list_tasks(TaskQuery(limit=50, **filters))
     assert all(getattr(t, k) == v for t in page.items for k, v in filters.items())
     assert len(page.items) == (50 if filters == {"state": "queued"} else 0)
 
@@ -977,9 +982,9 @@ async def test_sqlite_migration_fills_the_dead_letter_columns(tmp_path: Path) ->
     s = SqliteStore(path)
     await s.start()
     try:
-        assert [d.dead_letter_id for d in await s.archivable_dead_letters(T0, 10)] == [old.dead_letter_id]
-        assert await s.due_dead_letters(T0, 10) == []
-        assert await s.dead_letter_counts() == {"active": 0, "exhausted": 1, "archived": 0}
+        assert [d.dead_letter_id for d in await s.letters.archivable_dead_letters(T0, 10)] == [old.dead_letter_id]
+        assert await s.letters.due_dead_letters(T0, 10) == []
+        assert await s.letters.dead_letter_counts() == {"active": 0, "exhausted": 1, "archived": 0}
     finally:
         await s.stop()
 
@@ -1000,23 +1005,23 @@ async def test_sqlite_newer_schema_is_refused(tmp_path: Path) -> None:
 async def test_sqlite_corrupt_task_doc_is_skipped_in_lists(
     sqlite_store: SqliteStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await sqlite_store.apply_many([create(make_task(i)) for i in range(1, 4)])
-    await sqlite_store.append_audit([audit_for(tid(9), "cancel")])
+    await sqlite_store.tasks.apply_many([create(make_task(i)) for i in range(1, 4)])
+    await sqlite_store.tasks.append_audit([audit_for(tid(9), "cancel")])
     with sqlite3.connect(sqlite_store.path) as db:
         db.execute("UPDATE tasks SET doc = ? WHERE id = ?", (b"\x00garbage{", tid(2)))
         db.execute("UPDATE tasks SET doc = ? WHERE id = ?", (b'{"id": 5}', tid(3)))  # JSON, wrong shape
         db.execute("UPDATE audit SET doc = 'nope' WHERE object_id = ?", (tid(9),))
     db.close()
     with caplog.at_level(logging.WARNING, logger="scheduler_gateway.daemon.store"):
-        page = await sqlite_store.list_tasks(TaskQuery())
+        page = await sqlite_store.tasks.list_tasks(TaskQuery())
         assert [t.id for t in page.items] == [tid(1)]
-        assert [t.id for t in await sqlite_store.active_tasks()] == [tid(1)]
-        paged = await sqlite_store.list_tasks(TaskQuery(limit=2))
+        assert [t.id for t in await sqlite_store.tasks.active_tasks()] == [tid(1)]
+        paged = await sqlite_store.tasks.list_tasks(TaskQuery(limit=2))
         assert [t.id for t in paged.items] == [tid(1)] and paged.next_cursor == tid(2)
-        audit = await sqlite_store.list_audit(AuditQuery())
+        audit = await sqlite_store.tasks.list_audit(AuditQuery())
         assert [a.object_id for a in audit.items] == [tid(1), tid(2), tid(3)]
         with pytest.raises(StorageError) as info:
-            await sqlite_store.get_task(tid(2))
+            await sqlite_store.tasks.get_task(tid(2))
         assert info.value.code == Code.STORAGE_ERROR
     assert any(tid(2) in r.getMessage() for r in caplog.records)
     assert not any("garbage" in r.getMessage() for r in caplog.records)
@@ -1029,13 +1034,13 @@ async def test_sqlite_batches_larger_than_max_batch(tmp_path: Path) -> None:
         tasks = [make_task(i) for i in range(40)]
         changes = [create(t) for t in tasks]
         changes[17] = create(make_task(3))  # a duplicate of an earlier change, in another chunk
-        results = await s.apply_many(changes)
+        results = await s.tasks.apply_many(changes)
         assert [i for i, r in enumerate(results) if r is not None] == [17]
         assert_code(results[17], Conflict, Code.REVISION_CONFLICT)
-        ups = await s.apply_many([update(t, bump(t)) for t in tasks if t.id != tid(17)])
+        ups = await s.tasks.apply_many([update(t, bump(t)) for t in tasks if t.id != tid(17)])
         assert ups == [None] * 39
-        assert len((await s.list_tasks(TaskQuery(state="queued", limit=100))).items) == 39
-        await s.append_audit([audit_for(tid(0), "x") for _ in range(30)])  # an op heavier than one batch
+        assert len((await s.tasks.list_tasks(TaskQuery(state="queued", limit=100))).items) == 39
+        await s.tasks.append_audit([audit_for(tid(0), "x") for _ in range(30)])  # an op heavier than one batch
     finally:
         await s.stop()
 
@@ -1043,7 +1048,7 @@ async def test_sqlite_batches_larger_than_max_batch(tmp_path: Path) -> None:
 async def test_sqlite_stop_fails_queued_writes(tmp_path: Path) -> None:
     s = SqliteStore(tmp_path / "gw.sqlite3", max_batch=1)
     await s.start()
-    pending = [asyncio.ensure_future(s.apply(create(make_task(i)))) for i in range(50)]
+    pending = [asyncio.ensure_future(s.tasks.apply(create(make_task(i)))) for i in range(50)]
     await asyncio.sleep(0)  # let them queue
     await s.stop()
     results = await asyncio.gather(*pending, return_exceptions=True)
@@ -1053,7 +1058,7 @@ async def test_sqlite_stop_fails_queued_writes(tmp_path: Path) -> None:
     applied = [i for i, r in enumerate(results) if r is None]
     await s.start()
     try:
-        page = await s.list_tasks(TaskQuery(limit=500))
+        page = await s.tasks.list_tasks(TaskQuery(limit=500))
         assert [t.id for t in page.items] == [tid(i) for i in applied]
     finally:
         await s.stop()
@@ -1063,7 +1068,7 @@ async def test_sqlite_stop_during_apply_many_reports_per_change(tmp_path: Path) 
     """Chunks that committed report None, the rest StorageError: nothing is raised, nothing is lost."""
     s = SqliteStore(tmp_path / "gw.sqlite3", max_batch=2)
     await s.start()
-    run = asyncio.ensure_future(s.apply_many([create(make_task(i)) for i in range(20)]))
+    run = asyncio.ensure_future(s.tasks.apply_many([create(make_task(i)) for i in range(20)]))
     await asyncio.sleep(0)  # queued, and the writer took its first batch
     await s.stop()
     results = await run
@@ -1073,7 +1078,7 @@ async def test_sqlite_stop_during_apply_many_reports_per_change(tmp_path: Path) 
     assert applied == list(range(len(applied)))  # a prefix, in order
     await s.start()
     try:
-        page = await s.list_tasks(TaskQuery(limit=500))
+        page = await s.tasks.list_tasks(TaskQuery(limit=500))
         assert [t.id for t in page.items] == [tid(i) for i in applied]
     finally:
         await s.stop()
@@ -1088,9 +1093,9 @@ async def test_sqlite_error_message_has_no_parameters(tmp_path: Path) -> None:
         db.close()
         secret_payload = msgspec.Raw(b'{"password": "hunter2-very-secret"}')
         with pytest.raises(StorageError) as info:
-            await s.apply(create(make_task(1, payload=secret_payload)))
+            await s.tasks.apply(create(make_task(1, payload=secret_payload)))
         assert "hunter2" not in str(info.value) and "hunter2" not in repr(info.value.details)
-        assert await s.get_task(tid(1)) is None  # the failed batch left nothing behind
+        assert await s.tasks.get_task(tid(1)) is None  # the failed batch left nothing behind
     finally:
         await s.stop()
 
@@ -1110,13 +1115,13 @@ async def test_dead_letter_get_list_filters_and_put(store: TaskStore) -> None:
             first_dead_at=T0,
             last_dead_at=T0,
         )
-        await store.apply(Change(task=task, expected_revision=None, dead_letter=letter))
+        await store.tasks.apply(Change(task=task, expected_revision=None, dead_letter=letter))
         letters.append(letter)
-    assert await store.get_dead_letter("dlq_2") == letters[2]
-    assert await store.get_dead_letter("dlq_9") is None
+    assert await store.letters.get_dead_letter("dlq_2") == letters[2]
+    assert await store.letters.get_dead_letter("dlq_9") is None
 
     async def ids(**kw: Any) -> list[str]:
-        page = await store.list_dead_letters(DeadLetterQuery(**kw))
+        page = await store.letters.list_dead_letters(DeadLetterQuery(**kw))
         return [d.dead_letter_id for d in page.items]
 
     assert await ids() == ["dlq_0", "dlq_1", "dlq_2", "dlq_3", "dlq_4"]
@@ -1125,13 +1130,13 @@ async def test_dead_letter_get_list_filters_and_put(store: TaskStore) -> None:
     assert await ids(retry_count=1) == ["dlq_1", "dlq_4"]
     assert await ids(exhausted=True) == ["dlq_3"]
     assert await ids(original_task_id=letters[0].original_task_id) == ["dlq_0"]
-    first = await store.list_dead_letters(DeadLetterQuery(limit=2))
+    first = await store.letters.list_dead_letters(DeadLetterQuery(limit=2))
     assert first.next_cursor == "dlq_1"
     assert await ids(limit=2, cursor=first.next_cursor) == ["dlq_2", "dlq_3"]
-    assert await store.put_dead_letter(msgspec.structs.replace(letters[3], archived=True, revision=1))
+    assert await store.letters.put_dead_letter(msgspec.structs.replace(letters[3], archived=True, revision=1))
     assert await ids(exhausted=True) == []
     assert await ids(archived=True) == ["dlq_3"]
-    assert (await store.get_dead_letter_for_task(letters[3].task_id)).archived  # type: ignore[union-attr]
+    assert (await store.letters.get_dead_letter_for_task(letters[3].task_id)).archived  # type: ignore[union-attr]
 
 
 def sweep_letter(n: int, *, last_dead_at: float, **fields: Any) -> tuple[Task, DeadLetter]:
@@ -1165,32 +1170,32 @@ async def test_dead_letter_sweep_queries_never_return_archived_and_are_bounded(s
     }
     for n, (at, fields) in cases.items():
         task, letter = sweep_letter(n, last_dead_at=at, **fields)
-        await store.apply(Change(task=task, expected_revision=None, dead_letter=letter))
+        await store.tasks.apply(Change(task=task, expected_revision=None, dead_letter=letter))
     for n in range(10, 40):  # an archive much larger than the page
         task, letter = sweep_letter(n, last_dead_at=T0, exhausted=True, archived=True)
-        await store.apply(Change(task=task, expected_revision=None, dead_letter=letter))
+        await store.tasks.apply(Change(task=task, expected_revision=None, dead_letter=letter))
 
     async def due(limit: int) -> list[str]:
-        return [d.dead_letter_id for d in await store.due_dead_letters(cutoff, limit)]
+        return [d.dead_letter_id for d in await store.letters.due_dead_letters(cutoff, limit)]
 
     async def archivable(limit: int) -> list[str]:
-        return [d.dead_letter_id for d in await store.archivable_dead_letters(cutoff, limit)]
+        return [d.dead_letter_id for d in await store.letters.archivable_dead_letters(cutoff, limit)]
 
     assert await due(10) == ["dlq_0001", "dlq_0000", "dlq_0002"]  # oldest death first
     assert await due(2) == ["dlq_0001", "dlq_0000"]
     assert await archivable(10) == ["dlq_0007", "dlq_0006"]
     assert await archivable(1) == ["dlq_0007"]
-    assert await store.dead_letter_counts() == {"active": 5, "exhausted": 3, "archived": 32}
+    assert await store.letters.dead_letter_counts() == {"active": 5, "exhausted": 3, "archived": 32}
     # archiving one and a new death of another move them between the queries
     _, six = sweep_letter(6, last_dead_at=T0 + 20, exhausted=True)
-    assert await store.put_dead_letter(msgspec.structs.replace(six, archived=True, revision=1))
+    assert await store.letters.put_dead_letter(msgspec.structs.replace(six, archived=True, revision=1))
     _, nine = sweep_letter(9, last_dead_at=T0 + 90, exhausted=True, revision=1)
-    assert await store.put_dead_letter(nine)  # died again: active, age from this death
+    assert await store.letters.put_dead_letter(nine)  # died again: active, age from this death
     _, four = sweep_letter(4, last_dead_at=T0 + 10, revision=1)
-    assert await store.put_dead_letter(four)  # its task died again: due
+    assert await store.letters.put_dead_letter(four)  # its task died again: due
     assert await due(10) == ["dlq_0001", "dlq_0004", "dlq_0000", "dlq_0002"]
     assert await archivable(10) == ["dlq_0007", "dlq_0009"]
-    assert await store.dead_letter_counts() == {"active": 5, "exhausted": 3, "archived": 32}
+    assert await store.letters.dead_letter_counts() == {"active": 5, "exhausted": 3, "archived": 32}
 
 
 # ---------------------------------------------------------------------- callback deliveries and dead letters
@@ -1218,60 +1223,60 @@ def finish(old: Task, n: int, *, due_at: float = T0) -> Change:
 
 async def test_callback_delivery_commits_with_its_change_and_is_listed_by_due_time(store: TaskStore) -> None:
     tasks = [make_task(i) for i in range(1, 4)]
-    await store.apply_many([create(t) for t in tasks])
-    assert await store.pending_callbacks(10) == [] and await store.callback_backlog() == 0
-    await store.apply(finish(tasks[0], 1, due_at=T0 + 30))
-    results = await store.apply_many([finish(tasks[1], 2, due_at=T0 + 10), finish(tasks[2], 3, due_at=T0 + 20)])
+    await store.tasks.apply_many([create(t) for t in tasks])
+    assert await store.callbacks.pending_callbacks(10) == [] and await store.callbacks.callback_backlog() == 0
+    await store.tasks.apply(finish(tasks[0], 1, due_at=T0 + 30))
+    results = await store.tasks.apply_many([finish(tasks[1], 2, due_at=T0 + 10), finish(tasks[2], 3, due_at=T0 + 20)])
     assert results == [None, None]
-    pending = await store.pending_callbacks(10)
+    pending = await store.callbacks.pending_callbacks(10)
     assert [d.task_id for d in pending] == [tasks[1].id, tasks[2].id, tasks[0].id]
     assert pending[0] == delivery_for(bump(tasks[1], state="succeeded", callback_url=pending[0].url), 2, due_at=T0 + 10)
-    assert [d.id for d in await store.pending_callbacks(2)] == [pending[0].id, pending[1].id]
-    assert await store.pending_callbacks(0) == []
-    assert await store.callback_backlog() == 3
+    assert [d.id for d in await store.callbacks.pending_callbacks(2)] == [pending[0].id, pending[1].id]
+    assert await store.callbacks.pending_callbacks(0) == []
+    assert await store.callbacks.callback_backlog() == 3
 
 
 async def test_pending_callbacks_page_with_a_due_at_and_id_cursor(store: TaskStore) -> None:
     tasks = [make_task(i) for i in range(1, 6)]
-    await store.apply_many([create(t) for t in tasks])
+    await store.tasks.apply_many([create(t) for t in tasks])
     # two rows share a due time: the id breaks the tie, so a page boundary between them loses neither
     dues = [T0 + 20, T0 + 10, T0 + 10, T0 + 30, T0 + 5]
-    await store.apply_many([finish(t, n, due_at=due) for n, (t, due) in enumerate(zip(tasks, dues, strict=True))])
-    everything = await store.pending_callbacks(10)
+    await store.tasks.apply_many([finish(t, n, due_at=due) for n, (t, due) in enumerate(zip(tasks, dues, strict=True))])
+    everything = await store.callbacks.pending_callbacks(10)
     assert [(d.due_at, d.id) for d in everything] == sorted((d.due_at, d.id) for d in everything)
     pages: list[str] = []
     after: tuple[float, str] | None = None
-    while page := await store.pending_callbacks(2, after):
+    while page := await store.callbacks.pending_callbacks(2, after):
         pages += [d.id for d in page]
         after = (page[-1].due_at, page[-1].id)
     assert pages == [d.id for d in everything]
-    assert await store.pending_callbacks(10, (everything[1].due_at, everything[1].id)) == everything[2:]
-    assert await store.pending_callbacks(10, (T0 + 10, "")) == everything[1:]
-    assert await store.pending_callbacks(10, (T0 + 99, "")) == []
+    assert await store.callbacks.pending_callbacks(10, (everything[1].due_at, everything[1].id)) == everything[2:]
+    assert await store.callbacks.pending_callbacks(10, (T0 + 10, "")) == everything[1:]
+    assert await store.callbacks.pending_callbacks(10, (T0 + 99, "")) == []
 
 
 async def test_a_refused_change_writes_no_callback_delivery(store: TaskStore) -> None:
     t1, t2 = make_task(1), make_task(2)
-    await store.apply_many([create(t1), create(t2)])
+    await store.tasks.apply_many([create(t1), create(t2)])
     stale = msgspec.structs.replace(finish(t1, 1), expected_revision=7)
     with pytest.raises(Conflict):
-        await store.apply(stale)
-    results = await store.apply_many([stale, finish(t2, 2)])
+        await store.tasks.apply(stale)
+    results = await store.tasks.apply_many([stale, finish(t2, 2)])
     assert_code(results[0], Conflict, Code.REVISION_CONFLICT)
     assert results[1] is None
-    assert [d.task_id for d in await store.pending_callbacks(10)] == [t2.id]
+    assert [d.task_id for d in await store.callbacks.pending_callbacks(10)] == [t2.id]
 
 
 async def test_callback_reschedule_finish_and_dead_letter(store: TaskStore) -> None:
     t1, t2 = make_task(1), make_task(2)
-    await store.apply_many([create(t1), create(t2), finish(t1, 1), finish(t2, 2, due_at=T0 + 5)])
-    d1, d2 = await store.pending_callbacks(10)
+    await store.tasks.apply_many([create(t1), create(t2), finish(t1, 1), finish(t2, 2, due_at=T0 + 5)])
+    d1, d2 = await store.callbacks.pending_callbacks(10)
     later = msgspec.structs.replace(d1, attempts=1, due_at=T0 + 60, last_error="HTTP 500")
-    await store.reschedule_callback(later)
-    assert await store.pending_callbacks(10) == [d2, later]
-    await store.finish_callback(d2.id)
-    await store.finish_callback(d2.id)  # already gone: no error
-    assert await store.pending_callbacks(10) == [later]
+    await store.callbacks.reschedule_callback(later)
+    assert await store.callbacks.pending_callbacks(10) == [d2, later]
+    await store.callbacks.finish_callback(d2.id)
+    await store.callbacks.finish_callback(d2.id)  # already gone: no error
+    assert await store.callbacks.pending_callbacks(10) == [later]
 
     letter = CallbackDeadLetter(
         id="cdl_1",
@@ -1283,11 +1288,11 @@ async def test_callback_reschedule_finish_and_dead_letter(store: TaskStore) -> N
         created_at=T0 + 61,
         delivery=later,
     )
-    await store.dead_letter_callback(later.id, letter, audit_for("cdl_1", "callback_dead_letter"))
-    assert await store.pending_callbacks(10) == [] and await store.callback_backlog() == 0
-    assert await store.get_callback_dead_letter("cdl_1") == letter
-    assert await store.get_callback_dead_letter("cdl_2") is None
-    (entry,) = (await store.list_audit(AuditQuery(action="callback_dead_letter"))).items
+    await store.callbacks.dead_letter_callback(later.id, letter, audit_for("cdl_1", "callback_dead_letter"))
+    assert await store.callbacks.pending_callbacks(10) == [] and await store.callbacks.callback_backlog() == 0
+    assert await store.callbacks.get_callback_dead_letter("cdl_1") == letter
+    assert await store.callbacks.get_callback_dead_letter("cdl_2") is None
+    (entry,) = (await store.tasks.list_audit(AuditQuery(action="callback_dead_letter"))).items
     assert entry.object_id == "cdl_1"
 
 
@@ -1306,19 +1311,21 @@ async def test_callback_dead_letters_list_by_owner_and_task_with_paging(store: T
             created_at=T0,
             delivery=d,
         )
-        await store.dead_letter_callback(d.id, letter, audit_for(letter.id, "callback_dead_letter"))
+        await store.callbacks.dead_letter_callback(d.id, letter, audit_for(letter.id, "callback_dead_letter"))
         letters.append(letter)
 
     async def ids(**kw: Any) -> list[str]:
-        return [d.id for d in (await store.list_callback_dead_letters(CallbackDeadLetterQuery(**kw))).items]
+        return [d.id for d in (await store.callbacks.list_callback_dead_letters(CallbackDeadLetterQuery(**kw))).items]
 
     assert await ids() == [f"cdl_{n}" for n in range(5)]
     assert await ids(owner="alice") == ["cdl_1", "cdl_3"]
     assert await ids(task_id=letters[4].task_id) == ["cdl_4"]
-    first = await store.list_callback_dead_letters(CallbackDeadLetterQuery(limit=2))
+    first = await store.callbacks.list_callback_dead_letters(CallbackDeadLetterQuery(limit=2))
     assert first.next_cursor == "cdl_1"
     assert await ids(limit=2, cursor=first.next_cursor) == ["cdl_2", "cdl_3"]
-    assert (await store.list_callback_dead_letters(CallbackDeadLetterQuery(cursor="cdl_3"))).next_cursor is None
+    assert (
+        await store.callbacks.list_callback_dead_letters(CallbackDeadLetterQuery(cursor="cdl_3"))
+    ).next_cursor is None
 
 
 async def test_redeliver_takes_the_letter_once(harness: Harness) -> None:
@@ -1335,13 +1342,15 @@ async def test_redeliver_takes_the_letter_once(harness: Harness) -> None:
         created_at=T0,
         delivery=d,
     )
-    await store.dead_letter_callback(d.id, letter, audit_for("cdl_1", "callback_dead_letter"))
+    await store.callbacks.dead_letter_callback(d.id, letter, audit_for("cdl_1", "callback_dead_letter"))
     again = msgspec.structs.replace(d, id=f"cbd_{2:032x}", attempts=0, due_at=T0 + 100)
-    assert await store.redeliver_callback("cdl_1", again, audit_for("cdl_1", "callback_redeliver"))
+    assert await store.callbacks.redeliver_callback("cdl_1", again, audit_for("cdl_1", "callback_redeliver"))
     other = msgspec.structs.replace(d, id=f"cbd_{3:032x}")
-    assert not await store.redeliver_callback("cdl_1", other, audit_for("cdl_1", "callback_redeliver"))
-    assert await store.get_callback_dead_letter("cdl_1") is None
-    assert await store.pending_callbacks(10) == [again]
-    assert len((await store.list_audit(AuditQuery(action="callback_redeliver"))).items) == 1  # the refused one: none
+    assert not await store.callbacks.redeliver_callback("cdl_1", other, audit_for("cdl_1", "callback_redeliver"))
+    assert await store.callbacks.get_callback_dead_letter("cdl_1") is None
+    assert await store.callbacks.pending_callbacks(10) == [again]
+    assert (
+        len((await store.tasks.list_audit(AuditQuery(action="callback_redeliver"))).items) == 1
+    )  # the refused one: none
     store = await harness.reopen()  # deliveries are durable
-    assert await store.pending_callbacks(10) == [again]
+    assert await store.callbacks.pending_callbacks(10) == [again]

@@ -47,9 +47,9 @@ def audit_event(r: ArtifactRecord) -> tuple[AuditEntry, EventRecord]:
 
 async def running(store: Any, n: int) -> Task:
     t = make_task(n)
-    await store.apply(create(t))
+    await store.tasks.apply(create(t))
     r = bump(t, state="running", lease_id=f"lse_{n}", node_id="n1", started_at=T0, updated_at=T0)
-    await store.apply(update(t, r, "claim", lease_id=r.lease_id))
+    await store.tasks.apply(update(t, r, "claim", lease_id=r.lease_id))
     return r
 
 
@@ -57,17 +57,17 @@ async def put(
     store: Any, task: Task, r: ArtifactRecord, limits: ArtifactLimits = LIMITS
 ) -> tuple[ArtifactRecord, bool]:
     audit, event = audit_event(r)
-    return await store.record_artifact(r, audit, event, task_revision=task.revision, limits=limits)
+    return await store.artifacts.record_artifact(r, audit, event, task_revision=task.revision, limits=limits)
 
 
 async def test_an_artifact_is_recorded_once_with_its_audit_and_event(store: Any) -> None:
     t = await running(store, 1)
-    outbox_before = len(await store.outbox_batch(1000))
+    outbox_before = len(await store.tasks.outbox_batch(1000))
     a = rec(t, "report.txt")
     audit, event = audit_event(a)
-    assert await store.record_artifact(a, audit, event, task_revision=t.revision, limits=LIMITS) == (a, True)
-    assert await store.get_artifact(t.id, "report.txt") == a
-    assert await store.get_artifact(t.id, "other") is None
+    assert await store.artifacts.record_artifact(a, audit, event, task_revision=t.revision, limits=LIMITS) == (a, True)
+    assert await store.artifacts.get_artifact(t.id, "report.txt") == a
+    assert await store.artifacts.get_artifact(t.id, "other") is None
     # the same name and digest again: a repeat, nothing written
     again = msgspec.structs.replace(a, upload="n1.upl_other", created_at=T0 + 5)
     assert await put(store, t, again) == (a, False)
@@ -77,14 +77,14 @@ async def test_an_artifact_is_recorded_once_with_its_audit_and_event(store: Any)
     assert_code(exc.value, Conflict, Code.IDEMPOTENCY_CONFLICT)
     b = rec(t, "img/b.png", size=20)
     await put(store, t, b)
-    assert await store.list_artifacts(t.id) == [a, b]  # oldest first
-    assert await store.artifact_counts([t.id, "tsk_none"]) == {t.id: 2}
-    assert await store.artifact_usage(t.id) == (2, 30)
-    assert await store.artifact_totals() == (2, 30)
-    assert len(await store.outbox_batch(1000)) == outbox_before + 2
-    audit = (await store.list_audit(AuditQuery(object_id=t.id, action="artifact.add"))).items
+    assert await store.artifacts.list_artifacts(t.id) == [a, b]  # oldest first
+    assert await store.artifacts.artifact_counts([t.id, "tsk_none"]) == {t.id: 2}
+    assert await store.artifacts.artifact_usage(t.id) == (2, 30)
+    assert await store.artifacts.artifact_totals() == (2, 30)
+    assert len(await store.tasks.outbox_batch(1000)) == outbox_before + 2
+    audit = (await store.tasks.list_audit(AuditQuery(object_id=t.id, action="artifact.add"))).items
     assert len(audit) == 2
-    assert await store.known_uploads([a.upload, "n1.upl_none", b.upload]) == {a.upload, b.upload}
+    assert await store.artifacts.known_uploads([a.upload, "n1.upl_none", b.upload]) == {a.upload, b.upload}
 
 
 async def test_only_a_running_task_at_the_checked_revision_takes_an_artifact(store: Any) -> None:
@@ -94,12 +94,12 @@ async def test_only_a_running_task_at_the_checked_revision_takes_an_artifact(sto
         await put(store, stale, rec(t, "x"))
     assert exc.value.code == Code.REVISION_CONFLICT
     done = bump(t, state="succeeded", finished_at=T0 + 1, updated_at=T0 + 1)
-    await store.apply(update(t, done, "settle"))
+    await store.tasks.apply(update(t, done, "settle"))
     with pytest.raises(Conflict):
         await put(store, done, rec(t, "x"))
     with pytest.raises(Conflict):
         await put(store, t, rec(t, "x"))
-    assert await store.list_artifacts(t.id) == []
+    assert await store.artifacts.list_artifacts(t.id) == []
     missing = make_task(99, state="running", revision=2)
     with pytest.raises(Conflict):
         await put(store, missing, rec(missing, "x"))
@@ -118,8 +118,8 @@ async def test_the_limits_refuse_and_write_nothing(store: Any) -> None:
     with pytest.raises(PayloadTooLarge) as exc:
         await put(store, t, rec(t, "d", size=1))  # max_per_task
     assert exc.value.details["limit"] == "max_per_task"
-    assert [r.name for r in await store.list_artifacts(t.id)] == ["a", "b", "c"]
-    assert await store.artifact_usage(t.id) == (3, 902)  # the refusals counted nothing
+    assert [r.name for r in await store.artifacts.list_artifacts(t.id)] == ["a", "b", "c"]
+    assert await store.artifacts.artifact_usage(t.id) == (3, 902)  # the refusals counted nothing
 
 
 async def test_retention_marks_the_rows_of_old_finished_tasks_then_deletes_them(store: Any) -> None:
@@ -128,36 +128,39 @@ async def test_retention_marks_the_rows_of_old_finished_tasks_then_deletes_them(
     for task, r in ((t, a), (t, b), (live, c)):
         await put(store, task, r)
     done = bump(t, state="succeeded", finished_at=T0 + 10, updated_at=T0 + 10)
-    await store.apply(update(t, done, "settle"))
-    assert await store.mark_artifacts_removing(T0 + 5, 10) == []  # not old enough
-    marked = await store.mark_artifacts_removing(T0 + 10, 1)
+    await store.tasks.apply(update(t, done, "settle"))
+    assert await store.artifacts.mark_artifacts_removing(T0 + 5, 10) == []  # not old enough
+    marked = await store.artifacts.mark_artifacts_removing(T0 + 10, 1)
     assert [r.name for r in marked] == ["a"] and marked[0].removing
     # a marked row is hidden, still counted where bytes are concerned, and comes back first next round
-    assert [r.name for r in await store.list_artifacts(t.id)] == ["b"]
-    assert await store.get_artifact(t.id, "a") is None
-    assert await store.artifact_usage(t.id) == (2, 20)
-    assert [r.name for r in await store.mark_artifacts_removing(T0 + 10, 10)] == ["a", "b"]
-    assert await store.delete_artifacts([(t.id, "a"), (t.id, "gone")]) == 1
-    assert await store.artifact_usage(t.id) == (1, 10)
-    assert await store.delete_artifacts([(t.id, "a"), (t.id, "b")]) == 1  # a twice: counted once
-    assert await store.artifact_usage(t.id) == (0, 0) and await store.artifact_usage(live.id) == (1, 10)
-    assert await store.delete_artifacts([]) == 0
-    assert await store.list_artifacts(t.id) == [] and await store.artifact_totals() == (1, 10)
-    assert await store.mark_artifacts_removing(T0 + 10, 10) == []
-    assert await store.list_artifacts(live.id) == [c]
+    assert [r.name for r in await store.artifacts.list_artifacts(t.id)] == ["b"]
+    assert await store.artifacts.get_artifact(t.id, "a") is None
+    assert await store.artifacts.artifact_usage(t.id) == (2, 20)
+    assert [r.name for r in await store.artifacts.mark_artifacts_removing(T0 + 10, 10)] == ["a", "b"]
+    assert await store.artifacts.delete_artifacts([(t.id, "a"), (t.id, "gone")]) == 1
+    assert await store.artifacts.artifact_usage(t.id) == (1, 10)
+    assert await store.artifacts.delete_artifacts([(t.id, "a"), (t.id, "b")]) == 1  # a twice: counted once
+    assert await store.artifacts.artifact_usage(t.id) == (0, 0) and await store.artifacts.artifact_usage(live.id) == (
+        1,
+        10,
+    )
+    assert await store.artifacts.delete_artifacts([]) == 0
+    assert await store.artifacts.list_artifacts(t.id) == [] and await store.artifacts.artifact_totals() == (1, 10)
+    assert await store.artifacts.mark_artifacts_removing(T0 + 10, 10) == []
+    assert await store.artifacts.list_artifacts(live.id) == [c]
 
 
 async def test_retention_keeps_a_task_until_its_artifacts_are_gone(store: Any) -> None:
     t = await running(store, 6)
     await put(store, t, rec(t, "a"))
     done = bump(t, state="succeeded", finished_at=T0 + 1, updated_at=T0 + 1)
-    await store.apply(update(t, done, "settle"))
-    result = await store.purge_tasks(T0 + 2, 10)
-    assert result.kept == 1 and await store.get_task(t.id) is not None
-    await store.mark_artifacts_removing(T0 + 2, 10)
-    await store.delete_artifacts([(t.id, "a")])
-    result = await store.purge_tasks(T0 + 2, 10)
-    assert result.purged["tasks"] == 1 and await store.get_task(t.id) is None
+    await store.tasks.apply(update(t, done, "settle"))
+    result = await store.retention.purge_tasks(T0 + 2, 10)
+    assert result.kept == 1 and await store.tasks.get_task(t.id) is not None
+    await store.artifacts.mark_artifacts_removing(T0 + 2, 10)
+    await store.artifacts.delete_artifacts([(t.id, "a")])
+    result = await store.retention.purge_tasks(T0 + 2, 10)
+    assert result.purged["tasks"] == 1 and await store.tasks.get_task(t.id) is None
 
 
 async def test_the_sqlite_usage_migration_counts_the_artifacts_already_recorded(tmp_path: Any) -> None:
@@ -180,7 +183,7 @@ async def test_the_sqlite_usage_migration_counts_the_artifacts_already_recorded(
     s = SqliteStore(path)
     await s.start()
     try:
-        assert await s.artifact_usage(t.id) == (2, 42)
+        assert await s.artifacts.artifact_usage(t.id) == (2, 42)
     finally:
         await s.stop()
 
@@ -204,12 +207,14 @@ async def _past_the_deadline(store: Any) -> None:
     late = rec(t, "late.bin")
     audit, event = audit_event(late)
     with pytest.raises(GatewayError) as exc:
-        await store.record_artifact(
+        await store.artifacts.record_artifact(
             late, audit, event, task_revision=t.revision, limits=LIMITS, fresh_until=time.time() - 5
         )
     assert exc.value.code == Code.INVALID_ARGUMENT and exc.value.details["reason"] == "expired"
-    assert await store.get_artifact(t.id, "late.bin") is None and await store.artifact_usage(t.id) == (0, 0)
-    assert await store.record_artifact(
+    assert await store.artifacts.get_artifact(t.id, "late.bin") is None and await store.artifacts.artifact_usage(
+        t.id
+    ) == (0, 0)
+    assert await store.artifacts.record_artifact(
         late, audit, event, task_revision=t.revision, limits=LIMITS, fresh_until=time.time() + 3600
     ) == (late, True)
 

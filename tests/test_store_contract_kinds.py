@@ -31,34 +31,34 @@ INF_PERIOD = (
 
 
 async def test_a_change_is_written_only_over_the_document_it_was_decided_on(store: Any) -> None:
-    assert await store.read_kind("echo") is None
+    assert await store.kinds.read_kind("echo") is None
     first = KindSettings(kind="echo", paused=True, updated_at=T0)
-    assert await store.swap_kind(first, audit("echo", 1), event("echo", 1), None)  # no row: inserted
+    assert await store.kinds.swap_kind(first, audit("echo", 1), event("echo", 1), None)  # no row: inserted
     # a second writer that also read "no row" loses: nothing written, no audit entry, no event
     other = KindSettings(kind="echo", concurrency=3, updated_at=T0)
-    assert not await store.swap_kind(other, audit("echo", 2), event("echo", 2), None)
-    read = await store.read_kind("echo")
+    assert not await store.kinds.swap_kind(other, audit("echo", 2), event("echo", 2), None)
+    read = await store.kinds.read_kind("echo")
     assert read is not None and read.settings == first
-    assert len(await store.outbox_batch(10)) == 1
+    assert len(await store.tasks.outbox_batch(10)) == 1
 
     both = msgspec.structs.replace(read.settings, concurrency=3, updated_at=T0 + 1)
-    assert await store.swap_kind(both, audit("echo", 3), event("echo", 3), read.version)
+    assert await store.kinds.swap_kind(both, audit("echo", 3), event("echo", 3), read.version)
     # a writer that decided on the same read afterwards loses: the row changed since
     stale = msgspec.structs.replace(read.settings, paused=False, updated_at=T0 + 2)
-    assert not await store.swap_kind(stale, audit("echo", 4), event("echo", 4), read.version)
-    assert await store.get_kind("echo") == both
-    assert len(await store.outbox_batch(10)) == 2
+    assert not await store.kinds.swap_kind(stale, audit("echo", 4), event("echo", 4), read.version)
+    assert await store.kinds.get_kind("echo") == both
+    assert len(await store.tasks.outbox_batch(10)) == 2
 
 
 async def test_concurrent_changes_of_one_kind_all_hold(store: Any) -> None:
     """Changes of different fields through two services on one store, at once: each holds, whatever the order
     in which their reads and writes meet (each service re-decides on fresh data after a lost write)."""
-    svc_a = KindService(store, lambda s: None, lambda: T0)
-    svc_b = KindService(store, lambda s: None, lambda: T0)
+    svc_a = KindService(store.kinds, lambda s: None, lambda: T0)
+    svc_b = KindService(store.kinds, lambda s: None, lambda: T0)
     changes = [{"paused": True}, {"concurrency": 3}, {"key_concurrency": 2}, {"rate": Rate(limit=5, period_s=2.0)}]
     services = [svc_a, svc_b] * 2
     await asyncio.gather(*(svc.update("work", c, SYSTEM, None) for svc, c in zip(services, changes, strict=True)))
-    got = await store.get_kind("work")
+    got = await store.kinds.get_kind("work")
     assert got is not None
     assert (got.paused, got.concurrency, got.key_concurrency, got.rate) == (True, 3, 2, Rate(limit=5, period_s=2.0))
 
@@ -92,17 +92,17 @@ async def test_a_stored_kind_that_does_not_decode_blocks_nothing_and_is_repaired
     # a claim of that kind and another kind's claim in one batch: both commit
     mine = (await queued(store, 1))[0]
     theirs = (await queued(store, 20, kind="work"))[0]
-    assert await store.apply_many([claim(mine, T0), claim(theirs, T0)]) == [None, None]
-    assert (await store.get_task(theirs.id)).state == "running"
+    assert await store.tasks.apply_many([claim(mine, T0), claim(theirs, T0)]) == [None, None]
+    assert (await store.tasks.get_task(theirs.id)).state == "running"
 
     expected = KindSettings(kind="echo", concurrency=2) if doc == INF_PERIOD else KindSettings(kind="echo")
-    assert await store.get_kind("echo") == expected  # the fields that decode; the rest reads as no limit
-    assert [k.kind for k in await store.list_kinds()] == ["echo"]
+    assert await store.kinds.get_kind("echo") == expected  # the fields that decode; the rest reads as no limit
+    assert [k.kind for k in await store.kinds.list_kinds()] == ["echo"]
 
     # the repair: PUT {"rate": null} (through the kind service, as the API does) writes the whole document again
-    svc = KindService(store, lambda s: None, lambda: T0 + 5)
+    svc = KindService(store.kinds, lambda s: None, lambda: T0 + 5)
     repaired = await svc.update("echo", {"rate": None}, SYSTEM, "req_repair")
     assert repaired == msgspec.structs.replace(expected, updated_at=T0 + 5)
-    stored = await store.read_kind("echo")
+    stored = await store.kinds.read_kind("echo")
     assert stored is not None
     assert msgspec.json.decode(stored.version, type=KindSettings) == repaired  # it decodes whole again

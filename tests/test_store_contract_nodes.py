@@ -38,28 +38,28 @@ def _heard(at: float, **fields: Any) -> NodeRecord:
 async def test_a_late_flush_never_takes_a_heartbeat_back(store: Any) -> None:
     """Two instances heard the node at T0+10 and T0+5; the one that heard it first flushes last."""
     newer, older = _heard(T0 + 10, running=3, active_leases=3), _heard(T0 + 5, running=1, active_leases=1)
-    await store.put_nodes([newer])
-    await store.put_nodes([older])
-    assert await store.list_nodes() == [newer]
+    await store.nodes.put_nodes([newer])
+    await store.nodes.put_nodes([older])
+    assert await store.nodes.list_nodes() == [newer]
     later = _heard(T0 + 12, running=0)
-    await store.put_nodes([later])
-    assert await store.list_nodes() == [later]
+    await store.nodes.put_nodes([later])
+    assert await store.nodes.list_nodes() == [later]
 
 
 async def test_a_flush_never_undoes_a_drain_and_only_a_drain_moves_the_flag(store: Any) -> None:
-    await store.put_nodes([_heard(T0)])
-    drained = await store.set_node_draining("node-1", True, _audit(1, "node-1", "drain"))
+    await store.nodes.put_nodes([_heard(T0)])
+    drained = await store.nodes.set_node_draining("node-1", True, _audit(1, "node-1", "drain"))
     assert drained == _heard(T0, draining=True, drain_revision=1)
     # another instance's copy, from before the drain, flushes a newer heartbeat: the flag stays
-    await store.put_nodes([_heard(T0 + 2, running=2)])
-    assert await store.list_nodes() == [_heard(T0 + 2, running=2, draining=True, drain_revision=1)]
-    undrained = await store.set_node_draining("node-1", False, _audit(2, "node-1", "undrain"))
+    await store.nodes.put_nodes([_heard(T0 + 2, running=2)])
+    assert await store.nodes.list_nodes() == [_heard(T0 + 2, running=2, draining=True, drain_revision=1)]
+    undrained = await store.nodes.set_node_draining("node-1", False, _audit(2, "node-1", "undrain"))
     assert undrained is not None and (undrained.draining, undrained.drain_revision) == (False, 2)
-    await store.put_nodes([_heard(T0 + 4, draining=True, drain_revision=1)])  # a copy that still says draining
-    assert [(n.draining, n.drain_revision) for n in await store.list_nodes()] == [(False, 2)]
+    await store.nodes.put_nodes([_heard(T0 + 4, draining=True, drain_revision=1)])  # a copy that still says draining
+    assert [(n.draining, n.drain_revision) for n in await store.nodes.list_nodes()] == [(False, 2)]
     # an unknown node: nothing written, no audit
-    assert await store.set_node_draining("node-x", True, _audit(3, "node-x", "drain")) is None
-    actions = [(e.action, e.object_id) for e in (await store.list_audit(AuditQuery(limit=10))).items]
+    assert await store.nodes.set_node_draining("node-x", True, _audit(3, "node-x", "drain")) is None
+    actions = [(e.action, e.object_id) for e in (await store.tasks.list_audit(AuditQuery(limit=10))).items]
     assert sorted(actions) == [("drain", "node-1"), ("undrain", "node-1")]
 
 
@@ -80,16 +80,16 @@ async def test_two_instances_drain_and_flush_at_once_and_lose_nothing(
     """Drains and undrains on both instances, interleaved with both flushing heartbeats: every drain is counted
     (the revision is computed in the database), the flag is the last drain's, the heartbeat the newest."""
     a, b = two_pg_stores
-    await a.put_nodes([_heard(T0)])
+    await a.nodes.put_nodes([_heard(T0)])
     drains = [
-        (a if n % 2 else b).set_node_draining("node-1", n % 3 != 0, _audit(n, "node-1", "drain")) for n in range(40)
+        (a if n % 2 else b).nodes.set_node_draining("node-1", n % 3 != 0, _audit(n, "node-1", "drain")) for n in range(40)
     ]
-    flushes = [(b if n % 2 else a).put_nodes([_heard(T0 + n, running=n)]) for n in range(40)]
+    flushes = [(b if n % 2 else a).nodes.put_nodes([_heard(T0 + n, running=n)]) for n in range(40)]
     answers = await asyncio.gather(*drains, *flushes)
     revisions = sorted(r.drain_revision for r in answers[:40] if r is not None)
     assert revisions == list(range(1, 41))
     last = max((r for r in answers[:40] if r is not None), key=lambda r: r.drain_revision)
-    (stored,) = await b.list_nodes()
+    (stored,) = await b.nodes.list_nodes()
     assert (stored.draining, stored.drain_revision) == (last.draining, 40)
     assert (stored.last_heartbeat_at, stored.running) == (T0 + 39, 39)
     assert msgspec.structs.replace(stored, draining=False, drain_revision=0) == _heard(T0 + 39, running=39)
@@ -110,9 +110,9 @@ async def test_the_sqlite_migration_fills_the_node_columns_from_the_documents(tm
     s = SqliteStore(path)
     await s.start()
     try:
-        assert await s.list_nodes() == [node]
-        await s.put_nodes([_heard(T0 - 1)])  # an older heartbeat: the migrated time holds it off
-        assert await s.list_nodes() == [node]
+        assert await s.nodes.list_nodes() == [node]
+        await s.nodes.put_nodes([_heard(T0 - 1)])  # an older heartbeat: the migrated time holds it off
+        assert await s.nodes.list_nodes() == [node]
     finally:
         await s.stop()
 
@@ -135,6 +135,6 @@ async def test_the_postgres_migration_fills_the_node_columns_from_the_documents(
     s = PostgresStore(pg_fresh_url)
     await s.start()
     try:
-        assert await s.list_nodes() == [node]
+        assert await s.nodes.list_nodes() == [node]
     finally:
         await s.stop()

@@ -33,7 +33,7 @@ async def test_a_value_past_its_bound_is_refused_on_the_form_and_nothing_is_save
     gateway: Gateway, api: Api, browser: Browser, field: str, value: str, named: str
 ) -> None:
     await gateway.kinds.update("flow", {"concurrency": 2}, ActorRef("user", "admin"), None)
-    before = await gateway.store.get_kind("flow")
+    before = await gateway.store.kinds.get_kind("flow")
     page = await signed_in(browser, gateway)
     await page.goto(base(gateway) + "/ui/kinds/flow")
     assert await page.locator(field).get_attribute("max") is not None  # the browser holds the bound first
@@ -46,7 +46,7 @@ async def test_a_value_past_its_bound_is_refused_on_the_form_and_nothing_is_save
     assert (await answer.value).status == 400
     await expect(page.locator("#kind-error")).to_contain_text("INVALID_ARGUMENT")
     await expect(page.locator("#kind-error")).to_contain_text(named)
-    assert await gateway.store.get_kind("flow") == before  # nothing saved
+    assert await gateway.store.kinds.get_kind("flow") == before  # nothing saved
     status, view, _ = await api.call("GET", "/api/kinds/flow")
     assert status == 200 and view["concurrency"] == 2 and view["rate"] is None, view
     assert isinstance(before, KindSettings) and before.concurrency == 2

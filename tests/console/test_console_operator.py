@@ -210,7 +210,7 @@ async def test_kinds_page_counts_holds_edits_and_pauses(gateway: Gateway, api: A
     await page.click("#kind-save")
     await expect(page.locator(".flash")).to_contain_text("settings saved")
     await expect(page.locator("#kind-limits")).to_contain_text("concurrency 3")
-    stored = await gateway.store.get_kind("flow")
+    stored = await gateway.store.kinds.get_kind("flow")
     assert stored is not None and stored.concurrency == 3 and stored.rate is not None and stored.rate.limit == 5
     assert stored.paused
     await page.fill("#f-rate-period", "")  # a limit without its period is refused, nothing saved
@@ -245,7 +245,7 @@ async def test_dead_letters_by_reason_with_bulk_retry_and_force_retry(
     a1 = await run_and_fail(gateway, node, "dl", "ALPHA")
     a2 = await run_and_fail(gateway, node, "dl", "ALPHA")
     b1 = await run_and_fail(gateway, node, "dl", "BETA")
-    letter_of = {t: await gateway.store.get_dead_letter_for_task(t) for t in (a1, a2, b1)}
+    letter_of = {t: await gateway.store.letters.get_dead_letter_for_task(t) for t in (a1, a2, b1)}
     page = await signed_in(browser, gateway)
     await page.goto(base(gateway) + "/ui/deadletters")
     await page.fill("#dl-reason", "ALPHA")
@@ -307,7 +307,9 @@ async def test_root_artifacts_phone_keyboard_and_every_page_accessible(
         id="evt_art_1", type="task.artifact_added", aggregate_type="task", aggregate_id=task.id, owner="admin",
         revision=None, at=now, request_id=None,
     )  # fmt: skip
-    await gateway.store.record_artifact(record, audit, event, task_revision=running.revision, limits=ArtifactLimits())
+    await gateway.store.artifacts.record_artifact(
+        record, audit, event, task_revision=running.revision, limits=ArtifactLimits()
+    )
     context = await browser.new_context(viewport={"width": 390, "height": 844})
     page = await context.new_page()
     await page.goto(base(gateway) + "/")

@@ -56,7 +56,7 @@ async def test_the_hour_figures_come_from_the_store_alone(gateway: Gateway) -> N
     b, _ = await gateway.service.create(BOB, NewTask(kind="hour"))
     for caller, task in ((ALICE, a), (BOB, b)):
         await gateway.service.act(caller, task.id, "cancel")
-    rows = await gateway.store.task_minutes(since_minute(now))
+    rows = await gateway.store.search.task_minutes(since_minute(now))
     assert HourFigures(rows, now).by_kind["hour"].finished == 2
-    alice = HourFigures(await gateway.store.task_minutes(since_minute(now), "alice"), now)
+    alice = HourFigures(await gateway.store.search.task_minutes(since_minute(now), "alice"), now)
     assert alice.total.finished == 1 and alice.series()[0][-1] == pytest.approx(1 / 60)

@@ -22,7 +22,7 @@ VIEWER_TOKEN = "viewer-token-for-tests-0123456789"
 
 
 async def add_viewer(gw: Gateway) -> None:
-    await gw.store.put_principal(
+    await gw.store.nodes.put_principal(
         Principal(token_hash=token_hash(VIEWER_TOKEN), user="vera", role="viewer", created_at=time.time())
     )
 
@@ -38,7 +38,7 @@ def test_token_create_viewer(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         store = SqliteStore(tmp_path / "data" / "gateway.db")
         await store.start()
         try:
-            return await store.get_principal(token_hash(token))
+            return await store.nodes.get_principal(token_hash(token))
         finally:
             await store.stop()
 

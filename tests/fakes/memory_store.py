@@ -86,6 +86,45 @@ class MemoryStore(
     async def stop(self) -> None:
         self._running = False
 
+    # the parts a real store holds (actors.store_ports.Store): here one object on one set of dicts is every
+    # part, so a change stays atomic across them (nothing awaits)
+
+    @property
+    def tasks(self) -> MemoryStore:
+        return self
+
+    @property
+    def search(self) -> MemoryStore:
+        return self
+
+    @property
+    def letters(self) -> MemoryStore:
+        return self
+
+    @property
+    def nodes(self) -> MemoryStore:
+        return self
+
+    @property
+    def kinds(self) -> MemoryStore:
+        return self
+
+    @property
+    def artifacts(self) -> MemoryStore:
+        return self
+
+    @property
+    def callbacks(self) -> MemoryStore:
+        return self
+
+    @property
+    def schedules(self) -> MemoryStore:
+        return self
+
+    @property
+    def retention(self) -> MemoryStore:
+        return self
+
     def _check_running(self) -> None:
         if not self._running:
             raise StorageError("the task store is not running")

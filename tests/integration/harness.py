@@ -50,7 +50,7 @@ async def add_tokens(gw: Gateway) -> None:
         (ALICE_TOKEN, "alice", "user"),
         (BOB_TOKEN, "bob", "user"),
     ):
-        await gw.store.put_principal(
+        await gw.store.nodes.put_principal(
             Principal(token_hash=token_hash(token), user=user, role=role, created_at=time.time())
         )
 

@@ -54,7 +54,7 @@ async def test_names_and_types_with_a_newline_or_control_characters_are_refused(
         ):
             r = await _begin(node, begin)
             assert not r.ok and r.error is not None and r.error.code == "INVALID_ARGUMENT", begin
-        assert await gw.store.list_artifacts(task_id) == []
+        assert await gw.store.artifacts.list_artifacts(task_id) == []
         # the types a header carries are taken as sent, parameters and quoted strings too
         for name, ctype in (("ok.txt", "text/plain; charset=utf-8"), ("q.bin", 'application/x-thing;a="b c";d=e')):
             r = await _begin(node, msgspec.structs.replace(put, name=name, content_type=ctype))
@@ -64,7 +64,7 @@ async def test_names_and_types_with_a_newline_or_control_characters_are_refused(
         status, body, _ = await api.call("GET", f"/api/tasks/{task_id}/artifacts/ok.txt%0A")
         assert status == 404 and body["error"]["code"] in ("ARTIFACT_NOT_FOUND", "NOT_FOUND")
         # a row recorded before the type was checked as a header: served, as application/octet-stream
-        task = await gw.store.get_task(task_id)
+        task = await gw.store.tasks.get_task(task_id)
         assert task is not None and gw.artifacts.bucket is not None
         upload = "node-a.upl_legacy0"
         await gw.artifacts.bucket.put_chunk(upload, DATA)
@@ -80,7 +80,7 @@ async def test_names_and_types_with_a_newline_or_control_characters_are_refused(
             id="evt_legacy", type="task.artifact_added", aggregate_type="task", aggregate_id=task_id,
             owner=task.owner, revision=task.revision, at=time.time(), request_id=None, data={"name": "legacy.txt"},
         )  # fmt: skip
-        _, created = await gw.store.record_artifact(
+        _, created = await gw.store.artifacts.record_artifact(
             legacy, audit, event, task_revision=task.revision, limits=ArtifactLimits()
         )
         assert created

@@ -60,7 +60,7 @@ async def test_the_sweep_pages_through_the_bucket_and_finds_orphans_past_the_fir
             assert pages[-1][0][0] == "node-a.upl_orphanobject"
             await asyncio.sleep(0.6)
             keeper = ArtifactKeeper(
-                gw.store, bucket, ArtifactLimits(orphan_after_s=0.5), time.time, tasks_s=3600.0, page=PAGE
+                gw.store.artifacts, bucket, ArtifactLimits(orphan_after_s=0.5), time.time, tasks_s=3600.0, page=PAGE
             )
             assert await keeper.sweep_orphans() == 3  # the orphan upload; the orphan object (its meta, its chunks)
             uploads, objects = await bucket.listing()

@@ -173,7 +173,7 @@ async def test_a_handler_puts_bytes_a_path_and_an_iterator_and_the_api_serves_th
         assert set(event["data"]) == {"name", "size", "sha256", "contentType"}
     finally:
         await nc.close()
-    deliveries = [d for d in await gateway.store.pending_callbacks(50) if d.task_id == task["id"]]
+    deliveries = [d for d in await gateway.store.callbacks.pending_callbacks(50) if d.task_id == task["id"]]
     body_ = msgspec.json.decode(bytes(deliveries[0].body))
     assert [a["name"] for a in body_["artifacts"]] == ["report.txt", "data/big.bin", "logs/run.log"]
     assert set(body_["artifacts"][0]) == {"name", "size", "sha256", "contentType"}
@@ -488,7 +488,7 @@ async def test_retention_removes_bytes_then_rows_and_orphans_go_after_their_age(
             await until(lambda: gw.artifacts.keeper is not None and gw.artifacts.keeper.removed >= 1, timeout_s=10)
             uploads, objects = await gw.artifacts.bucket.listing()
             assert uploads == [] and objects == []
-            assert await gw.store.list_artifacts(task_id) == []
+            assert await gw.store.artifacts.list_artifacts(task_id) == []
         finally:
             await node.close()
 
@@ -514,7 +514,7 @@ async def test_a_commit_of_chunks_past_half_their_orphan_age_is_refused_and_drop
             ))  # fmt: skip
             assert not r.ok and r.error is not None and r.error.code == "INVALID_ARGUMENT", r
             assert "too old" in r.error.message
-            assert await gw.store.list_artifacts(task_id) == []
+            assert await gw.store.artifacts.list_artifacts(task_id) == []
             assert gw.artifacts.bucket is not None
             assert await gw.artifacts.bucket.listing() == ([], [])  # dropped at once, meta and chunks
         finally:

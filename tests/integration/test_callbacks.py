@@ -114,7 +114,7 @@ async def test_a_real_receiver_verifies_the_signature_and_the_fields(
         "finishedAt": done["finishedAt"],
         "artifacts": [],  # the task's artifacts (docs/ARTIFACTS.md): none here
     }
-    assert await gateway.store.callback_backlog() == 0
+    assert await gateway.store.callbacks.callback_backlog() == 0
 
 
 async def test_configured_secret_signs_tasks_without_their_own_and_failures_carry_the_error(
@@ -247,7 +247,7 @@ async def test_a_restart_between_attempts_loses_no_delivery(tmp_path: Path, fres
             await wait_for(lambda: _has(r.got, 1))
 
             async def first_failure_recorded() -> bool:
-                pending = await gw.store.pending_callbacks(10)
+                pending = await gw.store.callbacks.pending_callbacks(10)
                 return len(pending) == 1 and pending[0].attempts == 1
 
             await wait_for(first_failure_recorded, interval_s=0.01)
@@ -256,7 +256,7 @@ async def test_a_restart_between_attempts_loses_no_delivery(tmp_path: Path, fres
         async with running_gateway(tmp_path / "gw", fresh_nats.url, callbacks=policy) as gw:
             await wait_for(lambda: _has(r.got, 2))
             await wait_for(lambda: _delivered(gw, 1))
-            assert await gw.store.callback_backlog() == 0
+            assert await gw.store.callbacks.callback_backlog() == 0
     first, second = r.got
     assert second.at - first.at >= 1.0 - 0.02  # the spacing held across the restart
     assert first.headers["X-Callback-Id"] == second.headers["X-Callback-Id"] and first.body == second.body

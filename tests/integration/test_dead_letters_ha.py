@@ -87,19 +87,19 @@ class PauseAfterRead:
 async def fail_once(gw: Gateway, task_id: str) -> None:
     """A node claims the task's attempt through ``gw`` and settles it failed (retryable): one attempt, so it
     dies."""
-    task = await gw.store.get_task(task_id)
+    task = await gw.store.tasks.get_task(task_id)
     assert task is not None and task.state == "queued"
     reply = await gw.service.claim(NODE, ClaimRequest(task_id=task_id, attempt_id=task.attempt_id, process_id="p1"))
     assert reply.ok, reply
     assert reply.lease_id is not None
     settle = Settle(task_id=task_id, attempt_id=task.attempt_id, lease_id=reply.lease_id, outcome="failed", error=FAIL)
     await gw.service.settle(NODE, settle)
-    after = await gw.store.get_task(task_id)
+    after = await gw.store.tasks.get_task(task_id)
     assert after is not None and after.state == "dead", after
 
 
 async def letter(gw: Gateway, task_id: str) -> DeadLetter:
-    found = await gw.store.get_dead_letter_for_task(task_id)
+    found = await gw.store.letters.get_dead_letter_for_task(task_id)
     assert found is not None
     return found
 
@@ -110,8 +110,8 @@ async def keeper_round(
     """One round of a keeper on ``gw`` (its store and task service, as its own keeper has them), with the pause
     installed; returns once the round is paused there (or done, without a pause)."""
     if pause is not None:
-        monkeypatch.setattr(gw.store, "get_dead_letter", pause)
-    keeper = DeadLetterKeeper(gw.store, gw.service, policy, time.time)
+        monkeypatch.setattr(gw.store.letters, "get_dead_letter", pause)
+    keeper = DeadLetterKeeper(gw.store.letters, gw.service, policy, time.time)
     sweep = asyncio.create_task(keeper.sweep())
     if pause is None:
         await sweep
@@ -122,7 +122,7 @@ async def keeper_round(
 
 
 async def redrives(gw: Gateway, task_id: str) -> list[str]:
-    page = await gw.store.history(task_id)
+    page = await gw.store.tasks.history(task_id)
     return [h.action for h in page.items if h.from_state == "dead" and h.to_state == "queued"]
 
 
@@ -141,7 +141,7 @@ async def test_a_keeper_round_paused_on_one_instance_loses_to_retries_and_deaths
 
         # 1. b's keeper redrives it automatically: paused after its read of the letter, before its read of the
         # task; meanwhile an operator retries the letter through a (retryCount 1). b then finds the task queued
-        pause = PauseAfterRead(b.store.get_dead_letter, first.dead_letter_id, nth=1)
+        pause = PauseAfterRead(b.store.letters.get_dead_letter, first.dead_letter_id, nth=1)
         sweep = await keeper_round(b, pause, monkeypatch)
         status, body, _ = await api.call("POST", f"/api/deadletter/{first.dead_letter_id}/retry")
         assert status == 200 and body["retryCount"] == 1, body
@@ -155,18 +155,18 @@ async def test_a_keeper_round_paused_on_one_instance_loses_to_retries_and_deaths
         # 2. it dies again: with its one redrive counted it is exhausted, and no automatic redrive takes it
         await fail_once(a, tid)
         await keeper_round(b, None, monkeypatch, REDRIVE_ONLY)
-        if (await a.store.get_task(tid)).state != "dead":  # type: ignore[union-attr]
+        if (await a.store.tasks.get_task(tid)).state != "dead":  # type: ignore[union-attr]
             seen.append(f"redriven automatically past its cap: {await redrives(a, tid)}")
             await fail_once(a, tid)  # (the base code: back to dead, so that part 3 finds it there)
         exhausted = await letter(a, tid)
         if not exhausted.exhausted:
             seen.append(f"not exhausted after its death with {len(await redrives(a, tid))} redrives (cap 1)")
-            exhausted = await a.store.get_dead_letter_for_task(tid)
+            exhausted = await a.store.letters.get_dead_letter_for_task(tid)
 
         # 3. b's keeper archives the exhausted letter: paused after its read in the task's mailbox (the round's
         # second read of it); meanwhile an operator force-retries it through a and it dies again there
         assert exhausted is not None
-        pause = PauseAfterRead(b.store.get_dead_letter, exhausted.dead_letter_id, nth=2)
+        pause = PauseAfterRead(b.store.letters.get_dead_letter, exhausted.dead_letter_id, nth=2)
         sweep = await keeper_round(b, pause, monkeypatch)
         status, body, _ = await api.call("POST", f"/api/deadletter/{exhausted.dead_letter_id}/force-retry")
         assert status == 200, body

@@ -199,7 +199,7 @@ async def test_events_wait_out_a_nats_outage_and_arrive_in_order(tmp_path: Path,
             return status == 503 and ready["checks"]["events"]["ok"] is False
 
         await wait_for(events_not_ready, timeout_s=10)  # the relay notices at its first failed publish
-        assert await gw.store.outbox_size() >= 6
+        assert await gw.store.tasks.outbox_size() >= 6
         restarted = NatsServerProcess(store_dir=fresh_nats.store_dir, port=fresh_nats.port)
         restarted.start()
         try:
@@ -354,7 +354,7 @@ async def _drain(sock: socket.socket) -> bytes:
 
 
 async def _relayed(gw: Gateway, n: int) -> bool:
-    return gw.relay.relayed >= n and await gw.store.outbox_size() == 0
+    return gw.relay.relayed >= n and await gw.store.tasks.outbox_size() == 0
 
 
 # -- each outbox event enters GW_EVENTS once and in order, whatever the downtime (issue 14 point 5) ----------
@@ -396,7 +396,7 @@ async def test_a_restart_after_the_duplicate_window_publishes_no_event_twice(
         async def crash_before_delete(seqs: list[int]) -> None:
             pass  # the rows stay, as after a crash between the publish and the delete
 
-        monkeypatch.setattr(gw.store, "outbox_delete", crash_before_delete)
+        monkeypatch.setattr(gw.store.tasks, "outbox_delete", crash_before_delete)
         for _ in range(3):
             await api.create({"kind": "echo"})
         await wait_for(lambda: _true(gw.relay.last_seq >= 3), timeout_s=10)
@@ -422,7 +422,7 @@ async def test_a_restart_after_many_messages_of_another_publisher_publishes_no_e
         async def crash_before_delete(seqs: list[int]) -> None:
             pass
 
-        monkeypatch.setattr(gw.store, "outbox_delete", crash_before_delete)
+        monkeypatch.setattr(gw.store.tasks, "outbox_delete", crash_before_delete)
         for _ in range(3):
             await api.create({"kind": "echo"})
         await wait_for(lambda: _true(gw.relay.last_seq >= 3), timeout_s=10)
@@ -503,7 +503,7 @@ async def test_a_delete_that_keeps_failing_publishes_nothing_twice_and_logs_once
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
-        real_delete = gw.store.outbox_delete
+        real_delete = gw.store.tasks.outbox_delete
         disk_full = True
 
         async def delete(seqs: list[int]) -> None:
@@ -511,7 +511,7 @@ async def test_a_delete_that_keeps_failing_publishes_nothing_twice_and_logs_once
                 raise StorageError("database or disk is full")
             await real_delete(seqs)
 
-        monkeypatch.setattr(gw.store, "outbox_delete", delete)
+        monkeypatch.setattr(gw.store.tasks, "outbox_delete", delete)
         caplog.set_level(logging.INFO)
         caplog.clear()
         for _ in range(3):
@@ -587,7 +587,7 @@ async def test_a_publish_lost_mid_batch_keeps_the_stream_in_outbox_order(
 
 
 async def _outbox_empty(gw: Gateway) -> bool:
-    return await gw.store.outbox_size() == 0
+    return await gw.store.tasks.outbox_size() == 0
 
 
 async def test_the_tail_rests_without_clients_and_a_resume_still_gets_what_it_missed(

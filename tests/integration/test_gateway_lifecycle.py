@@ -72,7 +72,7 @@ async def test_a_start_that_fails_stops_what_it_started(tmp_path: Path, fresh_na
         assert not gw.scheduling.actor.running
         assert not gw.bus.connected
         with pytest.raises(GatewayError):
-            await gw.store.ping()
+            await gw.store.nodes.ping()
     finally:
         await gw.stop()
         taken.close()

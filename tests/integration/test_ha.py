@@ -181,13 +181,13 @@ async def test_a_former_leader_cannot_write_as_the_owner(cluster: list[Gateway])
     assert not ha_of(leader).leadership.held and not any(ha_of(leader).duties_running().values())
     # its late writes, with its old term, fail in the database
     with pytest.raises(FencedOut), fenced(old):
-        await leader.store.outbox_delete([1])
+        await leader.store.tasks.outbox_delete([1])
     # and the duty's own store view refuses before asking the database
     with pytest.raises(NotLeader):
-        await ha_of(leader).fenced_store.outbox_delete([1])
+        await ha_of(leader).fenced_store.tasks.outbox_delete([1])
     # the new leader's fence passes
     with fenced(ha_of(new).leadership.token):
-        await new.store.outbox_delete([1])
+        await new.store.tasks.outbox_delete([1])
     # its callback sender's client refuses to post (daemon/ha.py FencedPoster)
     assert isinstance(leader.callbacks._poster, FencedPoster)
     with pytest.raises(NotLeader):
@@ -202,13 +202,13 @@ async def test_retention_runs_on_the_leader_only_and_moves_with_the_lease(cluste
     for g in followers:
         assert ha_of(g) is not None and not g.retention.running and g.retention.rounds == 0
         with pytest.raises(NotLeader):  # its store view refuses a purge before asking the database
-            await ha_of(g).fenced_store.purge_tasks(T0, 10)
+            await ha_of(g).fenced_store.retention.purge_tasks(T0, 10)
     t = make_task(1)  # finished long before the 7-day cutoff
-    await leader.store.apply(Change(task=t, expected_revision=None))
-    await leader.store.apply(Change(task=bump(t, state="succeeded", finished_at=T0), expected_revision=1))
+    await leader.store.tasks.apply(Change(task=t, expected_revision=None))
+    await leader.store.tasks.apply(Change(task=bump(t, state="succeeded", finished_at=T0), expected_revision=1))
 
     async def purged() -> bool:
-        return await leader.store.get_task(t.id) is None
+        return await leader.store.tasks.get_task(t.id) is None
 
     leader.retention.poke()
     await wait_for(purged, 10)
@@ -295,7 +295,7 @@ async def test_a_lease_whose_claimer_died_is_expired_by_the_new_leader(
             await crash(a)  # the claimer and leader dies; the node goes quiet too
 
             async def requeued() -> Any:  # read the store: a read through b's API would make b watch it too
-                got = await b.store.get_task(task["id"])
+                got = await b.store.tasks.get_task(task["id"])
                 return got if got is not None and got.state == "queued" and got.attempt_no == 2 else None
 
             again = await wait_for(requeued, timeout_s=20)
@@ -375,11 +375,11 @@ async def test_a_lease_expired_first_by_another_instance_is_offered_by_this_one(
             await wait_for(running_on_b)
             await ha_of(b).live_sync.stop()  # b learns of a's requeue only through its own lost write
             await b.service.lease_clock.stop()
-            stale = await b.store.get_task(task["id"])
+            stale = await b.store.tasks.get_task(task["id"])
             assert stale is not None and stale.state == "running"
 
             async def requeued() -> Any:  # a's lease watcher or lease clock requeues it (the node is quiet)
-                got = await a.store.get_task(task["id"])
+                got = await a.store.tasks.get_task(task["id"])
                 return got if got is not None and got.state == "queued" else None
 
             again = await wait_for(requeued, timeout_s=10)
@@ -390,7 +390,7 @@ async def test_a_lease_expired_first_by_another_instance_is_offered_by_this_one(
             async def get_task(task_id: str) -> Any:
                 return next(reads, None) or await real_get(task_id)
 
-            monkeypatch.setattr(b.service._store, "get_task", get_task)
+            monkeypatch.setattr(b.service._store.tasks, "get_task", get_task)
             await b.service.expire_lease(task["id"], reply.lease_id or "")
             assert b.service.ledger.live[task["id"]].revision == again.revision
             assert b.dispatcher.backlog() == 1, "b's dispatcher does not know the requeued task"
@@ -531,9 +531,9 @@ async def test_a_former_leader_posts_no_callback_after_its_lease_was_taken_over(
     senders: list[CallbackSender] = []
     try:
         task = make_task(1)
-        await store.apply(create(task))
-        await store.apply(finish(task, 1))  # a delivery due since T0, without its own secret
-        (delivery,) = await store.pending_callbacks(10)
+        await store.tasks.apply(create(task))
+        await store.tasks.apply(finish(task, 1))  # a delivery due since T0, without its own secret
+        (delivery,) = await store.callbacks.pending_callbacks(10)
         await old.start()
         await wait_for(lambda: held(old))
         poster = RecordingPoster()
@@ -551,7 +551,7 @@ async def test_a_former_leader_posts_no_callback_after_its_lease_was_taken_over(
         view.resume.set()  # the former leader resumes where it paused
         await asyncio.sleep(1.5)  # its loop goes on (a round, the attempt, a look again after a refusal)
         assert poster.posts == []
-        assert [(d.id, d.attempts) for d in await store.pending_callbacks(10)] == [(delivery.id, 0)]
+        assert [(d.id, d.attempts) for d in await store.callbacks.pending_callbacks(10)] == [(delivery.id, 0)]
 
         # the new leader posts it, once, and records it
         senders.append(
@@ -562,7 +562,7 @@ async def test_a_former_leader_posts_no_callback_after_its_lease_was_taken_over(
         await senders[1].start()
 
         async def delivered() -> bool:
-            return await store.pending_callbacks(10) == []
+            return await store.callbacks.pending_callbacks(10) == []
 
         await wait_for(delivered, 10)
         assert poster.posts == [callback_id(delivery.task_id, delivery.revision)]

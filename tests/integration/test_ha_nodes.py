@@ -66,18 +66,18 @@ async def test_a_drain_on_one_instance_holds_on_the_other_and_outlives_its_flush
             assert before is not None
 
             async def flushed() -> bool:
-                stored = {n.id: n for n in await a.store.list_nodes()}["node-1"]
+                stored = {n.id: n for n in await a.store.nodes.list_nodes()}["node-1"]
                 return stored.last_heartbeat_at == before.last_heartbeat_at
 
             await wait_for(flushed, timeout_s=5)
-            (stored,) = await a.store.list_nodes()
+            (stored,) = await a.store.nodes.list_nodes()
             assert stored.draining and stored.drain_revision == 1
 
             # a node heard only by b is drained through a, and undrained through b
             await b.service.heartbeat("node-2", BEAT)
 
             async def stored_by_b() -> bool:  # b's next flush (a's copy learns of node-2 at its own next one)
-                return "node-2" in {n.id for n in await b.store.list_nodes()}
+                return "node-2" in {n.id for n in await b.store.nodes.list_nodes()}
 
             await wait_for(stored_by_b, timeout_s=5)
             status, drained, _ = await api_a.call("POST", "/api/nodes/node-2/drain")

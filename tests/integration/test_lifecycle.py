@@ -217,7 +217,7 @@ async def test_retryable_failures_end_dead_with_a_dead_letter(api: Api, node: Ha
         await api.wait_state(task["id"], {"queued", "dead"})
     dead = await api.wait_state(task["id"], {"dead"})
     assert dead["error"] == {"code": "HANDLER_ERROR", "message": "boom"} and dead["attemptNo"] == 2
-    letter = await gateway.store.get_dead_letter_for_task(task["id"])
+    letter = await gateway.store.letters.get_dead_letter_for_task(task["id"])
     assert letter is not None and letter.original_task_id == task["id"] and letter.retry_count == 0
     assert letter.dead_reason == "HANDLER_ERROR" and not letter.exhausted
 

@@ -107,7 +107,7 @@ async def test_a_lost_jetstream_store_is_rebuilt_at_start_and_nothing_is_lost_or
 
 
 async def _outbox_empty(gw: object) -> bool:
-    return await gw.store.outbox_size() == 0  # type: ignore[attr-defined, no-any-return]
+    return await gw.store.tasks.outbox_size() == 0  # type: ignore[attr-defined, no-any-return]
 
 
 async def test_the_event_stream_at_its_byte_limit_keeps_events_in_the_outbox_until_there_is_room(
@@ -134,10 +134,10 @@ async def test_the_event_stream_at_its_byte_limit_keeps_events_in_the_outbox_unt
                     return status == 503 and body["checks"]["events"]["ok"] is False
 
                 await wait_for(degraded, timeout_s=10)
-                assert await gw.store.outbox_size() >= 10  # waiting in the store, not lost
+                assert await gw.store.tasks.outbox_size() >= 10  # waiting in the store, not lost
                 assert any("the outbox keeps the events" in r.getMessage() for r in caplog.records)
 
-                held = await gw.store.outbox_size()
+                held = await gw.store.tasks.outbox_size()
                 await js.update_stream(info.config)  # room again
                 roomy = time.monotonic()
                 made.append((await api.create({"kind": "echo", "payload": "wake"}))["id"])

@@ -65,7 +65,7 @@ async def test_a_task_lifecycle_on_postgresql(pg_gateway: Gateway, api: Api, nod
 
     # the event relay drained the outbox to JetStream
     async def outbox_drained() -> bool:
-        return await pg_gateway.store.outbox_size() == 0
+        return await pg_gateway.store.tasks.outbox_size() == 0
 
     await wait_for(outbox_drained)
 

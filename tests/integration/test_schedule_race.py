@@ -66,7 +66,9 @@ async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
 
 def service(store: SqliteStore, launcher: Launcher, clock: Clock) -> ScheduleService:
     counter = itertools.count(1)
-    return ScheduleService(store, launcher, SchedulePolicy(), clock, new_id=lambda p: f"{p}_{next(counter):032x}")
+    return ScheduleService(
+        store.schedules, launcher, SchedulePolicy(), clock, new_id=lambda p: f"{p}_{next(counter):032x}"
+    )
 
 
 async def due_schedule(svc: ScheduleService, clock: Clock) -> ScheduledTask:
@@ -81,7 +83,7 @@ async def due_schedule(svc: ScheduleService, clock: Clock) -> ScheduledTask:
 
 def gate(store: SqliteStore, first: str) -> None:
     """Hold active-run inserts until both dispatches arrived, then let ``first``'s trigger insert first."""
-    real = store.insert_run
+    real = store.schedules.insert_run
     arrived: list[str] = []
     both = asyncio.Event()
     first_done = asyncio.Event()
@@ -101,7 +103,7 @@ def gate(store: SqliteStore, first: str) -> None:
         finally:
             first_done.set()
 
-    store.insert_run = gated  # type: ignore[method-assign]
+    store.schedules.insert_run = gated  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("winner", ["manual", "scheduled"])
@@ -151,4 +153,4 @@ async def test_many_triggers_and_poll_rounds_at_once_launch_exactly_one(store: S
     assert all(r.status in ("running", "skipped") for r in runs)
     launched_by_hand = [t for t in triggers if not isinstance(t, BaseException)]
     assert len(launched_by_hand) <= 1
-    assert await store.count_active_runs() == 1
+    assert await store.schedules.count_active_runs() == 1

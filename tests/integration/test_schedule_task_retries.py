@@ -203,7 +203,9 @@ async def test_a_reopen_whose_requeue_never_came_is_closed_by_the_sweep_after_th
                 await run_and_fail(api, node, run["taskId"])
                 await _run_ended(api, s, 0, "failed")
                 now = time.time()
-                assert await gw.store.reopen_run(run["id"], run["taskId"], now) is not None  # and then the crash
+                assert (
+                    await gw.store.schedules.reopen_run(run["id"], run["taskId"], now) is not None
+                )  # and then the crash
                 service = gw.scheduling.service
                 assert await service.close_finished_runs(now + REOPEN_GRACE_S - 1) == 0
                 assert (await _runs(api, s))[0]["status"] == "running"

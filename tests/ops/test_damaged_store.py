@@ -41,7 +41,7 @@ async def _filled_store(path: Path) -> None:
     await store.start()
     try:
         for n in range(1, TASKS + 1):
-            await store.apply(create(make_task(n, payload=msgspec.Raw(b'{"pad": "' + b"x" * 300 + b'"}'))))
+            await store.tasks.apply(create(make_task(n, payload=msgspec.Raw(b'{"pad": "' + b"x" * 300 + b'"}'))))
     finally:
         await store.stop()
 

@@ -44,9 +44,9 @@ async def fill(path: Path) -> dict[str, object]:
     await store.start()
     try:
         queued = make_task(1, labels={"team": "red"})
-        await store.apply(create(queued, idempotency=KEY))
+        await store.tasks.apply(create(queued, idempotency=KEY))
         done = make_task(2, callback_url="https://example.test/cb")
-        await store.apply(create(done))
+        await store.tasks.apply(create(done))
         finished = bump(done, state="succeeded", finished_at=T0 + 9)
         delivery = CallbackDelivery(
             id="cbd_1",
@@ -58,9 +58,9 @@ async def fill(path: Path) -> dict[str, object]:
             due_at=T0,
             created_at=T0,
         )
-        await store.apply(msgspec.structs.replace(update(done, finished, "complete"), callback=delivery))
+        await store.tasks.apply(msgspec.structs.replace(update(done, finished, "complete"), callback=delivery))
         dead = make_task(3)
-        await store.apply(create(dead))
+        await store.tasks.apply(create(dead))
         letter = DeadLetter(
             dead_letter_id="dl_1",
             task_id=dead.id,
@@ -71,23 +71,25 @@ async def fill(path: Path) -> dict[str, object]:
             last_dead_at=T0,
         )
         dead2 = bump(dead, state="dead", finished_at=T0 + 5)
-        await store.apply(msgspec.structs.replace(update(dead, dead2, "die"), dead_letter=letter))
+        await store.tasks.apply(msgspec.structs.replace(update(dead, dead2, "die"), dead_letter=letter))
         running = make_task(4, thread_id=THREAD.id)
-        await store.put_thread(THREAD)
-        await store.apply(create(running))
+        await store.schedules.put_thread(THREAD)
+        await store.tasks.apply(create(running))
         running2 = bump(running, state="running", started_at=T0 + 1, lease_expires_at=T0 + 61)
-        await store.apply(update(running, running2, "lease"))
+        await store.tasks.apply(update(running, running2, "lease"))
         # what running work leaves: an artifact of the running task, and the settings and starts of a kind
         artifact = rec(running2, "report.txt")
-        await store.record_artifact(artifact, *audit_event(artifact), task_revision=running2.revision, limits=LIMITS)
-        await store.put_kind(PAUSED, kind_audit("sleep", 1), kind_event("sleep", 1))
-        await store.put_kind(RATED, kind_audit("rated", 1), kind_event("rated", 1))
+        await store.artifacts.record_artifact(
+            artifact, *audit_event(artifact), task_revision=running2.revision, limits=LIMITS
+        )
+        await store.kinds.put_kind(PAUSED, kind_audit("sleep", 1), kind_event("sleep", 1))
+        await store.kinds.put_kind(RATED, kind_audit("rated", 1), kind_event("rated", 1))
         started = make_task(5, kind="rated")
-        await store.apply(create(started))
-        assert await store.apply_many([limited_claim(started, T0 + 2)]) == [None]
-        await store.insert_schedule(schedule(1))
-        await store.insert_run(run(1, 1))
-        await store.put_principal(PRINCIPAL)
+        await store.tasks.apply(create(started))
+        assert await store.tasks.apply_many([limited_claim(started, T0 + 2)]) == [None]
+        await store.schedules.insert_schedule(schedule(1))
+        await store.schedules.insert_run(run(1, 1))
+        await store.nodes.put_principal(PRINCIPAL)
         return {"tasks": [queued, finished, dead2, running2], "letter": letter, "artifact": artifact}
     finally:
         await store.stop()
@@ -110,10 +112,10 @@ async def test_export_then_import_reads_back_the_same(tmp_path: Path, pg_url: st
     sqlite = SqliteStore(db)
     await sqlite.start()
     try:
-        before_history = {t.id: (await sqlite.history(t.id)).items for t in held["tasks"]}  # type: ignore[attr-defined]
-        before_audit = (await sqlite.list_audit(AuditQuery(limit=500))).items
-        before_schedule = await sqlite.get_schedule_record(sid(1))
-        before_runs = (await sqlite.list_runs(sid(1), 50, None)).items
+        before_history = {t.id: (await sqlite.tasks.history(t.id)).items for t in held["tasks"]}  # type: ignore[attr-defined]
+        before_audit = (await sqlite.tasks.list_audit(AuditQuery(limit=500))).items
+        before_schedule = await sqlite.schedules.get_schedule_record(sid(1))
+        before_runs = (await sqlite.schedules.list_runs(sid(1), 50, None)).items
     finally:
         await sqlite.stop()
 
@@ -129,32 +131,32 @@ async def test_export_then_import_reads_back_the_same(tmp_path: Path, pg_url: st
     await pg.start()
     try:
         for task in held["tasks"]:  # type: ignore[attr-defined]
-            assert await pg.get_task(task.id) == task
-            assert (await pg.history(task.id)).items == before_history[task.id]
-        assert (await pg.list_audit(AuditQuery(limit=500))).items == before_audit
-        assert await pg.get_dead_letter("dl_1") == held["letter"]
+            assert await pg.tasks.get_task(task.id) == task
+            assert (await pg.tasks.history(task.id)).items == before_history[task.id]
+        assert (await pg.tasks.list_audit(AuditQuery(limit=500))).items == before_audit
+        assert await pg.letters.get_dead_letter("dl_1") == held["letter"]
         # the console's label filter finds the imported task (its labels are written with the import's rows)
-        labelled = await pg.search_tasks(TaskSearch(label=("team", "red")))
+        labelled = await pg.search.search_tasks(TaskSearch(label=("team", "red")))
         assert [t.id for t in labelled.items] == [make_task(1).id]
-        assert await pg.get_idempotency("alice", "k1") == KEY
-        assert await pg.get_principal("th_1") == PRINCIPAL
-        assert await pg.get_thread(THREAD.id) == THREAD
-        assert await pg.get_schedule_record(sid(1)) == before_schedule
-        assert (await pg.list_runs(sid(1), 50, None)).items == before_runs
-        outbox = await pg.outbox_batch(100)
+        assert await pg.tasks.get_idempotency("alice", "k1") == KEY
+        assert await pg.nodes.get_principal("th_1") == PRINCIPAL
+        assert await pg.schedules.get_thread(THREAD.id) == THREAD
+        assert await pg.schedules.get_schedule_record(sid(1)) == before_schedule
+        assert (await pg.schedules.list_runs(sid(1), 50, None)).items == before_runs
+        outbox = await pg.tasks.outbox_batch(100)
         assert len(outbox) == counts["outbox"] > 0
         # a paused kind stays paused, its limits and its rate's starts hold: the next start of the kind
         # within the hour is refused as it was before the move
-        assert {k.kind: k for k in await pg.list_kinds()} == {"sleep": PAUSED, "rated": RATED}
+        assert {k.kind: k for k in await pg.kinds.list_kinds()} == {"sleep": PAUSED, "rated": RATED}
         again = make_task(6, kind="rated")
-        await pg.apply(create(again))
-        [refusal] = await pg.apply_many([limited_claim(again, T0 + 3)])
+        await pg.tasks.apply(create(again))
+        [refusal] = await pg.tasks.apply_many([limited_claim(again, T0 + 3)])
         assert refusal is not None and refusal.details["rule"] == "kind_rate"
         # the running task's artifact is still listed, counted and found by the orphan sweep
         artifact = held["artifact"]
-        assert await pg.list_artifacts(artifact.task_id) == [artifact]  # type: ignore[attr-defined]
-        assert await pg.artifact_usage(artifact.task_id) == (1, artifact.size)  # type: ignore[attr-defined]
-        assert await pg.known_uploads([artifact.upload]) == {artifact.upload}  # type: ignore[attr-defined]
+        assert await pg.artifacts.list_artifacts(artifact.task_id) == [artifact]  # type: ignore[attr-defined]
+        assert await pg.artifacts.artifact_usage(artifact.task_id) == (1, artifact.size)  # type: ignore[attr-defined]
+        assert await pg.artifacts.known_uploads([artifact.upload]) == {artifact.upload}  # type: ignore[attr-defined]
     finally:
         await pg.stop()
     async with await psycopg.AsyncConnection.connect(pg_url) as conn:

@@ -32,7 +32,7 @@ async def fill(path: Path) -> dict[str, object]:
         signed = make_task(
             1, callback_url="https://example.test/cb", callback_secret=SECRET, payload=msgspec.Raw(PAYLOAD)
         )
-        await store.apply(create(signed))
+        await store.tasks.apply(create(signed))
         done = bump(signed, state="succeeded", finished_at=T0 + 9)
         delivery = CallbackDelivery(
             id="cbd_1",
@@ -45,10 +45,10 @@ async def fill(path: Path) -> dict[str, object]:
             created_at=T0,
             secret=SECRET,
         )
-        await store.apply(msgspec.structs.replace(update(signed, done, "complete"), callback=delivery))
+        await store.tasks.apply(msgspec.structs.replace(update(signed, done, "complete"), callback=delivery))
         # a second delivery of the task that failed for good: its callback dead letter carries it, secret included
         failed = msgspec.structs.replace(delivery, id="cbd_2")
-        await store.apply(msgspec.structs.replace(update(done, bump(done), "touch"), callback=failed))
+        await store.tasks.apply(msgspec.structs.replace(update(done, bump(done), "touch"), callback=failed))
         letter = CallbackDeadLetter(
             id="cdl_1",
             task_id=signed.id,
@@ -68,9 +68,9 @@ async def fill(path: Path) -> dict[str, object]:
             result="ok",
             actor=ActorRef("system", "callback-sender"),
         )
-        await store.dead_letter_callback("cbd_2", letter, audit)
+        await store.callbacks.dead_letter_callback("cbd_2", letter, audit)
         plain = make_task(2, callback_url="https://example.test/cb")  # signed with [callbacks] secret already
-        await store.apply(create(plain))
+        await store.tasks.apply(create(plain))
         return {"signed": bump(done), "plain": plain}
     finally:
         await store.stop()
@@ -90,13 +90,13 @@ async def test_the_export_carries_no_secret_and_import_takes_the_rest(tmp_path: 
     pg = PostgresStore(pg_url)
     await pg.start()
     try:
-        got = await pg.get_task(signed.id)  # type: ignore[attr-defined]
+        got = await pg.tasks.get_task(signed.id)  # type: ignore[attr-defined]
         assert got == msgspec.structs.replace(signed, callback_secret=None)
         assert bytes(got.payload) == PAYLOAD  # byte-exact, its own "callback_secret" key untouched
-        assert await pg.get_task(held["plain"].id) == held["plain"]  # type: ignore[attr-defined]
-        (delivery,) = await pg.pending_callbacks(10)
+        assert await pg.tasks.get_task(held["plain"].id) == held["plain"]  # type: ignore[attr-defined]
+        (delivery,) = await pg.callbacks.pending_callbacks(10)
         assert delivery.secret is None and bytes(delivery.body) == b'{"ok": true}'
-        dead = await pg.get_callback_dead_letter("cdl_1")
+        dead = await pg.callbacks.get_callback_dead_letter("cdl_1")
         assert dead is not None and dead.delivery.secret is None and dead.last_error == "HTTP 500"
     finally:
         await pg.stop()

@@ -52,8 +52,8 @@ async def full_store_with_data(path: Path) -> None:
     store = SqliteStore(path)
     await store.start()
     try:
-        await store.apply(create(make_task(1, payload=msgspec.Raw(b'{"kept": true}'))))
-        await store.put_principal(Principal(token_hash="h" * 64, user="alice", role="user", created_at=1.0))
+        await store.tasks.apply(create(make_task(1, payload=msgspec.Raw(b'{"kept": true}'))))
+        await store.nodes.put_principal(Principal(token_hash="h" * 64, user="alice", role="user", created_at=1.0))
     finally:
         await store.stop()
 
@@ -95,12 +95,12 @@ async def test_a_store_of_every_earlier_schema_version_migrates_on_start(tmp_pat
     await store.start()
     try:
         if version >= 1:  # the rows written by the older version are all still there
-            task = await store.get_task(make_task(1).id)
+            task = await store.tasks.get_task(make_task(1).id)
             assert task is not None and bytes(task.payload) == b'{"kept": true}'
-            assert await store.get_principal("h" * 64) is not None
+            assert await store.nodes.get_principal("h" * 64) is not None
         # and the migrated store takes new writes
-        await store.apply(create(make_task(2)))
-        assert await store.get_task(make_task(2).id) is not None
+        await store.tasks.apply(create(make_task(2)))
+        assert await store.tasks.get_task(make_task(2).id) is not None
     finally:
         await store.stop()
     assert versions_of(path) == list(range(1, len(MIGRATIONS) + 1))
@@ -114,9 +114,9 @@ async def test_migration_16_fills_in_finished_at_of_the_terminal_tasks_already_t
     store = SqliteStore(fresh)
     await store.start()
     try:
-        await store.apply(create(make_task(1, state="succeeded", finished_at=1_700_000_100.5)))
-        await store.apply(create(make_task(2, state="failed", finished_at=1_700_000_050.25)))
-        await store.apply(create(make_task(3)))  # queued: no finish
+        await store.tasks.apply(create(make_task(1, state="succeeded", finished_at=1_700_000_100.5)))
+        await store.tasks.apply(create(make_task(2, state="failed", finished_at=1_700_000_050.25)))
+        await store.tasks.apply(create(make_task(3)))  # queued: no finish
     finally:
         await store.stop()
     path = tmp_path / "old.db"
@@ -130,10 +130,10 @@ async def test_migration_16_fills_in_finished_at_of_the_terminal_tasks_already_t
     store = SqliteStore(path)
     await store.start()
     try:
-        purged = await store.purge_tasks(1_700_000_060.0, 100)
+        purged = await store.retention.purge_tasks(1_700_000_060.0, 100)
         assert purged.purged["tasks"] == 1  # the failed task, due by the finish read out of its document
-        assert await store.get_task(make_task(2).id) is None
-        assert await store.get_task(make_task(1).id) is not None
+        assert await store.tasks.get_task(make_task(2).id) is None
+        assert await store.tasks.get_task(make_task(1).id) is not None
     finally:
         await store.stop()
     with sqlite3.connect(path) as db:
@@ -156,13 +156,13 @@ async def test_backup_copies_a_store_that_is_being_written(tmp_path: Path) -> No
     await store.start()
     try:
         for n in range(1, 51):
-            await store.apply(create(make_task(n)))
+            await store.tasks.apply(create(make_task(n)))
         writing = True
 
         async def keep_writing() -> int:
             n = 1000
             while writing:
-                await store.apply(create(make_task(n)))
+                await store.tasks.apply(create(make_task(n)))
                 n += 1
             return n - 1000
 

@@ -72,8 +72,8 @@ class Instance:
             waiting_settles=self.bus.waiting_settles,
         )
         self.service.share(gate.shared)  # several instances: decisions read the store (daemon/ha.py attach)
-        self.kinds = KindService(gate, self.dispatcher.set_kind, clock)
-        self.keeper = DeadLetterKeeper(gate, self.service, KEEPER_POLICY, clock)
+        self.kinds = KindService(gate.kinds, self.dispatcher.set_kind, clock)
+        self.keeper = DeadLetterKeeper(gate.letters, self.service, KEEPER_POLICY, clock)
 
     async def start(self) -> None:
         await self.gate.start()

@@ -172,7 +172,7 @@ class LetterRules:
         w = self.w  # type: ignore[attr-defined]
         policy = DeadLetterPolicy(redrive_delay_s=redrive_delay, archive_after_s=archive_after)
         store = w.ha.fenced_store if w.ha is not None else w.store
-        keeper = DeadLetterKeeper(store, w.service, policy, w.clock)
+        keeper = DeadLetterKeeper(store.letters, w.service, policy, w.clock)
         if pause and self.instances > 1 and not self._pausing():  # type: ignore[attr-defined]
             w.freezer.arm(k, at)
             self._count("dead letters: keeper rounds with a pause armed")

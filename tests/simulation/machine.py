@@ -1337,7 +1337,7 @@ class SimMachine(KindRules, LetterRules, RuleBasedStateMachine):
         before = self.view.tasks()
         history = self.view.history()
         # what left the store is recorded even when the purge answered a failure: a fault after its commit
-        self.do(lambda: store.purge_tasks(self.sim.now() - keep, 50))  # type: ignore[union-attr]
+        self.do(lambda: store.retention.purge_tasks(self.sim.now() - keep, 50))  # type: ignore[union-attr]
         after = self.view.tasks()
         for tid, task in before.items():
             if tid not in after:

@@ -285,9 +285,13 @@ class StoreGate:
     dead process still runs (a ``finally``, a cancelled task unwinding) reaches the store: a kill -9.
 
     ``fail_ops``: the next that many store calls fail with StorageError (a transient store fault).
-    ``shared`` and ``duties`` (the several-instance ports of a shared store) are gated alike."""
+    ``shared`` and ``duties`` (the several-instance ports of a shared store) and the store's parts (``tasks``,
+    ``letters``, ...: each called directly) are gated alike."""
 
-    SUB_PORTS = ("shared", "duties")
+    SUB_PORTS = (
+        "shared", "duties", "tasks", "search", "letters", "nodes", "kinds", "artifacts", "callbacks", "schedules",
+        "retention",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -742,7 +746,7 @@ class World:
         self.relay = EventRelay(duty_store, duty_bus, Subjects("gw"), clock)
         # kinds as objects (daemon/gateway.py): settings for the dispatcher, re-read when instances share the store
         self.kinds = KindService(
-            self.store,
+            self.store.kinds,
             self.dispatcher.set_kind,
             clock,
             refresh_s=KIND_REFRESH_S if sim.shared else None,
@@ -759,11 +763,11 @@ class World:
             rng=random.Random(sim.seed * 7919 + incarnation * 10 + index),
             waiting_settles=self.bus.waiting_settles,
         )
-        self.keeper = DeadLetterKeeper(duty_store, self.service, DEAD_LETTER_POLICY, clock)
+        self.keeper = DeadLetterKeeper(duty_store.letters, self.service, DEAD_LETTER_POLICY, clock)
         # artifacts (daemon/artifacts.py): every instance answers nodes and runs the keeper (its steps idempotent)
         self.artifacts = ArtifactService(self.store, self.bucket, self.service, ARTIFACT_LIMITS, clock)  # type: ignore[arg-type]
         self.artifact_keeper = ArtifactKeeper(
-            self.store,  # type: ignore[arg-type]
+            self.store.artifacts,
             self.bucket,
             ARTIFACT_LIMITS,
             clock,
@@ -774,9 +778,9 @@ class World:
         poster: Any = self.poster if self.ha is None else self.ha.fenced_poster(self.poster)
         self.callbacks = CallbackSender(duty_store, poster, CALLBACK_POLICY, clock)
         self.service.add_listener(self.callbacks.on_transition)
-        self.launcher = TaskServiceLauncher(self.service, self.store, self.store)  # type: ignore[arg-type]
+        self.launcher = TaskServiceLauncher(self.service, self.store.tasks, self.store.schedules)
         self.schedules = ScheduleService(
-            self.store,  # type: ignore[arg-type]
+            self.store.schedules,
             self.launcher,
             SCHEDULE_POLICY,
             clock,
@@ -802,7 +806,7 @@ class World:
     async def start(self) -> None:
         """The daemon's start order (``Gateway.start``): store, node records, task recovery, then the actors."""
         await self.store.start()
-        self.nodes.load(await self.store.list_nodes())
+        self.nodes.load(await self.store.nodes.list_nodes())
         if self.ha is not None:
             grace = TASK_POLICY.recovery_grace_s if TASK_POLICY.recovery_grace_s is not None else 30.0
             if not await self.ha.prepare(grace):

@@ -336,7 +336,9 @@ class Poster:
 
 
 async def _with_delivery(store: MemoryStore, task: Task) -> None:
-    await store.apply(Change(task=task, expected_revision=None, callback=new_delivery("cbd_1", task, time.time())))
+    await store.tasks.apply(
+        Change(task=task, expected_revision=None, callback=new_delivery("cbd_1", task, time.time()))
+    )
 
 
 async def _until(predicate: Any, timeout_s: float = 5.0) -> None:
@@ -358,11 +360,11 @@ async def test_the_sender_retries_then_dead_letters_and_survives_a_broken_client
         await _until(lambda: sender.backlog == 0 and sender.in_flight() == 0)
     finally:
         await sender.stop()
-    (letter,) = (await store.list_callback_dead_letters(CallbackDeadLetterQuery())).items
+    (letter,) = (await store.callbacks.list_callback_dead_letters(CallbackDeadLetterQuery())).items
     assert letter.attempt_count == 4 and letter.last_error == "no answer"
     headers = poster.calls[0][2]
     assert verify_signature("per-task-secret-0123456789", headers["X-Signature"], poster.calls[0][1], time.time())
-    (entry,) = (await store.list_audit(AuditQuery(action="callback_dead_letter"))).items
+    (entry,) = (await store.tasks.list_audit(AuditQuery(action="callback_dead_letter"))).items
     assert isinstance(entry, AuditEntry) and "per-task-secret" not in msgspec.json.encode(entry).decode()
 
 
@@ -378,7 +380,7 @@ async def test_the_sender_without_any_secret_fails_the_attempt_without_posting()
     finally:
         await sender.stop()
     assert poster.calls == []
-    (pending,) = await store.pending_callbacks(10)
+    (pending,) = await store.callbacks.pending_callbacks(10)
     assert pending.last_error is not None and "no secret" in pending.last_error
 
 
@@ -407,7 +409,7 @@ async def test_an_attempt_that_ends_during_a_read_is_not_started_again() -> None
     await store.start()
     for n in range(40):
         task = terminal_task(id=f"tsk_{n:032x}")
-        await store.apply(
+        await store.tasks.apply(
             Change(task=task, expected_revision=None, callback=new_delivery(f"cbd_{n}", task, time.time()))
         )
     poster = SlowPoster([CallbackPost(200)])
@@ -467,13 +469,15 @@ async def test_a_black_holed_receiver_holds_only_its_share_of_the_slots(black_ho
     now = time.time()
     for n in range(black_holed):  # all due before the healthy receiver's deliveries
         task = terminal_task(id=f"tsk_{n:032x}", callback_url=f"https://hole.example:8443/cb/{n}")
-        await store.apply(Change(task=task, expected_revision=None, callback=new_delivery(f"cbd_a{n:05}", task, now)))
+        await store.tasks.apply(
+            Change(task=task, expected_revision=None, callback=new_delivery(f"cbd_a{n:05}", task, now))
+        )
     healthy = []
     for n in range(5):
         task = terminal_task(id=f"tsk_{n + 100_000:032x}", callback_url="https://ok.example/cb")
         healthy.append(f"{task.id}:{task.revision}")
         delivery = new_delivery(f"cbd_b{n:05}", task, now + 0.001)
-        await store.apply(Change(task=task, expected_revision=None, callback=delivery))
+        await store.tasks.apply(Change(task=task, expected_revision=None, callback=delivery))
     poster = BlackHolePoster("https://hole.example:8443")
     policy = CallbackPolicy(max_in_flight=8, retry_delays_s=(60.0,))
     assert policy.per_target_limit == 2

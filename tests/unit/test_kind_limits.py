@@ -35,17 +35,17 @@ async def test_the_kind_service_refuses_a_value_past_its_bound_and_writes_nothin
 ) -> None:
     store = MemoryStore()
     await store.start()
-    svc = KindService(store, lambda s: None, lambda: 1.0)
+    svc = KindService(store.kinds, lambda s: None, lambda: 1.0)
     with pytest.raises(InvalidArgument) as info:
         await svc.update("echo", changes, SYSTEM, None)
     assert info.value.code == Code.INVALID_ARGUMENT and info.value.details == {"field": field}
-    assert await store.read_kind("echo") is None and await store.outbox_batch(10) == []
+    assert await store.kinds.read_kind("echo") is None and await store.tasks.outbox_batch(10) == []
 
 
 async def test_the_bounds_themselves_are_taken() -> None:
     store = MemoryStore()
     await store.start()
-    svc = KindService(store, lambda s: None, lambda: 1.0)
+    svc = KindService(store.kinds, lambda s: None, lambda: 1.0)
     top = {"concurrency": 1_000_000, "key_concurrency": 1, "rate": Rate(limit=1_000_000, period_s=366 * 86400.0)}
     s = await svc.update("echo", top, SYSTEM, None)
     assert (s.concurrency, s.key_concurrency, s.rate) == (1_000_000, 1, top["rate"])

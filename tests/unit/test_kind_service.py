@@ -42,4 +42,4 @@ async def test_starting_values_from_the_config_wake_the_relay_too() -> None:
     )
     await svc.start()
     assert woken == [1]
-    assert (await store.get_kind("work")) is not None
+    assert (await store.kinds.get_kind("work")) is not None

@@ -84,7 +84,7 @@ async def test_a_revocation_by_another_process_is_seen_after_recheck_s(store: Co
         logs = store.calls["log"]
         assert logs <= 2
 
-        await store.revoke_principals([ALICE.token_hash], [])  # e.g. `gatewayd token revoke` in another process
+        await store.nodes.revoke_principals([ALICE.token_hash], [])  # e.g. `gatewayd token revoke` in another process
         clock.now += 0.051
         assert await c.resolve(ALICE.token_hash) is None
         assert ended == [ALICE.token_hash]
@@ -108,7 +108,7 @@ async def test_on_sqlite_a_request_sent_once_token_revoke_returned_is_refused(st
         clock.now += SQLITE_RECHECK_S  # a read now, and the revocation commits right after it
         assert await c.resolve(ALICE.token_hash) == ALICE
         assert store.calls["log"] == reads + 1
-        await store.revoke_principals([ALICE.token_hash], [])
+        await store.nodes.revoke_principals([ALICE.token_hash], [])
         clock.now += SQLITE_RECHECK_S / 2  # the cache's answer until its next read: the command has not returned
         assert await c.resolve(ALICE.token_hash) == ALICE
         clock.now += REVOKE_SETTLE_S - SQLITE_RECHECK_S / 2  # the command returned
@@ -130,7 +130,7 @@ async def test_a_read_under_way_that_began_too_long_ago_is_not_shared(store: Cou
         await asyncio.sleep(0)
         await asyncio.sleep(0)
         store.before_log = None
-        await store.revoke_principals([ALICE.token_hash], [])
+        await store.nodes.revoke_principals([ALICE.token_hash], [])
         clock.now += 0.06
         # a read of its own, after the revocation (joining the slow one would wait for it)
         assert await asyncio.wait_for(c.resolve(ALICE.token_hash), 2) is None
@@ -162,7 +162,7 @@ async def test_a_lookup_that_races_a_revocation_is_not_cached(store: CountingSto
         store.before_get = asyncio.Event()
         lookup = asyncio.ensure_future(c.resolve(ALICE.token_hash))  # reads ALICE, then waits
         await asyncio.sleep(0)
-        await store.revoke_principals([ALICE.token_hash], [])
+        await store.nodes.revoke_principals([ALICE.token_hash], [])
         clock.now += 1
         store.before_get.set()
         store.before_get = None
@@ -204,7 +204,7 @@ async def test_last_use_is_written_coalesced_and_survives_a_failed_flush(store: 
     store.fail = False
     await c.stop()  # flushes what the failed flush kept
     assert store.calls["touch"] == 2
-    got = await store.get_principal(ALICE.token_hash)
+    got = await store.nodes.get_principal(ALICE.token_hash)
     assert got is not None and got.last_used_at == pytest.approx(last)
-    bob = await store.get_principal(BOB.token_hash)
+    bob = await store.nodes.get_principal(BOB.token_hash)
     assert bob is not None and bob.last_used_at is None

@@ -37,8 +37,8 @@ async def started() -> MemoryStore:
 
 async def finish(store: MemoryStore, n: int, at: float) -> None:
     t = make_task(n)
-    await store.apply(create(t))
-    await store.apply(update(t, bump(t, state="succeeded", finished_at=at), "settle"))
+    await store.tasks.apply(create(t))
+    await store.tasks.apply(update(t, bump(t, state="succeeded", finished_at=at), "settle"))
 
 
 def keeper(store: Any, clock: Clock, policy: RetentionPolicy, **kw: Any) -> tuple[RetentionKeeper, dict[str, int]]:
@@ -77,14 +77,14 @@ async def test_a_round_purges_what_is_due_at_the_clock_and_counts_it() -> None:
     store = await started()
     for n in range(1, 8):
         await finish(store, n, T0 + n * DAY)  # finished on days 1..7
-    await store.append_audit([msgspec.structs.replace(audit_for("x"), at=T0 + DAY)])
+    await store.tasks.append_audit([msgspec.structs.replace(audit_for("x"), at=T0 + DAY)])
     clock = Clock(T0 + 10 * DAY)
     k, counted = keeper(store, clock, RetentionPolicy(tasks_s=7 * DAY, audit_s=30 * DAY, batch=2))
     done = await k.round()
     assert done == {"history": 6, "tasks": 3}  # days 1..3 are 7 days old at day 10
     assert counted == done and k.purged["tasks"] == 3
     assert len(k.pauses) == 1  # type: ignore[attr-defined]  # two batches (a full one, then the rest)
-    assert [t.id for t in (await store.list_tasks(TaskQuery())).items] == [make_task(n).id for n in range(4, 8)]
+    assert [t.id for t in (await store.tasks.list_tasks(TaskQuery())).items] == [make_task(n).id for n in range(4, 8)]
     clock.now = T0 + 31 * DAY  # everything is old now, the audit entry too
     done = await k.round()
     assert done["tasks"] == 4 and done["audit"] >= 1
@@ -97,14 +97,14 @@ async def test_idempotency_keys_are_kept_at_least_24_hours() -> None:
         rec = IdempotencyRecord(
             owner="alice", key=f"k{n}", operation="create", body_hash="h", task_id="t", created_at=T0 - age_h * 3600
         )
-        await store.put_idempotency(rec)
+        await store.tasks.put_idempotency(rec)
     policy = RetentionPolicy(idempotency_s=60.0)  # asks for one minute: raised to 24 h
     assert policy.effective_idempotency_s == MIN_IDEMPOTENCY_S
     k, _ = keeper(store, Clock(T0), policy)
     assert (await k.round()).get("idempotency") == 2
-    assert await store.get_idempotency("alice", "k0") is not None
-    assert await store.get_idempotency("alice", "k1") is not None
-    assert await store.get_idempotency("alice", "k2") is None
+    assert await store.tasks.get_idempotency("alice", "k0") is not None
+    assert await store.tasks.get_idempotency("alice", "k1") is not None
+    assert await store.tasks.get_idempotency("alice", "k2") is None
     # a longer setting is honoured
     k2, _ = keeper(store, Clock(T0 + 3600), RetentionPolicy(idempotency_s=25 * 3600))  # k1: 24 h old
     assert (await k2.round()).get("idempotency", 0) == 0

@@ -155,7 +155,7 @@ async def test_the_whole_life_of_a_cron(world: World) -> None:
     with pytest.raises(NotFound):
         await world.get(s)
     assert await world.finish(run) is True
-    assert (await world.store.get_run(run.id)).status == "succeeded"  # type: ignore[union-attr]
+    assert (await world.store.schedules.get_run(run.id)).status == "succeeded"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -179,7 +179,7 @@ async def test_a_once_ends_with_its_run(world: World, state: str, run_status: st
 
 async def test_a_once_whose_only_chance_is_skipped_has_failed(world: World) -> None:
     s = await world.create(ScheduleSpec(type="once", run_at=T0 + 120))
-    await world.store.insert_run(
+    await world.store.schedules.insert_run(
         ScheduledRun(
             id="srn_manual", scheduled_task_id=s.id, owner="alice", trigger="manual", status="running", created_at=T0
         )
@@ -198,19 +198,19 @@ async def test_the_fast_path_and_the_arbiter_end_byte_for_byte_the_same() -> Non
         w = World()
         await w.store.start()
         s = await w.create()
-        await w.store.insert_run(
+        await w.store.schedules.insert_run(
             ScheduledRun(
                 id="srn_busy", scheduled_task_id=s.id, owner="alice", trigger="manual", status="running", created_at=T0
             )
         )
         if trigger == "scheduled":
-            (claimed,) = await w.store.claim_due(s.next_run_at or 0, 60, 1)
+            (claimed,) = await w.store.schedules.claim_due(s.next_run_at or 0, 60, 1)
             task = claimed.task
         else:
             task = await w.get(s)
         w.clock.t = T0 + 500
         if not fast:  # blind the fast path: only the store can stop this one
-            w.store.has_active_run = _never  # type: ignore[method-assign]
+            w.store.schedules.has_active_run = _never  # type: ignore[method-assign]
         result = await w.service.dispatch_task(task, T0 + 500, trigger)  # type: ignore[arg-type]
         runs = await w.runs(s)
         after = await w.get(s)
@@ -249,7 +249,7 @@ async def test_launch_failure_exits(world: World) -> None:
 
 
 async def test_a_busy_thread_is_a_skip_when_scheduled_and_409_when_manual(world: World) -> None:
-    await world.store.put_thread(Thread(id="thr_mine", owner="alice", created_at=T0))
+    await world.store.schedules.put_thread(Thread(id="thr_mine", owner="alice", created_at=T0))
     s = await world.create(context_mode="reuse_thread", thread_id="thr_mine")
     world.launcher.fail = ThreadBusy("thread thr_mine has a queued or running task")
     await world.tick(T0 + 301)
@@ -286,7 +286,7 @@ async def test_fresh_thread_per_run_makes_one_thread_per_occurrence(world: World
     threads = [tid for _, _, tid in world.launcher.launched]
     assert len(set(threads)) == 2
     for tid in threads:
-        thread = await world.store.get_thread(tid)
+        thread = await world.store.schedules.get_thread(tid)
         assert thread is not None and thread.owner == "alice"
 
 
@@ -296,7 +296,7 @@ async def test_the_budget_is_global_and_the_wait_is_in_due_order() -> None:
     late = await w.create(ScheduleSpec(type="once", run_at=T0 + 200))
     early = await w.create(ScheduleSpec(type="once", run_at=T0 + 100))
     assert (await w.tick(T0 + 300)) == RoundResult(1, 1)
-    assert [r.scheduled_task_id for r in await w.store.active_runs()] == [early.id]  # due order, not id order
+    assert [r.scheduled_task_id for r in await w.store.schedules.active_runs()] == [early.id]  # due order, not id order
     assert (await w.tick(T0 + 301)) == RoundResult(0, 0)  # no budget: the late one waits, not dropped
     assert (await w.get(late)).status == "enabled"
     (run,) = await w.runs(early)
@@ -406,11 +406,11 @@ async def test_a_claim_taken_over_from_a_paused_holder_adopts_its_run_and_fences
     that run (one per occurrence), launches it once and records it. P's late writes are refused."""
     s = await world.create(ScheduleSpec(type="once", run_at=T0 + 120))
     world.clock.t = T0 + 121
-    (p_claim,) = await world.store.claim_due(T0 + 121, 60, 10)
+    (p_claim,) = await world.store.schedules.claim_due(T0 + 121, 60, 10)
     run = ScheduledRun.queued(
         id="srn_p", task=p_claim.task, thread_id="thr_p", trigger="scheduled", scheduled_for=T0 + 120, now=T0 + 121
     )
-    await world.store.insert_run(
+    await world.store.schedules.insert_run(
         run, Thread(id="thr_p", owner="alice", title="t", created_at=T0), p_claim.task.lease_until
     )
     # P pauses; its lease runs out; Q polls
@@ -422,7 +422,7 @@ async def test_a_claim_taken_over_from_a_paused_holder_adopts_its_run_and_fences
     assert (got.status, got.run_count, got.lease_until) == ("running", 1, None)
     # P wakes and writes its launch record under its old claim: refused, nothing changes
     with pytest.raises(ClaimLost):
-        await world.store.record_launch(
+        await world.store.schedules.record_launch(
             s.id,
             LaunchRecord(status="running", expected_status="running", holds_lease=True, at=T0 + 183, run_count_inc=1,
                          claim=p_claim.task.lease_until),
@@ -437,7 +437,7 @@ async def test_the_poller_wakes_at_the_earliest_due_time_not_only_on_ticks() -> 
     store = MemoryStore()
     await store.start()
     launcher = FakeLauncher()
-    service = ScheduleService(store, launcher, SchedulePolicy(), time.time, new_id=ids())
+    service = ScheduleService(store.schedules, launcher, SchedulePolicy(), time.time, new_id=ids())
     actor = Scheduler(service, time.time, poll_interval_s=30.0)
     await actor.start()
     try:
@@ -464,7 +464,7 @@ async def test_a_failing_poll_round_is_retried_next_round(caplog: pytest.LogCapt
     store = MemoryStore()
     await store.start()
     calls = {"n": 0}
-    real = store.count_active_runs
+    real = store.schedules.count_active_runs
 
     async def flaky() -> int:
         calls["n"] += 1
@@ -472,8 +472,8 @@ async def test_a_failing_poll_round_is_retried_next_round(caplog: pytest.LogCapt
             raise StorageError("database is locked")
         return await real()
 
-    store.count_active_runs = flaky  # type: ignore[method-assign]
-    service = ScheduleService(store, FakeLauncher(), SchedulePolicy(), time.time, new_id=ids())
+    store.schedules.count_active_runs = flaky  # type: ignore[method-assign]
+    service = ScheduleService(store.schedules, FakeLauncher(), SchedulePolicy(), time.time, new_id=ids())
     actor = Scheduler(service, time.time, poll_interval_s=0.05)
     await actor.start()
     try:

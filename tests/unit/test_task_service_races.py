@@ -28,6 +28,36 @@ from .service_kit import ALICE, Kit, service_kit
 FAST = TaskPolicy(lease_recheck_s=0.05)
 
 
+class GatedTasks:
+    """A store's tasks part whose writes are held at the door by the store's flags (``_gated``)."""
+
+    def __init__(self, store: Any, part: Any) -> None:
+        self.store = store
+        self.part = part
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.part, name)
+
+    async def apply(self, change: Change) -> None:
+        s = self.store
+        if s.fail_next is not None and s.fail_next(change):
+            s.fail_next = None
+            raise StorageError("the disk is full")
+        if s.hold is not None and s.hold(change):
+            s.hold = None
+            assert s.gate is not None and s.held is not None
+            s.held.set()
+            await s.gate.wait()
+        await self.part.apply(change)
+
+    async def apply_many(self, changes: list[Change]) -> list[BaseException | None]:
+        s = self.store
+        if s.fail_next is not None and any(s.fail_next(c) for c in changes):
+            s.fail_next = None
+            return [StorageError("the disk is full") for _ in changes]
+        return list(await self.part.apply_many(changes))
+
+
 def _gated(base: type) -> type:
     """A store whose writes can be held at the door, after the writer read what it writes from."""
 
@@ -37,22 +67,18 @@ def _gated(base: type) -> type:
         held: asyncio.Event | None = None
         fail_next: Callable[[Change], bool] | None = None
 
-        async def apply(self, change: Change) -> None:
-            if self.fail_next is not None and self.fail_next(change):
-                self.fail_next = None
-                raise StorageError("the disk is full")
-            if self.hold is not None and self.hold(change):
-                self.hold = None
-                assert self.gate is not None and self.held is not None
-                self.held.set()
-                await self.gate.wait()
-            await super().apply(change)
+        @property
+        def tasks(self) -> Any:
+            # the SQLite store sets its part in __init__ (the setter below); the memory store is its own part. One
+            # wrapper per store, so a test that patches a method of ``store.tasks`` patches what the service calls
+            if "_gated_tasks" not in vars(self):
+                inner = vars(self)["_inner_tasks"] if "_inner_tasks" in vars(self) else super().tasks
+                self._gated_tasks = GatedTasks(self, inner)
+            return self._gated_tasks
 
-        async def apply_many(self, changes: list[Change]) -> list[BaseException | None]:
-            if self.fail_next is not None and any(self.fail_next(c) for c in changes):
-                self.fail_next = None
-                return [StorageError("the disk is full") for _ in changes]
-            return list(await super().apply_many(changes))
+        @tasks.setter
+        def tasks(self, part: Any) -> None:
+            self._inner_tasks = part
 
     return Gated
 
@@ -89,7 +115,7 @@ def action_of(change: Change) -> str | None:
 
 
 async def stored_state(kit: Kit, task_id: str) -> str:
-    task = await kit.store.get_task(task_id)
+    task = await kit.store.tasks.get_task(task_id)
     assert task is not None
     return str(task.state)
 
@@ -115,7 +141,7 @@ async def test_a_heartbeat_does_not_revive_a_lease_whose_expiry_waits_behind_oth
         await blocker
         # the expiry still happens: the attempt fails and the task is offered again
         await until(lambda: _is(kit, tid, "queued"))
-        task = await kit.store.get_task(tid)
+        task = await kit.store.tasks.get_task(tid)
         assert task.attempt_no == 2 and task.error.code == Code.LEASE_EXPIRED
 
 
@@ -149,19 +175,19 @@ async def test_a_settle_waiting_in_gw_settle_closes_the_attempt_its_deadline_wou
         short = {"lease_s": 0.1} if deadline == "lease" else {"lease_s": 30.0, "timeout_s": 0.1}
         tid = await kit.create(retry_backoff_s=0.0, **short)
         lease = (await kit.claim(tid)).lease_id or ""
-        task = await kit.store.get_task(tid)
+        task = await kit.store.tasks.get_task(tid)
         msg = _settle_of(tid, task.attempt_id, lease)
         other_lease = _settle_of(tid, task.attempt_id, "lse_" + "0" * 32)
         other_attempt = _settle_of(tid, "att_" + "0" * 32, lease)
         kit.bus.waiting["node-a"] = [other_lease, other_attempt, msg]
         await until(lambda: _is(kit, tid, "succeeded"))
-        done = await kit.store.get_task(tid)
+        done = await kit.store.tasks.get_task(tid)
         assert done.attempt_no == 1 and bytes(done.result) == b'{"r":1}'
-        history = (await kit.store.history(tid)).items
+        history = (await kit.store.tasks.history(tid)).items
         assert [h.action for h in history] == ["create", "claim", "settle"]
         assert kit.bus.cancels == []  # nothing runs to cancel: the attempt ended
         # the others are left to their own delivery, which refuses and audits them once
-        audit = (await kit.store.list_audit(AuditQuery(object_id=tid, action="settle"))).items
+        audit = (await kit.store.tasks.list_audit(AuditQuery(object_id=tid, action="settle"))).items
         assert [a.result for a in audit] == ["ok"]
         assert (await kit.service.settle("node-a", msg)).result == "repeat"
 
@@ -177,7 +203,7 @@ async def test_deadlines_wait_while_gw_settle_cannot_be_read(new_store: Callable
         assert await stored_state(kit, tid) == "running"
         kit.bus.unreachable = False
         await until(lambda: _is(kit, tid, "queued"))
-        task = await kit.store.get_task(tid)
+        task = await kit.store.tasks.get_task(tid)
         assert task.attempt_no == 2 and task.error.code == Code.LEASE_EXPIRED
 
 
@@ -188,15 +214,15 @@ async def test_deadlines_wait_while_more_settles_wait_than_one_read_holds(new_st
     async with kit_on(new_store) as kit:
         tid = await kit.create(lease_s=0.1, retry_backoff_s=0.0)
         lease = (await kit.claim(tid)).lease_id or ""
-        task = await kit.store.get_task(tid)
+        task = await kit.store.tasks.get_task(tid)
         kit.bus.waiting["node-a"] = [_settle_of(tid, task.attempt_id, "lse_" + "0" * 32)]  # another lease's
         kit.bus.crowded = True
         await until(lambda: _reads(kit, 3))
         assert await stored_state(kit, tid) == "running"
-        assert (await kit.store.get_task(tid)).lease_id == lease
+        assert (await kit.store.tasks.get_task(tid)).lease_id == lease
         kit.bus.crowded = False  # the rest was delivered and acked: what waits fits in one read
         await until(lambda: _is(kit, tid, "queued"))
-        task = await kit.store.get_task(tid)
+        task = await kit.store.tasks.get_task(tid)
         assert task.attempt_no == 2 and task.error.code == Code.LEASE_EXPIRED
 
 
@@ -236,7 +262,7 @@ async def test_the_cascade_commits_with_the_parents_cancel(new_store: Callable[[
         # read at once, before anything else runs: a crash now must find nothing left to do
         states = {await stored_state(kit, t) for t in [*children, grandchild]}
         assert states == {"canceled"}
-        audit = (await kit.store.list_audit(AuditQuery(object_id=parent, action="cancel"))).items
+        audit = (await kit.store.tasks.list_audit(AuditQuery(object_id=parent, action="cancel"))).items
         assert set(audit[0].details["cascadeTo"]) == {*children, grandchild}
         await until(lambda: _sent(kit, running))
 
@@ -257,7 +283,7 @@ async def test_a_running_child_cannot_settle_after_the_cancel_that_named_it(new_
         gate.set()
         assert await settling == Code.TASK_ALREADY_TERMINAL
         assert await stored_state(kit, child) == "canceled"
-        history = await kit.store.history(child)
+        history = await kit.store.tasks.history(child)
         assert [h.action for h in history.items] == ["create", "claim", "cancel"]
 
 
@@ -268,7 +294,7 @@ async def test_no_child_is_created_under_a_canceled_parent(new_store: Callable[[
         with pytest.raises(Conflict) as info:
             await kit.create(parent_id=parent)
         assert info.value.code == Code.TASK_ALREADY_TERMINAL and info.value.details["parentId"] == parent
-        assert (await kit.store.list_tasks(TaskQuery(parent_id=parent))).items == []
+        assert (await kit.store.tasks.list_tasks(TaskQuery(parent_id=parent))).items == []
 
 
 async def test_a_child_create_racing_the_parents_cancel_is_refused_or_canceled(new_store: Callable[[], Any]) -> None:
@@ -282,7 +308,7 @@ async def test_a_child_create_racing_the_parents_cancel_is_refused_or_canceled(n
         with pytest.raises(Conflict) as info:
             await creating
         assert info.value.code == Code.TASK_ALREADY_TERMINAL
-        assert (await kit.store.list_tasks(TaskQuery(parent_id=parent))).items == []
+        assert (await kit.store.tasks.list_tasks(TaskQuery(parent_id=parent))).items == []
 
 
 async def test_a_canceled_child_is_not_retried_under_its_canceled_parent(new_store: Callable[[], Any]) -> None:
@@ -312,7 +338,7 @@ async def test_one_key_sent_twice_at_once_acts_once_and_replays(new_store: Calla
         assert sorted(repeated for _, repeated in results) == [False, True]
         assert results[0][0].id == results[1][0].id == tid
         assert results[0][0].revision == results[1][0].revision
-        history = (await kit.store.history(tid)).items
+        history = (await kit.store.tasks.history(tid)).items
         assert [h.action for h in history].count(action) == 1
 
 
@@ -329,7 +355,7 @@ async def test_a_repeat_takes_its_key_so_the_key_cannot_act_again(new_store: Cal
         with pytest.raises(Conflict) as info:
             await kit.service.act(ALICE, tid, "amend", payload=msgspec.Raw(b"1"), idem_key="k-2", body_hash="b")
         assert info.value.code == Code.IDEMPOTENCY_CONFLICT
-        assert [h.action for h in (await kit.store.history(tid)).items] == ["create", "approve"]
+        assert [h.action for h in (await kit.store.tasks.history(tid)).items] == ["create", "approve"]
 
 
 async def test_a_page_of_tasks_is_one_moment_even_when_a_task_moves_on_while_it_is_read(
@@ -341,17 +367,17 @@ async def test_a_page_of_tasks_is_one_moment_even_when_a_task_moves_on_while_it_
     revision stands in now."""
     async with kit_on(new_store) as kit:
         tid = await kit.create()
-        real = kit.store.list_tasks
+        real = kit.store.tasks.list_tasks
 
         async def list_then_claim(query: TaskQuery) -> Any:
             page = await real(query)
             await kit.claim(tid)  # committed after the read, before the page is answered
             return page
 
-        monkeypatch.setattr(kit.store, "list_tasks", list_then_claim)
+        monkeypatch.setattr(kit.store.tasks, "list_tasks", list_then_claim)
         (task,), _ = await kit.service.list_tasks(ALICE, TaskQuery())
         assert task.state == "queued" and task.revision == 1
-        monkeypatch.setattr(kit.store, "list_tasks", real)
+        monkeypatch.setattr(kit.store.tasks, "list_tasks", real)
         (task,), _ = await kit.service.list_tasks(ALICE, TaskQuery())
         assert task.state == "running" and task.lease_expires_at is not None
 
@@ -359,13 +385,13 @@ async def test_a_page_of_tasks_is_one_moment_even_when_a_task_moves_on_while_it_
 def count_key_reads(store: Any) -> list[str]:
     """The keys whose record the service reads (a create with a key reads one only when its write fails)."""
     reads: list[str] = []
-    real = store.get_idempotency
+    real = store.tasks.get_idempotency
 
     async def counted(owner: str, key: str) -> Any:
         reads.append(key)
         return await real(owner, key)
 
-    store.get_idempotency = counted
+    store.tasks.get_idempotency = counted
     return reads
 
 
@@ -380,8 +406,10 @@ async def test_a_create_with_a_fresh_key_reads_no_record_and_its_repeat_replays(
         with pytest.raises(Conflict) as info:
             await kit.service.create(ALICE, NewTask(kind="other"), "k-fresh", "h2")
         assert info.value.code == Code.IDEMPOTENCY_CONFLICT and info.value.details == {"taskId": first.id}
-        assert (await kit.store.list_tasks(TaskQuery(limit=10))).items == [await kit.store.get_task(first.id)]
-        entries = (await kit.store.list_audit(AuditQuery(object_id=first.id, limit=10))).items
+        assert (await kit.store.tasks.list_tasks(TaskQuery(limit=10))).items == [
+            await kit.store.tasks.get_task(first.id)
+        ]
+        entries = (await kit.store.tasks.list_audit(AuditQuery(object_id=first.id, limit=10))).items
         assert sorted((e.action, e.result) for e in entries) == [
             ("create", "ok"), ("create", "refused"), ("create", "repeat")
         ]  # fmt: skip
@@ -404,7 +432,7 @@ async def test_a_batch_with_fresh_keys_reads_no_record_and_its_repeats_replay_it
         assert isinstance(fresh, tuple) and fresh[1] is False
         assert isinstance(other, Conflict) and other.code == Code.IDEMPOTENCY_CONFLICT
         assert sorted(reads) == ["b-1", "b-2"]  # the two items whose writes found their key taken
-        assert len((await kit.store.list_tasks(TaskQuery(limit=10))).items) == 3
+        assert len((await kit.store.tasks.list_tasks(TaskQuery(limit=10))).items) == 3
 
 
 async def test_the_repeat_of_a_batch_item_replays_even_where_its_create_would_be_refused_now(
@@ -466,7 +494,7 @@ async def test_a_batch_whose_store_fails_answers_the_failure_without_reading_its
         (failed,) = await kit.service.create_many(ALICE, items)
         assert isinstance(failed, StorageError) and reads == []
         ((task, replayed),) = await kit.service.create_many(ALICE, items)  # type: ignore[misc]  # the retry
-        assert not replayed and (await kit.store.get_task(task.id)) is not None
+        assert not replayed and (await kit.store.tasks.get_task(task.id)) is not None
 
 
 async def test_one_create_key_sent_twice_at_once_creates_once(new_store: Callable[[], Any]) -> None:
@@ -475,7 +503,7 @@ async def test_one_create_key_sent_twice_at_once_creates_once(new_store: Callabl
         results = await asyncio.gather(*(kit.service.create(ALICE, spec, "k-twice", "h") for _ in range(3)))
         assert sorted(replayed for _, replayed in results) == [False, True, True]
         assert len({task.id for task, _ in results}) == 1
-        assert len((await kit.store.list_tasks(TaskQuery(limit=10))).items) == 1
+        assert len((await kit.store.tasks.list_tasks(TaskQuery(limit=10))).items) == 1
 
 
 async def test_the_repeat_of_a_create_replays_even_where_the_create_would_be_refused_now(
@@ -512,4 +540,4 @@ async def test_a_create_whose_store_fails_answers_the_failure_without_reading_it
             await kit.service.create(ALICE, NewTask(kind="echo"), "k-failed", "h")
         assert reads == []
         task, replayed = await kit.service.create(ALICE, NewTask(kind="echo"), "k-failed", "h")  # the retry
-        assert not replayed and (await kit.store.get_task(task.id)) is not None
+        assert not replayed and (await kit.store.tasks.get_task(task.id)) is not None

@@ -68,8 +68,13 @@ log = logging.getLogger(__name__)
 RECORD_RETRIES = 3
 
 
-class ArtifactIndex(ArtifactStore, AuditStore, Protocol):
+class ArtifactIndex(Protocol):
     """What the artifact service writes: the index and the audit of refusals."""
+
+    @property
+    def artifacts(self) -> ArtifactStore: ...
+    @property
+    def tasks(self) -> AuditStore: ...
 
 
 def info_of(r: ArtifactRecord) -> ArtifactInfo:
@@ -138,11 +143,11 @@ class ArtifactService:
 
     async def _begin(self, node_id: str, req: ArtifactBegin) -> ArtifactReply:
         task = await self._checked(node_id, req.task_id, req.lease_id, req.name, req.content_type, "begin")
-        existing = await self._store.get_artifact(task.id, req.name)
+        existing = await self._store.artifacts.get_artifact(task.id, req.name)
         hinted = existing is not None and req.size is not None and req.sha256 is not None
         if hinted and existing and await self._same_or_refuse(node_id, task, existing, req.size or 0, req.sha256 or ""):
             return ArtifactReply(ok=True, artifact=info_of(existing), repeat=True)
-        count, used = await self._store.artifact_usage(task.id)
+        count, used = await self._store.artifacts.artifact_usage(task.id)
         try:
             left = room(self.limits, count, used)
             if req.size is not None and req.size > left:
@@ -197,7 +202,7 @@ class ArtifactService:
         """Purge the chunks of a refused or superfluous ``upload`` unless a row names them: a copy of the same
         commit may have recorded them meanwhile, and a recorded artifact's bytes are never removed but by
         retention."""
-        if await self._store.known_uploads([upload]):
+        if await self._store.artifacts.known_uploads([upload]):
             return
         await self._bucket.drop_upload(upload)
 
@@ -303,7 +308,7 @@ class ArtifactService:
     async def _undo(self, record: ArtifactRecord) -> None:
         """A record refused after its meta was written (the lease moved on meanwhile): its object goes, unless a
         commit of the same name won, whose meta is put back; its chunks go unless a row names them."""
-        existing = await self._store.get_artifact(record.task_id, record.name)
+        existing = await self._store.artifacts.get_artifact(record.task_id, record.name)
         if existing is None:
             await self._bucket.remove_object(object_name(record.task_id, record.name), record.upload)
             await self._drop_unrecorded(record.upload)
@@ -333,7 +338,7 @@ class ArtifactService:
                     request_id=None,
                     data=event_data(record),
                 )
-                done: tuple[ArtifactRecord, bool] = await self._store.record_artifact(
+                done: tuple[ArtifactRecord, bool] = await self._store.artifacts.record_artifact(
                     record, audit, event, task_revision=task.revision, limits=self.limits, fresh_until=fresh_until
                 )
                 return done
@@ -383,11 +388,11 @@ class ArtifactService:
     ) -> ArtifactRecord | None:
         """The recorded artifact of that name when it has the same digest (a repeat); else None when the task has
         room for it. Another digest (IDEMPOTENCY_CONFLICT) or a limit (PAYLOAD_TOO_LARGE) is audited and raised."""
-        existing = await self._store.get_artifact(task.id, req.name)
+        existing = await self._store.artifacts.get_artifact(task.id, req.name)
         if existing is not None:
             await self._same_or_refuse(node_id, task, existing, req.size, req.sha256)
             return existing
-        count, used = await self._store.artifact_usage(task.id)
+        count, used = await self._store.artifacts.artifact_usage(task.id)
         refusal = size_refusal(self.limits, req.size, count, used)
         if refusal is not None:
             await self._audit_refusal(node_id, task, req.name, refusal.code, refusal.message)
@@ -403,10 +408,10 @@ class ArtifactService:
 
     # -- reads (the HTTP API and the console; who may read the task may read its artifacts) ------------------
     async def list(self, task_id: str) -> list[ArtifactRecord]:
-        return await self._store.list_artifacts(task_id)
+        return await self._store.artifacts.list_artifacts(task_id)
 
     async def get(self, task_id: str, name: str) -> ArtifactRecord:
-        record = await self._store.get_artifact(task_id, name)
+        record = await self._store.artifacts.get_artifact(task_id, name)
         if record is None:
             raise NotFound(f"task {task_id} has no artifact {name!r}", code=Code.ARTIFACT_NOT_FOUND)
         return record
@@ -484,6 +489,6 @@ class ArtifactService:
 
     async def _append(self, entry: AuditEntry) -> None:
         try:
-            await self._store.append_audit([entry])
+            await self._store.tasks.append_audit([entry])
         except GatewayError:
             log.exception("could not write the audit entry of a refused artifact of %s", entry.object_id)

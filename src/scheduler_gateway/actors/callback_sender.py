@@ -169,7 +169,7 @@ class CallbackSender(LoopActor):
         for page_no in range(MAX_PAGES_PER_ROUND):
             if page_no == 1 and self._resume_after is not None:
                 after = max(after, self._resume_after) if after is not None else self._resume_after
-            rows = await self._store.pending_callbacks(limit, after)
+            rows = await self._store.callbacks.pending_callbacks(limit, after)
             if page_no == 0:
                 await self._count_backlog(len(rows), limit, now)
             for d in rows:
@@ -197,7 +197,7 @@ class CallbackSender(LoopActor):
         if first_page < limit:
             self.backlog = first_page
         elif now - self._backlog_at >= BACKLOG_EVERY_S:
-            self.backlog = await self._store.callback_backlog()
+            self.backlog = await self._store.callbacks.callback_backlog()
             self._backlog_at = now
 
     async def _attempt(self, d: CallbackDelivery, target: tuple[str, str, int]) -> None:
@@ -254,13 +254,13 @@ class CallbackSender(LoopActor):
 
     async def _secret_of_task(self, d: CallbackDelivery) -> str | None:
         """Deliveries written before they carried the secret read it from their task (if it still exists)."""
-        task = await self._store.get_task(d.task_id)
+        task = await self._store.tasks.get_task(d.task_id)
         return task.callback_secret if task is not None else None
 
     async def _record(self, d: CallbackDelivery, outcome: CallbackPost) -> None:
         now = self._clock()
         if outcome.ok:
-            await self._store.finish_callback(d.id)
+            await self._store.callbacks.finish_callback(d.id)
             self.delivered += 1
             self._metrics.callback_delivered(max(0.0, now - d.created_at))
             log.debug("callback %s delivered to %s (attempt %d)", d.callback_id, url_host(d.url), d.attempts + 1)
@@ -268,7 +268,7 @@ class CallbackSender(LoopActor):
         error = outcome.error or f"HTTP {outcome.status}"
         retry = after_failure(self.policy, d, error, now)
         if retry is not None:
-            await self._store.reschedule_callback(retry)
+            await self._store.callbacks.reschedule_callback(retry)
             self._metrics.callback_retried()
             log.info(
                 "callback %s to %s: attempt %d failed (%s); next in %g s",
@@ -280,7 +280,9 @@ class CallbackSender(LoopActor):
             )
             return
         letter = dead_letter_of(idgen.new_id("cdl"), d, error, now)
-        await self._store.dead_letter_callback(d.id, letter, self._audit("callback_dead_letter", letter, SYSTEM, now))
+        await self._store.callbacks.dead_letter_callback(
+            d.id, letter, self._audit("callback_dead_letter", letter, SYSTEM, now)
+        )
         self._metrics.callback_dead()
         log.warning(
             "callback %s to %s: dead-lettered as %s after %d attempts (%s)",
@@ -317,15 +319,15 @@ class CallbackSender(LoopActor):
     # -- the callback dead-letter queue (the admin API) ------------------------------------------------
     async def pending_of(self, user: str, is_admin: bool) -> int:
         """Deliveries not yet made, counted by the store: of the user's own tasks, or of every task (an admin)."""
-        return await self._store.callback_backlog(None if is_admin else user)
+        return await self._store.callbacks.callback_backlog(None if is_admin else user)
 
     async def list_dead_letters(self, user: str, is_admin: bool, query: CallbackDeadLetterQuery) -> Page:
         if not is_admin:
             query = CallbackDeadLetterQuery(owner=user, task_id=query.task_id, limit=query.limit, cursor=query.cursor)
-        return await self._store.list_callback_dead_letters(query)
+        return await self._store.callbacks.list_callback_dead_letters(query)
 
     async def get_dead_letter(self, user: str, is_admin: bool, letter_id: str) -> CallbackDeadLetter:
-        letter = await self._store.get_callback_dead_letter(letter_id)
+        letter = await self._store.callbacks.get_callback_dead_letter(letter_id)
         if letter is None or not (is_admin or letter.owner == user):
             raise letter_not_found(letter_id)  # another user's letter answers exactly like a missing one
         return letter
@@ -338,7 +340,7 @@ class CallbackSender(LoopActor):
         now = self._clock()
         delivery = redelivery_of(idgen.new_id("cbd"), letter, now)
         audit = self._audit("callback_redeliver", letter, actor, now, request_id)
-        if not await self._store.redeliver_callback(letter_id, delivery, audit):
+        if not await self._store.callbacks.redeliver_callback(letter_id, delivery, audit):
             raise letter_not_found(letter_id)  # redelivered by someone else a moment ago
         self._wake.set()
         return letter

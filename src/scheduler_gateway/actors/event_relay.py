@@ -82,7 +82,7 @@ class EventRelay(LoopActor):
     async def run(self) -> None:
         self._tail_seq = None  # a restart after a crash reads the tail again
         with contextlib.suppress(Exception):  # read it now, off the first event's path (else at the first round)
-            rows = await self._store.outbox_batch(BATCH)
+            rows = await self._store.tasks.outbox_batch(BATCH)
             await self._read_tail([read_outbox_body(row.body) for row in rows])
         while True:
             try:
@@ -92,7 +92,7 @@ class EventRelay(LoopActor):
             await self._wake.wait(wait_s)
 
     async def _round(self) -> float | None:
-        rows = await self._store.outbox_batch(BATCH)
+        rows = await self._store.tasks.outbox_batch(BATCH)
         if not rows:
             self._recovered()
             return IDLE_POLL_S
@@ -122,7 +122,7 @@ class EventRelay(LoopActor):
         if batch and len(done) > 1:
             failpoints.hit("relay.after_publish")  # in the stream, the rows not yet deleted
         if done:
-            await self._store.outbox_delete(done)
+            await self._store.tasks.outbox_delete(done)
             self.relayed += len(done)
             self._audited.difference_update(done)
         if failure is not None:
@@ -195,7 +195,7 @@ class EventRelay(LoopActor):
             return  # audited in an earlier round whose delete failed
         why = why_unreadable(row.body)
         log.error("event relay: outbox row %d cannot be decoded; skipped", row.seq)
-        await self._store.append_audit(
+        await self._store.tasks.append_audit(
             [
                 AuditEntry(
                     id=idgen.new_id("aud"),

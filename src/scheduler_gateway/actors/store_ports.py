@@ -33,17 +33,13 @@ from .ports import (
 )
 
 # -- the store, one narrow port per concern ----------------------------------------------------------------
-# Each consumer is typed with the narrowest port (or the small union) it uses; ``TaskStore`` is the union every
-# adapter implements. Each port's contract tests are listed in ``tests/test_store_ports.py``.
+# Each part implements one or a few of them (``TaskPart``, ``NodePart`` below); each port's contract tests are
+# listed in ``tests/test_store_ports.py``.
 
 
 class StoreLifecycle(Protocol):
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
-
-    async def ping(self) -> None:
-        """Raise StorageError unless the store can be written to."""
-        ...
 
 
 class TaskReads(Protocol):
@@ -308,49 +304,80 @@ class ArtifactStore(Protocol):
         ...
 
 
-# -- what each consumer takes, where it needs more than one port ----------------------------------------------
+# -- a store's parts, and what each consumer takes where it needs more than one part ---------------------------
+# A store holds one part per concern as an attribute (``Store``); each part is called directly. A consumer of one
+# part is given that part; a consumer of several is given the store typed by the parts it uses (read-only
+# properties, so any store, or a fenced view of one, whose parts implement these ports fits).
 
 
-class TaskServiceStore(TaskReads, TaskWrites, IdempotencyStore, AuditStore, DeadLetterStore, ArtifactStore, Protocol):
-    """The task service: tasks, their keys, audit of refusals and repeats, dead letters it writes and redrives."""
+class TaskPart(TaskReads, TaskWrites, TaskCounts, IdempotencyStore, AuditStore, OutboxStore, Protocol):
+    """``store.tasks``: task rows and their writes, idempotency keys, the audit log and the outbox (one table
+    family, written together by every change)."""
 
 
-class RelayStore(OutboxStore, AuditStore, Protocol):
-    """The event relay: the outbox, and an audit entry for an event it cannot decode."""
+class NodePart(PrincipalStore, NodeStore, Protocol):
+    """``store.nodes``: API tokens, node records, and the store's health check."""
+
+    async def ping(self) -> None:
+        """Raise StorageError unless the store can be written to."""
+        ...
 
 
-class CallbackSenderStore(CallbackStore, TaskReads, Protocol):
+class TaskServiceStore(Protocol):
+    """The task service: tasks, their keys, audit of refusals and repeats, dead letters it writes and redrives,
+    and the artifacts of a task it settles."""
+
+    @property
+    def tasks(self) -> TaskPart: ...
+    @property
+    def letters(self) -> DeadLetterStore: ...
+    @property
+    def artifacts(self) -> ArtifactStore: ...
+
+
+class RelayStore(Protocol):
+    """The event relay: the outbox, and an audit entry for an event it cannot decode (both ``tasks``)."""
+
+    @property
+    def tasks(self) -> TaskPart: ...
+
+
+class CallbackSenderStore(Protocol):
     """The callback sender: deliveries and their dead letters, and the task a delivery reports."""
 
+    @property
+    def tasks(self) -> TaskPart: ...
+    @property
+    def callbacks(self) -> CallbackStore: ...
 
-class AdminStore(PrincipalStore, DeadLetterStore, AuditStore, NodeStore, KindStore, Protocol):
+
+class AdminStore(Protocol):
     """The admin API's own reads and writes (tokens, dead letters, audit, node records, kind settings); tasks go
     through the task service."""
 
+    @property
+    def tasks(self) -> TaskPart: ...
+    @property
+    def letters(self) -> DeadLetterStore: ...
+    @property
+    def nodes(self) -> NodePart: ...
+    @property
+    def kinds(self) -> KindStore: ...
 
-class ConsoleStore(AdminStore, TaskCounts, TaskSearchStore, ArtifactStore, Protocol):
+
+class ConsoleStore(AdminStore, Protocol):
     """The web console: what the admin API reads and writes itself, the task counts of its overview, its task
     lists and charts, and a task's artifacts."""
 
+    @property
+    def search(self) -> TaskSearchStore: ...
+    @property
+    def artifacts(self) -> ArtifactStore: ...
 
-class TaskStore(
-    StoreLifecycle,
-    TaskReads,
-    TaskCounts,
-    TaskSearchStore,
-    TaskWrites,
-    IdempotencyStore,
-    AuditStore,
-    OutboxStore,
-    DeadLetterStore,
-    PrincipalStore,
-    NodeStore,
-    KindStore,
-    CallbackStore,
-    ArtifactStore,
-    Protocol,
-):
-    """Every narrow port: what a store adapter implements (``SqliteStore``, the memory store of the tests)."""
+
+class TaskStore(ConsoleStore, TaskServiceStore, CallbackSenderStore, StoreLifecycle, Protocol):
+    """Every part but the scheduler's and retention's: what the actors' stores hold (``SqliteStore``,
+    ``PostgresStore``, the memory store of the tests)."""
 
 
 class RetentionStore(Protocol):

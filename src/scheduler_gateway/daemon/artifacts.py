@@ -109,7 +109,7 @@ class Artifacts:
         # orphans are looked for about four times per orphan_after_s (at most every retention interval)
         interval = max(0.5, min(retention.interval_s, self.limits.orphan_after_s / 4))
         self.keeper = ArtifactKeeper(
-            self._store,
+            self._store.artifacts,
             self.bucket,
             self.limits,
             self._clock,

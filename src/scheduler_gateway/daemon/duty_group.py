@@ -28,12 +28,14 @@ from scheduler_gateway.actors.tasks import TaskService
 from scheduler_gateway.daemon.ha import HighAvailability
 from scheduler_gateway.daemon.http.principals import RECHECK_S, SQLITE_RECHECK_S
 from scheduler_gateway.daemon.lifecycle import Duty, Services, step
-from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.select import Store
 
 
-class DutyStore(RelayStore, CallbackSenderStore, RetentionStore, Protocol):
+class DutyStore(RelayStore, CallbackSenderStore, Protocol):
     """The store as the duties write to it."""
+
+    @property
+    def retention(self) -> RetentionStore: ...
 
 
 class DutyGroup(Protocol):
@@ -124,8 +126,10 @@ class Mode:
 def mode_for(
     store: Store, instance_id: str, registry: CollectorRegistry, clock: Callable[[], float], timing: LeaseTiming
 ) -> Mode:
-    """The one place the store's type decides how the gateway runs (several instances need PostgreSQL)."""
-    if isinstance(store, PostgresStore):
-        ha = HighAvailability(instance_id, store, registry, clock, timing=timing)
+    """The one place the store's capability decides how the gateway runs: a store that several instances can share
+    (PostgreSQL) offers its ``several_instances`` parts, the others None."""
+    shared = store.several_instances
+    if shared is not None:
+        ha = HighAvailability(instance_id, shared, registry, clock, timing=timing)
         return Mode(ha, REFRESH_S, RECHECK_S, None)
     return Mode(DirectDuties(store), None, SQLITE_RECHECK_S, store.writes_waiting)

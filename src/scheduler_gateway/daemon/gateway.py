@@ -67,7 +67,6 @@ from scheduler_gateway.daemon.nats.bus import NatsBus
 from scheduler_gateway.daemon.nats.node_inputs import NodeInputs
 from scheduler_gateway.daemon.node_sync import NodeSync
 from scheduler_gateway.daemon.scheduling import Scheduling
-from scheduler_gateway.daemon.store.outbox_mark import first_event_seq
 from scheduler_gateway.daemon.store.select import open_store
 from scheduler_gateway.wire.errors import GatewayError
 from scheduler_gateway.wire.redact import redact_one_url, redact_url
@@ -145,7 +144,7 @@ class Gateway:
             events_max_age_s=s.events_max_age_s,
             events_max_msgs=s.events_max_msgs,
             # a GW_EVENTS made anew (its JetStream store lost) starts above every seq the outbox handed out
-            events_first_seq=lambda: first_event_seq(self.store),
+            events_first_seq=self.store.first_event_seq,
         )
         # alone on the store or one of several: the duty group and the figures that differ (daemon/duty_group.py)
         mode = mode_for(self.store, s.instance_id or default_instance_id(), self.metrics.registry, clock, s.duty_lease)
@@ -198,7 +197,7 @@ class Gateway:
         )
         # kinds as objects: flow settings for the dispatcher, re-read from the store when instances share it
         self.kinds = KindService(
-            self.store,
+            self.store.kinds,
             self.dispatcher.set_kind,
             clock,
             defaults=s.kinds,
@@ -210,11 +209,11 @@ class Gateway:
         """The other duties: dead letters, retention, result callbacks."""
         s = self.settings
         self.dead_letter_keeper = DeadLetterKeeper(
-            self.store, self.service, s.dead_letters, clock, on_counts=self._dead_letter_counts
+            self.store.letters, self.service, s.dead_letters, clock, on_counts=self._dead_letter_counts
         )
         self.retention_metrics = PrometheusRetentionMetrics(self.metrics.registry)
         self.retention = RetentionKeeper(
-            mode.duties.duty_store,  # on PostgreSQL its purges under the leader's fence
+            mode.duties.duty_store.retention,  # on PostgreSQL its purges under the leader's fence
             s.retention,
             clock,
             on_purged=self.retention_metrics.purged,
@@ -232,12 +231,12 @@ class Gateway:
         """The admin API, its token cache, and events over SSE (the hub starts and stops with the HTTP app)."""
         s = self.settings
         # API tokens: read once, then answered from memory kept true to the store's revocation log
-        self.principals = PrincipalCache(self.store, recheck_s=mode.token_recheck_s)
+        self.principals = PrincipalCache(self.store.nodes, recheck_s=mode.token_recheck_s)
         self.api = AdminApi(self.service, self.store, self.nodes, self.metrics, self.readiness, s.http, self.principals)
         self.event_hub = EventHub(
             self.bus,
             self.subjects,
-            on_corrupt=corrupt_event_auditor(self.store, clock),
+            on_corrupt=corrupt_event_auditor(self.store.tasks, clock),
             on_disconnect=lambda reason: self.event_metrics.sse_disconnects.labels(reason).inc(),
             window=min(s.sse.window_events, s.events_max_msgs),  # never more than the stream itself keeps
         )
@@ -283,7 +282,7 @@ class Gateway:
             event_routes(self.events_api),
             callback_routes(CallbacksApi(self.callbacks)),
             self.scheduling.routes(self.api.bodies),
-            KindRoutes(self.api.bodies, self.kinds, self.store, self.nodes).install,
+            KindRoutes(self.api.bodies, self.kinds, self.store.kinds, self.nodes).install,
             self.artifacts.routes(),
             console_routes(self),  # the web console at /ui/ and the viewer role
         ]
@@ -361,7 +360,7 @@ class Gateway:
         t.add_done_callback(self._tasks.discard)
 
     async def _refuse_message(self, operation: str, node_id: str, code: str, why: str) -> None:
-        await self.store.append_audit(
+        await self.store.tasks.append_audit(
             [
                 AuditEntry(
                     id=idgen.new_id("aud"),
@@ -413,7 +412,7 @@ class Gateway:
     async def _store_checks(self) -> dict[str, tuple[bool, str]]:
         checks: dict[str, tuple[bool, str]] = {}
         try:
-            await asyncio.wait_for(self.store.ping(), 2.0)
+            await asyncio.wait_for(self.store.nodes.ping(), 2.0)
             checks["store"] = (True, f"{self.store_location.kind} writable")
         except (GatewayError, TimeoutError) as exc:
             checks["store"] = (False, getattr(exc, "code", "timeout"))

@@ -83,6 +83,8 @@ FENCED_WRITES = frozenset(
         "purge_runs",
     }
 )
+#: the store's parts those writes are methods of: reached through a fenced store, each is fenced in turn
+FENCED_PARTS = frozenset({"tasks", "callbacks", "retention"})
 
 
 def default_instance_id() -> str:
@@ -115,7 +117,8 @@ class DutyMetrics:
 
 class FencedStore:
     """The store as the leader's duties see it: the writes in ``FENCED_WRITES`` run under the current fence
-    (refused at once when the lease is not trusted); everything else passes through."""
+    (refused at once when the lease is not trusted); the parts in ``FENCED_PARTS`` are fenced the same way;
+    everything else passes through."""
 
     def __init__(self, store: object, token: Callable[[], FenceToken | None]) -> None:
         self._store = store
@@ -128,6 +131,8 @@ class FencedStore:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
+        if name in FENCED_PARTS:
+            return FencedStore(attr, self._token)
         if name not in FENCED_WRITES:
             return attr
 
@@ -258,7 +263,7 @@ class HighAvailability:
         self.watcher = LeaseWatcher(self.store.shared, service, self._clock)
         self.live_sync = LiveSync(self.store.shared, service)
         self.gone = GoneInstances(
-            self._live_ids, lambda: reoffer_queued(self.store.list_tasks, service), self.instance_id
+            self._live_ids, lambda: reoffer_queued(self.store.tasks.list_tasks, service), self.instance_id
         )
         self.duties = {"lease-watcher": self.watcher, "gone-instances": self.gone, **duties}
         self._running = Services([step(name, duty) for name, duty in self.duties.items()])
@@ -364,7 +369,7 @@ class HighAvailability:
         await self._running.start()
         assert self._service is not None
         try:
-            self.reoffered = await reoffer_queued(self.store.list_tasks, self._service)
+            self.reoffered = await reoffer_queued(self.store.tasks.list_tasks, self._service)
         except GatewayError as exc:
             log.warning(
                 "takeover: queued tasks not re-read (%s); the dispatchers of live instances keep theirs", exc.code

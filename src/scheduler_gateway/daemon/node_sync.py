@@ -12,8 +12,8 @@ import logging
 from typing import Protocol
 
 from scheduler_gateway.actors.nodes import NodeRegistry
-from scheduler_gateway.actors.ports import NodeRecord
 from scheduler_gateway.actors.runtime import cancel_and_wait
+from scheduler_gateway.actors.store_ports import NodeStore, OutboxStore
 from scheduler_gateway.wire.errors import GatewayError
 
 log = logging.getLogger(__name__)
@@ -22,9 +22,12 @@ NODE_FLUSH_S = 2.0
 
 
 class NodeSyncStore(Protocol):
-    async def list_nodes(self) -> list[NodeRecord]: ...
-    async def put_nodes(self, nodes: list[NodeRecord]) -> None: ...
-    async def outbox_size(self) -> int: ...
+    """The node records it loads and flushes, and the outbox's size it samples."""
+
+    @property
+    def nodes(self) -> NodeStore: ...
+    @property
+    def tasks(self) -> OutboxStore: ...
 
 
 class NodeSync:
@@ -37,14 +40,14 @@ class NodeSync:
         self.outbox_backlog = 0
 
     async def start(self) -> None:
-        self._nodes.load(await self._store.list_nodes())
+        self._nodes.load(await self._store.nodes.list_nodes())
         if self._loop is None:
             self._loop = asyncio.create_task(self._run(), name="node-sync")
 
     async def stop(self) -> None:
         await self.abandon()
         with contextlib.suppress(GatewayError):
-            await self._store.put_nodes(self._nodes.take_dirty())
+            await self._store.nodes.put_nodes(self._nodes.take_dirty())
 
     async def abandon(self) -> None:
         """The loop ends, nothing is written (a stop's flush aside; tests: a process that dies)."""
@@ -58,10 +61,10 @@ class NodeSync:
             try:
                 dirty = self._nodes.take_dirty()
                 if dirty:
-                    await self._store.put_nodes(dirty)
+                    await self._store.nodes.put_nodes(dirty)
                 # what other instances flushed and drained (actors/nodes.py): a drain decided on another instance
                 # is refused here within a flush
-                self._nodes.merge(await self._store.list_nodes())
-                self.outbox_backlog = await self._store.outbox_size()
+                self._nodes.merge(await self._store.nodes.list_nodes())
+                self.outbox_backlog = await self._store.tasks.outbox_size()
             except GatewayError as exc:
                 log.warning("node registry flush failed: %s", exc.code)

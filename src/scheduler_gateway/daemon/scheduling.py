@@ -36,9 +36,9 @@ class Scheduling:
     ) -> None:
         self.settings = settings
         self.metrics = PrometheusScheduleMetrics(metrics.registry)
-        self.launcher = TaskServiceLauncher(tasks, store, store)
+        self.launcher = TaskServiceLauncher(tasks, store.tasks, store.schedules)
         self.service = ScheduleService(
-            store,
+            store.schedules,
             self.launcher,
             settings.policy(),
             clock,
@@ -47,7 +47,7 @@ class Scheduling:
         )
         self.actor = Scheduler(self.service, clock, settings.poll_interval_s, metrics=self.metrics)
         #: a schedule's task retried gets its run back (CONTRACT 2.7)
-        self.requeue_guard = RunReopen(store)
+        self.requeue_guard = RunReopen(store.schedules)
 
     def routes(self, bodies: Bodies) -> Callable[[web.Application], None]:
         """The schedules' and threads' routes, for the admin app's route groups."""

@@ -59,7 +59,7 @@ def _audit(action: str, principal: Principal) -> AuditEntry:
 async def create_principal(store: Store, user: str, role: str) -> str:
     token = new_token()
     principal = Principal(token_hash=token_hash(token), user=user, role=role, created_at=time.time())
-    await store.put_principal(principal, _audit("token.created", principal))
+    await store.nodes.put_principal(principal, _audit("token.created", principal))
     return token
 
 
@@ -77,11 +77,15 @@ def list_lines(principals: list[Principal]) -> list[str]:
 
 async def revoke(store: Store, token: str | None, user: str | None) -> list[Principal]:
     """Revoke the token with this id, or every token of ``user``; the principals revoked."""
-    chosen = [p for p in await store.list_principals() if (p.id == token if token is not None else p.user == user)]
+    chosen = [
+        p for p in await store.nodes.list_principals() if (p.id == token if token is not None else p.user == user)
+    ]
     if not chosen:
         return []
     revoked = set(
-        await store.revoke_principals([p.token_hash for p in chosen], [_audit("token.revoked", p) for p in chosen])
+        await store.nodes.revoke_principals(
+            [p.token_hash for p in chosen], [_audit("token.revoked", p) for p in chosen]
+        )
     )
     if revoked:  # a gatewayd on this file refuses the token from here on (daemon/http/principals.py)
         await asyncio.sleep(REVOKE_SETTLE_S)
@@ -110,7 +114,7 @@ def token_main(config: Config, args: argparse.Namespace) -> int:
             print(_with_store(config, lambda store: create_principal(store, user, args.role)))
             return 0
         if args.token_command == "list":
-            for line in list_lines(_with_store(config, lambda store: store.list_principals())):
+            for line in list_lines(_with_store(config, lambda store: store.nodes.list_principals())):
                 print(line)
             return 0
         # revoke

@@ -95,7 +95,7 @@ class TaskActions:
         if action != "retry":
             return result, None
         # a user's retry must not bypass the dead-letter rules: it is a redrive of the letter
-        found = await self._store.get_dead_letter_for_task(task.id)
+        found = await self._store.letters.get_dead_letter_for_task(task.id)
         if found is None:
             return result, None
         details.update(deadLetterId=found.dead_letter_id, retryCount=found.retry_count + 1)
@@ -149,7 +149,7 @@ class TaskActions:
         if isinstance(result, sm.Repeat):
             await self._ledger.repeated(action, task, task_id, actor, request_id=rid)
             # a repeat takes its key too: the same key with another request later must conflict, not act
-            if idem is not None and not await self._store.put_idempotency(idem):
+            if idem is not None and not await self._store.tasks.put_idempotency(idem):
                 raise Conflict("this idempotency key was already used", code=Code.IDEMPOTENCY_CONFLICT)
             return task, True
         if action == "cancel":
@@ -206,7 +206,7 @@ class TaskActions:
             parent = frontier.pop(0)
             cursor: str | None = None
             while True:
-                page = await self._store.list_tasks(TaskQuery(parent_id=parent, limit=500, cursor=cursor))
+                page = await self._store.tasks.list_tasks(TaskQuery(parent_id=parent, limit=500, cursor=cursor))
                 for child in page.items:
                     if child.id in seen:
                         continue

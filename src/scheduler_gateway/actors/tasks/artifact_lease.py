@@ -28,7 +28,7 @@ class ArtifactLeases:
         task = await self._ledger.current(task_id)
         known = False
         if task is not None and task.lease_id != lease_id and not task.terminal:
-            known = await self._store.lease_seen(task_id, lease_id)
+            known = await self._store.tasks.lease_seen(task_id, lease_id)
         refusal = lease_refusal(task, task_id, node_id, lease_id, known)
         if refusal is not None:
             raise refusal

@@ -114,7 +114,7 @@ class TaskCreation:
         self, caller: Caller, pending: list[_Pending], results: list[BatchOutcome | None]
     ) -> None:
         changes = [self._ledger.change(tr, caller.request_id, None, idem, None) for _, tr, idem in pending]
-        outcomes = await self._store.apply_many(changes) if changes else []
+        outcomes = await self._store.tasks.apply_many(changes) if changes else []
         refused: list[tuple[int, IdempotencyRecord | None, GatewayError]] = []
         for (n, tr, idem), err in zip(pending, outcomes, strict=True):
             if err is None:

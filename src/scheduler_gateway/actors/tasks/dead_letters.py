@@ -37,7 +37,7 @@ class DeadLetters:
         self._clock = clock
 
     async def get_dead_letter(self, caller: Caller, dead_letter_id: str) -> DeadLetter:
-        letter = await self._store.get_dead_letter(dead_letter_id)
+        letter = await self._store.letters.get_dead_letter(dead_letter_id)
         if letter is None or not (caller.is_admin or letter.owner == caller.user):
             raise NotFound(f"dead letter {dead_letter_id[:64]} not found", code=Code.DEAD_LETTER_NOT_FOUND)
         return letter
@@ -91,7 +91,7 @@ class DeadLetters:
         """
 
         async def run() -> bool:
-            current = await self._store.get_dead_letter(seen.dead_letter_id)
+            current = await self._store.letters.get_dead_letter(seen.dead_letter_id)
             if current is None or current != seen:
                 return False
             task = await self._ledger.current(current.task_id)
@@ -117,12 +117,12 @@ class DeadLetters:
         In its task's mailbox, so a concurrent redrive cannot be lost; the rule is checked again there
         because the task may have died again since the sweep read the letter.
         """
-        letter = await self._store.get_dead_letter(dead_letter_id)
+        letter = await self._store.letters.get_dead_letter(dead_letter_id)
         if letter is None:
             return False
 
         async def run() -> bool:
-            current = await self._store.get_dead_letter(dead_letter_id)
+            current = await self._store.letters.get_dead_letter(dead_letter_id)
             done = current is not None and (current.exhausted or current.scheduled)  # nothing automatic left
             if current is None or current.archived or not done or current.last_dead_at > dead_before:
                 return False
@@ -148,7 +148,7 @@ class DeadLetters:
         """The keeper's write of a letter it read, by compare-and-set on its revision. When another writer got
         there first (a retry on another instance, a death), the write is lost and the mailbox runs the keeper's
         message again on the fresh letter, which decides anew (most often: nothing left to do)."""
-        if not await self._store.put_dead_letter(next_revision(read, **changes)):
+        if not await self._store.letters.put_dead_letter(next_revision(read, **changes)):
             raise StaleWrite(read.task_id)
 
     async def dead_letter_for(self, tr: sm.Transition) -> DeadLetter | None:
@@ -157,7 +157,7 @@ class DeadLetters:
             return None
         now = task.updated_at
         err = task.error
-        existing = await self._store.get_dead_letter_for_task(task.id)
+        existing = await self._store.letters.get_dead_letter_for_task(task.id)
         if existing is None:
             return DeadLetter(
                 dead_letter_id=idgen.new_id("dlq"),

@@ -116,7 +116,7 @@ class Replays:
         """The task a key's record names (refused if the record is of another request); ``record`` when already
         read, else it is read here."""
         if record is None:
-            record = await self._store.get_idempotency(caller.user, key)
+            record = await self._store.tasks.get_idempotency(caller.user, key)
         if record is None:
             return None
         task = await self._ledger.current(record.task_id)

@@ -91,7 +91,7 @@ class TaskLedger:
         live = self.live.get(task_id)
         if live is not None and self.shared is None:
             return live
-        stored = await self._store.get_task(task_id)
+        stored = await self._store.tasks.get_task(task_id)
         if self.shared is not None:
             self.absorb(stored, task_id)
         return stored
@@ -136,7 +136,7 @@ class TaskLedger:
         another instance, whose bookkeeping is its own: the stored copy is absorbed, so this instance's
         dispatcher and lease clock follow it too (a lease that another instance expired first must not leave
         this dispatcher counting the requeued task as running)."""
-        stored = await self._store.get_task(task_id)
+        stored = await self._store.tasks.get_task(task_id)
         if self.shared is not None:
             self.absorb(stored, task_id)
             return
@@ -186,7 +186,7 @@ class TaskLedger:
 
     async def audit_only(self, entry: AuditEntry) -> None:
         try:
-            await self._store.append_audit([entry])
+            await self._store.tasks.append_audit([entry])
         except GatewayError:
             log.exception("could not write audit entry for %s %s", entry.action, entry.object_id)
 
@@ -211,7 +211,7 @@ class TaskLedger:
         undo = await self._hold_requeue(tr, request_id, audit_details)
         change = self.change(tr, request_id, audit_details, idempotency, dead_letter, await self._artifacts_of(tr))
         try:
-            await self._store.apply(change)
+            await self._store.tasks.apply(change)
         except Conflict as exc:
             # refused, so certainly not committed: what the guard held is given back (any other failure leaves
             # it: the requeue may have committed, and the guard's owner reconciles it)
@@ -251,7 +251,7 @@ class TaskLedger:
             for n, (tr, details) in enumerate(parts)
         ]
         try:
-            await self._store.apply_group(changes, subtree_root=subtree_root)
+            await self._store.tasks.apply_group(changes, subtree_root=subtree_root)
         except Conflict as exc:
             raise stale_or(exc) from None
         for tr, _ in parts:
@@ -318,7 +318,7 @@ class TaskLedger:
             return None
         return [
             ArtifactInfo(name=r.name, size=r.size, sha256=r.sha256, content_type=r.content_type)
-            for r in await self._store.list_artifacts(tr.task.id)
+            for r in await self._store.artifacts.list_artifacts(tr.task.id)
         ]
 
     def after_commit(self, tr: sm.Transition) -> None:

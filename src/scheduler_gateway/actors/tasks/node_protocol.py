@@ -199,7 +199,7 @@ class NodeProtocol:
             )
             try:
                 if task is None:
-                    stored = await self._store.get_task(lease.task_id)
+                    stored = await self._store.tasks.get_task(lease.task_id)
                     if stored is None:
                         raise Conflict("unknown task", code=Code.LEASE_NOT_FOUND)
                     task = stored
@@ -275,7 +275,7 @@ class NodeProtocol:
             try:
                 result = sm.settle(task, lease_known=False, **kwargs)
             except Conflict as exc:
-                if exc.code != Code.LEASE_NOT_FOUND or not await self._store.lease_seen(task.id, msg.lease_id):
+                if exc.code != Code.LEASE_NOT_FOUND or not await self._store.tasks.lease_seen(task.id, msg.lease_id):
                     raise
                 result = sm.settle(task, lease_known=True, **kwargs)
         except GatewayError as exc:

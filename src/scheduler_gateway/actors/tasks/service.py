@@ -107,7 +107,7 @@ class TaskService:
         """Recover: load every active task, re-offer queued ones, give running leases a grace period."""
         now = self._clock()
         live = self.ledger.live
-        for task in await self._store.active_tasks():
+        for task in await self._store.tasks.active_tasks():
             live[task.id] = task
             if task.state == "running":
                 grace = self.policy.recovery_grace_s if self.policy.recovery_grace_s is not None else task.lease_s
@@ -124,7 +124,7 @@ class TaskService:
 
     async def artifact_counts(self, task_ids: list[str]) -> dict[str, int]:
         """How many artifacts each task has (``artifactCount``; tasks without any left out)."""
-        return await self._store.artifact_counts(task_ids) if task_ids else {}
+        return await self._store.artifacts.artifact_counts(task_ids) if task_ids else {}
 
     def waiting_for(self, task: Task) -> str | None:
         """Why the task has not started (its ``waitingFor``, docs/FLOW.md), judged on its live copy. ``no_node``
@@ -178,7 +178,7 @@ class TaskService:
     async def list_tasks(self, caller: Caller, query: TaskQuery) -> tuple[list[Task], str | None]:
         if not caller.is_admin:
             query = msgspec.structs.replace(query, owner=caller.user)
-        page = await self._store.list_tasks(query)
+        page = await self._store.tasks.list_tasks(query)
         # the live copy carries the latest lease extension, but only a copy of the same revision stands in: one
         # that moved on since the read would mix two moments in one page (a thread's next task shown running
         # beside the one the page still shows running, settled meanwhile)
@@ -194,7 +194,7 @@ class TaskService:
         self, caller: Caller, task_id: str, limit: int, cursor: str | None
     ) -> tuple[list[Any], str | None]:
         await self.get(caller, task_id)
-        page = await self._store.history(task_id, limit, cursor)
+        page = await self._store.tasks.history(task_id, limit, cursor)
         return page.items, page.next_cursor
 
     # -- operations (each group in its module) ---------------------------------------------------------------

@@ -79,9 +79,9 @@ class AdminApi:
         r.add_get("/metrics", self.metrics_text)
         r.add_get(OPENAPI_PATH, self.openapi_json)
         TaskRoutes(self.bodies, self.settings, self.service).install(app)
-        DeadLetterRoutes(self.bodies, self.service, self.store).install(app)
-        AuditRoutes(self.store).install(app)
-        NodeRoutes(self.nodes, self.store).install(app)
+        DeadLetterRoutes(self.bodies, self.service, self.store.letters).install(app)
+        AuditRoutes(self.store.tasks).install(app)
+        NodeRoutes(self.nodes, self.store.nodes).install(app)
         return app
 
     @web.middleware

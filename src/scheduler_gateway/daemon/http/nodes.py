@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol
 
 from aiohttp import web
 
@@ -12,7 +11,7 @@ from scheduler_gateway.actors import idgen
 from scheduler_gateway.actors.model.records import AuditEntry
 from scheduler_gateway.actors.nodes import NodeRegistry, set_draining
 from scheduler_gateway.actors.ports import NodeRecord
-from scheduler_gateway.actors.store_ports import AuditStore, NodeStore
+from scheduler_gateway.actors.store_ports import NodeStore
 from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.daemon.http.answers import json_response
 from scheduler_gateway.daemon.http.context import CALLER
@@ -24,12 +23,9 @@ from scheduler_gateway.wire.errors import (
 from scheduler_gateway.wire.timefmt import fmt_ts
 
 
-class NodeStoreAndAudit(NodeStore, AuditStore, Protocol):
-    """A drain writes the node's flag and its audit entry (in one transaction: ``NodeStore.set_node_draining``)."""
-
-
 class NodeRoutes:
-    def __init__(self, nodes: NodeRegistry, store: NodeStoreAndAudit) -> None:
+    def __init__(self, nodes: NodeRegistry, store: NodeStore) -> None:
+        # a drain writes the node's flag and its audit entry in one transaction (``set_node_draining``)
         self.nodes = nodes
         self.store = store
 

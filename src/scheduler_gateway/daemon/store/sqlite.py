@@ -4,10 +4,10 @@
 Composition, not inheritance (docs/DECISIONS.md, The SQLite store is composed): ``SqliteDb``
 (``sqlite_conn.py``) owns the file, the write connection with its group-committing writer and the read
 connection; one part per concern holds that ``SqliteDb`` and implements its ports (``SqliteTasks``,
-``SqliteDeadLetters``, ``SqliteNodes``, ``SqliteCallbacks``, ``SqliteSchedules``). ``SqliteStore`` is the
-facade that starts and stops the file; each port method is forwarded to its part by ``ComposedStore``
-(``facade.py``, shared with the PostgreSQL store), so one object can be handed to every consumer while each
-consumer types it with the narrow port it uses.
+``SqliteDeadLetters``, ``SqliteNodes``, ``SqliteCallbacks``, ``SqliteSchedules``, ...). ``SqliteStore``
+starts and stops the file and holds the parts as attributes named by concern (``store.tasks``,
+``store.letters``, ...: ``actors.store_ports.Store``); a consumer is given the part it uses, or the store typed
+by the parts it uses, and calls each part directly: one place per operation, no forwarder.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from pathlib import Path
 from scheduler_gateway.daemon.store.artifacts import SqliteArtifacts
 from scheduler_gateway.daemon.store.callbacks import SqliteCallbacks
 from scheduler_gateway.daemon.store.dead_letters import SqliteDeadLetters
-from scheduler_gateway.daemon.store.facade import ComposedStore
 from scheduler_gateway.daemon.store.kinds import SqliteKinds
 from scheduler_gateway.daemon.store.migrations import MIGRATIONS
 from scheduler_gateway.daemon.store.nodes import SqliteNodes
@@ -32,7 +31,7 @@ from scheduler_gateway.daemon.store.tasks import SqliteTasks
 __all__ = ["MIGRATIONS", "SqliteStore"]
 
 
-class SqliteStore(ComposedStore):
+class SqliteStore:
     """Every store port on one SQLite file. ``start()`` opens and migrates it, ``stop()`` closes it.
 
     ``max_batch`` caps the changes one transaction commits: larger batches amortise the commit further
@@ -49,15 +48,18 @@ class SqliteStore(ComposedStore):
         on_writer_lost: Callable[[str], None] | None = None,
     ) -> None:
         self._db = SqliteDb(path, max_batch=max_batch, writer_process=writer_process, on_writer_lost=on_writer_lost)
-        self._tasks = SqliteTasks(self._db)
-        self._dead_letters = SqliteDeadLetters(self._db)
-        self._nodes = SqliteNodes(self._db)
-        self._kinds = SqliteKinds(self._db)
-        self._artifacts = SqliteArtifacts(self._db, clock)
-        self._callbacks = SqliteCallbacks(self._db)
-        self._schedules = SqliteSchedules(self._db, clock)
-        self._retention = SqliteRetention(self._db)
-        self._search = SqliteSearch(self._db.fetchall)
+        self.tasks = SqliteTasks(self._db)
+        self.letters = SqliteDeadLetters(self._db)
+        self.nodes = SqliteNodes(self._db)
+        self.kinds = SqliteKinds(self._db)
+        self.artifacts = SqliteArtifacts(self._db, clock)
+        self.callbacks = SqliteCallbacks(self._db)
+        self.schedules = SqliteSchedules(self._db, clock)
+        self.retention = SqliteRetention(self._db)
+        self.search = SqliteSearch(self._db.fetchall)
+
+    #: one gatewayd per file: no parts for several instances to share it (``PostgresStore.several_instances``)
+    several_instances: None = None
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r})"
@@ -76,6 +78,14 @@ class SqliteStore(ComposedStore):
     async def stop(self) -> None:
         """Let the batch being committed finish, fail every queued write, close. Idempotent."""
         await self._db.stop()
+
+    async def first_event_seq(self) -> int:
+        """Where a ``GW_EVENTS`` made anew starts (``nats/streams.py``): just above the highest outbox sequence this
+        file ever handed out, deleted rows included (``sqlite_sequence``: the outbox's AUTOINCREMENT never reuses a
+        number). Every event reaches the stream through one outbox row, at most once, so no seq a client has seen
+        is reused."""
+        rows = await self._db.fetchall("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'")
+        return (int(rows[0][0]) if rows and rows[0][0] is not None else 0) + 1
 
     def writes_waiting(self) -> int:
         """Writes queued for the one writer (the retention keeper pauses only while some wait)."""

@@ -67,7 +67,7 @@ class DeadLetterPages(Pages):
     async def dead_letters(self, request: web.Request) -> web.Response:
         caller = self._reader(request)
         view, reason = self._filter(request.query)
-        page = await self.gw.store.list_dead_letters(
+        page = await self.gw.store.letters.list_dead_letters(
             self._query(caller, view, reason, limit=200, cursor=request.query.get("cursor") or None)
         )
         cb = await self.gw.callbacks.list_dead_letters(caller.user, caller.is_admin, CallbackDeadLetterQuery(limit=200))
@@ -82,10 +82,6 @@ class DeadLetterPages(Pages):
                 "letters": page.items,
                 "next_qs": urlencode({**args, "cursor": page.next_cursor}) if page.next_cursor else "",
                 "callback_letters": cb.items,
-                # when the keeper redrives a letter by itself (docs/OPERATIONS.md, Dead letters)
-                "redrive": self.gw.settings.dead_letters,
-                "max_dead_retries": self.gw.service.policy.max_dead_retries,
-                "now": time.time(),
             },
         )
 
@@ -93,7 +89,8 @@ class DeadLetterPages(Pages):
         out: list[DeadLetter] = []
         cursor: str | None = None
         while True:
-            page = await self.gw.store.list_dead_letters(self._query(caller, view, reason, limit=500, cursor=cursor))
+            query = self._query(caller, view, reason, limit=500, cursor=cursor)
+            page = await self.gw.store.letters.list_dead_letters(query)
             out.extend(page.items)
             if len(out) > MAX_TASKS:
                 raise InvalidArgument(f"a bulk action takes at most {MAX_TASKS} letters at once: narrow the filter")
@@ -104,7 +101,7 @@ class DeadLetterPages(Pages):
     async def _selected(self, caller: Caller, ids: list[str]) -> list[DeadLetter]:
         out: list[DeadLetter] = []
         for i in list(dict.fromkeys(ids))[:MAX_TASKS]:
-            d = await self.gw.store.get_dead_letter(i)
+            d = await self.gw.store.letters.get_dead_letter(i)
             if d is not None and (caller.is_admin or d.owner == caller.user):
                 out.append(d)
         return out
@@ -185,7 +182,7 @@ class DeadLetterPages(Pages):
         """Each confirmed letter redriven, in batches, unless it changed since the confirmation (skipped)."""
 
         async def one(letter_id: str, mark: int) -> str:
-            d = await self.gw.store.get_dead_letter(letter_id)
+            d = await self.gw.store.letters.get_dead_letter(letter_id)
             if d is None or letter_mark(d) != mark:
                 return "skipped"
             try:
@@ -212,7 +209,7 @@ class DeadLetterPages(Pages):
         tally: BulkTally,
     ) -> None:
         """One audit entry for the whole bulk request: the actor, the scope, the filter, the reason, the counts."""
-        await self.gw.store.append_audit(
+        await self.gw.store.tasks.append_audit(
             [
                 AuditEntry(
                     id=idgen.new_id("aud"),

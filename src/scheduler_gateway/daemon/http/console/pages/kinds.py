@@ -26,7 +26,7 @@ USER_HELD_SCAN = 2_000  # a user's held-back counts are judged on up to this man
 
 
 class KindRow:
-    __slots__ = ("held", "hour", "kind", "nodes", "queued", "running", "settings", "waiting_approval")
+    __slots__ = ("held", "hour", "kind", "queued", "running", "settings", "waiting_approval")
 
     def __init__(self, settings: KindSettings) -> None:
         self.kind = settings.kind
@@ -36,8 +36,6 @@ class KindRow:
         self.waiting_approval = 0
         self.held: dict[str, int] = {}
         self.hour = Counts()
-        #: nodes serving the kind (0: its queued tasks wait with ``waitingFor: "no_node"``)
-        self.nodes = 0
 
     @property
     def held_total(self) -> int:
@@ -81,7 +79,7 @@ class KindPages(Pages):
     async def _rows(self, request: web.Request) -> dict[str, KindRow]:
         caller = self._reader(request)
         owner = None if caller.is_admin else caller.user
-        rows: dict[str, KindRow] = {s.kind: KindRow(s) for s in await self.gw.store.list_kinds()}
+        rows: dict[str, KindRow] = {s.kind: KindRow(s) for s in await self.gw.store.kinds.list_kinds()}
 
         def row(kind: str) -> KindRow:
             if kind not in rows:
@@ -89,7 +87,7 @@ class KindPages(Pages):
             return rows[kind]
 
         if owner is None:
-            for kind, counts in (await self.gw.store.kind_counts()).items():
+            for kind, counts in (await self.gw.store.kinds.kind_counts()).items():
                 r = row(kind)
                 r.queued, r.running = counts.get("queued", 0), counts.get("running", 0)
                 r.waiting_approval = counts.get("waiting_approval", 0)
@@ -98,26 +96,21 @@ class KindPages(Pages):
         else:
             await self._own_counts(owner, row)
         now = time.time()
-        hour = HourFigures(await self.gw.store.task_minutes(since_minute(now), owner), now)
+        hour = HourFigures(await self.gw.store.search.task_minutes(since_minute(now), owner), now)
         for kind, figures in hour.by_kind.items():
             row(kind).hour = figures
-        for node in self.gw.nodes.all():
-            for kind in node.kinds:
-                row(kind)  # a kind a node serves is listed, as /api/kinds lists it
-        for kind, r in rows.items():
-            r.nodes = self.gw.nodes.serving(kind)
         return dict(sorted(rows.items()))
 
     async def _own_counts(self, owner: str, row: Callable[[str], KindRow]) -> None:
         """A user's own queued / running counts, and held back judged on its queued tasks (the first
         ``USER_HELD_SCAN``, oldest first)."""
-        for state, kind, n in await self.gw.store.task_counts(owner):
+        for state, kind, n in await self.gw.store.tasks.task_counts(owner):
             if state in ("queued", "running", "waiting_approval"):
                 setattr(row(kind), state, n)
         query = TaskSearch(owner=owner, states=("queued",), limit=500, newest_first=False)
         seen = 0
         while seen < USER_HELD_SCAN:
-            page = await self.gw.store.search_tasks(query)
+            page = await self.gw.store.search.search_tasks(query)
             for t in page.items:
                 reason = self.gw.service.waiting_for(t)
                 if reason is not None:

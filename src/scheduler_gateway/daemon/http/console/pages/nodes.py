@@ -44,6 +44,6 @@ class NodePages(Pages):
             request_id=caller.request_id,
             node_id=node_id,
         )
-        if await set_draining(self.gw.nodes, self.gw.store, node_id, action == "drain", audit) is None:
+        if await set_draining(self.gw.nodes, self.gw.store.nodes, node_id, action == "drain", audit) is None:
             raise NotFound(f"node {node_id[:64]} not found")
         raise self._redirect("/ui/nodes", f"{action} of {node_id} done")

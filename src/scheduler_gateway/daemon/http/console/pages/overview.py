@@ -32,10 +32,10 @@ class OverviewPages(Pages):
         owner = None if caller.is_admin else caller.user
         counts = await self._counts(caller)
         now = time.time()
-        hour = HourFigures(await self.gw.store.task_minutes(since_minute(now), owner), now)
+        hour = HourFigures(await self.gw.store.search.task_minutes(since_minute(now), owner), now)
         rate, latency = hour.series()
         last_hour = hour.total
-        letters = await self.gw.store.list_dead_letters(
+        letters = await self.gw.store.letters.list_dead_letters(
             DeadLetterQuery(owner=None if caller.is_admin else caller.user, limit=10)
         )
         cb = await self.gw.callbacks.list_dead_letters(caller.user, caller.is_admin, CallbackDeadLetterQuery(limit=10))
@@ -63,7 +63,7 @@ class OverviewPages(Pages):
         """Tasks by state and by kind, from one grouped query of the store."""
         by_state: dict[str, int] = {}
         by_kind: dict[str, int] = {}
-        for state, kind, n in await self.gw.store.task_counts(None if caller.is_admin else caller.user):
+        for state, kind, n in await self.gw.store.tasks.task_counts(None if caller.is_admin else caller.user):
             by_state[state] = by_state.get(state, 0) + n
             by_kind[kind] = by_kind.get(kind, 0) + n
         return [(s, by_state.get(s, 0)) for s in STATES], sorted(by_kind.items())

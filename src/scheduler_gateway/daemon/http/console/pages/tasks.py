@@ -92,10 +92,12 @@ class TaskPages(Pages):
         after = q.get("after") or None
         before = None if after else (q.get("before") or None)
         query = f.search(caller, newest_first=newest, limit=size, after=after, before=before)
-        page, kept = await asyncio.gather(self.gw.store.search_tasks(query), self.gw.store.kept_count(query))
+        page, kept = await asyncio.gather(
+            self.gw.store.search.search_tasks(query), self.gw.store.search.kept_count(query)
+        )
         # the exact count where the store keeps it (a filter by state, kind and owner only), else counted up to
         # COUNT_CAP and shown as "more than" beyond
-        total = kept if kept is not None else await self.gw.store.count_tasks(query, cap=COUNT_CAP + 1)
+        total = kept if kept is not None else await self.gw.store.search.count_tasks(query, cap=COUNT_CAP + 1)
         now = time.time()
         rows = [row_of(t, self.gw.service.waiting_for(t) if t.state == "queued" else None, now) for t in page.items]
         args = f.query_args()
@@ -211,7 +213,7 @@ class TaskPages(Pages):
         }
         if tally.refused_codes:
             details["refusedCodes"] = tally.refused_codes
-        await self.gw.store.append_audit(
+        await self.gw.store.tasks.append_audit(
             [
                 AuditEntry(
                     id=idgen.new_id("aud"),
@@ -259,7 +261,7 @@ class TaskPages(Pages):
         if scope == "selected":
             refs = await self._selected(caller, ids)
         else:
-            refs = await self.gw.store.task_refs(f.search(caller), MAX_TASKS + 1)
+            refs = await self.gw.store.search.task_refs(f.search(caller), MAX_TASKS + 1)
             if len(refs) > MAX_TASKS:
                 raise InvalidArgument(
                     f"a bulk action takes at most {MAX_TASKS} tasks at once (more match): narrow the filter"
@@ -291,12 +293,12 @@ class TaskPages(Pages):
         caller = self._reader(request)
         task = await self.gw.service.get(caller, task_id)
         history, _ = await self.gw.service.history(caller, task_id, 500, None)
-        audit = await self.gw.store.list_audit(
+        audit = await self.gw.store.tasks.list_audit(
             AuditQuery(owner=None if caller.is_admin else caller.user, object_id=task_id, limit=200)
         )
         children, _ = await self.gw.service.list_tasks(caller, TaskQuery(parent_id=task_id, limit=100))
-        letter = await self.gw.store.get_dead_letter_for_task(task_id)
-        artifacts = await self.gw.store.list_artifacts(task_id)
+        letter = await self.gw.store.letters.get_dead_letter_for_task(task_id)
+        artifacts = await self.gw.store.artifacts.list_artifacts(task_id)
         return {
             "artifacts": artifacts,
             "waiting_for": self.gw.service.waiting_for(task),
