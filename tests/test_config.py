@@ -339,7 +339,7 @@ def test_redacted_hides_every_secret(tmp_path: Path) -> None:
     dumped = json.dumps(red)  # plain data all the way down
     assert SECRET not in dumped
     assert SECRET not in repr(c) and SECRET not in str(c)
-    assert red["http"] == {"host": "127.0.0.1", "port": 8080}
+    assert red["http"] == {"host": "127.0.0.1", "port": 8080, "tls_cert_file": None, "tls_key_file": None}
     assert red["callbacks"]["retry_delays_s"] == [1.0, 5.0, 30.0]
     assert red["data_dir"] == str(c.data_dir)
 

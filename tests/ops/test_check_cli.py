@@ -42,7 +42,7 @@ def test_check_is_green_on_a_good_production_config(tmp_path: Path) -> None:
     )
     done = run_gatewayd("check", config=config)
     assert done.returncode == 0, done.stdout
-    assert [line.split()[0] for line in done.stdout.splitlines()] == ["ok"] * 6
+    assert [line.split()[0] for line in done.stdout.splitlines()] == ["ok"] * 7  # config, http, data_dir, store, 3 nats
     assert STRONG not in done.stdout + done.stderr
 
 

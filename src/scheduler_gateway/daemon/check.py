@@ -16,6 +16,7 @@ whose message limit leaves too little headroom above ``[tasks] max_payload_bytes
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import shutil
 import sqlite3
@@ -32,6 +33,7 @@ import nats.errors
 from nats.aio.client import Client as NATS
 
 from scheduler_gateway.daemon.config import Config, ConfigError, load_config, production_problems
+from scheduler_gateway.daemon.http.tls import load_problem as tls_load_problem
 from scheduler_gateway.daemon.nats.embedded import (
     GATEWAY_CREDENTIALS_FILE,
     NODE_CREDENTIALS_FILE,
@@ -120,6 +122,35 @@ def check_config(config: Config) -> CheckResult:
             "config", True, f"valid ({config.mode} mode, {where}), but " + "; ".join(notes), warning=True
         )
     return CheckResult("config", True, f"valid ({config.mode} mode, {where})")
+
+
+def check_http(config: Config) -> CheckResult:
+    """The admin port: the TLS files load (HTTPS), or a warning when production serves plain HTTP beyond
+    loopback (its Secure cookies then need an HTTPS proxy in front: docs/OPERATIONS.md "HTTPS")."""
+    where = f"{config.http.host}:{config.http.port}"
+    if config.http.tls is not None:
+        problem = tls_load_problem(config.http.tls)
+        if problem is not None:
+            return CheckResult("http", False, problem)
+        return CheckResult("http", True, f"https://{where} (certificate {config.http.tls.cert_file})")
+    if config.mode == "production" and not _loopback(config.http.host):
+        return CheckResult(
+            "http",
+            True,
+            f"plain http://{where} beyond loopback in production: set [http] tls_cert_file and tls_key_file,"
+            " or put an HTTPS reverse proxy in front (docs/OPERATIONS.md)",
+            warning=True,
+        )
+    return CheckResult("http", True, f"http://{where}")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check_data_dir(config: Config) -> CheckResult:
@@ -316,7 +347,7 @@ def check_embedded_nats(config: Config) -> list[CheckResult]:
 def run_checks(config: Config, *, deep: bool = False) -> list[CheckResult]:
     """Every check, in order. Runs its own event loop for NATS: call it where no loop is running. ``deep``:
     the store file's full ``integrity_check`` instead of the time-bounded ``quick_check``."""
-    results = [check_config(config)]
+    results = [check_config(config), check_http(config)]
     data_dir = check_data_dir(config)
     results.append(data_dir)
     results.append(check_store(config, data_dir_ok=data_dir.ok, deep=deep))

@@ -28,6 +28,7 @@ from scheduler_gateway.daemon.check import check_main
 from scheduler_gateway.daemon.config import Config, ConfigError, load_config, production_problems
 from scheduler_gateway.daemon.gateway import Gateway, GatewaySettings
 from scheduler_gateway.daemon.http.app import HttpSettings
+from scheduler_gateway.daemon.http.tls import load_problem as tls_load_problem
 from scheduler_gateway.daemon.nats.embedded import DataDirInUse, EmbeddedNats, NatsCredentials
 from scheduler_gateway.daemon.nats.embedded_watch import EmbeddedNatsWatch
 from scheduler_gateway.daemon.store.backup import backup_main
@@ -58,6 +59,7 @@ def settings_from_config(config: Config, nats_url: str, user: str | None, passwo
         nats_password=password,
         http_host=config.http.host,
         http_port=config.http.port,
+        http_tls=config.http.tls,
         subject_prefix=config.nats.subject_prefix,
         stream_replicas=config.nats.stream_replicas,
         events_max_age_s=config.events.max_age_s,
@@ -204,7 +206,7 @@ def _take_store_lock(config: Config) -> tuple[ProcessLock | None, str | None]:
 
 
 async def _run_locked(config: Config) -> int:
-    problem = _store_file_problem(config)
+    problem = _store_file_problem(config) or tls_load_problem(config.http.tls)
     if problem is not None:
         print(f"gatewayd: {problem}", file=sys.stderr)
         return 1
@@ -238,7 +240,8 @@ async def _run_locked(config: Config) -> int:
         gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
         if config.mode == "dev":
             await _ensure_dev_admin_token(gateway.store, config.data_dir)
-        print(f"gatewayd: admin API on http://{config.http.host}:{gateway.http_port}", flush=True)
+        scheme = "http" if config.http.tls is None else "https"
+        print(f"gatewayd: admin API on {scheme}://{config.http.host}:{gateway.http_port}", flush=True)
         if config.mode == "dev":
             print(f"gatewayd: admin token in {config.data_dir / ADMIN_TOKEN_FILE}", flush=True)
         if embedded is not None:

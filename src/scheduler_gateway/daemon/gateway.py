@@ -59,6 +59,7 @@ from scheduler_gateway.daemon.http.event_hub import EventHub, corrupt_event_audi
 from scheduler_gateway.daemon.http.events import EventsApi, SseSettings, event_routes
 from scheduler_gateway.daemon.http.kinds import KindRoutes
 from scheduler_gateway.daemon.http.principals import PrincipalCache
+from scheduler_gateway.daemon.http.tls import TlsFiles
 from scheduler_gateway.daemon.lifecycle import Duty, Services, Step, step
 from scheduler_gateway.daemon.metrics import PrometheusMetrics, PrometheusRetentionMetrics
 from scheduler_gateway.daemon.metrics_dispatch import register_dispatch_metrics
@@ -85,6 +86,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     nats_password: str | None = None
     http_host: str = "127.0.0.1"
     http_port: int = 8080
+    http_tls: TlsFiles | None = None  # [http] tls_cert_file / tls_key_file: the port serves HTTPS only
     subject_prefix: str = "gw"
     stream_replicas: int = 1
     events_max_age_s: float = 604800
@@ -171,7 +173,7 @@ class Gateway:
             retention=s.retention,
         )
         self._connect()
-        self.http_server = AdminServer(self.api.app, self._route_groups(), s.http_host, s.http_port)
+        self.http_server = AdminServer(self.api.app, self._route_groups(), s.http_host, s.http_port, tls=s.http_tls)
         self.services = Services(self._services())
 
     def _build_tasks(self, mode: Mode, clock: Callable[[], float]) -> None:
@@ -311,7 +313,8 @@ class Gateway:
     async def start(self) -> None:
         """Start every service in order; one that fails stops what started and raises."""
         await self.services.start()
-        log.info("gatewayd ready: http://%s:%d", self.settings.http_host, self.http_port)
+        scheme = "https" if self.settings.http_tls else "http"
+        log.info("gatewayd ready: %s://%s:%d", scheme, self.settings.http_host, self.http_port)
 
     async def stop(self) -> None:
         """Stop taking work, finish in-flight writes, close: the services in reverse. Idempotent. Each step is

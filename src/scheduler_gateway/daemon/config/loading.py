@@ -37,6 +37,7 @@ from scheduler_gateway.daemon.config.model import (
 )
 from scheduler_gateway.daemon.config.reader import _Reader
 from scheduler_gateway.daemon.config.store_url import StoreUrlError, parse_store_url
+from scheduler_gateway.daemon.http.tls import TlsFiles
 from scheduler_gateway.wire.errors import InvalidArgument
 from scheduler_gateway.wire.names import KIND_PATTERN, KIND_RULE
 from scheduler_gateway.wire.redact import redact_one_url
@@ -152,12 +153,18 @@ def _read_toml(path: Path | None) -> dict[str, Any]:
 
 def _http(r: _Reader) -> HttpConfig:
     s = r.section("http")
-    http = HttpConfig(
-        host=s.string("host", "127.0.0.1", nonempty=True),
-        port=s.integer("port", 8080, lo=0, hi=65535),
-    )
+    host = s.string("host", "127.0.0.1", nonempty=True)
+    port = s.integer("port", 8080, lo=0, hi=65535)
+    cert = s.optional_path("tls_cert_file")
+    key = s.optional_path("tls_key_file")
     s.finish()
-    return http
+    tls: TlsFiles | None = None
+    if cert is not None and key is not None:
+        tls = TlsFiles(cert_file=cert, key_file=key)
+    elif cert is not None or key is not None:
+        given, missing = ("tls_cert_file", "tls_key_file") if cert is not None else ("tls_key_file", "tls_cert_file")
+        r.errors.append(f"http.{given} is set but http.{missing} is not: set both (HTTPS) or neither (plain HTTP)")
+    return HttpConfig(host=host, port=port, tls=tls)
 
 
 def _nats(r: _Reader) -> NatsConfig:

@@ -12,6 +12,7 @@ import msgspec
 
 from scheduler_gateway.actors.model.flow import KindSettings
 from scheduler_gateway.daemon.config.store_url import StoreLocation, parse_store_url, sqlite_url
+from scheduler_gateway.daemon.http.tls import TlsFiles
 from scheduler_gateway.wire.errors import Fault
 from scheduler_gateway.wire.redact import REDACTED, redact_one_url, redact_url
 
@@ -33,6 +34,8 @@ ENV_VARS: dict[str, str] = {
     "GW_DATA_DIR": "data_dir",
     "GW_HTTP_HOST": "http.host",
     "GW_HTTP_PORT": "http.port",
+    "GW_HTTP_TLS_CERT_FILE": "http.tls_cert_file",
+    "GW_HTTP_TLS_KEY_FILE": "http.tls_key_file",
     "GW_NATS_URL": "nats.url",
     "GW_NATS_PORT": "nats.embedded.port",
     "GW_CALLBACK_SECRET": "callbacks.secret",
@@ -65,6 +68,8 @@ class ConfigError(Fault):
 class HttpConfig:
     host: str = "127.0.0.1"
     port: int = 8080
+    #: ``tls_cert_file`` / ``tls_key_file``: both set, the port serves HTTPS only; neither, plain HTTP
+    tls: TlsFiles | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +262,9 @@ class Config:
         if self.nats.url is not None:
             out["nats"]["url"] = redact_url(self.nats.url)
         out["store"]["url"] = redact_one_url(self.store_url)
+        tls = out["http"].pop("tls")  # printed under the file's own keys
+        out["http"]["tls_cert_file"] = None if tls is None else tls["cert_file"]
+        out["http"]["tls_key_file"] = None if tls is None else tls["key_file"]
         return out
 
 

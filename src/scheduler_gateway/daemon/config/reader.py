@@ -260,6 +260,16 @@ class _Section:
             return default.absolute()
         return Path(value).expanduser().absolute()
 
+    def optional_path(self, key: str) -> Path | None:
+        """A file path, or None when unset or set empty (an empty ``GW_*`` variable turns a file's key off)."""
+        value = self.optional_string(key)
+        if value is None or value.strip() == "":
+            return None
+        if "\x00" in value:
+            self._error(key, self._from_env(key), "must not contain a NUL character")
+            return None
+        return Path(value).expanduser().absolute()
+
     def nats_url(self, key: str) -> str | None:
         value = self.optional_string(key)
         if value is None:
