@@ -5,6 +5,7 @@ list down."""
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -29,6 +30,15 @@ encode = msgspec.json.Encoder().encode
 
 def doc_decoder(cls: type[T]) -> Callable[[Any], T]:
     return msgspec.json.Decoder(cls).decode
+
+
+def pg_sql(sql: str) -> str:
+    """PostgreSQL's (psycopg's) form of a statement written once for both stores with SQLite's ``?``: each ``?`` a
+    ``%s``, made at import. Only for statements the dialects agree on but for it: a text with a ``%`` (psycopg
+    would read it as a placeholder) or a ``?`` inside a quoted literal is refused."""
+    if "%" in sql or re.search(r"'[^']*\?[^']*'", sql):
+        raise ValueError(f"not a statement both stores share: {sql[:60]!r}")
+    return sql.replace("?", "%s")
 
 
 def storage_error(exc: sqlite3.Error) -> StorageError:

@@ -10,11 +10,15 @@ from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.daemon.store.change_rows import SQL_INSERT_AUDIT, SQL_INSERT_OUTBOX, audit_row
 from scheduler_gateway.daemon.store.common import encode
 from scheduler_gateway.daemon.store.kind_docs import read_kind_doc
+from scheduler_gateway.daemon.store.kind_rows import (
+    SQL_GET_KIND,
+    SQL_INSERT_KIND_IF_NONE,
+    SQL_LIST_KINDS,
+    SQL_PUT_KIND,
+    SQL_SWAP_KIND,
+)
 from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
 
-#: a change's write (``swap_kind``): only over the document it was decided on, or only where no row is
-SQL_SWAP_KIND = "UPDATE kinds SET doc = ? WHERE kind = ? AND doc = ?"
-SQL_INSERT_KIND_IF_NONE = "INSERT INTO kinds (kind, doc) VALUES (?, ?) ON CONFLICT (kind) DO NOTHING"
 SQL_LIVE_COUNTS = (
     "SELECT kind, state, count(*) FROM tasks WHERE state IN ('queued', 'running', 'waiting_approval')"
     " GROUP BY kind, state"
@@ -42,14 +46,14 @@ class SqliteKinds:
         return None if stored is None else stored.settings
 
     async def read_kind(self, kind: str) -> StoredKind | None:
-        rows = await self._db.fetchall("SELECT doc FROM kinds WHERE kind = ?", (kind,))
+        rows = await self._db.fetchall(SQL_GET_KIND, (kind,))
         if not rows:
             return None
         doc = bytes(rows[0][0])
         return StoredKind(settings=read_kind_doc(kind, doc), version=doc)
 
     async def list_kinds(self) -> list[KindSettings]:
-        rows = await self._db.fetchall("SELECT kind, doc FROM kinds ORDER BY kind")
+        rows = await self._db.fetchall(SQL_LIST_KINDS)
         return [read_kind_doc(str(kind), doc) for kind, doc in rows]
 
     async def swap_kind(
@@ -76,9 +80,7 @@ class SqliteKinds:
         audit_values, outbox = audit_row(audit), (outbox_body(event),)
 
         def op(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO kinds (kind, doc) VALUES (?, ?) ON CONFLICT (kind) DO UPDATE SET doc = excluded.doc", row
-            )
+            conn.execute(SQL_PUT_KIND, row)
             conn.execute(SQL_INSERT_AUDIT, audit_values)
             conn.execute(SQL_INSERT_OUTBOX, outbox)
 

@@ -28,6 +28,17 @@ from scheduler_gateway.daemon.store.node_rows import (
     stored_nodes,
     with_drain,
 )
+from scheduler_gateway.daemon.store.principal_rows import (
+    SQL_DELETE_PRINCIPAL,
+    SQL_GET_PRINCIPAL,
+    SQL_LIST_PRINCIPALS,
+    SQL_LOG_REVOCATION,
+    SQL_NEWEST_REVOCATION,
+    SQL_PING,
+    SQL_PUT_PRINCIPAL,
+    SQL_REVOCATIONS_AFTER,
+    SQL_TOUCH_PRINCIPAL,
+)
 from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
 
 _decode_principal = doc_decoder(Principal)
@@ -58,18 +69,14 @@ class SqliteNodes:
         audit_values = audit_row(audit) if audit is not None else None
 
         def op(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO principals (token_hash, doc) VALUES (?, ?)"
-                " ON CONFLICT (token_hash) DO UPDATE SET doc = excluded.doc",
-                row,
-            )
+            conn.execute(SQL_PUT_PRINCIPAL, row)
             if audit_values is not None:
                 conn.execute(SQL_INSERT_AUDIT, audit_values)
 
         await self._db.submit_op(op)
 
     async def list_principals(self) -> list[Principal]:
-        rows = await self._db.fetchall("SELECT doc, last_used_at FROM principals ORDER BY token_hash")
+        rows = await self._db.fetchall(SQL_LIST_PRINCIPALS)
         return [with_last_use(decode_principal(doc), used) for doc, used in rows]
 
     async def revoke_principals(self, token_hashes: list[str], audit: list[AuditEntry]) -> list[str]:
@@ -81,8 +88,8 @@ class SqliteNodes:
         def op(conn: sqlite3.Connection) -> None:
             revoked.clear()  # a retried op starts over
             for h in hashes:
-                if conn.execute("DELETE FROM principals WHERE token_hash = ?", (h,)).rowcount:
-                    conn.execute("INSERT INTO token_revocations (token_hash, revoked_at) VALUES (?, ?)", (h, now))
+                if conn.execute(SQL_DELETE_PRINCIPAL, (h,)).rowcount:
+                    conn.execute(SQL_LOG_REVOCATION, (h, now))
                     revoked.append(h)
             conn.executemany(SQL_INSERT_AUDIT, audit_values)
 
@@ -92,21 +99,16 @@ class SqliteNodes:
     async def revocations_since(self, seq: int) -> tuple[int, list[str]]:
         # read by API requests every few ms (daemon/http/principals.py): the quick read on the loop, not the thread
         if seq < 0:
-            rows = await self._db.quick_fetchall("SELECT coalesce(max(seq), 0) FROM token_revocations")
+            rows = await self._db.quick_fetchall(SQL_NEWEST_REVOCATION)
             return int(rows[0][0]), []
-        rows = await self._db.quick_fetchall(
-            "SELECT seq, token_hash FROM token_revocations WHERE seq > ? ORDER BY seq", (seq,)
-        )
+        rows = await self._db.quick_fetchall(SQL_REVOCATIONS_AFTER, (seq,))
         return (int(rows[-1][0]) if rows else seq), [str(r[1]) for r in rows]
 
     async def touch_principals(self, used: dict[str, float]) -> None:
         if not used:
             return
         rows = [(at, h, at) for h, at in used.items()]
-        sql = (
-            "UPDATE principals SET last_used_at = ? WHERE token_hash = ? AND (last_used_at IS NULL OR last_used_at < ?)"
-        )
-        await self._db.submit_statements(((sql, rows),), len(rows))
+        await self._db.submit_statements(((SQL_TOUCH_PRINCIPAL, rows),), len(rows))
 
     async def put_nodes(self, nodes: list[NodeRecord]) -> None:
         if not nodes:
@@ -133,15 +135,12 @@ class SqliteNodes:
         now = time.time()
 
         def op(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO health (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at",
-                (now,),
-            )
+            conn.execute(SQL_PING, (now,))
 
         await self._db.submit_op(op)
 
     async def get_principal(self, token_hash: str) -> Principal | None:
-        rows = await self._db.fetchall("SELECT doc, last_used_at FROM principals WHERE token_hash = ?", (token_hash,))
+        rows = await self._db.fetchall(SQL_GET_PRINCIPAL, (token_hash,))
         if not rows:
             return None
         return with_last_use(decode_principal(rows[0][0]), rows[0][1])

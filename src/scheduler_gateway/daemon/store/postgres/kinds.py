@@ -6,8 +6,15 @@ from scheduler_gateway.actors.model.flow import KindSettings, StoredKind
 from scheduler_gateway.actors.model.records import AuditEntry, EventRecord
 from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.daemon.store.change_rows import audit_row
-from scheduler_gateway.daemon.store.common import encode
+from scheduler_gateway.daemon.store.common import encode, pg_sql
 from scheduler_gateway.daemon.store.kind_docs import read_kind_doc
+from scheduler_gateway.daemon.store.kind_rows import (
+    SQL_GET_KIND,
+    SQL_INSERT_KIND_IF_NONE,
+    SQL_LIST_KINDS,
+    SQL_PUT_KIND,
+    SQL_SWAP_KIND,
+)
 from scheduler_gateway.daemon.store.kinds import live_counts
 from scheduler_gateway.daemon.store.postgres.counts import live_counts as kept_live_counts
 from scheduler_gateway.daemon.store.postgres.db import PgDb
@@ -15,10 +22,10 @@ from scheduler_gateway.daemon.store.postgres.flow import lock_kind
 from scheduler_gateway.daemon.store.postgres.outbox import SQL_INSERT_OUTBOX
 from scheduler_gateway.daemon.store.postgres.tasks import SQL_INSERT_AUDIT
 
-#: a change's write (``swap_kind``): only over the document it was decided on, or only where no row is; the row
-#: lock the UPDATE takes orders two instances' writes of one kind, and the loser matches no row
-SQL_SWAP_KIND = "UPDATE kinds SET doc = %s WHERE kind = %s AND doc = %s"
-SQL_INSERT_KIND_IF_NONE = "INSERT INTO kinds (kind, doc) VALUES (%s, %s) ON CONFLICT (kind) DO NOTHING"
+_SWAP_KIND = pg_sql(SQL_SWAP_KIND)
+_INSERT_KIND_IF_NONE = pg_sql(SQL_INSERT_KIND_IF_NONE)
+_PUT_KIND = pg_sql(SQL_PUT_KIND)
+_GET_KIND = pg_sql(SQL_GET_KIND)
 
 
 class PgKinds:
@@ -30,14 +37,14 @@ class PgKinds:
         return None if stored is None else stored.settings
 
     async def read_kind(self, kind: str) -> StoredKind | None:
-        rows = await self._db.fetch("SELECT doc FROM kinds WHERE kind = %s", (kind,))
+        rows = await self._db.fetch(_GET_KIND, (kind,))
         if not rows:
             return None
         doc = bytes(rows[0][0])
         return StoredKind(settings=read_kind_doc(kind, doc), version=doc)
 
     async def list_kinds(self) -> list[KindSettings]:
-        rows = await self._db.fetch("SELECT kind, doc FROM kinds ORDER BY kind")
+        rows = await self._db.fetch(SQL_LIST_KINDS)
         return [read_kind_doc(str(kind), doc) for kind, doc in rows]
 
     async def swap_kind(
@@ -47,9 +54,9 @@ class PgKinds:
         async with self._db.transaction() as conn:
             await lock_kind(conn, settings.kind)  # claims of the kind check against what commits (postgres/flow.py)
             if expected is None:
-                cur = await conn.execute(SQL_INSERT_KIND_IF_NONE, (settings.kind, doc))
+                cur = await conn.execute(_INSERT_KIND_IF_NONE, (settings.kind, doc))
             else:
-                cur = await conn.execute(SQL_SWAP_KIND, (doc, settings.kind, expected))
+                cur = await conn.execute(_SWAP_KIND, (doc, settings.kind, expected))
             if cur.rowcount != 1:
                 return False  # another change committed since the read: nothing written, decided again
             await conn.execute(SQL_INSERT_AUDIT, audit_row(audit))
@@ -59,10 +66,7 @@ class PgKinds:
     async def put_kind(self, settings: KindSettings, audit: AuditEntry, event: EventRecord) -> None:
         async with self._db.transaction() as conn:
             await lock_kind(conn, settings.kind)
-            await conn.execute(
-                "INSERT INTO kinds (kind, doc) VALUES (%s, %s) ON CONFLICT (kind) DO UPDATE SET doc = excluded.doc",
-                (settings.kind, encode(settings)),
-            )
+            await conn.execute(_PUT_KIND, (settings.kind, encode(settings)))
             await conn.execute(SQL_INSERT_AUDIT, audit_row(audit))
             await conn.execute(SQL_INSERT_OUTBOX, (outbox_body(event),))
 

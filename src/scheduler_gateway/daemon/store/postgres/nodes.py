@@ -7,7 +7,7 @@ import time
 from scheduler_gateway.actors.model.records import AuditEntry
 from scheduler_gateway.actors.ports import NodeRecord, Principal
 from scheduler_gateway.daemon.store.change_rows import audit_row
-from scheduler_gateway.daemon.store.common import encode
+from scheduler_gateway.daemon.store.common import encode, pg_sql
 from scheduler_gateway.daemon.store.node_rows import (
     SQL_LIST_NODES,
     SQL_PUT_NODE,
@@ -20,9 +20,27 @@ from scheduler_gateway.daemon.store.node_rows import (
 from scheduler_gateway.daemon.store.nodes import as_doc, decode_principal, with_last_use
 from scheduler_gateway.daemon.store.postgres.db import PgDb
 from scheduler_gateway.daemon.store.postgres.tasks import SQL_INSERT_AUDIT
+from scheduler_gateway.daemon.store.principal_rows import (
+    SQL_DELETE_PRINCIPAL,
+    SQL_GET_PRINCIPAL,
+    SQL_LIST_PRINCIPALS,
+    SQL_LOG_REVOCATION,
+    SQL_NEWEST_REVOCATION,
+    SQL_PING,
+    SQL_PUT_PRINCIPAL,
+    SQL_REVOCATIONS_AFTER,
+    SQL_TOUCH_PRINCIPAL,
+)
 
-_PUT_NODE = SQL_PUT_NODE.replace("?", "%s")
-_SET_DRAINING = SQL_SET_DRAINING.replace("?", "%s")
+_PUT_NODE = pg_sql(SQL_PUT_NODE)
+_SET_DRAINING = pg_sql(SQL_SET_DRAINING)
+_PUT_PRINCIPAL = pg_sql(SQL_PUT_PRINCIPAL)
+_GET_PRINCIPAL = pg_sql(SQL_GET_PRINCIPAL)
+_DELETE_PRINCIPAL = pg_sql(SQL_DELETE_PRINCIPAL)
+_LOG_REVOCATION = pg_sql(SQL_LOG_REVOCATION)
+_REVOCATIONS_AFTER = pg_sql(SQL_REVOCATIONS_AFTER)
+_TOUCH_PRINCIPAL = pg_sql(SQL_TOUCH_PRINCIPAL)
+_PING = pg_sql(SQL_PING)
 
 
 SQL_REVOCATION_ORDER_LOCK = "SELECT pg_advisory_xact_lock(7303)"  # 7303: the revocation log's commit order
@@ -36,16 +54,12 @@ class PgNodes:
 
     async def put_principal(self, principal: Principal, audit: AuditEntry | None = None) -> None:
         async with self._db.transaction() as conn:
-            await conn.execute(
-                "INSERT INTO principals (token_hash, doc) VALUES (%s, %s)"
-                " ON CONFLICT (token_hash) DO UPDATE SET doc = excluded.doc",
-                (principal.token_hash, encode(as_doc(principal))),
-            )
+            await conn.execute(_PUT_PRINCIPAL, (principal.token_hash, encode(as_doc(principal))))
             if audit is not None:
                 await conn.execute(SQL_INSERT_AUDIT, audit_row(audit))
 
     async def list_principals(self) -> list[Principal]:
-        rows = await self._db.fetch("SELECT doc, last_used_at FROM principals ORDER BY token_hash")
+        rows = await self._db.fetch(SQL_LIST_PRINCIPALS)
         return [with_last_use(decode_principal(doc), used) for doc, used in rows]
 
     async def revoke_principals(self, token_hashes: list[str], audit: list[AuditEntry]) -> list[str]:
@@ -57,11 +71,9 @@ class PgNodes:
             # are rare; serialising them keeps their commit order their seq order.
             await conn.execute(SQL_REVOCATION_ORDER_LOCK)
             for h in dict.fromkeys(token_hashes):
-                cur = await conn.execute("DELETE FROM principals WHERE token_hash = %s", (h,))
+                cur = await conn.execute(_DELETE_PRINCIPAL, (h,))
                 if cur.rowcount:
-                    await conn.execute(
-                        "INSERT INTO token_revocations (token_hash, revoked_at) VALUES (%s, %s)", (h, now)
-                    )
+                    await conn.execute(_LOG_REVOCATION, (h, now))
                     revoked.append(h)
             for a in audit:
                 await conn.execute(SQL_INSERT_AUDIT, audit_row(a))
@@ -69,20 +81,16 @@ class PgNodes:
 
     async def revocations_since(self, seq: int) -> tuple[int, list[str]]:
         if seq < 0:
-            rows = await self._db.fetch("SELECT coalesce(max(seq), 0) FROM token_revocations")
+            rows = await self._db.fetch(SQL_NEWEST_REVOCATION)
             return int(rows[0][0]), []
-        rows = await self._db.fetch("SELECT seq, token_hash FROM token_revocations WHERE seq > %s ORDER BY seq", (seq,))
+        rows = await self._db.fetch(_REVOCATIONS_AFTER, (seq,))
         return (int(rows[-1][0]) if rows else seq), [str(r[1]) for r in rows]
 
     async def touch_principals(self, used: dict[str, float]) -> None:
         if not used:
             return
         async with self._db.transaction() as conn, conn.cursor() as cur:
-            await cur.executemany(
-                "UPDATE principals SET last_used_at = %s WHERE token_hash = %s"
-                " AND (last_used_at IS NULL OR last_used_at < %s)",
-                [(at, h, at) for h, at in sorted(used.items())],
-            )
+            await cur.executemany(_TOUCH_PRINCIPAL, [(at, h, at) for h, at in sorted(used.items())])
 
     async def put_nodes(self, nodes: list[NodeRecord]) -> None:
         if not nodes:
@@ -102,13 +110,10 @@ class PgNodes:
 
     async def ping(self) -> None:
         """A real write: proves the server answers and accepts writes (not a read-only standby)."""
-        await self._db.write(
-            "INSERT INTO health (id, at) VALUES (1, %s) ON CONFLICT (id) DO UPDATE SET at = excluded.at",
-            (time.time(),),
-        )
+        await self._db.write(_PING, (time.time(),))
 
     async def get_principal(self, token_hash: str) -> Principal | None:
-        rows = await self._db.fetch("SELECT doc, last_used_at FROM principals WHERE token_hash = %s", (token_hash,))
+        rows = await self._db.fetch(_GET_PRINCIPAL, (token_hash,))
         if not rows:
             return None
         return with_last_use(decode_principal(rows[0][0]), rows[0][1])
