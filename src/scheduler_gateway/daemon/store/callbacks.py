@@ -11,6 +11,17 @@ from scheduler_gateway.actors.model.records import (
 from scheduler_gateway.actors.ports import (
     Page,
 )
+from scheduler_gateway.daemon.store.callback_rows import (
+    SQL_BACKLOG,
+    SQL_BACKLOG_OF_OWNER,
+    SQL_DELETE_CALLBACK_LETTER,
+    SQL_DELETE_DELIVERY,
+    SQL_GET_CALLBACK_LETTER,
+    SQL_INSERT_CALLBACK_LETTER,
+    SQL_PENDING_AFTER,
+    SQL_PENDING_FIRST,
+    SQL_RESCHEDULE_CALLBACK,
+)
 from scheduler_gateway.daemon.store.change_rows import (
     SQL_INSERT_AUDIT,
     audit_row,
@@ -24,8 +35,6 @@ from scheduler_gateway.daemon.store.common import (
 )
 from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
 
-_SQL_INSERT_CALLBACK_LETTER = "INSERT INTO callback_dead_letters (id, task_id, owner, doc) VALUES (?, ?, ?, ?)"
-_SQL_BACKLOG_OF_OWNER = "SELECT count(*) FROM callback_deliveries d JOIN tasks t ON t.id = d.task_id WHERE t.owner = ?"
 _decode_callback = doc_decoder(CallbackDelivery)
 _decode_callback_letter = doc_decoder(CallbackDeadLetter)
 
@@ -41,32 +50,32 @@ class SqliteCallbacks:
             return []
         args: tuple[object, ...]
         if after is None:
-            sql, args = "SELECT id, doc FROM callback_deliveries ORDER BY due_at, id LIMIT ?", (limit,)
+            sql, args = SQL_PENDING_FIRST, (limit,)
         else:
             # a row-value comparison: a seek on the (due_at, id) index, not a scan of the rows before it
-            sql = "SELECT id, doc FROM callback_deliveries WHERE (due_at, id) > (?, ?) ORDER BY due_at, id LIMIT ?"
+            sql = SQL_PENDING_AFTER
             args = (after[0], after[1], limit)
         rows = await self._db.fetchall(sql, args)
         return decode_rows(_decode_callback, rows, "callback delivery")
 
     async def callback_backlog(self, owner: str | None = None) -> int:
         if owner is None:
-            rows = await self._db.fetchall("SELECT count(*) FROM callback_deliveries")
+            rows = await self._db.fetchall(SQL_BACKLOG)
         else:  # each delivery's task by its primary key (the owner is a column: the task's document is not read)
-            rows = await self._db.fetchall(_SQL_BACKLOG_OF_OWNER, (owner,))
+            rows = await self._db.fetchall(SQL_BACKLOG_OF_OWNER, (owner,))
         return int(rows[0][0])
 
     async def reschedule_callback(self, delivery: CallbackDelivery) -> None:
         row = (delivery.due_at, encode(delivery), delivery.id)
 
         def op(conn: sqlite3.Connection) -> None:
-            conn.execute("UPDATE callback_deliveries SET due_at = ?, doc = ? WHERE id = ?", row)
+            conn.execute(SQL_RESCHEDULE_CALLBACK, row)
 
         await self._db.submit_op(op)
 
     async def finish_callback(self, delivery_id: str) -> None:
         def op(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM callback_deliveries WHERE id = ?", (delivery_id,))
+            conn.execute(SQL_DELETE_DELIVERY, (delivery_id,))
 
         await self._db.submit_op(op)
 
@@ -75,14 +84,14 @@ class SqliteCallbacks:
         audit_values = audit_row(audit)
 
         def op(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM callback_deliveries WHERE id = ?", (delivery_id,))
-            conn.execute(_SQL_INSERT_CALLBACK_LETTER, letter_row)
+            conn.execute(SQL_DELETE_DELIVERY, (delivery_id,))
+            conn.execute(SQL_INSERT_CALLBACK_LETTER, letter_row)
             conn.execute(SQL_INSERT_AUDIT, audit_values)
 
         await self._db.submit_op(op)
 
     async def get_callback_dead_letter(self, letter_id: str) -> CallbackDeadLetter | None:
-        rows = await self._db.fetchall("SELECT doc FROM callback_dead_letters WHERE id = ?", (letter_id,))
+        rows = await self._db.fetchall(SQL_GET_CALLBACK_LETTER, (letter_id,))
         if not rows:
             return None
         return decode_or_raise(_decode_callback_letter, rows[0][0], "callback dead letter", letter_id)
@@ -117,7 +126,7 @@ class SqliteCallbacks:
                 f" SELECT ?, ?, ?, ?, ?, ?, ? {exists}",
                 (*audit_values, letter_id),
             )
-            taken[0] = conn.execute("DELETE FROM callback_dead_letters WHERE id = ?", (letter_id,)).rowcount == 1
+            taken[0] = conn.execute(SQL_DELETE_CALLBACK_LETTER, (letter_id,)).rowcount == 1
 
         await self._db.submit_op(op)
         return taken[0]
