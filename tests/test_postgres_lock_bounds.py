@@ -20,7 +20,7 @@ from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.postgres.flow import KIND_LOCK
 from scheduler_gateway.wire.errors import Code, StorageError
 
-from .test_postgres_batch_write import rows_of
+from .test_postgres_batch_write import idem, rows_of
 from .test_store_contract import T0, assert_code, bump, create, make_task, update
 
 #: how long the test waits for a write before taking it as stalled (the holder holds its lock longer)
@@ -129,3 +129,40 @@ async def test_a_claim_waits_for_its_kinds_lock_a_bounded_time(
     assert_code(results[0], StorageError, Code.STORAGE_ERROR)
     await holder.rollback()
     assert await store.tasks.apply_many([claim]) == [None]
+
+
+async def test_a_kinds_lock_held_elsewhere_fails_only_the_claims_of_that_kind_in_a_batch(
+    store: PostgresStore, pg_url: str, holder: psycopg.AsyncConnection[tuple[object, ...]]
+) -> None:
+    """The kind's lock is taken in the set statement's round trip; past its bound the batch goes change by
+    change, each claim taking its kind's lock in its own savepoint: only the claims of the held kind fail."""
+    echo, other = make_task(1), make_task(2, kind="other")
+    assert await store.tasks.apply_many([create(echo), create(other)]) == [None, None]
+    await holder.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (KIND_LOCK, "echo"))
+    fresh = make_task(3)
+    batch = [
+        update(echo, bump(echo, state="running", started_at=T0 + 1, updated_at=T0 + 1), "claim"),
+        update(other, bump(other, state="running", started_at=T0 + 1, updated_at=T0 + 1), "claim"),
+        create(fresh),
+    ]
+    results = await asyncio.wait_for(store.tasks.apply_many(batch), STALLED_S)
+    assert_code(results[0], StorageError, Code.STORAGE_ERROR)
+    assert results[1:] == [None, None], results
+    await holder.rollback()
+    _, _, _, revisions = rows_of(pg_url)
+    assert revisions == {echo.id: 1, other.id: 2, fresh.id: 1}
+
+
+async def test_an_idempotency_key_held_by_an_open_create_fails_only_that_create_in_a_batch(
+    store: PostgresStore, holder: psycopg.AsyncConnection[tuple[object, ...]]
+) -> None:
+    """A client's create sent again with its Idempotency-Key to another instance while the first instance's
+    create of that key is open (frozen): the set statement's insert of the key waits for it; past its bound
+    only that create fails, its batch-mates commit."""
+    await holder.execute("INSERT INTO idempotency (owner, key, doc, created_at) VALUES ('alice', 'k1', '\\x00', 0)")
+    keyed, plain = make_task(1), make_task(2)
+    batch = [create(keyed, idempotency=idem("k1", keyed.id)), create(plain)]
+    results = await asyncio.wait_for(store.tasks.apply_many(batch), STALLED_S)
+    assert_code(results[0], StorageError, Code.STORAGE_ERROR)
+    assert results[1] is None
+    assert await store.tasks.get_task(plain.id) is not None and await store.tasks.get_task(keyed.id) is None

@@ -47,6 +47,7 @@ from scheduler_gateway.daemon.store.postgres.flow import (
     kind_locks,
     limiting,
     limiting_kinds,
+    lock_claimed_kinds,
 )
 from scheduler_gateway.daemon.store.postgres.lock_bounds import (
     LOCK_WAIT_S,
@@ -60,6 +61,7 @@ from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, task_not
 WriteOne = Callable[[Conn, ChangeRows], Awaitable[None]]
 
 _SAVEPOINT = "gw_set_write"
+_START = "gw_batch_start"  # before the kinds' locks: a lock wait past its bound goes back here
 #: the most set statements one batch tries: each retry re-decides alone at least one more change
 _MAX_SET_ATTEMPTS = 3
 
@@ -130,6 +132,16 @@ SQL_SET_WRITE = (
 Result = BaseException | None
 
 
+class RowHeld(Exception):
+    """A change of ``write_batch`` not decided: its task row was held by another transaction (skipped by the set
+    statement). The caller decides it after the batch commits (``one_by_one``), so that two batches that skipped
+    each other's rows never wait for each other, and a frozen holder costs the batch-mates nothing."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(task_id)
+        self.task_id = task_id
+
+
 async def write_batch(conn: Conn, rows: list[ChangeRows], write_one: WriteOne) -> list[Result]:
     """Every change of ``rows`` in the caller's transaction: one result per change, None for written, the refusal
     otherwise. It takes the claimed kinds' locks (postgres/flow.py) before any row. A driver failure propagates
@@ -138,9 +150,14 @@ async def write_batch(conn: Conn, rows: list[ChangeRows], write_one: WriteOne) -
     read = await limiting_kinds(conn, kinds)  # which lock each kind takes: alone for one with limits
     alone = _alone(rows, read)
     together = [i for i in range(len(rows)) if i not in alone]
-    # the kinds' locks, their settings read again under them, and the set statement: one round trip
-    bound = [(SQL_BOUND_LOCK_WAITS, bound_param(LOCK_WAIT_S))]  # no lock of this transaction waits longer
-    decided, limited = await _set_write(conn, rows, together, [*bound, *kind_locks(kinds, read)], kinds)
+    # the kinds' locks, their settings read again under them, and the set statement: one round trip; before
+    # them, no lock of this transaction waits longer than its bound, and where to come back to if one did
+    bound = [(SQL_BOUND_LOCK_WAITS, bound_param(LOCK_WAIT_S)), (f"SAVEPOINT {_START}", None)]
+    try:
+        decided, limited = await _set_write(conn, rows, together, [*bound, *kind_locks(kinds, read)], kinds)
+    except pg_errors.LockNotAvailable:  # a kind's lock or a row held elsewhere: only the changes needing it pay
+        await conn.execute(f"ROLLBACK TO SAVEPOINT {_START}")
+        return await one_by_one(conn, rows, write_one)
     if limited != read:  # a kind's settings changed between that read and its lock: decide again on these
         if decided is not None and together:
             await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
@@ -166,20 +183,36 @@ async def write_batch(conn: Conn, rows: list[ChangeRows], write_one: WriteOne) -
         decided, _ = await _set_write(conn, rows, together, [], [])
         attempts += 1
     failpoints.hit("pg.batch_after_set_write")  # a crash between the batch's statements (tests)
-    if skipped:  # a row another transaction holds: waited for briefly, so its batch-mates wait no longer
-        alone.update(skipped)
-        await conn.execute(SQL_BOUND_LOCK_WAITS, bound_param(SKIPPED_WAIT_S))
+    for i in skipped:  # a row another transaction holds: decided after this commit, not waited for in it
+        results[i] = RowHeld(rows[i].task_id)
     for i in sorted(alone):
-        try:
-            async with conn.transaction():  # a savepoint: a refusal undoes only its own writes
-                await write_one(conn, rows[i])
-        except GatewayError as exc:  # a refusal (a driver failure propagates: the batch fails)
-            results[i] = exc
-        except pg_errors.LockNotAvailable as exc:  # held longer than its bound: this change alone, retryable
-            results[i] = lock_busy(rows[i].task_id, exc)
-        else:
-            results[i] = None
+        results[i] = await _write_alone(conn, rows[i], write_one, lock_kinds=False)
     return [results.get(i) for i in range(len(rows))]
+
+
+async def _write_alone(conn: Conn, r: ChangeRows, write_one: WriteOne, *, lock_kinds: bool) -> Result:
+    """One change in a savepoint of its own (a refusal undoes only its own writes), with its kinds' locks first
+    when ``lock_kinds``. A driver failure propagates (the batch fails); a lock held past its bound answers this
+    change alone, retryable."""
+    try:
+        async with conn.transaction():  # a kind's lock taken here goes with the savepoint if it is undone
+            if lock_kinds:
+                await lock_claimed_kinds(conn, [r])
+            await write_one(conn, r)
+    except GatewayError as exc:
+        return exc
+    except pg_errors.LockNotAvailable as exc:
+        return lock_busy(r.task_id, exc)
+    return None
+
+
+async def one_by_one(conn: Conn, rows: list[ChangeRows], write_one: WriteOne) -> list[Result]:
+    """The batch change by change after a lock in the set statement's round trip waited past its bound (a kind's
+    lock, a key or row another transaction holds: a frozen instance's, lock_bounds.py): each in a savepoint of its
+    own with its kinds' locks, waiting ``SKIPPED_WAIT_S`` at most, so only the changes that need the held lock are
+    answered busy and their batch-mates commit. (Out of the kinds' order here: a cycle ends at the bound.)"""
+    await conn.execute(SQL_BOUND_LOCK_WAITS, bound_param(SKIPPED_WAIT_S))
+    return [await _write_alone(conn, r, write_one, lock_kinds=True) for r in rows]
 
 
 def _alone(rows: list[ChangeRows], limited: set[str]) -> set[int]:

@@ -7,12 +7,15 @@ instance (SIGSTOP, a VM pause, a long GC) holds its locks until PostgreSQL ends 
 ``IDLE_IN_TRANSACTION_S`` (db.py, 10 s); unbounded, every other writer of those rows or that kind waits as long,
 holding a pooled connection, until the pool is empty and every request of the instance fails.
 
-So a task write waits at most ``LOCK_WAIT_S`` for any lock (``lock_timeout``, for its transaction only), and a
+So a task write waits at most ``LOCK_WAIT_S`` for any lock (``lock_timeout``, for its transaction only). A
 change of a set statement whose task row is locked is not waited for there (``FOR UPDATE SKIP LOCKED``,
-postgres/batch_write.py) but decided alone after it, waiting at most ``SKIPPED_WAIT_S``, so it delays its
-batch-mates that long at most. A change that still finds the lock held is answered ``STORAGE_ERROR`` (503,
-retryable: nothing of it was written) alone; its batch-mates commit. A node sends an unanswered or failed claim
-and heartbeat again (worker/_requests.py), a settle is redelivered, and a client retries a 503 create.
+postgres/batch_write.py): the batch commits without it, and it is decided after, in a transaction of its own,
+waiting at most ``SKIPPED_WAIT_S`` (two batches that skipped each other's rows never wait for each other). A
+lock wait past its bound in the set statement's round trip (a kind's lock, a key an open create holds) sends
+the batch change by change, each with ``SKIPPED_WAIT_S``. A change that still finds the lock held is answered
+``STORAGE_ERROR`` (503, retryable: nothing of it was written) alone; its batch-mates commit. A node puts a
+refused claim's offer back (offered again), a later heartbeat extends the lease, a settle is redelivered, and a
+client retries a 503 create.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from scheduler_gateway.daemon.store.common import (
     int_cursor,
 )
 from scheduler_gateway.daemon.store.letter_rows import PG_UPSERT_GUARD, letter_conflict
-from scheduler_gateway.daemon.store.postgres.batch_write import write_batch
+from scheduler_gateway.daemon.store.postgres.batch_write import RowHeld, one_by_one, write_batch
 from scheduler_gateway.daemon.store.postgres.counts import task_counts as kept_task_counts
 from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb, constraint_of, refusal_or_storage
 from scheduler_gateway.daemon.store.postgres.flow import (
@@ -266,7 +266,20 @@ class PgTasks:
             return [_own_copy(exc) for _ in rows]
         except Exception as exc:
             return [refusal_or_storage(exc) for _ in rows]
+        held = [i for i, r in enumerate(results) if isinstance(r, RowHeld)]
+        if held:  # rows another transaction held: decided now, in a transaction of their own (lock_bounds.py)
+            for i, again in zip(held, await self._after_held([rows[i] for i in held]), strict=True):
+                results[i] = again
         return results
+
+    async def _after_held(self, rows: list[ChangeRows]) -> list[BaseException | None]:
+        try:
+            async with self._db.transaction() as conn:
+                return await one_by_one(conn, rows, self._write_one)
+        except StorageError as exc:
+            return [_own_copy(exc) for _ in rows]
+        except Exception as exc:
+            return [refusal_or_storage(exc) for _ in rows]
 
     async def _write_one(self, conn: Conn, r: ChangeRows) -> None:
         await write_change(conn, r, self._clock)  # looked up at each call: tests wrap it
