@@ -2,8 +2,10 @@
 a directory laid out as a fresh clone after ``make run`` (``.venv`` and ``var/`` beside the README), against
 ``scripts/dev-run.sh`` (what ``make run`` runs: gatewayd with embedded NATS and the demo worker) started by the
 test. A block that cannot run here is marked in the README with ``<!-- readme-test: skip (why) -->`` on the line
-before it; any other block failing (non-zero exit, a traceback) fails the test. One substitution only: the
-README's port 8080 becomes a free port (in the text and as gatewayctl's ``GATEWAY_URL``), so the test never meets another server on 8080."""
+before it; any other block failing (non-zero exit, a traceback) fails the test. A handler example whose first
+line says ``# FILE.py — run with: COMMAND`` is saved as FILE.py and COMMAND run as written, and it must run a
+task of its kind. One substitution only: the README's port 8080 becomes a free port (in the text and as
+gatewayctl's ``GATEWAY_URL``), so the test never meets another server on 8080."""
 
 from __future__ import annotations
 
@@ -105,7 +107,7 @@ def test_readme_blocks_run_as_written(clone: tuple[Path, int]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GW_") and k != "GATEWAY_URL"}
     env["PATH"] = os.environ.get("PATH", "")  # as a new user's shell: .venv/bin is not on it
     env["GATEWAY_URL"] = f"http://127.0.0.1:{port}"  # gatewayctl's default is the README's 8080
-    ran = 0
+    ran = handlers = 0
     for b in blocks(README.read_text()):
         if b.skip is not None:
             continue
@@ -116,4 +118,30 @@ def test_readme_blocks_run_as_written(clone: tuple[Path, int]) -> None:
         assert done.returncode == 0, shown
         assert "Traceback" not in done.stderr, shown
         ran += 1
-    assert ran >= 8
+        module = HANDLER_MODULE.match(code)
+        if module is not None:
+            check_handler_module(here, env, code, module["file"], module["command"])
+            handlers += 1
+    assert ran >= 8 and handlers == 1
+
+
+#: a handler example's first line names its file and the command that serves it
+HANDLER_MODULE = re.compile(r"# (?P<file>[a-z_]+\.py) — run with: (?P<command>[^\n]+)\n")
+
+
+def check_handler_module(here: Path, env: dict[str, str], code: str, file: str, command: str) -> None:
+    """Save the block as ``file``, run ``command`` as written (a worker), and have it run one task of its kind."""
+    kinds = re.search(r"--kinds (\S+)", command)
+    assert kinds is not None, command
+    (here / file).write_text(code)
+    log_path = here / f"{file}.log"
+    with log_path.open("wb") as log:
+        worker = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=here, env=env, stdout=log, stderr=log)
+    try:
+        submit = [".venv/bin/gatewayctl", "tasks", "submit", kinds[1], "--payload", "{}", "--wait"]
+        done = subprocess.run(submit, cwd=here, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+        assert done.returncode == 0, done.stdout + done.stderr + log_path.read_text()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, log_path.read_text()
+    assert "Traceback" not in log_path.read_text(), log_path.read_text()
