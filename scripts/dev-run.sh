@@ -14,6 +14,7 @@ GRACE=${GW_WORKER_GRACE_S:-5}
 
 setsid "$VENV/bin/gatewayd" run &
 GW_PID=$!
+echo "gatewayd running (pid $GW_PID)"
 WK_PID=""
 stop() {
   trap - INT TERM EXIT

@@ -4,8 +4,10 @@ gateway-worker)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -163,3 +165,11 @@ class NatsCluster:
     def logs(self) -> str:
         logs = [self.work / f"nats-{i + 1}.log" for i in range(3)]
         return "\n".join(p.read_text(errors="replace")[-3000:] for p in logs if p.exists())
+
+
+def reap_children(log_text: str) -> None:
+    """SIGTERM what ``scripts/dev-run.sh`` started (gatewayd then stops its NATS), by the pids it printed: its
+    children run in sessions of their own (setsid), so killing the script's process group leaves them running."""
+    for pid in re.findall(r"(?:gatewayd|demo worker) running \(pid (\d+)\)", log_text):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGTERM)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from scheduler_gateway.daemon.nats.nats_server import free_port
 
-from .helpers import BIN, REPO, spawn, stop_process, wait_http
+from .helpers import BIN, REPO, reap_children, spawn, stop_process, wait_http
 
 #: the worker's grace (GW_WORKER_GRACE_S, 5 s by default) plus gatewayd's own stop, on a loaded machine
 STOP_WITHIN_S = 20.0
@@ -83,6 +83,7 @@ def test_ctrl_c_stops_worker_then_gatewayd_quickly_without_traceback(tmp_path: P
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+            reap_children(out.read_text())
     text = out.read_text()
     assert took < STOP_WITHIN_S, text
     assert "Traceback" not in text and "RuntimeError" not in text, text

@@ -22,7 +22,7 @@ import pytest
 
 from scheduler_gateway.daemon.nats.nats_server import free_port
 
-from .helpers import BIN, REPO
+from .helpers import BIN, REPO, reap_children
 
 README = REPO / "README.md"
 SKIP = re.compile(r"\A<!-- readme-test: skip \((?P<why>.+)\) -->\Z")
@@ -99,6 +99,7 @@ def clone(tmp_path: Path) -> Iterator[tuple[Path, int]]:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+                reap_children(log_path.read_text())
     assert "Traceback" not in log_path.read_text(), log_path.read_text()
 
 
