@@ -136,6 +136,13 @@ async def test_random_freezes_of_one_instance_never_stall_the_other(pair: Pair, 
         )
         if worst >= 1.0 or statuses != [201] or min(finished) < 1:
             failures.append(n)
+    # what a stalled second came from: a lock bound that fired (503 STORAGE_ERROR answers) or the requests
+    # routed to the frozen P (claims sent again, settles waiting for its thaw)
+    worker_log = pair.worker.log_path.read_text(errors="replace") if pair.worker is not None else ""
+    report.append(
+        f"claims answered unexpectedly (e.g. STORAGE_ERROR): {worker_log.count('answered unexpectedly')}; "
+        f"lock waits past their bound in Q's log: {pair.q.log_path.read_text(errors='replace').count('55P03')}"
+    )
     shown = "\n".join(report)
     print(shown)
     assert not on_q.refused, f"Q refused creates: {on_q.refused[:5]}\n{shown}"
