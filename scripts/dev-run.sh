@@ -17,14 +17,14 @@ GW_PID=$!
 echo "gatewayd running (pid $GW_PID)"
 WK_PID=""
 stop() {
-  trap - INT TERM EXIT
+  trap - INT TERM HUP EXIT
   echo "stopping: the worker (up to ${GRACE}s for running tasks), then gatewayd" >&2
   [ -n "$WK_PID" ] && kill -TERM "$WK_PID" 2>/dev/null || true
   [ -n "$WK_PID" ] && wait "$WK_PID" 2>/dev/null || true
   kill -TERM "$GW_PID" 2>/dev/null || true
   wait "$GW_PID" 2>/dev/null || true
 }
-trap stop INT TERM EXIT
+trap stop INT TERM HUP EXIT  # HUP: the terminal closed (the setsid children would not get it)
 
 for _ in $(seq 1 100); do
   if "$VENV/bin/python" - "$HOST" "$PORT" <<'PY' 2>/dev/null; then break; fi

@@ -101,6 +101,13 @@ def test_api_over_https_and_plain_http_is_refused(served: Served) -> None:
     resp.read()
     conn.close()
 
+    # the event stream (SSE) over TLS too
+    conn = served.https()
+    conn.request("GET", "/api/events?lastEventId=0", headers={"Authorization": f"Bearer {served.token}"})
+    stream = conn.getresponse()
+    assert stream.status == 200 and stream.headers["Content-Type"].startswith("text/event-stream")
+    conn.close()
+
     # the TLS port reads the plain request as a bad handshake and closes: no HTTP answer at all
     with pytest.raises((http.client.HTTPException, ConnectionError)):
         plain_get(served.port, "/healthz")
