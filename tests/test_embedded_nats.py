@@ -408,6 +408,7 @@ def test_check_is_green_for_an_embedded_setup_not_yet_running(
     out = capsys.readouterr().out
     assert [line.split()[:2] for line in out.splitlines()] == [
         ["ok", "config"],
+        ["ok", "http"],
         ["ok", "data_dir"],
         ["ok", "store"],
         ["ok", "nats_binary"],
