@@ -44,10 +44,11 @@ from scheduler_gateway.daemon.store.search import MINUTES_KEPT, SQL_DROP_OLD_MIN
 _INTO = re.compile(r"\AINSERT INTO (\w+) \(([^)]*)\)")
 
 
-#: the trigger's upsert of a minute's figures (gw_task_row, postgres/search.py), with the SQLite store's values
+#: the trigger's upsert of a minute's figures (gw_task_row, postgres/minutes.py: a row per writing session), with
+#: the SQLite store's values
 _SQL_ADD_MINUTE = (
-    "INSERT INTO task_minutes AS m (minute, owner, kind, finished, failed, claimed, latency_sum)"
-    " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (minute, owner, kind)"
+    "INSERT INTO task_minutes AS m (minute, owner, kind, shard, finished, failed, claimed, latency_sum)"
+    " VALUES (%s, %s, %s, pg_backend_pid(), %s, %s, %s, %s) ON CONFLICT (minute, owner, kind, shard)"
     " DO UPDATE SET finished = m.finished + excluded.finished, failed = m.failed + excluded.failed,"
     " claimed = m.claimed + excluded.claimed, latency_sum = m.latency_sum + excluded.latency_sum"
 )
