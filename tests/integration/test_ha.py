@@ -384,7 +384,7 @@ async def test_a_lease_expired_first_by_another_instance_is_offered_by_this_one(
 
             again = await wait_for(requeued, timeout_s=10)
             # b read the task before a's commit, and writes the same expiry after it: its compare-and-set loses
-            real_get = b.service._store.get_task
+            real_get = b.service._store.tasks.get_task
             reads = iter([stale])
 
             async def get_task(task_id: str) -> Any:
@@ -497,6 +497,10 @@ class PausedAfter:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
+        if name in ("tasks", "callbacks"):  # the store's parts the sender calls: ``method`` is one of theirs
+            part = PausedAfter(attr, self._method)
+            part.paused, part.resume = self.paused, self.resume
+            return part
         if name != self._method:
             return attr
 
