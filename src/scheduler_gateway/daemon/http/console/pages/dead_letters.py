@@ -82,6 +82,10 @@ class DeadLetterPages(Pages):
                 "letters": page.items,
                 "next_qs": urlencode({**args, "cursor": page.next_cursor}) if page.next_cursor else "",
                 "callback_letters": cb.items,
+                # when the keeper redrives a letter by itself (docs/OPERATIONS.md, Dead letters)
+                "redrive": self.gw.settings.dead_letters,
+                "max_dead_retries": self.gw.service.policy.max_dead_retries,
+                "now": time.time(),
             },
         )
 

@@ -26,7 +26,7 @@ USER_HELD_SCAN = 2_000  # a user's held-back counts are judged on up to this man
 
 
 class KindRow:
-    __slots__ = ("held", "hour", "kind", "queued", "running", "settings", "waiting_approval")
+    __slots__ = ("held", "hour", "kind", "nodes", "queued", "running", "settings", "waiting_approval")
 
     def __init__(self, settings: KindSettings) -> None:
         self.kind = settings.kind
@@ -36,6 +36,8 @@ class KindRow:
         self.waiting_approval = 0
         self.held: dict[str, int] = {}
         self.hour = Counts()
+        #: nodes serving the kind (0: its queued tasks wait with ``waitingFor: "no_node"``)
+        self.nodes = 0
 
     @property
     def held_total(self) -> int:
@@ -99,6 +101,11 @@ class KindPages(Pages):
         hour = HourFigures(await self.gw.store.search.task_minutes(since_minute(now), owner), now)
         for kind, figures in hour.by_kind.items():
             row(kind).hour = figures
+        for node in self.gw.nodes.all():
+            for kind in node.kinds:
+                row(kind)  # a kind a node serves is listed, as /api/kinds lists it
+        for kind, r in rows.items():
+            r.nodes = self.gw.nodes.serving(kind)
         return dict(sorted(rows.items()))
 
     async def _own_counts(self, owner: str, row: Callable[[str], KindRow]) -> None:
