@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_gateway.daemon import gateway as gateway_module
+from scheduler_gateway.daemon import node_sync
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.wire.messages import ClaimRequest, HeartbeatRequest
@@ -30,7 +30,7 @@ def quick_node_flush(monkeypatch: pytest.MonkeyPatch) -> None:
     from scheduler_gateway.daemon import ha
 
     monkeypatch.setattr(ha, "INSTANCE_BEAT_S", 0.5)
-    monkeypatch.setattr(gateway_module, "NODE_FLUSH_S", FLUSH_S)
+    monkeypatch.setattr(node_sync, "NODE_FLUSH_S", FLUSH_S)
 
 
 async def _status(api: Any, node_id: str) -> str | None:

@@ -31,10 +31,10 @@ class NodeSyncStore(Protocol):
 
 
 class NodeSync:
-    def __init__(self, nodes: NodeRegistry, store: NodeSyncStore, *, interval_s: float = NODE_FLUSH_S) -> None:
+    def __init__(self, nodes: NodeRegistry, store: NodeSyncStore, *, interval_s: float | None = None) -> None:
         self._nodes = nodes
         self._store = store
-        self._interval_s = interval_s
+        self._interval_s = NODE_FLUSH_S if interval_s is None else interval_s  # read at construction (tests shorten it)
         self._loop: asyncio.Task[None] | None = None
         #: events written but not yet relayed, as of the last round
         self.outbox_backlog = 0

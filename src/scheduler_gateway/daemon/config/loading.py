@@ -34,10 +34,10 @@ from scheduler_gateway.daemon.config.model import (
     SchedulerConfig,
     StoreConfig,
     TasksConfig,
+    TlsFiles,
 )
 from scheduler_gateway.daemon.config.reader import _Reader
 from scheduler_gateway.daemon.config.store_url import StoreUrlError, parse_store_url
-from scheduler_gateway.daemon.http.tls import TlsFiles
 from scheduler_gateway.wire.errors import InvalidArgument
 from scheduler_gateway.wire.names import KIND_PATTERN, KIND_RULE
 from scheduler_gateway.wire.redact import redact_one_url

@@ -12,7 +12,6 @@ import msgspec
 
 from scheduler_gateway.actors.model.flow import KindSettings
 from scheduler_gateway.daemon.config.store_url import StoreLocation, parse_store_url, sqlite_url
-from scheduler_gateway.daemon.http.tls import TlsFiles
 from scheduler_gateway.wire.errors import Fault
 from scheduler_gateway.wire.redact import REDACTED, redact_one_url, redact_url
 
@@ -62,6 +61,14 @@ class ConfigError(Fault):
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
         super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """``[http] tls_cert_file`` / ``tls_key_file``: the certificate chain (PEM) and its private key (PEM)."""
+
+    cert_file: Path
+    key_file: Path
 
 
 @dataclass(frozen=True, slots=True)

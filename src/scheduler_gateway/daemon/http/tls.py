@@ -7,16 +7,19 @@ A problem names the key and the file, never the file's content (a key file is a 
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 
-@dataclass(frozen=True, slots=True)
-class TlsFiles:
-    """The certificate chain (PEM) and its private key (PEM, unencrypted) the admin port serves with."""
+class TlsFiles(Protocol):
+    """The certificate chain (PEM) and its private key (PEM, unencrypted) the admin port serves with (the config's
+    ``[http]`` pair, ``daemon/config/model.py``: http never imports config)."""
 
-    cert_file: Path
-    key_file: Path
+    @property
+    def cert_file(self) -> Path: ...
+
+    @property
+    def key_file(self) -> Path: ...
 
 
 def server_context(files: TlsFiles) -> ssl.SSLContext:

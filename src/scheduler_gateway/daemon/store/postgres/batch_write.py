@@ -56,7 +56,7 @@ from scheduler_gateway.daemon.store.postgres.lock_bounds import (
     bound_param,
     lock_busy,
 )
-from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, task_not_found
+from scheduler_gateway.wire.errors import Code, Conflict, Fault, GatewayError, task_not_found
 
 WriteOne = Callable[[Conn, ChangeRows], Awaitable[None]]
 
@@ -132,7 +132,7 @@ SQL_SET_WRITE = (
 Result = BaseException | None
 
 
-class RowHeld(Exception):
+class RowHeld(Fault):
     """A change of ``write_batch`` not decided: its task row was held by another transaction (skipped by the set
     statement). The caller decides it after the batch commits (``one_by_one``), so that two batches that skipped
     each other's rows never wait for each other, and a frozen holder costs the batch-mates nothing."""
