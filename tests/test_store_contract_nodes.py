@@ -12,11 +12,13 @@ from typing import Any
 
 import msgspec
 import psycopg
+import pytest
 
 from scheduler_gateway.actors.model.records import ActorRef, AuditEntry
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.ports import AuditQuery, NodeRecord
 from scheduler_gateway.daemon.store.postgres import PostgresStore
+from scheduler_gateway.daemon.store.postgres import migrations as pg_migrations
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 
 from .test_store_contract import T0, harness, store
@@ -82,7 +84,8 @@ async def test_two_instances_drain_and_flush_at_once_and_lose_nothing(
     a, b = two_pg_stores
     await a.nodes.put_nodes([_heard(T0)])
     drains = [
-        (a if n % 2 else b).nodes.set_node_draining("node-1", n % 3 != 0, _audit(n, "node-1", "drain")) for n in range(40)
+        (a if n % 2 else b).nodes.set_node_draining("node-1", n % 3 != 0, _audit(n, "node-1", "drain"))
+        for n in range(40)
     ]
     flushes = [(b if n % 2 else a).nodes.put_nodes([_heard(T0 + n, running=n)]) for n in range(40)]
     answers = await asyncio.gather(*drains, *flushes)
@@ -117,17 +120,18 @@ async def test_the_sqlite_migration_fills_the_node_columns_from_the_documents(tm
         await s.stop()
 
 
-async def test_the_postgres_migration_fills_the_node_columns_from_the_documents(pg_fresh_url: str) -> None:
-    s = PostgresStore(pg_fresh_url)
-    await s.start()
-    await s.stop()
+async def test_the_postgres_migration_fills_the_node_columns_from_the_documents(
+    pg_fresh_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as before_12:  # a database of a gatewayd that knew 11 steps
+        before_12.setattr(pg_migrations, "PG_MIGRATIONS", pg_migrations.PG_MIGRATIONS[:11])
+        before_12.setattr(pg_migrations, "SCHEMA_VERSION", 11)
+        s = PostgresStore(pg_fresh_url)
+        await s.start()
+        await s.stop()
     node = _heard(T0, draining=True)
     conn = await psycopg.AsyncConnection.connect(pg_fresh_url, autocommit=True)
     try:
-        await conn.execute("DELETE FROM schema_version WHERE version >= 12")
-        await conn.execute("ALTER TABLE outbox DROP COLUMN writer_xid")  # step 13's, applied again after 12
-        for column in ("last_heartbeat_at", "draining", "drain_revision"):
-            await conn.execute(f"ALTER TABLE nodes DROP COLUMN {column}")
         doc = msgspec.json.encode(node).replace(b',"drain_revision":0', b"")
         await conn.execute("INSERT INTO nodes (id, doc) VALUES (%s, %s)", (node.id, doc))
     finally:
