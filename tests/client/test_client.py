@@ -216,7 +216,9 @@ async def test_the_replay_of_a_key_answers_the_same_task(client: GatewayClient) 
     first = await client.submit("echo", {"a": 1}, idempotency_key="same")
     second = await client.submit("echo", {"a": 1}, idempotency_key="same")
     assert second.id == first.id
-    answer = await client.transport.call("POST", "/api/tasks", body=client.task_body("echo", {"a": 1}), idempotency_key="same")
+    answer = await client.transport.call(
+        "POST", "/api/tasks", body=client.task_body("echo", {"a": 1}), idempotency_key="same"
+    )
     assert answer.status == 200 and answer.replayed  # Idempotent-Replayed: true
     # the client sends the smallest body, so the same create sent by hand with the key is a replay too
     status, _, headers = await _raw_create(client, {"payload": {"a": 1}, "kind": "echo"}, "same")
