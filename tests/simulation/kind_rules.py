@@ -152,7 +152,7 @@ class KindRules:
             return next((w for w in self.sim.worlds if w is not None and w is not avoid), target).kinds  # type: ignore[no-any-return]
         if via == "outside":
             return KindService(
-                OutsideKinds(self.sim.durable, self.sim.on_store_call),
+                OutsideKinds(self.sim.durable.kinds, self.sim.on_store_call),
                 lambda s: None,
                 self.sim.wall,
                 on_committed=target.relay.notify,  # one instance: its relay finds the event (its poll, sooner)
