@@ -220,8 +220,9 @@ async def test_a_worker_beside_a_frozen_gateway_gets_every_claim_and_heartbeat_a
     fresh_nats: NatsServerProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Offers one at a time (each claim its own request), a heartbeat every second: about half the requests reach
-    the frozen member. Every claim is answered all the same (none runs into its 5 s timeout, its offer nak'd), and
-    at most one heartbeat goes unanswered (one of 1 s goes out 5 times: 1 in 32 finds only the frozen member).
+    the frozen member. The claims are answered all the same (one of 5 s goes out 7 times: 1 in 128 finds only the
+    frozen member, runs into its timeout and has its offer nak'd), and few heartbeats go unanswered (one of 1 s goes
+    out 3 times: 1 in 8).
     Before the re-sending request, each one routed there waited out its timeout."""
     caplog.set_level(logging.INFO, logger="scheduler_gateway.worker")
     kind, node = f"echo.{secrets.token_hex(3)}", f"n-{secrets.token_hex(3)}"
@@ -274,6 +275,8 @@ async def test_a_worker_beside_a_frozen_gateway_gets_every_claim_and_heartbeat_a
     said = [r.getMessage() for r in caplog.records]
     claims_lost = [m for m in said if m.startswith("a claim request got no answer")]
     beats_lost = [m for m in said if m.startswith("heartbeat of node") and "got no answer" in m]
-    assert not claims_lost, f"claims routed to the frozen member waited out their timeout: {claims_lost}"
-    assert len(beats_lost) <= 1, f"heartbeats routed to the frozen member waited out their timeout: {beats_lost}"
+    # each request finds only the frozen member 1 time in 128 (a claim) or 8 (a heartbeat of 1 s); on the base,
+    # every one routed there (about half) waited out its timeout
+    assert len(claims_lost) <= 1, f"claims routed to the frozen member waited out their timeout: {claims_lost}"
+    assert len(beats_lost) <= 5, f"heartbeats routed to the frozen member waited out their timeout: {beats_lost}"
     assert ran == attempts  # each offer ran once, in turn: none was nak'd for want of an answer
