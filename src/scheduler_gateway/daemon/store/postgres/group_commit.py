@@ -23,14 +23,11 @@ touches) can hold up: more than one, so one such wait never stops every write of
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import contextvars
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable
 
 from scheduler_gateway.actors.ports import Change
+from scheduler_gateway.daemon.store.postgres.gather import Gatherer
 from scheduler_gateway.wire.errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -44,16 +41,6 @@ DEADLOCK = "40P01"
 DEADLOCK_RETRIES = 1
 
 
-class _Waiting:
-    """One caller's change and where its outcome goes (None: committed; else the exception it raises)."""
-
-    __slots__ = ("change", "outcome")
-
-    def __init__(self, change: Change, outcome: asyncio.Future[BaseException | None]) -> None:
-        self.change = change
-        self.outcome = outcome
-
-
 class PgGroupCommit:
     """Coalesces concurrent ``submit(change)`` calls into ``apply_many`` batches (see the module's docstring).
     ``apply_one`` writes a batch of one (today's single-change transaction) and a change alone after its batch
@@ -63,66 +50,27 @@ class PgGroupCommit:
     def __init__(
         self, apply_many: ApplyMany, apply_one: ApplyOne, *, max_batch: int = 256, max_in_flight: int = 3
     ) -> None:
-        if max_batch < 1 or max_in_flight < 1:
-            raise ValueError("max_batch and max_in_flight must be at least 1")
         self._apply_many = apply_many
         self._apply_one = apply_one
-        self.max_batch = max_batch
-        self.max_in_flight = max_in_flight
-        self._queue: deque[_Waiting] = deque()
-        self._in_flight = 0
-        self._kick_due = False
-        self._running: set[asyncio.Task[None]] = set()  # held so the loop does not drop a batch mid-way
+        self._gather: Gatherer[Change, BaseException | None] = Gatherer(
+            self._outcomes, _batch_stopped, max_batch=max_batch, max_in_flight=max_in_flight
+        )
         self.batches = 0
         self.changes = 0
 
+    @property
+    def max_in_flight(self) -> int:
+        return self._gather.max_in_flight
+
+    @max_in_flight.setter
+    def max_in_flight(self, n: int) -> None:
+        self._gather.max_in_flight = n
+
     async def submit(self, change: Change) -> None:
         """Commit ``change`` with whatever else is queued; raise its refusal or StorageError as ``apply`` would."""
-        loop = asyncio.get_running_loop()
-        waiting = _Waiting(change, loop.create_future())
-        self._queue.append(waiting)
-        if not self._kick_due:
-            # one loop turn later: the other changes submitted in this turn go in the same batch
-            self._kick_due = True
-            loop.call_soon(self._kick, context=contextvars.Context())
-        try:
-            outcome = await waiting.outcome
-        except asyncio.CancelledError:
-            # still queued: taken out, never written; its batch left: it commits or not with its batch-mates,
-            # who get their own outcomes
-            with contextlib.suppress(ValueError):
-                self._queue.remove(waiting)
-            raise
+        outcome = await self._gather.ask(change)
         if outcome is not None:
             raise outcome
-
-    def _kick(self) -> None:
-        self._kick_due = False
-        while self._queue and self._in_flight < self.max_in_flight:
-            n = min(len(self._queue), self.max_batch)
-            batch = [self._queue.popleft() for _ in range(n)]
-            self._in_flight += 1
-            # a fresh context: no caller's context variables (a fence, above all) reach a batch of others' changes
-            task = asyncio.get_running_loop().create_task(self._commit(batch), context=contextvars.Context())
-            self._running.add(task)
-            task.add_done_callback(self._batch_done)
-
-    def _batch_done(self, task: asyncio.Task[None]) -> None:
-        self._running.discard(task)
-        self._in_flight -= 1
-        if self._queue and not self._kick_due:
-            self._kick()
-
-    async def _commit(self, batch: list[_Waiting]) -> None:
-        outcomes: list[BaseException | None]
-        try:
-            outcomes = await self._outcomes([w.change for w in batch])
-        except BaseException as exc:  # cancelled (the loop is closing): whether the batch committed is unknown
-            err = StorageError("the task store stopped while this change's batch was committing")
-            err.__cause__ = exc
-            _answer(batch, [_own_copy(err) for _ in batch])
-            raise
-        _answer(batch, outcomes)
 
     async def _outcomes(self, changes: list[Change]) -> list[BaseException | None]:
         self.batches += 1
@@ -159,10 +107,11 @@ async def _outcome_of(apply_one: ApplyOne, change: Change) -> BaseException | No
     return None
 
 
-def _answer(batch: list[_Waiting], outcomes: list[BaseException | None]) -> None:
-    for waiting, outcome in zip(batch, outcomes, strict=True):
-        if not waiting.outcome.done():  # a caller cancelled after its batch left is answered by nobody
-            waiting.outcome.set_result(outcome)
+def _batch_stopped(exc: BaseException) -> StorageError:
+    """A caller's answer when its batch was cancelled (the loop is closing): whether it committed is unknown."""
+    err = StorageError("the task store stopped while this change's batch was committing")
+    err.__cause__ = exc
+    return err
 
 
 def _is_deadlock(result: BaseException | None) -> bool:
