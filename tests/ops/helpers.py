@@ -173,3 +173,25 @@ def reap_children(log_text: str) -> None:
     for pid in re.findall(r"(?:gatewayd|demo worker) running \(pid (\d+)\)", log_text):
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(pid), signal.SIGTERM)
+
+
+def spawn_dev_run(cwd: Path, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """``scripts/dev-run.sh`` (what ``make run`` runs) in ``cwd``, its output in ``log_path``, in a process group of
+    its own as a terminal's foreground job: a SIGINT to the group reaches every process in it."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            ["bash", str(REPO / "scripts" / "dev-run.sh")],
+            cwd=cwd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def wait_for_demo_worker(proc: subprocess.Popen[bytes], log_path: Path, wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    while b"demo worker running" not in log_path.read_bytes():
+        assert proc.poll() is None, log_path.read_text()
+        assert time.monotonic() < deadline, log_path.read_text()
+        time.sleep(0.2)

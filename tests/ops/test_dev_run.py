@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 from scheduler_gateway.daemon.nats.nats_server import free_port
 
-from .helpers import BIN, REPO, reap_children, spawn, stop_process, wait_http
+from .helpers import BIN, reap_children, spawn, spawn_dev_run, stop_process, wait_for_demo_worker, wait_http
 
 #: the worker's grace (GW_WORKER_GRACE_S, 5 s by default) plus gatewayd's own stop, on a loaded machine
 STOP_WITHIN_S = 20.0
@@ -50,22 +49,10 @@ def test_ctrl_c_stops_worker_then_gatewayd_quickly_without_traceback(tmp_path: P
         GW_WORKER_GRACE_S="6",
     )
     out = tmp_path / "run.log"
-    with out.open("wb") as log:
-        # a process group of its own, as a terminal's foreground job: SIGINT goes to every process in it
-        proc = subprocess.Popen(
-            ["bash", str(REPO / "scripts" / "dev-run.sh")],
-            cwd=tmp_path,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = spawn_dev_run(tmp_path, env, out)
     try:
-        deadline = time.monotonic() + 90
-        while b"demo worker running" not in out.read_bytes():
-            assert proc.poll() is None, out.read_text()
-            assert time.monotonic() < deadline, out.read_text()
-            time.sleep(0.2)
+        deadline = time.monotonic() + 90  # the start and every task claimed
+        wait_for_demo_worker(proc, out, 90)
         token = (tmp_path / "var" / "admin.token").read_text().strip()
         short = [api(port, token, "POST", "/api/tasks", {"kind": "sleep", "payload": {"seconds": 3}}) for _ in range(2)]
         long = [api(port, token, "POST", "/api/tasks", {"kind": "sleep", "payload": {"seconds": 60}}) for _ in range(2)]

@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 
 from scheduler_gateway.daemon.nats.nats_server import free_port
 
-from .helpers import BIN, REPO, reap_children
+from .helpers import BIN, REPO, reap_children, spawn_dev_run, wait_for_demo_worker
 
 README = REPO / "README.md"
 SKIP = re.compile(r"\A<!-- readme-test: skip \((?P<why>.+)\) -->\Z")
@@ -75,21 +74,9 @@ def clone(tmp_path: Path) -> Iterator[tuple[Path, int]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GW_")}
     env.update(VENV=".venv", GW_HTTP_PORT=str(port), GW_NATS_PORT=str(free_port()))
     log_path = tmp_path / "make-run.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            ["bash", str(REPO / "scripts" / "dev-run.sh")],
-            cwd=tmp_path,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = spawn_dev_run(tmp_path, env, log_path)
     try:
-        deadline = time.monotonic() + 60
-        while b"demo worker running" not in log_path.read_bytes():
-            assert proc.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
+        wait_for_demo_worker(proc, log_path, 60)
         yield tmp_path, port
     finally:
         if proc.poll() is None:
