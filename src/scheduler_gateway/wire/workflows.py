@@ -42,7 +42,7 @@ class _Body(msgspec.Struct, rename="camel", forbid_unknown_fields=True, kw_only=
     pass
 
 
-class DependsOn(_Body, frozen=True, kw_only=True):
+class DependsOn(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True, kw_only=True):
     """One edge into a task: the parent's ref and the state it must end in (``finished``: any terminal state)."""
 
     ref: Ref
