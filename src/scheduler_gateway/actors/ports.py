@@ -7,12 +7,14 @@ The ports themselves are in ``store_ports.py`` (the store, one narrow port per c
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from .model.callbacks import CallbackDelivery
 from .model.records import AuditEntry, DeadLetter, EventRecord, HistoryEntry, Task
+
+EdgeEffect = Literal["settle", "reopen"]
 
 
 class IdempotencyRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,6 +43,10 @@ class Change(msgspec.Struct, frozen=True, kw_only=True):
     idempotency: IdempotencyRecord | None = None
     dead_letter: DeadLetter | None = None
     callback: CallbackDelivery | None = None  # a terminal change of a task with a callbackUrl: its delivery
+    #: a task of a workflow crossing the terminal line (actors/workflow_ports.py): "settle" (it became terminal:
+    #: its outgoing edges are decided, its children's counters move), "reopen" (terminal -> not terminal: its
+    #: outgoing edges are pending again); the store applies it in the change's transaction, only if the write won
+    edge_effect: EdgeEffect | None = None
 
 
 class TaskQuery(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,6 +55,7 @@ class TaskQuery(msgspec.Struct, frozen=True, kw_only=True):
     kind: str | None = None
     parent_id: str | None = None
     run_id: str | None = None
+    workflow_id: str | None = None
     limit: int = 50
     cursor: str | None = None  # the last id of the previous page; pages go by id, oldest first
     newest_first: bool = False  # pages go by id, newest first (the cursor: the smallest id of the page before)
@@ -163,6 +170,8 @@ class DeadLetterQuery(msgspec.Struct, frozen=True, kw_only=True):
 class Page(msgspec.Struct, frozen=True):
     items: list[Any]
     next_cursor: str | None
+    #: how many match the query on every page, where the store counts them (the dead letters' list); else None
+    total: int | None = None
 
 
 class Principal(msgspec.Struct, frozen=True, kw_only=True):

@@ -34,6 +34,13 @@ class TaskError(msgspec.Struct, frozen=True):
     message: str = ""
 
 
+class Dependency(msgspec.Struct, frozen=True):
+    """One edge into a workflow task: the parent's ref and the state it must end in (``finished``: any terminal)."""
+
+    ref: str
+    on: str = "succeeded"  # "succeeded" | "failed" | "finished"
+
+
 class SettleMark(msgspec.Struct, frozen=True):
     """The settle that ended an attempt, kept to recognise a repeat of it."""
 
@@ -83,6 +90,21 @@ class Task(msgspec.Struct, kw_only=True, frozen=True):
     concurrency_key: str | None = None  # the lane of its kind's per-key limits (docs/FLOW.md)
     unique_key: str | None = None
     unique_for_s: float | None = None
+    # -- a task of a workflow (CONTRACT 2.12, docs/WORKFLOWS.md); None / () / "all" / False outside one
+    workflow_id: str | None = None
+    ref: str | None = None
+    depends_on: tuple[Dependency, ...] = ()
+    join: str = "all"  # "all" | "any"
+    #: queued (or waiting approval) with dependencies not known to hold: never offered. Set at create (when it has
+    #: dependencies) and when it is reopened; cleared by the ``dependencies_met`` transition the releaser commits.
+    #: The claim's guard is the store's counters (actors/workflow_ports.py), never this copy.
+    waiting_deps: bool = False
+    #: the workflow's ``maxParallel``, copied at create so the dispatcher holds back without a read
+    workflow_max_parallel: int | None = None
+    #: the task that added it with ``ctx.add_tasks`` (None: submitted with the workflow), and the digest of the
+    #: body it was added with (a repeated call with the same refs and bodies is a repeat)
+    added_by: str | None = None
+    spec_digest: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -168,3 +190,6 @@ class DeadLetter(msgspec.Struct, kw_only=True, frozen=True):
     # the letter of a task a schedule launched (CONTRACT 2.7): never redriven automatically (the next occurrence is
     # the schedule's own retry), kept for a user's retry, archived after ``archive_after_s`` as an exhausted one
     scheduled: bool = False
+    # the dead task's kind, copied at each death so a list of letters shows it without reading every task;
+    # None in a letter written before it was kept (until its task dies again or is redriven)
+    kind: str | None = None
