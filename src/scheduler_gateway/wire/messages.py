@@ -45,6 +45,10 @@ class Offer(_Wire, kw_only=True):
     traceparent: str | None = None
     #: the lane its kind's per-key limits count in (CONTRACT 3, docs/FLOW.md); null: none
     concurrency_key: str | None = None
+    #: the task's workflow and its ref in it (CONTRACT 2.12; null outside a workflow): the worker fetches its
+    #: dependencies on ``gw.workflow.<nodeId>`` before the handler runs
+    workflow_id: str | None = None
+    ref: str | None = None
 
 
 class ClaimRequest(_Wire, kw_only=True, omit_defaults=True):

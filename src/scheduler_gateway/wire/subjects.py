@@ -55,6 +55,10 @@ class Subjects:
         """A node's artifact requests (begin, commit, abort: wire/artifacts.py)."""
         return f"{self.prefix}.artifact.{node_id}"
 
+    def workflow(self, node_id: str) -> str:
+        """A node's workflow requests (a handler's dependencies, its added tasks: wire/workflows.py)."""
+        return f"{self.prefix}.workflow.{node_id}"
+
     def event(self, aggregate_type: str, event_type: str) -> str:
         return f"{self.prefix}.evt.{aggregate_type}.{event_type}"
 
