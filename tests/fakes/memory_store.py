@@ -39,7 +39,7 @@ from scheduler_gateway.actors.ports import (
     TaskQuery,
 )
 from scheduler_gateway.daemon.store.common import clamp_limit, int_cursor
-from scheduler_gateway.daemon.store.letter_rows import letter_conflict
+from scheduler_gateway.daemon.store.letter_rows import letter_conflict, letter_page
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, StorageError, task_not_found
 from tests.fakes.memory_artifacts import MemoryArtifacts
 from tests.fakes.memory_retention import MemoryRetention
@@ -431,14 +431,7 @@ class MemoryStore(
 
     async def list_dead_letters(self, query: DeadLetterQuery) -> Page:
         self._check_running()
-        limit = clamp_limit(query.limit)
-        found = sorted(
-            (d for d in self._dead_letters.values() if d.dead_letter_id > (query.cursor or "") and query.matches(d)),
-            key=lambda d: d.dead_letter_id,
-        )
-        more = len(found) > limit
-        found = found[:limit]
-        return Page(found, found[-1].dead_letter_id if more else None)
+        return letter_page(sorted(self._dead_letters.values(), key=lambda d: d.dead_letter_id), query)
 
     async def due_dead_letters(self, dead_before: float, limit: int) -> list[DeadLetter]:
         self._check_running()

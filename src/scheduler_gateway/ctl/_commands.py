@@ -45,20 +45,27 @@ class Ctx:
             record(explain(row) if isinstance(view, TaskView) else row, self.out)
         self.out.flush()
 
-    async def many(self, items: AsyncIterator[Any], kind: str, what: str, limit: int | None = None) -> int:
+    async def many(
+        self, items: AsyncIterator[Any], kind: str, what: str, limit: int | None = None, *, total: bool = False
+    ) -> int:
         """Every item (every page, or the first ``limit``): one JSON array written as the pages come, or a
-        table once all are in. Progress on stderr while it goes."""
+        table once all are in. Progress on stderr while it goes. ``total``: a table ends with how many there
+        are (``what``), or, cut by ``limit``, that more match."""
         n = 0
+        more = False
         rows: list[dict[str, Any]] = []
         try:
             async for item in items:
+                if limit is not None and n >= limit:
+                    more = True  # one past the limit, read only to say so (it is never printed)
+                    break
                 if self.output == "json":  # "[" only once there is an answer: a refusal prints nothing
                     self.out.write(("," if n else "[") + json_line(item))
                 else:
                     rows.append(as_dict(item))
                 n += 1
                 self.progress.show(f"{what}: {n} fetched")
-                if limit is not None and n >= limit:
+                if limit is not None and n >= limit and not (total and self.output != "json"):
                     break
         finally:
             aclose = getattr(items, "aclose", None)
@@ -69,6 +76,8 @@ class Ctx:
             self.out.write("]\n" if n else "[]\n")
         else:
             table(rows, COLUMNS[kind], self.out)
+            if total:
+                self.out.write(f"{n} {what} shown (--limit {limit}); more match\n" if more else f"total: {n} {what}\n")
         self.out.flush()
         return n
 
@@ -195,7 +204,7 @@ async def tasks_wait(ctx: Ctx, a: Any) -> None:
 async def dlq_list(ctx: Ctx, a: Any) -> None:
     page = min(a.page_size, a.limit) if a.limit else a.page_size
     letters = ctx.gw.dead_letters(exhausted=True if a.exhausted else None, page_size=page)
-    await ctx.many(letters, "dead_letter", "dead letters", a.limit)
+    await ctx.many(letters, "dead_letter", "dead letters", a.limit, total=True)
 
 
 async def dlq_retry(ctx: Ctx, a: Any) -> None:

@@ -173,6 +173,7 @@ COLUMNS: Final[dict[str, list[Column]]] = {
     "dead_letter": [
         ("ID", key("deadLetterId")),
         ("TASK", key("taskId")),
+        ("KIND", key("kind")),
         ("REASON", key("deadReason")),
         ("RETRIES", key("retryCount")),
         ("EXHAUSTED", key("exhausted")),

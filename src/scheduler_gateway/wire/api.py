@@ -229,6 +229,8 @@ class DeadLetterView(msgspec.Struct, rename="camel", kw_only=True):
     last_error: ErrorView | None
     first_dead_at: str | None
     last_dead_at: str | None
+    #: the dead task's kind; null in a letter written before letters kept it
+    kind: str | None = None
 
 
 class RedriveView(DeadLetterView, kw_only=True):

@@ -99,7 +99,7 @@ class TaskActions:
         if found is None:
             return result, None
         details.update(deadLetterId=found.dead_letter_id, retryCount=found.retry_count + 1)
-        return result, redriven(found, force=False)
+        return result, redriven(found, force=False, kind=task.kind)
 
     async def _act(
         self,

@@ -63,7 +63,7 @@ class DeadLetters:
         if reason:
             details["reason"] = reason
         try:
-            new_letter = redriven(letter, force)
+            new_letter = redriven(letter, force, task.kind)
             tr = sm.requeue(task, action, caller.actor, idgen.new_id("att"), now, caller.request_id, reason)
             await self._ledger.check_parent(tr.task, inserting=False)
         except GatewayError as exc:
@@ -164,6 +164,7 @@ class DeadLetters:
                 task_id=task.id,
                 original_task_id=task.id,
                 owner=task.owner,
+                kind=task.kind,
                 dead_reason=err.code if err else Code.HANDLER_ERROR,
                 last_error=err,
                 first_dead_at=now,
@@ -173,6 +174,7 @@ class DeadLetters:
         exhausted = existing.retry_count >= self._policy.max_dead_retries
         return next_revision(
             existing,
+            kind=task.kind,
             dead_reason=err.code if err else existing.dead_reason,
             last_error=err,
             last_dead_at=now,
@@ -184,11 +186,12 @@ class DeadLetters:
         )
 
 
-def redriven(letter: DeadLetter, force: bool) -> DeadLetter:
+def redriven(letter: DeadLetter, force: bool, kind: str | None = None) -> DeadLetter:
     """The letter after a requeue of its task (redrive, force-retry, or a user's retry of the task).
 
     An exhausted letter refuses all but force-retry. The requeue counts in ``retry_count`` and brings an
-    archived letter back: its task is live again.
+    archived letter back: its task is live again. ``kind``, the task's, fills in a letter written before letters
+    kept it.
     """
     if letter.exhausted and not force:
         raise Conflict(
@@ -196,7 +199,9 @@ def redriven(letter: DeadLetter, force: bool) -> DeadLetter:
             code=Code.DEAD_LETTER_EXHAUSTED,
             details={"deadLetterId": letter.dead_letter_id, "retryCount": letter.retry_count},
         )
-    return next_revision(letter, retry_count=letter.retry_count + 1, archived=False, requeued=True)
+    return next_revision(
+        letter, retry_count=letter.retry_count + 1, archived=False, requeued=True, kind=letter.kind or kind
+    )
 
 
 def next_revision(letter: DeadLetter, **changes: Any) -> DeadLetter:

@@ -34,6 +34,7 @@ def dead_letter_fields(d: DeadLetter) -> dict[str, Any]:
         last_error=api.ErrorView(d.last_error.code, d.last_error.message) if d.last_error else None,
         first_dead_at=fmt_ts(d.first_dead_at),
         last_dead_at=fmt_ts(d.last_dead_at),
+        kind=d.kind,
     )
 
 

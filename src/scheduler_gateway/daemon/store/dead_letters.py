@@ -21,7 +21,7 @@ from scheduler_gateway.daemon.store.common import (
     decode_rows,
     doc_decoder,
 )
-from scheduler_gateway.daemon.store.letter_rows import SQLITE_UPDATE_DEAD_LETTER, update_params
+from scheduler_gateway.daemon.store.letter_rows import SQLITE_UPDATE_DEAD_LETTER, letter_page, update_params
 from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
 
 # The sweep's two questions; the WHERE repeats each partial index's own, so SQLite can use it, and the index
@@ -60,16 +60,10 @@ class SqliteDeadLetters:
         return decode_or_raise(_decode_dead_letter, rows[0][0], "dead letter", dead_letter_id)
 
     async def list_dead_letters(self, query: DeadLetterQuery) -> Page:
-        # letters are few next to tasks: filter decoded rows here rather than index every field
-        limit = clamp_limit(query.limit)
-        rows = await self._db.fetchall(
-            "SELECT dead_letter_id, doc FROM dead_letters WHERE dead_letter_id > ? ORDER BY dead_letter_id",
-            (query.cursor or "",),
-        )
-        found = [d for d in decode_rows(_decode_dead_letter, rows, "dead letter") if query.matches(d)]
-        more = len(found) > limit
-        found = found[:limit]
-        return Page(found, found[-1].dead_letter_id if more else None)
+        # letters are few next to tasks: filter decoded rows here rather than index every field; every page reads
+        # them all, so it also counts those that match (the total) in the same read
+        rows = await self._db.fetchall("SELECT dead_letter_id, doc FROM dead_letters ORDER BY dead_letter_id")
+        return letter_page(decode_rows(_decode_dead_letter, rows, "dead letter"), query)
 
     async def due_dead_letters(self, dead_before: float, limit: int) -> list[DeadLetter]:
         rows = await self._db.fetchall(SQL_DUE_DEAD_LETTERS, (dead_before, clamp_limit(limit)))

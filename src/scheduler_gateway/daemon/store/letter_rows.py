@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from scheduler_gateway.actors.model.records import DeadLetter
+from scheduler_gateway.actors.ports import DeadLetterQuery, Page
+from scheduler_gateway.daemon.store.common import clamp_limit
 from scheduler_gateway.wire.errors import Code, Conflict
 
 # the revision in a stored doc (JSON text in a BLOB in SQLite, bytea in PostgreSQL), 0 when it has none
@@ -40,6 +43,17 @@ def update_params(row: tuple[Any, ...], revision: int) -> tuple[Any, ...]:
     archived, last death, doc) of a letter at ``revision``: over the stored one at ``revision - 1``."""
     dead_letter_id, task_id, *columns = row
     return (dead_letter_id, *columns, task_id, revision - 1)
+
+
+def letter_page(letters: list[DeadLetter], query: DeadLetterQuery) -> Page:
+    """A page of ``query`` from every stored letter in id order: those after the cursor, at most ``limit``, and
+    how many match in all (``total``)."""
+    limit = clamp_limit(query.limit)
+    matching = [d for d in letters if query.matches(d)]
+    after = [d for d in matching if d.dead_letter_id > (query.cursor or "")]
+    more = len(after) > limit
+    found = after[:limit]
+    return Page(found, found[-1].dead_letter_id if more else None, total=len(matching))
 
 
 def letter_conflict(task_id: str, dead_letter_id: str) -> Conflict:

@@ -7,7 +7,7 @@ from scheduler_gateway.actors.model.records import DeadLetter
 from scheduler_gateway.actors.ports import DeadLetterQuery, Page
 from scheduler_gateway.daemon.store.change_rows import dead_letter_row
 from scheduler_gateway.daemon.store.common import clamp_limit, decode_or_raise, decode_rows, doc_decoder
-from scheduler_gateway.daemon.store.letter_rows import PG_UPDATE_DEAD_LETTER, update_params
+from scheduler_gateway.daemon.store.letter_rows import PG_UPDATE_DEAD_LETTER, letter_page, update_params
 from scheduler_gateway.daemon.store.postgres.db import PgDb
 
 SQL_DUE_DEAD_LETTERS = (
@@ -43,17 +43,13 @@ class PgDeadLetters:
         return decode_or_raise(_decode_dead_letter, rows[0][0], "dead letter", dead_letter_id)
 
     async def list_dead_letters(self, query: DeadLetterQuery) -> Page:
-        # the filter columns that are indexed narrow the read; the rest is matched on the decoded letter
-        limit = clamp_limit(query.limit)
+        # the indexed filter column narrows the read; the rest is matched on the decoded letter. Every page reads
+        # the letters before its cursor too, so it counts those that match (the total) in the same read
         rows = await self._db.fetch(
-            "SELECT dead_letter_id, doc FROM dead_letters WHERE dead_letter_id > %s AND archived = %s"
-            " ORDER BY dead_letter_id",
-            (query.cursor or "", query.archived),
+            "SELECT dead_letter_id, doc FROM dead_letters WHERE archived = %s ORDER BY dead_letter_id",
+            (query.archived,),
         )
-        found = [d for d in decode_rows(_decode_dead_letter, rows, "dead letter") if query.matches(d)]
-        more = len(found) > limit
-        found = found[:limit]
-        return Page(found, found[-1].dead_letter_id if more else None)
+        return letter_page(decode_rows(_decode_dead_letter, rows, "dead letter"), query)
 
     async def due_dead_letters(self, dead_before: float, limit: int) -> list[DeadLetter]:
         rows = await self._db.fetch(SQL_DUE_DEAD_LETTERS, (dead_before, clamp_limit(limit)))

@@ -80,6 +80,8 @@ class DeadLetterPages(Pages):
                 "reason": reason or "",
                 "args": args,
                 "letters": page.items,
+                # every letter of the view and reason, not only this page's (the store counts them in the same read)
+                "total": page.total if page.total is not None else len(page.items),
                 "next_qs": urlencode({**args, "cursor": page.next_cursor}) if page.next_cursor else "",
                 "callback_letters": cb.items,
                 # when the keeper redrives a letter by itself (docs/OPERATIONS.md, Dead letters)

@@ -1,0 +1,52 @@
+"""Dead letters show their task's kind and a total (issue 53), in a real headless Chromium against a gateway on a
+real nats-server and SQLite file: the API's letters carry ``kind`` (also after a redrive), and the console's
+dead-letter page has a kind column (a link to the kind) and says how many letters its view holds."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.async_api import Browser, expect
+
+from scheduler_gateway.daemon.gateway import Gateway
+
+from ..integration.harness import Api, HandNode
+from .test_console_browser import base, signed_in
+from .test_console_layout import settle_failed
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def test_dead_letters_show_their_kind_and_a_total(
+    gateway: Gateway, api: Api, node: HandNode, browser: Browser
+) -> None:
+    kinds = {"report.render-pdf": 3, "email.send-digest": 2}
+    made: dict[str, str] = {}
+    for kind, n in kinds.items():
+        for _ in range(n):
+            made[(await api.create({"kind": kind, "maxAttempts": 1}))["id"]] = kind
+        await settle_failed(node, kind, n, "upstream answered 502")
+    for task_id in made:
+        await api.wait_state(task_id, {"dead"})
+
+    status, body, _ = await api.call("GET", "/api/deadletter")
+    assert status == 200
+    letters = {d["taskId"]: d for d in body["items"]}
+    assert {t: d["kind"] for t, d in letters.items()} == made
+
+    page = await signed_in(browser, gateway)
+    await page.goto(base(gateway) + "/ui/deadletters")
+    await expect(page.locator("#dl-total")).to_have_text("5 active dead letters.")
+    await expect(page.locator("#dead-letters thead th").nth(2)).to_have_text("kind")
+    for task_id, kind in made.items():
+        cell = page.locator(f"#dl-{letters[task_id]['deadLetterId']} td.kind a")
+        await expect(cell).to_have_text(kind)
+        assert await cell.get_attribute("href") == f"/ui/kinds/{kind}"
+    await page.goto(base(gateway) + "/ui/deadletters?reason=NO_SUCH_CODE")
+    await expect(page.locator("#dl-total")).to_have_text("0 active dead letters with reason NO_SUCH_CODE.")
+
+    # a redriven letter keeps its kind; the active view counts what is left
+    first = next(iter(made))
+    status, redriven, _ = await api.call("POST", f"/api/deadletter/{letters[first]['deadLetterId']}/retry")
+    assert status == 200 and redriven["kind"] == made[first] and redriven["retryCount"] == 1
+    await page.goto(base(gateway) + "/ui/deadletters")
+    await expect(page.locator("#dl-total")).to_contain_text("5 active dead letters")  # requeued, still a letter
