@@ -227,11 +227,19 @@ async def test_phone_filters_fold_and_rows_stay_compact(
     first_row = page.locator("#task-rows tr").first
     box = await first_row.bounding_box()
     assert box is not None and box["y"] < 844, box
-    # a compact row: the whole id readable on one line, at most about four lines a task
+    # a compact row: the id (its end: the part that tells tasks apart), its kind and its state on one line, the
+    # error or what it waits for on a second small one; 50 rows, many with long errors, each at most ~48 px
     id_box = await first_row.locator("td.id").bounding_box()
     assert id_box is not None and id_box["height"] < 30, id_box
+    dead_row = page.locator("#task-rows tr[data-state=dead]").first
+    tops = [(await dead_row.locator(f"td.{c}").bounding_box() or {}).get("y") for c in ("id", "kind", "st")]
+    assert None not in tops and max(tops) - min(tops) < 8, tops  # type: ignore[type-var,operator]
+    task_id = await dead_row.get_attribute("id") or ""
+    assert (await dead_row.locator("td.id a").inner_text()).endswith(task_id[-8:])
+    await expect(dead_row.locator("td.id a")).to_have_attribute("title", task_id.removeprefix("row-"))
+    await expect(dead_row.locator("td.why")).to_contain_text("RENDER_UPSTREAM_502")
     heights = [b["height"] for b in [await r.bounding_box() for r in await page.locator("#task-rows tr").all()] if b]
-    assert len(heights) == 50 and max(heights) < 110, max(heights)
+    assert len(heights) == 50 and max(heights) <= 56, max(heights)
     await page.click("#filters-toggle summary")
     await expect(page.locator("#filters")).to_be_visible()
     # the payload box scrolls inside its card
