@@ -52,6 +52,7 @@ class MemoryRetention:
             for k in letters:
                 del self._callback_letters[k]
             purged["callback_dead_letters"] += len(letters)
+            self._purge_workflow_rows(task_id)  # its edges, counters and notices (memory_workflows.py)
             gone = self._tasks.pop(task_id)
             if gone.unique_key is not None:
                 key = (gone.owner, gone.kind, gone.unique_key)

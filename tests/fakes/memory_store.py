@@ -45,11 +45,13 @@ from tests.fakes.memory_artifacts import MemoryArtifacts
 from tests.fakes.memory_retention import MemoryRetention
 from tests.fakes.memory_schedules import MemoryScheduleStore
 from tests.fakes.memory_search import MemorySearch
+from tests.fakes.memory_workflows import MemoryWorkflows
 
 
 class MemoryStore(
-    MemoryScheduleStore, MemoryRetention, MemoryArtifacts, MemorySearch
-):  # ScheduleStore: memory_schedules.py; RetentionStore: memory_retention.py; ArtifactStore: memory_artifacts.py
+    MemoryScheduleStore, MemoryRetention, MemoryArtifacts, MemorySearch, MemoryWorkflows
+):  # ScheduleStore: memory_schedules.py; RetentionStore: memory_retention.py; ArtifactStore: memory_artifacts.py;
+    # WorkflowStore (store.workflows): memory_workflows.py
     """``TaskStore`` on dicts. Every method runs without awaiting, so each change is atomic."""
 
     def __init__(self) -> None:
@@ -227,6 +229,7 @@ class MemoryStore(
             if refusal is not None:
                 raise refusal
         self._check_unique(change)
+        self._workflow_guard(change)  # the claim's guard of a workflow task (memory_workflows.py)
         self._check_flow(change)
         if task.thread_id is not None and task.state == "running":
             # the SQLite and PostgreSQL stores' partial unique index uq_tasks_thread_running
@@ -318,6 +321,7 @@ class MemoryStore(
             self._dead_letters[dl.task_id] = dl
         if change.callback is not None:
             self._callbacks[change.callback.id] = change.callback
+        self._workflow_effect(change)  # its edge effect, in the same step (memory_workflows.py)
 
     async def list_tasks(self, query: TaskQuery) -> Page:
         self._check_running()
@@ -331,6 +335,7 @@ class MemoryStore(
                 and (query.kind is None or t.kind == query.kind)
                 and (query.parent_id is None or t.parent_id == query.parent_id)
                 and (query.run_id is None or t.run_id == query.run_id)
+                and (query.workflow_id is None or t.workflow_id == query.workflow_id)
                 and (not query.cursor or (t.id < query.cursor if query.newest_first else t.id > query.cursor))
             ),
             key=lambda t: t.id,
