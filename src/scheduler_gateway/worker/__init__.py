@@ -25,10 +25,12 @@ from ._context import MAX_PROGRESS_BYTES, Handler, ProgressTooLarge, TaskContext
 from ._options import NatsOptions, WorkerTimings
 from ._registry import HandlerRegistry, default_registry, handler, load_handler_module
 from ._runtime import Worker
+from ._workflow import Dependency, WorkflowRefused
 
 __all__ = [
     "MAX_PROGRESS_BYTES",
     "ArtifactRefused",
+    "Dependency",
     "Handler",
     "HandlerRegistry",
     "NatsOptions",
@@ -37,6 +39,7 @@ __all__ = [
     "TaskFailed",
     "Worker",
     "WorkerTimings",
+    "WorkflowRefused",
     "default_registry",
     "handler",
     "load_handler_module",

@@ -1,16 +1,19 @@
-"""What a handler sees: ``TaskContext`` (the attempt it runs, progress, cancellation, artifacts), ``TaskFailed``
-and the ``Handler`` signature; ``AttemptState``, what the context shares with whoever runs the handler (the
-runtime's lease book, or ``scheduler_gateway.worker.testing``), and ``ArtifactSink``, where its artifacts go."""
+"""What a handler sees: ``TaskContext`` (the attempt it runs, progress, cancellation, artifacts, its workflow's
+dependencies and added tasks), ``TaskFailed`` and the ``Handler`` signature; ``AttemptState``, what the context
+shares with whoever runs the handler (the runtime's lease book, or ``scheduler_gateway.worker.testing``), and
+``ArtifactSink``, where its artifacts go (``_workflow.WorkflowSink``: where its workflow requests go)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import msgspec
 
 from scheduler_gateway.wire.errors import Code
+
+from ._workflow import EMPTY, Dependency, WorkflowRefused, WorkflowSink
 
 _encode = msgspec.json.Encoder().encode
 _decode_any = msgspec.json.Decoder().decode
@@ -58,14 +61,18 @@ class ArtifactSink(Protocol):
 class AttemptState:
     """What a handler's context and the one running it share: the last progress (JSON, read by the heartbeats),
     how many times the handler called ``heartbeat``, and whether the attempt was cancelled. The runtime sets
-    ``cancelled`` just before it cancels the handler's asyncio task."""
+    ``cancelled`` just before it cancels the handler's asyncio task; ``ended`` once the handler returned (its
+    settle may be on its way: the context may no longer act under the lease). ``dependencies``: the workflow
+    parents fetched before the handler started."""
 
-    __slots__ = ("beats", "cancelled", "progress")
+    __slots__ = ("beats", "cancelled", "dependencies", "ended", "progress")
 
     def __init__(self) -> None:
         self.progress: msgspec.Raw | None = None
         self.cancelled = False
+        self.ended = False
         self.beats = 0
+        self.dependencies: Mapping[str, Dependency] = EMPTY
 
     def record(self, progress: msgspec.Raw | None) -> None:
         """A ``ctx.heartbeat`` call: ``progress`` None keeps the previous value."""
@@ -82,20 +89,28 @@ class TaskContext:
     point. Progress is capped at ``MAX_PROGRESS_BYTES`` encoded; it is node-local (the gateway does not
     store it). ``ctx.cancelled`` turns true when the gateway cancels the task or revokes the lease, just
     before the handler's asyncio task is cancelled.
+
+    In a workflow (CONTRACT 2.12) ``workflow_id`` and ``ref`` name the task's workflow and its place in it (None
+    outside one), ``dependencies`` maps each parent's ref to a ``Dependency`` (its state, result, error and
+    artifacts; fetched before the handler started), and ``await ctx.add_tasks([...])`` adds tasks to the workflow
+    while the attempt holds its lease.
     """
 
     __slots__ = (
         "_artifacts",
         "_state",
+        "_workflow",
         "attempt_id",
         "attempt_no",
         "kind",
         "lease_id",
+        "ref",
         "request_id",
         "run_id",
         "task_id",
         "thread_id",
         "traceparent",
+        "workflow_id",
     )
 
     def __init__(
@@ -112,6 +127,9 @@ class TaskContext:
         traceparent: str | None = None,
         state: AttemptState | None = None,
         artifacts: ArtifactSink | None = None,
+        workflow_id: str | None = None,
+        ref: str | None = None,
+        workflow: WorkflowSink | None = None,
     ) -> None:
         self.task_id = task_id
         self.attempt_id = attempt_id
@@ -127,6 +145,10 @@ class TaskContext:
         self._state = state if state is not None else AttemptState()
         #: where ``put_artifact`` sends the bytes (None: a context built by hand, which has nowhere to send them)
         self._artifacts = artifacts
+        self.workflow_id = workflow_id
+        self.ref = ref
+        #: where ``add_tasks`` goes (None: not a workflow task, or a context built by hand)
+        self._workflow = workflow
 
     @property
     def cancelled(self) -> bool:
@@ -155,6 +177,27 @@ class TaskContext:
         self._state.record(raw)
         # Yield once: a tight handler loop that only calls heartbeat() still sees a cancel.
         await asyncio.sleep(0)
+
+    @property
+    def dependencies(self) -> Mapping[str, Dependency]:
+        """Each parent of this workflow task by its ref (read-only; empty outside a workflow or without
+        ``dependsOn``), as of its terminal state: ``task_id``, ``state``, ``result``, ``error``, ``artifacts``."""
+        return self._state.dependencies
+
+    async def add_tasks(self, tasks: Sequence[Mapping[str, Any] | msgspec.Struct]) -> list[tuple[str, str]]:
+        """Add 1 to 1,000 tasks to this task's workflow (docs/WORKERS.md, Workflows): each a task body with a
+        ``ref`` unique in the workflow and optional ``dependsOn`` / ``join``. A task that depends on this one waits
+        for it and for every task it added. Returns ``[(ref, task_id), ...]`` in order; the same call again (same
+        refs, same bodies) is a repeat answering the same ids. Raises ``WorkflowRefused`` with the gateway's code
+        (INVALID_ARGUMENT with ``details.ref``, IDEMPOTENCY_CONFLICT, LEASE_EXPIRED...), and nothing is added; only
+        while the attempt holds its lease (not after the handler returned or was cancelled)."""
+        if self.workflow_id is None:
+            raise WorkflowRefused(Code.INVALID_ARGUMENT, f"task {self.task_id} is not part of a workflow")
+        if self._workflow is None:
+            raise RuntimeError("add_tasks works in a handler the worker (or worker.testing) runs")
+        if self._state.cancelled or self._state.ended:
+            raise WorkflowRefused(Code.LEASE_EXPIRED, "the attempt no longer holds its lease")
+        return await self._workflow.add_tasks(tasks)
 
     async def put_artifact(self, name: str, data: Any, content_type: str | None = None) -> dict[str, Any]:
         """Attach a file or blob to the task (docs/WORKERS.md, Artifacts): ``data`` is bytes, a path, or an async

@@ -1,4 +1,5 @@
-"""Running one handler and turning how it ended into the settle's outcome, result and error (docs/WIRE.md)."""
+"""Running one handler and turning how it ended into the settle's outcome, result and error (docs/WIRE.md); a
+workflow task's dependencies are fetched first, under the attempt's timeout (``_workflow``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from scheduler_gateway.wire.errors import Code
 from scheduler_gateway.wire.messages import Offer, Outcome, WireError
 
 from ._context import AttemptState, Handler, TaskContext, TaskFailed, _decode_any, _encode
+from ._workflow import WorkflowRefused, WorkflowSink
 
 log = logging.getLogger("scheduler_gateway.worker")
 
@@ -36,6 +38,8 @@ class Running:
     # handles the request. ``lease_timer`` cancels the handler a margin before it.
     lease_deadline: float = 0.0
     lease_timer: asyncio.TimerHandle | None = None
+    #: a workflow task's requests (its dependencies, its added tasks); None outside a workflow
+    workflow: WorkflowSink | None = None
 
 
 def log_extra(run: Running) -> dict[str, str | None]:
@@ -56,7 +60,8 @@ async def execute(run: Running, fn: Handler) -> Ending | None:
     """Run ``fn`` for ``run`` under the offer's timeout; None when the gateway cancelled it (no settle).
 
     ``TaskFailed`` keeps its ``retryable``; any other exception, a timeout and a stop() after the grace
-    period are retryable failures; a result that is not JSON fails for good.
+    period are retryable failures; a result that is not JSON fails for good. A workflow task whose dependencies
+    cannot be fetched fails retryable with the refusal's code (the handler does not run).
     """
     offer, ctx = run.offer, run.ctx
     try:
@@ -65,6 +70,11 @@ async def execute(run: Running, fn: Handler) -> Ending | None:
         timer = asyncio.timeout(timeout_s)
         try:
             async with timer:
+                if run.workflow is not None:
+                    try:
+                        run.state.dependencies = await run.workflow.dependencies()
+                    except WorkflowRefused as exc:
+                        return _failed(exc.code, f"the task's dependencies: {exc.message}", retryable=True)
                 result = await fn(ctx, payload)
         except TimeoutError:
             if not timer.expired():
@@ -90,6 +100,8 @@ async def execute(run: Running, fn: Handler) -> Ending | None:
     except Exception as exc:
         log.warning("handler of task %s (%s) raised", offer.task_id, run.kind, exc_info=True, extra=log_extra(run))
         return _failed(Code.HANDLER_ERROR, str(exc) or type(exc).__name__, retryable=True)
+    finally:
+        run.state.ended = True  # its settle may be on its way: the context acts under the lease no more
 
 
 def _failed(code: str, message: str, *, retryable: bool) -> Ending:

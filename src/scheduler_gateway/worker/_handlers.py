@@ -17,6 +17,7 @@ from ._context import ArtifactSink, AttemptState, Handler, TaskContext
 from ._execute import Ending, Running, execute, log_extra
 from ._leases import LeaseBook
 from ._registry import HandlerRegistry
+from ._workflow import WorkflowSink
 
 log = logging.getLogger("scheduler_gateway.worker")
 
@@ -26,7 +27,8 @@ TRACER: Final = "scheduler_gateway.worker"
 class HandlerRunner:
     """Starts handlers and ends them. ``artifacts(task_id, lease_id)`` is where a handler's ``put_artifact`` goes,
     ``settle(run, ending)`` queues the settle of a handler that ended (not of a cancelled one), and
-    ``lease_started()`` tells the heartbeats a lease began (a short lease may need an earlier beat)."""
+    ``lease_started()`` tells the heartbeats a lease began (a short lease may need an earlier beat), and
+    ``workflow(task_id, lease_id)`` is where a workflow task's dependencies and added tasks go (None: nowhere)."""
 
     def __init__(
         self,
@@ -37,6 +39,7 @@ class HandlerRunner:
         artifacts: Callable[[str, str], ArtifactSink],
         settle: Callable[[Running, Ending], None],
         lease_started: Callable[[], None],
+        workflow: Callable[[str, str], WorkflowSink] | None = None,
     ) -> None:
         self._book = book
         self._registry = registry
@@ -44,6 +47,7 @@ class HandlerRunner:
         self._artifacts = artifacts
         self._settle = settle
         self._lease_started = lease_started
+        self._workflow = workflow
 
     def start(self, kind: str, offer: Offer, reply: ClaimReply, sent: float) -> bool:
         """Run the handler of a granted claim (``sent``: when the claim left, the lease runs from there at most).
@@ -53,6 +57,8 @@ class HandlerRunner:
         fn = self._registry.get(kind)
         assert fn is not None  # the worker checks every kind has a handler
         state = AttemptState()
+        in_workflow = offer.workflow_id is not None and self._workflow is not None
+        sink = self._workflow(offer.task_id, lease_id) if in_workflow and self._workflow is not None else None
         ctx = TaskContext(
             task_id=offer.task_id,
             attempt_id=offer.attempt_id,
@@ -65,8 +71,11 @@ class HandlerRunner:
             traceparent=offer.traceparent,
             state=state,
             artifacts=self._artifacts(offer.task_id, lease_id),
+            workflow_id=offer.workflow_id,
+            ref=offer.ref,
+            workflow=sink,
         )
-        run = Running(offer=offer, ctx=ctx, kind=kind, state=state)
+        run = Running(offer=offer, ctx=ctx, kind=kind, state=state, workflow=sink)
         if not self._book.start(run):
             log.info("task %s cancelled before its handler started; no settle", offer.task_id)
             return False

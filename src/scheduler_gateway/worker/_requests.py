@@ -1,4 +1,5 @@
-"""Requests of the gateway's queue group (claims, heartbeats, artifact requests), sent again while unanswered.
+"""Requests of the gateway's queue group (claims, heartbeats, artifact and workflow requests), sent again while
+unanswered.
 
 With several gatewayd, NATS hands each request to one member of the queue group ``gw-gateway``, picked anew for
 every message. A member that is frozen (a VM paused, a long GC, SIGSTOP) keeps its subscription, so the requests
@@ -12,8 +13,9 @@ Sending again is safe because every request of the group is idempotent (docs/WIR
 instances): a claim of the same attempt by the same node process is answered with the same lease and changes
 nothing (a copy that lost the race re-reads the task and finds it a repeat); a heartbeat extends the same
 leases again; an artifact put or commit of the same name and digest answers as a repeat, a begin costs an
-upload id no chunk uses, an abort of an aborted upload does nothing. Answers after the first are dropped with
-their inboxes.
+upload id no chunk uses, an abort of an aborted upload does nothing; a page of a task's dependencies is a read, and
+an ``add_tasks`` repeated with the same refs and bodies answers the same task ids. Answers after the first are
+dropped with their inboxes.
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ class NodeRequests:
         self.claims = Resender(connection)
         self.heartbeats = Resender(connection)
         self.artifacts = Resender(connection)
+        self.workflows = Resender(connection)
 
     async def claim(self, body: bytes) -> bytes | None:
         """A claim or a batch of claims; None when no gateway answered (the offers are nak'd)."""
@@ -155,3 +158,8 @@ class NodeRequests:
         so a copy sent again does not make a second gateway read them too while the first still does."""
         first_s = self.artifacts.first_wait() + reads_back / READ_BACK_BYTES_PER_S
         return await self.artifacts.request(self._subjects.artifact(self._node_id), body, timeout_s, first_s=first_s)
+
+    async def workflow(self, body: bytes, timeout_s: float) -> bytes:
+        """One workflow request (a page of dependencies, added tasks); raises ``TimeoutError`` or a NATS error when
+        no gateway answered."""
+        return await self.workflows.request(self._subjects.workflow(self._node_id), body, timeout_s)

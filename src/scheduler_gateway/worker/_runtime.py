@@ -8,8 +8,9 @@ and the lifecycle and composes the parts, each given the lease book and a few co
 - ``HandlerRunner`` (``_handlers``, ``_execute``): runs a handler as an asyncio task and queues its settle.
 - ``Heartbeats`` (``_heartbeat``): one request per interval carrying every held lease; extends, revokes.
 - ``Uploader`` (``_artifacts``): a handler's ``put_artifact``, over an ``ArtifactLink``.
+- ``WorkflowCalls`` (``_workflow``): a workflow task's ``ctx.dependencies`` and ``ctx.add_tasks``.
 - ``SettleSender`` (``_settle``): settles published to ``GW_SETTLE`` until JetStream acks them.
-- ``NodeRequests`` (``_requests``): how claims, heartbeats and artifact requests are sent.
+- ``NodeRequests`` (``_requests``): how claims, heartbeats, artifact and workflow requests are sent.
 
 A handler's asyncio task is cancelled when the gateway cancels the task or revokes its lease, or when the node
 could not renew the lease before its local deadline (``LeaseBook.renew``).
@@ -48,6 +49,7 @@ from ._registry import HandlerRegistry, validate_kind, validate_node_id
 from ._requests import NodeRequests
 from ._settle import PendingSettle, SettleSender, encode_settle
 from ._tasks import _cancel_all, _forget, _wait_until, supervised
+from ._workflow import WorkflowCalls
 
 log = logging.getLogger("scheduler_gateway.worker")
 
@@ -146,6 +148,7 @@ class Worker:
             artifacts=lambda task_id, lease_id: Uploader(self._artifact_link, task_id, lease_id),
             settle=self._queue_settle,
             lease_started=lambda: self._heartbeats.wake(),
+            workflow=lambda task_id, lease_id: WorkflowCalls(self.requests.workflow, task_id, lease_id),
         )
         self._offers = OfferHandler(
             self._book, claims=self._claims, runner=self._runner, timings=self.timings, set_draining=self._set_draining

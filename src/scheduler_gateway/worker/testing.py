@@ -17,6 +17,14 @@ a revoked lease does) or to look at its progress meanwhile::
 Artifacts go to a ``FakeArtifacts`` (pass one to share it between runs), which checks what the gateway checks: the
 name and content type, a repeat of the same name and bytes answered as a repeat, other bytes under that name
 refused (IDEMPOTENCY_CONFLICT), and an optional size limit (PAYLOAD_TOO_LARGE); a refusal raises ``ArtifactRefused``.
+
+A workflow task (CONTRACT 2.12) is run with ``dependencies=`` (each parent's ref to a ``Dependency`` or a dict of its
+fields: ``{"result": ..., "state": "failed", "error": {...}, "artifacts": [...]}``) or a ``FakeWorkflow``, which also
+records every ``ctx.add_tasks`` call and answers it as the gateway would (ids, a repeat, IDEMPOTENCY_CONFLICT, a ref
+held elsewhere or an unknown ``dependsOn`` ref refused with ``WorkflowRefused``)::
+
+    done = await run_handler(merge, None, dependencies={"a": {"result": 1}, "b": {"result": 2}})
+    assert done.result == 3
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import mimetypes
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,9 +45,11 @@ from scheduler_gateway.wire.messages import Offer, WireError
 from ._artifacts import ArtifactRefused, _chunks
 from ._context import AttemptState, Handler, TaskContext
 from ._execute import Running, execute
+from ._fake_workflow import FakeWorkflow, WorkflowSinkOf
 from ._leases import LeaseBook
+from ._workflow import Dependency
 
-__all__ = ["FakeArtifacts", "HandlerRun", "Outcome", "StoredArtifact", "run_handler"]
+__all__ = ["FakeArtifacts", "FakeWorkflow", "HandlerRun", "Outcome", "StoredArtifact", "run_handler"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -97,6 +108,7 @@ class Outcome:
     progress: list[Any] = field(default_factory=list)  # every progress value reported by ctx.heartbeat, in order
     heartbeats: int = 0  # how many times the handler called ctx.heartbeat
     artifacts: dict[str, StoredArtifact] = field(default_factory=dict)
+    added_tasks: dict[str, str] = field(default_factory=dict)  # ref -> task id of each task ``add_tasks`` added
 
     @property
     def succeeded(self) -> bool:
@@ -128,7 +140,8 @@ class _Recording(AttemptState):
 
 class HandlerRun:
     """One run of ``handler`` on ``payload`` (JSON-able), as the attempt ``attempt_no`` of a task of ``kind``.
-    ``timeout_s``: the task's timeout (None: none). ``ctx`` is the context the handler gets."""
+    ``timeout_s``: the task's timeout (None: none). ``ctx`` is the context the handler gets. A workflow task:
+    ``dependencies`` (or a ``workflow``, a ``FakeWorkflow`` to share or look into), ``workflow_id``, ``ref``."""
 
     def __init__(
         self,
@@ -143,8 +156,21 @@ class HandlerRun:
         run_id: str | None = None,
         thread_id: str | None = None,
         request_id: str | None = None,
+        workflow_id: str | None = None,
+        ref: str | None = None,
+        dependencies: Mapping[str, Dependency | Mapping[str, Any]] | None = None,
+        workflow: FakeWorkflow | None = None,
     ) -> None:
         self._handler = handler
+        if workflow is not None and dependencies is not None:
+            raise TypeError("give dependencies or a FakeWorkflow holding them, not both")
+        if workflow is None and (dependencies is not None or workflow_id is not None):
+            workflow = FakeWorkflow(dependencies)
+        if workflow is not None and workflow_id is None:
+            workflow_id = "wfl_test"
+        #: the task's workflow (None outside one): its dependencies and the tasks the handler added
+        self.workflow = workflow
+        sink = WorkflowSinkOf(workflow) if workflow is not None else None
         self.artifacts = artifacts if artifacts is not None else FakeArtifacts()
         self._state = _Recording()
         attempt_id, lease_id = f"att_{task_id}_{attempt_no}", f"lse_{task_id}_{attempt_no}"
@@ -158,6 +184,8 @@ class HandlerRun:
             thread_id=thread_id,
             timeout_seconds=timeout_s if timeout_s is not None else 0.0,
             request_id=request_id,
+            workflow_id=workflow_id,
+            ref=ref,
         )
         self.ctx = TaskContext(
             task_id=task_id,
@@ -170,8 +198,11 @@ class HandlerRun:
             request_id=request_id,
             state=self._state,
             artifacts=self.artifacts,
+            workflow_id=workflow_id,
+            ref=ref,
+            workflow=sink,
         )
-        self._run = Running(offer=offer, ctx=self.ctx, kind=kind, state=self._state)
+        self._run = Running(offer=offer, ctx=self.ctx, kind=kind, state=self._state, workflow=sink)
         # The runtime's own lease book, so a cancel here is the runtime's cancel.
         self._book = LeaseBook(1, on_slots=lambda: None)
         self._task: asyncio.Task[None] | None = None
@@ -203,6 +234,7 @@ class HandlerRun:
             "progress": self.progress,
             "heartbeats": self.heartbeats,
             "artifacts": dict(self.artifacts.stored),
+            "added_tasks": dict(self.workflow.added) if self.workflow is not None else {},
         }
         if ending is None:
             self._outcome = Outcome("cancelled", **common)
