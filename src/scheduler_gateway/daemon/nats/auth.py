@@ -13,7 +13,9 @@ A node user may only act as its own node. It may publish:
 - the acks, naks and terms of offers: ``$JS.ACK.GW_DISPATCH.>``;
 - its artifact requests ``<prefix>.artifact.<id>`` and the chunks of its uploads, on
   ``$O.GW_ARTIFACTS.C.<id>.>`` only (JetStream stores them in the bucket's stream; the publish ack comes back on
-  its inbox). It cannot read the bucket (no consumer, no direct get), purge or delete in it, or write a meta.
+  its inbox). It cannot read the bucket (no consumer, no direct get), purge or delete in it, or write a meta;
+- its workflow requests ``<prefix>.workflow.<id>`` (a running task's dependencies and the tasks it adds; the
+  gateway also checks the task's lease is this node's).
 
 It may subscribe to ``<prefix>.cancel.<id>`` and to its own inboxes ``_GW_INBOX.<id>.>``. The
 worker connects with that inbox prefix (nats-py's ``inbox_prefix``), so the replies to its claims,
@@ -59,6 +61,8 @@ def node_permissions(node_id: str, subjects: Subjects = Subjects()) -> NatsPermi
             # neither read, purge nor delete anything in the bucket, nor write an object's meta
             subjects.artifact(node_id),
             node_chunk_subjects(node_id),
+            # workflows (docs/WIRE.md, Workflows): a running task's dependencies and added tasks, asked as itself
+            subjects.workflow(node_id),
         ],
         subscribe_allow=[
             subjects.cancel(node_id),

@@ -1,0 +1,108 @@
+"""The node responder on ``gw.workflow.<nodeId>`` (docs/WIRE.md, Workflows): a running task's requests about
+its workflow, a page of its dependencies (``op: dependencies``) and the tasks it adds (``op: add_tasks``),
+each answered by the workflow service (actors/workflows/service.py), which checks the subject's node id
+against the task's lease.
+
+Subscribed in the queue group of the claims (``gw-gateway``): with several gatewayd on one database each
+request is answered by one of them. A request that does not decode, or names a node id that is not one, is
+answered ``{ok: false, error: {code: INVALID_ARGUMENT, ...}}``; a service's refusal is answered with its code,
+message and details; nothing a node sends can end the subscription. Each message runs as a task of its own,
+so one slow request never holds up the ones behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from typing import Any, Protocol
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from scheduler_gateway.daemon.nats.leave import leave
+from scheduler_gateway.wire.errors import Code, GatewayError
+from scheduler_gateway.wire.names import NODE_ID_PATTERN
+from scheduler_gateway.wire.subjects import Subjects
+from scheduler_gateway.wire.workflows import (
+    AddTasksReply,
+    AddTasksRequest,
+    DependenciesReply,
+    DependenciesRequest,
+    WorkflowRequest,
+)
+
+log = logging.getLogger(__name__)
+
+_NODE_RE = re.compile(NODE_ID_PATTERN)
+_decode = msgspec.json.Decoder(WorkflowRequest).decode
+_encode = msgspec.json.Encoder().encode
+#: what a node's request can be that the decoder refuses (msgspec recurses per nesting level)
+_MALFORMED = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+
+
+class WorkflowNodeApi(Protocol):
+    """What the responder calls: the workflow service's node half."""
+
+    async def dependencies(self, node_id: str, req: DependenciesRequest) -> DependenciesReply: ...
+
+    async def add_tasks(self, node_id: str, req: AddTasksRequest) -> AddTasksReply: ...
+
+
+def refusal(code: str, message: str, details: dict[str, Any] | None = None) -> bytes:
+    """The answer to a refused request, whatever its op: ``{ok: false, error: {code, message, details}}``."""
+    return _encode(DependenciesReply(ok=False, error={"code": code, "message": message, "details": details or {}}))
+
+
+class WorkflowResponder:
+    """Answers ``gw.workflow.<nodeId>`` requests with the workflow service."""
+
+    def __init__(self, nc: Client, subjects: Subjects, service: WorkflowNodeApi) -> None:
+        self._nc = nc
+        self._subjects = subjects
+        self._service = service
+        self._sub: Any = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, queue: str) -> None:
+        async def cb(msg: Msg) -> None:
+            t = asyncio.ensure_future(self._on(msg))
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+        self._sub = await self._nc.subscribe(self._subjects.wildcard("workflow"), queue=queue, cb=cb)
+
+    async def stop(self) -> None:
+        """Stop answering (the server routes no more requests here when it returns: ``leave``), and let the
+        requests in flight finish."""
+        if self._sub is not None:
+            sub, self._sub = self._sub, None
+            await leave(self._nc, [sub])
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
+
+    async def answer(self, subject: str, data: bytes) -> bytes:
+        """The reply to one request on ``subject`` (the encoded ``DependenciesReply`` or ``AddTasksReply``)."""
+        node = self._subjects.node_of(subject)
+        try:
+            if _NODE_RE.fullmatch(node) is None:
+                return refusal(Code.INVALID_ARGUMENT, "bad node id in subject")
+            req = _decode(data)
+            if isinstance(req, DependenciesRequest):
+                return _encode(await self._service.dependencies(node, req))
+            return _encode(await self._service.add_tasks(node, req))
+        except _MALFORMED as exc:
+            return refusal(Code.INVALID_ARGUMENT, f"malformed workflow request: {str(exc)[:200]}")
+        except GatewayError as exc:
+            return refusal(exc.code, exc.message, exc.details)
+        except Exception:
+            log.exception("workflow request failed")
+            return refusal(Code.INTERNAL, "internal error")
+
+    async def _on(self, msg: Msg) -> None:
+        body = await self.answer(msg.subject, msg.data)
+        if msg.reply:
+            with contextlib.suppress(Exception):  # the node gave up or NATS is away: it asks again
+                await msg.respond(body)
