@@ -70,6 +70,7 @@ from scheduler_gateway.worker import (
 )
 from scheduler_gateway.worker import _demo as demo_handlers
 from scheduler_gateway.worker._cli import worker_main
+from scheduler_gateway.worker._heartbeat import process_facts
 from scheduler_gateway.worker._leases import lease_margin
 
 log = logging.getLogger(__name__)
@@ -711,7 +712,11 @@ async def test_heartbeats_carry_leases_with_progress_at_a_third_of_the_lease(nat
         # idle: beats every heartbeat_idle_s with no lease
         await wait_for(lambda: len(gw.heartbeats_of(s.node)) >= 1, what="first heartbeat")
         idle = gw.heartbeats_of(s.node)[0][0]
-        assert idle == HeartbeatRequest(kinds=[sleep], capacity=3, running=0, leases=[])
+        host, pid, version = process_facts()  # where the node runs, in every beat (CONTRACT 3)
+        assert idle == HeartbeatRequest(
+            kinds=[sleep], capacity=3, running=0, leases=[], host=host, pid=pid, version=version
+        )
+        assert idle.host and idle.pid == os.getpid()
 
         offer = await gw.offer(sleep, {"seconds": 1.5}, lease_s=0.9)
         await wait_for(lambda: len(tracker.started) == 1, what="handler start")

@@ -55,8 +55,13 @@ class NodeRegistry:
             running=req.running,
             draining=prev.draining if prev else False,
             last_heartbeat_at=now,
-            active_leases=len(req.leases),
+            # a beat too large for one message comes in several requests, each with some of the leases and all
+            # of the node's running handlers: the larger of the two is what the node holds
+            active_leases=max(len(req.leases), req.running),
             drain_revision=prev.drain_revision if prev else 0,
+            host=req.host,
+            pid=req.pid,
+            version=req.version,
         )
         self._dirty.add(node_id)
         new_kinds = [k for k in req.kinds if k not in self._kinds_seen]

@@ -79,6 +79,7 @@ class TaskSearch(msgspec.Struct, frozen=True, kw_only=True):
     parent_id: str | None = None
     run_id: str | None = None
     thread_id: str | None = None
+    workflow_id: str | None = None
     created_from: float | None = None
     created_to: float | None = None
     id_prefix: str | None = None
@@ -101,6 +102,7 @@ class TaskSearch(msgspec.Struct, frozen=True, kw_only=True):
             and (self.parent_id is None or t.parent_id == self.parent_id)
             and (self.run_id is None or t.run_id == self.run_id)
             and (self.thread_id is None or t.thread_id == self.thread_id)
+            and (self.workflow_id is None or t.workflow_id == self.workflow_id)
             and (self.created_from is None or t.created_at >= self.created_from)
             and (self.created_to is None or t.created_at <= self.created_to)
             and (self.id_prefix is None or t.id.startswith(self.id_prefix))
@@ -207,6 +209,10 @@ class NodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     last_heartbeat_at: float | None = None
     active_leases: int = 0
     drain_revision: int = 0
+    # what its last heartbeat said of its process (None: a worker that does not send them), kept in the row's doc
+    host: str | None = None
+    pid: int | None = None
+    version: str | None = None
 
 
 class OutboxRow(msgspec.Struct, frozen=True):

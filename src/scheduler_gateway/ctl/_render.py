@@ -220,6 +220,9 @@ COLUMNS: Final[dict[str, list[Column]]] = {
         ("KINDS", lambda r: ",".join(r.get("kinds") or [])),
         ("LEASES", key("activeLeases")),
         ("LAST HEARTBEAT", key("lastHeartbeatAt")),
+        ("HOST", key("host")),
+        ("PID", key("pid")),
+        ("VERSION", key("version")),
     ],
     "artifact": [
         ("NAME", key("name")),

@@ -249,6 +249,12 @@ class NodeView(msgspec.Struct, rename="camel", kw_only=True):
     status: str
     last_heartbeat_at: str | None
     active_leases: int
+    # what the node's last heartbeat said (null: a worker that does not send them)
+    host: str | None = None
+    pid: int | None = None
+    version: str | None = None
+    capacity: int = 0
+    running: int = 0
 
 
 class ListView(msgspec.Struct, rename="camel"):

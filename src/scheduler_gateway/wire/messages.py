@@ -104,11 +104,22 @@ class LeaseReport(_Wire, kw_only=True, omit_defaults=True):
     progress: Any = None
 
 
+#: what a node says of its process in a heartbeat, for an operator's eyes (``GET /api/nodes``, the console): shown,
+#: never used as a name, so only bounded
+NodeHost = Annotated[str, msgspec.Meta(max_length=255)]
+NodeVersion = Annotated[str, msgspec.Meta(max_length=64)]
+NodePid = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+
+
 class HeartbeatRequest(_Wire, kw_only=True):
     kinds: list[KindName] = []  # each names a consumer the gateway makes: a bad one refuses the heartbeat
     capacity: int = 0
     running: int = 0
     leases: list[LeaseReport] = []
+    # the node's host name, process id and software version (optional: a worker from before them sends none)
+    host: NodeHost | None = None
+    pid: NodePid | None = None
+    version: NodeVersion | None = None
 
 
 class ExtendedLease(_Wire, kw_only=True):

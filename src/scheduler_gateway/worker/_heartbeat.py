@@ -6,14 +6,18 @@ task's progress cannot cost another task its lease (each progress is capped, ``M
 The reply extends the leases (each handler's local lease deadline moves on, ``LeaseBook.renew``),
 revokes the ones the gateway gave up on (their handlers are cancelled) and says whether the node is
 draining (docs/WIRE.md). Given the lease book (what to report, what to extend or cancel), the request callable
-and the node's identity; the node-wide part of a reply (draining, settle batches) goes to ``on_reply``.
+and the node's identity; the node-wide part of a reply (draining, settle batches) goes to ``on_reply``. Each beat
+also says where the node runs (host name, process id, the package's version), for the operator's node list.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import logging
+import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 
@@ -36,6 +40,16 @@ PAYLOAD_ROOM = 64  # bytes of a heartbeat request kept below max_payload
 
 #: the heartbeat subject's request/reply: ``(body, timeout_s) -> reply``; raises TimeoutError or a NATS error
 Request = Callable[[bytes, float], Awaitable[bytes]]
+
+
+def process_facts() -> tuple[str | None, int, str | None]:
+    """This process's host name, pid and the installed package's version, within the heartbeat's bounds (255 and
+    64 characters: a longer one would refuse the beat); None for what it cannot tell."""
+    try:
+        version: str | None = importlib.metadata.version("scheduler-gateway")[:64]
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        version = None
+    return (socket.gethostname()[:255] or None), os.getpid(), version
 
 
 class Heartbeats:
@@ -66,6 +80,7 @@ class Heartbeats:
         self._now = False  # beat at once (after a reconnect: the gateway may have missed beats)
         self._failing = False
         self._progress_dropped: set[str] = set()  # leases whose progress was left out, warned once
+        self._host, self._pid, self._version = process_facts()
 
     def start(self) -> None:
         what = f"heartbeat loop of node {self._node_id}"
@@ -112,7 +127,13 @@ class Heartbeats:
         book = self._book
         leases = book.reports()
         base = HeartbeatRequest(
-            kinds=list(self._kinds), capacity=book.concurrency, running=book.running_count, leases=[]
+            kinds=list(self._kinds),
+            capacity=book.concurrency,
+            running=book.running_count,
+            leases=[],
+            host=self._host,
+            pid=self._pid,
+            version=self._version,
         )
         if not leases:
             return [base]

@@ -47,6 +47,11 @@ class NodeRoutes:
             status=self.nodes.status(n, now),
             last_heartbeat_at=fmt_ts(n.last_heartbeat_at),
             active_leases=n.active_leases,
+            host=n.host,
+            pid=n.pid,
+            version=n.version,
+            capacity=n.capacity,
+            running=n.running,
         )
 
     def _drain_handler(self, draining: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
