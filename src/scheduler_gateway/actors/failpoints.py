@@ -55,6 +55,8 @@ NAMES: dict[str, str] = {
     "pg.before_commit": "a batch of task changes is written in its PostgreSQL transaction, not yet committed",
     "pg.batch_after_set_write": "a PostgreSQL batch's set statement ran; its changes decided alone and the commit"
     " are still to come",
+    "pg.workflow_between_edges": "a PostgreSQL transaction moved the edges and counters of its workflow tasks'"
+    " changes; the workflows' open counts and the commit are still to come",
 }
 
 

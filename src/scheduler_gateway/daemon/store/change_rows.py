@@ -59,6 +59,30 @@ SQL_UPSERT_DEAD_LETTER = (
 SQL_INSERT_CALLBACK = "INSERT INTO callback_deliveries (id, task_id, due_at, doc) VALUES (?, ?, ?, ?)"
 
 
+@dataclass(slots=True, frozen=True)
+class WorkflowPart:
+    """What a workflow task's change asks of the store besides its rows: its edge effect (``settle`` /
+    ``reopen``, applied only if the compare-and-set won) and, for a move to running, the claim's guard."""
+
+    workflow_id: str
+    effect: str | None  # Change.edge_effect
+    state: str  # the task's new state (what its settled edges are decided by)
+    claim: bool  # it moves the task to running: the guard (DepCounts ready, maxParallel) applies
+    max_parallel: int | None  # the task's copy of its workflow's maxParallel (PostgreSQL reads the workflow's)
+
+    @classmethod
+    def of(cls, change: Change) -> WorkflowPart:
+        t, h = change.task, change.history
+        assert t.workflow_id is not None
+        return cls(
+            workflow_id=t.workflow_id,
+            effect=change.edge_effect,
+            state=t.state,
+            claim=t.state == "running" and (h is None or h.from_state != "running"),
+            max_parallel=t.workflow_max_parallel,
+        )
+
+
 @dataclass(slots=True)
 class ChangeRows:
     """One Change as the rows it writes, encoded by the caller so the writer only executes SQL."""
@@ -98,6 +122,8 @@ class ChangeRows:
     #: an update whose history entry does not name the state it leaves (or that has none): the writer reads the
     #: row's state before it (the task service's changes always name it)
     state_unknown: bool = False
+    #: a workflow task's change (actors/workflow_ports.py): what the store's edge effects and claim guard need
+    workflow: WorkflowPart | None = None
 
     @property
     def parent_id(self) -> str | None:
@@ -141,6 +167,7 @@ class ChangeRows:
             created_off=created_off_row(t) if change.expected_revision is None else None,
             counts=_counts(t, h, change.expected_revision is None),
             state_unknown=change.expected_revision is not None and (h is None or h.from_state is None),
+            workflow=None if t.workflow_id is None else WorkflowPart.of(change),
         )
 
     @property

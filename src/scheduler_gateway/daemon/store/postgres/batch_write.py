@@ -56,6 +56,7 @@ from scheduler_gateway.daemon.store.postgres.lock_bounds import (
     bound_param,
     lock_busy,
 )
+from scheduler_gateway.daemon.store.postgres.workflow_effects import edge_effects
 from scheduler_gateway.wire.errors import Code, Conflict, Fault, GatewayError, task_not_found
 
 WriteOne = Callable[[Conn, ChangeRows], Awaitable[None]]
@@ -182,6 +183,8 @@ async def write_batch(conn: Conn, rows: list[ChangeRows], write_one: WriteOne) -
             break
         decided, _ = await _set_write(conn, rows, together, [], [])
         attempts += 1
+    # the set statement's winners' edge effects, set-based (postgres/workflow_effects.py): none without one
+    await edge_effects(conn, [rows[i] for i in together if i not in alone and i not in results and i not in skipped])
     failpoints.hit("pg.batch_after_set_write")  # a crash between the batch's statements (tests)
     for i in skipped:  # a row another transaction holds: decided after this commit, not waited for in it
         results[i] = RowHeld(rows[i].task_id)
@@ -226,7 +229,8 @@ def _alone(rows: list[ChangeRows], limited: set[str]) -> set[int]:
         if r.parent_id is not None and r.task is not None:  # the parent rule reads the parent, as it is then
             scope.append(("task", r.parent_id))
             alone.add(i)
-        if r.keys[1] is not None or r.unique_window is not None:  # a unique task: its index and window
+        # a unique task: its index and window; a workflow task's claim: its guard reads its workflow's rows
+        if r.keys[1] is not None or r.unique_window is not None or (r.workflow is not None and r.workflow.claim):
             alone.add(i)
         if kind in limited:
             scope.append(("kind", kind))

@@ -3,9 +3,10 @@
 
 Composed like the SQLite store (docs/DECISIONS.md, Code layout): ``PgDb`` (``db.py``) owns the connection
 pool and the migrations; one part per concern holds it and implements its ports (``PgTasks``,
-``PgDeadLetters``, ``PgNodes``, ``PgCallbacks``, ``PgSchedules``, ``PgRetention``). ``PostgresStore`` starts
-and stops the pool and holds the parts as attributes named by concern (``actors.store_ports.Store``), each
-called directly. The URL may carry a password: only ``redact_one_url`` of it is ever printed.
+``PgDeadLetters``, ``PgNodes``, ``PgCallbacks``, ``PgSchedules``, ``PgRetention``, ``PgWorkflows``).
+``PostgresStore`` starts and stops the pool and holds the parts as attributes named by concern
+(``actors.store_ports.Store``), each called directly. The URL may carry a password: only ``redact_one_url`` of
+it is ever printed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from scheduler_gateway.daemon.store.postgres.schedules import PgSchedules
 from scheduler_gateway.daemon.store.postgres.search import PgSearch
 from scheduler_gateway.daemon.store.postgres.shared import PgShared
 from scheduler_gateway.daemon.store.postgres.tasks import PgTasks
+from scheduler_gateway.daemon.store.postgres.workflows import PgWorkflows
 from scheduler_gateway.wire.redact import redact_one_url
 
 __all__ = ["PG_MIGRATIONS", "SCHEMA_VERSION", "PostgresStore"]
@@ -53,6 +55,7 @@ class PostgresStore:
         self.schedules = PgSchedules(self._db, clock)
         self.retention = PgRetention(self._db)
         self.search = PgSearch(self._db)
+        self.workflows = PgWorkflows(self._db, clock)  # workflows' rows, edges, counters, notices (CONTRACT 2.12)
         # several instances (daemon/ha.py): duty leases and live instances, persisted leases and the watch
         self.duties = PgDuties(self._db)
         self.shared = PgShared(self._db)

@@ -59,6 +59,7 @@ from scheduler_gateway.daemon.store.postgres.group_commit import PgGroupCommit
 from scheduler_gateway.daemon.store.postgres.lock_bounds import bound_lock_waits
 from scheduler_gateway.daemon.store.postgres.outbox import SQL_INSERT_OUTBOX, SQL_OUTBOX_BATCH
 from scheduler_gateway.daemon.store.postgres.read_batch import TaskReads
+from scheduler_gateway.daemon.store.postgres.workflow_effects import workflow_change
 from scheduler_gateway.wire.errors import (
     Code,
     Conflict,
@@ -147,6 +148,8 @@ async def write_change(conn: Conn, r: ChangeRows, clock: Callable[[], float] | N
     refusal = await limit_refusal(conn, r, clock)
     if refusal is not None:
         raise refusal
+    if r.workflow is not None:  # a workflow task's claim guard and edge effect (postgres/workflow_effects.py)
+        await workflow_change(conn, r)
 
 
 async def _write_task(conn: Conn, r: ChangeRows) -> None:
@@ -329,6 +332,7 @@ class PgTasks:
             ("kind", query.kind),
             ("parent_id", query.parent_id),
             ("run_id", query.run_id),
+            ("workflow_id", query.workflow_id),
         )
         return await self._db.page(
             "tasks", "id", filters, query.cursor or "", query.limit, _decode_task, "task", query.newest_first
