@@ -29,6 +29,13 @@ from scheduler_gateway.wire.schedule_api import (
     ThreadView,
     UpdateScheduledTaskBody,
 )
+from scheduler_gateway.wire.workflows import (
+    DependsOn,
+    WorkflowCounts,
+    WorkflowTaskBody,
+    WorkflowTaskView,
+    WorkflowView,
+)
 
 from ._artifacts import DIGEST_MISMATCH, ArtifactStream
 from ._batch import SubmitManyError
@@ -36,6 +43,7 @@ from ._client import EventStream, GatewayClient
 from ._errors import (
     CONNECTION_FAILED,
     HTTP_ERROR,
+    WORKFLOW_NOT_FOUND,
     Conflict,
     ConnectError,
     Forbidden,
@@ -75,6 +83,11 @@ from ._types import (
     raw,
     timestamp,
 )
+from ._workflows import FINISHED_STATES as WORKFLOW_FINISHED_STATES
+
+Workflow = WorkflowView
+"""A workflow as the API answers it (``wire.workflows.WorkflowView``): what ``submit_workflow`` and the other
+workflow calls return."""
 
 __all__ = [
     "CONNECTION_FAILED",
@@ -82,6 +95,8 @@ __all__ = [
     "HTTP_ERROR",
     "TASK_STATES",
     "TERMINAL_STATES",
+    "WORKFLOW_FINISHED_STATES",
+    "WORKFLOW_NOT_FOUND",
     "ArtifactStream",
     "ArtifactView",
     "AuditView",
@@ -93,6 +108,7 @@ __all__ = [
     "CreateScheduledTaskBody",
     "CreateTaskBody",
     "DeadLetterView",
+    "DependsOn",
     "Disconnect",
     "ErrorView",
     "Event",
@@ -138,6 +154,11 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "UpdateScheduledTaskBody",
+    "Workflow",
+    "WorkflowCounts",
+    "WorkflowTaskBody",
+    "WorkflowTaskView",
+    "WorkflowView",
     "loads",
     "raw",
     "timestamp",

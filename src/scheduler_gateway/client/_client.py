@@ -8,7 +8,8 @@ when that cannot do a change twice (see ``docs/CLIENT.md``, Retries).
 
 The client is a facade: it makes (or is given) the ``Transport`` (``_transport``: base URL, token, session,
 retries and delays), and its calls are those of its parts, each of which uses only the transport:
-``TaskCalls`` (``_tasks``), ``ScheduleCalls`` (``_schedules``), ``OperationCalls`` (``_operations``).
+``TaskCalls`` (``_tasks``), ``ScheduleCalls`` (``_schedules``), ``OperationCalls`` (``_operations``),
+``WorkflowCalls`` (``_workflows``).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from ._operations import OperationCalls
 from ._schedules import ScheduleCalls
 from ._tasks import TaskCalls
 from ._transport import Transport
+from ._workflows import WorkflowCalls
 
 
-class GatewayClient(TaskCalls, ScheduleCalls, OperationCalls):
+class GatewayClient(TaskCalls, ScheduleCalls, OperationCalls, WorkflowCalls):
     """The admin API over one keep-alive session. Use it as ``async with GatewayClient(url, token) as gw``
     (or call ``close()``); one client serves many concurrent calls. ``transport=`` gives the connection
     ready made (a ``MockTransport`` in tests) instead of the arguments that make one."""

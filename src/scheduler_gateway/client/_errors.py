@@ -8,7 +8,7 @@ stable ``code`` (docs/API.md, Errors), grouped in families so a caller can catch
     |   +-- InvalidSchedule       422
     +-- Unauthenticated           401
     +-- Forbidden                 403
-    +-- NotFound                  404
+    +-- NotFound                  404 (WORKFLOW_NOT_FOUND too)
     +-- Conflict                  409
     |   +-- InvalidStateTransition, TaskAlreadyTerminal, RevisionConflict, IdempotencyConflict
     +-- PayloadTooLarge           413
@@ -35,6 +35,7 @@ from scheduler_gateway.wire.errors import Code
 # client-side codes: the gateway never sends them
 CONNECTION_FAILED = "CONNECTION_FAILED"  # no answer at all (refused, reset, timed out) after the retries
 HTTP_ERROR = "HTTP_ERROR"  # an error answer without the gateway's envelope (a proxy in between, say)
+WORKFLOW_NOT_FOUND = "WORKFLOW_NOT_FOUND"  # the gateway's (CONTRACT 2.12): a workflow missing, or another user's
 
 
 class GatewayClientError(Exception):
@@ -78,7 +79,7 @@ class Forbidden(GatewayClientError):
 
 class NotFound(GatewayClientError):
     """404: ``TASK_NOT_FOUND``, ``SCHEDULE_NOT_FOUND``, ``THREAD_NOT_FOUND``, ``DEAD_LETTER_NOT_FOUND``,
-    ``NOT_FOUND`` (a foreign object answers exactly like a missing one)."""
+    ``WORKFLOW_NOT_FOUND``, ``NOT_FOUND`` (a foreign object answers exactly like a missing one)."""
 
 
 class Conflict(GatewayClientError):
@@ -141,6 +142,7 @@ _BY_CODE: dict[str, type[GatewayClientError]] = {
     Code.SCHEDULE_NOT_FOUND: NotFound,
     Code.THREAD_NOT_FOUND: NotFound,
     Code.DEAD_LETTER_NOT_FOUND: NotFound,
+    WORKFLOW_NOT_FOUND: NotFound,
     Code.NOT_FOUND: NotFound,
     Code.INVALID_STATE_TRANSITION: InvalidStateTransition,
     Code.TASK_ALREADY_TERMINAL: TaskAlreadyTerminal,

@@ -127,6 +127,15 @@ class SyncGatewayClient:
         stream: EventStream = self._client.events(types=types, aggregate_id=aggregate_id, last_event_id=last_event_id)
         return self._iterate(stream)
 
+    # workflows
+    workflow_task = staticmethod(GatewayClient.workflow_task)
+    submit_workflow = _blocking(GatewayClient.submit_workflow)
+    get_workflow = _blocking(GatewayClient.get_workflow)
+    list_workflows = _iterating(GatewayClient.list_workflows)
+    cancel_workflow = _blocking(GatewayClient.cancel_workflow)
+    retry_workflow = _blocking(GatewayClient.retry_workflow)
+    wait_workflow = _blocking(GatewayClient.wait_workflow)
+
     # dead letters, audit, nodes, health
     dead_letters = _iterating(GatewayClient.dead_letters)
     get_dead_letter = _blocking(GatewayClient.get_dead_letter)

@@ -123,16 +123,18 @@ class TaskCalls:
         kind: str | None = None,
         parent_id: str | None = None,
         run_id: str | None = None,
+        workflow_id: str | None = None,
         page_size: int = 100,
         newest_first: bool = False,
     ) -> AsyncIterator[api.TaskView]:
         """Every task the caller sees, oldest first (``newest_first``: newest first), fetched page by page as the
-        iteration goes."""
+        iteration goes (``workflow_id``: the tasks of one workflow)."""
         params = {
             "state": state,
             "kind": kind,
             "parentId": parent_id,
             "runId": run_id,
+            "workflowId": workflow_id,
             "order": "newest" if newest_first else None,
         }
         return self.transport.pages("/api/tasks", api.TaskView, params, page_size)
