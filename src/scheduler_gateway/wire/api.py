@@ -136,9 +136,20 @@ class ReworkBody(_Body):
     expected_revision: int | None = None
 
 
-class ErrorView(msgspec.Struct, rename="camel"):
+class ErrorView(msgspec.Struct, rename="camel", omit_defaults=True):
     code: str
     message: str
+    #: what the error names, when it names something (a skipped task's parent: ``{ref, taskId}``, CONTRACT 2.12);
+    #: left out when there is nothing
+    details: dict[str, Any] | None = None
+
+
+class DependsOnView(msgspec.Struct, rename="camel", kw_only=True):
+    """One dependency of a workflow task as answered (CONTRACT 2.12): the parent's ref and the state its edge
+    names."""
+
+    ref: str
+    on: str
 
 
 class TaskView(msgspec.Struct, rename="camel", kw_only=True):
@@ -178,6 +189,10 @@ class TaskView(msgspec.Struct, rename="camel", kw_only=True):
     #: this attempt's number within the current budget (since the last create, retry, redrive or rework), the
     #: one ``maxAttempts`` bounds; ``attemptNo`` counts every attempt of the task's life
     attempt_in_budget: int = 1
+    #: the task's workflow, its ref in it and its dependencies (CONTRACT 2.12); null, null and [] outside one
+    workflow_id: str | None = None
+    ref: str | None = None
+    depends_on: list[DependsOnView] = []
 
 
 class ActorView(msgspec.Struct):

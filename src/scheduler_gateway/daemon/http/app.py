@@ -6,11 +6,12 @@ It holds no task state of its own.
 
 This module is the app: ``AdminApi`` (the middleware with request ids, bearer auth and the error envelope;
 the health, readiness, metrics and OpenAPI routes) composes the route groups and gives each the few
-collaborators it needs. Each resource has its module: ``tasks.py``, ``dead_letters.py``, ``nodes.py``,
-``audit.py`` (installed here), ``schedules.py``, ``kinds.py``, ``artifacts.py``, ``events.py``, ``callbacks.py``
-(installed by their own wiring). What they share are leaves that import no route: ``context.py`` (the request
-id and caller the middleware sets), ``requests.py`` (reading and decoding a request), ``answers.py`` (a JSON
-answer), ``errors.py`` (the error envelope), ``settings.py`` (``[http]``). No route module imports this one.
+collaborators it needs. Each resource has its module: ``tasks.py``, ``workflows.py``, ``dead_letters.py``,
+``nodes.py``, ``audit.py`` (installed here), ``schedules.py``, ``kinds.py``, ``artifacts.py``, ``events.py``,
+``callbacks.py`` (installed by their own wiring). What they share are leaves that import no route:
+``context.py`` (the request id and caller the middleware sets), ``requests.py`` (reading and decoding a request),
+``answers.py`` (a JSON answer), ``errors.py`` (the error envelope), ``settings.py`` (``[http]``). No route module
+imports this one.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from scheduler_gateway.daemon.http.principals import PrincipalCache, token_hash
 from scheduler_gateway.daemon.http.requests import Bodies
 from scheduler_gateway.daemon.http.settings import HttpSettings
 from scheduler_gateway.daemon.http.tasks import TaskRoutes
+from scheduler_gateway.daemon.http.workflows import WorkflowApi, WorkflowRoutes
 from scheduler_gateway.daemon.metrics import PrometheusMetrics
 from scheduler_gateway.wire.errors import Code, GatewayError, Unauthenticated
 
@@ -59,6 +61,7 @@ class AdminApi:
         readiness: ReadinessProbe,
         settings: HttpSettings,
         principals: PrincipalCache,
+        workflows: WorkflowApi | None = None,
     ) -> None:
         self.service = service
         self.store = store
@@ -67,6 +70,8 @@ class AdminApi:
         self.readiness = readiness
         self.settings = settings
         self.principals = principals
+        #: the workflow service the workflow routes call (None: they answer 503)
+        self.workflows = workflows
         #: the body limits, given to every route group that reads a body (those wired elsewhere take it from here)
         self.bodies = Bodies(settings.max_payload_bytes)
 
@@ -79,6 +84,7 @@ class AdminApi:
         r.add_get("/metrics", self.metrics_text)
         r.add_get(OPENAPI_PATH, self.openapi_json)
         TaskRoutes(self.bodies, self.settings, self.service).install(app)
+        WorkflowRoutes(self.bodies, self.settings, self.workflows).install(app)
         DeadLetterRoutes(self.bodies, self.service, self.store.letters).install(app)
         AuditRoutes(self.store.tasks).install(app)
         NodeRoutes(self.nodes, self.store.nodes).install(app)

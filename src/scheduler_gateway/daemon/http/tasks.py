@@ -10,7 +10,7 @@ import msgspec
 from aiohttp import web
 
 from scheduler_gateway.actors import failpoints
-from scheduler_gateway.actors.model.records import HistoryEntry, Task
+from scheduler_gateway.actors.model.records import HistoryEntry, Task, TaskError
 from scheduler_gateway.actors.ports import (
     TaskQuery,
 )
@@ -71,7 +71,7 @@ def task_view(t: Task, waiting_for: str | None = None, artifact_count: int = 0) 
         labels=t.labels,
         owner=t.owner,
         result=t.result,
-        error=api.ErrorView(t.error.code, t.error.message) if t.error else None,
+        error=error_view(t.error) if t.error else None,
         not_before=fmt_ts(t.not_before),
         created_at=fmt_ts(t.created_at),
         updated_at=fmt_ts(t.updated_at),
@@ -83,7 +83,87 @@ def task_view(t: Task, waiting_for: str | None = None, artifact_count: int = 0) 
         waiting_for=waiting_for,
         artifact_count=artifact_count,
         attempt_in_budget=t.attempts_in_budget,
+        workflow_id=t.workflow_id,
+        ref=t.ref,
+        depends_on=[api.DependsOnView(ref=d.ref, on=d.on) for d in t.depends_on],
     )
+
+
+def error_view(e: TaskError) -> api.ErrorView:
+    """A task's error as answered, with its ``details`` when it has some (a skip names its parent: 2.12)."""
+    return api.ErrorView(e.code, e.message, getattr(e, "details", None) or None)
+
+
+def check_callback(settings: HttpSettings, url: str | None, secret: str | None) -> None:
+    """The create rules of a ``callbackUrl`` and its ``callbackSecret`` that ``[http]`` decides (a task's, a
+    workflow's): 400 INVALID_ARGUMENT with ``details.field``."""
+    if secret is not None and url is None:
+        raise InvalidArgument("callbackSecret needs a callbackUrl", details={"field": "callbackSecret"})
+    if url is None:
+        return
+    if target_host(url) is None:
+        raise InvalidArgument("callbackUrl must be an http or https URL", details={"field": "callbackUrl"})
+    # a name is checked on its resolved address at each delivery; a literal IP (as the HTTP client reads the host,
+    # full-width digits folded) can be refused now
+    problem = None if settings.allow_private_networks else target_problem(url)
+    if problem is not None:
+        raise InvalidArgument(f"callbackUrl points at {problem}", details={"field": "callbackUrl"})
+    if not secret and not settings.callback_secret_configured:
+        raise InvalidArgument(
+            "a callbackUrl needs a callbackSecret (no [callbacks] secret is configured)",
+            details={"field": "callbackSecret"},
+        )
+
+
+def new_task(settings: HttpSettings, req: api.CreateTaskBody) -> NewTask:
+    """What a create body asks, held to the rules the HTTP layer knows (a timestamp, a callback by ``[http]``); the
+    payload's size is the caller's (``Bodies.check_payload``)."""
+    not_before = None
+    if req.not_before is not None:
+        try:
+            not_before = parse_ts(req.not_before)
+        except ValueError:
+            raise InvalidArgument(
+                f"notBefore must be an RFC 3339 timestamp with an offset, from {RANGE_TEXT}",
+                details={"field": "notBefore"},
+            ) from None
+    if req.parent_id is not None and not is_id(req.parent_id, "tsk"):
+        raise InvalidArgument("parentId is not a task id", details={"field": "parentId"})
+    if req.unique_for_seconds is not None and req.unique_key is None:
+        raise InvalidArgument("uniqueForSeconds needs a uniqueKey", details={"field": "uniqueForSeconds"})
+    check_callback(settings, req.callback_url, req.callback_secret)
+    return NewTask(
+        kind=req.kind,
+        payload=req.payload,
+        priority=req.priority,
+        max_attempts=req.max_attempts,
+        retry_backoff_s=req.retry_backoff_seconds,
+        lease_s=req.lease_seconds,
+        timeout_s=req.timeout_seconds,
+        not_before=not_before,
+        parent_id=req.parent_id,
+        thread_id=req.thread_id,
+        run_id=req.run_id,
+        requires_approval=req.requires_approval,
+        traceparent=tracecontext.normalized(req.traceparent),
+        concurrency_key=req.concurrency_key,
+        unique_key=req.unique_key,
+        unique_for_s=req.unique_for_seconds,
+        callback_url=req.callback_url,
+        callback_secret=req.callback_secret or None,
+        labels=req.labels,
+    )
+
+
+def create_rule(bodies: Bodies, settings: HttpSettings) -> Callable[[api.CreateTaskBody], NewTask]:
+    """A single create's rules at this door (the payload's size, then ``new_task``), for the tasks of a workflow
+    (submitted or added by a running task) that the workflow service decodes itself."""
+
+    def rule(req: api.CreateTaskBody) -> NewTask:
+        bodies.check_payload(req.payload)
+        return new_task(settings, req)
+
+    return rule
 
 
 def history_view(h: HistoryEntry) -> api.HistoryView:
@@ -196,55 +276,7 @@ class TaskRoutes:
         return BatchItem(spec, key, value_hash(value))
 
     def _new_task(self, req: api.CreateTaskBody) -> NewTask:
-        not_before = None
-        if req.not_before is not None:
-            try:
-                not_before = parse_ts(req.not_before)
-            except ValueError:
-                raise InvalidArgument(
-                    f"notBefore must be an RFC 3339 timestamp with an offset, from {RANGE_TEXT}",
-                    details={"field": "notBefore"},
-                ) from None
-        if req.parent_id is not None and not is_id(req.parent_id, "tsk"):
-            raise InvalidArgument("parentId is not a task id", details={"field": "parentId"})
-        if req.unique_for_seconds is not None and req.unique_key is None:
-            raise InvalidArgument("uniqueForSeconds needs a uniqueKey", details={"field": "uniqueForSeconds"})
-        if req.callback_secret is not None and req.callback_url is None:
-            raise InvalidArgument("callbackSecret needs a callbackUrl", details={"field": "callbackSecret"})
-        if req.callback_url is not None:
-            if target_host(req.callback_url) is None:
-                raise InvalidArgument("callbackUrl must be an http or https URL", details={"field": "callbackUrl"})
-            # a name is checked on its resolved address at each delivery; a literal IP (as the HTTP client reads
-            # the host, full-width digits folded) can be refused now
-            problem = None if self.settings.allow_private_networks else target_problem(req.callback_url)
-            if problem is not None:
-                raise InvalidArgument(f"callbackUrl points at {problem}", details={"field": "callbackUrl"})
-            if not req.callback_secret and not self.settings.callback_secret_configured:
-                raise InvalidArgument(
-                    "a callbackUrl needs a callbackSecret (no [callbacks] secret is configured)",
-                    details={"field": "callbackSecret"},
-                )
-        return NewTask(
-            kind=req.kind,
-            payload=req.payload,
-            priority=req.priority,
-            max_attempts=req.max_attempts,
-            retry_backoff_s=req.retry_backoff_seconds,
-            lease_s=req.lease_seconds,
-            timeout_s=req.timeout_seconds,
-            not_before=not_before,
-            parent_id=req.parent_id,
-            thread_id=req.thread_id,
-            run_id=req.run_id,
-            requires_approval=req.requires_approval,
-            traceparent=tracecontext.normalized(req.traceparent),
-            concurrency_key=req.concurrency_key,
-            unique_key=req.unique_key,
-            unique_for_s=req.unique_for_seconds,
-            callback_url=req.callback_url,
-            callback_secret=req.callback_secret or None,
-            labels=req.labels,
-        )
+        return new_task(self.settings, req)
 
     async def list_tasks(self, request: web.Request) -> web.Response:
         caller: Caller = request[CALLER]
@@ -263,6 +295,7 @@ class TaskRoutes:
                 kind=q.get("kind") or None,
                 parent_id=q.get("parentId") or None,
                 run_id=q.get("runId") or None,
+                workflow_id=q.get("workflowId") or None,
                 limit=limit,
                 cursor=cursor,
                 newest_first=order == "newest",

@@ -23,7 +23,7 @@ _ERROR_TEXT = {
     401: "UNAUTHENTICATED: no bearer token, or an unknown one",
     403: "FORBIDDEN: the caller's role may not do this",
     404: "not found, foreign or malformed id (TASK_NOT_FOUND, SCHEDULE_NOT_FOUND, THREAD_NOT_FOUND, "
-    "DEAD_LETTER_NOT_FOUND), or NOT_FOUND: an unknown route or method",
+    "DEAD_LETTER_NOT_FOUND, ARTIFACT_NOT_FOUND, WORKFLOW_NOT_FOUND), or NOT_FOUND: an unknown route or method",
     409: "a conflict with the object's state, revision, key or run",
     413: "PAYLOAD_TOO_LARGE: the payload or the body is over the limit",
     422: "INVALID_SCHEDULE: a rule that cannot be a schedule",
@@ -58,6 +58,7 @@ LINKS: dict[str, tuple[str, ...]] = {
     "createTask": (
         "getTask", "taskHistory", "cancelTask", "approveTask", "amendTask", "retryTask", "reworkTask",
     ),
+    "createWorkflow": ("getWorkflow", "cancelWorkflow", "retryWorkflow"),
     "createThread": ("getThread", "threadScheduledTasks", "deleteThread"),
     "createScheduledTask": (
         "getScheduledTask", "updateScheduledTask", "pauseScheduledTask", "resumeScheduledTask",
@@ -121,9 +122,9 @@ def _events_operation() -> dict[str, Any]:
         "summary": "the event stream (Server-Sent Events)",
         "tags": ["events"],
         "description": (
-            "Each task event is `id: <seq>`, `event: <type>`, `data: <Event>`. Before a replay whose start is "
-            "gone: `event: gap` with `GapEvent`. The last event: `event: disconnect` with `DisconnectEvent`. "
-            "`x-sse-events` maps each `event:` name to the schema of its `data:`."
+            "Each task, kind or workflow event is `id: <seq>`, `event: <type>`, `data: <Event>`. Before a replay "
+            "whose start is gone: `event: gap` with `GapEvent`. The last event: `event: disconnect` with "
+            "`DisconnectEvent`. `x-sse-events` maps each `event:` name to the schema of its `data:`."
         ),
         "parameters": [
             {

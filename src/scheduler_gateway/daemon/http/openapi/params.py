@@ -61,6 +61,7 @@ def path_id(what: str, prefix: str | None = None) -> dict[str, Any]:
 
 
 TASK_ID = path_id("task", "tsk")
+WORKFLOW_ID = path_id("workflow", "wfl")
 SCHEDULE_ID = path_id("scheduled task", "sch")
 THREAD_ID = path_id("thread", "thr")
 DEAD_LETTER_ID = path_id("dead letter")

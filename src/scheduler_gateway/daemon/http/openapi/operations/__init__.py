@@ -3,10 +3,11 @@ one module per resource, in the document's order."""
 
 from scheduler_gateway.daemon.http.openapi.params import Op
 
-from . import artifacts, callbacks, dead_letters, kinds, operations, schedules, tasks
+from . import artifacts, callbacks, dead_letters, kinds, operations, schedules, tasks, workflows
 
 OPERATIONS: list[Op] = [
     *tasks.OPERATIONS,
+    *workflows.OPERATIONS,
     *artifacts.OPERATIONS,
     *dead_letters.OPERATIONS,
     *operations.OPERATIONS,

@@ -46,6 +46,7 @@ OPERATIONS: list[Op] = [
             filter_param("kind", "only tasks of this kind"),
             filter_param("parentId", "only children of this task"),
             filter_param("runId", "only tasks of this run"),
+            filter_param("workflowId", "only tasks of this workflow"),
             enum_filter("order", ("oldest", "newest"), "by creation: oldest first (the default) or newest first"),
         ],
     ),
