@@ -28,6 +28,7 @@ class Code:
     THREAD_NOT_FOUND: Final = "THREAD_NOT_FOUND"
     DEAD_LETTER_NOT_FOUND: Final = "DEAD_LETTER_NOT_FOUND"
     ARTIFACT_NOT_FOUND: Final = "ARTIFACT_NOT_FOUND"  # a task's artifact of that name (docs/ARTIFACTS.md)
+    WORKFLOW_NOT_FOUND: Final = "WORKFLOW_NOT_FOUND"  # a workflow (or another user's: CONTRACT 2.12)
     NOT_FOUND: Final = "NOT_FOUND"
     INVALID_STATE_TRANSITION: Final = "INVALID_STATE_TRANSITION"
     TASK_ALREADY_TERMINAL: Final = "TASK_ALREADY_TERMINAL"
@@ -122,3 +123,8 @@ class Unavailable(GatewayError):
 
 def task_not_found(task_id: str) -> NotFound:
     return NotFound(f"task {task_id} not found", code=Code.TASK_NOT_FOUND)
+
+
+def workflow_not_found(workflow_id: str) -> NotFound:
+    """A missing workflow and another user's answer alike (CONTRACT 2.12); the id is cut (it is the caller's)."""
+    return NotFound(f"workflow {workflow_id[:64]} not found", code=Code.WORKFLOW_NOT_FOUND)

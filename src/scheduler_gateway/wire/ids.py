@@ -13,7 +13,7 @@ import re
 
 _ID_RE = re.compile(r"\A[a-z]{2,4}_[0-9a-f]{32}\Z")
 
-PREFIXES = ("tsk", "att", "lse", "req", "run", "aud", "evt", "dlq", "cbd", "thr", "sch", "srn", "tok")
+PREFIXES = ("tsk", "att", "lse", "req", "run", "aud", "evt", "dlq", "cbd", "thr", "sch", "srn", "tok", "wfl")
 RAND_BITS = 80
 
 

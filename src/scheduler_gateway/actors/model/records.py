@@ -32,6 +32,8 @@ SYSTEM = ActorRef("system", "gatewayd")
 class TaskError(msgspec.Struct, frozen=True):
     code: str
     message: str = ""
+    #: what the error names, JSON-safe (a skipped workflow task: ``{ref, taskId}`` of the parent that decided it)
+    details: dict[str, Any] | None = None
 
 
 class Dependency(msgspec.Struct, frozen=True):

@@ -16,6 +16,11 @@ from scheduler_gateway.wire.errors import Code, Conflict, Forbidden
 
 from .records import NULL, TERMINAL_STATES, ActorRef, HistoryEntry, SettleMark, Task, TaskError
 
+#: who commits a workflow's releases, holds, skips and unskips (history, audit, events)
+RELEASER = ActorRef("system", "workflow-releaser")
+#: the error code of a task its dependencies skipped (model/workflows.py keeps the same value)
+SKIPPED = "SKIPPED"
+
 # (action) -> states it may start from. The target state is decided by the action's function.
 ALLOWED_FROM: dict[str, frozenset[str]] = {
     "approve": frozenset({"waiting_approval"}),
@@ -28,6 +33,11 @@ ALLOWED_FROM: dict[str, frozenset[str]] = {
     "redrive": frozenset({"dead"}),
     "force_retry": frozenset({"dead"}),
     "rework": frozenset({"succeeded", "failed"}),
+    # a workflow's releaser (CONTRACT 2.12, actors/workflows/releaser.py): a waiting task's dependencies hold, a
+    # released one's parent reopened, a waiting one's can no longer hold (it ends canceled, error SKIPPED)
+    "dependencies_met": frozenset({"queued", "waiting_approval"}),
+    "dependencies_reopened": frozenset({"queued", "waiting_approval"}),
+    "skip": frozenset({"queued", "waiting_approval"}),
 }
 ACTIONS: tuple[str, ...] = ("create", *ALLOWED_FROM)
 
@@ -42,6 +52,9 @@ _EVENT_OF_ACTION = {
     "redrive": "task.redriven",
     "force_retry": "task.force_retried",
     "rework": "task.reworked",
+    "dependencies_met": "task.dependencies_met",
+    "dependencies_reopened": "task.dependencies_reopened",
+    "skip": "task.skipped",
 }
 
 
@@ -233,6 +246,9 @@ def claim(
         raise refuse(task, "claim")
     if task.not_before > now:
         raise Conflict(f"task {task.id} is not due", code=Code.NOT_DUE)
+    if task.waiting_deps:
+        # the ledger's early answer from its copy; the store's counters are the guard (actors/workflow_ports.py)
+        raise Conflict(f"task {task.id} waits for its dependencies", code=Code.NOT_DUE)
     after = _bump(
         task,
         now,
@@ -408,5 +424,56 @@ def requeue(
         started_at=None,
         not_before=now,
         payload=payload if payload is not None else task.payload,
+        # a workflow task with dependencies waits again: a parent may reopen with it (a workflow retry), and its
+        # own reopen makes the releaser judge it on the store's counters
+        waiting_deps=bool(task.depends_on),
     )
     return _step(task, after, action, actor, now, request_id, reason)
+
+
+# -- a workflow's releaser (CONTRACT 2.12): each decided on a fresh read of the task and its counters --------
+
+
+def dependencies_met(task: Task, now: float) -> Transition | Repeat:
+    """A waiting task's dependencies hold: it may be offered (it stays queued, or waiting for approval)."""
+    if not task.waiting_deps and task.state in ALLOWED_FROM["dependencies_met"]:
+        return Repeat(task, "dependencies_met")
+    check_allowed(task, "dependencies_met", None)
+    after = _bump(task, now, waiting_deps=False)
+    return _step(task, after, "dependencies_met", RELEASER, now, None)
+
+
+def dependencies_reopened(task: Task, new_attempt_id: str, now: float) -> Transition | Repeat:
+    """A released task that has not started waits again (a parent was reopened). Its attempt gets a new id (same
+    attemptNo: no attempt was made), so an offer already out is refused as stale, and its next offer is a fresh
+    message (a repeat of the old id would be dropped by the stream as a duplicate)."""
+    if task.waiting_deps and task.state in ALLOWED_FROM["dependencies_reopened"]:
+        return Repeat(task, "dependencies_reopened")
+    check_allowed(task, "dependencies_reopened", None)
+    attempt_id = new_attempt_id if task.state == "queued" else task.attempt_id
+    after = _bump(task, now, waiting_deps=True, attempt_id=attempt_id)
+    return _step(task, after, "dependencies_reopened", RELEASER, now, None)
+
+
+def skip(task: Task, parent_ref: str, parent_id: str, parent_state: str, now: float) -> Transition:
+    """A waiting task whose dependencies can no longer hold ends ``canceled`` with error SKIPPED naming a parent
+    that decided it (or, ``parent_state`` "canceled" with the workflow's cancel, the workflow)."""
+    check_allowed(task, "skip", None)
+    err = TaskError(
+        SKIPPED,
+        f"dependency {parent_ref} ended {parent_state}",
+        details={"ref": parent_ref, "taskId": parent_id},
+    )
+    after = _bump(task, now, state="canceled", error=err, finished_at=now, lease_expires_at=None)
+    return _step(task, after, "skip", RELEASER, now, None, SKIPPED)
+
+
+def unskip(task: Task, new_attempt_id: str, now: float) -> Transition:
+    """A skipped task whose dependencies may hold again (what skipped it was reopened): queued as a new attempt
+    (``retry`` in its history, attemptNo going on), waiting for its dependencies."""
+    if task.state != "canceled" or task.error is None or task.error.code != SKIPPED:
+        raise refuse(task, "unskip")
+    after = requeue(task, "retry", RELEASER, new_attempt_id, now, None, "dependencies may hold again")
+    if not after.task.waiting_deps:  # a skipped task has dependencies; kept waiting whatever its copy says
+        after = msgspec.structs.replace(after, task=msgspec.structs.replace(after.task, waiting_deps=True))
+    return after

@@ -31,7 +31,7 @@ from ..lease_clock import LeaseClock
 from ..model import task_machine as sm
 from ..model.callbacks import new_delivery, wants_callback
 from ..model.records import TERMINAL_STATES, ActorRef, AuditEntry, AuditResult, DeadLetter, EventRecord, Task
-from ..ports import Change, IdempotencyRecord
+from ..ports import Change, EdgeEffect, IdempotencyRecord
 from ..runtime import KeyedMailboxes
 from ..shared_tasks import SharedTasks
 from ..store_ports import TaskServiceStore
@@ -40,6 +40,15 @@ from .records import ERROR_REASONS, STALE_RETRIES, StaleWrite, stale_or
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def edge_effect(tr: sm.Transition) -> EdgeEffect | None:
+    """What a workflow task's change does to its edges (actors/workflow_ports.py), applied by the store in the
+    change's transaction: ``settle`` when it becomes terminal, ``reopen`` when it leaves a terminal state."""
+    before = tr.before
+    if tr.task.workflow_id is None or before is None or before.terminal == tr.task.terminal:
+        return None
+    return "settle" if tr.task.terminal else "reopen"
 
 
 class RequeueGuard(Protocol):
@@ -309,6 +318,7 @@ class TaskLedger:
             dead_letter=dead_letter,
             # durable with the terminal change itself: the callback cannot be lost between the two
             callback=new_delivery(idgen.new_id("cbd"), task, now, artifacts) if wants_callback(task) else None,
+            edge_effect=edge_effect(tr),
         )
 
     async def _artifacts_of(self, tr: sm.Transition) -> list[ArtifactInfo] | None:

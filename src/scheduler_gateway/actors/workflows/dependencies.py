@@ -1,0 +1,59 @@
+"""``ctx.dependencies`` (CONTRACT 2.12): a page of the parents of the task a node holds, each with its state,
+result, error and artifacts as they are now (for a parent of a ``join: any`` task that is still running: its
+state then and no result). Pages of at most ``DEPENDENCY_PAGE`` parents in ref order, read through the store's
+index of edges by child, so a fan-in of 10,000 parents travels in pages within the message size limit."""
+
+from __future__ import annotations
+
+import asyncio
+
+from scheduler_gateway.wire.api import ErrorView
+from scheduler_gateway.wire.artifacts import ArtifactInfo
+from scheduler_gateway.wire.workflows import DEPENDENCY_PAGE, DependenciesReply, DependenciesRequest, DependencyView
+
+from ..model.records import NULL, Task
+from ..tasks.ledger import TaskLedger
+from .adding import under_lease
+from .records import WorkflowServiceStore
+
+
+class Dependencies:
+    def __init__(self, store: WorkflowServiceStore, ledger: TaskLedger) -> None:
+        self._store = store
+        self._ledger = ledger
+
+    async def page(self, node_id: str, req: DependenciesRequest) -> DependenciesReply:
+        task = under_lease(await self._ledger.current(req.task_id), node_id, req.lease_id)
+        limit = max(1, min(req.limit, DEPENDENCY_PAGE))
+        edges = await self._store.workflows.edges_into(task.id, req.after, limit + 1)
+        more = len(edges) > limit
+        edges = edges[:limit]
+        parents = await asyncio.gather(*(self._store.tasks.get_task(e.parent_id) for e in edges))
+        artifacts = await asyncio.gather(*(self._artifacts(p) for p in parents))
+        views = [
+            _view(e.parent_ref, e.parent_id, e.on, p, a) for e, p, a in zip(edges, parents, artifacts, strict=True)
+        ]
+        return DependenciesReply(dependencies=views, next=edges[-1].parent_ref if more and edges else None)
+
+    async def _artifacts(self, parent: Task | None) -> list[ArtifactInfo]:
+        """A parent's artifacts as of now (its terminal state: none is recorded after it)."""
+        if parent is None or not parent.terminal:
+            return []
+        return [
+            ArtifactInfo(name=r.name, size=r.size, sha256=r.sha256, content_type=r.content_type)
+            for r in await self._store.artifacts.list_artifacts(parent.id)
+        ]
+
+
+def _view(ref: str, task_id: str, on: str, parent: Task | None, artifacts: list[ArtifactInfo]) -> DependencyView:
+    if parent is None:  # purged by retention (a workflow's tasks are kept while it has open tasks)
+        return DependencyView(ref=ref, task_id=task_id, state="purged", on=on)  # type: ignore[arg-type]
+    return DependencyView(
+        ref=ref,
+        task_id=task_id,
+        state=parent.state,
+        on=on,  # type: ignore[arg-type]
+        result=parent.result if parent.terminal else NULL,
+        error=ErrorView(parent.error.code, parent.error.message) if parent.error and parent.terminal else None,
+        artifacts=artifacts,
+    )
