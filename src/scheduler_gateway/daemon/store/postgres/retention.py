@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from scheduler_gateway.actors.ports import PurgeResult, StoreSize
 from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb
+from scheduler_gateway.daemon.store.postgres.workflows import purge_workflow_rows, workflows_of
 from scheduler_gateway.daemon.store.schedule_rows import ACTIVE_RUN_SQL
 from scheduler_gateway.wire.api import UNIQUE_FOR_MAX_S
 
@@ -109,8 +110,10 @@ class PgRetention:
                 # them now, and the delete's own read (a later snapshot) sees the children committed before.
                 cur = await conn.execute(SQL_LOCK_CANDIDATES, (candidates,))
                 locked = [row[0] for row in await cur.fetchall()]
+                workflow_ids = await workflows_of(conn, locked)
                 cur = await conn.execute(SQL_DELETE_TASKS, (locked, finished_before))
                 gone = [row[0] for row in await cur.fetchall()]
+                await purge_workflow_rows(conn, gone, workflow_ids)  # their edges, counters, notices, workflows
             # bounded as the batch is; a cutoff at or before every window's reach (``finished_before`` <= now)
             await conn.execute(SQL_FORGET_MARKS, (finished_before - UNIQUE_FOR_MAX_S, n))
             purged = {

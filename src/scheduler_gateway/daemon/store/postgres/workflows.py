@@ -451,3 +451,38 @@ async def _grow_counters(conn: Conn, edges: list[Edge]) -> None:
     if grown:
         order = sorted(grown)
         await conn.execute(SQL_GROW_DEPS, _columns(((i, *grown[i]) for i in order), 4))
+
+
+async def workflows_of(conn: Conn, task_ids: list[str]) -> list[str]:
+    """The workflows of these tasks (read before retention deletes them)."""
+    if not task_ids:
+        return []
+    cur = await conn.execute(
+        "SELECT DISTINCT workflow_id FROM tasks WHERE id = ANY(%s::text[]) AND workflow_id IS NOT NULL", (task_ids,)
+    )
+    return [str(r[0]) for r in await cur.fetchall()]
+
+
+async def purge_workflow_rows(conn: Conn, gone: list[str], workflow_ids: list[str]) -> None:
+    """In retention's transaction, after it deleted the tasks ``gone`` (of the workflows ``workflow_ids``): their
+    edges both ways, their counters and notices, and each of those workflows no task is left of, with its
+    notices. A workflow's row stays while one of its tasks does."""
+    if not gone:
+        return
+    await conn.execute(
+        "DELETE FROM task_edges WHERE parent_id = ANY(%s::text[]) OR child_id = ANY(%s::text[])", (gone, gone)
+    )
+    await conn.execute("DELETE FROM task_deps WHERE task_id = ANY(%s::text[])", (gone,))
+    emptied: list[str] = []
+    if workflow_ids:
+        cur = await conn.execute(
+            "DELETE FROM workflows w WHERE id = ANY(%s::text[])"
+            " AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.workflow_id = w.id) RETURNING id",
+            (workflow_ids,),
+        )
+        emptied = [str(r[0]) for r in await cur.fetchall()]
+    await conn.execute(
+        "DELETE FROM workflow_notices WHERE (kind = 'task' AND object_id = ANY(%s::text[]))"
+        " OR (kind = 'workflow' AND object_id = ANY(%s::text[]))",
+        (gone, emptied),
+    )
