@@ -39,6 +39,7 @@ from scheduler_gateway.wire.messages import Offer
 
 from .bus_ports import Bus, Metrics, NullMetrics
 from .dispatch_flow import FlowBook, Key, KindQueue
+from .dispatch_workflows import WorkflowHold
 from .kind_trouble import KindTrouble, KindUnavailable
 from .model.flow import KindSettings
 from .model.records import Task
@@ -99,6 +100,8 @@ class Dispatcher(LoopActor):
         self._wake = Wakeup()
         self._encoder = msgspec.json.Encoder()
         self.trouble = KindTrouble()  # the kinds whose offers cannot be published now, each held back alone
+        #: workflows' maxParallel (actors/dispatch_workflows.py); a task waiting for its dependencies is never offered
+        self._workflows = WorkflowHold()
 
     # -- what the task service tells us -------------------------------------------------------------
     def update(self, task: Task) -> None:
@@ -109,11 +112,18 @@ class Dispatcher(LoopActor):
             del self._reoffers[task.id]
         if task.state == "running":
             self.flow.running(task.id, task.kind, task.concurrency_key, task.started_at)
+            self._workflows.take(task)
         else:
             freed = self.flow.stopped(task.id)
             if freed is not None and freed[0] in self._ready:
                 self._ready[freed[0]].release(freed[1])
-        if task.state == "queued":
+            if task.id not in self._offered_kind:
+                self._unpark(task.id)
+        if task.state == "queued" and task.waiting_deps:
+            self._queued[task.id] = task  # known (waitingFor "dependencies"), never offered until released
+            if task.thread_id:
+                self._lane_remove(task)
+        elif task.state == "queued":
             self._queued[task.id] = task
             if task.thread_id:
                 self._lane_add(task)
@@ -167,6 +177,15 @@ class Dispatcher(LoopActor):
             return None
         return self._held_by(task, self._clock(), self._flow_rule)
 
+    def _unpark(self, task_id: str) -> None:
+        """A workflow's task left its offer or its run: the parked tasks of its workflow that take the slot."""
+        for parked_id in self._workflows.drop(task_id, self._parked_ready):
+            self._schedule(self._queued[parked_id])
+
+    def _parked_ready(self, task_id: str) -> bool:
+        task = self._queued.get(task_id)
+        return task is not None and not task.waiting_deps and task_id not in self._offered_kind
+
     def flow_figures(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
         """(kind, state) -> queued / running tasks, and (kind, reason) -> queued tasks held back (metrics)."""
         tasks: Counter[tuple[str, str]] = Counter()
@@ -184,11 +203,16 @@ class Dispatcher(LoopActor):
         return dict(tasks), dict(held)
 
     def _held_by(self, task: Task, now: float, flow_rule: Callable[[str, Key, float], str | None]) -> str | None:
-        """What holds an unoffered queued task: its own time, its thread, then its kind's flow rules."""
+        """What holds an unoffered queued task: its dependencies, its own time, its thread, its workflow's
+        maxParallel, then its kind's flow rules."""
+        if task.waiting_deps:
+            return "dependencies"
         if task.not_before > now:
             return "retry_backoff" if task.attempt_no > 1 else "not_before"
         if task.thread_id and not self._lane_allows(task):
             return "thread"
+        if self._workflows.full(task):
+            return "workflow_parallel"
         return flow_rule(task.kind, task.concurrency_key, now)
 
     def _flow_rule(self, kind: str, key: Key, now: float) -> str | None:
@@ -266,6 +290,7 @@ class Dispatcher(LoopActor):
         queue = self._ready.get(kind)
         if queue is not None:
             queue.release(key)
+        self._unpark(task_id)
 
     def _schedule(self, task: Task) -> None:
         if task.not_before > self._clock():
@@ -399,6 +424,7 @@ class Dispatcher(LoopActor):
             offered[task.id] = task.attempt_id
             self._offered_kind[task.id] = kind
             self._offered_key[task.id] = key
+            self._workflows.take(task)
             if task.thread_id:
                 self._lanes[task.thread_id].active.add(task.id)
             picked.append(task)
@@ -421,6 +447,11 @@ class Dispatcher(LoopActor):
                 continue
             if not self._lane_allows(task):
                 continue  # re-scheduled when the lane frees
+            if task.waiting_deps:
+                continue  # scheduled when the releaser releases it
+            if self._workflows.full(task):
+                self._workflows.park(task)  # back in line when a task of its workflow frees a slot
+                continue
             return task
         return None
 
@@ -439,6 +470,8 @@ class Dispatcher(LoopActor):
                 timeout_seconds=task.timeout_s,
                 traceparent=task.traceparent,
                 concurrency_key=task.concurrency_key,
+                workflow_id=task.workflow_id,
+                ref=task.ref,
             )
         )
 
