@@ -70,9 +70,11 @@ async def fill(gateway: Gateway, api: Api, node: HandNode) -> dict[str, Any]:
     assert status in (200, 201, 202)
     await settle_failed(node, "report.nightly", 1, LONG)
     await node.heartbeat([], kinds=["report.render-quarterly-pdf", "report.nightly", "email.send-digest"])
-    for name in ("node-b-worker-pool-eu-central-1", "node-c"):
+    for i, name in enumerate(("node-b-worker-pool-eu-central-1", "node-c")):
         other = await HandNode.connect(gateway.settings.nats_url, name)
-        await other.heartbeat([], kinds=["thumbnail", "billing.reconcile-invoices"])
+        host = f"worker-{i}.pool-eu-central-1.internal.example.com"  # a long host name, as cloud ones are
+        await other.heartbeat([], kinds=["thumbnail", "billing.reconcile-invoices"], host=host, pid=4100 + i,
+                              version="0.1.0")  # fmt: skip
         await other.close()
     return {"dead": dead, "schedule": sched}
 
@@ -209,6 +211,9 @@ async def test_schedules_zones_form_filters_nodes_and_favicon(
     await page.goto(base(gateway) + "/ui/nodes")
     held = page.locator("#node-tasks-node-a")
     await expect(held).to_have_attribute("href", "/ui/tasks?node=node-a&state=running")
+    # and where each runs, as its heartbeat said
+    await expect(page.locator("#node-host-node-c")).to_have_text("worker-1.pool-eu-central-1.internal.example.com")
+    await expect(page.locator("#node-pid-node-c")).to_have_text("4101")
     # the icon: answered, an image, cached
     resp = await page.request.get(base(gateway) + "/favicon.ico")
     assert resp.status == 200

@@ -170,12 +170,17 @@ class HandNode:
         reply = await self.nc.request(self.subjects.claim(node_id or self.node_id), body, timeout=5)
         return msgspec.json.decode(reply.data, type=ClaimReply)
 
-    async def heartbeat(self, leases: list[tuple[str, str]], kinds: list[str] | None = None) -> HeartbeatReply:
+    async def heartbeat(
+        self, leases: list[tuple[str, str]], kinds: list[str] | None = None, **process: Any
+    ) -> HeartbeatReply:
+        """One beat; ``process``: the optional ``host``, ``pid``, ``version`` a worker may send (none by default,
+        as a worker from before them)."""
         req = HeartbeatRequest(
             kinds=kinds or [],
             capacity=4,
             running=len(leases),
             leases=[LeaseReport(task_id=t, lease_id=lease) for t, lease in leases],
+            **process,
         )
         reply = await self.nc.request(self.subjects.heartbeat(self.node_id), msgspec.json.encode(req), timeout=5)
         return msgspec.json.decode(reply.data, type=HeartbeatReply)
