@@ -189,6 +189,7 @@ def _arms(q: TaskSearch, mark: str, sqlite: bool) -> list[Arm]:
         ("parent_id", q.parent_id),
         ("run_id", q.run_id),
         ("thread_id", q.thread_id),
+        ("workflow_id", q.workflow_id),
     ):
         if value is not None:
             plus = "+" if column == "owner" and owner_off_index else ""
@@ -376,7 +377,7 @@ def count_sql(
 
 def counted_by_state(q: TaskSearch) -> bool:
     """The query filters by owner, kind and states only: ``task_counts`` answers its count exactly."""
-    others = (q.label, q.node_id, q.error_code, q.concurrency_key, q.parent_id, q.run_id, q.thread_id)
+    others = (q.label, q.node_id, q.error_code, q.concurrency_key, q.parent_id, q.run_id, q.thread_id, q.workflow_id)
     return all(v is None for v in others) and q.created_from is None and q.created_to is None and not q.id_prefix
 
 

@@ -50,6 +50,7 @@ from scheduler_gateway.daemon.http.console.pages.overview import OverviewPages
 from scheduler_gateway.daemon.http.console.pages.schedules import SchedulePages, local_wall_time
 from scheduler_gateway.daemon.http.console.pages.signin import SignInPages
 from scheduler_gateway.daemon.http.console.pages.tasks import TaskPages
+from scheduler_gateway.daemon.http.console.pages.workflows import WorkflowPages
 from scheduler_gateway.daemon.http.console.sessions import LoginCsrf, Session, Sessions, SignInLimiter, csrf_ok
 from scheduler_gateway.daemon.http.console.state import ConsoleState
 from scheduler_gateway.daemon.http.console.viewer import VIEWER, viewer_guard
@@ -78,6 +79,7 @@ PAGE_GROUPS: tuple[type[Pages], ...] = (
     KindPages,
     SchedulePages,
     NodePages,
+    WorkflowPages,
 )
 
 

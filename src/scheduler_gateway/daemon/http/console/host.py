@@ -14,6 +14,7 @@ from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.scheduling import ScheduleService
 from scheduler_gateway.actors.store_ports import ConsoleStore
 from scheduler_gateway.actors.tasks import TaskService
+from scheduler_gateway.daemon.http.console.workflow_host import HostWorkflows
 from scheduler_gateway.daemon.http.events import EventsApi
 from scheduler_gateway.daemon.http.principals import PrincipalCache
 from scheduler_gateway.daemon.http.settings import HttpSettings
@@ -61,3 +62,5 @@ class ConsoleHost(Protocol):
     def dispatcher(self) -> Dispatcher: ...
     @property
     def artifacts(self) -> HostArtifacts: ...
+    @property
+    def workflows(self) -> HostWorkflows: ...

@@ -26,6 +26,7 @@ FILTER_FIELDS = (
     "parentId",
     "runId",
     "threadId",
+    "workflowId",
     "createdFrom",
     "createdTo",
     "id",
@@ -45,6 +46,7 @@ class TaskFilter(msgspec.Struct, kw_only=True):
     parent_id: str | None = None
     run_id: str | None = None
     thread_id: str | None = None
+    workflow_id: str | None = None
     created_from: str | None = None  # datetime-local, UTC
     created_to: str | None = None
     id_prefix: str | None = None
@@ -78,6 +80,7 @@ class TaskFilter(msgspec.Struct, kw_only=True):
             parent_id=get("parentId"),
             run_id=get("runId"),
             thread_id=get("threadId"),
+            workflow_id=get("workflowId"),
             created_from=get("createdFrom"),
             created_to=get("createdTo"),
             id_prefix=get("id"),
@@ -97,6 +100,7 @@ class TaskFilter(msgspec.Struct, kw_only=True):
             "parentId": self.parent_id,
             "runId": self.run_id,
             "threadId": self.thread_id,
+            "workflowId": self.workflow_id,
             "createdFrom": self.created_from,
             "createdTo": self.created_to,
             "id": self.id_prefix,
@@ -137,6 +141,7 @@ class TaskFilter(msgspec.Struct, kw_only=True):
             parent_id=self.parent_id,
             run_id=self.run_id,
             thread_id=self.thread_id,
+            workflow_id=self.workflow_id,
             created_from=lo,
             created_to=hi,
             id_prefix=self.id_prefix,

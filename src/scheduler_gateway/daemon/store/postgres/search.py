@@ -120,7 +120,7 @@ PG_SEARCH_MIGRATION: tuple[str, ...] = (
 # of another kind (the bench's backlog: 100-200 ms a page on 1.1M tasks). An arm is ordered by its index's columns
 # then id (the same order: they are fixed); their equalities are written as ranges of one value, since the planner
 # drops an ORDER BY column an equality makes constant, and with it the index it would need.
-_RARE = ("node_id", "error_code", "parent_id", "run_id", "concurrency_key")
+_RARE = ("node_id", "error_code", "parent_id", "run_id", "concurrency_key", "workflow_id")
 _COMPOSITE = (("owner", "state", "kind"), ("state", "kind"), ("owner", "state"), ("owner", "kind"))
 _ONE = ("state", "kind", "owner")
 _EQUALITY = re.compile(r"\At\.(\w+) = %s\Z")
