@@ -90,3 +90,43 @@ async def test_refusals_carry_code_message_and_details() -> None:
         bad = msgspec.json.decode(await r.answer(f"gw.workflow.{node}", b'{"op":"dependencies"}'))
         assert bad["error"]["code"] == "INVALID_ARGUMENT"
     assert len(service.calls) == n  # none of them reached the service
+
+
+class SmallServer:
+    max_payload = 4096
+
+
+class Msg:
+    def __init__(self, subject: str, data: bytes) -> None:
+        self.subject, self.data, self.reply = subject, data, "_GW_INBOX.node-1.x"
+        self.sent: list[bytes] = []
+
+    async def respond(self, body: bytes) -> None:
+        self.sent.append(body)
+
+
+class BigPages(FakeService):
+    async def dependencies(self, node_id: str, req: DependenciesRequest) -> DependenciesReply:
+        big = msgspec.Raw(msgspec.json.encode("r" * 100))
+        views = [
+            DependencyView(ref=f"p{i}", task_id=TSK, state="succeeded", on="succeeded", result=big)
+            for i in range(req.limit)
+        ]
+        return DependenciesReply(dependencies=views)
+
+
+async def test_an_answer_over_the_servers_max_payload_is_a_refusal_the_node_can_read() -> None:
+    nc: Any = SmallServer()
+    r = WorkflowResponder(nc, Subjects(), BigPages())
+    small = Msg(
+        "gw.workflow.node-1", msgspec.json.encode({"op": "dependencies", "taskId": TSK, "leaseId": "l", "limit": 5})
+    )
+    await r._on(small)  # type: ignore[arg-type]
+    assert len(msgspec.json.decode(small.sent[0])["dependencies"]) == 5
+    big = Msg("gw.workflow.node-1", msgspec.json.encode({"op": "dependencies", "taskId": TSK, "leaseId": "l"}))
+    await r._on(big)  # type: ignore[arg-type]
+    (sent,) = big.sent
+    refused = msgspec.json.decode(sent)
+    assert len(sent) <= 4096
+    assert refused["ok"] is False and refused["error"]["code"] == "PAYLOAD_TOO_LARGE"
+    assert refused["error"]["details"]["maxPayload"] == 4096 and refused["error"]["details"]["bytes"] > 4096

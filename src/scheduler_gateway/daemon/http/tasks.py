@@ -91,7 +91,7 @@ def task_view(t: Task, waiting_for: str | None = None, artifact_count: int = 0) 
 
 def error_view(e: TaskError) -> api.ErrorView:
     """A task's error as answered, with its ``details`` when it has some (a skip names its parent: 2.12)."""
-    return api.ErrorView(e.code, e.message, getattr(e, "details", None) or None)
+    return api.ErrorView(e.code, e.message, e.details or None)
 
 
 def check_callback(settings: HttpSettings, url: str | None, secret: str | None) -> None:

@@ -103,6 +103,15 @@ class WorkflowResponder:
 
     async def _on(self, msg: Msg) -> None:
         body = await self.answer(msg.subject, msg.data)
+        limit = self._nc.max_payload
+        if len(body) > limit:
+            # a page of large results: a reply NATS would refuse to carry leaves the node waiting out its timeout
+            # and asking again for ever; a refusal it can read says why (ask for fewer with ``limit``)
+            body = refusal(
+                Code.PAYLOAD_TOO_LARGE,
+                "the answer is over the NATS server's max_payload: ask for fewer dependencies (limit)",
+                {"bytes": len(body), "maxPayload": limit},
+            )
         if msg.reply:
             with contextlib.suppress(Exception):  # the node gave up or NATS is away: it asks again
                 await msg.respond(body)
