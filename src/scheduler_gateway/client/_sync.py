@@ -130,6 +130,7 @@ class SyncGatewayClient:
     # workflows
     workflow_task = staticmethod(GatewayClient.workflow_task)
     submit_workflow = _blocking(GatewayClient.submit_workflow)
+    submit_workflow_body = _blocking(GatewayClient.submit_workflow_body)
     get_workflow = _blocking(GatewayClient.get_workflow)
     list_workflows = _iterating(GatewayClient.list_workflows)
     cancel_workflow = _blocking(GatewayClient.cancel_workflow)

@@ -96,6 +96,17 @@ class WorkflowCalls:
         answer = await self.transport.call("POST", "/api/workflows", body=body, idempotency_key=key)
         return self.transport.decode(answer, WorkflowView)
 
+    async def submit_workflow_body(
+        self, body: Mapping[str, Any], *, idempotency_key: str | None = None
+    ) -> WorkflowView:
+        """Create a workflow from the JSON body of ``POST /api/workflows`` as it is (a file's, say: ``gatewayctl
+        workflows submit``), keyed and retried as ``submit_workflow``."""
+        if not isinstance(body, Mapping):
+            raise TypeError("a workflow's body is a JSON object")
+        key = idempotency_key or _new_key()
+        answer = await self.transport.call("POST", "/api/workflows", body=body, idempotency_key=key)
+        return self.transport.decode(answer, WorkflowView)
+
     async def get_workflow(self, workflow_id: str) -> WorkflowView:
         """One workflow with its tasks; another user's answers ``NotFound`` (``WORKFLOW_NOT_FOUND``)."""
         return await self.transport.get(f"/api/workflows/{_id(workflow_id)}", WorkflowView)

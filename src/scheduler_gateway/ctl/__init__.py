@@ -2,7 +2,7 @@
 (docs/CLI.md; CONTRACT section 5).
 
 Exit status: 0 done; 1 the gateway refused (its stable code first on the one line on stderr), or a waited-for
-task did not succeed; 2 a usage error (an unknown flag, a payload that is not JSON, an unreadable token
+task or workflow did not succeed; 2 a usage error (an unknown flag, a payload that is not JSON, an unreadable token
 file) or no gateway to talk to. The token is read from its file or variable and never printed."""
 
 from __future__ import annotations
@@ -109,12 +109,14 @@ async def _run(args: Any, url: str, token: str | None, source: str | None = None
 
     from ._commands import COMMANDS, Ctx, Failed
     from ._render import Progress
+    from ._workflow_commands import WORKFLOW_COMMANDS
 
     output = args.output or ("table" if sys.stdout.isatty() else "json")
     async with GatewayClient(url, token, retries=2, backoff_s=0.1, timeout_s=30.0) as gw:
         ctx = Ctx(gw=gw, output=output, out=sys.stdout, progress=Progress(sys.stderr))
         try:
-            await COMMANDS[(args.group, args.action)](ctx, args)
+            command = COMMANDS.get((args.group, args.action)) or WORKFLOW_COMMANDS[(args.group, args.action)]
+            await command(ctx, args)
         except Failed as exc:
             _err(f"{exc.code}: {exc.message}")
             return EXIT_REFUSED

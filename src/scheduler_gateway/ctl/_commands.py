@@ -172,7 +172,9 @@ async def tasks_submit(ctx: Ctx, a: Any) -> None:
 async def tasks_list(ctx: Ctx, a: Any) -> None:
     """Newest first (the API's ``order=newest``) unless ``--oldest``: ``--limit 20`` is the 20 latest tasks."""
     page = min(a.page_size, a.limit) if a.limit else a.page_size
-    tasks = ctx.gw.list_tasks(state=a.state, kind=a.kind, page_size=page, newest_first=not a.oldest)
+    tasks = ctx.gw.list_tasks(
+        state=a.state, kind=a.kind, workflow_id=a.workflow, page_size=page, newest_first=not a.oldest
+    )
     await ctx.many(tasks, "task", "tasks", a.limit)
 
 

@@ -9,6 +9,7 @@ import argparse
 from typing import Any, Final
 
 TASK_STATES: Final = ("waiting_approval", "queued", "running", "succeeded", "failed", "canceled", "dead")
+WORKFLOW_STATES: Final = ("running", "succeeded", "failed", "canceled")
 DEFAULT_URL: Final = "http://127.0.0.1:8080"
 DEFAULT_TOKEN_FILE: Final = "var/admin.token"
 
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     _nodes_commands(sub)
     _artifacts_commands(sub)
     _events_commands(sub)
+    _workflows_commands(sub)
 
     p = sub.add_parser("completion", help="print the shell completion script (bash or zsh)")
     p.add_argument("shell", choices=("bash", "zsh"))
@@ -139,6 +141,7 @@ def _tasks_commands(sub: Any) -> None:
     p = tasks.leaf("list", "list tasks, newest first (pages fetched as they go)")
     p.add_argument("--state", choices=TASK_STATES)
     p.add_argument("--kind", metavar="K")
+    p.add_argument("--workflow", metavar="ID", help="only the tasks of this workflow")
     p.add_argument("--limit", type=_positive_int, metavar="N", help="at most N tasks: the N newest (default: all)")
     p.add_argument("--oldest", action="store_true", help="oldest first (--limit N: the N oldest)")
     p.add_argument("--page-size", type=_positive_int, default=100, help=argparse.SUPPRESS)
@@ -251,3 +254,29 @@ def _events_commands(sub: Any) -> None:
     p.add_argument("--types", metavar="T1,T2", help="only these event types (comma-separated)")
     p.add_argument("--from-seq", type=_positive_int, metavar="N", help="replay from seq N first, then go live")
     p.add_argument("--aggregate-id", metavar="ID", help="only events of this object (a task id...)")
+
+
+def _workflows_commands(sub: Any) -> None:
+    workflows = _group(sub, "workflows", "workflows: graphs of tasks that wait for other tasks")
+    p = workflows.leaf("submit", "create a workflow from FILE, the JSON body of POST /api/workflows (- reads stdin)")
+    p.add_argument("file", metavar="FILE|-")
+    p.add_argument("--key", metavar="K", help="Idempotency-Key: the same key and body again answers the same workflow")
+    p.add_argument("--wait", action="store_true", help="wait until it finishes; exit 0 only if it succeeded")
+    p.add_argument("--timeout", type=_seconds, metavar="S", help="with --wait: give up after S seconds (exit 1)")
+    p = workflows.leaf("list", "list workflows, newest first (pages fetched as they go)")
+    p.add_argument("--state", choices=WORKFLOW_STATES)
+    p.add_argument("--name", metavar="N", help="only workflows of this name")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help="at most N workflows: the N newest (default: all)")
+    p.add_argument("--page-size", type=_positive_int, default=100, help=argparse.SUPPRESS)
+    workflows.leaf("get", "one workflow and a table of its tasks (what each waits for, or its error)").add_argument(
+        "id", metavar="ID"
+    )
+    p = workflows.leaf("cancel", "cancel every task of a workflow that has not ended")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--reason", metavar="R", help="why (kept in the tasks' history and the audit)")
+    p = workflows.leaf("retry", "run again what failed (or the tasks named by --ref) and what did not succeed after it")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--ref", action="append", dest="refs", metavar="R", help="a task's ref to run again (repeatable)")
+    p = workflows.leaf("wait", "wait until a workflow finishes; exit 0 only if it succeeded")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--timeout", type=_seconds, metavar="S", help="give up after S seconds (exit 1)")
