@@ -45,6 +45,7 @@ from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.retention import RetentionKeeper
 from scheduler_gateway.actors.scheduling import SchedulerSettings
 from scheduler_gateway.actors.tasks import TaskPolicy, TaskService
+from scheduler_gateway.actors.workflows import WorkflowService
 from scheduler_gateway.daemon import task_spans
 from scheduler_gateway.daemon.admin_server import AdminServer, RouteGroup
 from scheduler_gateway.daemon.artifacts import Artifacts
@@ -59,6 +60,7 @@ from scheduler_gateway.daemon.http.event_hub import EventHub, corrupt_event_audi
 from scheduler_gateway.daemon.http.events import EventsApi, SseSettings, event_routes
 from scheduler_gateway.daemon.http.kinds import KindRoutes
 from scheduler_gateway.daemon.http.principals import PrincipalCache
+from scheduler_gateway.daemon.http.tasks import create_rule
 from scheduler_gateway.daemon.http.tls import TlsFiles
 from scheduler_gateway.daemon.lifecycle import Duty, Services, Step, step
 from scheduler_gateway.daemon.metrics import PrometheusMetrics, PrometheusRetentionMetrics
@@ -66,6 +68,7 @@ from scheduler_gateway.daemon.metrics_dispatch import register_dispatch_metrics
 from scheduler_gateway.daemon.metrics_events import EventCallbackMetrics
 from scheduler_gateway.daemon.nats.bus import NatsBus
 from scheduler_gateway.daemon.nats.node_inputs import NodeInputs
+from scheduler_gateway.daemon.nats.workflows import WorkflowRequests
 from scheduler_gateway.daemon.node_sync import NodeSync
 from scheduler_gateway.daemon.scheduling import Scheduling
 from scheduler_gateway.daemon.store.select import open_store
@@ -172,6 +175,17 @@ class Gateway:
             stream_replicas=s.stream_replicas,
             retention=s.retention,
         )
+        # workflows (CONTRACT 2.12): the service the routes, the console and gw.workflow call, and its releaser
+        self.workflows = WorkflowService(
+            self.store,
+            self.service,
+            clock=clock,
+            new_task=create_rule(self.api.bodies, s.http),  # a single create's rules at the HTTP door
+            thread_check=self.scheduling.service.check_thread,
+            on_finished=self.callbacks.notify,  # a finish with a callback wakes the sender at once
+        )
+        self.api.workflows = self.workflows  # the workflow routes (the app is built when the HTTP server starts)
+        self.workflow_requests = WorkflowRequests(self.bus, self.workflows)  # gw.workflow.<nodeId>
         self._connect()
         self.http_server = AdminServer(self.api.app, self._route_groups(), s.http_host, s.http_port, tls=s.http_tls)
         self.services = Services(self._services())
@@ -250,6 +264,7 @@ class Gateway:
             self.callbacks.on_transition,
             task_spans.on_transition,  # claim and settle spans, task log lines
             self.scheduling.actor.on_transition,  # a scheduled run completes with its task
+            self.workflows.on_transition,  # a workflow task crossing the terminal line wakes the releaser
         ):
             self.service.add_listener(listener)
         self.service.set_thread_check(self.scheduling.service.check_thread)
@@ -301,10 +316,12 @@ class Gateway:
             step("kinds", self.kinds),  # before the service hands the dispatcher its queued tasks
             step("task service", self.service),
             step("dispatcher", self.dispatcher),
+            step("workflows", self.workflows),  # the releaser: notices left by a crash are handled at once
             Step("callback client", stop=self.callback_poster.close),  # closed once the sender stopped
             step("scheduler", self.scheduling),
             step("duties", self.duties),
             step("artifacts", self.artifacts),  # gw.artifact.<node> and the keeper
+            step("workflow requests", self.workflow_requests),  # a running task's dependencies and added tasks
             Step("node inputs", start=self._serve_nodes, stop=self.bus.stop_serving),
             step("http", self.http_server),
         ]
