@@ -22,6 +22,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from scheduler_gateway.daemon.nats.bus import GATEWAY_QUEUE, NatsBus
 from scheduler_gateway.daemon.nats.leave import leave
 from scheduler_gateway.wire.errors import Code, GatewayError
 from scheduler_gateway.wire.names import NODE_ID_PATTERN
@@ -115,3 +116,24 @@ class WorkflowResponder:
         if msg.reply:
             with contextlib.suppress(Exception):  # the node gave up or NATS is away: it asks again
                 await msg.respond(body)
+
+
+class WorkflowRequests:
+    """The responder as one of the gateway's services: it subscribes when started, on the bus's connection
+    (connected by then), in the claims' queue group, and leaves when stopped."""
+
+    def __init__(self, bus: NatsBus, service: WorkflowNodeApi) -> None:
+        self._bus = bus
+        self._service = service
+        self._responder: WorkflowResponder | None = None
+
+    async def start(self) -> None:
+        nc = self._bus.nc
+        assert nc is not None, "NATS connects before the workflow requests are served"
+        self._responder = WorkflowResponder(nc, self._bus.subjects, self._service)
+        await self._responder.start(GATEWAY_QUEUE)
+
+    async def stop(self) -> None:
+        responder, self._responder = self._responder, None
+        if responder is not None:
+            await responder.stop()
