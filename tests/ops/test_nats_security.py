@@ -252,6 +252,7 @@ async def test_node_users_run_their_own_flow_and_nothing_else(deployment: Deploy
             "gw.claim.node-2",
             "gw.heartbeat.node-2",
             "gw.settle.node-2",
+            "gw.workflow.node-2",
             "gw.dispatch.echo",
             "gw.evt.task.x",
         ):
@@ -282,6 +283,10 @@ async def test_node_users_run_their_own_flow_and_nothing_else(deployment: Deploy
         assert info.name == "gw-kind-echo"
         reply = await node1.request("gw.claim.node-1", b'{"taskId": "tsk_0", "attemptId": "att_0"}', timeout=5)
         assert b'"ok":false' in reply.data.replace(b" ", b"")
+        # its own workflow requests reach the gateway and their answers reach its inbox
+        asked = b'{"op": "dependencies", "taskId": "tsk_0", "leaseId": "lse_0"}'
+        reply = await node1.request("gw.workflow.node-1", asked, timeout=5)
+        assert b'"code":"LEASE_NOT_FOUND"' in reply.data.replace(b" ", b""), reply.data
     finally:
         await node1.close()
         await spy.close()
@@ -310,16 +315,19 @@ async def test_the_embedded_dev_node_user_has_the_same_rules_for_any_node_id(tmp
             # any node id is fine in dev ...
             ack = await dev.jetstream(timeout=5).publish("gw.settle.any-node", b"{}")
             assert ack.stream == "GW_SETTLE"
+            await dev.publish("gw.workflow.any-node", b"{}")
             await dev.subscribe("gw.cancel.other-node")
             await dev.flush()
             # ... but the boundaries are production's
             for subject in ("gw.dispatch.echo", "gw.evt.task.created", "$JS.API.STREAM.INFO.GW_SETTLE"):
                 await dev.publish(subject, b"{}")
                 await violations.wait_for("publish", subject)
-            for subject in ("gw.settle.>", "gw.claim.any-node", "_INBOX.>"):
+            for subject in ("gw.settle.>", "gw.claim.any-node", "gw.workflow.any-node", "_INBOX.>"):
                 await dev.subscribe(subject)
                 await violations.wait_for("subscription", subject)
-            assert not any("gw.cancel.other-node" in v for v in violations.seen)
+            assert not any(
+                "gw.cancel.other-node" in v or ("publish" in v and "gw.workflow" in v) for v in violations.seen
+            )
         finally:
             await dev.close()
             await gw.close()
