@@ -930,6 +930,15 @@ def undo_console_counts(db: sqlite3.Connection) -> None:
         db.execute(f"DROP TABLE {table}")
 
 
+def undo_workflow_migration(db: sqlite3.Connection) -> None:
+    """Migration 19 (workflows) undone, for a test that builds a file of an earlier schema by hand."""
+    for index in ("tasks_workflow", "tasks_workflow_running"):
+        db.execute(f"DROP INDEX {index}")
+    db.execute("ALTER TABLE tasks DROP COLUMN workflow_id")
+    for table in ("workflows", "task_edges", "task_deps", "workflow_notices"):
+        db.execute(f"DROP TABLE {table}")
+
+
 async def test_sqlite_migration_fills_the_dead_letter_columns(tmp_path: Path) -> None:
     path = tmp_path / "gw.sqlite3"
     s = SqliteStore(path)
@@ -942,6 +951,7 @@ async def test_sqlite_migration_fills_the_dead_letter_columns(tmp_path: Path) ->
         # tokens, flow control, artifacts, the console's filters and figures, unique marks)
         dl_version = 5
         db.execute("DELETE FROM schema_version WHERE version >= ?", (dl_version,))
+        undo_workflow_migration(db)  # workflows (migration 19)
         for column in ("last_heartbeat_at", "draining", "drain_revision"):  # the node columns (migration 18)
             db.execute(f"ALTER TABLE nodes DROP COLUMN {column}")
         db.execute("DROP TABLE unique_marks")  # purged unique tasks' creates (migration 15)

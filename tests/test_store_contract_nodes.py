@@ -21,7 +21,7 @@ from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.postgres import migrations as pg_migrations
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 
-from .test_store_contract import T0, harness, store
+from .test_store_contract import T0, harness, store, undo_workflow_migration
 
 __all__ = ["harness", "store"]  # the fixtures, imported for pytest
 
@@ -106,6 +106,7 @@ async def test_the_sqlite_migration_fills_the_node_columns_from_the_documents(tm
     node = _heard(T0, draining=True)
     with sqlite3.connect(path) as db:  # a row as written before migration 18
         db.execute("DELETE FROM schema_version WHERE version >= 18")
+        undo_workflow_migration(db)  # migration 19
         for column in ("last_heartbeat_at", "draining", "drain_revision"):
             db.execute(f"ALTER TABLE nodes DROP COLUMN {column}")
         doc = msgspec.json.encode(node).replace(b',"drain_revision":0', b"")

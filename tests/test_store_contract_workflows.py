@@ -11,6 +11,8 @@ each child of a reopened task and for the reopened task itself; a ``workflow`` n
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -20,7 +22,9 @@ from scheduler_gateway.actors.model.callbacks import CallbackDelivery
 from scheduler_gateway.actors.model.records import AuditEntry, Dependency, EventRecord, Task, TaskError
 from scheduler_gateway.actors.model.workflows import SKIPPED, Edge, WorkflowRecord, edge_accepts
 from scheduler_gateway.actors.ports import AuditQuery, Change, IdempotencyRecord, TaskQuery
-from scheduler_gateway.wire.errors import Code, Conflict
+from scheduler_gateway.daemon.store import workflow_rows
+from scheduler_gateway.daemon.store.sqlite import SqliteStore
+from scheduler_gateway.wire.errors import Code, Conflict, InvalidArgument
 
 from .test_store_contract import (
     T0,
@@ -643,10 +647,52 @@ async def test_purging_a_workflows_tasks_leaves_no_edge_counter_notice_or_workfl
     assert await store.workflows.workflow_counts([WF]) == {WF: {}}
 
 
-async def test_a_workflow_keeps_its_row_while_a_task_is_left(store: Any) -> None:
-    await submit(store, [wf_task(1, "a"), wf_task(2, "b", (("a", "succeeded"),))])
+async def test_a_parent_is_kept_while_its_child_is_open_and_the_workflow_while_a_task_is_left(store: Any) -> None:
+    await submit(store, [wf_task(1, "a"), wf_task(2, "b", (("a", "succeeded"),)), wf_task(3, "c")])
     await end(store, tid(1), "succeeded")
-    await store.retention.purge_tasks(T0 + 1000, 100)
+    await end(store, tid(3), "succeeded")
+    r = await store.retention.purge_tasks(T0 + 1000, 100)
+    assert (r.purged["tasks"], r.kept) == (1, 1)  # c went; a stays while b may still read it
+    assert await store.tasks.get_task(tid(1)) is not None and await store.tasks.get_task(tid(3)) is None
+    assert [e.parent_id for e in await store.workflows.edges_into(tid(2), None, 10)] == [tid(1)]
     wf = await store.workflows.get_workflow(WF)
     assert wf is not None and wf.open_tasks == 1
-    assert await store.tasks.get_task(tid(2)) is not None
+    await end(store, tid(2), "succeeded")
+    r = await store.retention.purge_tasks(T0 + 1000, 100)
+    assert r.purged["tasks"] == 2
+    assert await store.workflows.get_workflow(WF) is None
+    assert await notices(store) == []  # the workflow notice of its finish went with it
+
+
+async def test_an_edge_from_an_unknown_task_or_a_second_edge_refuses_the_create(store: Any) -> None:
+    a, b = wf_task(1, "a"), wf_task(2, "b", (("a", "succeeded"),))
+    ghost = Edge(workflow_id=WF, parent_id=tid(9), parent_ref="ghost", child_id=tid(2), on="succeeded")
+    for edges in ([*edges_of([a, b]), ghost], [*edges_of([a, b]), *edges_of([a, b])]):
+        with pytest.raises(InvalidArgument):
+            await store.workflows.create_workflow(
+                record(), [create(a), create(b)], edges, audit=wf_audit(), event=wf_event(), idempotency=None
+            )
+        assert await store.workflows.get_workflow(WF) is None and await store.tasks.get_task(tid(1)) is None
+
+
+async def test_sqlite_the_effect_and_guard_statements_seek_only_their_own_rows(tmp_path: Path) -> None:
+    """Statement-level: a settle, a reopen and a claim's guard read the task's own edges (by the key), its
+    children's counter rows, its workflow's row and running tasks, each by an index: never a scan of a table,
+    so a fan-in of 10,000 costs each settle the same."""
+    s = SqliteStore(tmp_path / "gw.sqlite3")
+    await s.start()
+    await s.stop()
+    params = {"p": tid(1), "s": "succeeded", "wf": WF, "at": T0, "n": 1}
+    named = (
+        "SQL_SETTLE_NOTICES", "SQL_SETTLE_DEPS", "SQL_SETTLE_EDGES", "SQL_REOPEN_DEPS", "SQL_REOPEN_EDGES",
+        "SQL_REOPEN_NOTICES", "SQL_OPEN_DOWN", "SQL_OPEN_UP", "SQL_FINISHED_NOTICE", "SQL_NOT_READY", "SQL_RUNNING",
+    )  # fmt: skip
+    with sqlite3.connect(tmp_path / "gw.sqlite3") as db:
+        for name in named:
+            sql = getattr(workflow_rows, name)
+            args: Any = (tid(1),) if "?" in sql else params
+            plan = [str(r[3]) for r in db.execute("EXPLAIN QUERY PLAN " + sql, args)]
+            assert plan, name
+            assert all(line.startswith(("SEARCH", "CORRELATED SCALAR SUBQUERY")) for line in plan), (name, plan)
+        running = [str(r[3]) for r in db.execute("EXPLAIN QUERY PLAN " + workflow_rows.SQL_RUNNING, (WF,))]
+        assert any("tasks_workflow_running" in line for line in running), running

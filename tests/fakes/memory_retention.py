@@ -39,7 +39,7 @@ class MemoryRetention:
         for _, task_id in due:
             letter = self._dead_letters.get(task_id)
             has_artifacts = any(k[0] == task_id for k in self._artifacts)  # they go first (ArtifactKeeper)
-            held = task_id in parents or task_id in run_tasks or has_artifacts
+            held = task_id in parents or task_id in run_tasks or has_artifacts or self._held_by_child(task_id)
             if held or (letter is not None and not letter.archived):
                 kept += 1
                 continue

@@ -21,7 +21,7 @@ from scheduler_gateway.actors.model.workflows import SKIPPED, DepCounts, Edge, N
 from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.actors.ports import Change, IdempotencyRecord
 from scheduler_gateway.daemon.store.common import clamp_limit
-from scheduler_gateway.wire.errors import Code, Conflict
+from scheduler_gateway.wire.errors import Code, Conflict, InvalidArgument
 
 if TYPE_CHECKING:
     from tests.fakes.memory_store import MemoryStore
@@ -179,6 +179,22 @@ class MemoryWorkflows:
             if active(new) and (old is None or not active(old)):
                 self._notice("task", child)
 
+    def _check_edges(self: MemoryStore, changes: list[Change], edges: list[Edge]) -> None:
+        """The SQL stores' refusals of an edge, before anything is written: an unknown parent, a second edge."""
+        new = {c.task.id for c in changes}
+        seen: set[tuple[str, str]] = set()
+        for e in edges:
+            key = (e.parent_id, e.child_id)
+            if key in seen or key in self._wf.edges:
+                raise InvalidArgument(
+                    f"a second edge {e.parent_ref} -> {e.child_id}", details={"ref": e.parent_ref, "taskId": e.child_id}
+                )
+            seen.add(key)
+            if e.parent_id not in new and e.parent_id not in self._tasks:
+                raise InvalidArgument(
+                    f"edge from unknown task {e.parent_id}", details={"ref": e.parent_ref, "taskId": e.parent_id}
+                )
+
     def _check_inserts(self: MemoryStore, changes: list[Change]) -> None:
         """Every insert's checks against the stored rows, and the live unique keys among the inserts themselves
         (the SQL stores' unique index sees the earlier inserts of the same transaction)."""
@@ -214,6 +230,7 @@ class MemoryWorkflows:
         if idempotency is not None and (idempotency.owner, idempotency.key) in self._idempotency:
             raise Conflict("this idempotency key was already used", code=Code.IDEMPOTENCY_CONFLICT)
         self._check_inserts(changes)
+        self._check_edges(changes, edges)
         opened = sum(c.task.state not in TERMINAL_STATES for c in changes)
         self._wf.workflows[workflow.id] = msgspec.structs.replace(workflow, open_tasks=opened, finished_at=None)
         for change in changes:
@@ -249,6 +266,7 @@ class MemoryWorkflows:
                 details={"taskId": adder.id},
             )
         self._check_inserts(changes)
+        self._check_edges(changes, edges)
         new_ids = [c.task.id for c in changes]
         for change in changes:
             self._write(change)
@@ -386,6 +404,13 @@ class MemoryWorkflows:
             self._wf.notices.pop(s, None)
 
     # ------------------------------------------------------------------ retention
+
+    def _held_by_child(self: MemoryStore, task_id: str) -> bool:
+        """Retention keeps a task while a workflow child of it is not terminal (its dependencies read it)."""
+        return any(
+            (c := self._tasks.get(child)) is not None and c.state not in TERMINAL_STATES
+            for child in self._wf.children.get(task_id, ())
+        )
 
     def _purge_workflow_rows(self: MemoryStore, task_id: str) -> None:
         """A purged task's edges (both ways), counters and notices; its workflow's row once no task is left."""

@@ -36,6 +36,7 @@ from scheduler_gateway.daemon.store.search import (
     SQL_INSERT_LABEL,
     summed_counts,
 )
+from scheduler_gateway.daemon.store.workflow_rows import WorkflowSteps
 from scheduler_gateway.wire.errors import Fault
 
 Row = tuple[Any, ...]
@@ -95,6 +96,8 @@ class BatchPlan:
         # back from a terminal state (a dead letter retried) would pass a child's create that, in order, it
         # refuses.
         self._parents: set[str] = set()
+        # workflow tasks' claims and edge effects, run after every write in the batch's order (workflow_rows.py)
+        self.workflow = WorkflowSteps()
 
     def gather(self, batch: list[Work]) -> None:
         for work in batch:
@@ -135,6 +138,7 @@ class BatchPlan:
         if r.labels:
             self.labels.extend(r.labels)
         self._count(r)
+        self.workflow.add(r)
 
     def _count(self, r: ChangeRows) -> None:
         """The change's task_counts moves, and where a claim of it stands among the batch's exits from running."""
@@ -186,6 +190,8 @@ class BatchPlan:
 
     def a_rule_refuses(self, conn: sqlite3.Connection, batch: list[Work]) -> bool:
         changes = [w for w in batch if isinstance(w, ChangeWork)]
+        if self.workflow.refuses(conn):  # the claims' guard, and the edge effects written in order
+            return True
         if any(parent_refusal_of(conn, r) for w in changes for r in w.rows):
             return True
         if any(subtree_open(conn, w) for w in changes):

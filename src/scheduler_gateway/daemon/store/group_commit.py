@@ -48,6 +48,8 @@ from scheduler_gateway.daemon.store.search import (
     SQL_STATE_OF,
     summed_counts,
 )
+from scheduler_gateway.daemon.store.workflow_rows import apply_effect
+from scheduler_gateway.daemon.store.workflow_rows import refusal_of as workflow_refusal
 from scheduler_gateway.wire.errors import (
     Code,
     Conflict,
@@ -99,7 +101,7 @@ def _slow_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
             elif work.atomic:
                 results.append([_in_savepoint(conn, _write_group, work)] * work.weight)
             else:
-                results.append([_in_savepoint(conn, _write_change, r) for r in work.rows])
+                results.append([_in_savepoint(conn, write_change, r) for r in work.rows])
     except BaseException:
         rollback_quietly(conn)
         raise
@@ -109,7 +111,7 @@ def _slow_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExc
 
 def _write_group(conn: sqlite3.Connection, work: ChangeWork) -> None:
     for r in work.rows:
-        _write_change(conn, r)
+        write_change(conn, r)
     refusal = subtree_open(conn, work)
     if refusal is not None:
         raise refusal
@@ -125,17 +127,21 @@ def _read_moves(conn: sqlite3.Connection, r: ChangeRows) -> tuple[tuple[str, str
     return ((owner, kind, old, -1), (owner, kind, new, 1))
 
 
-def _write_change(conn: sqlite3.Connection, r: ChangeRows) -> None:
-    """One change, statement by statement, so a refusal can say which rule refused it."""
+def write_change(conn: sqlite3.Connection, r: ChangeRows) -> None:
+    """One change, statement by statement, so a refusal can say which rule refused it (also a workflow's
+    inserts, workflows.py)."""
     moves = _read_moves(conn, r) if r.state_unknown else r.counts
     if r.expected_revision is None:
         _insert_task(conn, r)
     else:
         _update_task(conn, r)
-    refusal = parent_refusal_of(conn, r) or unique_refusal(conn, r) or limit_refusal(conn, r, {})
+    refusal = (
+        parent_refusal_of(conn, r) or unique_refusal(conn, r) or workflow_refusal(conn, r) or limit_refusal(conn, r, {})
+    )
     if refusal is not None:
         raise refusal
     _write_companions(conn, r, moves)
+    apply_effect(conn, r)  # a workflow task's edge effect (workflow_rows.py)
 
 
 def _insert_task(conn: sqlite3.Connection, r: ChangeRows) -> None:

@@ -21,6 +21,7 @@ from scheduler_gateway.daemon.store.retention import (
 )
 from scheduler_gateway.daemon.store.schedule_rows import SCHEDULE_GENERATION_MIGRATION, SCHEDULE_MIGRATION
 from scheduler_gateway.daemon.store.search import COUNTS_MIGRATION, SEARCH_MIGRATION
+from scheduler_gateway.daemon.store.workflow_rows import WORKFLOW_MIGRATION
 from scheduler_gateway.wire.errors import (
     StorageError,
 )
@@ -234,6 +235,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 18: a node's drain flag, its revision and its heartbeat's time as columns, so an instance's flush of its
     # copy never undoes a drain made on another (text in store/node_rows.py)
     NODE_DRAIN_MIGRATION,
+    # 19: workflows: their rows, edges, dependency counters, the releaser's notices and a task's workflow (text in
+    # store/workflow_rows.py, next to the statements of the edge effects and the claim's guard)
+    WORKFLOW_MIGRATION,
 )
 
 

@@ -31,6 +31,7 @@ from scheduler_gateway.daemon.store.common import fetch_one
 from scheduler_gateway.daemon.store.flow_rows import SQL_FORGET_MARKS, SQL_MARK_PURGED
 from scheduler_gateway.daemon.store.schedule_rows import ACTIVE_RUN_SQL
 from scheduler_gateway.daemon.store.sqlite_ops import SqliteOps
+from scheduler_gateway.daemon.store.workflow_rows import SQL_HELD_BY_CHILD, drop_empty_workflows, purge_workflow_rows
 from scheduler_gateway.wire.api import UNIQUE_FOR_MAX_S
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ _AUTO_VACUUM_INCREMENTAL = 2
 # Due terminal tasks after the cursor, oldest finish first, each with whether something still refers to it.
 # A task is kept while any task names it as parent (not only a live one: a canceled parent's row is what
 # refuses a later retry of its children, docs/DECISIONS.md, The parent rule), while its dead letter is not
-# archived, and while an active run names it.
+# archived, while an active run names it, and while a workflow child of it is not terminal.
 _SQL_DUE_TASKS = (
     "SELECT t.id, t.finished_at,"
     " EXISTS (SELECT 1 FROM tasks c WHERE c.parent_id = t.id)"
@@ -74,6 +75,8 @@ _SQL_DUE_TASKS = (
     f" OR EXISTS (SELECT 1 FROM scheduled_runs r WHERE r.task_id = t.id AND r.status IN {_ACTIVE_RUN_SQL})"
     # its artifacts go first, bytes then rows (actors/artifacts.py, ArtifactKeeper): until then it is kept
     " OR EXISTS (SELECT 1 FROM artifacts a WHERE a.task_id = t.id)"
+    # a workflow task's live child still reads it as a dependency (store/workflow_rows.py)
+    f" OR {SQL_HELD_BY_CHILD}"
     " FROM tasks t INDEXED BY tasks_finished"
     " WHERE t.finished_at IS NOT NULL AND t.finished_at <= ? AND (t.finished_at, t.id) > (?, ?)"
     " ORDER BY t.finished_at, t.id LIMIT ?"
@@ -144,6 +147,7 @@ class SqliteRetention:
             conn.executemany(SQL_MARK_PURGED, gone)
             # bounded as the batch is; a cutoff at or before every window's reach (``finished_before`` <= now)
             conn.execute(SQL_FORGET_MARKS, (finished_before - UNIQUE_FOR_MAX_S, n))
+            workflows = purge_workflow_rows(conn, gone)  # edges, counters, notices go with their tasks
             purged = {
                 "history": _delete_in(conn, "DELETE FROM task_history WHERE task_id = ?", gone),
                 # what is left of a purged task's letter is archived (an active one kept the task)
@@ -151,6 +155,7 @@ class SqliteRetention:
                 "callback_dead_letters": _delete_in(conn, "DELETE FROM callback_dead_letters WHERE task_id = ?", gone),
                 "tasks": _delete_in(conn, "DELETE FROM tasks WHERE id = ?", gone),
             }
+            drop_empty_workflows(conn, workflows)
             last = rows[-1] if len(rows) >= n else None
             return PurgeResult(purged, len(rows) - len(gone), None if last is None else f"{last[1]!r}|{last[0]}")
 

@@ -27,6 +27,7 @@ from scheduler_gateway.daemon.store.schedules import SqliteSchedules
 from scheduler_gateway.daemon.store.search import SqliteSearch
 from scheduler_gateway.daemon.store.sqlite_conn import SqliteDb
 from scheduler_gateway.daemon.store.tasks import SqliteTasks
+from scheduler_gateway.daemon.store.workflows import SqliteWorkflows
 
 __all__ = ["MIGRATIONS", "SqliteStore"]
 
@@ -57,6 +58,7 @@ class SqliteStore:
         self.schedules = SqliteSchedules(self._db, clock)
         self.retention = SqliteRetention(self._db)
         self.search = SqliteSearch(self._db.fetchall)
+        self.workflows = SqliteWorkflows(self._db)
 
     #: one gatewayd per file: no parts for several instances to share it (``PostgresStore.several_instances``)
     several_instances: None = None

@@ -93,10 +93,10 @@ class SqliteTasks:
         return decode_or_raise(_decode_task, rows[0][0], "task", task_id)
 
     async def list_tasks(self, query: TaskQuery) -> Page:
-        # a parent's or a run's tasks are few: their (column, id) index answers, and owner, state and kind are
-        # tested on its rows (``+column`` keeps the planner off (owner, id), which is in the page's order too
-        # and would read every task of the owner for a task page's children)
-        narrow = query.parent_id is not None or query.run_id is not None
+        # a parent's, a run's or a workflow's tasks are few: their (column, id) index answers, and owner, state
+        # and kind are tested on its rows (``+column`` keeps the planner off (owner, id), which is in the page's
+        # order too and would read every task of the owner for a task page's children)
+        narrow = query.parent_id is not None or query.run_id is not None or query.workflow_id is not None
         plus = "+" if narrow else ""
         filters = (
             (f"{plus}owner", query.owner),
@@ -104,6 +104,7 @@ class SqliteTasks:
             (f"{plus}kind", query.kind),
             ("parent_id", query.parent_id),
             ("run_id", query.run_id),
+            ("workflow_id", query.workflow_id),  # tasks_workflow (store/workflow_rows.py)
         )
         return await self._db.page(
             "tasks", "id", filters, query.cursor or "", query.limit, _decode_task, "task", query.newest_first
