@@ -244,3 +244,37 @@ async def test_add_tasks_only_under_the_lease_and_only_in_a_workflow() -> None:
     assert (await run.outcome()).cancelled
     with pytest.raises(WorkflowRefused):
         await run.ctx.add_tasks([{"ref": "a", "kind": "k"}])
+
+
+async def test_a_page_over_the_message_limit_is_asked_again_with_fewer_parents() -> None:
+    side = FakeGatewaySide(10)
+    limits: list[int] = []
+
+    async def ask(body: bytes, timeout_s: float) -> bytes:
+        req = _decode_request(body)
+        assert isinstance(req, DependenciesRequest)
+        limits.append(req.limit)
+        if req.limit > 3:  # the gateway's answer for these would be over max_payload
+            err = {"code": "PAYLOAD_TOO_LARGE", "message": "ask for fewer", "details": {"bytes": 2, "maxPayload": 1}}
+            return msgspec.json.encode({"ok": False, "error": err})
+        return await side.ask(body, timeout_s)
+
+    deps = await wf.WorkflowCalls(ask, "tsk_1", "lse_1").dependencies()
+    assert list(deps) == [f"p{i:05d}" for i in range(10)]
+    assert limits[:7] == [200, 100, 50, 25, 12, 6, 3] and set(limits[7:]) == {3}
+
+    async def never(body: bytes, timeout_s: float) -> bytes:  # one parent alone is over the limit
+        err = {"code": "PAYLOAD_TOO_LARGE", "message": "ask for fewer", "details": {}}
+        return msgspec.json.encode({"ok": False, "error": err})
+
+    state = AttemptState()
+    ctx = TaskContext(task_id="tsk_1", attempt_id="att_1", attempt_no=1, lease_id="lse_1", kind="k", state=state)
+    calls = wf.WorkflowCalls(never, "tsk_1", "lse_1")
+    run = Running(offer=_offer(workflow_id="wfl_1"), ctx=ctx, kind="k", state=state, workflow=calls)
+
+    async def handler(ctx: TaskContext, payload: Any) -> None:
+        raise AssertionError("not run")
+
+    ending = await execute(run, handler)
+    assert ending is not None and ending.error is not None
+    assert (ending.error.code, ending.error.retryable) == ("PAYLOAD_TOO_LARGE", False)  # fails the same way again

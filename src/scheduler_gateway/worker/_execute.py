@@ -61,7 +61,8 @@ async def execute(run: Running, fn: Handler) -> Ending | None:
 
     ``TaskFailed`` keeps its ``retryable``; any other exception, a timeout and a stop() after the grace
     period are retryable failures; a result that is not JSON fails for good. A workflow task whose dependencies
-    cannot be fetched fails retryable with the refusal's code (the handler does not run).
+    cannot be fetched fails with the refusal's code (the handler does not run), retryable but for PAYLOAD_TOO_LARGE
+    (a single parent over the message limit).
     """
     offer, ctx = run.offer, run.ctx
     try:
@@ -74,7 +75,9 @@ async def execute(run: Running, fn: Handler) -> Ending | None:
                     try:
                         run.state.dependencies = await run.workflow.dependencies()
                     except WorkflowRefused as exc:
-                        return _failed(exc.code, f"the task's dependencies: {exc.message}", retryable=True)
+                        # one parent too large for a message fails again every time: for good; the rest may pass
+                        again = exc.code != Code.PAYLOAD_TOO_LARGE
+                        return _failed(exc.code, f"the task's dependencies: {exc.message}", retryable=again)
                 result = await fn(ctx, payload)
         except TimeoutError:
             if not timer.expired():

@@ -5,7 +5,9 @@ Both travel as requests on the node's ``gw.workflow.<nodeId>`` (wire/workflows.p
 again while unanswered like claims (``_requests``): a page of dependencies is a read, and the gateway answers a
 repeated ``add_tasks`` (same refs, same bodies, same adder) with the same task ids, so a copy can do no harm.
 Dependencies come a page at a time (``DEPENDENCY_PAGE`` parents, in ref order) so that a fan-in of 10,000 parents
-stays within the message size limit; the SDK follows ``next`` to the end and hands the handler the whole map.
+stays within the message size limit; the SDK follows ``next`` to the end and hands the handler the whole map. A page
+the gateway cannot send within the server's ``max_payload`` (parents with large results) is answered
+PAYLOAD_TOO_LARGE: the SDK asks for that page again with half the parents, down to one.
 
 ``WorkflowCalls`` is the runtime's (one per attempt, over the node's request callable); ``worker.testing`` has
 ``FakeWorkflow``. A refusal raises ``WorkflowRefused`` with the gateway's stable code.
@@ -145,11 +147,16 @@ class WorkflowCalls:
         """Every parent, page after page, as one read-only mapping by ref (in ref order)."""
         found: dict[str, Dependency] = {}
         after: str | None = None
+        limit = DEPENDENCY_PAGE
         while True:
-            req = DependenciesRequest(
-                task_id=self._task_id, lease_id=self._lease_id, after=after, limit=DEPENDENCY_PAGE
-            )
-            reply = _reply(_decode_deps, await self._request(_encode(req)))
+            req = DependenciesRequest(task_id=self._task_id, lease_id=self._lease_id, after=after, limit=limit)
+            try:
+                reply = _reply(_decode_deps, await self._request(_encode(req)))
+            except WorkflowRefused as exc:
+                if exc.code != Code.PAYLOAD_TOO_LARGE or limit == 1:
+                    raise
+                limit = max(1, limit // 2)  # the same page again, fewer parents in it
+                continue
             for view in reply.dependencies:
                 found[view.ref] = Dependency.from_view(view)
             if reply.next is None or reply.next == after or not reply.dependencies:
