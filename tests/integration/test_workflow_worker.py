@@ -182,7 +182,8 @@ async def test_the_clients_workflow_calls_against_the_gateway(
     assert retried.state == "running"
     with pytest.raises(InvalidStateTransition):
         await client.retry_workflow(first.id)  # still running
-    await client.wait_workflow(first.id, timeout=60)
+    # it finishes after the wait began: its workflow.finished event answers the wait, not a read every 60 s
+    assert (await client.wait_workflow(first.id, timeout=30, poll_s=60)).state == "failed"
     port = gateway.http_port
     async with GatewayClient(f"http://127.0.0.1:{port}", ALICE_TOKEN) as alice:
         mine = await alice.submit_workflow([alice.workflow_task("s", "wf.produce", {"n": 1})])
