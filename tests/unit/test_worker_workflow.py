@@ -5,6 +5,11 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -26,6 +31,7 @@ from scheduler_gateway.worker._execute import Running, execute
 from scheduler_gateway.worker.testing import FakeWorkflow, HandlerRun, run_handler
 
 _decode_request = msgspec.json.Decoder(WorkflowRequest).decode
+WORKERS_MD = Path(__file__).resolve().parents[2] / "docs" / "WORKERS.md"
 
 
 class FakeGatewaySide:
@@ -278,3 +284,15 @@ async def test_a_page_over_the_message_limit_is_asked_again_with_fewer_parents()
     ending = await execute(run, handler)
     assert ending is not None and ending.error is not None
     assert (ending.error.code, ending.error.retryable) == ("PAYLOAD_TOO_LARGE", False)  # fails the same way again
+
+
+def test_the_workers_md_workflow_examples_run_as_written(tmp_path: Path) -> None:
+    """docs/WORKERS.md, Workflows: the split/merge handlers, then the test of them, in a fresh interpreter (the
+    handlers register in the default registry)."""
+    section = WORKERS_MD.read_text(encoding="utf-8").split("\n## Workflows\n", 1)[1].split("\n## ", 1)[0]
+    handlers, example = re.findall(r"```python\n(.*?)```", section, re.S)
+    body = textwrap.indent(example, "    ")
+    script = f"{handlers}\nimport asyncio\n\nasync def main():\n{body}\n\nasyncio.run(main())\nprint('ok')\n"
+    (tmp_path / "example.py").write_text(script, encoding="utf-8")
+    done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
