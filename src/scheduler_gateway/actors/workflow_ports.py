@@ -6,14 +6,15 @@ The rules every implementation keeps, each in the transaction of the write that 
 - ``create_workflow`` and ``add_tasks`` write the tasks (as ``TaskWrites.apply`` would write each insert),
   their edges and one ``DepCounts`` row per task with dependencies, all or nothing. An edge whose parent is
   already terminal is decided at insert (``model.workflows.edge_outcome``), its child's counters with it, and a
-  ``task`` notice is written for a child that is then ready or doomed. ``open_tasks`` grows by the tasks written
-  (and a finished workflow is open again: ``finished_at`` back to None).
+  ``task`` notice is written for a child that is then ready or doomed (and was not before). ``open_tasks``
+  grows by the tasks written (and a finished workflow is open again: ``finished_at`` back to None).
 - A task change with ``Change.edge_effect`` (``TaskWrites.apply``/``apply_many``/``apply_group``), only when
   its compare-and-set won: ``settle`` decides the task's pending outgoing edges by its new state, moves each
   child's ``met``/``lost`` by one statement computed in the database, writes a ``task`` notice for each child
-  now ready or doomed, and lowers ``open_tasks`` (a ``workflow`` notice when it reaches 0); ``reopen`` puts its
-  decided outgoing edges back to pending (the counters moved back), writes a ``task`` notice for each child and
-  for the task itself, raises ``open_tasks`` and clears ``finished_at``.
+  now ready or doomed (that this move made so: none again while it stays so), and lowers ``open_tasks`` (a
+  ``workflow`` notice when it reaches 0); ``reopen`` puts its decided outgoing edges back to pending (the
+  counters moved back), writes a ``task`` notice for each child and for the task itself, raises ``open_tasks``
+  and clears ``finished_at``.
 - The claim's guard: a change that moves a workflow task to ``running`` is refused (Conflict NOT_DUE) when its
   ``DepCounts`` are not ``ready``, and (Conflict LIMITED) when its workflow's ``max_parallel`` tasks already run;
   both read in the claim's transaction (PostgreSQL: the workflow's row locked, no wider), never from memory.
