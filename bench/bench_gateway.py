@@ -63,6 +63,7 @@ if str(REPO) not in sys.path:
 
 import peer_dramatiq  # noqa: E402  (bench/ is on sys.path: this script's own folder)
 import peer_procrastinate  # noqa: E402
+import pg_counts  # noqa: E402
 import procs_cpu  # noqa: E402
 from pg_shape import PgGateways, pg_missing  # noqa: E402
 from tests.e2e.procs import Daemon, Worker  # noqa: E402
@@ -139,6 +140,8 @@ class CpuProbe:
     #: process trees by their root's pid, e.g. PostgreSQL's postmaster and its backends (bench/procs_cpu.py)
     trees: dict[str, int | None] = field(default_factory=dict)
     start: dict[str, Any] = field(default_factory=dict)
+    #: sampled with the CPU (``begin`` / ``end(n)``, its record merged): the per-task counts (bench/pg_counts.py)
+    counts: pg_counts.CountProbe | None = None
 
     def _sample(self) -> dict[str, Any]:
         out: dict[str, Any] = {name: sum(proc_cpu_s(p) for p in pids) for name, pids in self.pids.items()}
@@ -148,6 +151,8 @@ class CpuProbe:
         return out
 
     def begin(self) -> None:
+        if self.counts is not None:
+            self.counts.begin()
         self.start = self._sample()
 
     def end(self, n: int) -> dict[str, float]:
@@ -165,6 +170,8 @@ class CpuProbe:
         all_s = (now["machine"][1] - self.start["machine"][1]) / CLK_TCK
         rec["other_cpu_pct"] = 100.0 * max(0.0, busy_s - total) / all_s if all_s else float("nan")
         rec["loadavg_1m"] = float(Path("/proc/loadavg").read_text().split()[0])
+        if self.counts is not None:
+            rec.update(self.counts.end(n))
         return rec
 
 
@@ -588,7 +595,8 @@ class _Spies:
 
 
 async def start_py_spies(probe: CpuProbe, out: str, duration_s: int, rate: int) -> _Spies:
-    targets = [(probe.pids["gatewayd"][0] or 0, out)]
+    # several instances (the production shape): the first to ``out``, each other to ``out.gw<k>``
+    targets = [(pid or 0, out if k == 0 else f"{out}.gw{k}") for k, pid in enumerate(probe.pids["gatewayd"])]
     targets += [(pid or 0, f"{out}.worker{i}") for i, pid in enumerate(probe.pids.get("workers", []))]
     targets.append((os.getpid(), f"{out}.client"))
     spies = [await start_py_spy(pid, path, duration_s, rate) for pid, path in targets if pid]
@@ -837,14 +845,21 @@ def run_pg_gateway_rep(
     """The production shape (bench/pg_shape.py): a private PostgreSQL, a standalone nats-server, ``instances``
     gatewayd on them, the workers; the creates spread over the instances. System ``<gateway...> pg x<K>``."""
     tmp = Path(tempfile.mkdtemp(prefix="gwpg-", dir=scratch))
-    shape = PgGateways(tmp, instances, keep=args.keep)
+    shape = PgGateways(tmp, instances, keep=args.keep, counts=args.pg_counts)
     ok = False
     try:
         shape.start()
         shape.start_workers(args.workers, "bench-w", worker_kinds(args), args.concurrency)
         pids, trees = shape.cpu_groups()
-        rec = run_async(args, drive_gateway(args, shape.daemons, CpuProbe(pids, trees), profile, how, flow))
+        counts = None
+        if shape.monitor_port is not None:
+            bases = [(d.base, d.token) for d in shape.daemons]
+            counts = pg_counts.CountProbe(f"http://127.0.0.1:{shape.monitor_port}", bases, shape.pg.url)
+        probe = CpuProbe(pids, trees, counts=counts)
+        rec = run_async(args, drive_gateway(args, shape.daemons, probe, profile, how, flow))
         rec.update(system=pg_system(rec["system"], instances), store="postgres", instances=instances)
+        if counts is not None:
+            print(pg_counts.show(rec), flush=True)
         ok = True
         return rec
     finally:
@@ -1402,7 +1417,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--py-spy-out",
         default=None,
-        help="profile with py-spy in rep 1: gatewayd (this file), each worker (+ .worker<i>), the client (+ .client)",
+        help="profile with py-spy in rep 1: gatewayd (this file; with --instances K the k-th other + .gw<k>), each\n"
+        "worker (+ .worker<i>), the client (+ .client)",
     )
     p.add_argument("--py-spy-duration", type=int, default=10, help="seconds of py-spy recording (default 10)")
     p.add_argument("--py-spy-rate", type=int, default=100, help="py-spy samples per second (default 100)")
@@ -1422,6 +1438,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loose-rate", type=int, default=1000000, help="--flow loose: starts per second (default 1000000)")
     p.add_argument("--task-kind", default="echo", choices=["echo", "sleep"], help="the measured tasks' kind")
     p.add_argument("--task-seconds", type=float, default=0.02, help="--task-kind sleep: each task's sleep (0.02)")
+    p.add_argument(
+        "--pg-counts",
+        action="store_true",
+        help="--store postgres: also count per task (bench/pg_counts.py): messages by subject (nats-server's\n"
+        "monitoring port), offers, refusals and transitions (each gatewayd's /metrics), transactions and statements\n"
+        "(pg_stat_statements, preloaded: it costs the database some CPU, so time runs leave it off)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp dirs (logs, databases)")
     p.add_argument("--tag", default="", help="free text stored with each record")
     p.add_argument("--role", default="main", choices=["main", "floor-worker"], help=argparse.SUPPRESS)

@@ -29,7 +29,7 @@ if str(REPO) not in sys.path:
 from tests.e2e.procs import Daemon, Worker  # noqa: E402
 from tests.pg_cluster import PG_BIN, PgCluster  # noqa: E402
 
-from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess  # noqa: E402
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess, free_port  # noqa: E402
 
 DATABASE = "bench"
 
@@ -41,15 +41,27 @@ def pg_missing() -> str | None:
     return None
 
 
+class _StatementsCluster(PgCluster):
+    """A ``PgCluster`` that preloads ``pg_stat_statements`` (written into the fresh cluster's config)."""
+
+    def _run(self, args: list[str]) -> None:
+        super()._run(args)
+        if Path(args[0]).name == "initdb":
+            with open(self.data / "postgresql.conf", "a") as conf:
+                conf.write("shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track = all\n")
+
+
 class PrivateCluster:
     """A fresh PostgreSQL cluster with one empty database ``bench``; ``url`` names it, ``pid`` is the postmaster's
-    (the root of the tree whose CPU is PostgreSQL's, bench/procs_cpu.py)."""
+    (the root of the tree whose CPU is PostgreSQL's, bench/procs_cpu.py). ``statements``: with
+    ``pg_stat_statements`` (``--pg-counts``; it costs the database some CPU of its own)."""
 
-    def __init__(self, keep: bool = False) -> None:
+    def __init__(self, keep: bool = False, statements: bool = False) -> None:
         # in /tmp itself, not the bench's scratch dir: as root the cluster runs as ``postgres``, which must reach
         # its directory, and the scratch dir is 0700 root
         self.root = Path(tempfile.mkdtemp(prefix="gwbench-pg-"))
-        self.cluster = PgCluster(self.root)
+        self.cluster = _StatementsCluster(self.root) if statements else PgCluster(self.root)
+        self.statements = statements
         self.keep = keep
         self.url = ""
 
@@ -62,6 +74,9 @@ class PrivateCluster:
         with psycopg.connect(self.cluster.url("postgres"), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{DATABASE}" TEMPLATE template0')
         self.url = self.cluster.url(DATABASE)
+        if self.statements:
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         return self.url
 
     def stop(self, ok: bool = True) -> None:
@@ -75,12 +90,14 @@ class PrivateCluster:
 class PgGateways:
     """K gatewayd on one private PostgreSQL database and one standalone nats-server, and their workers."""
 
-    def __init__(self, tmp: Path, instances: int, keep: bool = False) -> None:
+    def __init__(self, tmp: Path, instances: int, keep: bool = False, counts: bool = False) -> None:
         if instances < 1:
             raise ValueError(f"instances: at least 1, not {instances}")
         self.tmp = tmp
-        self.pg = PrivateCluster(keep)
-        self.nats = NatsServerProcess(store_dir=tmp / "nats")
+        self.pg = PrivateCluster(keep, statements=counts)
+        #: ``counts``: nats-server's monitoring port (its per-subscription counters, bench/pg_counts.py)
+        self.monitor_port = free_port() if counts else None
+        self.nats = NatsServerProcess(store_dir=tmp / "nats", monitor_port=self.monitor_port)
         self.daemons: list[Daemon] = []
         for k in range(instances):
             (tmp / f"gw{k}").mkdir()
