@@ -125,9 +125,8 @@ class WorkflowReleaser(LoopActor):
         if task.workflow_id not in canceled:
             workflow = await self._store.workflows.get_workflow(task.workflow_id)
             canceled[task.workflow_id] = workflow is not None and workflow.canceled
-        if counts is not None and not task.terminal:
-            # read before the mailbox: read again when it would let the task go (another notice corrects a hold)
-            counts = (await self._store.workflows.dep_counts([task_id])).get(task_id, counts)
+        # the counters were read for the whole batch, after its notices: a later move of them writes a notice of its
+        # own, handled on the next pass, and the store's claim guard never lets a task run before they hold
         action = verdict(task, counts, canceled[task.workflow_id])
         now = self._clock()
         tr: sm.Transition | sm.Repeat
