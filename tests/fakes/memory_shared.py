@@ -46,6 +46,11 @@ class MemorySharedTasks:
         self._store._check_running()
         return [self._store._tasks[i] for i in task_ids if i in self._store._tasks]
 
+    async def left_queue(self, task_ids: list[str]) -> list[Task]:
+        self._store._check_running()
+        found = (self._store._tasks.get(i) for i in task_ids)
+        return [t for t in found if t is not None and t.state != "queued"]
+
     async def overdue_running(self, now: float, limit: int) -> list[Task]:
         self._store._check_running()
         due = []

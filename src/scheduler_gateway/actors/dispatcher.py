@@ -21,6 +21,12 @@ an offer still unclaimed ``reoffer_after_s`` after its publish (twice the offers
 that died is redelivered first) is published again under ``<attemptId>.<n>``, the n-th re-offer of that attempt,
 and the wait doubles each time up to ``REOFFER_MAX_S``. A copy of an offer that is still in the stream is
 harmless: a claim of the attempt is granted once, and refused (the copy acked) once the attempt runs or ended.
+
+With several instances a claim of this dispatcher's offer may be answered by another instance, and this one
+learns of it only from the store (actors/shared_tasks.py, ``LiveSync``): until then the claimed task holds a
+place in its window. ``crowded_offers`` names the offers of the kinds whose window is full while ready tasks
+wait behind it, which ``LiveSync`` checks against the store soon after, so a window never waits for the
+next full sync to take its next tasks.
 """
 
 from __future__ import annotations
@@ -100,6 +106,8 @@ class Dispatcher(LoopActor):
         self._wake = Wakeup()
         self._encoder = msgspec.json.Encoder()
         self.trouble = KindTrouble()  # the kinds whose offers cannot be published now, each held back alone
+        #: the kinds whose window was full at the last pick while ready tasks waited behind it
+        self._crowded: set[str] = set()
         #: workflows' maxParallel (actors/dispatch_workflows.py); a task waiting for its dependencies is never offered
         self._workflows = WorkflowHold()
 
@@ -271,6 +279,11 @@ class Dispatcher(LoopActor):
     def offered_count(self, kind: str) -> int:
         return len(self._offered.get(kind, ()))
 
+    def crowded_offers(self) -> list[str]:
+        """The tasks on offer in the kinds whose window is full while ready tasks wait behind it: with several
+        instances some of them may have been claimed through another instance (actors/shared_tasks.py)."""
+        return [task_id for kind in self._crowded for task_id in self._offered.get(kind, {})]
+
     def backlog(self) -> int:
         """Queued tasks known to the dispatcher (offered or not)."""
         return len(self._queued)
@@ -399,6 +412,7 @@ class Dispatcher(LoopActor):
         """Offer the kind's ready tasks, the keys taking turns, while the window and the flow rules allow."""
         offered = self._offered.setdefault(kind, {})
         limited = kind in self.flow.settings and self.flow.settings[kind].limits_starts
+        self._crowded.discard(kind)
         while queue.turns and len(offered) < self._max:
             key = queue.take_turn()
             heap = queue.heaps.get(key)
@@ -428,6 +442,8 @@ class Dispatcher(LoopActor):
             if task.thread_id:
                 self._lanes[task.thread_id].active.add(task.id)
             picked.append(task)
+        if queue.turns:
+            self._crowded.add(kind)  # the window is full and tasks wait (a flow rule's wait returned above)
 
     def _wake_at(self, at: float | None, kind: str) -> None:
         """A timer (an entry with no task) at which the kind's rate-held keys take turns again."""

@@ -261,7 +261,7 @@ class HighAvailability:
         self._service = service
         service.share(self.store.shared)
         self.watcher = LeaseWatcher(self.store.shared, service, self._clock)
-        self.live_sync = LiveSync(self.store.shared, service)
+        self.live_sync = LiveSync(self.store.shared, service, offers=service.crowded_offers)
         self.gone = GoneInstances(
             self._live_ids, lambda: reoffer_queued(self.store.tasks.list_tasks, service), self.instance_id
         )

@@ -165,6 +165,10 @@ class TaskService:
     def live_ids(self) -> list[str]:
         return list(self.ledger.live)
 
+    def crowded_offers(self) -> list[str]:
+        """The dispatcher's offers in windows full with tasks waiting (``LiveSync`` checks them, several instances)."""
+        return self._dispatcher.crowded_offers()
+
     def absorb(self, stored: Task | None, task_id: str) -> None:
         """Several instances: take a stored copy that another instance wrote into the live copies (and so into
         the dispatcher and the lease clock). A copy no newer than the live one changes nothing but the lease

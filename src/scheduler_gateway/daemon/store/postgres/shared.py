@@ -50,6 +50,16 @@ class PgShared:
         )
         return [with_lease(decode_or_raise(_decode_task, r[1], "task", str(r[0])), r[2]) for r in rows]
 
+    async def left_queue(self, task_ids: list[str]) -> list[Task]:
+        if not task_ids:
+            return []
+        # by primary key, the state column judged in the database: only the rows that moved are sent and decoded
+        rows = await self._db.fetch(
+            "SELECT id, doc, lease_expires_at FROM tasks WHERE id = ANY(%s::text[]) AND state <> 'queued'",
+            (list(task_ids),),
+        )
+        return [with_lease(decode_or_raise(_decode_task, r[1], "task", str(r[0])), r[2]) for r in rows]
+
     async def overdue_running(self, now: float, limit: int) -> list[Task]:
         rows = await self._db.fetch(
             "SELECT id, doc, lease_expires_at FROM ("
