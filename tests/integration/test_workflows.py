@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.worker import HandlerRegistry, NatsOptions, TaskContext, TaskFailed, Worker
 
-from .harness import ALICE_TOKEN, BOB_TOKEN, Api, wait_for
+from .harness import ALICE_TOKEN, BOB_TOKEN, Api, HandNode, api_client, running_gateway, wait_for
 
 pytestmark = pytest.mark.usefixtures("tasks_dumped_before_the_timeout")
 
@@ -201,3 +202,42 @@ async def test_cancel_reaches_a_running_handler_and_max_parallel_holds(gateway: 
     assert "after" not in log.deps  # the dependent never ran
     status, other, _ = await api.as_user(BOB_TOKEN).call("GET", f"/api/workflows/{wf['id']}")
     assert status == 404 and other["error"]["code"] == "WORKFLOW_NOT_FOUND", other
+
+
+async def test_a_release_cut_off_by_a_stop_is_made_at_the_next_start(
+    tmp_path: Path, fresh_nats: NatsServerProcess
+) -> None:
+    """The releaser's inbox is the store's: a parent that ended while no releaser ran (stopped here, as a crash
+    between the parent's commit and its dependent's release would leave it) releases the dependent at the next
+    start, and the dependent is never offered before."""
+    node = await HandNode.connect(fresh_nats.url, "node-h")
+    try:
+        async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+            alice = api.as_user(ALICE_TOKEN)
+            wf = await submit(alice, [t("a"), t("b", "a")])
+            ids = {x["ref"]: x["taskId"] for x in wf["tasks"]}
+            await gw.workflows.releaser.stop()
+            [(offer, msg)] = await node.pull("wf")
+            assert offer.task_id == ids["a"] and offer.workflow_id == wf["id"] and offer.ref == "a"
+            await msg.ack()
+            reply = await node.claim(offer.task_id, offer.attempt_id)
+            assert reply.ok and reply.lease_id is not None
+            await node.settle(offer.task_id, offer.attempt_id, reply.lease_id, result={"a": 1})
+            await alice.wait_state(ids["a"], {"succeeded"})
+            await asyncio.sleep(0.5)
+            b = await alice.task(ids["b"])
+            assert b["state"] == "queued" and b["waitingFor"] == "dependencies"
+            assert await gw.store.workflows.notices(10)  # the release waits in the store
+        assert await node.pull("wf", timeout_s=0.5) == []  # b was never offered
+        async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+            alice = api.as_user(ALICE_TOKEN)
+            [(offer, msg)] = await node.pull("wf", timeout_s=10)
+            assert offer.task_id == ids["b"] and offer.ref == "b"
+            await msg.ack()
+            reply = await node.claim(offer.task_id, offer.attempt_id)
+            assert reply.ok and reply.lease_id is not None
+            await node.settle(offer.task_id, offer.attempt_id, reply.lease_id)
+            done = await finished(alice, wf["id"])
+            assert done["state"] == "succeeded" and await not_due_claims(gw) == 0
+    finally:
+        await node.close()
