@@ -448,6 +448,39 @@ async def test_max_parallel_within_one_batch(store: Any) -> None:
     assert [t.id for t in running] == [tid(1)]
 
 
+def settle_change(old: Task, state: str = "succeeded") -> Change:
+    new = bump(old, state=state, finished_at=T0 + 100, updated_at=T0 + 100, lease_id=None)
+    return msgspec.structs.replace(leaving(update(old, new, "settle"), old.state), edge_effect="settle")
+
+
+async def test_in_one_batch_a_claim_sees_the_settles_before_it_not_after(store: Any) -> None:
+    """The guard is decided at the claim's place in the batch (the SQLite fast path writes every row first)."""
+    other = "wfl_00000000000000000000000002"
+    await submit(store, [wf_task(1, "a"), wf_task(2, "b", (("a", "succeeded"),))])
+    await submit(store, [wf_task(3, "a", wf=other), wf_task(4, "b", (("a", "succeeded"),), wf=other)], wf=record(other))
+    a, b, a2, b2 = [await store.tasks.get_task(tid(i)) for i in (1, 2, 3, 4)]
+    assert a is not None and b is not None and a2 is not None and b2 is not None
+    first, second = await store.tasks.apply_many([claim_change(b), settle_change(a)])
+    assert_code(first, Conflict, Code.NOT_DUE)
+    assert second is None
+    assert await store.tasks.apply_many([settle_change(a2), claim_change(b2)]) == [None, None]
+    got = await store.tasks.get_task(tid(4))
+    assert got is not None and got.state == "running"
+
+
+async def test_in_one_batch_max_parallel_counts_what_runs_at_the_claims_place(store: Any) -> None:
+    other = "wfl_00000000000000000000000002"
+    await submit(store, [wf_task(1, "a"), wf_task(2, "b")], wf=record(max_parallel=1))
+    await submit(store, [wf_task(3, "a", wf=other), wf_task(4, "b", wf=other)], wf=record(other, max_parallel=1))
+    a, a2 = await claim(store, tid(1)), await claim(store, tid(3))
+    b, b2 = await store.tasks.get_task(tid(2)), await store.tasks.get_task(tid(4))
+    assert b is not None and b2 is not None
+    first, second = await store.tasks.apply_many([claim_change(b), settle_change(a)])
+    assert_code(first, Conflict, Code.LIMITED)  # a still ran when b's claim came
+    assert second is None
+    assert await store.tasks.apply_many([settle_change(a2), claim_change(b2)]) == [None, None]
+
+
 # ---------------------------------------------------------------------- add_tasks
 
 
