@@ -44,6 +44,15 @@ async def test_dead_letters_show_their_kind_and_a_total(
     await page.goto(base(gateway) + "/ui/deadletters?reason=NO_SUCH_CODE")
     await expect(page.locator("#dl-total")).to_have_text("0 active dead letters with reason NO_SUCH_CODE.")
 
+    # on a phone: one block per letter (task, kind, reason, retries), no column squeezed to a letter a line
+    await page.set_viewport_size({"width": 390, "height": 844})
+    await page.goto(base(gateway) + "/ui/deadletters")
+    for task_id in made:
+        row = await page.locator(f"#dl-{letters[task_id]['deadLetterId']}").bounding_box()
+        kind = await page.locator(f"#dl-{letters[task_id]['deadLetterId']} td.kind").bounding_box()
+        assert row is not None and kind is not None and row["height"] < 160 and kind["width"] > 200, (row, kind)
+    assert await page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
+
     # a redriven letter keeps its kind; the active view counts what is left
     first = next(iter(made))
     status, redriven, _ = await api.call("POST", f"/api/deadletter/{letters[first]['deadLetterId']}/retry")

@@ -121,3 +121,10 @@ async def test_nodes_show_host_pid_version_and_the_leases_they_hold(
     await expect(page.locator("#node-tasks-facts-node")).to_have_text("2 running")
     await expect(page.locator(f"#node-host-{node.node_id}")).to_have_text("–")
     await expect(page.locator(f"#node-version-{node.node_id}")).to_have_text("–")
+    # on a phone: one block per node, no column squeezed to a letter a line
+    await page.set_viewport_size({"width": 390, "height": 844})
+    await page.reload()
+    host = await page.locator("#node-facts-node td.process").bounding_box()
+    row = await page.locator("#node-facts-node").bounding_box()
+    assert host is not None and row is not None and host["width"] > 200 and row["height"] < 160, (host, row)
+    assert await page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
