@@ -147,7 +147,7 @@ def test_api_conforms(api_schema: Any, label: str, mode: schemathesis.Generation
 
 
 STATEFUL_STEPS = 8
-STATEFUL_EXAMPLES = 80
+STATEFUL_EXAMPLES = 120
 
 
 def test_api_conforms_along_its_links(api_schema: Any) -> None:
