@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from scheduler_gateway.wire.api import ErrorView
 from scheduler_gateway.wire.messages import Offer
 from scheduler_gateway.wire.workflows import (
     AddedTask,
@@ -296,3 +297,16 @@ def test_the_workers_md_workflow_examples_run_as_written(tmp_path: Path) -> None
     (tmp_path / "example.py").write_text(script, encoding="utf-8")
     done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+
+
+def test_a_parents_error_keeps_its_details() -> None:
+    skipped = DependencyView(
+        ref="b", task_id="tsk_b", state="canceled", on="finished",
+        error=ErrorView("SKIPPED", "dependency a ended failed", details={"ref": "a", "taskId": "tsk_a"}),
+    )  # fmt: skip
+    plain = DependencyView(ref="c", task_id="tsk_c", state="failed", on="finished", error=ErrorView("BAD", "no"))
+    assert Dependency.from_view(skipped).error == {
+        "code": "SKIPPED", "message": "dependency a ended failed", "details": {"ref": "a", "taskId": "tsk_a"},
+    }  # fmt: skip
+    assert Dependency.from_view(plain).error == {"code": "BAD", "message": "no"}
+    assert Dependency.from_view(plain).result is None

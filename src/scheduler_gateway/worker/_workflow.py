@@ -62,8 +62,9 @@ class WorkflowRefused(Exception):
 class Dependency:
     """One parent of the running task, as of its terminal state (with ``join: "any"``, a parent still running
     when the task started: its state then and ``result`` None). ``result`` is decoded JSON; ``error`` is
-    ``{code, message}`` or None; ``artifacts`` a list of ``{name, size, sha256, contentType}`` (read one with the
-    client's ``download_artifact(task_id, name)``); ``on`` the state the edge waited for."""
+    ``{code, message}`` (and ``details`` when the error names something) or None; ``artifacts`` a list of
+    ``{name, size, sha256, contentType}`` (read one with the client's ``download_artifact(task_id, name)``); ``on``
+    the state the edge waited for."""
 
     ref: str
     task_id: str
@@ -81,7 +82,7 @@ class Dependency:
             task_id=view.task_id,
             state=view.state,
             result=_decode_any(data) if data else None,
-            error=None if view.error is None else {"code": view.error.code, "message": view.error.message},
+            error=None if view.error is None else msgspec.to_builtins(view.error),  # code, message, details?
             artifacts=[msgspec.to_builtins(a) for a in view.artifacts],
             on=view.on,
         )
