@@ -32,9 +32,10 @@ from scheduler_gateway.wire.workflows import (
 )
 
 from ..integration.harness import Api, HandNode
-from .test_console_browser import base
+from .test_console_browser import base, signed_in
 from .test_console_layout import WIDTHS, overflow, shot, signed_in_at
 from .test_console_operator import accessible
+from .test_viewer_role import VIEWER_TOKEN, add_viewer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -143,7 +144,7 @@ async def test_a_diamond_workflow_in_the_list_and_the_graph_cancel_and_retry(
     await no_inline_code(page)
     # its task list: the task list filtered by the workflow, its six tasks and no other
     await page.click("#wf-task-list")
-    await expect(page.locator("input[name=workflowId]")).to_have_value(wid)
+    await expect(page.get_by_role("textbox", name="workflow")).to_have_value(wid)
     for task_id in ids.values():
         await expect(page.locator(f"#row-{task_id}")).to_be_visible()
     assert await page.locator(f"#row-{other['id']}").count() == 0
@@ -181,7 +182,7 @@ async def test_a_diamond_workflow_in_the_list_and_the_graph_cancel_and_retry(
     await page.goto(base(gateway) + f"/ui/workflows/{wid}")
     await expect(page.locator("#wf-box-parse")).to_have_attribute("data-state", "queued")
     await expect(page.locator("#wf-wait-publish")).to_contain_text("waits for: parse")
-    # a retry naming a ref while it runs is refused: the page says why, nothing changes
+    # a malformed ref is refused: the page says why, nothing changes; a named succeeded task is reworked
     status, _, _ = await api.call("POST", f"/api/workflows/{wid}/cancel", {})
     assert status == 200
     await wait_workflow(api, wid, lambda w: w["state"] == "canceled")
@@ -360,5 +361,14 @@ async def test_a_hand_made_diamond_is_drawn_fits_both_widths_and_passes_axe(
     assert await page.locator("#wf-box-report").get_attribute("data-state") == "waiting"
     await expect(page.locator(".wf-edge-label")).to_have_text(["on finished"])
     await expect(page.locator("#wf-wait-report")).to_contain_text("report waits for: cleanup")
-    # a viewer-less admin sees the actions of a running workflow: cancel, not retry
+    # an admin sees the actions of a running workflow: cancel, not retry
     assert await page.locator("#wf-cancel").count() == 1 and await page.locator("#wf-retry").count() == 0
+    # a viewer sees the graph and no action; a forged cancel answers 403 before the service is asked
+    await add_viewer(gateway)
+    viewer = await signed_in(browser, gateway, VIEWER_TOKEN)
+    await viewer.goto(base(gateway) + f"/ui/workflows/{wid}")
+    await expect(viewer.locator("#wf-box-parse")).to_be_visible()
+    assert await viewer.locator("#wf-actions").count() == 0
+    csrf = await viewer.evaluate("JSON.parse(document.body.getAttribute('hx-headers'))['X-CSRF-Token']")
+    resp = await viewer.request.post(base(gateway) + f"/ui/workflows/{wid}/cancel", form={"csrf": csrf})
+    assert resp.status == 403
