@@ -241,8 +241,12 @@ def big_graph(n: int) -> Graph:
             depends_on=[DependsOn(ref="start")],
             join="all",
         )
-        for i in range(n - 1)
+        for i in range(n - 2)
     ]
+    parts = [t.ref for t in tasks[1:]]
+    join = WorkflowTaskView(
+        ref="join", task_id="tsk_join", state="queued", depends_on=[DependsOn(ref=r) for r in parts], join="all"
+    )
     edges = [
         Edge(
             workflow_id=wid,
@@ -254,6 +258,11 @@ def big_graph(n: int) -> Graph:
         )
         for t in tasks[1:]
     ]
+    edges += [
+        Edge(workflow_id=wid, parent_id=t.task_id, parent_ref=t.ref, child_id="tsk_join", on="succeeded")
+        for t in tasks[1:]
+    ]
+    tasks.append(join)
     view = WorkflowView(
         id=wid,
         name="fan-out",
@@ -261,13 +270,13 @@ def big_graph(n: int) -> Graph:
         labels={},
         max_parallel=None,
         owner="admin",
-        counts=WorkflowCounts(queued=n - 1, succeeded=1),
+        counts=WorkflowCounts(waiting=1, queued=n - 2, succeeded=1),
         created_at="2026-12-07T18:00:00Z",
         updated_at="2026-12-07T18:00:00Z",
         finished_at=None,
         tasks=tasks,
     )
-    return Graph(view=view, edges=edges, waiting_on={})
+    return Graph(view=view, edges=edges, waiting_on={"join": parts})
 
 
 async def test_a_ten_thousand_task_graph_draws_500_boxes_and_links_the_rest(
@@ -285,6 +294,10 @@ async def test_a_ten_thousand_task_graph_draws_500_boxes_and_links_the_rest(
     link = page.locator("#wf-left-out a")
     assert await link.get_attribute("href") == f"/ui/tasks?workflowId={wid}"
     assert await overflow(page) == 0  # the graph scrolls inside its own box
+    # the join waits for 9,998 parents: the first ten named, the rest counted
+    await expect(page.locator("#wf-wait-join")).to_have_text(
+        "join waits for: " + ", ".join(f"part-{i:05d}" for i in range(10)) + " and 9988 more"
+    )
     await no_inline_code(page)
 
 
