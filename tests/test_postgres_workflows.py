@@ -31,7 +31,7 @@ from scheduler_gateway.actors.model.workflows import Edge
 from scheduler_gateway.actors.ports import Change
 from scheduler_gateway.daemon.store.change_rows import ChangeRows
 from scheduler_gateway.daemon.store.postgres import PostgresStore
-from scheduler_gateway.daemon.store.postgres import workflows as pg_workflows
+from scheduler_gateway.daemon.store.postgres import workflow_writes as pg_writes
 from scheduler_gateway.daemon.store.postgres.tasks import write_change
 
 from .test_store_contract import T0, bump, create, leaving, make_task, tid, update
@@ -172,14 +172,14 @@ async def test_a_settle_waits_for_an_add_in_flight_and_then_decides_its_new_edge
     changes, edges = _added(adder)
     go = asyncio.Event()
     inserted = asyncio.Event()
-    original: Callable[..., Awaitable[None]] = pg_workflows._insert_edges
+    original: Callable[..., Awaitable[None]] = pg_writes.insert_edges
 
     async def held(conn: Any, decided: list[Edge]) -> None:
         await original(conn, decided)
         inserted.set()
         await go.wait()  # the add's transaction stays open here, its rows written
 
-    monkeypatch.setattr(pg_workflows, "_insert_edges", held)
+    monkeypatch.setattr(pg_writes, "insert_edges", held)
     add = asyncio.ensure_future(
         store.workflows.add_tasks(WF, adder, changes, edges, audit=wf_audit(action="workflow.add"))
     )

@@ -56,7 +56,7 @@ from scheduler_gateway.daemon.store.postgres.lock_bounds import (
     bound_param,
     lock_busy,
 )
-from scheduler_gateway.daemon.store.postgres.workflow_effects import edge_effects
+from scheduler_gateway.daemon.store.postgres.workflow_effects import edge_effects, in_batch_order
 from scheduler_gateway.wire.errors import Code, Conflict, Fault, GatewayError, task_not_found
 
 WriteOne = Callable[[Conn, ChangeRows], Awaitable[None]]
@@ -229,8 +229,7 @@ def _alone(rows: list[ChangeRows], limited: set[str]) -> set[int]:
         if r.parent_id is not None and r.task is not None:  # the parent rule reads the parent, as it is then
             scope.append(("task", r.parent_id))
             alone.add(i)
-        # a unique task: its index and window; a workflow task's claim: its guard reads its workflow's rows
-        if r.keys[1] is not None or r.unique_window is not None or (r.workflow is not None and r.workflow.claim):
+        if r.keys[1] is not None or r.unique_window is not None:  # a unique task: its index and window
             alone.add(i)
         if kind in limited:
             scope.append(("kind", kind))
@@ -249,6 +248,7 @@ def _alone(rows: list[ChangeRows], limited: set[str]) -> set[int]:
         if r.history is not None and r.history[0] != r.task_id:  # the statement names a history row by its task
             alone.add(i)
         scopes.append(scope)
+    alone.update(in_batch_order(rows))  # a workflow task's claim and its workflow's other changes
     seen = Counter(s for scope in scopes for s in set(scope))
     alone.update(i for i, scope in enumerate(scopes) if any(seen[s] > 1 for s in scope))
     return alone

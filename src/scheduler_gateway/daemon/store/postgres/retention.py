@@ -24,20 +24,23 @@ from __future__ import annotations
 
 from scheduler_gateway.actors.ports import PurgeResult, StoreSize
 from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb
-from scheduler_gateway.daemon.store.postgres.workflows import purge_workflow_rows, workflows_of
+from scheduler_gateway.daemon.store.postgres.workflow_writes import purge_workflow_rows, workflows_of
 from scheduler_gateway.daemon.store.schedule_rows import ACTIVE_RUN_SQL
 from scheduler_gateway.wire.api import UNIQUE_FOR_MAX_S
 
 _ACTIVE_RUN_SQL = ACTIVE_RUN_SQL  # the one text of "an active run" (store/schedule_rows.py)
 
 # The references that keep a due task (docs/DECISIONS.md, The parent rule): any task naming it as parent,
-# its dead letter while not archived, an active run naming it.
+# its dead letter while not archived, an active run naming it, its artifacts, an open workflow child.
 _REFERENCED = (
     "(EXISTS (SELECT 1 FROM tasks c WHERE c.parent_id = t.id)"
     " OR EXISTS (SELECT 1 FROM dead_letters d WHERE d.task_id = t.id AND NOT d.archived)"
     f" OR EXISTS (SELECT 1 FROM scheduled_runs r WHERE r.task_id = t.id AND r.status IN {_ACTIVE_RUN_SQL})"
     # its artifacts go first, bytes then rows (actors/artifacts.py, ArtifactKeeper): until then it is kept
-    " OR EXISTS (SELECT 1 FROM artifacts a WHERE a.task_id = t.id))"
+    " OR EXISTS (SELECT 1 FROM artifacts a WHERE a.task_id = t.id)"
+    # a workflow child of it not yet terminal: its dependencies read it (ctx.dependencies, a retry's walk)
+    " OR EXISTS (SELECT 1 FROM task_edges e JOIN tasks c ON c.id = e.child_id WHERE e.parent_id = t.id"
+    " AND c.state NOT IN ('succeeded', 'failed', 'canceled', 'dead')))"
 )
 
 # Due terminal tasks after the cursor, oldest finish first, each with whether something still refers to it.

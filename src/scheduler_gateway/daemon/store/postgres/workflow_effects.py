@@ -88,6 +88,16 @@ SQL_LOCK_WORKFLOW = "SELECT 1 FROM workflows WHERE id = %s FOR UPDATE"
 SQL_RUNNING_OTHERS = "SELECT count(*) FROM tasks WHERE workflow_id = %s AND state = 'running' AND id <> %s"
 
 
+def in_batch_order(rows: Sequence[ChangeRows]) -> set[int]:
+    """The changes of a batch ``write_batch`` decides alone, in the batch's order: each claim of a workflow task
+    (its guard reads), and every other change of a task of that workflow (a settle before the claim frees a slot
+    and moves counters the guard reads, one after it does not: the set statement would write them at once)."""
+    claimed = {r.workflow.workflow_id for r in rows if r.workflow is not None and r.workflow.claim}
+    if not claimed:
+        return set()
+    return {i for i, r in enumerate(rows) if r.workflow is not None and r.workflow.workflow_id in claimed}
+
+
 async def workflow_change(conn: Conn, r: ChangeRows) -> None:
     """One change's workflow part, after its row and companions are written (``tasks.write_change``): the
     claim's guard (raises its refusal), then its edge effect."""

@@ -1,8 +1,8 @@
 """The workflow part of the PostgreSQL store (``store.workflows``, the ``WorkflowStore`` port of
 actors/workflow_ports.py): a workflow's create and its tasks' run-time adds, each one transaction of a few
-set-based statements whatever its size (the tasks through ``write_batch``'s one multi-row statement, the edges,
-counters and notices each one ``INSERT ... SELECT FROM unnest(...)``), and the reads and the compare-and-set of
-the workflow's own fields. The edge effects of task changes are in postgres/workflow_effects.py.
+set-based statements whatever its size (postgres/workflow_writes.py: the tasks with their companions, the
+edges, the counters and notices, each one ``INSERT ... SELECT FROM unnest(...)``), and the reads and the
+compare-and-set of the workflow's own fields. The edge effects of task changes are in postgres/workflow_effects.py.
 
 An add races the settles of the tasks its new edges name as parents, on this or another instance: a settle's
 edge update would not see an edge inserted by a transaction still open, and that edge would stay pending for
@@ -17,7 +17,7 @@ decided meanwhile.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -36,8 +36,8 @@ from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.actors.ports import Change, IdempotencyRecord
 from scheduler_gateway.daemon.store.change_rows import ChangeRows, audit_row, callback_row
 from scheduler_gateway.daemon.store.common import clamp_limit, decode_or_raise, doc_decoder, encode
-from scheduler_gateway.daemon.store.postgres.batch_write import write_batch
-from scheduler_gateway.daemon.store.postgres.db import DB_NOW, Conn, PgDb
+from scheduler_gateway.daemon.store.postgres import workflow_writes as writes
+from scheduler_gateway.daemon.store.postgres.db import Conn, PgDb
 from scheduler_gateway.daemon.store.postgres.lock_bounds import bound_lock_waits
 from scheduler_gateway.daemon.store.postgres.outbox import SQL_INSERT_OUTBOX
 from scheduler_gateway.daemon.store.postgres.tasks import (
@@ -75,31 +75,6 @@ SQL_SWAP_WORKFLOW = (
     "UPDATE workflows SET doc = %s, revision = %s, finished_at = %s, final_state = %s"
     " WHERE id = %s AND revision = %s AND (%s::double precision IS NULL OR open_tasks = 0)"
 )
-SQL_INSERT_EDGES = (
-    "INSERT INTO task_edges (parent_id, child_id, workflow_id, parent_ref, on_state, outcome)"
-    " SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])"
-)
-SQL_INSERT_DEPS = (
-    "INSERT INTO task_deps (task_id, parents, join_any, met, lost)"
-    " SELECT * FROM unnest(%s::text[], %s::integer[], %s::boolean[], %s::integer[], %s::integer[])"
-)
-SQL_INSERT_NOTICES = (
-    f"INSERT INTO workflow_notices (kind, object_id, at) SELECT 'task', x.id, {DB_NOW}"
-    " FROM unnest(%s::text[]) WITH ORDINALITY AS x(id, n) ORDER BY x.n"
-)
-# the adder's children gain a parent per added task (its edge decided as the added task stands): a counters row
-# moved by the database, and a ``task`` notice where that made it ready or doomed (as the effects' statement)
-SQL_GROW_DEPS = (
-    "WITH x AS (SELECT * FROM unnest(%s::text[], %s::integer[], %s::integer[], %s::integer[]) AS x(id, p, m, l)),"
-    " d AS (UPDATE task_deps c SET parents = c.parents + x.p, met = c.met + x.m, lost = c.lost + x.l FROM x"
-    " WHERE c.task_id = x.id RETURNING c.task_id, c.join_any, c.parents, c.met, c.lost, x.p, x.m, x.l)"
-    f" INSERT INTO workflow_notices (kind, object_id, at) SELECT 'task', task_id, {DB_NOW} FROM d"
-    " WHERE ((CASE WHEN join_any THEN met >= 1 OR parents = 0 ELSE met >= parents END)"
-    " OR (CASE WHEN join_any THEN parents > 0 AND lost >= parents ELSE lost >= 1 END))"
-    " AND NOT ((CASE WHEN join_any THEN met - m >= 1 OR parents - p = 0 ELSE met - m >= parents - p END)"
-    " OR (CASE WHEN join_any THEN parents - p > 0 AND lost - l >= parents - p ELSE lost - l >= 1 END))"
-    " ORDER BY task_id"
-)
 SQL_OPEN_MORE = (
     "UPDATE workflows SET open_tasks = open_tasks + %s, finished_at = CASE WHEN %s > 0 THEN NULL ELSE finished_at"
     " END WHERE id = %s"
@@ -117,17 +92,6 @@ class PgWorkflows:
     async def _write_one(self, conn: Conn, r: ChangeRows) -> None:
         await write_change(conn, r, self._clock)
 
-    async def _insert_tasks(self, conn: Conn, workflow_id: str, changes: list[Change]) -> None:
-        """The inserts of ``changes`` as ``apply_many`` writes them (one set statement; a task a rule needs a read
-        for, alone), all or nothing: the first refusal undoes the caller's transaction; then their workflow."""
-        rows = [ChangeRows.of(c) for c in changes]
-        for result in await write_batch(conn, rows, self._write_one):
-            if result is not None:
-                raise result
-        await conn.execute(
-            "UPDATE tasks SET workflow_id = %s WHERE id = ANY(%s::text[])", (workflow_id, [r.task_id for r in rows])
-        )
-
     async def create_workflow(
         self,
         workflow: WorkflowRecord,
@@ -142,6 +106,8 @@ class PgWorkflows:
         opened = sum(s not in TERMINAL_STATES for s in states.values())
         async with self._db.transaction() as conn:
             await bound_lock_waits(conn)
+            outside = sorted({e.parent_id for e in edges if e.parent_id not in states})
+            writes.check_edges(edges, set(states) | await writes.stored_of(conn, outside))
             stored = msgspec.structs.replace(workflow, open_tasks=opened, finished_at=None)
             cur = await conn.execute(
                 SQL_INSERT_WORKFLOW,
@@ -169,11 +135,11 @@ class PgWorkflows:
                 )
                 if cur.rowcount != 1:
                     raise Conflict("this idempotency key was already used", code=Code.IDEMPOTENCY_CONFLICT)
-            await self._insert_tasks(conn, workflow.id, changes)
+            await writes.insert_tasks(conn, workflow.id, changes, self._write_one)
             decided = [msgspec.structs.replace(e, outcome=_outcome(e, states)) for e in edges]
-            await _insert_edges(conn, decided)
+            await writes.insert_edges(conn, decided)
             joins = {c.task.id: c.task.join == "any" for c in changes}
-            await _insert_counters(conn, decided, joins)
+            await writes.insert_counters(conn, decided, joins)
             await conn.execute(SQL_INSERT_AUDIT, audit_row(audit))
             await conn.execute(SQL_INSERT_OUTBOX, (outbox_body(event),))
 
@@ -206,13 +172,14 @@ class PgWorkflows:
                     code=Code.LEASE_CONFLICT,
                     details={"taskId": adder.id},
                 )
+            writes.check_edges(edges, set(states) | set(found))
             for parent_id, (state, _rev, _doc) in found.items():
                 states.setdefault(parent_id, state)
             cur = await conn.execute(
                 "SELECT child_id, on_state FROM task_edges WHERE parent_id = %s ORDER BY child_id", (adder.id,)
             )
             grown = [(str(child), str(on)) for child, on in await cur.fetchall()]
-            await self._insert_tasks(conn, workflow_id, changes)
+            await writes.insert_tasks(conn, workflow_id, changes, self._write_one)
             refs = {c.task.id: c.task.ref or "" for c in changes}
             inherited = [
                 Edge(workflow_id=workflow_id, parent_id=n, parent_ref=refs[n], child_id=d, on=on)
@@ -220,10 +187,10 @@ class PgWorkflows:
                 for n in new_ids
             ]
             decided = [msgspec.structs.replace(e, outcome=_outcome(e, states)) for e in [*edges, *inherited]]
-            await _insert_edges(conn, decided)
+            await writes.insert_edges(conn, decided)
             joins = {c.task.id: c.task.join == "any" for c in changes}
-            await _insert_counters(conn, [e for e in decided if e.child_id in joins], joins)
-            await _grow_counters(conn, [e for e in decided if e.child_id not in joins])
+            await writes.insert_counters(conn, [e for e in decided if e.child_id in joins], joins)
+            await writes.grow_counters(conn, [e for e in decided if e.child_id not in joins])
             opened = sum(s not in TERMINAL_STATES for i, s in states.items() if i in refs)
             if opened:
                 await conn.execute(SQL_OPEN_MORE, (opened, opened, workflow_id))
@@ -401,88 +368,3 @@ def _workflow(row: Any, workflow_id: str) -> WorkflowRecord:
 
 def _edge(r: Any) -> Edge:
     return Edge(workflow_id=r[0], parent_id=r[1], parent_ref=r[2], child_id=r[3], on=r[4], outcome=r[5])
-
-
-def _columns(rows: Iterable[tuple[Any, ...]], width: int) -> list[list[Any]]:
-    cols: list[list[Any]] = [[] for _ in range(width)]
-    for row in rows:
-        for i, v in enumerate(row):
-            cols[i].append(v)
-    return cols
-
-
-async def _insert_edges(conn: Conn, edges: list[Edge]) -> None:
-    if edges:
-        rows = ((e.parent_id, e.child_id, e.workflow_id, e.parent_ref, e.on, e.outcome) for e in edges)
-        await conn.execute(SQL_INSERT_EDGES, _columns(rows, 6))
-
-
-async def _insert_counters(conn: Conn, edges: list[Edge], joins: dict[str, bool]) -> None:
-    """The counters rows of the new tasks ``edges`` lead into, and a ``task`` notice for each one then ready or
-    doomed (a parent already ended)."""
-    counts: dict[str, list[int]] = {}
-    for e in edges:
-        c = counts.setdefault(e.child_id, [0, 0, 0])
-        c[0] += 1
-        c[1] += e.outcome == "met"
-        c[2] += e.outcome == "lost"
-    if not counts:
-        return
-    order = sorted(counts)
-    made = [DepCounts(task_id=i, parents=p, join_any=joins.get(i, False), met=m, lost=lo) for i, (p, m, lo) in
-            ((i, counts[i]) for i in order)]  # fmt: skip
-    await conn.execute(
-        SQL_INSERT_DEPS,
-        _columns(((d.task_id, d.parents, d.join_any, d.met, d.lost) for d in made), 5),
-    )
-    active = [d.task_id for d in made if d.ready or d.doomed]
-    if active:
-        await conn.execute(SQL_INSERT_NOTICES, (active,))
-
-
-async def _grow_counters(conn: Conn, edges: list[Edge]) -> None:
-    """The stored children ``edges`` lead into (the adder's) gain those parents, in one statement."""
-    grown: dict[str, list[int]] = {}
-    for e in edges:
-        c = grown.setdefault(e.child_id, [0, 0, 0])
-        c[0] += 1
-        c[1] += e.outcome == "met"
-        c[2] += e.outcome == "lost"
-    if grown:
-        order = sorted(grown)
-        await conn.execute(SQL_GROW_DEPS, _columns(((i, *grown[i]) for i in order), 4))
-
-
-async def workflows_of(conn: Conn, task_ids: list[str]) -> list[str]:
-    """The workflows of these tasks (read before retention deletes them)."""
-    if not task_ids:
-        return []
-    cur = await conn.execute(
-        "SELECT DISTINCT workflow_id FROM tasks WHERE id = ANY(%s::text[]) AND workflow_id IS NOT NULL", (task_ids,)
-    )
-    return [str(r[0]) for r in await cur.fetchall()]
-
-
-async def purge_workflow_rows(conn: Conn, gone: list[str], workflow_ids: list[str]) -> None:
-    """In retention's transaction, after it deleted the tasks ``gone`` (of the workflows ``workflow_ids``): their
-    edges both ways, their counters and notices, and each of those workflows no task is left of, with its
-    notices. A workflow's row stays while one of its tasks does."""
-    if not gone:
-        return
-    await conn.execute(
-        "DELETE FROM task_edges WHERE parent_id = ANY(%s::text[]) OR child_id = ANY(%s::text[])", (gone, gone)
-    )
-    await conn.execute("DELETE FROM task_deps WHERE task_id = ANY(%s::text[])", (gone,))
-    emptied: list[str] = []
-    if workflow_ids:
-        cur = await conn.execute(
-            "DELETE FROM workflows w WHERE id = ANY(%s::text[])"
-            " AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.workflow_id = w.id) RETURNING id",
-            (workflow_ids,),
-        )
-        emptied = [str(r[0]) for r in await cur.fetchall()]
-    await conn.execute(
-        "DELETE FROM workflow_notices WHERE (kind = 'task' AND object_id = ANY(%s::text[]))"
-        " OR (kind = 'workflow' AND object_id = ANY(%s::text[]))",
-        (gone, emptied),
-    )
