@@ -50,7 +50,7 @@ soak: $(STAMP)
 
 # the console's screenshots in docs/console/ (docs/CONSOLE.md), taken by its browser tests
 screenshots: $(STAMP)
-	CONSOLE_SCREENSHOTS=1 $(PY) -m pytest -q -m "" -p no:randomly tests/console/test_console_browser.py tests/console/test_console_operator.py tests/console/test_console_layout.py
+	CONSOLE_SCREENSHOTS=1 $(PY) -m pytest -q -m "" -p no:randomly tests/console/test_console_browser.py tests/console/test_console_operator.py tests/console/test_console_layout.py tests/console/test_console_workflows.py
 
 bench: $(STAMP)
 	$(PY) bench/bench_gateway.py --n 20000

@@ -366,7 +366,8 @@ async def test_a_hand_made_diamond_is_drawn_fits_both_widths_and_passes_axe(
             assert await overflow(page) == 0, (path, w)
             await accessible(page)
             await no_inline_code(page)
-            await shot(page, f"workflow{'s' if path.endswith('workflows') else ''}-{label}")
+            name = "workflows" if path.endswith("workflows") else "workflow"
+            await shot(page, name if label == "desktop" else f"{name}-phone")  # docs/CONSOLE.md's
         await page.context.close()
     page = await signed_in_at(browser, gateway, 1280, 800)
     await page.goto(base(gateway) + f"/ui/workflows/{wid}")
