@@ -61,6 +61,9 @@ async def test_a_dependent_is_released_only_after_its_parents_and_never_offered_
         await k.run(ids["c"])
         offered = [o.task_id for o in k.kit.bus.offers]
         assert offered.index(ids["c"]) > max(offered.index(ids["a"]), offered.index(ids["b"]))
+        offers = {o.task_id: o for o in k.kit.bus.offers}
+        assert offers[ids["c"]].has_dependencies is True and offers[ids["a"]].has_dependencies is False
+        assert offers[ids["c"]].workflow_id == view.id and offers[ids["c"]].ref == "c"
         wf = await k.workflows.get(ALICE, view.id)
         assert wf.state == "succeeded" and wf.finished_at is not None and wf.counts.succeeded == 3
 

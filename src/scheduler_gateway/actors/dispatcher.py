@@ -118,15 +118,7 @@ class Dispatcher(LoopActor):
         again = self._reoffers.get(task.id)
         if again is not None and (task.state != "queued" or again[0] != task.attempt_id):
             del self._reoffers[task.id]
-        if task.state == "running":
-            self.flow.running(task.id, task.kind, task.concurrency_key, task.started_at)
-            self._workflows.take(task)
-        else:
-            freed = self.flow.stopped(task.id)
-            if freed is not None and freed[0] in self._ready:
-                self._ready[freed[0]].release(freed[1])
-            if task.id not in self._offered_kind:
-                self._unpark(task.id)
+        self._count(task)
         if task.state == "queued" and task.waiting_deps:
             self._queued[task.id] = task  # known (waitingFor "dependencies"), never offered until released
             if task.thread_id:
@@ -148,6 +140,18 @@ class Dispatcher(LoopActor):
         if task.thread_id:
             self._kick_lane(task.thread_id)
         self._wake.set()
+
+    def _count(self, task: Task) -> None:
+        """The task's place in the running counts of its kind's flow rules and of its workflow's maxParallel."""
+        if task.state == "running":
+            self.flow.running(task.id, task.kind, task.concurrency_key, task.started_at)
+            self._workflows.take(task)
+            return
+        freed = self.flow.stopped(task.id)
+        if freed is not None and freed[0] in self._ready:
+            self._ready[freed[0]].release(freed[1])
+        if task.id not in self._offered_kind:
+            self._unpark(task.id)
 
     def set_kind(self, settings: KindSettings) -> None:
         """A kind's flow settings, new or changed (here or on another instance)."""
@@ -488,6 +492,7 @@ class Dispatcher(LoopActor):
                 concurrency_key=task.concurrency_key,
                 workflow_id=task.workflow_id,
                 ref=task.ref,
+                has_dependencies=bool(task.depends_on) if task.workflow_id is not None else None,
             )
         )
 

@@ -49,6 +49,9 @@ class Offer(_Wire, kw_only=True):
     #: dependencies on ``gw.workflow.<nodeId>`` before the handler runs
     workflow_id: str | None = None
     ref: str | None = None
+    #: whether the workflow task has parents (null outside a workflow, or from a gateway that does not say): a
+    #: worker fetches ``ctx.dependencies`` only when it is not false, so a task without parents costs no request
+    has_dependencies: bool | None = None
 
 
 class ClaimRequest(_Wire, kw_only=True, omit_defaults=True):

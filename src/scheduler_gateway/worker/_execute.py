@@ -71,7 +71,7 @@ async def execute(run: Running, fn: Handler) -> Ending | None:
         timer = asyncio.timeout(timeout_s)
         try:
             async with timer:
-                if run.workflow is not None:
+                if run.workflow is not None and offer.has_dependencies is not False:  # a task without parents: none
                     try:
                         run.state.dependencies = await run.workflow.dependencies()
                     except WorkflowRefused as exc:
