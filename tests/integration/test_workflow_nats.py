@@ -162,3 +162,31 @@ async def test_a_running_task_adds_tasks_and_its_dependent_waits_for_all_of_them
 
 async def _state(api: Api, task_id: str, state: str) -> bool:
     return bool((await api.task(task_id))["state"] == state)
+
+
+async def test_parents_with_large_results_come_in_pages_that_fit_the_servers_max_payload(
+    api: Api, node: HandNode
+) -> None:
+    # 20 parents whose results are each an eighth of the server's max_payload: 2.5 times it in one page of 200
+    size = node.nc.max_payload // 8
+    parents = [task(f"p{i:02d}", "big") for i in range(20)]
+    status, wf, _ = await api.call(
+        "POST", "/api/workflows", {"tasks": [*parents, task("join", "join", *[p["ref"] for p in parents])]}
+    )
+    assert status == 201, wf
+    await run_all(node, "big", 20, result="r" * size)
+    offer, lease = await claimed(node, "join")
+    seen: list[str] = []
+    after = None
+    pages = 0
+    while True:
+        page = await ask(node, DependenciesRequest(task_id=offer.task_id, lease_id=lease, after=after))
+        assert page.get("ok", True) is True, page.get("error")
+        assert all(len(d["result"]) == size for d in page["dependencies"])
+        seen += [d["ref"] for d in page["dependencies"]]
+        pages += 1
+        after = page.get("next")
+        if after is None:
+            break
+    assert seen == [p["ref"] for p in parents]
+    assert pages >= 2  # cut to fit, every parent read

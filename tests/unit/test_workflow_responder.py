@@ -106,27 +106,44 @@ class Msg:
 
 
 class BigPages(FakeService):
+    """Parents with results of ``size`` bytes; it answers ``limit`` of them and says there are more."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.size = 100
+        self.limits: list[int] = []
+
     async def dependencies(self, node_id: str, req: DependenciesRequest) -> DependenciesReply:
-        big = msgspec.Raw(msgspec.json.encode("r" * 100))
+        self.limits.append(req.limit)
+        big = msgspec.Raw(msgspec.json.encode("r" * self.size))
         views = [
-            DependencyView(ref=f"p{i}", task_id=TSK, state="succeeded", on="succeeded", result=big)
+            DependencyView(ref=f"p{i:03d}", task_id=TSK, state="succeeded", on="succeeded", result=big)
             for i in range(req.limit)
         ]
-        return DependenciesReply(dependencies=views)
+        return DependenciesReply(dependencies=views, next=views[-1].ref)
 
 
-async def test_an_answer_over_the_servers_max_payload_is_a_refusal_the_node_can_read() -> None:
+async def test_a_page_over_the_servers_max_payload_is_cut_to_fit_and_one_too_large_parent_is_refused() -> None:
     nc: Any = SmallServer()
-    r = WorkflowResponder(nc, Subjects(), BigPages())
+    service = BigPages()
+    r = WorkflowResponder(nc, Subjects(), service)
     small = Msg(
         "gw.workflow.node-1", msgspec.json.encode({"op": "dependencies", "taskId": TSK, "leaseId": "l", "limit": 5})
     )
     await r._on(small)  # type: ignore[arg-type]
     assert len(msgspec.json.decode(small.sent[0])["dependencies"]) == 5
-    big = Msg("gw.workflow.node-1", msgspec.json.encode({"op": "dependencies", "taskId": TSK, "leaseId": "l"}))
-    await r._on(big)  # type: ignore[arg-type]
-    (sent,) = big.sent
-    refused = msgspec.json.decode(sent)
-    assert len(sent) <= 4096
+    # 200 parents of ~150 bytes each do not fit in 4096: the page is asked again with fewer until it fits
+    full = Msg("gw.workflow.node-1", msgspec.json.encode({"op": "dependencies", "taskId": TSK, "leaseId": "l"}))
+    await r._on(full)  # type: ignore[arg-type]
+    (sent,) = full.sent
+    page = msgspec.json.decode(sent)
+    assert len(sent) <= 4096 and 10 <= len(page["dependencies"]) < 200, len(page["dependencies"])
+    assert page["next"] == page["dependencies"][-1]["ref"]  # the node goes on from there
+    assert service.limits == [5, 200, 100, 50, 25, 12]
+    # one parent whose result alone is over the limit: a refusal the node can read
+    service.size = 5000
+    one = Msg("gw.workflow.node-1", msgspec.json.encode({"op": "dependencies", "taskId": TSK, "leaseId": "l"}))
+    await r._on(one)  # type: ignore[arg-type]
+    refused = msgspec.json.decode(one.sent[0])
     assert refused["ok"] is False and refused["error"]["code"] == "PAYLOAD_TOO_LARGE"
     assert refused["error"]["details"]["maxPayload"] == 4096 and refused["error"]["details"]["bytes"] > 4096

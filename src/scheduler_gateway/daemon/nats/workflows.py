@@ -84,15 +84,17 @@ class WorkflowResponder:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
 
-    async def answer(self, subject: str, data: bytes) -> bytes:
-        """The reply to one request on ``subject`` (the encoded ``DependenciesReply`` or ``AddTasksReply``)."""
+    async def answer(self, subject: str, data: bytes, max_bytes: int | None = None) -> bytes:
+        """The reply to one request on ``subject`` (the encoded ``DependenciesReply`` or ``AddTasksReply``);
+        ``max_bytes``: the most a reply may be (the server's ``max_payload``), which a page of dependencies is
+        cut to fit."""
         node = self._subjects.node_of(subject)
         try:
             if _NODE_RE.fullmatch(node) is None:
                 return refusal(Code.INVALID_ARGUMENT, "bad node id in subject")
             req = _decode(data)
             if isinstance(req, DependenciesRequest):
-                return _encode(await self._service.dependencies(node, req))
+                return await self._dependencies(node, req, max_bytes)
             return _encode(await self._service.add_tasks(node, req))
         except _MALFORMED as exc:
             return refusal(Code.INVALID_ARGUMENT, f"malformed workflow request: {str(exc)[:200]}")
@@ -102,15 +104,27 @@ class WorkflowResponder:
             log.exception("workflow request failed")
             return refusal(Code.INTERNAL, "internal error")
 
+    async def _dependencies(self, node: str, req: DependenciesRequest, max_bytes: int | None) -> bytes:
+        """A page of dependencies that fits in one message: a page of 200 parents whose results are large is
+        asked again with half as many, until it fits (its ``next`` then goes on from its last parent, so the node
+        reads every parent whatever their size); one parent alone too large is PAYLOAD_TOO_LARGE."""
+        reply = await self._service.dependencies(node, req)
+        body = _encode(reply)
+        while max_bytes is not None and len(body) > max_bytes and len(reply.dependencies) > 1:
+            req = msgspec.structs.replace(req, limit=len(reply.dependencies) // 2)
+            reply = await self._service.dependencies(node, req)
+            body = _encode(reply)
+        return body
+
     async def _on(self, msg: Msg) -> None:
-        body = await self.answer(msg.subject, msg.data)
         limit = self._nc.max_payload
+        body = await self.answer(msg.subject, msg.data, limit)
         if len(body) > limit:
-            # a page of large results: a reply NATS would refuse to carry leaves the node waiting out its timeout
-            # and asking again for ever; a refusal it can read says why (ask for fewer with ``limit``)
+            # a reply NATS would refuse to carry would leave the node waiting out its timeout and asking again for
+            # ever: a refusal it can read says why
             body = refusal(
                 Code.PAYLOAD_TOO_LARGE,
-                "the answer is over the NATS server's max_payload: ask for fewer dependencies (limit)",
+                "the answer is over the NATS server's max_payload",
                 {"bytes": len(body), "maxPayload": limit},
             )
         if msg.reply:
