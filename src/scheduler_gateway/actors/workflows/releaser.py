@@ -41,6 +41,9 @@ POLL_S = 0.5
 BATCH = 500
 #: task notices decided at once (each in its task's mailbox; the store's group commit takes them together)
 PARALLEL = 64
+#: after a pass that found nothing, how long a wake-up waits for more commits before the next read: every settle
+#: of a workflow task wakes the releaser, and a fan-in of 10,000 parents writes one notice in all (the join's)
+COALESCE_S = 0.01
 
 
 class WorkflowReleaser(LoopActor):
@@ -63,12 +66,14 @@ class WorkflowReleaser(LoopActor):
         self._poll_s = POLL_S if poll_s is None else poll_s
         self._wake = Wakeup()
         self.handled = 0  # notices handled (tests, metrics)
+        self.passes = 0  # inbox reads
 
     def wake(self) -> None:
         self._wake.set()
 
     async def run(self) -> None:
         while True:
+            before = self.handled
             try:
                 more = await self.drain_once()
             except GatewayError as exc:  # the store is away: the notices wait for the next pass
@@ -76,9 +81,12 @@ class WorkflowReleaser(LoopActor):
                 more = False
             if not more:
                 await self._wake.wait(self._poll_s)
+                if self.handled == before:  # the last read found nothing: let the commits of a moment gather
+                    await asyncio.sleep(COALESCE_S)
 
     async def drain_once(self) -> bool:
         """Handle one batch of notices; True when the inbox had a full batch (more may wait)."""
+        self.passes += 1
         notices = await self._store.workflows.notices(BATCH)
         if not notices:
             return False
