@@ -162,6 +162,20 @@ async def test_a_workflow_retry_reopens_the_skipped_and_keeps_succeeded_results(
         assert nothing.value.code == Code.INVALID_STATE_TRANSITION
 
 
+async def test_a_workflow_retry_redrives_a_dead_tasks_letter() -> None:
+    async with workflow_kit() as k:
+        view = await k.submit([{"ref": "a", "maxAttempts": 1}, {"ref": "b", "dependsOn": [dep("a")]}])
+        ids = await k.ids(view.id)
+        await k.run(ids["a"], "retryable")
+        assert await k.states(view.id) == {"a": "dead", "b": "skipped"}
+        letter = await k.store.letters.get_dead_letter_for_task(ids["a"])
+        assert letter is not None and letter.retry_count == 0
+        await retry(k, view.id)
+        assert await k.states(view.id) == {"a": "queued", "b": "waiting"}
+        letter = await k.store.letters.get_dead_letter_for_task(ids["a"])
+        assert letter is not None and letter.retry_count == 1
+
+
 async def test_a_retry_naming_a_succeeded_ref_reworks_it_with_its_downstream() -> None:
     async with workflow_kit() as k:
         view = await k.submit([{"ref": "a"}, {"ref": "b", "dependsOn": [dep("a")]}, {"ref": "x"}])

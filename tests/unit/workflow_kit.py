@@ -64,14 +64,16 @@ class WorkflowKit:
         return reply.lease_id, task.attempt_id
 
     async def run(self, task_id: str, outcome: str = "succeeded", result: Any = None) -> None:
-        """Claim and settle the task (``failed``: not retryable), then drain the releaser."""
+        """Claim and settle the task (``failed``: not retryable; ``retryable``: failed, retryable), then drain."""
         lease_id, _ = await self.claim(task_id)
         await self.run_claimed(task_id, lease_id, outcome, result)
 
     async def run_claimed(self, task_id: str, lease_id: str, outcome: str = "succeeded", result: Any = None) -> None:
         """Settle the claimed task under ``lease_id``, then drain the releaser."""
         attempt_id = (await self.task(task_id)).attempt_id
-        error = None if outcome == "succeeded" else WireError(code="BOOM", message="it failed", retryable=False)
+        retryable = outcome == "retryable"
+        outcome = "failed" if retryable else outcome
+        error = None if outcome == "succeeded" else WireError(code="BOOM", message="it failed", retryable=retryable)
         settled = await self.service.settle(
             "node-a",
             Settle(

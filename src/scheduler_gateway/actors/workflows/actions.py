@@ -180,6 +180,8 @@ class WorkflowActions:
                 code=Code.INVALID_STATE_TRANSITION,
                 details={"state": workflow.final_state, "action": "retry"},
             )
+        # every requeue decided before anything is written (an exhausted dead letter refuses the whole retry)
+        parts = await self._parts(caller, workflow.id, plan, tasks, rid)
         idem = self._key(caller, key, operation, body_hash, workflow.id)
         data: dict[str, Any] = {"refs": sorted(refs) if refs else None, "tasks": len(plan)}
         await self._swap(
@@ -188,34 +190,42 @@ class WorkflowActions:
         )  # fmt: skip
         for _ in range(RETRY_ROUNDS):
             try:
-                await self._reopen(caller, workflow.id, plan, rid)
+                await self._reopen(workflow.id, parts, rid)
                 break
             except Conflict as exc:
                 if exc.code != Code.REVISION_CONFLICT:
                     raise
+                # a task changed meanwhile (a user's own retry of one, say): what is still ended is reopened
                 tasks = await self._store.workflows.workflow_tasks(workflow.id)
-                fresh = {t.id: t for t in tasks}
-                plan = {
-                    tid: action for tid, action in plan.items() if fresh.get(tid) is not None and fresh[tid].terminal
-                }
+                parts = await self._parts(caller, workflow.id, plan, tasks, rid)
+        else:
+            raise Conflict(f"the tasks of workflow {workflow.id} keep changing; try again", code=Code.REVISION_CONFLICT)
         self._wake()
 
-    async def _reopen(self, caller: Caller, workflow_id: str, plan: dict[str, str], rid: str | None) -> None:
-        """The planned requeues in one group: each a new attempt of the same task (``retry`` or ``rework``)."""
+    async def _parts(
+        self, caller: Caller, workflow_id: str, plan: dict[str, str], tasks: list[Task], rid: str | None
+    ) -> list[tuple[sm.Transition, DeadLetter | None]]:
+        """The planned requeues of the tasks still ended, each a new attempt (``retry`` or ``rework``), with the
+        dead letter a retry of a dead task redrives (under the letters' rules, as a task's retry)."""
         now = self._clock()
+        why = f"workflow {workflow_id} retried"
         parts: list[tuple[sm.Transition, DeadLetter | None]] = []
-        for task_id, action in plan.items():
-            task = await self._store.tasks.get_task(task_id)
-            if task is None or not task.terminal:
+        for task in tasks:
+            action = plan.get(task.id)
+            if action is None or not task.terminal:
                 continue
-            tr = sm.requeue(
-                task, action, caller.actor, idgen.new_id("att"), now, rid, f"workflow {workflow_id} retried"
-            )
+            tr = sm.requeue(task, action, caller.actor, idgen.new_id("att"), now, rid, why)
             letter = None
             if task.state == "dead":
                 found = await self._store.letters.get_dead_letter_for_task(task.id)
                 letter = None if found is None else redriven(found, force=False, kind=task.kind)
             parts.append((tr, letter))
+        return parts
+
+    async def _reopen(
+        self, workflow_id: str, parts: list[tuple[sm.Transition, DeadLetter | None]], rid: str | None
+    ) -> None:
+        """The requeues in one group: the counters of their edges move at once."""
         changes: list[Change] = [
             self._ledger.change(tr, rid, {"workflowId": workflow_id}, None, letter) for tr, letter in parts
         ]
