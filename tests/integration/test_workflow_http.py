@@ -53,7 +53,7 @@ async def nothing_created(api: Api) -> None:
         ("duplicate ref", [task("a"), task("b"), task("a")], 400, "INVALID_ARGUMENT", {"ref": "a"}),
         ("unknown ref", [task("a"), task("b", "zz")], 400, "INVALID_ARGUMENT", {"ref": "b", "dependsOn": "zz"}),
         ("same parent twice", [task("a"), task("b", "a", ("a", "failed"))], 400, "INVALID_ARGUMENT", {"ref": "b"}),
-        ("bad ref", [{"ref": "a b", "kind": "wfk"}], 400, "INVALID_ARGUMENT", {}),
+        ("bad ref", [task("a"), {"ref": "a b", "kind": "wfk"}], 400, "INVALID_ARGUMENT", {"index": 1}),
         ("bad kind", [task("a"), task("b", kind="Bad Kind")], 400, "INVALID_ARGUMENT", {"ref": "b"}),
         ("unknown field", [task("a", color="red")], 400, "INVALID_ARGUMENT", {"ref": "a"}),
         ("reserved label", [task("a", labels={"gw.x": "1"})], 400, "INVALID_ARGUMENT", {"ref": "a"}),
@@ -86,6 +86,22 @@ async def test_a_cycle_is_named_in_order_and_more_than_10000_tasks_are_refused(a
     status, body, _ = await submit(api, {"tasks": [task(f"t{i}") for i in range(10_001)]})
     assert status == 400 and body["error"]["details"]["field"] == "tasks", body["error"]
     await nothing_created(api)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect (actors/workflows/service.py _named): the store's DUPLICATE_TASK names the holder's taskId, "
+    "not the new task's, so the refusal does not name the item (details.ref) as CONTRACT 2.12 asks",
+)
+async def test_an_items_unique_key_held_by_a_live_task_is_named(api: Api) -> None:
+    held = await api.create({"kind": "wfk", "uniqueKey": "nightly"})
+    status, body, _ = await submit(api, {"tasks": [task("a"), task("u", uniqueKey="nightly")]})
+    assert status == 409 and body["error"]["code"] == "DUPLICATE_TASK", body
+    assert body["error"]["details"]["ref"] == "u" and body["error"]["details"]["taskId"] == held["id"]
+    status, page, _ = await api.call("GET", "/api/workflows")
+    assert page["items"] == []
+    status, tasks, _ = await api.call("GET", "/api/tasks")
+    assert [t["id"] for t in tasks["items"]] == [held["id"]]
 
 
 async def test_the_submit_reads_up_to_64_mib_while_other_routes_keep_their_limit(api: Api) -> None:
