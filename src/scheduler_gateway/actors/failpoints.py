@@ -57,6 +57,16 @@ NAMES: dict[str, str] = {
     " are still to come",
     "pg.workflow_between_edges": "a PostgreSQL transaction moved the edges and counters of its workflow tasks'"
     " changes; the workflows' open counts and the commit are still to come",
+    "workflow.after_terminal_commit": "a workflow task's change across the terminal line is committed (its edges,"
+    " counters and notices with it); this instance's releaser is not yet woken",
+    "workflow.release_before_commit": "the releaser read its notices and decided to release a waiting task; the"
+    " release is not yet committed",
+    "workflow.release_before_drop": "the releaser committed what a pass of notices called for; the notices are"
+    " not yet dropped",
+    "workflow.create_mid_transaction": "a workflow's row, tasks and edges are written in the create's SQLite"
+    " transaction; its audit, event and the commit are still to come",
+    "workflow.add_tasks_mid_transaction": "a node's added tasks and their edges are written in the add's SQLite"
+    " transaction; the workflow's open count, the audit and the commit are still to come",
 }
 
 

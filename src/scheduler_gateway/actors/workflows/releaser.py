@@ -25,7 +25,7 @@ import msgspec
 
 from scheduler_gateway.wire.errors import GatewayError
 
-from .. import idgen
+from .. import failpoints, idgen
 from ..model import task_machine as sm
 from ..model.records import Task
 from ..model.workflows import DepCounts, WorkflowRecord, verdict, workflow_state
@@ -103,6 +103,7 @@ class WorkflowReleaser(LoopActor):
                 log.warning("workflow %s: finish not recorded (%s); retrying", workflow_id, exc.code)
         handled = [n.seq for n in notices if n.object_id in done]
         if handled:
+            failpoints.hit("workflow.release_before_drop")  # committed; the notices are read again after a crash
             await self._store.workflows.drop_notices(handled)
             self.handled += len(handled)
         return len(notices) >= BATCH and bool(handled)
@@ -149,6 +150,8 @@ class WorkflowReleaser(LoopActor):
         else:
             return "none"
         if isinstance(tr, sm.Transition):
+            if action == "release":
+                failpoints.hit("workflow.release_before_commit")  # decided on reads a freeze makes stale
             await self._ledger.commit(tr, None, audit_details={"workflowId": task.workflow_id})
         return action
 

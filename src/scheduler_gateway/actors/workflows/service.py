@@ -28,7 +28,7 @@ from scheduler_gateway.wire.workflows import (
     WorkflowView,
 )
 
-from .. import idgen
+from .. import failpoints, idgen
 from ..model import task_machine as sm
 from ..model.records import Task
 from ..model.workflows import SKIPPED, WorkflowRecord
@@ -79,6 +79,7 @@ class WorkflowService:
         """A task listener: a workflow task's change that moves its edges wakes the releaser at once."""
         before = tr.before
         if tr.task.workflow_id is not None and before is not None and before.terminal != tr.task.terminal:
+            failpoints.hit("workflow.after_terminal_commit")  # its notices are in the store; no releaser woken yet
             self.releaser.wake()
 
     # -- submit ------------------------------------------------------------------------------------------------

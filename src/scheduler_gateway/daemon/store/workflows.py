@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from scheduler_gateway.actors import failpoints
 from scheduler_gateway.actors.model.callbacks import CallbackDelivery
 from scheduler_gateway.actors.model.records import TERMINAL_STATES, AuditEntry, EventRecord, Task
 from scheduler_gateway.actors.model.workflows import SKIPPED, DepCounts, Edge, Notice, WorkflowRecord
@@ -130,6 +131,7 @@ class SqliteWorkflows:
                 ) from None
             _insert_idempotency(conn, idem)
             _write_tasks(conn, workflow.id, rows, changes, edges, ())
+            failpoints.hit("workflow.create_mid_transaction")  # a crash here: nothing of the create stands
             conn.execute(SQL_INSERT_AUDIT, audit_row(audit))
             conn.execute(SQL_INSERT_OUTBOX, (outbox_body(event),))
 
@@ -164,6 +166,7 @@ class SqliteWorkflows:
                     details={"taskId": adder.id},
                 )
             _write_tasks(conn, workflow_id, rows, changes, edges, (adder.id,))
+            failpoints.hit("workflow.add_tasks_mid_transaction")  # a crash here: nothing of the add stands
             if opened:
                 conn.execute("UPDATE workflows SET open_tasks = open_tasks + ?, finished_at = NULL WHERE id = ?",
                              (opened, workflow_id))  # fmt: skip
