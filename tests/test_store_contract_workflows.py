@@ -467,8 +467,17 @@ async def test_in_one_batch_a_claim_sees_the_settles_before_it_not_after(store: 
 
 async def test_in_one_batch_max_parallel_counts_what_runs_at_the_claims_place(store: Any) -> None:
     other = "wfl_00000000000000000000000002"
-    await submit(store, [wf_task(1, "a"), wf_task(2, "b")], wf=record(max_parallel=1))
-    await submit(store, [wf_task(3, "a", wf=other), wf_task(4, "b", wf=other)], wf=record(other, max_parallel=1))
+    # each task carries its workflow's maxParallel, as the service writes it (PostgreSQL orders a batch by it)
+    await submit(
+        store,
+        [wf_task(1, "a", workflow_max_parallel=1), wf_task(2, "b", workflow_max_parallel=1)],
+        wf=record(max_parallel=1),
+    )
+    await submit(
+        store,
+        [wf_task(3, "a", wf=other, workflow_max_parallel=1), wf_task(4, "b", wf=other, workflow_max_parallel=1)],
+        wf=record(other, max_parallel=1),
+    )
     a, a2 = await claim(store, tid(1)), await claim(store, tid(3))
     b, b2 = await store.tasks.get_task(tid(2)), await store.tasks.get_task(tid(4))
     assert b is not None and b2 is not None

@@ -69,17 +69,23 @@ class WorkflowPart:
     state: str  # the task's new state (what its settled edges are decided by)
     claim: bool  # it moves the task to running: the guard (DepCounts ready, maxParallel) applies
     max_parallel: int | None  # the task's copy of its workflow's maxParallel (PostgreSQL reads the workflow's)
+    ref: str | None = None  # the task's ref in its workflow
+    #: a claim's parents' refs (its ``dependsOn``): the changes of a batch its guard reads (PostgreSQL's batch)
+    parent_refs: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, change: Change) -> WorkflowPart:
         t, h = change.task, change.history
         assert t.workflow_id is not None
+        claim = t.state == "running" and (h is None or h.from_state != "running")
         return cls(
             workflow_id=t.workflow_id,
             effect=change.edge_effect,
             state=t.state,
-            claim=t.state == "running" and (h is None or h.from_state != "running"),
+            claim=claim,
             max_parallel=t.workflow_max_parallel,
+            ref=t.ref,
+            parent_refs=frozenset(d.ref for d in t.depends_on) if claim else frozenset(),
         )
 
 

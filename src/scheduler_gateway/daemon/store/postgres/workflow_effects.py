@@ -89,13 +89,23 @@ SQL_RUNNING_OTHERS = "SELECT count(*) FROM tasks WHERE workflow_id = %s AND stat
 
 
 def in_batch_order(rows: Sequence[ChangeRows]) -> set[int]:
-    """The changes of a batch ``write_batch`` decides alone, in the batch's order: each claim of a workflow task
-    (its guard reads), and every other change of a task of that workflow (a settle before the claim frees a slot
-    and moves counters the guard reads, one after it does not: the set statement would write them at once)."""
-    claimed = {r.workflow.workflow_id for r in rows if r.workflow is not None and r.workflow.claim}
-    if not claimed:
+    """The changes of a batch ``write_batch`` decides alone, in the batch's order (the set statement writes its
+    changes at once, before those decided alone): each claim of a workflow task (its guard reads), the changes of
+    the tasks it depends on (a settle before the claim makes it ready, one after it does not), and, when its
+    workflow has ``maxParallel`` (the tasks' copy), every change of that workflow (each may free or take a slot).
+    A batch of a workflow's settles and of its other tasks' claims goes in the set statement, edge effects and
+    all."""
+    claims = [r.workflow for r in rows if r.workflow is not None and r.workflow.claim]
+    if not claims:
         return set()
-    return {i for i, r in enumerate(rows) if r.workflow is not None and r.workflow.workflow_id in claimed}
+    limited = {p.workflow_id for p in claims if p.max_parallel is not None}
+    parents = {(p.workflow_id, ref) for p in claims for ref in p.parent_refs}
+    ordered: set[int] = set()
+    for i, r in enumerate(rows):
+        part = r.workflow
+        if part is not None and (part.claim or part.workflow_id in limited or (part.workflow_id, part.ref) in parents):
+            ordered.add(i)
+    return ordered
 
 
 async def workflow_change(conn: Conn, r: ChangeRows) -> None:
