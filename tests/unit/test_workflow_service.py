@@ -329,3 +329,23 @@ async def test_another_users_workflow_is_not_found() -> None:
         assert page.items == []
         page = await k.workflows.list(ALICE, state="running", name=None, limit=10, cursor=None)
         assert [w.id for w in page.items] == [view.id] and page.items[0].tasks is None
+
+
+async def test_a_released_task_waits_again_when_its_parent_is_reworked_and_its_old_offer_is_stale() -> None:
+    async with workflow_kit() as k:
+        view = await k.submit([{"ref": "p"}, {"ref": "c", "dependsOn": [dep("p")]}])
+        ids = await k.ids(view.id)
+        await k.run(ids["p"])
+        released = await k.task(ids["c"])
+        assert released.state == "queued" and not released.waiting_deps
+        await k.service.act(ALICE, ids["p"], "rework", reason="again")
+        await k.drain()
+        held = await k.task(ids["c"])
+        assert held.waiting_deps and held.attempt_id != released.attempt_id
+        assert held.attempt_no == released.attempt_no
+        assert [h.action for h in (await k.store.tasks.history(ids["c"])).items][-1] == "dependencies_reopened"
+        stale = await k.service.claim("node-a", ClaimRequest(task_id=ids["c"], attempt_id=released.attempt_id))
+        assert not stale.ok and stale.error is not None and stale.error.code == Code.ATTEMPT_STALE
+        await k.run(ids["p"])
+        await k.run(ids["c"])
+        assert (await k.workflows.get(ALICE, view.id)).state == "succeeded"
