@@ -48,8 +48,11 @@ WATCH_GRACE_S = 0.5
 #: how often ``LiveSync`` reads every live copy from the store
 LIVE_SYNC_S = 1.0
 #: how often, at most, ``LiveSync`` looks for the offers of a full window that were claimed elsewhere: a slot of
-#: it waits this long at most, and a window full of offers nobody claimed yet costs one light read this often
+#: it waits this long at most while others claim; a look that finds none doubles the wait up to
+#: ``OFFERS_SYNC_MAX_S``, so a window full of offers nobody claimed yet (one instance, or busy workers) costs a
+#: light read a few times a second, not fifty
 OFFERS_SYNC_S = 0.02
+OFFERS_SYNC_MAX_S = 0.25
 
 
 class SharedTasks(Protocol):
@@ -155,6 +158,7 @@ class LiveSync(LoopActor):
         self._page = page
         self._offers = offers
         self._offers_interval_s = OFFERS_SYNC_S if offers_interval_s is None else offers_interval_s
+        self._offers_gap_s = self._offers_interval_s  # the wait before the next look: grows while looks find none
         self._wake = Wakeup()
         self.offers_moved = 0  # offers found claimed (or ended) elsewhere by ``offers_round``
 
@@ -166,18 +170,23 @@ class LiveSync(LoopActor):
                 if loop.time() >= full_at:
                     full_at = loop.time() + self._interval_s
                     await self.round()
-                else:
-                    await self.offers_round()
+                elif await self.offers_round() == 0:  # a full window, none of it claimed elsewhere: look later
+                    self._offers_gap_s = min(2 * self._offers_gap_s, max(OFFERS_SYNC_MAX_S, self._offers_interval_s))
+                else:  # some were (or no window is full: the next one that fills is looked at soon)
+                    self._offers_gap_s = self._offers_interval_s
             except GatewayError as exc:
                 log.warning("live sync: read failed (%s); retrying", exc.code)
             wait = full_at - loop.time()
             if self._offers is not None:
-                wait = min(wait, self._offers_interval_s)
+                wait = min(wait, self._offers_gap_s)
             await self._wake.wait(wait)
 
-    async def offers_round(self) -> int:
-        """Take in the offers of full windows that left the queue elsewhere; answers how many."""
+    async def offers_round(self) -> int | None:
+        """Take in the offers of full windows that left the queue elsewhere; answers how many (None: no window is
+        full)."""
         ids = self._offers() if self._offers is not None else []
+        if not ids:
+            return None
         moved = 0
         for start in range(0, len(ids), self._page):
             for task in await self._shared.left_queue(ids[start : start + self._page]):
