@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from scheduler_gateway.actors.outbox import read_outbox_body
+from scheduler_gateway.actors.ports import AuditQuery
 from scheduler_gateway.actors.tasks import Caller
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, NotFound
 from scheduler_gateway.wire.messages import ClaimRequest
@@ -339,6 +340,11 @@ async def test_a_released_task_waits_again_when_its_parent_is_reworked_and_its_o
         released = await k.task(ids["c"])
         assert released.state == "queued" and not released.waiting_deps
         await k.service.act(ALICE, ids["p"], "rework", reason="again")
+        # before the releaser holds it, its copy says released: the store's guard refuses the claim, audited
+        early = await k.service.claim("node-a", ClaimRequest(task_id=ids["c"], attempt_id=released.attempt_id))
+        assert not early.ok and early.error is not None and early.error.code == Code.NOT_DUE
+        audit = await k.store.tasks.list_audit(AuditQuery(object_id=ids["c"], action="claim"))
+        assert [(a.result, a.error_code) for a in audit.items] == [("refused", Code.NOT_DUE)]
         await k.drain()
         held = await k.task(ids["c"])
         assert held.waiting_deps and held.attempt_id != released.attempt_id

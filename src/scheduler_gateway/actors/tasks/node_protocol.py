@@ -135,6 +135,13 @@ class NodeProtocol:
         try:
             new = await self._ledger.commit(result, None)
         except Conflict as exc:
+            if exc.code == Code.NOT_DUE:
+                # the store's guard: a workflow task's dependencies do not hold there (a parent reopened since its
+                # release; the releaser holds it again). Refused and audited like the machine's own NOT_DUE
+                await self._ledger.refused(
+                    "claim", task, task.id, actor, error_code=exc.code, node_id=node_id, attempt_id=req.attempt_id
+                )
+                return _claim_error(exc.code, exc.message)
             if exc.code == Code.THREAD_BUSY:
                 # the store holds the lane: another task of the thread runs (an offer from before a restart, another
                 # instance's). The node naks the offer; it is claimed once the lane is free.
