@@ -10,7 +10,7 @@ for everything it added.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from scheduler_gateway.wire.errors import Code, Conflict, Forbidden, InvalidArgument
 from scheduler_gateway.wire.workflows import MAX_ADDED_TASKS, AddedTask, AddTasksReply, AddTasksRequest
@@ -42,6 +42,7 @@ class TaskAdder:
         clock: Callable[[], float],
         rule: NewTaskRule,
         wake: Callable[[], None],
+        thread_check: Callable[[Caller, str], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
         self._tasks = tasks
@@ -49,6 +50,7 @@ class TaskAdder:
         self._clock = clock
         self._rule = rule
         self._wake = wake
+        self._thread_check = thread_check
 
     async def add(self, node_id: str, req: AddTasksRequest) -> AddTasksReply:
         adder = under_lease(await self._ledger.current(req.task_id), node_id, req.lease_id)
@@ -62,7 +64,7 @@ class TaskAdder:
                 f"add 1 to {MAX_ADDED_TASKS} tasks at once", details={"field": "tasks", "count": len(req.tasks)}
             )
         caller = Caller(workflow.owner, "user", None)
-        items = await decode_items(caller, req.tasks, self._rule, None)
+        items = await decode_items(caller, req.tasks, self._rule, self._thread_check, digests=True)
         existing = await self._store.workflows.workflow_tasks(workflow.id)
         by_ref: dict[str, Task] = {t.ref: t for t in existing if t.ref is not None}
         held = [it for it in items if it.body.ref in by_ref]

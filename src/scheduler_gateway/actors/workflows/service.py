@@ -66,7 +66,7 @@ class WorkflowService:
         self._thread_check = thread_check
         self.releaser = WorkflowReleaser(store, tasks.ledger, clock=clock, on_finished=on_finished, poll_s=poll_s)
         self._actions = WorkflowActions(store, tasks, clock, self.releaser.wake)
-        self._adder = TaskAdder(store, tasks, clock, self._rule, self.releaser.wake)
+        self._adder = TaskAdder(store, tasks, clock, self._rule, self.releaser.wake, thread_check)
         self._dependencies = Dependencies(store, tasks.ledger)
 
     async def start(self) -> None:

@@ -33,7 +33,7 @@ class Item(msgspec.Struct, frozen=True, kw_only=True):
 
     body: WorkflowTaskBody
     spec: NewTask
-    digest: str
+    digest: str | None
 
 
 def refused(exc: GatewayError, ref: str | None, index: int) -> GatewayError:
@@ -104,14 +104,17 @@ async def decode_items(
     raws: list[msgspec.Raw],
     rule: NewTaskRule,
     thread_check: Callable[[Caller, str], Awaitable[None]] | None,
+    *,
+    digests: bool = False,
 ) -> list[Item]:
     """Each item decoded alone and held to a single create's rules (labels, parentId refused, thread), in order;
-    the first wrong one refuses the whole request, naming it."""
+    the first wrong one refuses the whole request, naming it. ``digests``: each item's body digest is kept (an
+    added task's, to know a repeat)."""
     items: list[Item] = []
     refs: set[str] = set()
+    threads: set[str] = set()  # each thread checked once per request
     for n, raw in enumerate(raws):
         data = bytes(raw)
-        ref = _ref_of(data)
         try:
             try:
                 body = msgspec.json.decode(data, type=WorkflowTaskBody)
@@ -124,14 +127,15 @@ async def decode_items(
                 raise InvalidArgument(why, details={"field": "parentId"})
             spec = rule(body)
             check_labels(caller, spec.labels)
-            if spec.thread_id is not None and thread_check is not None:
+            if spec.thread_id is not None and thread_check is not None and spec.thread_id not in threads:
                 await thread_check(caller, spec.thread_id)
+                threads.add(spec.thread_id)
         except GatewayError as exc:
-            raise refused(exc, ref, n) from None
+            raise refused(exc, _ref_of(data), n) from None
         if body.ref in refs:
             raise InvalidArgument(f"ref {body.ref} names two tasks", details={"ref": body.ref, "index": n})
         refs.add(body.ref)
-        items.append(Item(body=body, spec=spec, digest=digest(data)))
+        items.append(Item(body=body, spec=spec, digest=digest(data) if digests else None))
     return items
 
 
