@@ -53,10 +53,15 @@ def check_payload(raw: msgspec.Raw | None, limit: int) -> None:
         raise PayloadTooLarge(f"payload is {len(raw)} bytes; the limit is {limit}", details={"limit": limit})
 
 
+#: what JSON counts as whitespace (RFC 8259): ``bytes.strip()`` also takes \x0b and \x0c, which JSON refuses
+JSON_SPACE = b" \t\r\n"
+
+
 def decode_body(body: bytes, typ: type[T]) -> T:
-    """``body`` as ``typ`` (an empty body is ``{}``); 400 when it is not JSON or not that shape."""
+    """``body`` as ``typ`` (an empty body, or JSON whitespace alone, is ``{}``); 400 when it is not JSON or not
+    that shape."""
     try:
-        return msgspec.json.decode(body if body.strip() else b"{}", type=typ)
+        return msgspec.json.decode(body if body.strip(JSON_SPACE) else b"{}", type=typ)
     except msgspec.ValidationError as exc:
         raise InvalidArgument(f"invalid body: {exc}") from None
     except msgspec.DecodeError as exc:
@@ -66,7 +71,7 @@ def decode_body(body: bytes, typ: type[T]) -> T:
 def canonical_hash(body: bytes) -> str:
     """Hash of the JSON body with keys sorted, so the same request re-sent with other spacing matches."""
     try:
-        value = msgspec.json.decode(body) if body.strip() else None
+        value = msgspec.json.decode(body) if body.strip(JSON_SPACE) else None
     except msgspec.DecodeError:
         return hashlib.sha256(body).hexdigest()
     return value_hash(value)
