@@ -31,6 +31,7 @@ from scheduler_gateway.actors.model.workflows import Edge
 from scheduler_gateway.actors.ports import Change
 from scheduler_gateway.daemon.store.change_rows import ChangeRows
 from scheduler_gateway.daemon.store.postgres import PostgresStore
+from scheduler_gateway.daemon.store.postgres import workflow_effects as effects
 from scheduler_gateway.daemon.store.postgres import workflow_writes as pg_writes
 from scheduler_gateway.daemon.store.postgres.tasks import write_change
 
@@ -295,3 +296,41 @@ async def test_a_batch_of_workflow_settles_costs_two_statements_more_than_withou
     assert len(statements) == without + 2, statements
     counts = (await store.workflows.dep_counts([join.id]))[join.id]
     assert counts.met == n
+
+
+def _scans(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan."""
+    return [node, *(n for child in node.get("Plans", ()) for n in _scans(child))]
+
+
+async def test_the_effect_and_guard_statements_reach_their_rows_by_index(store: PostgresStore, pg_url: str) -> None:
+    """Statement-level: on tables of a realistic shape (many workflows, a chain's counters), the plans of a
+    settle's and a reopen's effect statements, the claim's guard and ``edges_into`` read every table through an
+    index condition: never a table or an index whole (a fan-in of 10,000 costs each settle what a chain's does)."""
+    for w in range(2, 42):  # other workflows: the workflow row is found by its key among many
+        wid = f"wfl_{w:026d}"
+        await submit(store, [wf_task(w * 100_000 + i, f"t{i}", wf=wid) for i in range(3)], wf=record(wid))
+    chain = [wf_task(1, "c0")] + [wf_task(i, f"c{i - 1}", ((f"c{i - 2}", "succeeded"),)) for i in range(2, 2001)]
+    await submit(store, chain)
+    probe = chain[-1]
+    statements: list[tuple[str, tuple[Any, ...]]] = [
+        (effects.SQL_EDGES, ([tid(1), tid(2)], ["succeeded", "queued"], [True, False])),
+        (effects.SQL_OPEN, ([WF, WF], [-1, 1])),
+        (effects.SQL_GUARD_READ, (WF, probe.id)),
+        (effects.SQL_LOCK_WORKFLOW, (WF,)),
+        (effects.SQL_RUNNING_OTHERS, (WF, probe.id)),
+        (
+            "SELECT parent_id FROM task_edges WHERE child_id = %s AND parent_ref > %s ORDER BY parent_ref LIMIT 200",
+            (probe.id, ""),
+        ),
+    ]
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("ANALYZE")
+        conn.execute("SET enable_seqscan = off")  # priced out: a plan still scanning has no index to seek by
+        for sql, params in statements:
+            (plan,) = conn.execute("EXPLAIN (FORMAT JSON) " + sql, params).fetchone()  # type: ignore[misc]
+            for node in _scans(plan[0]["Plan"]):
+                kind = node["Node Type"]
+                assert kind != "Seq Scan", (sql[:60], node.get("Relation Name"))
+                if "Index" in kind:
+                    assert "Index Cond" in node, (sql[:60], kind, node.get("Index Name"))

@@ -53,14 +53,16 @@ SQL_EDGES = (
     " OR (e.on_state NOT IN ('finished', 'failed') AND p.state = 'succeeded') THEN 'met' ELSE 'lost' END AS new"
     " FROM task_edges e JOIN p ON e.parent_id = p.id"
     " WHERE CASE WHEN p.settle THEN e.outcome = 'pending' ELSE e.outcome <> 'pending' END),"
-    " ed AS (UPDATE task_edges t SET outcome = o.new FROM o WHERE t.parent_id = o.parent_id"
-    " AND t.child_id = o.child_id RETURNING t.child_id, o.old, o.new),"
+    " ed AS (UPDATE task_edges t SET outcome = o.new FROM o WHERE t.parent_id = ANY(ARRAY(SELECT id FROM p))"
+    " AND t.parent_id = o.parent_id AND t.child_id = o.child_id RETURNING t.child_id, o.old, o.new),"
     " g AS (SELECT child_id, sum((new = 'met')::int - (old = 'met')::int) AS m,"
     " sum((new = 'lost')::int - (old = 'lost')::int) AS l FROM ed GROUP BY child_id),"
     # the children's rows locked in one order (two batches moving the same children never deadlock on them)
-    " lk AS (SELECT task_id FROM task_deps WHERE task_id IN (SELECT child_id FROM g) ORDER BY task_id FOR UPDATE),"
+    # (each table reached by its key: ``= ANY(ARRAY(...))`` is an index condition whatever the estimates)
+    " lk AS (SELECT task_id FROM task_deps WHERE task_id = ANY(ARRAY(SELECT child_id FROM g))"
+    " ORDER BY task_id FOR UPDATE),"
     " d AS (UPDATE task_deps c SET met = c.met + g.m, lost = c.lost + g.l FROM g"
-    " WHERE c.task_id = g.child_id AND c.task_id IN (SELECT task_id FROM lk)"
+    " WHERE c.task_id = ANY(ARRAY(SELECT task_id FROM lk)) AND c.task_id = g.child_id"
     " RETURNING c.task_id, c.parents, c.join_any, c.met, c.lost, g.m, g.l)"
     f" INSERT INTO workflow_notices (kind, object_id, at) SELECT 'task', n.id, {DB_NOW} FROM ("
     f"SELECT task_id AS id FROM d WHERE {_ACTIVE_AFTER} AND NOT {_ACTIVE_BEFORE}"
@@ -71,10 +73,10 @@ SQL_EDGES = (
 SQL_OPEN = (
     "WITH x AS (SELECT id, sum(n)::bigint AS n, bool_or(n > 0) AS reopened"
     " FROM unnest(%s::text[], %s::integer[]) AS x(id, n) GROUP BY id),"
-    " lk AS (SELECT id FROM workflows WHERE id IN (SELECT id FROM x) ORDER BY id FOR UPDATE),"
+    " lk AS (SELECT id FROM workflows WHERE id = ANY(ARRAY(SELECT id FROM x)) ORDER BY id FOR UPDATE),"
     " w AS (UPDATE workflows f SET open_tasks = f.open_tasks + x.n,"
     " finished_at = CASE WHEN x.reopened THEN NULL ELSE f.finished_at END"
-    " FROM x WHERE f.id = x.id AND f.id IN (SELECT id FROM lk) RETURNING f.id, f.open_tasks, x.n)"
+    " FROM x WHERE f.id = ANY(ARRAY(SELECT id FROM lk)) AND f.id = x.id RETURNING f.id, f.open_tasks, x.n)"
     f" INSERT INTO workflow_notices (kind, object_id, at) SELECT 'workflow', id, {DB_NOW} FROM w"
     " WHERE open_tasks = 0 AND n < 0 ORDER BY id"
 )
