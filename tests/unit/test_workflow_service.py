@@ -355,3 +355,23 @@ async def test_a_released_task_waits_again_when_its_parent_is_reworked_and_its_o
         await k.run(ids["p"])
         await k.run(ids["c"])
         assert (await k.workflows.get(ALICE, view.id)).state == "succeeded"
+
+
+async def test_a_task_skipped_by_a_cancel_runs_again_with_the_workflows_retry() -> None:
+    async with workflow_kit() as k:
+        view = await k.submit([{"ref": "a"}, {"ref": "b", "dependsOn": [dep("a")]}])
+        ids = await k.ids(view.id)
+        # the cancel's flag is set and the cancel has not reached b yet when a's end releases it: b is skipped
+        wf = await k.store.workflows.get_workflow(view.id)
+        assert wf is not None
+        flagged = msgspec.structs.replace(wf, canceled=True, revision=wf.revision + 1)
+        assert await k.store.workflows.swap_workflow(flagged, expected_revision=wf.revision)
+        await k.run(ids["a"])
+        b = await k.task(ids["b"])
+        assert b.state == "canceled" and b.error is not None and b.error.code == "SKIPPED"
+        assert b.error.details is not None and b.error.details["taskId"] == view.id
+        assert (await k.workflows.get(ALICE, view.id)).state == "canceled"
+        await retry(k, view.id)
+        assert await k.states(view.id) == {"a": "succeeded", "b": "queued"}
+        await k.run(ids["b"])
+        assert (await k.workflows.get(ALICE, view.id)).state == "succeeded"
