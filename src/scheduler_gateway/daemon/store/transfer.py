@@ -68,6 +68,12 @@ TABLES: tuple[tuple[str, str], ...] = (
     ("artifact_usage", "task_id"),
     # the newest create of each unique key whose task was purged (a later create's window still reaches it)
     ("unique_marks", "owner, kind, unique_key"),
+    # workflows (CONTRACT 2.12): each workflow's row (no callback secret: transfer_secrets.py), its edges with
+    # their outcomes, its tasks' dependency counters and the releaser's notices not yet handled
+    ("workflows", "id"),
+    ("task_edges", "parent_id, child_id"),
+    ("task_deps", "task_id"),
+    ("workflow_notices", "seq"),
 )
 #: The SQLite tables not moved: what the PostgreSQL store derives from the rows above as they are written
 #: (task_labels, task_minutes: its triggers; SQLite's own task_counts and task_created_off), the token
@@ -77,7 +83,7 @@ NOT_MOVED: frozenset[str] = frozenset(
     {"task_labels", "task_minutes", "task_counts", "task_created_off", "token_revocations", "health", "schema_version"}
 )
 _TABLE_NAMES = frozenset(t for t, _ in TABLES)
-_SEQUENCED = ("audit", "outbox", "task_starts", "artifacts")
+_SEQUENCED = ("audit", "outbox", "task_starts", "artifacts", "workflow_notices")
 _BATCH = 1000
 _decode_task = doc_decoder(Task)
 

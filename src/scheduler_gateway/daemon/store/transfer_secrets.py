@@ -1,6 +1,7 @@
 """What ``gatewayd export`` leaves out: the callback secrets (``store/transfer.py``; docs/OPERATIONS.md, Moving
 from SQLite to PostgreSQL). No secret ever reaches an export: a task's own ``callbackSecret`` lives in the task's
-document, in its pending callback deliveries and in its callback dead letters; the export writes those documents
+document, in its pending callback deliveries and in its callback dead letters, a workflow's in the workflow's
+document (its callback's deliveries are the workflow's: task_id holds its id); the export writes those documents
 without it and names the tasks it was taken from on the end line, so that import says which callbacks will be
 signed with ``[callbacks] secret`` from now on (or cannot be signed, when none is configured) instead of losing
 them silently.
@@ -18,6 +19,7 @@ import msgspec
 
 from scheduler_gateway.actors.model.callbacks import CallbackDeadLetter, CallbackDelivery
 from scheduler_gateway.actors.model.records import Task
+from scheduler_gateway.actors.model.workflows import WorkflowRecord
 from scheduler_gateway.daemon.store.common import doc_decoder, encode
 
 #: The end line's key: the ids of the tasks whose callback secret the export left out.
@@ -26,6 +28,7 @@ LEFT_OUT_KEY = "callbackSecretsLeftOut"
 _task = doc_decoder(Task)
 _delivery = doc_decoder(CallbackDelivery)
 _dead = doc_decoder(CallbackDeadLetter)
+_workflow = doc_decoder(WorkflowRecord)
 
 
 def _scrub_task(doc: bytes) -> tuple[bytes, str] | None:
@@ -50,8 +53,16 @@ def _scrub_dead(doc: bytes) -> tuple[bytes, str] | None:
     return encode(msgspec.structs.replace(dl, delivery=delivery)), dl.task_id
 
 
+def _scrub_workflow(doc: bytes) -> tuple[bytes, str] | None:
+    w = _workflow(doc)
+    if w.callback_secret is None:
+        return None
+    return encode(msgspec.structs.replace(w, callback_secret=None)), w.id
+
+
 _SCRUBBERS: dict[str, Callable[[bytes], tuple[bytes, str] | None]] = {
     "tasks": _scrub_task,
+    "workflows": _scrub_workflow,  # a workflow's callback (named by the workflow's id on the end line)
     "callback_deliveries": _scrub_delivery,
     "callback_dead_letters": _scrub_dead,
 }
