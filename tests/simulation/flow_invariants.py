@@ -210,7 +210,8 @@ class FairTurns:
         for q in d._queued.values():
             if q.kind != kind or (q.id in offered and q.id != task_id) or q.not_before > now:
                 continue
-            if (q.id, q.attempt_id) in held and q.id != task_id:
+            # a workflow task waiting for its dependencies, or held by its workflow's maxParallel, is not ready
+            if q.id != task_id and ((q.id, q.attempt_id) in held or q.waiting_deps or d._workflows.full(q)):
                 continue
             if d._lane_allows(q):
                 ready.setdefault(q.concurrency_key, []).append(q)

@@ -63,6 +63,8 @@ from .sim_world import (
     Sim,
     SimNode,
 )
+from .workflow_invariants import read_facts, workflow_violations
+from .workflow_rules import WorkflowRules
 
 USERS = ("alice", "bob", "root")  # root is an admin
 KINDS = ("echo", "work")
@@ -171,7 +173,7 @@ class Outcome:
 TRANSIENT = frozenset({Code.STORAGE_ERROR, Code.SERVICE_UNAVAILABLE})
 
 
-class SimMachine(KindRules, LetterRules, RuleBasedStateMachine):
+class SimMachine(KindRules, LetterRules, WorkflowRules, RuleBasedStateMachine):
     store_factory: Callable[[], Any] = MemoryStore
     on_sqlite = False  # True: a SqliteStore on a fresh file per example (store_factory unused)
     instances = 1  # > 1: that many gateway instances on one shared store (a SharedMemoryStore)
@@ -256,6 +258,7 @@ class SimMachine(KindRules, LetterRules, RuleBasedStateMachine):
         self.sim.write_hooks.append(self._artifact_recorded)
         self.sim.write_hooks.append(self.kinds_log.on_store_call)
         self.sim.offer_watch = self.fair
+        self._wf_boot(COVERAGE)  # workflows: every claim and skip judged at its commit (workflow_invariants.py)
         self.sim.boot()
         STATS["examples"] += 1
 
@@ -1545,6 +1548,11 @@ class SimMachine(KindRules, LetterRules, RuleBasedStateMachine):
         found += self._held_settles_closed_their_attempts()
         found += self.flow.violations + self.fair.violations
         found += self.kinds_log.violations(self.view.kinds())
+        assert self.wf_log is not None
+        found += self.wf_log.violations + workflow_violations(
+            read_facts(self.view), facts.tasks, liveness=liveness, ever_canceled=self.wf_log.ever_canceled,
+            callback_ids=facts.callback_ids_posted,
+        )  # fmt: skip
         due, self.artifacts_due = self.artifacts_due and liveness and not self.sim.bus.down, False
         found += artifact_violations(self.view.artifacts(), facts.tasks, self.sim.bucket, self.sim.now(), due=due)
         if liveness and not self.sim.bus.down and self._outbox_late():

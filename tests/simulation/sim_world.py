@@ -52,6 +52,7 @@ from scheduler_gateway.actors.model.schedule import SchedulePolicy
 from scheduler_gateway.actors.nodes import NodeRegistry
 from scheduler_gateway.actors.scheduling import Scheduler, ScheduleService, TaskServiceLauncher
 from scheduler_gateway.actors.tasks import TaskPolicy, TaskService
+from scheduler_gateway.actors.workflows import WorkflowService
 from scheduler_gateway.daemon.nats.streams import DUPLICATE_WINDOW_S
 from scheduler_gateway.wire.artifacts import object_name
 from scheduler_gateway.wire.errors import Code, GatewayError, StorageError
@@ -102,6 +103,9 @@ ARTIFACT_LIMITS = ArtifactLimits(max_bytes=900, max_per_task=4, max_task_bytes=1
 ARTIFACT_CHUNK = 128
 ARTIFACT_KEEP_TASKS_S = 1800.0
 ARTIFACT_KEEPER_S = 60.0
+#: the workflow releaser's poll without a wake-up: several instances (another's commits write notices too), one
+WORKFLOW_POLL_S = 5.0
+WORKFLOW_POLL_ONE_S = 30.0
 CALLBACK_POLICY = CallbackPolicy(secret="sim-callback-secret-0123456789", retry_delays_s=(1.0, 5.0), timeout_s=5.0)
 
 
@@ -290,7 +294,7 @@ class StoreGate:
 
     SUB_PORTS = (
         "shared", "duties", "tasks", "search", "letters", "nodes", "kinds", "artifacts", "callbacks", "schedules",
-        "retention",
+        "retention", "workflows",
     )  # fmt: skip
 
     def __init__(
@@ -794,6 +798,19 @@ class World:
         )
         self.service.add_listener(self.scheduler.on_transition)
         self.service.set_thread_check(self.schedules.check_thread)
+        # workflows (daemon/gateway.py): the service and its releaser on every instance, woken by each local commit
+        # that moves edges; one instance polls rarely (a missed wake-up shows), several as often as another
+        # instance's commits need (each virtual second costs every instance's timers)
+        self.workflows = WorkflowService(
+            self.store,  # type: ignore[arg-type]
+            self.service,
+            clock=clock,
+            thread_check=self.schedules.check_thread,
+            on_finished=self.callbacks.notify,
+            poll_s=WORKFLOW_POLL_S if sim.shared else WORKFLOW_POLL_ONE_S,
+            on_committed=self.relay.notify,
+        )
+        self.service.add_listener(self.workflows.on_transition)
         if self.ha is not None:
             self.ha.attach(
                 self.service,
@@ -814,6 +831,7 @@ class World:
         await self.kinds.start()  # before the service hands the dispatcher its queued tasks
         await self.service.start()
         await self.dispatcher.start()
+        await self.workflows.start()  # the releaser: notices a crash left are handled at once
         if self.ha is None:
             await self.relay.start()
             await self.keeper.start()

@@ -183,6 +183,7 @@ class Gateway:
             new_task=create_rule(self.api.bodies, s.http),  # a single create's rules at the HTTP door
             thread_check=self.scheduling.service.check_thread,
             on_finished=self.callbacks.notify,  # a finish with a callback wakes the sender at once
+            on_committed=self.relay.notify,  # a finish's, cancel's or retry's event is relayed at once
         )
         self.api.workflows = self.workflows  # the workflow routes (the app is built when the HTTP server starts)
         self.workflow_requests = WorkflowRequests(self.bus, self.workflows)  # gw.workflow.<nodeId>

@@ -52,8 +52,14 @@ def skipped_by_cancel(task: Task) -> bool:
 
 class WorkflowActions:
     def __init__(
-        self, store: WorkflowServiceStore, tasks: TaskService, clock: Callable[[], float], wake: Callable[[], None]
+        self,
+        store: WorkflowServiceStore,
+        tasks: TaskService,
+        clock: Callable[[], float],
+        wake: Callable[[], None],
+        on_committed: Callable[[], None] | None = None,
     ) -> None:
+        self._on_committed = on_committed or (lambda: None)
         self._store = store
         self._tasks = tasks
         self._ledger = tasks.ledger
@@ -110,6 +116,7 @@ class WorkflowActions:
                 idempotency=idem,
             )
             if ok:
+                self._on_committed()  # its event waits in the outbox: the relay's wake-up
                 return new
             fresh = await self._store.workflows.get_workflow(workflow.id)
             if fresh is None:

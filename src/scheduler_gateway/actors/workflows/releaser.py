@@ -57,8 +57,10 @@ class WorkflowReleaser(LoopActor):
         clock: Callable[[], float],
         on_finished: Callable[[], None] | None = None,
         poll_s: float | None = None,
+        on_committed: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
+        self._on_committed = on_committed or (lambda: None)
         self._store = store
         self._ledger = ledger
         self._clock = clock
@@ -194,6 +196,7 @@ class WorkflowReleaser(LoopActor):
                 callback=finish_callback(done, counts, now),
             )
             if ok:
+                self._on_committed()  # its workflow.finished event waits in the outbox: the relay's wake-up
                 if done.callback_url is not None and self._on_finished is not None:
                     self._on_finished()
                 return True

@@ -54,18 +54,23 @@ class WorkflowService:
         thread_check: Callable[[Caller, str], Awaitable[None]] | None = None,
         on_finished: Callable[[], None] | None = None,
         poll_s: float | None = None,
+        on_committed: Callable[[], None] | None = None,
     ) -> None:
         """``new_task``: a single create's rules for one item (the HTTP layer's: payload size, callback URL);
         ``thread_check``: a threadId's check (the scheduler's); ``on_finished``: told after a finish commits with
-        a callback (the callback sender's wake-up)."""
+        a callback (the callback sender's wake-up); ``on_committed``: told after each write of a workflow's own row
+        (finish, cancel, retry: their events wait in the outbox, so the event relay's wake-up, as a task change's)."""
         self._store = store
         self._tasks = tasks
         self._ledger = tasks.ledger
         self._clock = clock
         self._rule = new_task or default_rule
         self._thread_check = thread_check
-        self.releaser = WorkflowReleaser(store, tasks.ledger, clock=clock, on_finished=on_finished, poll_s=poll_s)
-        self._actions = WorkflowActions(store, tasks, clock, self.releaser.wake)
+        committed = on_committed or (lambda: None)
+        self.releaser = WorkflowReleaser(
+            store, tasks.ledger, clock=clock, on_finished=on_finished, poll_s=poll_s, on_committed=committed
+        )
+        self._actions = WorkflowActions(store, tasks, clock, self.releaser.wake, committed)
         self._adder = TaskAdder(store, tasks, clock, self._rule, self.releaser.wake, thread_check)
         self._dependencies = Dependencies(store, tasks.ledger)
 
