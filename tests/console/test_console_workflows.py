@@ -220,8 +220,11 @@ class FakeWorkflows:
     async def list(
         self, caller: Caller, *, state: str | None, name: str | None, limit: int, cursor: str | None
     ) -> WorkflowPage:
-        self.calls.append("list")
-        return WorkflowPage(items=[msgspec.structs.replace(self.graph_.view, tasks=None)])
+        self.calls.append(f"list state={state} name={name} limit={limit} cursor={cursor}")
+        # a first page says there is more; the next one is the last
+        return WorkflowPage(
+            items=[msgspec.structs.replace(self.graph_.view, tasks=None)], next_cursor=None if cursor else "wfl_next"
+        )
 
     async def cancel(self, caller: Caller, workflow_id: str, body: WorkflowCancelBody, **_: Any) -> WorkflowView:
         raise AssertionError("not in this test")
@@ -375,6 +378,23 @@ async def test_a_hand_made_diamond_is_drawn_fits_both_widths_and_passes_axe(
     assert await page.locator("#wf-box-report").get_attribute("data-state") == "waiting"
     await expect(page.locator(".wf-edge-label")).to_have_text(["on finished"])
     await expect(page.locator("#wf-wait-report")).to_contain_text("report waits for: cleanup")
+    # the list's paging keeps its filter; the first page is a link away
+    fake.calls.clear()
+    await page.goto(base(gateway) + "/ui/workflows?state=running&name=nightly")
+    await expect(page.locator("#wf-next")).to_have_attribute(
+        "href", "/ui/workflows?state=running&name=nightly&cursor=wfl_next"
+    )
+    assert await page.locator("#wf-first").count() == 0
+    await page.click("#wf-next")
+    await expect(page.locator("#wf-first")).to_have_attribute("href", "/ui/workflows?state=running&name=nightly")
+    assert await page.locator("#wf-next").count() == 0
+    assert fake.calls == [
+        "list state=running name=nightly limit=50 cursor=None",
+        "list state=running name=nightly limit=50 cursor=wfl_next",
+    ]
+    resp = await page.goto(base(gateway) + "/ui/workflows?state=bogus")
+    assert resp is not None and resp.status == 400
+    await page.goto(base(gateway) + f"/ui/workflows/{wid}")
     # an admin sees the actions of a running workflow: cancel, not retry
     assert await page.locator("#wf-cancel").count() == 1 and await page.locator("#wf-retry").count() == 0
     # a viewer sees the graph and no action; a forged cancel answers 403 before the service is asked
