@@ -31,7 +31,7 @@ from scheduler_gateway.wire.workflows import (
     WorkflowView,
 )
 
-from ..integration.harness import Api, HandNode
+from ..integration.harness import ALICE_TOKEN, Api, HandNode
 from .test_console_browser import base, signed_in
 from .test_console_layout import WIDTHS, overflow, shot, signed_in_at
 from .test_console_operator import accessible
@@ -165,6 +165,14 @@ async def test_a_diamond_workflow_in_the_list_and_the_graph_cancel_and_retry(
             await accessible(p)
         await p.context.close()
     assert too_wide == {}
+    # another user's workflow is not found, and not in its list
+    alice = await signed_in(browser, gateway, ALICE_TOKEN)
+    resp = await alice.goto(base(gateway) + f"/ui/workflows/{wid}")
+    assert resp is not None and resp.status == 404
+    await expect(alice.locator("main")).to_contain_text("WORKFLOW_NOT_FOUND")
+    await alice.goto(base(gateway) + "/ui/workflows")
+    assert await alice.locator(f"#wf-{wid}").count() == 0
+    await alice.context.close()
     # cancel from the page: every open task canceled, the workflow ends canceled
     await page.goto(base(gateway) + f"/ui/workflows/{wid}")
     await page.fill("#wf-cancel-form input[name=reason]", "operator stop")
