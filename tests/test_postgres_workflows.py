@@ -34,6 +34,7 @@ from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.postgres import workflow_effects as effects
 from scheduler_gateway.daemon.store.postgres import workflow_writes as pg_writes
 from scheduler_gateway.daemon.store.postgres.tasks import write_change
+from scheduler_gateway.wire.errors import StorageError
 
 from .test_store_contract import T0, bump, create, leaving, make_task, tid, update
 from .test_store_contract_workflows import WF, edges_of, record, submit, wf_audit, wf_event, wf_task
@@ -334,3 +335,27 @@ async def test_the_effect_and_guard_statements_reach_their_rows_by_index(store: 
                 assert kind != "Seq Scan", (sql[:60], node.get("Relation Name"))
                 if "Index" in kind:
                     assert "Index Cond" in node, (sql[:60], kind, node.get("Index Name"))
+
+
+async def test_a_join_row_held_elsewhere_costs_only_its_parents_settles_their_batch_mates_commit(
+    store: PostgresStore, pg_url: str
+) -> None:
+    """A frozen transaction elsewhere holds a join's counters row: a batch with a settle of one of its parents
+    and independent changes commits the independent ones; the settle alone is answered busy (retryable, nothing
+    of it written), and written again once the row is free it moves the counter once."""
+    p = wf_task(1, "p")
+    join = wf_task(2, "join", (("p", "succeeded"),))
+    await submit(store, [p, join])
+    plain = [make_task(i) for i in (10, 11, 12)]
+    assert set(await store.tasks.apply_many([create(t) for t in plain])) == {None}
+    async with await psycopg.AsyncConnection.connect(pg_url) as frozen, frozen.transaction():
+        await frozen.execute("SELECT 1 FROM task_deps WHERE task_id = %s FOR UPDATE", (join.id,))
+        results = await store.tasks.apply_many([settle_change(p), *(settle_change(t) for t in plain)])
+        assert results[1:] == [None, None, None]
+        err = results[0]
+        assert isinstance(err, StorageError) and err.details.get("sqlState") == "55P03", repr(err)
+        assert (await store.tasks.get_task(p.id)).state == "queued"  # type: ignore[union-attr]
+        assert (await store.workflows.dep_counts([join.id]))[join.id].met == 0
+    assert await store.tasks.apply_many([settle_change(p)]) == [None]
+    assert (await store.workflows.dep_counts([join.id]))[join.id].met == 1
+    assert notices_of(pg_url) == [("task", join.id)]

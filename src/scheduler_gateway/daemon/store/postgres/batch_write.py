@@ -181,8 +181,12 @@ async def write_batch(conn: Conn, rows: list[ChangeRows], write_one: WriteOne) -
             break
         results.update(decided.lost)
         skipped.update(decided.skipped)
-        if not decided.refused:  # written: the rest of ``together`` stands
-            break
+        if not decided.refused:  # written: the rest of ``together`` stands, with the winners' edge effects
+            winners = [i for i in together if i not in decided.lost and i not in decided.skipped]
+            held = await _effects_or_held(conn, rows, winners)
+            if not held:
+                break
+            decided.refused.update(held)  # a counter row held elsewhere: these go alone, their batch-mates commit
         alone.update(decided.refused)
         together = [i for i in together if i not in decided.lost and i not in decided.refused | decided.skipped]
         if attempts == _MAX_SET_ATTEMPTS:  # still refusing: the rest goes alone too
@@ -190,14 +194,25 @@ async def write_batch(conn: Conn, rows: list[ChangeRows], write_one: WriteOne) -
             break
         decided, _ = await _set_write(conn, rows, together, [], [])
         attempts += 1
-    # the set statement's winners' edge effects, set-based (postgres/workflow_effects.py): none without one
-    await edge_effects(conn, [rows[i] for i in together if i not in alone and i not in results and i not in skipped])
     failpoints.hit("pg.batch_after_set_write")  # a crash between the batch's statements (tests)
     for i in skipped:  # a row another transaction holds: decided after this commit, not waited for in it
         results[i] = RowHeld(rows[i].task_id)
     for i in sorted(alone):
         results[i] = await _write_alone(conn, rows[i], write_one, lock_kinds=False)
     return [results.get(i) for i in range(len(rows))]
+
+
+async def _effects_or_held(conn: Conn, rows: list[ChangeRows], winners: list[int]) -> set[int]:
+    """The set statement's winners' edge effects, set-based (postgres/workflow_effects.py; nothing without one).
+    When a row they lock (a join's counters, a workflow's row) stays held past the lock bound (another instance's
+    frozen transaction), the set statement is rolled back to its savepoint and the changes with an effect are
+    answered: they go alone (each its own wait, answered busy alone), the others are written again without them."""
+    try:
+        await edge_effects(conn, [rows[i] for i in winners])
+    except pg_errors.LockNotAvailable:
+        await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+        return {i for i in winners if (w := rows[i].workflow) is not None and w.effect is not None}
+    return set()
 
 
 async def _write_alone(conn: Conn, r: ChangeRows, write_one: WriteOne, *, lock_kinds: bool) -> Result:
