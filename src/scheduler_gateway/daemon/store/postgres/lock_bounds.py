@@ -13,7 +13,8 @@ postgres/batch_write.py): the batch commits without it, and it is decided after,
 waiting at most ``SKIPPED_WAIT_S`` (two batches that skipped each other's rows never wait for each other). A
 lock wait past its bound in the set statement's round trip (a kind's lock, a key an open create holds) sends
 the batch change by change, each with ``SKIPPED_WAIT_S``. A change that still finds the lock held is answered
-``STORAGE_ERROR`` (503, retryable: nothing of it was written) alone; its batch-mates commit. A node puts a
+``STORAGE_ERROR`` (503, retryable: nothing of it was written) alone; its batch-mates commit. So does a workflow
+task's settle whose edge effect finds its children's counters or its workflow's row held (batch_write.py). A node puts a
 refused claim's offer back (offered again), a later heartbeat extends the lease, a settle is redelivered, and a
 client retries a 503 create.
 """
