@@ -10,7 +10,14 @@ Shapes, each alone on a fresh daemon (so one shape's backlog never slows the nex
 * ``fanout-N``: one workflow of N tasks: a root, N-2 tasks that depend on it, and one join that depends on all
   of them (the join's worker reads all N-2 parents through ``ctx.dependencies``, by pages);
 * ``plain-C`` and ``chain-C``: C tasks without edges, and one workflow where each task depends on the one
-  before (a chain is latency-bound: its wall time is C hand-offs, so compare its CPU per task).
+  before (a chain is latency-bound: its wall time is C hand-offs, so compare its CPU per task);
+* ``serial-C`` (``--shapes ...,serial``): C tasks without edges, each created by this client once the one before
+  ended (one event stream tells it): the chain's hand-offs without edges. A task that arrives alone pays every
+  process's wake-ups by itself (docs/PERFORMANCE.md, paced), so this, not the burst ``plain-C``, is what says
+  what a chain's edges cost.
+
+Each workflow is waited for as the plain tasks are (two limit=1 reads by state and runId every 0.2 s), and read
+whole once after the window.
 
 Per shape: wall time from the first POST until every task is terminal, tasks/s, and the CPU each process
 spent per task (gatewayd with its SQLite writer, nats-server, workers, this client), as bench_gateway.py
@@ -79,6 +86,22 @@ async def submit_plain(http: aiohttp.ClientSession, n: int, run_id: str) -> None
             raise RuntimeError(f"batch refused items: {bad[:3]}")
 
 
+async def run_serial(http: aiohttp.ClientSession, n: int, run_id: str, deadline: float) -> None:
+    """``serial-C``: C tasks without edges, each created once the one before ended, as a chain hands them on, so
+    each pays the wake-ups of a task that arrives alone. One event stream for the run (subscribed before its
+    headers come) tells the end of each; a create is one ``POST /api/tasks`` (a chain's tasks are one POST)."""
+    terminal = "task.succeeded,task.failed,task.dead,task.canceled"
+    async with http.get("/api/events", params={"types": terminal}, timeout=aiohttp.ClientTimeout(total=None)) as sse:
+        for i in range(n):
+            task = await post_json(http, "/api/tasks", {"kind": "echo", "runId": run_id, "payload": {"i": i}})
+            while True:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"serial-{n}: task {i} not ended")
+                line = await sse.content.readline()
+                if line.startswith(b"data:") and json.loads(line[5:]).get("aggregateId") == task["id"]:
+                    break
+
+
 async def wait_workflow(api: Api, workflow_id: str, deadline: float) -> dict[str, Any]:
     while True:
         view: dict[str, Any] = await api.get(f"/api/workflows/{workflow_id}")
@@ -103,15 +126,22 @@ async def drive(args: argparse.Namespace, daemon: Daemon, probe: CpuProbe, shape
             await submit_plain(http, n, run_id)
             if not await wait_drained(api, run_id, deadline, 0.2):
                 raise TimeoutError(f"plain-{n} not drained in {args.timeout} s")
+        elif shape == "serial":
+            await run_serial(http, n, run_id, deadline)
         else:
             body = fanout_body(n, run_id) if shape == "fanout" else chain_body(n, run_id)
             created = await post_json(http, "/api/workflows", body)
             rec["submit_s"] = time.monotonic() - t0
+            # polled as the plain shape is (two limit=1 reads by state and runId): a GET of the workflow answers
+            # every task, and five of those a second were a sixth of gatewayd's CPU in a fan-out of 5,000
+            if not await wait_drained(api, run_id, deadline, 0.2):
+                raise TimeoutError(f"{shape}-{n} not drained in {args.timeout} s")
+        rec["wall_s"] = time.monotonic() - t0
+        rec.update(probe.end(n))
+        if shape in ("fanout", "chain"):  # read once the window closed: every task ended, the workflow finished
             view = await wait_workflow(api, created["id"], deadline)
             rec["workflow_state"] = view["state"]
             rec["counts"] = view["counts"]
-        rec["wall_s"] = time.monotonic() - t0
-        rec.update(probe.end(n))
         rec["tasks_per_s"] = n / rec["wall_s"]
         return rec
 
@@ -133,14 +163,18 @@ def run_shape(args: argparse.Namespace, scratch: Path, shape: str, n: int) -> di
 
 def table(records: list[dict[str, Any]]) -> str:
     lines = [
-        "| shape | wall s | tasks/s | CPU ms/task | gatewayd | nats | workers | vs plain |",
+        "| shape | wall s | tasks/s | CPU ms/task | gatewayd | nats | workers | vs plain (serial) |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    # a chain is compared with its serial reference when the run has one (the same hand-offs without edges)
     plain = {r["n"]: r["cpu_ms_per_task"] for r in records if r["shape"].startswith("plain")}
+    serial = {r["n"]: r["cpu_ms_per_task"] for r in records if r["shape"].startswith("serial")}
     for r in records:
         gw = r.get("gatewayd_cpu_ms_per_task", 0.0) + r.get("gatewayd_writer_cpu_ms_per_task", 0.0)
         base = plain.get(r["n"])
         ratio = f"{r['cpu_ms_per_task'] / base:.2f}x" if base and not r["shape"].startswith("plain") else "-"
+        if r["shape"].startswith("chain") and r["n"] in serial:
+            ratio += f" ({r['cpu_ms_per_task'] / serial[r['n']]:.2f}x serial)"
         lines.append(
             f"| {r['shape']} | {r['wall_s']:.1f} | {r['tasks_per_s']:.0f} | {r['cpu_ms_per_task']:.2f} | "
             f"{gw:.2f} | {r.get('nats_cpu_ms_per_task', 0.0):.2f} | {r.get('workers_cpu_ms_per_task', 0.0):.2f} | "
@@ -157,7 +191,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=16, help="slots per worker")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a shape may take")
-    p.add_argument("--shapes", default="plain,fanout,chain", help="any of plain, fanout, chain")
+    p.add_argument("--shapes", default="plain,fanout,chain", help="any of plain, fanout, chain, serial")
     p.add_argument("--out", default=str(SELF.parent / "results" / "workflows.jsonl"))
     p.add_argument("--task-kind", default="echo", help=argparse.SUPPRESS)  # what start_workers reads
     return p.parse_args(argv)
@@ -174,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
             plan.append(("fanout", args.n))
         elif s == "chain":
             plan.append(("chain", args.chain))
+        elif s == "serial":
+            plan.append(("serial", args.chain))
         else:
             raise SystemExit(f"unknown shape {s!r}")
     scratch = Path(tempfile.mkdtemp(prefix="bench-wf-"))

@@ -29,9 +29,16 @@ class Dependencies:
         more = len(edges) > limit
         edges = edges[:limit]
         parents = await asyncio.gather(*(self._store.tasks.get_task(e.parent_id) for e in edges))
-        artifacts = await asyncio.gather(*(self._artifacts(p) for p in parents))
+        # which parents have artifacts, in one read for the page: most have none, and a join's page of 200 parents
+        # read each one's (empty) list, a read per edge
+        ended = [p.id for p in parents if p is not None and p.terminal]
+        held = await self._store.artifacts.artifact_counts(ended) if ended else {}
+        holders = [p for p in parents if p is not None and p.id in held]
+        lists = await asyncio.gather(*(self._artifacts(p) for p in holders))
+        listed = {p.id: a for p, a in zip(holders, lists, strict=True)}
         views = [
-            _view(e.parent_ref, e.parent_id, e.on, p, a) for e, p, a in zip(edges, parents, artifacts, strict=True)
+            _view(e.parent_ref, e.parent_id, e.on, p, listed.get(e.parent_id, []))
+            for e, p in zip(edges, parents, strict=True)
         ]
         return DependenciesReply(dependencies=views, next=edges[-1].parent_ref if more and edges else None)
 

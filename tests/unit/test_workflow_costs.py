@@ -1,0 +1,34 @@
+"""What a dependency costs the store (CONTRACT 2.12, issue 52 "cost that does not grow with the graph"), counted on
+the memory store: reads per page of ``ctx.dependencies``. The figures are in docs/PERFORMANCE.md (Workflows)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler_gateway.wire.workflows import DependenciesRequest
+from tests.unit.workflow_kit import workflow_kit
+
+
+async def test_a_joins_page_of_parents_without_artifacts_lists_none_of_them() -> None:
+    """A join's page of parents reads which of them have artifacts in one read and lists only those: a fan-in of
+    40 parents without any costs no list per parent (it was one list read per edge)."""
+    async with workflow_kit() as k:
+        refs = [f"p{n:02d}" for n in range(40)]
+        view = await k.submit([{"ref": r} for r in refs] + [{"ref": "join", "dependsOn": [{"ref": r} for r in refs]}])
+        ids = await k.ids(view.id)
+        for r in refs:
+            await k.run(ids[r], result={"r": r})
+        await k.drain()
+        lease_id, _ = await k.claim(ids["join"])
+        listed: list[str] = []
+        original = k.store.artifacts.list_artifacts
+
+        async def counting(task_id: str) -> Any:
+            listed.append(task_id)
+            return await original(task_id)
+
+        k.store.artifacts.list_artifacts = counting  # type: ignore[method-assign]
+        page = await k.workflows.dependencies("node-a", DependenciesRequest(task_id=ids["join"], lease_id=lease_id))
+        assert sorted(d.ref for d in page.dependencies) == refs
+        assert all(d.state == "succeeded" and d.artifacts == [] for d in page.dependencies)
+        assert listed == []
