@@ -173,8 +173,12 @@ async def test_a_diamond_workflow_in_the_list_and_the_graph_cancel_and_retry(
     await alice.goto(base(gateway) + "/ui/workflows")
     assert await alice.locator(f"#wf-{wid}").count() == 0
     await alice.context.close()
-    # cancel from the page: every open task canceled, the workflow ends canceled
+    # a retry while it runs is refused (409 INVALID_STATE_TRANSITION): the page says why, nothing changes
     await page.goto(base(gateway) + f"/ui/workflows/{wid}")
+    await page.click("#wf-retry")
+    await expect(page.locator(".flash")).to_contain_text("retry refused: INVALID_STATE_TRANSITION")
+    assert (await workflow(api, wid))["state"] == "running"
+    # cancel from the page: every open task canceled, the workflow ends canceled
     await page.fill("#wf-cancel-form input[name=reason]", "operator stop")
     await page.click("#wf-cancel")
     await expect(page.locator(".flash")).to_contain_text("cancel done")
@@ -403,8 +407,9 @@ async def test_a_hand_made_diamond_is_drawn_fits_both_widths_and_passes_axe(
     resp = await page.goto(base(gateway) + "/ui/workflows?state=bogus")
     assert resp is not None and resp.status == 400
     await page.goto(base(gateway) + f"/ui/workflows/{wid}")
-    # an admin sees the actions of a running workflow: cancel, not retry
-    assert await page.locator("#wf-cancel").count() == 1 and await page.locator("#wf-retry").count() == 0
+    # an admin sees both actions of a running workflow (a retry says it waits for the end)
+    assert await page.locator("#wf-cancel").count() == 1 and await page.locator("#wf-retry").count() == 1
+    await expect(page.locator("#wf-retry-form")).to_contain_text("A running workflow refuses a retry")
     # a viewer sees the graph and no action; a forged cancel answers 403 before the service is asked
     await add_viewer(gateway)
     viewer = await signed_in(browser, gateway, VIEWER_TOKEN)
