@@ -20,10 +20,10 @@ import pytest
 
 from . import invariants_api as inv
 from . import workflow_checks as wf
-from .procs import Daemon, Worker
+from .procs import Daemon
 from .test_freeze_e2e import Pair, api_of, cont, wait_frozen
 from .test_freeze_e2e import pair as pair  # the fixture
-from .workflow_handlers import ENV, runs
+from .workflow_handlers import runs
 
 POINT = "workflow.release_before_commit"
 
@@ -55,16 +55,7 @@ async def test_a_join_release_frozen_on_one_instance_is_made_once_by_the_other(
     log = tmp_path / "runs.jsonl"
     pair.start_p(spec)
     (pair.root / "worker").mkdir()
-    pair.worker = Worker(
-        pair.root / "worker" / "var",
-        "node-wf",
-        kinds="wfrun",
-        concurrency=16,
-        handlers=("tests.e2e.workflow_handlers",),
-        extra_env={ENV: str(log)},
-        nats_url=pair.nats_url,
-    )
-    pair.worker.start()
+    pair.worker = wf.worker(pair.root / "worker" / "var", log, nats_url=pair.nats_url)
     tasks = wf.diamond() if shape == "diamond" else wf.fan_in(50)
     join = tasks[-1]["ref"]
     created = await wf.submit(api_of(pair.p, session), tasks)

@@ -11,14 +11,49 @@ API (the workflow, each task and its history) and the worker's own log of runs (
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from scheduler_gateway.actors.failpoints import EXIT_CODE
 from scheduler_gateway.wire.timefmt import parse_ts
 from tests.integration.harness import Api
 
 from . import invariants_api as inv
+from .procs import Daemon, Worker
+from .workflow_handlers import ENV
+
+
+def worker(data_dir: Path, log: Path, nats_url: str | None = None) -> Worker:
+    """A started gateway-worker serving ``wfrun`` (workflow_handlers.py), its runs logged to ``log``."""
+    w = Worker(
+        data_dir,
+        "node-wf",
+        kinds="wfrun",
+        concurrency=16,
+        handlers=("tests.e2e.workflow_handlers",),
+        extra_env={ENV: str(log)},
+        nats_url=nats_url,
+    )
+    w.start()
+    return w
+
+
+async def killed_at(d: Daemon, point: str, timeout_s: float = 20.0) -> None:
+    """``d`` exits on its own with 137, naming ``point`` on stderr (then ``d.start()`` restarts it)."""
+    proc = d.proc
+    assert proc is not None
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, f"gatewayd did not hit failpoint {point} within {timeout_s} s"
+        await asyncio.sleep(0.05)
+    log = d.log_path.read_text(errors="replace")
+    assert proc.returncode == EXIT_CODE, f"gatewayd exited {proc.returncode}, not {EXIT_CODE}: {log[-2000:]}"
+    assert f"failpoint {point} hit: exiting with {EXIT_CODE}" in log, log[-2000:]
+    d.proc = None
 
 
 def diamond(seconds: float = 0.02) -> list[dict[str, Any]]:
@@ -48,6 +83,12 @@ async def submit(api: Api, tasks: list[dict[str, Any]], key: str | None = None) 
     status, body, _ = await api.call("POST", "/api/workflows", {"tasks": tasks}, headers)
     assert status == 201, (status, body)
     return body  # type: ignore[no-any-return]
+
+
+async def listed(api: Api, path: str) -> list[dict[str, Any]]:
+    status, body, _ = await api.call("GET", path)
+    assert status == 200, body
+    return body["items"]  # type: ignore[no-any-return]
 
 
 async def finished(api: Api, workflow_id: str, timeout_s: float) -> dict[str, Any]:

@@ -63,10 +63,11 @@ NAMES: dict[str, str] = {
     " release is not yet committed",
     "workflow.release_before_drop": "the releaser committed what a pass of notices called for; the notices are"
     " not yet dropped",
-    "workflow.create_mid_transaction": "a workflow's row, tasks and edges are written in the create's SQLite"
-    " transaction; its audit, event and the commit are still to come",
-    "workflow.add_tasks_mid_transaction": "a node's added tasks and their edges are written in the add's SQLite"
-    " transaction; the workflow's open count, the audit and the commit are still to come",
+    "workflow.create_mid_transaction": "a workflow's row, tasks and edges are written in the create's transaction"
+    " (SQLite or PostgreSQL); its audit, event and the commit are still to come",
+    "workflow.add_tasks_mid_transaction": "a node's added tasks and their edges are written in the add's"
+    " transaction (SQLite or PostgreSQL); the workflow's open count (SQLite), the audit and the commit are still"
+    " to come",
 }
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from scheduler_gateway.actors import failpoints
 from scheduler_gateway.actors.model.callbacks import CallbackDelivery
 from scheduler_gateway.actors.model.records import TERMINAL_STATES, AuditEntry, EventRecord, Task
 from scheduler_gateway.actors.model.workflows import (
@@ -106,8 +107,8 @@ class PgWorkflows:
         opened = sum(s not in TERMINAL_STATES for s in states.values())
         async with self._db.transaction() as conn:
             await bound_lock_waits(conn)
-            outside = sorted({e.parent_id for e in edges if e.parent_id not in states})
-            writes.check_edges(edges, set(states) | await writes.stored_of(conn, outside))
+            outside = await writes.stored_states(conn, [e.parent_id for e in edges if e.parent_id not in states])
+            writes.check_edges(edges, set(states) | set(outside))
             stored = msgspec.structs.replace(workflow, open_tasks=opened, finished_at=None)
             cur = await conn.execute(
                 SQL_INSERT_WORKFLOW,
@@ -136,10 +137,11 @@ class PgWorkflows:
                 if cur.rowcount != 1:
                     raise Conflict("this idempotency key was already used", code=Code.IDEMPOTENCY_CONFLICT)
             await writes.insert_tasks(conn, workflow.id, changes, self._write_one)
-            decided = [msgspec.structs.replace(e, outcome=_outcome(e, states)) for e in edges]
+            decided = [msgspec.structs.replace(e, outcome=_outcome(e, {**outside, **states})) for e in edges]
             await writes.insert_edges(conn, decided)
             joins = {c.task.id: c.task.join == "any" for c in changes}
             await writes.insert_counters(conn, decided, joins)
+            failpoints.hit("workflow.create_mid_transaction")  # a crash here: the session's rollback takes it all
             await conn.execute(SQL_INSERT_AUDIT, audit_row(audit))
             await conn.execute(SQL_INSERT_OUTBOX, (outbox_body(event),))
 
@@ -191,6 +193,7 @@ class PgWorkflows:
             joins = {c.task.id: c.task.join == "any" for c in changes}
             await writes.insert_counters(conn, [e for e in decided if e.child_id in joins], joins)
             await writes.grow_counters(conn, [e for e in decided if e.child_id not in joins])
+            failpoints.hit("workflow.add_tasks_mid_transaction")  # a crash here: the session's rollback takes it all
             opened = sum(s not in TERMINAL_STATES for i, s in states.items() if i in refs)
             if opened:
                 await conn.execute(SQL_OPEN_MORE, (opened, opened, workflow_id))
