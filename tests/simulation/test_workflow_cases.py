@@ -37,3 +37,29 @@ def test_a_workflows_finish_event_is_relayed_at_once() -> None:
         m.holds()
     finally:
         m.teardown()
+
+
+def test_a_workflow_retry_of_a_canceled_task_with_a_dead_letter_redrives_the_letter() -> None:
+    """A workflow task dies (its letter), is redriven, runs, and is canceled with its workflow; a retry of the
+    workflow runs it again. The retry redrove the letter only when the task was ``dead`` at that moment, so this
+    requeue did not count in ``retryCount`` (and would have passed an exhausted letter by), unlike a user's retry
+    of the task (``letter_counts_its_redrives: letter ... has retryCount 1, its task was requeued through it 2
+    times (['redrive', 'retry'])``; the default run, shrunk). A workflow retry of a task with a letter is now a
+    redrive of it whatever the task's state, as ``POST /api/tasks/{id}/retry`` is (CONTRACT 2.4)."""
+    m = SimMachine()
+    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0), nats_skew=0.0)
+    try:
+        m.submit_workflow(n=2, user="alice", **PLAIN)
+        m.claim_all(n=0)
+        m.settle(n=0, i=0, outcome="failed", retryable=True, variant="normal")  # one attempt: it dies
+        m.advance(seconds=0.5)
+        m.letter_action(action="redrive", i=0, inst=0)
+        m.advance(seconds=0.5)
+        m.claim_all(n=0)
+        m.cancel_workflow(i=0, who="owner")
+        m.advance(seconds=0.5)
+        m.holds()
+        m.retry_workflow(i=0, j=0, refs="none", who="owner")
+        m.holds()
+    finally:
+        m.teardown()

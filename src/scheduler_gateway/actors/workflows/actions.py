@@ -231,7 +231,9 @@ class WorkflowActions:
                 continue
             tr = sm.requeue(task, action, caller.actor, idgen.new_id("att"), now, rid, why)
             letter = None
-            if task.state == "dead":
+            # a retry of a task that has a dead letter is a redrive of it, whatever its state now (died, was
+            # redriven, then failed or was canceled), as a user's retry of the task is (tasks/actions.py)
+            if action == "retry":
                 found = await self._store.letters.get_dead_letter_for_task(task.id)
                 letter = None if found is None else redriven(found, force=False, kind=task.kind)
             parts.append((tr, letter))
