@@ -69,12 +69,15 @@ def check_edges(edges: list[Edge], known: set[str]) -> None:
             )
 
 
-async def stored_of(conn: Conn, task_ids: list[str]) -> set[str]:
-    """Which of these tasks are stored."""
+async def stored_states(conn: Conn, task_ids: list[str]) -> dict[str, str]:
+    """The states of these tasks that are stored, their rows held ``FOR SHARE`` until the caller commits (an edge
+    from one of them is decided by that state: its settle waits, postgres/workflows.py)."""
     if not task_ids:
-        return set()
-    cur = await conn.execute("SELECT id FROM tasks WHERE id = ANY(%s::text[])", (task_ids,))
-    return {str(r[0]) for r in await cur.fetchall()}
+        return {}
+    cur = await conn.execute(
+        "SELECT id, state FROM tasks WHERE id = ANY(%s::text[]) ORDER BY id FOR SHARE", (sorted(task_ids),)
+    )
+    return {str(i): str(state) for i, state in await cur.fetchall()}
 
 
 def _one_statement(r: ChangeRows) -> bool:
