@@ -46,6 +46,11 @@ class MemorySharedTasks:
         self._store._check_running()
         return [self._store._tasks[i] for i in task_ids if i in self._store._tasks]
 
+    async def changed(self, versions: list[tuple[str, int, float | None]]) -> list[Task]:
+        self._store._check_running()
+        found = ((self._store._tasks.get(i), rev, lease) for i, rev, lease in versions)
+        return [t for t, rev, lease in found if t is not None and (t.revision != rev or t.lease_expires_at != lease)]
+
     async def left_queue(self, task_ids: list[str]) -> list[Task]:
         self._store._check_running()
         found = (self._store._tasks.get(i) for i in task_ids)

@@ -108,13 +108,18 @@ class Dispatcher(LoopActor):
         self.trouble = KindTrouble()  # the kinds whose offers cannot be published now, each held back alone
         #: the kinds whose window was full at the last pick while ready tasks waited behind it
         self._crowded: set[str] = set()
+        #: told when a kind's window is found full with tasks waiting (several instances: ``LiveSync.soon``)
+        self.on_crowded: Callable[[], None] | None = None
         #: workflows' maxParallel (actors/dispatch_workflows.py); a task waiting for its dependencies is never offered
         self._workflows = WorkflowHold()
 
     # -- what the task service tells us -------------------------------------------------------------
     def update(self, task: Task) -> None:
         """A task was created or changed (called after its change is committed)."""
-        self._unoffer(task.id, keep_attempt=task.attempt_id if task.state == "queued" else None)
+        # a claim moves a task from its offer to its run: its workflow's slot stays taken (``_count``)
+        self._unoffer(
+            task.id, keep_attempt=task.attempt_id if task.state == "queued" else None, free=task.state != "running"
+        )
         again = self._reoffers.get(task.id)
         if again is not None and (task.state != "queued" or again[0] != task.attempt_id):
             del self._reoffers[task.id]
@@ -293,7 +298,7 @@ class Dispatcher(LoopActor):
         return len(self._queued)
 
     # -- internals ---------------------------------------------------------------------------------
-    def _unoffer(self, task_id: str, keep_attempt: str | None) -> None:
+    def _unoffer(self, task_id: str, keep_attempt: str | None, free: bool = True) -> None:
         kind = self._offered_kind.get(task_id)
         if kind is None:
             return
@@ -307,7 +312,8 @@ class Dispatcher(LoopActor):
         queue = self._ready.get(kind)
         if queue is not None:
             queue.release(key)
-        self._unpark(task_id)
+        if free:
+            self._unpark(task_id)
 
     def _schedule(self, task: Task) -> None:
         if task.not_before > self._clock():
@@ -448,6 +454,8 @@ class Dispatcher(LoopActor):
             picked.append(task)
         if queue.turns:
             self._crowded.add(kind)  # the window is full and tasks wait (a flow rule's wait returned above)
+            if self.on_crowded is not None:
+                self.on_crowded()
 
     def _wake_at(self, at: float | None, kind: str) -> None:
         """A timer (an entry with no task) at which the kind's rate-held keys take turns again."""

@@ -14,8 +14,9 @@ there. With several, a task's claim, heartbeats and settle may each be answered 
   task whose claiming instance died is still watched);
 - every instance's ``LiveSync`` brings its live copies (what its dispatcher offers and its lease clock
   watches) in line with the store, so a task claimed or settled elsewhere leaves its offer window: all of them
-  every ``LIVE_SYNC_S``, and, every ``OFFERS_SYNC_S`` while a kind's offer window is full with tasks waiting
-  behind it, the offers of that window that left the queue (one read of those that did). A claim reaches any
+  every ``LIVE_SYNC_S``, and, from the moment a kind's offer window is full with tasks waiting behind it (the
+  dispatcher says so: ``soon``) and every ``OFFERS_SYNC_S`` while it stays full, the offers of that window that
+  left the queue (one read returning those that did); nothing while no window is full. A claim reaches any
   instance, so without the second, half of an instance's window (with two) would wait for the full sync after
   being claimed elsewhere, and the instance offered at most about a window a second: measured with 2 instances,
   half the throughput of one, every process's CPU per task doubled by the smaller batches;
@@ -50,7 +51,7 @@ LIVE_SYNC_S = 1.0
 #: how often, at most, ``LiveSync`` looks for the offers of a full window that were claimed elsewhere: a slot of
 #: it waits this long at most while others claim; a look that finds none doubles the wait up to
 #: ``OFFERS_SYNC_MAX_S``, so a window full of offers nobody claimed yet (one instance, or busy workers) costs a
-#: light read a few times a second, not fifty
+#: light read a few times a second, not fifty; no look at all while no window is full
 OFFERS_SYNC_S = 0.02
 OFFERS_SYNC_MAX_S = 0.25
 
@@ -67,6 +68,11 @@ class SharedTasks(Protocol):
 
     async def overdue_running(self, now: float, limit: int) -> list[Task]:
         """Running tasks whose lease expiry or attempt deadline is before ``now``, oldest first."""
+        ...
+
+    async def changed(self, versions: list[tuple[str, int, float | None]]) -> list[Task]:
+        """(task id, revision, lease expiry) of live copies: the stored tasks whose revision or lease expiry is
+        not that one (missing ones left out), with their persisted lease expiry; the rest cost no decode."""
         ...
 
     async def left_queue(self, task_ids: list[str]) -> list[Task]:
@@ -132,12 +138,17 @@ class LeaseWatcher(LoopActor):
 class LiveCache(Protocol):
     def live_ids(self) -> list[str]: ...
 
+    def live_versions(self) -> list[tuple[str, int, float | None]]:
+        """(task id, revision, lease expiry) of every live copy."""
+        ...
+
     def absorb(self, stored: Task | None, task_id: str) -> None: ...
 
 
 class LiveSync(LoopActor):
     """Every instance: bring the live copies in line with the store (what others changed). ``offers``: the
-    dispatcher's offers in full windows (``Dispatcher.crowded_offers``), checked every ``offers_interval_s``."""
+    dispatcher's offers in full windows (``Dispatcher.crowded_offers``), checked from ``soon`` on, every
+    ``offers_interval_s`` (or later, up to ``OFFERS_SYNC_MAX_S``, while the checks find none) until none is full."""
 
     name = "live-sync"
 
@@ -159,27 +170,38 @@ class LiveSync(LoopActor):
         self._offers = offers
         self._offers_interval_s = OFFERS_SYNC_S if offers_interval_s is None else offers_interval_s
         self._offers_gap_s = self._offers_interval_s  # the wait before the next look: grows while looks find none
+        self._offers_due = False  # a window is full: look at its offers (at ``_offers_at`` at the earliest)
+        self._offers_at = 0.0
         self._wake = Wakeup()
         self.offers_moved = 0  # offers found claimed (or ended) elsewhere by ``offers_round``
+
+    def soon(self) -> None:
+        """A window just filled (``Dispatcher.on_crowded``): look at its offers within ``offers_interval_s``."""
+        if self._offers is not None and not self._offers_due:
+            self._offers_due = True
+            self._offers_gap_s = self._offers_interval_s
+            self._wake.set()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         full_at = loop.time()
         while True:
             try:
-                if loop.time() >= full_at:
-                    full_at = loop.time() + self._interval_s
+                now = loop.time()
+                if now >= full_at:
+                    full_at = now + self._interval_s
                     await self.round()
-                elif await self.offers_round() == 0:  # a full window, none of it claimed elsewhere: look later
-                    self._offers_gap_s = min(2 * self._offers_gap_s, max(OFFERS_SYNC_MAX_S, self._offers_interval_s))
-                else:  # some were (or no window is full: the next one that fills is looked at soon)
-                    self._offers_gap_s = self._offers_interval_s
+                elif self._offers_due and now >= self._offers_at:
+                    self._offers_due = False
+                    moved = await self.offers_round()
+                    grown = min(2 * self._offers_gap_s, max(OFFERS_SYNC_MAX_S, self._offers_interval_s))
+                    self._offers_gap_s = grown if moved == 0 else self._offers_interval_s
+                    self._offers_at = loop.time() + self._offers_gap_s
+                    self._offers_due = moved is not None  # still full: look again; else the dispatcher says when
             except GatewayError as exc:
                 log.warning("live sync: read failed (%s); retrying", exc.code)
-            wait = full_at - loop.time()
-            if self._offers is not None:
-                wait = min(wait, self._offers_gap_s)
-            await self._wake.wait(wait)
+            wake_at = min(full_at, self._offers_at) if self._offers_due else full_at
+            await self._wake.wait(wake_at - loop.time())
 
     async def offers_round(self) -> int | None:
         """Take in the offers of full windows that left the queue elsewhere; answers how many (None: no window is
@@ -196,12 +218,13 @@ class LiveSync(LoopActor):
         return moved
 
     async def round(self) -> None:
-        ids = self._cache.live_ids()
-        for start in range(0, len(ids), self._page):
-            chunk = ids[start : start + self._page]
-            found = {t.id: t for t in await self._shared.get_tasks(chunk)}
-            for task_id in chunk:
-                self._cache.absorb(found.get(task_id), task_id)
+        """Take in every live copy's stored row that another instance changed. Only those rows are sent and decoded:
+        the copies, most of them queued tasks nobody touched, are compared by revision and lease expiry in the
+        store (with a backlog of thousands, reading every copy whole each second cost more than the tasks)."""
+        versions = self._cache.live_versions()
+        for start in range(0, len(versions), self._page):
+            for task in await self._shared.changed(versions[start : start + self._page]):
+                self._cache.absorb(task, task.id)
 
 
 async def reoffer_queued(

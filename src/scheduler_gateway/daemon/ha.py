@@ -262,6 +262,7 @@ class HighAvailability:
         service.share(self.store.shared)
         self.watcher = LeaseWatcher(self.store.shared, service, self._clock)
         self.live_sync = LiveSync(self.store.shared, service, offers=service.crowded_offers)
+        service.when_crowded(self.live_sync.soon)
         self.gone = GoneInstances(
             self._live_ids, lambda: reoffer_queued(self.store.tasks.list_tasks, service), self.instance_id
         )

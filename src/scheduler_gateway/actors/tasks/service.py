@@ -165,9 +165,17 @@ class TaskService:
     def live_ids(self) -> list[str]:
         return list(self.ledger.live)
 
+    def live_versions(self) -> list[tuple[str, int, float | None]]:
+        """(task id, revision, lease expiry) of every live copy (``LiveSync`` compares them with the store)."""
+        return [(t.id, t.revision, t.lease_expires_at) for t in self.ledger.live.values()]
+
     def crowded_offers(self) -> list[str]:
         """The dispatcher's offers in windows full with tasks waiting (``LiveSync`` checks them, several instances)."""
         return self._dispatcher.crowded_offers()
+
+    def when_crowded(self, notify: Callable[[], None]) -> None:
+        """``notify`` is called when a kind's offer window is found full with tasks waiting (``LiveSync.soon``)."""
+        self._dispatcher.on_crowded = notify
 
     def absorb(self, stored: Task | None, task_id: str) -> None:
         """Several instances: take a stored copy that another instance wrote into the live copies (and so into

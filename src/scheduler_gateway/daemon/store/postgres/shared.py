@@ -50,6 +50,18 @@ class PgShared:
         )
         return [with_lease(decode_or_raise(_decode_task, r[1], "task", str(r[0])), r[2]) for r in rows]
 
+    async def changed(self, versions: list[tuple[str, int, float | None]]) -> list[Task]:
+        if not versions:
+            return []
+        # compared in the database by primary key: only the rows another instance changed are sent and decoded
+        rows = await self._db.fetch(
+            "SELECT t.id, t.doc, t.lease_expires_at FROM unnest(%b::text[], %s::bigint[], %b::float8[])"
+            " AS v(id, revision, lease) JOIN tasks t ON t.id = v.id"
+            " WHERE t.revision <> v.revision OR t.lease_expires_at IS DISTINCT FROM v.lease",
+            ([v[0] for v in versions], [v[1] for v in versions], [v[2] for v in versions]),
+        )
+        return [with_lease(decode_or_raise(_decode_task, r[1], "task", str(r[0])), r[2]) for r in rows]
+
     async def left_queue(self, task_ids: list[str]) -> list[Task]:
         if not task_ids:
             return []
