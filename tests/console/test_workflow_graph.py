@@ -9,13 +9,15 @@ from scheduler_gateway.daemon.http.console.workflow_graph import BOX_W, MAX_BOXE
 from scheduler_gateway.wire.workflows import DependsOn, WorkflowTaskView
 
 
-def task(ref: str, state: str = "queued", deps: tuple[tuple[str, str], ...] = ()) -> WorkflowTaskView:
+def task(
+    ref: str, state: str = "queued", deps: tuple[tuple[str, str], ...] = (), join: str = "all"
+) -> WorkflowTaskView:
     return WorkflowTaskView(
         ref=ref,
         task_id=f"tsk_{ref}",
         state=state,
-        depends_on=[DependsOn(ref=r, on=on) for r, on in deps],
-        join="all",
+        depends_on=[DependsOn(ref=r, on=on) for r, on in deps],  # type: ignore[arg-type]
+        join=join,  # type: ignore[arg-type]
     )
 
 
@@ -59,7 +61,7 @@ def test_a_diamond_with_a_failed_and_a_skipped_task() -> None:
         task("thumbs", "succeeded", (("fetch", "succeeded"),)),
         task("publish", "canceled", (("parse", "succeeded"), ("thumbs", "succeeded"))),
         task("cleanup", "queued", (("publish", "finished"),)),
-        task("alert", "succeeded", (("parse", "failed"),)),
+        task("alert", "succeeded", (("parse", "failed"),), join="any"),
     ]
     outcomes = {
         ("fetch", "parse"): "met",
@@ -83,6 +85,7 @@ def test_a_diamond_with_a_failed_and_a_skipped_task() -> None:
         "alert": "succeeded",
     }
     assert {b.ref: b.waits_for for b in d.boxes}["cleanup"] == ("publish",)
+    assert [b.ref for b in d.boxes if b.join == "any"] == ["alert"]
     # a label only on an edge whose `on` is not succeeded; the outcome rides along for its class
     labels = sorted((ln.label, ln.outcome) for ln in d.lines if ln.label)
     assert labels == [("on failed", "met"), ("on finished", "pending")]

@@ -40,6 +40,7 @@ class Box(msgspec.Struct, frozen=True, kw_only=True):
     shown_state: str  # what the box says: "waiting" for a queued task whose dependencies are not met, "skipped"
     label: str  # the ref, cut to REF_CHARS
     waits_for: tuple[str, ...]
+    join: str  # "all" | "any": with "any", one parent's end is enough (the box says so)
     x: int
     y: int
 
@@ -178,7 +179,15 @@ def _box(t: WorkflowTaskView, at: tuple[int, int], waiting_on: Mapping[str, Sequ
     label = t.ref if len(t.ref) <= REF_CHARS else t.ref[: REF_CHARS - 1] + "…"
     waits = tuple(waiting_on.get(t.ref, ()))
     return Box(
-        ref=t.ref, task_id=t.task_id, state=t.state, shown_state=shown, label=label, waits_for=waits, x=at[0], y=at[1]
+        ref=t.ref,
+        task_id=t.task_id,
+        state=t.state,
+        shown_state=shown,
+        label=label,
+        waits_for=waits,
+        join=t.join,
+        x=at[0],
+        y=at[1],
     )
 
 
