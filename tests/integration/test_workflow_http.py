@@ -88,11 +88,6 @@ async def test_a_cycle_is_named_in_order_and_more_than_10000_tasks_are_refused(a
     await nothing_created(api)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect (actors/workflows/service.py _named): the store's DUPLICATE_TASK names the holder's taskId, "
-    "not the new task's, so the refusal does not name the item (details.ref) as CONTRACT 2.12 asks",
-)
 async def test_an_items_unique_key_held_by_a_live_task_is_named(api: Api) -> None:
     held = await api.create({"kind": "wfk", "uniqueKey": "nightly"})
     status, body, _ = await submit(api, {"tasks": [task("a"), task("u", uniqueKey="nightly")]})

@@ -253,9 +253,16 @@ def count_tasks(tasks: list[Task]) -> dict[str, int]:
 
 
 def _named(exc: GatewayError, tasks: list[Task]) -> GatewayError:
-    """A store refusal that names a task (a uniqueKey taken, say) names its item by ref."""
+    """A store refusal that names a task (a uniqueKey taken, say) names its item by ref.
+
+    DUPLICATE_TASK names the live task that holds the key (not one of the new ones), so the item is also found
+    by the uniqueKey it asked for."""
     task_id = exc.details.get("taskId")
+    unique_key = exc.details.get("uniqueKey")
     for n, t in enumerate(tasks):
         if t.id == task_id:
+            return refused(exc, t.ref, n)
+    for n, t in enumerate(tasks):
+        if unique_key is not None and t.unique_key == unique_key:
             return refused(exc, t.ref, n)
     return exc
