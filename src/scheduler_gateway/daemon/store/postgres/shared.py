@@ -29,7 +29,7 @@ class PgShared:
             await bound_lock_waits(conn)
             cur = await conn.execute(
                 "UPDATE tasks t SET lease_expires_at = greatest(t.lease_expires_at, v.expires)"
-                " FROM unnest(%s::text[], %s::bigint[], %s::float8[], %s::float8[]) AS v(id, rev, expires, now)"
+                " FROM unnest(%b::text[], %s::bigint[], %b::float8[], %b::float8[]) AS v(id, rev, expires, now)"
                 " WHERE t.id = v.id AND t.revision = v.rev AND t.state = 'running'"
                 " AND coalesce(t.lease_expires_at, 0) > v.now RETURNING t.id",
                 (
@@ -46,7 +46,7 @@ class PgShared:
         if not task_ids:
             return []
         rows = await self._db.fetch(
-            "SELECT id, doc, lease_expires_at FROM tasks WHERE id = ANY(%s::text[])", (list(task_ids),)
+            "SELECT id, doc, lease_expires_at FROM tasks WHERE id = ANY(%b::text[])", (list(task_ids),)
         )
         return [with_lease(decode_or_raise(_decode_task, r[1], "task", str(r[0])), r[2]) for r in rows]
 
@@ -67,7 +67,7 @@ class PgShared:
             return []
         # by primary key, the state column judged in the database: only the rows that moved are sent and decoded
         rows = await self._db.fetch(
-            "SELECT id, doc, lease_expires_at FROM tasks WHERE id = ANY(%s::text[]) AND state <> 'queued'",
+            "SELECT id, doc, lease_expires_at FROM tasks WHERE id = ANY(%b::text[]) AND state <> 'queued'",
             (list(task_ids),),
         )
         return [with_lease(decode_or_raise(_decode_task, r[1], "task", str(r[0])), r[2]) for r in rows]

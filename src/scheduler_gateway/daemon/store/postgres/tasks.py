@@ -320,8 +320,9 @@ class PgTasks:
         return with_lease(decode_or_raise(_decode_task, row[0], "task", task_id), row[1])
 
     async def _rows_of(self, task_ids: list[str]) -> dict[str, tuple[Any, float | None]]:
+        # the ids in binary: psycopg quotes and escapes each element of a text array in Python (~8x the time)
         rows = await self._db.fetch(
-            "SELECT id, doc, lease_expires_at FROM tasks WHERE id = ANY(%s::text[])", (task_ids,)
+            "SELECT id, doc, lease_expires_at FROM tasks WHERE id = ANY(%b::text[])", (task_ids,)
         )
         return {str(r[0]): (r[1], r[2]) for r in rows}
 
