@@ -3,6 +3,7 @@ the memory store: reads per page of ``ctx.dependencies``. The figures are in doc
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from scheduler_gateway.wire.workflows import DependenciesRequest
@@ -32,3 +33,25 @@ async def test_a_joins_page_of_parents_without_artifacts_lists_none_of_them() ->
         assert sorted(d.ref for d in page.dependencies) == refs
         assert all(d.state == "succeeded" and d.artifacts == [] for d in page.dependencies)
         assert listed == []
+
+
+async def test_a_pass_of_the_releaser_reads_a_workflow_once_whatever_number_of_its_tasks_it_releases() -> None:
+    """A root's settle makes 60 dependents ready at once: the pass that releases them reads their workflow's cancel
+    flag once (it read it once per task decided at the same time, up to the 64 it decides together)."""
+    async with workflow_kit() as k:
+        mids = [f"m{n:02d}" for n in range(60)]
+        view = await k.submit([{"ref": "root"}] + [{"ref": r, "dependsOn": [{"ref": "root"}]} for r in mids])
+        ids = await k.ids(view.id)
+        reads: list[str] = []
+        original = k.store.workflows.get_workflow
+
+        async def counting(workflow_id: str) -> Any:
+            reads.append(workflow_id)
+            await asyncio.sleep(0)  # a real store's read suspends (the memory store's does not)
+            return await original(workflow_id)
+
+        k.store.workflows.get_workflow = counting  # type: ignore[method-assign]
+        await k.run(ids["root"])
+        assert await k.workflows.releaser.drain_once() is False
+        assert all(s == "queued" for r, s in (await k.states(view.id)).items() if r != "root")
+        assert reads == [view.id]

@@ -113,7 +113,7 @@ class WorkflowReleaser(LoopActor):
     async def _tasks(self, task_ids: list[str]) -> set[str]:
         """Decide each task; the ids handled (a task whose decision failed keeps its notice)."""
         counts = await self._store.workflows.dep_counts(task_ids)
-        canceled: dict[str, bool] = {}
+        canceled = _CancelFlags(self._store)
         gate = asyncio.Semaphore(PARALLEL)
 
         async def one(task_id: str) -> str | None:
@@ -128,17 +128,15 @@ class WorkflowReleaser(LoopActor):
         results = await asyncio.gather(*(one(t) for t in task_ids))
         return {r for r in results if r is not None}
 
-    async def decide(self, task_id: str, counts: DepCounts | None, canceled: dict[str, bool]) -> str:
+    async def decide(self, task_id: str, counts: DepCounts | None, canceled: _CancelFlags) -> str:
         """In the task's mailbox: what its fresh copy, its counters and its workflow call for, committed."""
         task = await self._ledger.current(task_id)
         if task is None or task.workflow_id is None:
             return "none"
-        if task.workflow_id not in canceled:
-            workflow = await self._store.workflows.get_workflow(task.workflow_id)
-            canceled[task.workflow_id] = workflow is not None and workflow.canceled
+        workflow_canceled = await canceled.of(task.workflow_id)
         # the counters were read for the whole batch, after its notices: a later move of them writes a notice of its
         # own, handled on the next pass, and the store's claim guard never lets a task run before they hold
-        action = verdict(task, counts, canceled[task.workflow_id])
+        action = verdict(task, counts, workflow_canceled)
         now = self._clock()
         tr: sm.Transition | sm.Repeat
         if action == "release":
@@ -146,7 +144,7 @@ class WorkflowReleaser(LoopActor):
         elif action == "hold":
             tr = sm.dependencies_reopened(task, idgen.new_id("att"), now)
         elif action == "skip":
-            tr = await self._skip(task, counts, canceled[task.workflow_id], now)
+            tr = await self._skip(task, counts, workflow_canceled, now)
         elif action == "unskip":
             tr = sm.unskip(task, idgen.new_id("att"), now)
         else:
@@ -204,6 +202,24 @@ class WorkflowReleaser(LoopActor):
 
 
 _SYSTEM = sm.RELEASER
+
+
+class _CancelFlags:
+    """The cancel flag of each workflow a pass decides tasks of, read once in the pass (after its notices), however
+    many of its tasks are decided at once (each of up to ``PARALLEL`` read it when the first had not answered yet)."""
+
+    def __init__(self, store: WorkflowServiceStore) -> None:
+        self._store = store
+        self._flags: dict[str, bool] = {}
+        self._lock = asyncio.Lock()
+
+    async def of(self, workflow_id: str) -> bool:
+        if workflow_id not in self._flags:
+            async with self._lock:
+                if workflow_id not in self._flags:
+                    workflow = await self._store.workflows.get_workflow(workflow_id)
+                    self._flags[workflow_id] = workflow is not None and workflow.canceled
+        return self._flags[workflow_id]
 
 
 def _finished(workflow: WorkflowRecord, state: str, now: float) -> WorkflowRecord:
