@@ -375,3 +375,27 @@ async def test_a_task_skipped_by_a_cancel_runs_again_with_the_workflows_retry() 
         assert await k.states(view.id) == {"a": "succeeded", "b": "queued"}
         await k.run(ids["b"])
         assert (await k.workflows.get(ALICE, view.id)).state == "succeeded"
+
+
+async def test_max_parallel_offers_its_held_tasks_oldest_first_when_slots_free() -> None:
+    async with workflow_kit() as k:
+        view = await k.submit([{"ref": f"t{n}"} for n in range(6)], maxParallel=2)
+        ids = await k.ids(view.id)
+        order = [ids[f"t{n}"] for n in range(6)]
+
+        async def offered() -> list[str]:
+            for _ in range(20):
+                await _turn()
+            seen: list[str] = []
+            for o in k.kit.bus.offers:
+                if o.task_id not in seen:
+                    seen.append(o.task_id)
+            return seen
+
+        assert await offered() == order[:2]
+        leases = {t: (await k.claim(t))[0] for t in order[:2]}  # a claim keeps its slot: nothing moves
+        assert await offered() == order[:2]
+        await k.run_claimed(order[0], leases[order[0]])
+        assert await offered() == order[:3]
+        await k.run_claimed(order[1], leases[order[1]])
+        assert await offered() == order[:4]

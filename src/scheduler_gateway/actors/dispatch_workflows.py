@@ -5,12 +5,14 @@ workflow's tasks are on offer or running, and which ready ones it holds back mea
 The offers out count as starts to come, as the kinds' flow rules count them (actors/dispatch_flow.py), so the
 dispatcher never offers more of a workflow than may run. This is the dispatcher's view only: the store's claim
 guard counts the workflow's running tasks in the claim's transaction (LIMITED), across instances. A held task is
-parked, oldest first, and put back in line when a slot of its workflow frees (as many as freed): a fan-out of
-10,000 under ``maxParallel: 1`` costs one task per freed slot, never a pass over the parked ones.
+parked, best first (priority, then age: the order the kinds' queues keep), and put back in line when a slot of
+its workflow frees (as many as freed): a fan-out of 10,000 under ``maxParallel: 1`` costs one task per freed
+slot, never a pass over the parked ones.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 
 from .model.records import Task
@@ -20,8 +22,9 @@ class WorkflowHold:
     def __init__(self) -> None:
         self._active: dict[str, set[str]] = {}  # workflow id -> its tasks on offer or running
         self._workflow_of: dict[str, str] = {}  # task id -> workflow id, of the active tasks
-        #: workflow id -> ready tasks held back, oldest first (a dict as an ordered set: parked once each)
-        self._parked: dict[str, dict[str, None]] = {}
+        #: workflow id -> ready tasks held back, a heap by (-priority, created_at, id), and their ids (parked once)
+        self._parked: dict[str, list[tuple[int, float, str]]] = {}
+        self._parked_ids: dict[str, set[str]] = {}
         self._limit: dict[str, int] = {}  # workflow id -> its maxParallel, while it has active or parked tasks
 
     @staticmethod
@@ -54,10 +57,11 @@ class WorkflowHold:
             active.discard(task_id)
         free = self._limit.get(workflow_id, 1) - len(active or ())
         parked = self._parked.get(workflow_id)
+        ids = self._parked_ids.get(workflow_id, set())
         out: list[str] = []
         while parked and len(out) < free:
-            first = next(iter(parked))
-            del parked[first]
+            first = heapq.heappop(parked)[2]
+            ids.discard(first)
             if ready(first):
                 out.append(first)
         self._forget_if_idle(workflow_id)
@@ -67,7 +71,10 @@ class WorkflowHold:
         """A ready task its workflow's limit holds back: put back in line when a slot frees (``drop``)."""
         if task.workflow_id is None or task.workflow_max_parallel is None:
             return
-        self._parked.setdefault(task.workflow_id, {})[task.id] = None
+        ids = self._parked_ids.setdefault(task.workflow_id, set())
+        if task.id not in ids:
+            ids.add(task.id)
+            heapq.heappush(self._parked.setdefault(task.workflow_id, []), (-task.priority, task.created_at, task.id))
         self._limit[task.workflow_id] = task.workflow_max_parallel
 
     def _forget_if_idle(self, workflow_id: str) -> None:
@@ -75,4 +82,5 @@ class WorkflowHold:
             self._active.pop(workflow_id, None)
             if not self._parked.get(workflow_id):
                 self._parked.pop(workflow_id, None)
+                self._parked_ids.pop(workflow_id, None)
                 self._limit.pop(workflow_id, None)
