@@ -79,6 +79,13 @@ class EventRelay(LoopActor):
     def notify(self) -> None:
         self._wake.set()
 
+    async def stop(self) -> None:
+        """Stopped: at shutdown, or when this instance no longer leads the duties. It relays nothing then, so its
+        last failure (a former leader's publish refused ``NotLeader``) must not keep the follower's readiness down;
+        a later start finds any trouble afresh."""
+        await super().stop()
+        self.healthy = True
+
     async def run(self) -> None:
         self._tail_seq = None  # a restart after a crash reads the tail again
         with contextlib.suppress(Exception):  # read it now, off the first event's path (else at the first round)
