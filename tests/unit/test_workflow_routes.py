@@ -95,6 +95,14 @@ class FakeWorkflows:
         self.calls.append(("retry", (workflow_id, body.refs, idempotency_key, bool(body_hash))))
         return view()
 
+    async def cancel_with_replay(self, caller: Caller, workflow_id: str, body: WorkflowCancelBody,
+                                 **kw: Any) -> tuple[WorkflowView, bool]:  # fmt: skip
+        return await self.cancel(caller, workflow_id, body, **kw), False
+
+    async def retry_with_replay(self, caller: Caller, workflow_id: str, body: WorkflowRetryBody,
+                                **kw: Any) -> tuple[WorkflowView, bool]:  # fmt: skip
+        return await self.retry(caller, workflow_id, body, **kw), False
+
 
 class Principals:
     async def resolve(self, token_hash: str) -> Principal | None:

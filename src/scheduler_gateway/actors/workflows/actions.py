@@ -133,10 +133,11 @@ class WorkflowActions:
         key: str | None,
         body_hash: str,
         request_id: str | None,
-    ) -> None:
+    ) -> bool:
+        """Cancel the workflow; True when the Idempotency-Key already did it (a replay: nothing done)."""
         operation = f"workflow.cancel:{workflow.id}"
         if await self._used(caller, key, operation, body_hash):
-            return
+            return True
         rid = caller.request_id or request_id
         idem = self._key(caller, key, operation, body_hash, workflow.id)
         if workflow.canceled:  # a repeat: its key is taken all the same (another request with it must conflict)
@@ -165,6 +166,7 @@ class WorkflowActions:
 
         await asyncio.gather(*(cancel_one(t) for t in tasks if not t.terminal))
         self._wake()
+        return False
 
     # -- retry ---------------------------------------------------------------------------------------------------
     async def retry(
@@ -175,10 +177,11 @@ class WorkflowActions:
         key: str | None,
         body_hash: str,
         request_id: str | None,
-    ) -> None:
+    ) -> bool:
+        """Retry the workflow; True when the Idempotency-Key already did it (a replay: nothing done)."""
         operation = f"workflow.retry:{workflow.id}"
         if await self._used(caller, key, operation, body_hash):
-            return
+            return True
         if workflow.finished_at is None:
             raise Conflict(
                 f"workflow {workflow.id} is running; retry it once it has ended",
@@ -216,6 +219,7 @@ class WorkflowActions:
         else:
             raise Conflict(f"the tasks of workflow {workflow.id} keep changing; try again", code=Code.REVISION_CONFLICT)
         self._wake()
+        return False
 
     async def _parts(
         self, caller: Caller, workflow_id: str, plan: dict[str, str], tasks: list[Task], rid: str | None

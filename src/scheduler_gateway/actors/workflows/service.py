@@ -215,9 +215,25 @@ class WorkflowService:
         body_hash: str,
         request_id: str | None,
     ) -> WorkflowView:
+        view, _ = await self.cancel_with_replay(
+            caller, workflow_id, body, idempotency_key=idempotency_key, body_hash=body_hash, request_id=request_id
+        )
+        return view
+
+    async def cancel_with_replay(
+        self,
+        caller: Caller,
+        workflow_id: str,
+        body: WorkflowCancelBody,
+        *,
+        idempotency_key: str | None,
+        body_hash: str,
+        request_id: str | None,
+    ) -> tuple[WorkflowView, bool]:
+        """The cancel and whether its Idempotency-Key replayed an earlier one (HTTP's ``Idempotent-Replayed``)."""
         workflow = visible(caller, await self._store.workflows.get_workflow(checked_id(workflow_id)), workflow_id)
-        await self._actions.cancel(caller, workflow, body.reason, idempotency_key, body_hash, request_id)
-        return await self.get(caller, workflow_id)
+        replayed = await self._actions.cancel(caller, workflow, body.reason, idempotency_key, body_hash, request_id)
+        return await self.get(caller, workflow_id), replayed
 
     async def retry(
         self,
@@ -229,9 +245,25 @@ class WorkflowService:
         body_hash: str,
         request_id: str | None,
     ) -> WorkflowView:
+        view, _ = await self.retry_with_replay(
+            caller, workflow_id, body, idempotency_key=idempotency_key, body_hash=body_hash, request_id=request_id
+        )
+        return view
+
+    async def retry_with_replay(
+        self,
+        caller: Caller,
+        workflow_id: str,
+        body: WorkflowRetryBody,
+        *,
+        idempotency_key: str | None,
+        body_hash: str,
+        request_id: str | None,
+    ) -> tuple[WorkflowView, bool]:
+        """The retry and whether its Idempotency-Key replayed an earlier one (HTTP's ``Idempotent-Replayed``)."""
         workflow = visible(caller, await self._store.workflows.get_workflow(checked_id(workflow_id)), workflow_id)
-        await self._actions.retry(caller, workflow, body.refs, idempotency_key, body_hash, request_id)
-        return await self.get(caller, workflow_id)
+        replayed = await self._actions.retry(caller, workflow, body.refs, idempotency_key, body_hash, request_id)
+        return await self.get(caller, workflow_id), replayed
 
     async def dependencies(self, node_id: str, req: DependenciesRequest) -> DependenciesReply:
         return await self._dependencies.page(node_id, req)

@@ -57,15 +57,15 @@ class WorkflowApi(Protocol):
         self, caller: Caller, *, state: str | None, name: str | None, limit: int, cursor: str | None
     ) -> WorkflowPage: ...
 
-    async def cancel(
+    async def cancel_with_replay(
         self, caller: Caller, workflow_id: str, body: WorkflowCancelBody, *, idempotency_key: str | None,
         body_hash: str, request_id: str | None,
-    ) -> WorkflowView: ...  # fmt: skip
+    ) -> tuple[WorkflowView, bool]: ...  # fmt: skip
 
-    async def retry(
+    async def retry_with_replay(
         self, caller: Caller, workflow_id: str, body: WorkflowRetryBody, *, idempotency_key: str | None,
         body_hash: str, request_id: str | None,
-    ) -> WorkflowView: ...  # fmt: skip
+    ) -> tuple[WorkflowView, bool]: ...  # fmt: skip
 
 
 def workflow_id_arg(request: web.Request) -> str:
@@ -140,17 +140,17 @@ class WorkflowRoutes:
     async def cancel(self, request: web.Request) -> web.Response:
         caller, workflow_id, body, key, body_hash = await self._action_args(request)
         req: WorkflowCancelBody = decode_body(body, WorkflowCancelBody)
-        view = await self.service.cancel(
+        view, replayed = await self.service.cancel_with_replay(
             caller, workflow_id, req, idempotency_key=key, body_hash=body_hash, request_id=caller.request_id
         )
         failpoints.hit("http.after_commit")  # committed, not answered
-        return json_response(view)
+        return json_response(view, 200, {"Idempotent-Replayed": "true"} if replayed else None)
 
     async def retry(self, request: web.Request) -> web.Response:
         caller, workflow_id, body, key, body_hash = await self._action_args(request)
         req: WorkflowRetryBody = decode_body(body, WorkflowRetryBody)
-        view = await self.service.retry(
+        view, replayed = await self.service.retry_with_replay(
             caller, workflow_id, req, idempotency_key=key, body_hash=body_hash, request_id=caller.request_id
         )
         failpoints.hit("http.after_commit")  # committed, not answered
-        return json_response(view)
+        return json_response(view, 200, {"Idempotent-Replayed": "true"} if replayed else None)

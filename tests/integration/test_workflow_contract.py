@@ -1,0 +1,456 @@
+"""CONTRACT 2.12 rule by rule (issue 52's "Done when"): the rules no other test showed with a real gateway
+(SQLite), a real nats-server and SDK workers. The table of every rule and the tests that show it is below.
+
+TABLE
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from scheduler_gateway.actors.tasks.api import TaskPolicy
+from scheduler_gateway.daemon.gateway import Gateway
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
+from scheduler_gateway.wire.workflows import AddTasksRequest
+from scheduler_gateway.worker import HandlerRegistry, NatsOptions, TaskContext, TaskFailed, Worker
+
+from .harness import ALICE_TOKEN, Api, HandNode, api_client, running_gateway, wait_for
+from .sse import sse
+from .test_callbacks import FAST, receiver, signed_by
+from .test_workflow_nats import ask, claimed
+
+pytestmark = [pytest.mark.usefixtures("tasks_dumped_before_the_timeout"), pytest.mark.timeout(120)]
+
+SECRET = "workflow-secret-0123456789-abc"
+COUNT_KEYS = {"waiting", "waitingApproval", "queued", "running", "succeeded", "failed", "canceled", "dead"}
+
+
+class Runs:
+    """What the handlers saw, and how each ref behaves: ``fail[ref]`` "failed" (for good) or "dead" (retryable,
+    so one attempt makes it dead); ``gate[ref]`` holds the handler until set; ``add[ref]`` the items it adds."""
+
+    def __init__(self) -> None:
+        self.starts: dict[str, list[float]] = {}
+        self.deps: dict[str, dict[str, tuple[str, Any]]] = {}
+        self.fail: dict[str, str] = {}
+        self.gate: dict[str, asyncio.Event] = {}
+        self.add: dict[str, list[dict[str, Any]]] = {}
+
+    async def handle(self, ctx: TaskContext, payload: Any) -> Any:
+        ref = ctx.ref or ctx.task_id
+        self.starts.setdefault(ref, []).append(time.monotonic())
+        self.deps[ref] = {r: (d.state, d.result) for r, d in ctx.dependencies.items()}
+        if ref in self.add:
+            await ctx.add_tasks(self.add[ref])
+        if ref in self.gate:
+            await self.gate[ref].wait()
+        mode = self.fail.get(ref)
+        if mode is not None:
+            raise TaskFailed(f"{ref} fails", retryable=mode == "dead")
+        return {"ref": ref}
+
+    def ran(self, ref: str) -> int:
+        return len(self.starts.get(ref, []))
+
+
+@pytest.fixture
+async def gw(tmp_path: Path, fresh_nats: NatsServerProcess) -> AsyncIterator[Gateway]:
+    # one redrive before a letter is exhausted, so one test shows both a redrive and a force-retry
+    policy = TaskPolicy(max_dead_retries=1)
+    async with running_gateway(tmp_path / "gw", fresh_nats.url, policy=policy, callbacks=FAST) as g:
+        yield g
+
+
+@pytest.fixture
+async def alice(gw: Gateway) -> AsyncIterator[Api]:
+    async with api_client(gw) as client:
+        yield client.as_user(ALICE_TOKEN)
+
+
+@pytest.fixture
+async def runs(fresh_nats: NatsServerProcess, gw: Gateway) -> AsyncIterator[Runs]:
+    record = Runs()
+    reg = HandlerRegistry()
+    reg.register("wfc", record.handle)
+    w = Worker(NatsOptions(servers=[fresh_nats.url]), node_id="node-wfc", kinds=["wfc"], concurrency=8, registry=reg)
+    await w.start()
+    try:
+        yield record
+    finally:
+        for gate in record.gate.values():
+            gate.set()
+        await w.stop(grace_s=5)
+
+
+def t(ref: str, *parents: str, on: str = "succeeded", **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"kind": "wfc", "ref": ref, **fields}
+    if parents:
+        body["dependsOn"] = [{"ref": p, "on": on} for p in parents]
+    return body
+
+
+async def submit(api: Api, tasks: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+    status, body, _ = await api.call("POST", "/api/workflows", {"tasks": tasks, **fields})
+    assert status == 201, body
+    return body  # type: ignore[no-any-return]
+
+
+async def get(api: Api, workflow_id: str) -> dict[str, Any]:
+    status, body, _ = await api.call("GET", f"/api/workflows/{workflow_id}")
+    assert status == 200, body
+    return body  # type: ignore[no-any-return]
+
+
+async def finished(api: Api, workflow_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    async def done() -> dict[str, Any] | None:
+        wf = await get(api, workflow_id)
+        return wf if wf["state"] != "running" else None
+
+    return await wait_for(done, timeout_s=timeout_s)  # type: ignore[no-any-return]
+
+
+def ids_of(wf: dict[str, Any]) -> dict[str, str]:
+    return {x["ref"]: x["taskId"] for x in wf["tasks"]}
+
+
+def partitioned(wf: dict[str, Any]) -> None:
+    """counts has every key, partitions the tasks, and says what the tasks say."""
+    counts = wf["counts"]
+    assert set(counts) == COUNT_KEYS, counts
+    assert sum(counts.values()) == len(wf["tasks"]), wf
+    by_state: dict[str, int] = {}
+    for x in wf["tasks"]:
+        by_state[x["state"]] = by_state.get(x["state"], 0) + 1
+    assert counts["succeeded"] == by_state.get("succeeded", 0) and counts["canceled"] == by_state.get("canceled", 0)
+    assert counts["failed"] == by_state.get("failed", 0) and counts["dead"] == by_state.get("dead", 0)
+    assert counts["running"] == by_state.get("running", 0)
+    assert counts["waitingApproval"] == by_state.get("waiting_approval", 0)
+    assert counts["waiting"] + counts["queued"] == by_state.get("queued", 0)
+
+
+async def audit_actions(api: Api, object_id: str) -> list[tuple[str, str]]:
+    status, page, _ = await api.call("GET", f"/api/audit?objectId={object_id}&limit=100")
+    assert status == 200, page
+    return [(a["objectType"], a["action"]) for a in page["items"]]
+
+
+async def workflow_events(api: Api, workflow_id: str, n: int) -> list[Any]:
+    async with sse(api, f"aggregateId={workflow_id}", last_event_id=0) as stream:
+        frames = await stream.take(n, timeout_s=15, where=lambda f: f.data["aggregateType"] == "workflow")
+        assert await stream.quiet(0.3) == []
+    return frames
+
+
+async def test_submit_field_rules_each_refused_400_and_nothing_created(alice: Api) -> None:
+    ok = [t("a")]
+    for case, body in (
+        ("empty name", {"name": "", "tasks": ok}),
+        ("long name", {"name": "n" * 201, "tasks": ok}),
+        ("maxParallel 0", {"maxParallel": 0, "tasks": ok}),
+        ("ref of 65", {"tasks": [t("r" * 65)]}),
+        ("empty ref", {"tasks": [t("")]}),
+        ("ref with /", {"tasks": [t("a/b")]}),
+        ("bad on", {"tasks": [t("a"), {**t("b"), "dependsOn": [{"ref": "a", "on": "maybe"}]}]}),
+        ("bad join", {"tasks": [t("a"), t("b", "a", join="some")]}),
+        ("self cycle", {"tasks": [t("a", "a")]}),
+        ("tasks not a list", {"tasks": {"a": t("a")}}),
+    ):
+        status, answer, _ = await alice.call("POST", "/api/workflows", body)
+        assert status == 400 and answer["error"]["code"] == "INVALID_ARGUMENT", (case, answer)
+    status, page, _ = await alice.call("GET", "/api/workflows")
+    assert page["items"] == []
+    status, tasks, _ = await alice.call("GET", "/api/tasks")
+    assert tasks["items"] == []
+    # the bounds themselves are taken: a ref of 64 of every allowed character, a name of 200, maxParallel 1
+    wf = await submit(alice, [t("A_z.0-" + "r" * 58)], name="n" * 200, maxParallel=1)
+    assert wf["tasks"][0]["ref"] == "A_z.0-" + "r" * 58 and wf["maxParallel"] == 1
+
+
+async def test_a_workflow_of_exactly_10000_tasks_is_taken(alice: Api) -> None:
+    wf = await submit(alice, [t(f"t{i}", kind="idle") for i in range(10_000)])
+    assert len(wf["tasks"]) == 10_000 and wf["counts"]["queued"] == 10_000
+    partitioned(wf)
+
+
+async def test_a_finish_with_a_skipped_compensation_its_answer_events_callback_audit_and_a_rework_retry(
+    gw: Gateway, alice: Api, runs: Runs
+) -> None:
+    async with receiver() as hook:
+        wf = await submit(
+            alice,
+            [t("a"), t("b", "a"), t("undo", "a", on="failed"), t("fin", "a", on="finished")],
+            name="contract",
+            labels={"team": "x"},
+            callbackUrl=hook.url,
+            callbackSecret=SECRET,
+        )
+        ids = ids_of(wf)
+        assert wf["finishedAt"] is None and wf["createdAt"] and wf["updatedAt"]
+        done = await finished(alice, wf["id"])
+        # every task that was not skipped succeeded: succeeded; the skipped compensation is in counts.canceled
+        assert done["state"] == "succeeded", done
+        assert done["counts"]["succeeded"] == 3 and done["counts"]["canceled"] == 1
+        partitioned(done)
+        assert done["finishedAt"] is not None and done["createdAt"] <= done["updatedAt"]
+        assert (done["name"], done["labels"], done["owner"], done["maxParallel"]) == (
+            "contract",
+            {"team": "x"},
+            "alice",
+            None,
+        )
+        undo = await alice.task(ids["undo"])
+        assert undo["state"] == "canceled" and undo["error"]["code"] == "SKIPPED"
+        assert undo["error"]["details"] == {"ref": "a", "taskId": ids["a"]} and runs.ran("undo") == 0
+        assert runs.deps["fin"]["a"][0] == "succeeded"
+        # the callback of the first finish
+        await wait_for(lambda: _got(hook, 1), 15)
+        first = hook.got[0]
+        assert first.headers["X-Callback-Id"] == f"{wf['id']}:1" and signed_by(SECRET, first)
+        assert first.json == {
+            "workflowId": wf["id"], "state": "succeeded", "counts": done["counts"], "finishedAt": done["finishedAt"]
+        }  # fmt: skip
+        # nothing failed: a retry without refs is refused, and changes nothing
+        status, answer, _ = await alice.call("POST", f"/api/workflows/{wf['id']}/retry", {})
+        assert status == 409 and answer["error"]["code"] == "INVALID_STATE_TRANSITION", answer
+        assert (await get(alice, wf["id"]))["state"] == "succeeded"
+        # a retry naming a succeeded ref reworks it with its downstream; its Idempotency-Key repeats, conflicts
+        runs.gate["a"] = asyncio.Event()
+        key = {"Idempotency-Key": "retry-1"}
+        status, retried, _ = await alice.call("POST", f"/api/workflows/{wf['id']}/retry", {"refs": ["a"]}, key)
+        assert status == 200 and retried["state"] == "running" and retried["finishedAt"] is None, retried
+        status, repeat, headers = await alice.call("POST", f"/api/workflows/{wf['id']}/retry", {"refs": ["a"]}, key)
+        assert status == 200 and repeat["id"] == wf["id"] and headers["Idempotent-Replayed"] == "true", repeat
+        status, other, _ = await alice.call("POST", f"/api/workflows/{wf['id']}/retry", {"refs": ["b"]}, key)
+        assert status == 409 and other["error"]["code"] == "IDEMPOTENCY_CONFLICT", other
+        status, answer, _ = await alice.call("POST", f"/api/workflows/{wf['id']}/retry", {"refs": ["a"]})
+        assert status == 409 and answer["error"]["code"] == "INVALID_STATE_TRANSITION", answer  # running
+        b = await alice.task(ids["b"])
+        assert b["state"] == "queued" and b["waitingFor"] == "dependencies"
+        runs.gate["a"].set()
+        done = await finished(alice, wf["id"])
+        assert done["state"] == "succeeded"
+        partitioned(done)
+        assert runs.ran("a") == 2 and runs.ran("b") == 2 and runs.ran("undo") == 0
+        a = await alice.task(ids["a"])
+        assert a["attemptNo"] == 2 and (await alice.history(ids["a"]))[-3]["action"] == "rework"
+        await wait_for(lambda: _got(hook, 2), 15)
+        assert [g.headers["X-Callback-Id"] for g in hook.got] == [f"{wf['id']}:1", f"{wf['id']}:2"]
+        assert signed_by(SECRET, hook.got[1]) and hook.got[1].json["state"] == "succeeded"
+    frames = await workflow_events(alice, wf["id"], 4)
+    assert [f.event for f in frames] == [
+        "workflow.created",
+        "workflow.finished",
+        "workflow.retried",
+        "workflow.finished",
+    ]
+    assert frames[1].data["data"]["state"] == "succeeded" and set(frames[1].data["data"]["counts"]) >= COUNT_KEYS - {
+        "waitingApproval"
+    }
+    assert frames[3].data["data"]["counts"]["succeeded"] == 3
+    assert await audit_actions(alice, wf["id"]) == [
+        ("workflow", "create"), ("workflow", "finish"), ("workflow", "retry"), ("workflow", "finish")
+    ]  # fmt: skip
+
+
+async def _got(hook: Any, n: int) -> bool:
+    return len(hook.got) >= n
+
+
+async def test_on_failed_takes_a_dead_parent_a_redrive_and_a_force_retry_reopen_the_skipped(
+    alice: Api, runs: Runs
+) -> None:
+    runs.fail["p"] = "dead"
+    wf = await submit(alice, [t("p", maxAttempts=1), t("c", "p"), t("comp", "p", on="failed")])
+    ids = ids_of(wf)
+    done = await finished(alice, wf["id"])
+    assert done["state"] == "failed" and done["counts"]["dead"] == 1, done
+    assert {x["ref"]: x["state"] for x in done["tasks"]} == {"p": "dead", "c": "canceled", "comp": "succeeded"}
+    partitioned(done)
+    assert runs.deps["comp"]["p"][0] == "dead"  # a compensation runs on failure, dead included
+    c = await alice.task(ids["c"])
+    assert c["error"]["code"] == "SKIPPED" and c["error"]["details"] == {"ref": "p", "taskId": ids["p"]}
+    status, letters, _ = await alice.call("GET", f"/api/deadletter?originalTaskId={ids['p']}")
+    assert status == 200 and len(letters["items"]) == 1, letters
+    letter = letters["items"][0]["deadLetterId"]
+    # a redrive of the parent: the finished workflow runs again and the skipped child waits again
+    runs.gate["p"] = asyncio.Event()
+    status, answer, _ = await alice.call("POST", f"/api/deadletter/{letter}/retry", {})
+    assert status == 200, answer
+    assert (await get(alice, wf["id"]))["state"] == "running"
+    await wait_for(lambda: _waiting(alice, ids["c"]), 15)
+    c = await alice.task(ids["c"])
+    assert c["attemptNo"] == 2 and c["error"] is None
+    assert (await alice.history(ids["c"]))[-1]["action"] == "retry"
+    runs.gate["p"].set()
+    done = await finished(alice, wf["id"])  # it dies again: the letter is exhausted now
+    assert done["state"] == "failed" and {x["ref"]: x["state"] for x in done["tasks"]}["c"] == "canceled"
+    status, answer, _ = await alice.call("POST", f"/api/deadletter/{letter}/retry", {})
+    assert status == 409 and answer["error"]["code"] == "DEAD_LETTER_EXHAUSTED", answer
+    del runs.fail["p"]
+    status, answer, _ = await alice.call("POST", f"/api/deadletter/{letter}/force-retry", {"reason": "fixed"})
+    assert status == 200, answer
+    done = await finished(alice, wf["id"])
+    assert done["state"] == "succeeded", done  # c ran; comp had succeeded and kept its result
+    assert runs.ran("c") == 1 and runs.ran("comp") == 1
+    partitioned(done)
+    frames = await workflow_events(alice, wf["id"], 4)
+    assert [f.data["data"]["state"] for f in frames if f.event == "workflow.finished"] == [
+        "failed",
+        "failed",
+        "succeeded",
+    ]
+
+
+async def _waiting(api: Api, task_id: str) -> bool:
+    x = await api.task(task_id)
+    return bool(x["state"] == "queued" and x["waitingFor"] == "dependencies")
+
+
+async def test_a_task_retry_and_a_rework_of_a_failed_parent_reopen_what_it_skipped(alice: Api, runs: Runs) -> None:
+    runs.fail["x"] = "failed"
+    wf = await submit(alice, [t("x", maxAttempts=1), t("y", "x"), t("z", "y")])
+    ids = ids_of(wf)
+    assert (await finished(alice, wf["id"]))["state"] == "failed"
+    assert (await alice.task(ids["z"]))["error"]["details"] == {"ref": "y", "taskId": ids["y"]}
+    runs.gate["x"] = asyncio.Event()
+    status, answer, _ = await alice.call("POST", f"/api/tasks/{ids['x']}/retry", {})
+    assert status == 200, answer
+    assert (await get(alice, wf["id"]))["state"] == "running"
+    await wait_for(lambda: _waiting(alice, ids["z"]), 15)  # the cascade reopened the grandchild too
+    runs.gate["x"].set()
+    assert (await finished(alice, wf["id"]))["state"] == "failed"  # x failed again
+    del runs.fail["x"]
+    status, answer, _ = await alice.call("POST", f"/api/tasks/{ids['x']}/rework", {"reason": "fixed input"})
+    assert status == 200, answer
+    done = await finished(alice, wf["id"])
+    assert done["state"] == "succeeded", done
+    assert runs.ran("y") == 1 and runs.ran("z") == 1
+    assert runs.deps["z"] == {"y": ("succeeded", {"ref": "y"})}
+
+
+async def test_join_any_sees_a_running_parent_as_running_and_is_skipped_when_every_parent_lost(
+    alice: Api, runs: Runs
+) -> None:
+    runs.gate["slow"] = asyncio.Event()
+    runs.fail["l1"] = runs.fail["l2"] = "failed"
+    wf = await submit(
+        alice,
+        [
+            t("fast"), t("slow"), t("first", "fast", "slow", join="any"),
+            t("l1", maxAttempts=1), t("l2", maxAttempts=1), t("none", "l1", "l2", join="any"),
+        ],
+    )  # fmt: skip
+    ids = ids_of(wf)
+    await wait_for(lambda: _state(alice, ids["first"], "succeeded"), 20)
+    assert runs.deps["first"]["fast"] == ("succeeded", {"ref": "fast"})
+    assert runs.deps["first"]["slow"] == ("running", None)  # its state then, result None
+    none = await alice.wait_state(ids["none"], {"canceled"})
+    assert none["error"]["code"] == "SKIPPED" and none["error"]["details"]["ref"] in ("l1", "l2")
+    assert runs.ran("none") == 0
+    runs.gate["slow"].set()
+    done = await finished(alice, wf["id"])
+    assert done["state"] == "failed" and done["counts"]["failed"] == 2 and done["counts"]["canceled"] == 1
+
+
+async def _state(api: Api, task_id: str, state: str) -> bool:
+    return bool((await api.task(task_id))["state"] == state)
+
+
+async def test_max_parallel_holds_with_waiting_for_and_counts_partition_while_running(alice: Api, runs: Runs) -> None:
+    runs.gate["g1"] = asyncio.Event()
+    runs.gate["g2"] = runs.gate["g1"]
+    wf = await submit(alice, [t("g1"), t("g2"), t("ap", requiresApproval=True), t("dep", "g1")], maxParallel=1)
+    ids = ids_of(wf)
+
+    async def one_running() -> dict[str, Any] | None:
+        now = await get(alice, wf["id"])
+        return now if now["counts"]["running"] == 1 else None
+
+    now = await wait_for(one_running, 15)
+    running = next(x["ref"] for x in now["tasks"] if x["state"] == "running")
+    held = "g2" if running == "g1" else "g1"
+    await wait_for(lambda: _waiting_for(alice, ids[held], "workflow_parallel"), 15)
+    now = await get(alice, wf["id"])
+    assert now["counts"]["waitingApproval"] == 1 and now["counts"]["waiting"] == 1 and now["counts"]["queued"] == 1
+    partitioned(now)
+    assert (await alice.task(ids["dep"]))["waitingFor"] == "dependencies"
+    status, answer, _ = await alice.call("POST", f"/api/tasks/{ids['ap']}/approve", {})
+    assert status == 200, answer
+    await asyncio.sleep(0.3)
+    assert (await get(alice, wf["id"]))["counts"]["running"] == 1  # the approved one waits its turn too
+    runs.gate["g1"].set()
+    done = await finished(alice, wf["id"])
+    assert done["state"] == "succeeded"
+    starts = sorted((s, r) for r, ss in runs.starts.items() for s in ss)
+    assert len(starts) == 4
+
+
+async def _waiting_for(api: Api, task_id: str, why: str) -> bool:
+    return bool((await api.task(task_id))["waitingFor"] == why)
+
+
+async def test_add_tasks_counts_1_to_1000_and_a_dependent_waits_for_what_the_added_add(
+    alice: Api, runs: Runs, node: HandNode
+) -> None:
+    # the count rule on the node's request itself (the SDK may check it first)
+    wf = await submit(alice, [t("hand", kind="hand")])
+    offer, lease = await claimed(node, "hand")
+    for n in (0, 1001):
+        items = [msgspec.Raw(msgspec.json.encode({"ref": f"x{i}", "kind": "idle"})) for i in range(n)]
+        answer = await ask(node, AddTasksRequest(task_id=offer.task_id, lease_id=lease, tasks=items))
+        assert answer["ok"] is False and answer["error"]["code"] == "INVALID_ARGUMENT", (n, answer)
+    assert len((await get(alice, wf["id"]))["tasks"]) == 1
+    items = [msgspec.Raw(msgspec.json.encode({"ref": f"x{i}", "kind": "idle"})) for i in range(1000)]
+    answer = await ask(node, AddTasksRequest(task_id=offer.task_id, lease_id=lease, tasks=items))
+    assert answer.get("ok", True) is True and len(answer["tasks"]) == 1000, answer.get("error")
+    # recursion: split adds part, part adds sub; merge (a dependent of split) waits for all and sees all
+    runs.add["split"] = [{"kind": "wfc", "ref": "part"}]
+    runs.add["part"] = [{"kind": "wfc", "ref": "sub"}]
+    runs.gate["sub"] = asyncio.Event()
+    wf = await submit(alice, [t("split"), t("merge", "split")])
+    ids = ids_of(wf)
+    await wait_for(lambda: _started(runs, "sub"), 20)
+    await asyncio.sleep(0.3)
+    assert runs.ran("merge") == 0 and (await alice.task(ids["merge"]))["waitingFor"] == "dependencies"
+    runs.gate["sub"].set()
+    done = await finished(alice, wf["id"])
+    assert done["state"] == "succeeded" and len(done["tasks"]) == 4
+    assert runs.starts["merge"][0] >= runs.starts["sub"][0]
+    assert {r: s for r, (s, _) in runs.deps["merge"].items()} == {
+        "split": "succeeded", "part": "succeeded", "sub": "succeeded"
+    }  # fmt: skip
+
+
+async def _started(runs: Runs, ref: str) -> bool:
+    return runs.ran(ref) > 0
+
+
+async def test_cancel_and_its_idempotency_key_are_audited_and_the_workflow_ends_canceled(
+    alice: Api, runs: Runs
+) -> None:
+    runs.gate["long"] = asyncio.Event()
+    wf = await submit(alice, [t("long"), t("after", "long"), t("idle", kind="idle")])
+    ids = ids_of(wf)
+    await alice.wait_state(ids["long"], {"running"})
+    key = {"Idempotency-Key": "cancel-1"}
+    status, canceled, _ = await alice.call("POST", f"/api/workflows/{wf['id']}/cancel", {"reason": "stop"}, key)
+    assert status == 200, canceled
+    status, again, headers = await alice.call("POST", f"/api/workflows/{wf['id']}/cancel", {"reason": "stop"}, key)
+    assert status == 200 and again["id"] == wf["id"] and headers["Idempotent-Replayed"] == "true"
+    done = await finished(alice, wf["id"])
+    assert done["state"] == "canceled" and done["counts"]["canceled"] == 3, done
+    partitioned(done)
+    after = await alice.task(ids["after"])
+    assert after["state"] == "canceled" and runs.ran("after") == 0
+    actions = await audit_actions(alice, wf["id"])
+    assert actions == [("workflow", "create"), ("workflow", "cancel"), ("workflow", "finish")], actions
+    frames = await workflow_events(alice, wf["id"], 3)
+    assert [f.event for f in frames] == ["workflow.created", "workflow.canceled", "workflow.finished"]
+    assert frames[2].data["data"]["state"] == "canceled" and frames[2].data["data"]["counts"]["canceled"] == 3
