@@ -63,3 +63,28 @@ def test_a_workflow_retry_of_a_canceled_task_with_a_dead_letter_redrives_the_let
         m.holds()
     finally:
         m.teardown()
+
+
+def test_a_freed_maxparallel_slot_goes_to_a_task_that_can_start() -> None:
+    """A workflow of three tasks under ``maxParallel: 1``, two of kind ``work`` then one of ``echo``: the first is
+    offered, the others held. Kind ``work`` is paused: its offer is withdrawn, which freed the workflow's slot for
+    the best held task, the second ``work`` one, which the pause holds too; the ``echo`` task stayed held with
+    nothing of its workflow on offer or running, and a newer ``echo`` task (a schedule's) was offered before it
+    (``best_task_first_within_a_key: ... offered before tsk_...05``; the default run, shrunk). A held task its own
+    rules keep back now goes back in line without taking the slot, and the next held one is tried."""
+    m = SimMachine()
+    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0), nats_skew=0.0)
+    try:
+        m.advance(seconds=0.5)
+        m.advance(seconds=0.5)
+        m.create_schedule(ckey=None, cron=None, kind="echo", max_attempts=1, once="+61", reuse=None, ukey=None,
+                          user="alice", zone="America/New_York")  # fmt: skip
+        m.submit_workflow(**{**PLAIN, "kinds": ["work", "work", "echo"] + ["echo"] * 5, "max_parallel": 1}, n=3,
+                          user="alice")  # fmt: skip
+        m.holds()
+        m.set_kind(changes={"paused": True}, kind="work", via="target")
+        m.holds()
+        m.advance_to_next_fire()
+        m.holds()
+    finally:
+        m.teardown()

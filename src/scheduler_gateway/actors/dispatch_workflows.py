@@ -46,9 +46,13 @@ class WorkflowHold:
         self._workflow_of[task.id] = task.workflow_id
         self._limit[task.workflow_id] = task.workflow_max_parallel
 
-    def drop(self, task_id: str, ready: Callable[[str], bool]) -> list[str]:
+    def drop(
+        self, task_id: str, ready: Callable[[str], bool], startable: Callable[[str], bool] = lambda _: True
+    ) -> list[str]:
         """The task is neither on offer nor running any more: the parked tasks that may take its slot now, as
-        many as are free (a parked task no longer ``ready``, canceled say, is passed over and forgotten)."""
+        many as are free (a parked task no longer ``ready``, canceled say, is passed over and forgotten). One its
+        own rules hold back (``startable`` False: its kind paused, say) goes back in line too but takes no slot,
+        so the next parked one is tried: a slot is never kept for a task that cannot start."""
         workflow_id = self._workflow_of.pop(task_id, None)
         if workflow_id is None:
             return []
@@ -59,11 +63,13 @@ class WorkflowHold:
         parked = self._parked.get(workflow_id)
         ids = self._parked_ids.get(workflow_id, set())
         out: list[str] = []
-        while parked and len(out) < free:
+        taken = 0
+        while parked and taken < free:
             first = heapq.heappop(parked)[2]
             ids.discard(first)
             if ready(first):
                 out.append(first)
+                taken += startable(first)
         self._forget_if_idle(workflow_id)
         return out
 

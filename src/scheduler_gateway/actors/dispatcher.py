@@ -196,12 +196,23 @@ class Dispatcher(LoopActor):
 
     def _unpark(self, task_id: str) -> None:
         """A workflow's task left its offer or its run: the parked tasks of its workflow that take the slot."""
-        for parked_id in self._workflows.drop(task_id, self._parked_ready):
+        for parked_id in self._workflows.drop(task_id, self._parked_ready, self._parked_startable):
             self._schedule(self._queued[parked_id])
 
     def _parked_ready(self, task_id: str) -> bool:
         task = self._queued.get(task_id)
         return task is not None and not task.waiting_deps and task_id not in self._offered_kind
+
+    def _parked_startable(self, task_id: str) -> bool:
+        """A parked task that may be offered now by its own rules (its kind not paused nor at a limit, its time
+        come, its lane free): only such a task takes a freed slot of its workflow."""
+        task = self._queued[task_id]
+        now = self._clock()
+        return (
+            task.not_before <= now
+            and self._lane_allows(task)
+            and self._flow_rule(task.kind, task.concurrency_key, now) is None
+        )
 
     def flow_figures(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
         """(kind, state) -> queued / running tasks, and (kind, reason) -> queued tasks held back (metrics)."""
