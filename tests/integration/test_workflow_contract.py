@@ -7,6 +7,7 @@ TABLE
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.wire.workflows import AddTasksRequest
 from scheduler_gateway.worker import HandlerRegistry, NatsOptions, TaskContext, TaskFailed, Worker
+from scheduler_gateway.worker._workflow import Dependency
 
 from .harness import ALICE_TOKEN, Api, HandNode, api_client, running_gateway, wait_for
 from .sse import sse
@@ -42,11 +44,16 @@ class Runs:
         self.fail: dict[str, str] = {}
         self.gate: dict[str, asyncio.Event] = {}
         self.add: dict[str, list[dict[str, Any]]] = {}
+        self.artifact: dict[str, bytes] = {}
+        self.seen: dict[str, dict[str, Dependency]] = {}
 
     async def handle(self, ctx: TaskContext, payload: Any) -> Any:
         ref = ctx.ref or ctx.task_id
         self.starts.setdefault(ref, []).append(time.monotonic())
         self.deps[ref] = {r: (d.state, d.result) for r, d in ctx.dependencies.items()}
+        self.seen[ref] = dict(ctx.dependencies)
+        if ref in self.artifact:
+            await ctx.put_artifact(f"{ref}.bin", self.artifact[ref])
         if ref in self.add:
             await ctx.add_tasks(self.add[ref])
         if ref in self.gate:
@@ -161,6 +168,9 @@ async def test_submit_field_rules_each_refused_400_and_nothing_created(alice: Ap
         ("bad join", {"tasks": [t("a"), t("b", "a", join="some")]}),
         ("self cycle", {"tasks": [t("a", "a")]}),
         ("tasks not a list", {"tasks": {"a": t("a")}}),
+        ("callback without a secret", {"callbackUrl": "http://127.0.0.1:9/hook", "tasks": ok}),
+        ("callback not http", {"callbackUrl": "ftp://127.0.0.1/x", "callbackSecret": SECRET, "tasks": ok}),
+        ("labels not strings", {"labels": {"a": 1}, "tasks": ok}),
     ):
         status, answer, _ = await alice.call("POST", "/api/workflows", body)
         assert status == 400 and answer["error"]["code"] == "INVALID_ARGUMENT", (case, answer)
@@ -454,3 +464,62 @@ async def test_cancel_and_its_idempotency_key_are_audited_and_the_workflow_ends_
     frames = await workflow_events(alice, wf["id"], 3)
     assert [f.event for f in frames] == ["workflow.created", "workflow.canceled", "workflow.finished"]
     assert frames[2].data["data"]["state"] == "canceled" and frames[2].data["data"]["counts"]["canceled"] == 3
+
+
+async def test_a_dependents_view_of_each_parent_has_every_attribute(alice: Api, runs: Runs) -> None:
+    runs.artifact["art"] = b"0123456789" * 100
+    runs.fail["bad"] = "failed"
+    wf = await submit(alice, [t("art"), t("bad", maxAttempts=1), t("end", "art", "bad", on="finished")])
+    ids = ids_of(wf)
+    assert (await finished(alice, wf["id"]))["state"] == "failed"
+    seen = runs.seen["end"]
+    assert sorted(seen) == ["art", "bad"]
+    art, bad = seen["art"], seen["bad"]
+    assert (art.task_id, art.state, art.result, art.error) == (ids["art"], "succeeded", {"ref": "art"}, None)
+    (meta,) = art.artifacts
+    data = runs.artifact["art"]
+    assert (meta["name"], meta["size"], meta["sha256"]) == ("art.bin", len(data), hashlib.sha256(data).hexdigest())
+    assert meta["contentType"]
+    assert (bad.task_id, bad.state, bad.result, bad.artifacts) == (ids["bad"], "failed", None, [])
+    assert bad.error is not None and bad.error["code"] == "HANDLER_ERROR" and bad.error["message"] == "bad fails"
+
+
+async def test_the_workflow_callback_is_retried_under_the_same_id(alice: Api, runs: Runs) -> None:
+    async with receiver([500, 200]) as hook:
+        wf = await submit(alice, [t("one")], callbackUrl=hook.url, callbackSecret=SECRET)
+        await finished(alice, wf["id"])
+        await wait_for(lambda: _got(hook, 2), 15)
+        await asyncio.sleep(0.5)
+    assert len(hook.got) == 2  # delivered once it was answered 2xx, not again
+    assert {g.headers["X-Callback-Id"] for g in hook.got} == {f"{wf['id']}:1"}
+    assert all(signed_by(SECRET, g) for g in hook.got) and hook.got[0].body == hook.got[1].body
+
+
+async def test_a_workflow_retry_by_default_runs_its_canceled_dead_and_skipped_tasks_again(
+    alice: Api, runs: Runs
+) -> None:
+    runs.fail["d"] = "dead"
+    runs.gate["long"] = asyncio.Event()
+    wf = await submit(alice, [t("d", maxAttempts=1), t("long"), t("after", "long"), t("ok"), t("d2", "d")])
+    ids = ids_of(wf)
+    await alice.wait_state(ids["d"], {"dead"})
+    await alice.wait_state(ids["ok"], {"succeeded"})
+    await alice.wait_state(ids["long"], {"running"})
+    status, answer, _ = await alice.call("POST", f"/api/workflows/{wf['id']}/cancel", {})
+    assert status == 200, answer
+    done = await finished(alice, wf["id"])
+    assert done["state"] == "canceled"
+    assert {x["ref"]: x["state"] for x in done["tasks"]} == {
+        "d": "dead", "long": "canceled", "after": "canceled", "ok": "succeeded", "d2": "canceled"
+    }  # fmt: skip
+    del runs.fail["d"]
+    runs.gate["long"].set()
+    status, retried, _ = await alice.call("POST", f"/api/workflows/{wf['id']}/retry", {})
+    assert status == 200 and retried["state"] == "running", retried
+    done = await finished(alice, wf["id"])
+    assert done["state"] == "succeeded", done
+    assert runs.ran("ok") == 1 and runs.ran("long") == 2 and runs.ran("after") == 1 and runs.ran("d2") == 1
+    long = await alice.task(ids["long"])
+    assert long["attemptNo"] == 2 and "retry" in [h["action"] for h in await alice.history(ids["long"])]
+    status, letters, _ = await alice.call("GET", f"/api/deadletter?originalTaskId={ids['d']}")
+    assert letters["items"][0]["retryCount"] == 1  # the dead task's retry was a redrive of its letter
