@@ -24,7 +24,7 @@ import pytest
 from . import invariants_api as inv
 from . import workflow_checks as wf
 from .procs import Daemon
-from .test_freeze_e2e import Pair, api_of, cont, wait_frozen
+from .test_freeze_e2e import Pair, api_of, cont, wait_frozen, wait_ready
 from .test_freeze_e2e import pair as pair  # the fixture
 from .workflow_handlers import runs
 
@@ -34,8 +34,7 @@ DROP = "workflow.release_before_drop"
 
 
 async def alive(session: aiohttp.ClientSession, d: Daemon) -> None:
-    """``d`` answers /healthz again after its SIGCONT (not /readyz: once, its event relay's publish after the
-    SIGCONT was refused NotLeader, and the relay's trouble outlived its duty: 503 for 30 s and more)."""
+    """``d`` answers /healthz again after its SIGCONT (its readiness comes once it knows it follows)."""
 
     async def up() -> bool:
         async with session.get(d.base + "/healthz", timeout=aiohttp.ClientTimeout(total=2)) as resp:
@@ -90,3 +89,4 @@ async def test_a_join_release_frozen_on_one_instance_is_made_once_by_the_other(
     await inv.assert_stays(api, join_task, 3.0)
     await wf.check_workflow(api, created["id"], lambda: runs(log))
     assert sum(r["ref"] == join for r in runs(log)) == 1
+    await wait_ready(session, pair.p, timeout_s=20)  # a follower now: ready (its relay's trouble went with the duty)
