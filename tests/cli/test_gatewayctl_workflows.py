@@ -135,9 +135,9 @@ def test_refusals_and_usage_errors(gw: Daemon, tmp_path: Path) -> None:
     assert p.returncode == 2 and "not JSON" in p.stderr
     cycle = {"tasks": [{"ref": "a", "kind": "echo", "dependsOn": [{"ref": "b"}]},
                        {"ref": "b", "kind": "echo", "dependsOn": [{"ref": "a"}]}]}  # fmt: skip
+    before = len(api(gw, "GET", "/api/workflows?limit=500")["items"])  # read before the refused submit
     p = ctl(gw, "workflows", "submit", str(write(tmp_path, cycle)))
     assert p.returncode == 1 and p.stderr.startswith("gatewayctl: INVALID_ARGUMENT"), p.stderr
-    before = len(api(gw, "GET", "/api/workflows?limit=500")["items"])
     assert len(api(gw, "GET", "/api/workflows?limit=500")["items"]) == before  # nothing was created
 
 
