@@ -1,7 +1,171 @@
 """CONTRACT 2.12 rule by rule (issue 52's "Done when"): the rules no other test showed with a real gateway
 (SQLite), a real nats-server and SDK workers. The table of every rule and the tests that show it is below.
 
-TABLE
+The rules of CONTRACT 2.12 (with its lines in 2.1, 2.6, 3 and 5) and the tests that show them ("here": this
+module; other paths from the repository root):
+
+R1  1..10,000 tasks; 0 and 10,001 -> 400 INVALID_ARGUMENT
+      tests/integration/test_workflow_http.py:
+          test_a_refused_submit_names_its_item_and_creates_nothing[no tasks]
+          test_a_cycle_is_named_in_order_and_more_than_10000_tasks_are_refused
+      here:
+          test_a_workflow_of_exactly_10000_tasks_is_taken
+R2  name 1..200, maxParallel >= 1, labels, ref [A-Za-z0-9_.-]{1,64}, on, join, the callback's 2.5 rules
+      here:
+          test_submit_field_rules_each_refused_400_and_nothing_created
+R3  duplicate ref, unknown ref, a parent twice, parentId, an item's own code (413, 404, 409) with details.ref;
+    nothing created on any refusal
+      tests/integration/test_workflow_http.py:
+          test_a_refused_submit_names_its_item_and_creates_nothing (13 cases)
+          test_an_items_unique_key_held_by_a_live_task_is_named (was a strict xfail: fixed)
+      tests/unit/test_workflow_submit.py:
+          test_every_refusal_names_its_item_and_creates_nothing
+      tests/test_store_contract_workflows.py:
+          test_create_is_all_or_nothing
+R4  a cycle -> details.cycle, the refs of one cycle in order
+      tests/integration/test_workflow_http.py:
+          test_a_cycle_is_named_in_order_and_more_than_10000_tasks_are_refused
+      tests/cli/test_gatewayctl_workflows.py:
+          test_refusals_and_usage_errors
+R5  a body over 64 MiB -> 413; other routes keep their limit
+      tests/integration/test_workflow_http.py:
+          test_the_submit_reads_up_to_64_mib_while_other_routes_keep_their_limit
+R6  the answer: id wfl_, name, state, labels, maxParallel, owner, counts (8 keys with waitingApproval), createdAt,
+    updatedAt, finishedAt null while running, tasks [{ref, taskId, state, dependsOn, join}]
+      tests/integration/test_workflow_http.py:
+          test_a_workflow_and_its_tasks_as_answered
+      here:
+          test_a_finish_with_a_skipped_compensation_its_answer_events_callback_audit_and_a_rework_retry
+          test_max_parallel_holds_with_waiting_for_and_counts_partition_while_running
+R7  counts partition the tasks (waiting apart from queued, the skipped inside canceled)
+      here:
+          partitioned(), checked in every finish and while running
+R8  state: succeeded when every task not skipped succeeded, failed otherwise, canceled when canceled
+      here:
+          test_a_finish_with_a_skipped_compensation_its_answer_events_callback_audit_and_a_rework_retry
+          test_on_failed_takes_a_dead_parent_a_redrive_and_a_force_retry_reopen_the_skipped
+      tests/integration/test_workflows.py:
+          test_a_failure_skips_downstream_a_finalizer_runs_and_a_retry_finishes_it
+          test_cancel_reaches_a_running_handler_and_max_parallel_holds
+R9  the list: newest first, state/name filters, no tasks; GET /api/tasks?workflowId=
+      tests/integration/test_workflow_http.py:
+          test_the_list_is_newest_first_with_filters_and_pages
+          test_a_workflow_and_its_tasks_as_answered
+R10 another user's workflow is 404 WORKFLOW_NOT_FOUND (read, cancel, retry, list, tasks, events)
+      tests/integration/test_workflow_http.py:
+          test_another_users_workflow_is_not_found_everywhere
+          test_a_viewer_reads_and_changes_nothing
+          test_workflow_events_pass_the_filters_and_replay
+R11 waitingFor dependencies; never offered or claimed early, across restarts, crashes and instances
+      tests/integration/test_workflows.py:
+          test_a_diamond_and_a_chain_run_in_order_and_no_waiting_task_is_offered
+          test_a_release_cut_off_by_a_stop_is_made_at_the_next_start
+      tests/integration/test_workflows_ha.py:
+          test_the_other_instance_releases_and_the_join_runs_once_after_every_parent
+      tests/e2e/:
+          test_workflow_failpoints_e2e.py, test_workflow_pg_failpoints_e2e.py, test_workflow_freeze_e2e.py
+      tests/test_store_contract_workflows.py:
+          test_the_claim_of_a_waiting_task_is_refused_until_its_dependencies_hold
+R12 skip: canceled with SKIPPED {ref, taskId} naming the parent, and its cascade
+      tests/integration/test_workflow_http.py:
+          test_a_skipped_task_shows_the_parent_that_decided_it_and_retry_rules
+      here:
+          test_a_task_retry_and_a_rework_of_a_failed_parent_reopen_what_it_skipped
+R13 on finished = finalizer; on failed = compensation (a dead parent counts as failed; a succeeded one skips it)
+      here:
+          test_on_failed_takes_a_dead_parent_a_redrive_and_a_force_retry_reopen_the_skipped
+          test_a_finish_with_a_skipped_compensation_its_answer_events_callback_audit_and_a_rework_retry
+      tests/integration/test_workflows.py:
+          test_a_failure_skips_downstream_a_finalizer_runs_and_a_retry_finishes_it
+R14 join any: runs after one parent; a parent still running is seen running with result None; skipped when every
+    parent lost
+      here:
+          test_join_any_sees_a_running_parent_as_running_and_is_skipped_when_every_parent_lost
+R15 ctx.dependencies: task_id, state, result, error, artifacts {name, size, sha256, contentType}; every page, within
+    the message size limit
+      here:
+          test_a_dependents_view_of_each_parent_has_every_attribute
+      tests/integration/test_workflow_worker.py:
+          test_a_joins_handler_reads_its_parents_results_errors_and_artifacts
+          test_a_fan_in_of_1000_parents_arrives_whole_through_the_pages
+      tests/integration/test_workflow_nats.py:
+          test_parents_with_large_results_come_in_pages_that_fit_the_servers_max_payload
+R16 add_tasks: 1..1,000, only under the lease, a repeat, IDEMPOTENCY_CONFLICT, a held ref INVALID_ARGUMENT, a cycle
+    refused, dependents wait for everything added (recursively) and see it
+      here:
+          test_add_tasks_counts_1_to_1000_and_a_dependent_waits_for_what_the_added_add
+      tests/integration/test_workflow_nats.py:
+          test_a_running_task_adds_tasks_and_its_dependent_waits_for_all_of_them
+          test_a_join_reads_its_parents_in_pages_and_another_nodes_lease_is_refused
+      tests/integration/test_workflow_worker.py:
+          test_add_tasks_from_a_running_handler_and_a_dependent_sees_everything_added
+R17 maxParallel never exceeded, across instances; waitingFor workflow_parallel
+      here:
+          test_max_parallel_holds_with_waiting_for_and_counts_partition_while_running
+      tests/integration/test_workflows.py:
+          test_cancel_reaches_a_running_handler_and_max_parallel_holds
+      tests/integration/test_workflows_ha.py:
+          test_max_parallel_holds_across_two_instances
+R18 cancel: a running task's cancel reaches its code; the workflow ends canceled
+      tests/integration/test_workflows.py:
+          test_cancel_reaches_a_running_handler_and_max_parallel_holds
+      here:
+          test_cancel_and_its_idempotency_key_are_audited_and_the_workflow_ends_canceled
+R19 retry: default failed, dead, canceled (the skipped by the cascade); succeeded keep results; named succeeded refs
+    reworked with downstream; attemptNo goes on, retry/rework in history; 409 while running or nothing failed
+      here:
+          test_a_workflow_retry_by_default_runs_its_canceled_dead_and_skipped_tasks_again
+          test_a_finish_with_a_skipped_compensation_its_answer_events_callback_audit_and_a_rework_retry
+      tests/integration/test_workflows.py:
+          test_a_failure_skips_downstream_a_finalizer_runs_and_a_retry_finishes_it
+      tests/integration/test_workflow_http.py:
+          test_a_skipped_task_shows_the_parent_that_decided_it_and_retry_rules
+R20 a task's retry, redrive, force-retry or rework reopens what it skipped; the finished workflow runs again
+      here:
+          test_on_failed_takes_a_dead_parent_a_redrive_and_a_force_retry_reopen_the_skipped
+          test_a_task_retry_and_a_rework_of_a_failed_parent_reopen_what_it_skipped
+R21 audited (objectType workflow); Idempotency-Key on submit, cancel, retry (Idempotent-Replayed: true)
+      here:
+          test_cancel_and_its_idempotency_key_are_audited_and_the_workflow_ends_canceled
+          test_a_finish_with_a_skipped_compensation_its_answer_events_callback_audit_and_a_rework_retry
+      tests/integration/test_workflow_http.py:
+          test_idempotency_repeat_conflict_and_scope
+R22 events: workflow.created, workflow.finished {state, counts} at each finish, workflow.canceled, workflow.retried;
+    only the owner's
+      here:
+          the same two tests, and the dead-parent one (three finishes)
+      tests/integration/test_workflow_http.py:
+          test_workflow_events_pass_the_filters_and_replay
+R23 callback: {workflowId, state, counts, finishedAt}, X-Callback-Id <id>:<n> with n counting finishes, signed;
+    retried under the same id (2.5)
+      here:
+          test_a_finish_with_a_skipped_compensation_its_answer_events_callback_audit_and_a_rework_retry
+          test_the_workflow_callback_is_retried_under_the_same_id
+R24 the Offer's workflowId and ref (3)
+      tests/integration/test_workflow_http.py:
+          test_a_skipped_task_shows_the_parent_that_decided_it_and_retry_rules
+      tests/integration/test_workflows.py:
+          test_a_release_cut_off_by_a_stop_is_made_at_the_next_start
+R25 a release costs the same whatever the size (its own edges)
+      tests/test_store_contract_workflows.py:
+          test_a_fan_in_of_10000_moves_one_counter_row_per_settle
+          test_sqlite_the_effect_and_guard_statements_seek_only_their_own_rows
+      tests/test_postgres_workflows.py:
+          test_the_effect_and_guard_statements_reach_their_rows_by_index
+          test_a_batch_of_workflow_settles_costs_two_statements_more_than_without_edges
+R26 console: list, graph in state colours, edge labels, waits for, cancel/retry, no inline script (Chromium)
+      tests/console/test_console_workflows.py:
+          test_a_diamond_workflow_in_the_list_and_the_graph_cancel_and_retry
+          test_a_ten_thousand_task_graph_draws_500_boxes_and_links_the_rest
+          test_a_hand_made_diamond_is_drawn_fits_both_widths_and_passes_axe
+R27 gatewayctl workflows submit FILE|- [--wait: 0 succeeded, 1 otherwise], list, get, cancel, retry --ref
+      tests/cli/test_gatewayctl_workflows.py:
+          test_submit_wait_exits_0_when_it_succeeded_and_get_shows_the_tasks
+          test_submit_wait_exits_1_when_it_failed_and_the_table_names_the_skip
+          test_a_waiting_task_says_what_it_waits_for_and_cancel_ends_the_workflow
+R28 client submit_workflow, get_workflow (and list, wait, cancel, retry)
+      tests/integration/test_workflow_worker.py:
+          test_the_clients_workflow_calls_against_the_gateway
 """
 
 from __future__ import annotations
