@@ -9,6 +9,8 @@ Shapes, each alone on a fresh daemon (so one shape's backlog never slows the nex
 * ``plain-N``: N echo tasks without edges through ``POST /api/tasks/batch`` (the reference);
 * ``fanout-N``: one workflow of N tasks: a root, N-2 tasks that depend on it, and one join that depends on all
   of them (the join's worker reads all N-2 parents through ``ctx.dependencies``, by pages);
+* ``fanin-N`` (``--shapes ...,fanin``): N-1 roots into one join: the fan-out's edges, counters and join without
+  its N-2 releases and their ``ctx.dependencies`` requests (what those cost is fan-out less fan-in);
 * ``plain-C`` and ``chain-C``: C tasks without edges, and one workflow where each task depends on the one
   before (a chain is latency-bound: its wall time is C hand-offs, so compare its CPU per task);
 * ``serial-C`` (``--shapes ...,serial``): C tasks without edges, each created by this client once the one before
@@ -58,6 +60,16 @@ def fanout_body(n: int, run_id: str) -> dict[str, Any]:
     ]
     tasks.append({"ref": "join", "kind": "echo", "runId": run_id, "dependsOn": [{"ref": r} for r in mids]})
     return {"name": f"fanout-{n}", "tasks": tasks}
+
+
+def fanin_body(n: int, run_id: str) -> dict[str, Any]:
+    """N-1 roots into one join: the fan-out's edges without its releases (only the join waits)."""
+    roots = [f"r{i}" for i in range(n - 1)]
+    tasks: list[dict[str, Any]] = [
+        {"ref": r, "kind": "echo", "runId": run_id, "payload": {"i": i}} for i, r in enumerate(roots)
+    ]
+    tasks.append({"ref": "join", "kind": "echo", "runId": run_id, "dependsOn": [{"ref": r} for r in roots]})
+    return {"name": f"fanin-{n}", "tasks": tasks}
 
 
 def chain_body(n: int, run_id: str) -> dict[str, Any]:
@@ -129,7 +141,7 @@ async def drive(args: argparse.Namespace, daemon: Daemon, probe: CpuProbe, shape
         elif shape == "serial":
             await run_serial(http, n, run_id, deadline)
         else:
-            body = fanout_body(n, run_id) if shape == "fanout" else chain_body(n, run_id)
+            body = {"fanout": fanout_body, "fanin": fanin_body, "chain": chain_body}[shape](n, run_id)
             created = await post_json(http, "/api/workflows", body)
             rec["submit_s"] = time.monotonic() - t0
             # polled as the plain shape is (two limit=1 reads by state and runId): a GET of the workflow answers
@@ -138,7 +150,7 @@ async def drive(args: argparse.Namespace, daemon: Daemon, probe: CpuProbe, shape
                 raise TimeoutError(f"{shape}-{n} not drained in {args.timeout} s")
         rec["wall_s"] = time.monotonic() - t0
         rec.update(probe.end(n))
-        if shape in ("fanout", "chain"):  # read once the window closed: every task ended, the workflow finished
+        if shape not in ("plain", "serial"):  # read after the window: every task ended, the workflow finished
             view = await wait_workflow(api, created["id"], deadline)
             rec["workflow_state"] = view["state"]
             rec["counts"] = view["counts"]
@@ -191,7 +203,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=16, help="slots per worker")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a shape may take")
-    p.add_argument("--shapes", default="plain,fanout,chain", help="any of plain, fanout, chain, serial")
+    p.add_argument("--shapes", default="plain,fanout,chain", help="any of plain, fanout, fanin, chain, serial")
     p.add_argument("--out", default=str(SELF.parent / "results" / "workflows.jsonl"))
     p.add_argument("--task-kind", default="echo", help=argparse.SUPPRESS)  # what start_workers reads
     return p.parse_args(argv)
@@ -206,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
             plan += [("plain", args.n)] + ([("plain", args.chain)] if "chain" in shapes else [])
         elif s == "fanout":
             plan.append(("fanout", args.n))
+        elif s == "fanin":
+            plan.append(("fanin", args.n))
         elif s == "chain":
             plan.append(("chain", args.chain))
         elif s == "serial":
