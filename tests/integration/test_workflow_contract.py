@@ -687,3 +687,62 @@ async def test_a_workflow_retry_by_default_runs_its_canceled_dead_and_skipped_ta
     assert long["attemptNo"] == 2 and "retry" in [h["action"] for h in await alice.history(ids["long"])]
     status, letters, _ = await alice.call("GET", f"/api/deadletter?originalTaskId={ids['d']}")
     assert letters["items"][0]["retryCount"] == 1  # the dead task's retry was a redrive of its letter
+
+
+async def test_an_approved_task_still_waits_for_its_parents_and_an_unapproved_one_is_skipped(
+    alice: Api, runs: Runs
+) -> None:
+    runs.gate["g"] = asyncio.Event()
+    runs.fail["bad"] = "failed"
+    wf = await submit(
+        alice,
+        [t("g"), t("w", "g", requiresApproval=True), t("bad", maxAttempts=1), t("nap", "bad", requiresApproval=True)],
+    )
+    ids = ids_of(wf)
+    await alice.wait_state(ids["g"], {"running"})
+    assert (await alice.task(ids["w"]))["state"] == "waiting_approval"
+    status, answer, _ = await alice.call("POST", f"/api/tasks/{ids['w']}/approve", {})
+    assert status == 200, answer
+    w = await alice.task(ids["w"])
+    assert w["state"] == "queued" and w["waitingFor"] == "dependencies", w
+    nap = await alice.wait_state(ids["nap"], {"canceled"})
+    assert nap["error"]["code"] == "SKIPPED" and nap["error"]["details"] == {"ref": "bad", "taskId": ids["bad"]}
+    await asyncio.sleep(0.3)
+    assert runs.ran("w") == 0
+    runs.gate["g"].set()
+    done = await finished(alice, wf["id"])
+    assert done["state"] == "failed" and runs.starts["w"][0] >= runs.starts["g"][0]
+    partitioned(done)
+
+
+async def test_a_skipped_tasks_own_retry_never_runs_it_while_its_parent_stays_failed(alice: Api, runs: Runs) -> None:
+    runs.fail["a"] = "failed"
+    wf = await submit(alice, [t("a", maxAttempts=1), t("b", "a"), t("c", "b")])
+    ids = ids_of(wf)
+    assert (await finished(alice, wf["id"]))["state"] == "failed"
+    status, answer, _ = await alice.call("POST", f"/api/tasks/{ids['b']}/retry", {})
+    assert status in (200, 409), answer
+    done = await finished(alice, wf["id"])
+    await asyncio.sleep(0.5)
+    assert runs.ran("b") == 0 and runs.ran("c") == 0  # its dependency still does not hold
+    b = await alice.task(ids["b"])
+    assert b["state"] == "canceled" and b["error"]["code"] == "SKIPPED", b
+    assert done["state"] == "failed"
+    partitioned(await get(alice, wf["id"]))
+
+
+async def test_a_users_cancel_of_one_task_skips_its_dependents_and_the_workflow_ends(alice: Api, runs: Runs) -> None:
+    runs.gate["p"] = asyncio.Event()
+    wf = await submit(alice, [t("p"), t("q", "p"), t("r", "q"), t("fin", "q", on="finished"), t("o")])
+    ids = ids_of(wf)
+    status, answer, _ = await alice.call("POST", f"/api/tasks/{ids['q']}/cancel", {"reason": "not needed"})
+    assert status == 200, answer
+    r = await alice.wait_state(ids["r"], {"canceled"})
+    assert r["error"]["details"] == {"ref": "q", "taskId": ids["q"]}
+    runs.gate["p"].set()
+    done = await finished(alice, wf["id"])
+    assert {x["ref"]: x["state"] for x in done["tasks"]} == {
+        "p": "succeeded", "q": "canceled", "r": "canceled", "fin": "succeeded", "o": "succeeded"
+    }  # fmt: skip
+    assert done["state"] == "failed" and runs.ran("q") == 0 and runs.deps["fin"]["q"][0] == "canceled"
+    partitioned(done)
