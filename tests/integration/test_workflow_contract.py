@@ -1,5 +1,6 @@
 """CONTRACT 2.12 rule by rule (issue 52's "Done when"): the rules no other test showed with a real gateway
-(SQLite), a real nats-server and SDK workers. The table of every rule and the tests that show it is below.
+(on SQLite and on PostgreSQL), a real nats-server and SDK workers. The table of every rule and the tests that
+show it is below.
 
 The rules of CONTRACT 2.12 (with its lines in 2.1, 2.6, 3 and 5) and the tests that show them ("here": this
 module; other paths from the repository root):
@@ -231,11 +232,13 @@ class Runs:
         return len(self.starts.get(ref, []))
 
 
-@pytest.fixture
-async def gw(tmp_path: Path, fresh_nats: NatsServerProcess) -> AsyncIterator[Gateway]:
+@pytest.fixture(params=["sqlite", "postgres"])
+async def gw(request: pytest.FixtureRequest, tmp_path: Path, fresh_nats: NatsServerProcess) -> AsyncIterator[Gateway]:
+    """The rules hold on either store: SQLite, and PostgreSQL (a private cluster, a fresh database)."""
     # one redrive before a letter is exhausted, so one test shows both a redrive and a force-retry
     policy = TaskPolicy(max_dead_retries=1)
-    async with running_gateway(tmp_path / "gw", fresh_nats.url, policy=policy, callbacks=FAST) as g:
+    store = {} if request.param == "sqlite" else {"store_url": request.getfixturevalue("pg_fresh_url")}
+    async with running_gateway(tmp_path / "gw", fresh_nats.url, policy=policy, callbacks=FAST, **store) as g:
         yield g
 
 
