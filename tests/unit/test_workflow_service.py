@@ -370,6 +370,7 @@ async def test_a_task_skipped_by_a_cancel_runs_again_with_the_workflows_retry() 
         b = await k.task(ids["b"])
         assert b.state == "canceled" and b.error is not None and b.error.code == "SKIPPED"
         assert b.error.details is not None and b.error.details["taskId"] == view.id
+        assert b.error.message == f"workflow {view.id} was canceled"
         assert (await k.workflows.get(ALICE, view.id)).state == "canceled"
         await retry(k, view.id)
         assert await k.states(view.id) == {"a": "succeeded", "b": "queued"}

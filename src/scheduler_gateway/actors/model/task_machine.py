@@ -455,13 +455,15 @@ def dependencies_reopened(task: Task, new_attempt_id: str, now: float) -> Transi
     return _step(task, after, "dependencies_reopened", RELEASER, now, None)
 
 
-def skip(task: Task, parent_ref: str, parent_id: str, parent_state: str, now: float) -> Transition:
+def skip(
+    task: Task, parent_ref: str, parent_id: str, parent_state: str, now: float, message: str | None = None
+) -> Transition:
     """A waiting task whose dependencies can no longer hold ends ``canceled`` with error SKIPPED naming a parent
-    that decided it (or, ``parent_state`` "canceled" with the workflow's cancel, the workflow)."""
+    that decided it (or, with its workflow's cancel, the workflow: ``message`` says so)."""
     check_allowed(task, "skip", None)
     err = TaskError(
         SKIPPED,
-        f"dependency {parent_ref} ended {parent_state}",
+        message or f"dependency {parent_ref} ended {parent_state}",
         details={"ref": parent_ref, "taskId": parent_id},
     )
     after = _bump(task, now, state="canceled", error=err, finished_at=now, lease_expires_at=None)

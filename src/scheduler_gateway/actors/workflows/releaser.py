@@ -170,7 +170,8 @@ class WorkflowReleaser(LoopActor):
                     break
                 after = page[-1].parent_ref
         reason = "canceled" if workflow_canceled else "unknown"
-        return sm.skip(task, "workflow", task.workflow_id or "", reason, now)
+        why = f"workflow {task.workflow_id} was canceled" if workflow_canceled else None
+        return sm.skip(task, "workflow", task.workflow_id or "", reason, now, why)
 
     async def finish(self, workflow_id: str) -> bool:
         """Record the workflow's finish when every task is terminal; False when it is not (a retry reopened it,
