@@ -170,6 +170,17 @@ class _OfferKeys(dict[str, Key]):
         self._on_offer(task_id, key)
 
 
+def _workflow_holds(d: Any, q: Task) -> bool:
+    """A workflow task waiting for its dependencies, or held by its workflow's maxParallel: full, or parked behind
+    better tasks of its workflow while something of it is on offer or running (the slot comes back when that
+    ends); a task parked while nothing of its workflow is active is ready, and passing it over is a fault."""
+    if q.waiting_deps or d._workflows.full(q):
+        return True
+    hold = d._workflows
+    wid = q.workflow_id
+    return wid is not None and q.id in hold._parked_ids.get(wid, ()) and bool(hold._active.get(wid))
+
+
 class FairTurns:
     """``fair_turns_between_keys`` and ``best_task_first_within_a_key``, at each offer a dispatcher decides.
 
@@ -210,8 +221,7 @@ class FairTurns:
         for q in d._queued.values():
             if q.kind != kind or (q.id in offered and q.id != task_id) or q.not_before > now:
                 continue
-            # a workflow task waiting for its dependencies, or held by its workflow's maxParallel, is not ready
-            if q.id != task_id and ((q.id, q.attempt_id) in held or q.waiting_deps or d._workflows.full(q)):
+            if q.id != task_id and ((q.id, q.attempt_id) in held or _workflow_holds(d, q)):
                 continue
             if d._lane_allows(q):
                 ready.setdefault(q.concurrency_key, []).append(q)

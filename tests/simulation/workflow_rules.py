@@ -189,35 +189,37 @@ class WorkflowRules:
     @rule(
         n=st.sampled_from([0, 0, 1, 2]),
         outcomes=st.lists(
-            st.sampled_from(["succeeded", "succeeded", "succeeded", "failed", "dead", "hold"]), max_size=8
+            st.sampled_from(["succeeded", "succeeded", "succeeded", "failed", "dead", "hold"]), max_size=12
         ),
+        rounds=st.integers(1, 3),
         advance=st.sampled_from([0.5, 0.5, 3.0]),
     )
-    def workflow_round(self, n: int, outcomes: list[str], advance: float) -> None:
-        """A worker pool busy with workflows (so that graphs run deep within a run's steps): node ``n`` claims
-        the workflow tasks on offer for its kinds in one batch, settles each as ``outcomes`` says (``failed``
-        retryable, ``dead``: not retryable, ``hold``: it keeps running), then time passes (the releaser's turn).
-        Each part is a step of its own: a crash or a pause may land in any of them."""
-        node = self.nodes[n]
-        bus = self.sim.bus
-        mine = [a for a in bus.offer_order if bus.offers[a].kind in node.kinds and bus.offers[a].workflow_id]
-        if mine:
-            self.wf_coverage["workflow: rounds"] += 1
-            self.claim_all(n)  # type: ignore[attr-defined]
+    def workflow_round(self, n: int, outcomes: list[str], rounds: int, advance: float) -> None:
+        """A worker pool busy with workflows (so that graphs run deep within a run's steps), ``rounds`` times:
+        node ``n`` claims the workflow tasks on offer for its kinds in one batch, settles each as ``outcomes``
+        says (``failed`` retryable, ``dead``: not retryable, ``hold``: it keeps running), then time passes (the
+        releaser's turn). Each part is a step of its own: a crash or a pause may land in any of them."""
         from .machine import _node_settle
 
-        for k, lease in enumerate([x for x in node.leases.values() if x.offer and x.offer.workflow_id][:8]):
-            outcome = outcomes[k] if k < len(outcomes) else "succeeded"
-            if outcome == "hold":
-                continue
-            msg = _node_settle(lease, "succeeded" if outcome == "succeeded" else "failed", outcome == "failed",
-                               b'{"wf":1}')  # fmt: skip
-            out = self.do(lambda msg=msg: self.w.service.settle(node.id, msg))
-            node.leases.pop(lease.task_id, None)
-            node.old_leases.append(lease)
-            if out.ok and out.value.result in ("ok", "repeat"):
-                node.settled.setdefault(lease.lease_id, (msg.outcome, bytes(msg.result)))
-        self.advance(advance)  # type: ignore[attr-defined]
+        node = self.nodes[n]
+        bus = self.sim.bus
+        todo = list(outcomes)
+        for _ in range(rounds):
+            if any(bus.offers[a].kind in node.kinds and bus.offers[a].workflow_id for a in bus.offer_order):
+                self.wf_coverage["workflow: rounds with offers"] += 1
+                self.claim_all(n)  # type: ignore[attr-defined]
+            for lease in [x for x in node.leases.values() if x.offer and x.offer.workflow_id][:4]:
+                outcome = todo.pop(0) if todo else "succeeded"
+                if outcome == "hold":
+                    continue
+                ok = outcome == "succeeded"
+                msg = _node_settle(lease, "succeeded" if ok else "failed", outcome == "failed", b'{"wf":1}')
+                out = self.do(lambda msg=msg: self.w.service.settle(node.id, msg))
+                node.leases.pop(lease.task_id, None)
+                node.old_leases.append(lease)
+                if out.ok and out.value.result in ("ok", "repeat"):
+                    node.settled.setdefault(lease.lease_id, (msg.outcome, bytes(msg.result)))
+            self.advance(advance)  # type: ignore[attr-defined]
 
     @rule(i=st.integers(0, 30), who=st.sampled_from(["owner", "owner", "owner", "other"]), now=st.integers(0, 2))
     def cancel_workflow(self, i: int, who: str, now: int = 0) -> None:

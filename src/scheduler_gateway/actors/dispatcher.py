@@ -208,11 +208,9 @@ class Dispatcher(LoopActor):
         come, its lane free): only such a task takes a freed slot of its workflow."""
         task = self._queued[task_id]
         now = self._clock()
-        return (
-            task.not_before <= now
-            and self._lane_allows(task)
-            and self._flow_rule(task.kind, task.concurrency_key, now) is None
-        )
+        if task.not_before > now or not self._lane_allows(task):
+            return False
+        return self._flow_rule(task.kind, task.concurrency_key, now) is None
 
     def flow_figures(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
         """(kind, state) -> queued / running tasks, and (kind, reason) -> queued tasks held back (metrics)."""
