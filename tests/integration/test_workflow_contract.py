@@ -749,3 +749,71 @@ async def test_a_users_cancel_of_one_task_skips_its_dependents_and_the_workflow_
     }  # fmt: skip
     assert done["state"] == "failed" and runs.ran("q") == 0 and runs.deps["fin"]["q"][0] == "canceled"
     partitioned(done)
+
+
+async def test_an_added_task_on_an_ended_parent_is_decided_at_once_and_the_adders_dependent_sees_it(
+    alice: Api, runs: Runs
+) -> None:
+    runs.fail["bad"] = "failed"
+    runs.gate["adder"] = asyncio.Event()
+    runs.add["adder"] = [
+        {"kind": "wfc", "ref": "late", "dependsOn": [{"ref": "bad"}]},  # bad has failed: skipped when added
+        {"kind": "wfc", "ref": "mop", "dependsOn": [{"ref": "bad", "on": "failed"}]},  # runs at once
+    ]
+    wf = await submit(
+        alice, [t("bad", maxAttempts=1), t("adder"), t("merge", "adder"), t("fin", "adder", on="finished")]
+    )
+    ids = ids_of(wf)
+    await alice.wait_state(ids["bad"], {"failed"})
+    await alice.wait_state(ids["adder"], {"running"})
+    await wait_for(lambda: _listed(alice, wf["id"], 6), 15)
+    runs.gate["adder"].set()
+    done = await finished(alice, wf["id"])
+    states = {x["ref"]: x["state"] for x in done["tasks"]}
+    assert states == {
+        "bad": "failed", "adder": "succeeded", "late": "canceled", "mop": "succeeded", "merge": "canceled",
+        "fin": "succeeded",
+    }, states  # fmt: skip
+    added = {x["ref"]: x["taskId"] for x in done["tasks"]}
+    late = await alice.task(added["late"])
+    assert late["error"]["details"] == {"ref": "bad", "taskId": ids["bad"]} and runs.ran("late") == 0
+    merge = await alice.task(ids["merge"])
+    assert merge["error"]["code"] == "SKIPPED" and merge["error"]["details"]["ref"] == "late", merge
+    assert sorted(runs.deps["fin"]) == ["adder", "late", "mop"] and runs.deps["fin"]["late"][0] == "canceled"
+    partitioned(done)
+
+
+async def _listed(api: Api, workflow_id: str, n: int) -> bool:
+    return len((await get(api, workflow_id))["tasks"]) >= n
+
+
+async def test_a_retry_naming_an_unknown_ref_is_refused_and_changes_nothing(alice: Api, runs: Runs) -> None:
+    runs.fail["a"] = "failed"
+    wf = await submit(alice, [t("a", maxAttempts=1), t("b", "a")])
+    assert (await finished(alice, wf["id"]))["state"] == "failed"
+    status, answer, _ = await alice.call("POST", f"/api/workflows/{wf['id']}/retry", {"refs": ["a", "nope"]})
+    assert status == 400 and answer["error"]["code"] == "INVALID_ARGUMENT", answer
+    assert answer["error"]["details"].get("ref") == "nope", answer
+    await asyncio.sleep(0.3)
+    now = await get(alice, wf["id"])
+    assert now["state"] == "failed" and runs.ran("a") == 1
+    assert await audit_actions(alice, wf["id"]) == [("workflow", "create"), ("workflow", "finish")]
+
+
+async def test_a_workflow_retry_over_an_exhausted_letter_is_refused_whole(alice: Api, runs: Runs) -> None:
+    runs.fail["p"] = "dead"
+    runs.fail["x"] = "failed"
+    wf = await submit(alice, [t("p", maxAttempts=1), t("c", "p"), t("x", maxAttempts=1)])
+    ids = ids_of(wf)
+    assert (await finished(alice, wf["id"]))["state"] == "failed"
+    status, retried, _ = await alice.call("POST", f"/api/workflows/{wf['id']}/retry", {})  # a redrive of p's letter
+    assert status == 200, retried
+    assert (await finished(alice, wf["id"]))["state"] == "failed"  # p died again: its letter is exhausted
+    status, answer, _ = await alice.call("POST", f"/api/workflows/{wf['id']}/retry", {})
+    assert status == 409 and answer["error"]["code"] == "DEAD_LETTER_EXHAUSTED", answer
+    await asyncio.sleep(0.3)
+    now = await get(alice, wf["id"])
+    assert now["state"] == "failed" and runs.ran("x") == 2 and runs.ran("p") == 2  # x was not run a third time
+    assert (await alice.task(ids["x"]))["state"] == "failed"
+    actions = [a for _, a in await audit_actions(alice, wf["id"])]
+    assert actions == ["create", "finish", "retry", "finish"], actions
