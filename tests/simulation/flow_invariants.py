@@ -170,15 +170,37 @@ class _OfferKeys(dict[str, Key]):
         self._on_offer(task_id, key)
 
 
-def _workflow_holds(d: Any, q: Task) -> bool:
-    """A workflow task waiting for its dependencies, or held by its workflow's maxParallel: full, or parked behind
-    better tasks of its workflow while something of it is on offer or running (the slot comes back when that
-    ends); a task parked while nothing of its workflow is active is ready, and passing it over is a fault."""
+def _workflow_holds(d: Any, q: Task, rule: Callable[..., Any]) -> bool:
+    """A workflow task waiting for its dependencies, or held by its workflow's maxParallel: full, or parked while
+    its workflow's slots are spoken for, by tasks on offer or running or by tasks of it put back in line for a freed
+    slot that their own rules let start (their offer comes). Parked while a slot is free for nobody, it is ready,
+    and passing it over is a fault."""
     if q.waiting_deps or d._workflows.full(q):
         return True
     hold = d._workflows
     wid = q.workflow_id
-    return wid is not None and q.id in hold._parked_ids.get(wid, ()) and bool(hold._active.get(wid))
+    parked = hold._parked_ids.get(wid, ()) if wid is not None else ()
+    if q.id not in parked or q.workflow_max_parallel is None:
+        return False
+    now = d._clock()
+    released = [
+        t
+        for t in d._queued.values()
+        if t.workflow_id == wid
+        and t.id not in parked
+        and not t.waiting_deps
+        and t.id not in d._offered_kind
+        and _starts(d, t, rule, now)
+    ]
+    return len(hold._active.get(wid, ())) + len(released) >= q.workflow_max_parallel
+
+
+def _starts(d: Any, t: Task, rule: Callable[..., Any], now: float) -> bool:
+    """Whether the task's kind's flow rules let it start now, by the dispatcher's counts (``_flow_rule``'s)."""
+    offered = d._offered.get(t.kind, {})
+    key = t.concurrency_key
+    same = sum(1 for x in offered if d._offered_key.get(x) == key) if key is not None else 0
+    return rule(t.kind, key, now, len(offered), same) is None
 
 
 class FairTurns:
@@ -221,7 +243,7 @@ class FairTurns:
         for q in d._queued.values():
             if q.kind != kind or (q.id in offered and q.id != task_id) or q.not_before > now:
                 continue
-            if q.id != task_id and ((q.id, q.attempt_id) in held or _workflow_holds(d, q)):
+            if q.id != task_id and ((q.id, q.attempt_id) in held or _workflow_holds(d, q, rule)):
                 continue
             if d._lane_allows(q):
                 ready.setdefault(q.concurrency_key, []).append(q)
