@@ -31,13 +31,11 @@ next full sync to take its next tasks.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import heapq
 import logging
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import msgspec
 
@@ -45,6 +43,8 @@ from scheduler_gateway.wire.messages import Offer
 
 from .bus_ports import Bus, Metrics, NullMetrics
 from .dispatch_flow import FlowBook, Key, KindQueue
+from .dispatch_lanes import ThreadLanes
+from .dispatch_reoffers import REOFFER_AFTER_S, ReofferBook
 from .dispatch_workflows import WorkflowHold
 from .kind_trouble import KindTrouble, KindUnavailable
 from .model.flow import KindSettings
@@ -53,21 +53,9 @@ from .runtime import LoopActor, Wakeup
 
 log = logging.getLogger(__name__)
 
-#: an offer unclaimed this long is published again (``reoffer_after_s``): twice the offers' AckWait (30 s)
-REOFFER_AFTER_S = 60.0
-#: the longest wait between two re-offers of one attempt (each waits twice as long as the one before)
-REOFFER_MAX_S = 900.0
 #: how long a task refused for a pause this dispatcher has yet to learn waits before it is judged again: every
 #: instance reads the kinds' settings every second (actors/kinds.py)
 PAUSE_SEEN_S = 1.0
-
-
-@dataclass
-class _Lane:
-    """A thread's queued and running tasks, oldest first, and which of them hold an offer or a lease."""
-
-    members: list[tuple[float, str]] = field(default_factory=list)
-    active: set[str] = field(default_factory=set)
 
 
 class Dispatcher(LoopActor):
@@ -94,15 +82,8 @@ class Dispatcher(LoopActor):
         self._offered: dict[str, dict[str, str]] = {}  # kind -> task id -> attempt id
         self._offered_kind: dict[str, str] = {}  # task id -> kind
         self._offered_key: dict[str, Key] = {}  # task id -> concurrency key, of the offered tasks
-        self._lanes: dict[str, _Lane] = {}
-        #: task id -> when its published offer, if still unclaimed, is published again (offered tasks only)
-        self._reoffer_at: dict[str, float] = {}
-        self._next_reoffer = float("inf")  # no earlier than the earliest of ``_reoffer_at``
-        self._reoffer_s = reoffer_after_s
-        #: task id -> (attempt id, re-offers of it so far): the attempt's offers are published as
-        #: ``<attemptId>.<n>`` from its n-th re-offer on
-        self._reoffers: dict[str, tuple[str, int]] = {}
-        self.reoffered = 0  # offers published again because they went unclaimed
+        self._lanes = ThreadLanes()
+        self._reoffers = ReofferBook(reoffer_after_s)  # when an unclaimed offer goes out again, and as what
         self._wake = Wakeup()
         self._encoder = msgspec.json.Encoder()
         self.trouble = KindTrouble()  # the kinds whose offers cannot be published now, each held back alone
@@ -120,28 +101,26 @@ class Dispatcher(LoopActor):
         self._unoffer(
             task.id, keep_attempt=task.attempt_id if task.state == "queued" else None, free=task.state != "running"
         )
-        again = self._reoffers.get(task.id)
-        if again is not None and (task.state != "queued" or again[0] != task.attempt_id):
-            del self._reoffers[task.id]
+        self._reoffers.forget_stale(task)
         self._count(task)
         if task.state == "queued" and task.waiting_deps:
             self._queued[task.id] = task  # known (waitingFor "dependencies"), never offered until released
             if task.thread_id:
-                self._lane_remove(task)
+                self._lanes.remove(task)
         elif task.state == "queued":
             self._queued[task.id] = task
             if task.thread_id:
-                self._lane_add(task)
+                self._lanes.add(task)
             self._schedule(task)
         else:
             if self._queued.pop(task.id, None) is not None:
                 self._forget_if_drained(task.kind)
             if task.thread_id:
                 if task.state == "running":
-                    self._lane_add(task)
-                    self._lanes[task.thread_id].active.add(task.id)
+                    self._lanes.add(task)
+                    self._lanes.activate(task)
                 else:
-                    self._lane_remove(task)
+                    self._lanes.remove(task)
         if task.thread_id:
             self._kick_lane(task.thread_id)
         self._wake.set()
@@ -178,9 +157,8 @@ class Dispatcher(LoopActor):
             self._unoffer(task_id, keep_attempt=None)
             if task is None or task.attempt_id != attempt_id:
                 continue
-            self._reoffers[task_id] = (attempt_id, self._reoffer_count(task) + 1)
-            if task.thread_id and task.thread_id in self._lanes:
-                self._lanes[task.thread_id].active.discard(task_id)
+            self._reoffers.bump(task)
+            if task.thread_id and self._lanes.deactivate(task.thread_id, task_id):
                 self._kick_lane(task.thread_id)
             else:
                 self._schedule(task)
@@ -208,7 +186,7 @@ class Dispatcher(LoopActor):
         come, its lane free): only such a task takes a freed slot of its workflow."""
         task = self._queued[task_id]
         now = self._clock()
-        if task.not_before > now or not self._lane_allows(task):
+        if task.not_before > now or not self._lanes.allows(task):
             return False
         return self._flow_rule(task.kind, task.concurrency_key, now) is None
 
@@ -235,7 +213,7 @@ class Dispatcher(LoopActor):
             return "dependencies"
         if task.not_before > now:
             return "retry_backoff" if task.attempt_no > 1 else "not_before"
-        if task.thread_id and not self._lane_allows(task):
+        if task.thread_id and not self._lanes.allows(task):
             return "thread"
         if self._workflows.full(task):
             return "workflow_parallel"
@@ -267,7 +245,7 @@ class Dispatcher(LoopActor):
             if lags and not paused:
                 return False  # this view would offer it now: the store knows more; the refused copy comes back soon
             if self._offered.get(task.kind, {}).get(task.id) == task.attempt_id:
-                self._reoffers[task.id] = (task.attempt_id, self._reoffer_count(task) + 1)
+                self._reoffers.bump(task)
                 self._unoffer(task.id, keep_attempt=None)
                 if lags:  # a pause this view has yet to learn (within a second): judged again after that
                     heapq.heappush(self._timers, (self._clock() + PAUSE_SEEN_S, live.id, live.attempt_id))
@@ -276,11 +254,10 @@ class Dispatcher(LoopActor):
                 self._wake.set()
             return True  # held by its rules here (again, if a parked copy came back): offered afresh once they allow
         self._unoffer(task.id, keep_attempt=None)
-        if task.thread_id and task.thread_id in self._lanes:
+        if task.thread_id and self._lanes.deactivate(task.thread_id, task.id):
             # the lane's head goes back in line, not the refused task: an older task of the thread queued again
             # while this one was on offer (a dead letter retried) is the head now, and the store refused this
             # claim for it; it was skipped while the lane was taken, and nothing else would put it back
-            self._lanes[task.thread_id].active.discard(task.id)
             self._kick_lane(task.thread_id)
         elif live is not None:
             self._schedule(live)
@@ -316,7 +293,7 @@ class Dispatcher(LoopActor):
             return  # the same attempt is still on offer
         offered.pop(task_id, None)
         del self._offered_kind[task_id]
-        self._reoffer_at.pop(task_id, None)
+        self._reoffers.unwatch(task_id)
         key = self._offered_key.pop(task_id, None)
         queue = self._ready.get(kind)
         if queue is not None:
@@ -333,42 +310,12 @@ class Dispatcher(LoopActor):
                 queue = self._ready[task.kind] = KindQueue()
             queue.push(task.concurrency_key, (-task.priority, task.created_at, task.id, task.attempt_id))
 
-    def _lane_add(self, task: Task) -> None:
-        assert task.thread_id is not None
-        lane = self._lanes.setdefault(task.thread_id, _Lane())
-        key = (task.created_at, task.id)
-        i = bisect.bisect_left(lane.members, key)
-        if i == len(lane.members) or lane.members[i] != key:
-            lane.members.insert(i, key)
-        lane.active.discard(task.id)
-
-    def _lane_remove(self, task: Task) -> None:
-        assert task.thread_id is not None
-        lane = self._lanes.get(task.thread_id)
-        if lane is None:
-            return
-        key = (task.created_at, task.id)
-        i = bisect.bisect_left(lane.members, key)
-        if i < len(lane.members) and lane.members[i] == key:
-            del lane.members[i]
-        lane.active.discard(task.id)
-        if not lane.members:
-            del self._lanes[task.thread_id]
-
     def _kick_lane(self, thread_id: str) -> None:
         """Put the lane's head back in line when nothing of its thread is offered or running."""
-        lane = self._lanes.get(thread_id)
-        if lane is None or lane.active:
-            return
-        head = self._queued.get(lane.members[0][1])
+        head_id = self._lanes.idle_head(thread_id)
+        head = None if head_id is None else self._queued.get(head_id)
         if head is not None:
             self._schedule(head)
-
-    def _lane_allows(self, task: Task) -> bool:
-        if not task.thread_id:
-            return True
-        lane = self._lanes.get(task.thread_id)
-        return lane is not None and not lane.active and lane.members[0][1] == task.id
 
     def _pick(self, now: float) -> list[Task]:
         while self._timers and self._timers[0][0] <= now:
@@ -385,7 +332,7 @@ class Dispatcher(LoopActor):
         for kind, queue in self._ready.items():
             if not self.trouble.held(kind, now):
                 self._pick_kind(kind, queue, now, picked)
-        if self._next_reoffer <= now:
+        if self._reoffers.next_at <= now:
             picked += self._unclaimed(now)
         return picked
 
@@ -393,39 +340,22 @@ class Dispatcher(LoopActor):
         """The offered tasks whose offer went unclaimed past its time: each is published again under the next
         ``Nats-Msg-Id`` of its attempt (they keep their place in the window)."""
         again: list[Task] = []
-        for task_id, at in list(self._reoffer_at.items()):
-            if at > now:
-                continue
-            del self._reoffer_at[task_id]
+        for task_id in self._reoffers.take_due(now):
             task = self._queued.get(task_id)
             if task is None or self._offered.get(task.kind, {}).get(task_id) != task.attempt_id:
                 continue
-            self._reoffers[task_id] = (task.attempt_id, self._reoffer_count(task) + 1)
+            self._reoffers.bump(task)
             again.append(task)
-        self._next_reoffer = min(self._reoffer_at.values(), default=float("inf"))
         if again:
-            self.reoffered += len(again)
-            log.info("dispatcher: %d offers unclaimed for %.0f s or more; published again", len(again), self._reoffer_s)
+            self._reoffers.reoffered += len(again)
+            waited = self._reoffers.after_s
+            log.info("dispatcher: %d offers unclaimed for %.0f s or more; published again", len(again), waited)
         return again
 
-    def _reoffer_count(self, task: Task) -> int:
-        """How many times the task's current attempt was offered again."""
-        again = self._reoffers.get(task.id)
-        return again[1] if again is not None and again[0] == task.attempt_id else 0
-
-    def _msg_id(self, task: Task) -> str:
-        """The offer's ``Nats-Msg-Id``: the attempt id, then ``<attemptId>.<n>`` from its n-th re-offer on."""
-        n = self._reoffer_count(task)
-        return f"{task.attempt_id}.{n}" if n else task.attempt_id
-
-    def _published(self, task: Task, now: float) -> None:
-        """The offer is in the stream: when it is published again if nobody claimed it by then."""
-        if self._offered.get(task.kind, {}).get(task.id) != task.attempt_id:
-            return  # claimed, canceled or re-attempted while the publish was in flight
-        n = self._reoffer_count(task)
-        at = now + min(self._reoffer_s * 2 ** min(n, 16), max(REOFFER_MAX_S, self._reoffer_s))
-        self._reoffer_at[task.id] = at
-        self._next_reoffer = min(self._next_reoffer, at)
+    @property
+    def reoffered(self) -> int:
+        """Offers published again because they went unclaimed."""
+        return self._reoffers.reoffered
 
     def _pick_kind(self, kind: str, queue: KindQueue, now: float, picked: list[Task]) -> None:
         """Offer the kind's ready tasks, the keys taking turns, while the window and the flow rules allow."""
@@ -459,7 +389,7 @@ class Dispatcher(LoopActor):
             self._offered_key[task.id] = key
             self._workflows.take(task)
             if task.thread_id:
-                self._lanes[task.thread_id].active.add(task.id)
+                self._lanes.activate(task)
             picked.append(task)
         if queue.turns:
             self._crowded.add(kind)  # the window is full and tasks wait (a flow rule's wait returned above)
@@ -482,7 +412,7 @@ class Dispatcher(LoopActor):
             if task.not_before > now:
                 self._schedule(task)
                 continue
-            if not self._lane_allows(task):
+            if not self._lanes.allows(task):
                 continue  # re-scheduled when the lane frees
             if task.waiting_deps:
                 continue  # scheduled when the releaser releases it
@@ -515,7 +445,8 @@ class Dispatcher(LoopActor):
 
     async def _publish(self, tasks: list[Task]) -> None:
         try:
-            results = await self._bus.publish_offers([(t.kind, self._msg_id(t), self._encode(t)) for t in tasks])
+            msgs = [(t.kind, self._reoffers.msg_id(t), self._encode(t)) for t in tasks]
+            results = await self._bus.publish_offers(msgs)
         except Exception as exc:  # NATS away: every offer failed
             results = [exc] * len(tasks)
         now = self._clock()
@@ -527,12 +458,13 @@ class Dispatcher(LoopActor):
                 error = res if seen is None or isinstance(res, KindUnavailable) else seen[0]
                 failed[task.kind] = (error, (seen[1] if seen else 0) + 1)
                 self._unoffer(task.id, keep_attempt=None)
-                if task.thread_id and task.thread_id in self._lanes:
-                    self._lanes[task.thread_id].active.discard(task.id)
+                if task.thread_id:
+                    self._lanes.deactivate(task.thread_id, task.id)
                 if self._queued.get(task.id) is task:
                     self._schedule(task)
             else:
-                self._published(task, now)
+                if self._offered.get(task.kind, {}).get(task.id) == task.attempt_id:
+                    self._reoffers.published(task, now)  # (not when claimed, canceled or re-attempted meanwhile)
                 by_kind[task.kind] = by_kind.get(task.kind, 0) + 1
         for kind, n in by_kind.items():
             self._metrics.offers_published(kind, n)
@@ -560,6 +492,6 @@ class Dispatcher(LoopActor):
                 await self._publish(picked)
                 continue
             due = min(
-                self._timers[0][0] if self._timers else float("inf"), self._next_reoffer, self.trouble.next_retry()
+                self._timers[0][0] if self._timers else float("inf"), self._reoffers.next_at, self.trouble.next_retry()
             )
             await self._wake.wait(due - now if due != float("inf") else None)
