@@ -245,7 +245,7 @@ class FairTurns:
                 continue
             if q.id != task_id and ((q.id, q.attempt_id) in held or _workflow_holds(d, q, rule)):
                 continue
-            if d._lane_allows(q):
+            if d._lanes.allows(q):
                 ready.setdefault(q.concurrency_key, []).append(q)
         best = min(ready.get(key, [task]), key=lambda q: (-q.priority, q.created_at, q.id))
         if best.id != task_id:

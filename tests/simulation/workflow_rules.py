@@ -12,6 +12,7 @@ request answered.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -152,7 +153,7 @@ class WorkflowRules:
             callback_url=None if callback is None else f"https://cb.example/{callback}",
             tasks=raw,
         )
-        body_hash = msgspec.json.encode(body).hex()[:64] + str(len(raw))
+        body_hash = hashlib.sha256(msgspec.json.encode(body)).hexdigest()
         before = len(read_facts(self.view).workflows)
         out = self.do(
             lambda: self.w.workflows.submit(
