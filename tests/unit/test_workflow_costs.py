@@ -4,6 +4,7 @@ the memory store: reads per page of ``ctx.dependencies``. The figures are in doc
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 from scheduler_gateway.wire.workflows import DependenciesRequest
@@ -55,3 +56,28 @@ async def test_a_pass_of_the_releaser_reads_a_workflow_once_whatever_number_of_i
         assert await k.workflows.releaser.drain_once() is False
         assert all(s == "queued" for r, s in (await k.states(view.id)).items() if r != "root")
         assert reads == [view.id]
+
+
+async def test_releasing_a_chain_reads_no_whole_workflow_per_task() -> None:
+    """Each hand-off of a chain of 30 touches its own edges and counters: no read of the workflow's tasks or edges,
+    and its counts are read once, at the finish (CONTRACT 2.12: no pass over the whole graph per task)."""
+    async with workflow_kit() as k:
+        refs = [f"c{n:02d}" for n in range(30)]
+        tasks = [{"ref": refs[0]}] + [{"ref": r, "dependsOn": [{"ref": p}]} for p, r in itertools.pairwise(refs)]
+        view = await k.submit(tasks)
+        ids = await k.ids(view.id)
+        calls: list[str] = []
+        for name in ("workflow_tasks", "workflow_edges", "workflow_counts"):
+            original = getattr(k.store.workflows, name)
+
+            def counting(*args: Any, _name: str = name, _original: Any = original, **kw: Any) -> Any:
+                calls.append(_name)
+                return _original(*args, **kw)
+
+            setattr(k.store.workflows, name, counting)
+        for r in refs:
+            await k.run(ids[r])
+            await k.drain()
+        await k.workflows.releaser.drain_once()
+        assert calls == ["workflow_counts"]
+        assert (await k.store.workflows.get_workflow(view.id)).final_state == "succeeded"  # type: ignore[union-attr]
