@@ -216,6 +216,7 @@ class Graph(msgspec.Struct, frozen=True):
     view: WorkflowView
     edges: list[Edge]
     waiting_on: dict[str, list[str]]
+    skipped: list[str] = []
 
 
 class FakeWorkflows:
@@ -364,7 +365,7 @@ def diamond_graph() -> Graph:
         finished_at=None,
         tasks=tasks,
     )
-    return Graph(view=view, edges=edges, waiting_on={"report": ["cleanup"]})
+    return Graph(view=view, edges=edges, waiting_on={"report": ["cleanup"]}, skipped=["publish"])
 
 
 async def test_a_hand_made_diamond_is_drawn_fits_both_widths_and_passes_axe(

@@ -142,3 +142,50 @@ def test_a_long_ref_is_cut_and_unknown_edges_are_ignored() -> None:
     d = layout(tasks, [stray], {})
     assert d.boxes[0].label.endswith("…") and len(d.boxes[0].label) == 22 and d.boxes[0].ref == long
     assert d.lines == [] and d.boxes[0].shown_state == "running"
+
+
+def test_a_task_skipped_by_its_workflows_cancel_is_drawn_skipped_from_the_graphs_own_list() -> None:
+    # no lost edge leads into "b": only the graph's list (tasks canceled with error SKIPPED) says it was skipped
+    from scheduler_gateway.actors.model.records import Task, TaskError
+    from scheduler_gateway.actors.workflows.graph import build_graph
+    from scheduler_gateway.wire.workflows import WorkflowCounts, WorkflowView
+
+    def stored(ref: str, state: str, code: str | None) -> Task:
+        return Task(
+            id=f"tsk_{ref}",
+            owner="u",
+            kind="echo",
+            state=state,
+            revision=2,
+            attempt_id="att",
+            run_id="run",  # type: ignore[arg-type]
+            not_before=0.0,
+            created_at=0.0,
+            updated_at=0.0,
+            workflow_id="wfl_1",
+            ref=ref,
+            error=None if code is None else TaskError(code=code),
+        )
+
+    tasks = [task("a", "canceled"), task("b", "canceled", (("a", "succeeded"),))]
+    view = WorkflowView(
+        id="wfl_1",
+        name=None,
+        state="canceled",
+        labels={},
+        max_parallel=None,
+        owner="u",
+        counts=WorkflowCounts(),
+        created_at=None,
+        updated_at=None,
+        finished_at=None,
+        tasks=tasks,
+    )
+    graph = build_graph(
+        view, [stored("a", "canceled", "CANCELED"), stored("b", "canceled", "SKIPPED")], edges_of(tasks)
+    )
+    assert graph.skipped == ["b"]
+    shown = {b.ref: b.shown_state for b in layout(tasks, graph.edges, {}, skipped=graph.skipped).boxes}
+    assert shown == {"a": "canceled", "b": "skipped"}
+    inferred = {b.ref: b.shown_state for b in layout(tasks, graph.edges, {}).boxes}
+    assert inferred["b"] == "canceled"  # what the page drew before the graph carried the list

@@ -8,7 +8,7 @@ import msgspec
 from scheduler_gateway.wire.workflows import WorkflowView
 
 from ..model.records import Task
-from ..model.workflows import Edge
+from ..model.workflows import SKIPPED, Edge
 
 
 class WorkflowGraph(msgspec.Struct, frozen=True, kw_only=True):
@@ -16,6 +16,8 @@ class WorkflowGraph(msgspec.Struct, frozen=True, kw_only=True):
     edges: list[Edge]
     #: task ref -> the refs of its parents whose edge is not met yet (waiting tasks only)
     waiting_on: dict[str, list[str]]
+    #: the refs of the tasks its dependencies (or its workflow's cancel) skipped: canceled with error SKIPPED
+    skipped: list[str] = []
 
 
 def build_graph(view: WorkflowView, tasks: list[Task], edges: list[Edge]) -> WorkflowGraph:
@@ -27,4 +29,5 @@ def build_graph(view: WorkflowView, tasks: list[Task], edges: list[Edge]) -> Wor
             waiting_on.setdefault(ref, []).append(e.parent_ref)
     for refs in waiting_on.values():
         refs.sort()
-    return WorkflowGraph(view=view, edges=edges, waiting_on=waiting_on)
+    skipped = sorted(t.ref or t.id for t in tasks if t.state == "canceled" and t.error and t.error.code == SKIPPED)
+    return WorkflowGraph(view=view, edges=edges, waiting_on=waiting_on, skipped=skipped)

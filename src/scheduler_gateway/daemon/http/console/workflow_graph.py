@@ -10,7 +10,7 @@ it left out, and the work stays linear in the tasks and edges.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Final
 
 import msgspec
@@ -212,14 +212,16 @@ def layout(
     waiting_on: Mapping[str, Sequence[str]],
     *,
     max_boxes: int = MAX_BOXES,
+    skipped: Collection[str] | None = None,
 ) -> Drawing:
-    """Where each box and edge of the workflow goes (see the module's docstring)."""
+    """Where each box and edge of the workflow goes (see the module's docstring). ``skipped``: the refs of the
+    tasks skipped (error SKIPPED); None infers them from the lost edges into canceled tasks."""
     parents, children, pairs = _adjacency(tasks, edges)
     layer = layers_of(len(tasks), parents, children)
     kept = sorted(range(len(tasks)), key=lambda v: (layer[v], v))[: max(0, max_boxes)]
     xy, width, height = _place(_ordered_rows(kept, layer, parents, children))
-    skipped = skipped_refs(tasks, edges)
-    boxes = [_box(tasks[v], xy[v], waiting_on, tasks[v].ref in skipped) for v in kept]
+    shown_skipped = skipped_refs(tasks, edges) if skipped is None else set(skipped)
+    boxes = [_box(tasks[v], xy[v], waiting_on, tasks[v].ref in shown_skipped) for v in kept]
     lines = [_line(tasks[p].ref, tasks[c].ref, e, xy[p], xy[c]) for p, c, e in pairs if p in xy and c in xy]
     n = len(tasks)
     return Drawing(width=width, height=height, boxes=boxes, lines=lines, total=n, left_out=n - len(kept))

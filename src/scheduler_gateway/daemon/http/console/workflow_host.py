@@ -14,7 +14,7 @@ from scheduler_gateway.wire.workflows import WorkflowCancelBody, WorkflowPage, W
 
 class GraphOf(Protocol):
     """A workflow's graph (``actors/workflows/graph.py`` ``WorkflowGraph``): the workflow with its tasks, every
-    edge with its outcome, and per waiting task the parent refs it still waits for."""
+    edge with its outcome, per waiting task the parent refs it still waits for, and the refs of the skipped."""
 
     @property
     def view(self) -> WorkflowView: ...
@@ -22,6 +22,8 @@ class GraphOf(Protocol):
     def edges(self) -> Sequence[Edge]: ...
     @property
     def waiting_on(self) -> Mapping[str, Sequence[str]]: ...
+    @property
+    def skipped(self) -> Sequence[str]: ...
 
 
 class HostWorkflows(Protocol):

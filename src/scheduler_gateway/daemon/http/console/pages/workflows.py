@@ -107,7 +107,7 @@ class WorkflowPages(Pages):
         graph = await self.gw.workflows.graph(caller, workflow_id)  # one call: the view, its edges, who waits
         view = graph.view
         tasks = view.tasks or []
-        drawing = layout(tasks, graph.edges, graph.waiting_on, max_boxes=MAX_BOXES)
+        drawing = layout(tasks, graph.edges, graph.waiting_on, max_boxes=MAX_BOXES, skipped=graph.skipped)
         by_ref = {t.ref: t for t in tasks}
         waiting = sorted(graph.waiting_on.items())
         failed = [t for t in tasks if t.state in ("failed", "dead")]
