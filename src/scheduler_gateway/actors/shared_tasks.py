@@ -20,6 +20,9 @@ there. With several, a task's claim, heartbeats and settle may each be answered 
   instance, so without the second, half of an instance's window (with two) would wait for the full sync after
   being claimed elsewhere, and the instance offered at most about a window a second: measured with 2 instances,
   half the throughput of one, every process's CPU per task doubled by the smaller batches;
+- a queued task is offered by the instance that created or requeued it: a read of it elsewhere (to decide a
+  claim answered there, or through that instance's API) does not take it into that instance's live copies, so
+  its dispatcher does not offer it too (``TaskLedger.absorb``);
 - at takeover the leader re-offers every queued task (``reoffer_queued``): the tasks a dead instance was
   offering. ``Nats-Msg-Id`` = attempt id makes a repeated offer of one attempt a no-op in JetStream;
 - the leader does the same when another instance goes away (``GoneInstances``: its row aged out or was deleted
@@ -227,8 +230,14 @@ class LiveSync(LoopActor):
                 self._cache.absorb(task, task.id)
 
 
+class TakeOver(Protocol):
+    def take_over(self, stored: Task) -> None:
+        """Take a stored queued task into the live copies and the dispatcher (which offers it)."""
+        ...
+
+
 async def reoffer_queued(
-    list_tasks: Callable[[TaskQuery], Awaitable[object]], cache: LiveCache, *, page: int = 500
+    list_tasks: Callable[[TaskQuery], Awaitable[object]], cache: TakeOver, *, page: int = 500
 ) -> int:
     """Take every queued task into the live copies (the dispatcher offers them): at takeover, the tasks a dead
     instance was offering. Answers how many were read."""
@@ -238,7 +247,7 @@ async def reoffer_queued(
         got = await list_tasks(TaskQuery(state="queued", limit=page, cursor=cursor))
         items: list[Task] = list(getattr(got, "items", []))
         for task in items:
-            cache.absorb(task, task.id)
+            cache.take_over(task)
         n += len(items)
         cursor = getattr(got, "next_cursor", None)
         if cursor is None:
@@ -250,7 +259,7 @@ class GoneInstances(LoopActor):
 
     Each instance offers the queued tasks it knows (its creates, its requeues); those it held back (a binding
     flow limit, a thread's lane, beyond the offer window) live only in its dispatcher. When it dies or stops,
-    nobody else would offer them until some read brings them into another instance's live copies. So every
+    nobody else would offer them (a read of a queued task takes nothing in: ``TaskLedger.absorb``). So every
     ``interval_s`` the leader reads which instances are alive (``live_ids``: the rows refreshed recently, on the
     store's clock) and, when one it saw before is missing, runs ``reoffer`` (``reoffer_queued``, as at
     takeover). A re-read that fails is tried again at the next round."""

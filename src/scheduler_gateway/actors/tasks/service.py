@@ -183,6 +183,12 @@ class TaskService:
         expiry a heartbeat elsewhere moved."""
         self.ledger.absorb(stored, task_id)
 
+    def take_over(self, stored: Task) -> None:
+        """Several instances, the leader at a takeover or when an instance is gone: take a stored queued task into
+        the live copies and the dispatcher, which offers it (``absorb`` leaves out a queued task it does not know:
+        its own instance offers it)."""
+        self.ledger.absorb(stored, stored.id, take_over=True)
+
     # -- reads -----------------------------------------------------------------------------------------------
     async def get(self, caller: Caller, task_id: str) -> Task:
         return await self.ledger.get(caller, task_id)
