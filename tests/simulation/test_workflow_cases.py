@@ -88,3 +88,26 @@ def test_a_freed_maxparallel_slot_goes_to_a_task_that_can_start() -> None:
         m.holds()
     finally:
         m.teardown()
+
+
+def test_a_slot_given_to_a_held_task_that_ended_unoffered_goes_to_the_next_held_one() -> None:
+    """Two instances; a workflow of four tasks under ``maxParallel: 1``, the last depending on the first. One
+    instance restarts while its offer waits; the other's dispatcher, whose copy of the second task is stale,
+    gives the first's freed slot to that task (put back in line), then learns it had ended: the slot was never
+    given back, the third task stayed held, and the fourth, released by the releaser, was offered before it
+    (``best_task_first_within_a_key: tsk_...05 ... offered before tsk_...04``; the several-instances run,
+    shrunk). A task that ends without an offer now hands its workflow's free slot to the next held task."""
+    m = type("TwoInstances", (SimMachine,), {"instances": 2})()
+    m.boot(seed=0, epoch="berlin-fall", skews=(0.0, 0.0, 0.0), nats_skew=0.0)
+    try:
+        m.submit_workflow(**{**PLAIN, "edges": [(3, 0, "succeeded")], "max_parallel": 1}, n=4, user="alice")
+        m.put_artifact(how="put", i=0, lease="current", n=0, name="a.txt", size=0, version=0)
+        m.long_pause(at=None, hold=12.0, k=3, seconds=12.0)
+        m.long_pause(at="claim_due+", hold=12.0, k=0, seconds=61.0)
+        m.restart_with_offers_in_flight(skip=0, thread_only=False)
+        m.create_schedule(ckey=None, cron=None, kind="echo", max_attempts=1, once="+61", reuse=None, ukey=None,
+                          user="alice", zone="America/New_York")  # fmt: skip
+        m.workflow_round(advance=3.0, n=0, outcomes=[], rounds=2)
+        m.holds()
+    finally:
+        m.teardown()

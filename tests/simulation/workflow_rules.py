@@ -108,8 +108,15 @@ class WorkflowRules:
     def _wf_tasks(self, workflow_id: str) -> list[Task]:
         return sorted((t for t in self.view.tasks().values() if t.workflow_id == workflow_id), key=lambda t: t.id)
 
-    def _pick_workflow(self, i: int) -> str | None:
-        return self.workflow_ids[i % len(self.workflow_ids)] if self.workflow_ids else None
+    def _pick_workflow(self, i: int, finished: bool | None = None) -> str | None:
+        """One of the workflows made; with ``finished``, one that is (or is not) finished when there is one, so
+        that retries and cancels are not mostly refused."""
+        pool = self.workflow_ids
+        if finished is not None and pool:
+            stored = read_facts(self.view).workflows
+            apt = [w for w in pool if w in stored and (stored[w].finished_at is not None) == finished]
+            pool = apt or pool
+        return pool[i % len(pool)] if pool else None
 
     @rule(
         user=st.sampled_from(("alice", "bob", "root")),
@@ -224,7 +231,7 @@ class WorkflowRules:
 
     @rule(i=st.integers(0, 30), who=st.sampled_from(["owner", "owner", "owner", "other"]), now=st.integers(0, 2))
     def cancel_workflow(self, i: int, who: str, now: int = 0) -> None:
-        wid = self._pick_workflow(i)
+        wid = self._pick_workflow(i, finished=False)
         if wid is None or now:  # two times in three nothing: cancels would end most workflows before they ran
             return
         owner = self.owner_of[wid]
@@ -248,7 +255,7 @@ class WorkflowRules:
     def retry_workflow(self, i: int, refs: str, j: int, who: str) -> None:
         """A retry: what failed again (no refs), or a named task and what lies below it. Nothing a succeeded task
         not named (nor below a named one) produced runs again: its attempt and result stay as they were."""
-        wid = self._pick_workflow(i)
+        wid = self._pick_workflow(i, finished=True)
         if wid is None:
             return
         owner = self.owner_of[wid]

@@ -47,14 +47,19 @@ class WorkflowHold:
         self._limit[task.workflow_id] = task.workflow_max_parallel
 
     def drop(
-        self, task_id: str, ready: Callable[[str], bool], startable: Callable[[str], bool] = lambda _: True
+        self,
+        task_id: str,
+        ready: Callable[[str], bool],
+        startable: Callable[[str], bool] = lambda _: True,
+        ended_in: str | None = None,
     ) -> list[str]:
         """The task is neither on offer nor running any more: the parked tasks that may take its slot now, as
         many as are free (a parked task no longer ``ready``, canceled say, is passed over and forgotten). One its
         own rules hold back (``startable`` False: its kind paused, say) goes back in line too but takes no slot,
-        so the next parked one is tried: a slot is never kept for a task that cannot start."""
-        workflow_id = self._workflow_of.pop(task_id, None)
-        if workflow_id is None:
+        so the next parked one is tried: a slot is never kept for a task that cannot start. ``ended_in``: the
+        task ended in that workflow without an offer; a slot it was given when put back in line is free again."""
+        workflow_id = self._workflow_of.pop(task_id, None) or ended_in
+        if workflow_id is None or workflow_id not in self._limit:  # nothing of it on offer, running or held
             return []
         active = self._active.get(workflow_id)
         if active is not None:

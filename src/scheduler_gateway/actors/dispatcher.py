@@ -135,7 +135,9 @@ class Dispatcher(LoopActor):
         if freed is not None and freed[0] in self._ready:
             self._ready[freed[0]].release(freed[1])
         if task.id not in self._offered_kind:
-            self._unpark(task.id)
+            # a task that ended unoffered may have been given a freed slot of its workflow (put back in line from
+            # the held ones, then canceled, or found ended by a later sync): the slot goes to the next held one
+            self._unpark(task.id, task.workflow_id if task.terminal else None)
 
     def set_kind(self, settings: KindSettings) -> None:
         """A kind's flow settings, new or changed (here or on another instance)."""
@@ -172,9 +174,9 @@ class Dispatcher(LoopActor):
             return None
         return self._held_by(task, self._clock(), self._flow_rule)
 
-    def _unpark(self, task_id: str) -> None:
+    def _unpark(self, task_id: str, ended_in: str | None = None) -> None:
         """A workflow's task left its offer or its run: the parked tasks of its workflow that take the slot."""
-        for parked_id in self._workflows.drop(task_id, self._parked_ready, self._parked_startable):
+        for parked_id in self._workflows.drop(task_id, self._parked_ready, self._parked_startable, ended_in):
             self._schedule(self._queued[parked_id])
 
     def _parked_ready(self, task_id: str) -> bool:
