@@ -390,6 +390,14 @@ class MemoryWorkflows:
         )
         return [e for e in found if after_ref is None or e.parent_ref > after_ref][: clamp_limit(limit)]
 
+    async def edges_into_many(self: MemoryStore, child_ids: list[str]) -> list[Edge]:
+        self._check_running()
+        return [
+            self._wf.edges[(p, c)]
+            for c in sorted(set(child_ids))
+            for p in sorted(self._wf.parents.get(c, ()), key=lambda p: (self._wf.edges[(p, c)].parent_ref, p))
+        ]
+
     async def dep_counts(self: MemoryStore, task_ids: list[str]) -> dict[str, DepCounts]:
         self._check_running()
         return {i: self._wf.deps[i] for i in task_ids if i in self._wf.deps}

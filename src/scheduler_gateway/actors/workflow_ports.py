@@ -105,6 +105,11 @@ class WorkflowStore(Protocol):
         """A page of the task's parents in ``parent_ref`` order (``ctx.dependencies``), through an index."""
         ...
 
+    async def edges_into_many(self, child_ids: list[str]) -> list[Edge]:
+        """Every parent edge of these tasks in one read (a claim batch's inline dependencies: the caller asks only
+        for tasks with few parents), through the same index, ordered by child then ``parent_ref``."""
+        ...
+
     async def dep_counts(self, task_ids: list[str]) -> dict[str, DepCounts]:
         """The counters of these tasks (a task without dependencies has no row)."""
         ...

@@ -46,6 +46,7 @@ from scheduler_gateway.actors.retention import RetentionKeeper
 from scheduler_gateway.actors.scheduling import SchedulerSettings
 from scheduler_gateway.actors.tasks import TaskPolicy, TaskService
 from scheduler_gateway.actors.workflows import WorkflowService
+from scheduler_gateway.actors.workflows.inline import InlineDependencies
 from scheduler_gateway.daemon import task_spans
 from scheduler_gateway.daemon.admin_server import AdminServer, RouteGroup
 from scheduler_gateway.daemon.artifacts import Artifacts
@@ -187,6 +188,8 @@ class Gateway:
         )
         self.api.workflows = self.workflows  # the workflow routes (the app is built when the HTTP server starts)
         self.workflow_requests = WorkflowRequests(self.bus, self.workflows)  # gw.workflow.<nodeId>
+        # a granted claim of a task with few parents carries them: the node asks gw.workflow for no page of them
+        self.service.inline_dependencies(InlineDependencies(self.store, batch_bytes=s.policy.max_payload_bytes // 2))
         self._connect()
         self.http_server = AdminServer(self.api.app, self._route_groups(), s.http_host, s.http_port, tls=s.http_tls)
         self.services = Services(self._services())

@@ -11,8 +11,8 @@ from typing import Annotated, Any, Generic, TypeVar
 import msgspec
 from msgspec import Meta
 
-from .messages import NULL
 from .names import KindName
+from .raw import NULL
 from .redact import redacted_repr
 
 Seconds = Annotated[float, Meta(gt=0, le=31_536_000)]

@@ -14,13 +14,12 @@ import msgspec
 from .names import KIND_PATTERN as KIND_PATTERN
 from .names import NODE_ID_PATTERN as NODE_ID_PATTERN
 from .names import KindName
+from .raw import NULL as NULL
+from .workflows import DependencyView
 
 #: the node process a claim comes from, a random id a worker picks at its start: the lease belongs to it, so
 #: another process claiming with the same node id is refused (docs/WIRE.md, Claim)
 ProcessId = Annotated[str, msgspec.Meta(pattern=NODE_ID_PATTERN)]
-
-
-NULL = msgspec.Raw(b"null")
 
 
 class _Wire(msgspec.Struct, rename="camel", omit_defaults=False):
@@ -76,6 +75,9 @@ class ClaimReply(_Wire, kw_only=True, omit_defaults=True):
     #: with ``LIMITED``: how long the node waits before the refused offer comes back (its nak's delay); the gateway
     #: offers the task again itself once the limit frees (absent: a gateway that predates it, nak as before)
     retry_after_seconds: float | None = None
+    #: a granted claim of a workflow task with parents: its dependencies as of the claim, when they are few and
+    #: small (docs/WIRE.md, Claim); absent: the node reads them by pages on ``gw.workflow.<nodeId>`` as before
+    dependencies: list[DependencyView] | None = None
 
 
 MAX_BATCH_CLAIMS = 256

@@ -16,7 +16,7 @@ from msgspec import Meta
 
 from .api import CreateTaskBody, ErrorView, Reason
 from .artifacts import ArtifactInfo
-from .messages import NULL
+from .raw import NULL
 
 #: a task's ref in its workflow: one whole match
 REF_PATTERN: Final = r"\A[A-Za-z0-9_.-]{1,64}\Z"

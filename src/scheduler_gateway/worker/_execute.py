@@ -1,5 +1,6 @@
 """Running one handler and turning how it ended into the settle's outcome, result and error (docs/WIRE.md); a
-workflow task's dependencies are fetched first, under the attempt's timeout (``_workflow``)."""
+workflow task's dependencies are fetched first, under the attempt's timeout (``_workflow``), unless the claim's
+reply carried them."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ class Running:
     lease_timer: asyncio.TimerHandle | None = None
     #: a workflow task's requests (its dependencies, its added tasks); None outside a workflow
     workflow: WorkflowSink | None = None
+    #: the claim's reply carried the task's dependencies (in ``state``): no request for them before the handler
+    dependencies_inline: bool = False
 
 
 def log_extra(run: Running) -> dict[str, str | None]:
@@ -71,7 +74,8 @@ async def execute(run: Running, fn: Handler) -> Ending | None:
         timer = asyncio.timeout(timeout_s)
         try:
             async with timer:
-                if run.workflow is not None and offer.has_dependencies is not False:  # a task without parents: none
+                # a task without parents has none to fetch, and one whose claim answered them has them already
+                if run.workflow is not None and offer.has_dependencies is not False and not run.dependencies_inline:
                     try:
                         run.state.dependencies = await run.workflow.dependencies()
                     except WorkflowRefused as exc:

@@ -7,8 +7,10 @@ import functools
 import logging
 import random
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+import msgspec
 
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError
 from scheduler_gateway.wire.messages import (
@@ -22,6 +24,7 @@ from scheduler_gateway.wire.messages import (
     WireError,
 )
 from scheduler_gateway.wire.timefmt import fmt_ts
+from scheduler_gateway.wire.workflows import DependencyView
 
 from .. import failpoints, idgen
 from ..bus_ports import Metrics, WaitingSettles
@@ -47,6 +50,12 @@ LIMITED_RETRY_AFTER_S = 30.0
 LIMITED_RETRY_SOON_S = 1.0
 #: attempts whose LIMITED refusal is audited already, kept to audit one row per attempt and limit, not per repeat
 LIMITED_SEEN_MAX = 10_000
+
+#: a batched read of stored tasks by id (missing ones left out)
+ReadTasks = Callable[[list[str]], Awaitable[list[Task]]]
+#: what builds a claim batch's inline dependencies (actors/workflows/inline.py): given the granted tasks and a
+#: batched read of tasks, the views by task id of those that fit (the others read theirs by pages)
+InlineHook = Callable[[list[Task], ReadTasks], Awaitable[dict[str, list[DependencyView]]]]
 
 
 class NodeProtocol:
@@ -74,6 +83,8 @@ class NodeProtocol:
         self._metrics = metrics
         self._clock = clock
         self._rng = rng
+        #: set when the gateway serves workflows: a granted claim of a task with parents carries them when they fit
+        self.inline: InlineHook | None = None
 
     def _delay(self, task: Task) -> float:
         return backoff_s(task.retry_backoff_s, task.attempts_in_budget, self._rng.uniform(-1.0, 1.0))
@@ -91,7 +102,12 @@ class NodeProtocol:
                 attempt_id=req.attempt_id,
             )
             return _claim_error(Code.NODE_DRAINING, f"node {node_id} is draining")
-        return await self._ledger.serial(req.task_id, lambda: self._claim(node_id, req))
+        granted: dict[str, Task] = {}
+        reply = await self._ledger.serial(req.task_id, lambda: self._claim(node_id, req, granted))
+        if not granted:
+            return reply
+        answered = await self._with_dependencies([req], [reply], granted)
+        return answered[0] if isinstance(answered[0], ClaimReply) else reply
 
     def claim_many(self, node_id: str, reqs: list[ClaimRequest]) -> list[asyncio.Future[ClaimReply]]:
         """Each claim of a batch queued in its task's mailbox now. Through ``claim`` each cost a task and three
@@ -99,9 +115,49 @@ class NodeProtocol:
         sets how fast a node's slots turn over (docs/PERFORMANCE.md)."""
         if self._nodes.is_draining(node_id):
             return [asyncio.ensure_future(self.claim(node_id, req)) for req in reqs]
-        return [self._ledger.queued(req.task_id, functools.partial(self._claim, node_id, req)) for req in reqs]
+        granted: dict[str, Task] = {}
+        futs = [self._ledger.queued(req.task_id, functools.partial(self._claim, node_id, req, granted)) for req in reqs]
+        if self.inline is None:
+            return futs
+        # the batch's inline dependencies are read once every claim is answered: one read for the batch
+        outs: list[asyncio.Future[ClaimReply]] = [asyncio.get_running_loop().create_future() for _ in reqs]
+        whole = asyncio.ensure_future(self._batch_with_dependencies(reqs, futs, granted))
+        whole.add_done_callback(functools.partial(_hand_out, outs))
+        return outs
 
-    async def _claim(self, node_id: str, req: ClaimRequest) -> ClaimReply:
+    async def _batch_with_dependencies(
+        self, reqs: list[ClaimRequest], futs: list[asyncio.Future[ClaimReply]], granted: dict[str, Task]
+    ) -> list[ClaimReply | BaseException]:
+        outcomes: list[ClaimReply | BaseException] = list(await asyncio.gather(*futs, return_exceptions=True))
+        return await self._with_dependencies(reqs, outcomes, granted) if granted else outcomes
+
+    async def _with_dependencies(
+        self, reqs: list[ClaimRequest], outcomes: list[ClaimReply | BaseException], granted: dict[str, Task]
+    ) -> list[ClaimReply | BaseException]:
+        """The granted replies with their tasks' parents inline where they fit (docs/WIRE.md, Claim). A failed
+        read leaves them out: the node reads them by pages, as without them."""
+        if self.inline is None:
+            return outcomes
+        try:
+            found = await self.inline(list(granted.values()), self._read_tasks)
+        except Exception:
+            log.warning("a claim's inline dependencies could not be read; the node reads them by pages", exc_info=True)
+            return outcomes
+        return [
+            msgspec.structs.replace(o, dependencies=found[r.task_id])
+            if isinstance(o, ClaimReply) and o.ok and r.task_id in found
+            else o
+            for r, o in zip(reqs, outcomes, strict=True)
+        ]
+
+    async def _read_tasks(self, task_ids: list[str]) -> list[Task]:
+        """Stored tasks by id: one read where instances share the store; each from the local store otherwise."""
+        if self._ledger.shared is not None:
+            return await self._ledger.shared.get_tasks(task_ids)
+        found = await asyncio.gather(*(self._store.tasks.get_task(i) for i in task_ids))
+        return [t for t in found if t is not None]
+
+    async def _claim(self, node_id: str, req: ClaimRequest, granted: dict[str, Task] | None = None) -> ClaimReply:
         task = await self._ledger.current(req.task_id)
         actor = ActorRef("node", node_id)
         if task is None:
@@ -131,6 +187,8 @@ class NodeProtocol:
             return _claim_error(exc.code, exc.message)
         if isinstance(result, sm.Repeat):
             await self._ledger.repeated("claim", task, task.id, actor, node_id=node_id)
+            if granted is not None and task.depends_on:
+                granted[task.id] = task
             return _lease_reply(task)
         try:
             new = await self._ledger.commit(result, None)
@@ -178,6 +236,8 @@ class NodeProtocol:
         if new.thread_id is not None:
             failpoints.hit("claim.after_thread_commit")  # the thread's lane is taken; the node has no reply yet
         self._metrics.queue_latency(new.kind, max(0.0, now - task.not_before))
+        if granted is not None and new.depends_on:
+            granted[new.id] = new
         return _lease_reply(new)
 
     def _first_limited(self, attempt_id: str, rule: str) -> bool:
@@ -359,6 +419,21 @@ class NodeProtocol:
             self._ledger.send_cancel(task, Code.TIMEOUT)
 
         await self._ledger.serial(task_id, run)
+
+
+def _hand_out(outs: list[asyncio.Future[ClaimReply]], whole: asyncio.Future[list[ClaimReply | BaseException]]) -> None:
+    """Each claim's answer of a batch built whole (``claim_many``) to its own future."""
+    for i, out in enumerate(outs):
+        if out.done():
+            continue
+        if whole.cancelled():
+            out.cancel()
+        elif (exc := whole.exception()) is not None:
+            out.set_exception(exc)
+        elif isinstance(answer := whole.result()[i], BaseException):
+            out.set_exception(answer)
+        else:
+            out.set_result(answer)
 
 
 def _claim_error(code: str, message: str) -> ClaimReply:

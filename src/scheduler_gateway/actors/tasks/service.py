@@ -41,7 +41,7 @@ from .creation import TaskCreation
 from .dead_letters import DeadLetters
 from .keys import KeySlots, Replays
 from .ledger import RequeueGuard, TaskLedger
-from .node_protocol import NodeProtocol
+from .node_protocol import InlineHook, NodeProtocol
 
 T = TypeVar("T")
 
@@ -279,6 +279,11 @@ class TaskService:
     def claim_many(self, node_id: str, reqs: list[ClaimRequest]) -> list[asyncio.Future[ClaimReply]]:
         """The claims of one batch request, each in its task's mailbox at once: a future per claim."""
         return self._node.claim_many(node_id, reqs)
+
+    def inline_dependencies(self, hook: InlineHook) -> None:
+        """Granted claims of workflow tasks with parents carry them when they fit (``hook`` builds them; set
+        before the claims are served)."""
+        self._node.inline = hook
 
     async def heartbeat(self, node_id: str, req: HeartbeatRequest) -> HeartbeatReply:
         return await self._node.heartbeat(node_id, req)

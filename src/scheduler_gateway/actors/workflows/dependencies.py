@@ -37,7 +37,7 @@ class Dependencies:
         lists = await asyncio.gather(*(self._artifacts(p) for p in holders))
         listed = {p.id: a for p, a in zip(holders, lists, strict=True)}
         views = [
-            _view(e.parent_ref, e.parent_id, e.on, p, listed.get(e.parent_id, []))
+            dependency_view(e.parent_ref, e.parent_id, e.on, p, listed.get(e.parent_id, []))
             for e, p in zip(edges, parents, strict=True)
         ]
         return DependenciesReply(dependencies=views, next=edges[-1].parent_ref if more and edges else None)
@@ -52,7 +52,9 @@ class Dependencies:
         ]
 
 
-def _view(ref: str, task_id: str, on: str, parent: Task | None, artifacts: list[ArtifactInfo]) -> DependencyView:
+def dependency_view(
+    ref: str, task_id: str, on: str, parent: Task | None, artifacts: list[ArtifactInfo]
+) -> DependencyView:
     if parent is None:  # purged by retention (a workflow's tasks are kept while it has open tasks)
         return DependencyView(ref=ref, task_id=task_id, state="purged", on=on)  # type: ignore[arg-type]
     return DependencyView(

@@ -280,6 +280,16 @@ class SqliteWorkflows:
         )
         return [_edge(r) for r in rows]
 
+    async def edges_into_many(self, child_ids: list[str]) -> list[Edge]:
+        if not child_ids:
+            return []
+        rows = await self._db.fetchall(
+            f"SELECT {_SQL_EDGE_COLUMNS} FROM task_edges INDEXED BY task_edges_child"
+            " WHERE child_id IN (SELECT value FROM json_each(?)) ORDER BY child_id, parent_ref, parent_id",
+            (msgspec.json.encode(child_ids).decode(),),
+        )
+        return [_edge(r) for r in rows]
+
     async def dep_counts(self, task_ids: list[str]) -> dict[str, DepCounts]:
         if not task_ids:
             return {}

@@ -322,6 +322,15 @@ class PgWorkflows:
         )
         return [_edge(r) for r in rows]
 
+    async def edges_into_many(self, child_ids: list[str]) -> list[Edge]:
+        if not child_ids:
+            return []
+        rows = await self._db.fetch(
+            f"SELECT {_EDGE_COLUMNS} FROM task_edges WHERE child_id = ANY(%s::text[]) ORDER BY child_id, parent_ref",
+            (child_ids,),
+        )
+        return [_edge(r) for r in rows]
+
     async def dep_counts(self, task_ids: list[str]) -> dict[str, DepCounts]:
         if not task_ids:
             return {}

@@ -1,0 +1,82 @@
+"""A granted claim's dependencies inline (CONTRACT 2.12, docs/WIRE.md, Claim): the parents of the workflow tasks
+a claim batch was granted, as ``ctx.dependencies`` sees them, built for the whole batch with one read of edges, one
+of parents and one of artifact counts, so that a node need not ask ``gw.workflow.<nodeId>`` before each handler.
+
+Only small sets travel this way: a task with more than ``INLINE_PARENTS`` parents, or whose views encode to more
+than ``INLINE_TASK_BYTES``, or that would take the batch's inline total over its budget (a share of the message
+size limit), gets none (``None``: the node reads its pages, as before). The views are the parents as of the claim,
+what a page read right after it answers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from scheduler_gateway.wire.artifacts import ArtifactInfo
+from scheduler_gateway.wire.workflows import DependencyView
+
+from ..model.records import Task
+from .dependencies import dependency_view
+from .records import WorkflowServiceStore
+
+#: the most parents a claim reply carries inline (a page's worth), and their encoded size at most per task
+INLINE_PARENTS = 200
+INLINE_TASK_BYTES = 64 * 1024
+#: the most inline bytes one claim reply carries in all, at most (the gateway's share is smaller when its
+#: ``max_payload_bytes`` is: half of it, so a batch reply stays within the server's message size limit)
+INLINE_BATCH_BYTES = 512 * 1024
+
+#: a batched read of stored tasks by id (missing ones left out)
+ReadTasks = Callable[[list[str]], Awaitable[list[Task]]]
+
+_encode = msgspec.json.Encoder().encode
+
+
+def inlinable(task: Task) -> bool:
+    """Whether a granted claim of ``task`` may carry its parents (without a read: the task lists them)."""
+    return task.workflow_id is not None and 0 < len(task.depends_on) <= INLINE_PARENTS
+
+
+class InlineDependencies:
+    """Builds the inline dependencies of a batch of granted claims (``NodeProtocol``'s hook)."""
+
+    def __init__(self, store: WorkflowServiceStore, *, batch_bytes: int = INLINE_BATCH_BYTES) -> None:
+        self._store = store
+        self._batch_bytes = max(0, min(batch_bytes, INLINE_BATCH_BYTES))
+
+    async def __call__(self, tasks: list[Task], read: ReadTasks) -> dict[str, list[DependencyView]]:
+        """The views by task id of those of ``tasks`` that fit (in the batch's order); the rest are left out."""
+        tasks = [t for t in tasks if inlinable(t)]
+        if not tasks or self._batch_bytes == 0:
+            return {}
+        edges = await self._store.workflows.edges_into_many([t.id for t in tasks])
+        by_child: dict[str, list[tuple[str, str, str]]] = {}
+        for e in edges:
+            by_child.setdefault(e.child_id, []).append((e.parent_ref, e.parent_id, e.on))
+        wanted = sorted({pid for refs in by_child.values() if len(refs) <= INLINE_PARENTS for _, pid, _ in refs})
+        parents = {p.id: p for p in await read(wanted)} if wanted else {}
+        ended = [pid for pid, p in parents.items() if p.terminal]
+        held = await self._store.artifacts.artifact_counts(ended) if ended else {}
+        holders = sorted(held)
+        lists = await asyncio.gather(*(self._store.artifacts.list_artifacts(pid) for pid in holders))
+        listed = {
+            pid: [ArtifactInfo(name=r.name, size=r.size, sha256=r.sha256, content_type=r.content_type) for r in rows]
+            for pid, rows in zip(holders, lists, strict=True)
+        }
+        out: dict[str, list[DependencyView]] = {}
+        budget = self._batch_bytes
+        for task in tasks:
+            refs = by_child.get(task.id)
+            if not refs or len(refs) > INLINE_PARENTS:
+                continue  # none stored (purged with its workflow) or too many: the node reads the pages
+            views = [
+                dependency_view(ref, pid, on, parents.get(pid), listed.get(pid, [])) for ref, pid, on in sorted(refs)
+            ]
+            size = len(_encode(views))
+            if size > INLINE_TASK_BYTES or size > budget:
+                continue
+            budget -= size
+            out[task.id] = views
+        return out
