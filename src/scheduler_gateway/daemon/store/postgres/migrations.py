@@ -22,6 +22,7 @@ from scheduler_gateway.daemon.store.postgres.counts import PG_COUNTS_MIGRATION
 from scheduler_gateway.daemon.store.postgres.minutes import PG_MINUTES_MIGRATION
 from scheduler_gateway.daemon.store.postgres.outbox import PG_OUTBOX_XID_MIGRATION
 from scheduler_gateway.daemon.store.postgres.search import PG_SEARCH_MIGRATION, PG_SEARCH_OWNER_MIGRATION
+from scheduler_gateway.daemon.store.postgres.set_triggers import PG_SET_TRIGGERS_MIGRATION
 from scheduler_gateway.daemon.store.postgres.workflow_schema import PG_WORKFLOWS_MIGRATION
 from scheduler_gateway.wire.errors import StorageError
 
@@ -310,6 +311,9 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 17: workflows: their rows, edges, dependency counters and the releaser's notices, and a task's workflow
     # (text in postgres/workflow_schema.py)
     PG_WORKFLOWS_MIGRATION,
+    # 18: the tasks' labels, count moves and per-minute figures written once per statement, not per row (text in
+    # postgres/set_triggers.py)
+    PG_SET_TRIGGERS_MIGRATION,
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)
