@@ -94,3 +94,34 @@ async def test_derived_rows_follow_every_write_path(pg_url: str) -> None:
         assert minutes == {claim_minute: (0, 0, 20, 2000.0), fail_minute: (6, 6, 0, 0.0), done_minute: (5, 0, 0, 0.0)}
     finally:
         await store.stop()
+
+
+async def test_the_parent_and_request_indexes_hold_only_rows_with_one_and_serve_their_reads(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    await store.start()
+    try:
+        parent = make_task(1)
+        child = make_task(2, parent_id=parent.id)
+        assert await store.tasks.apply_many([create(parent), create(child)]) == [None, None]
+    finally:
+        await store.stop()
+    defs = dict(
+        _rows(pg_url, "SELECT indexname, indexdef FROM pg_indexes WHERE indexname IN ('tasks_parent', 'audit_request')")
+    )
+    assert str(defs["tasks_parent"]).endswith("WHERE (parent_id IS NOT NULL)"), defs
+    assert str(defs["audit_request"]).endswith("WHERE (request_id IS NOT NULL)"), defs
+    assert _rows(pg_url, "SELECT count(*) FROM tasks WHERE parent_id IS NOT NULL") == [(1,)]
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("SET enable_seqscan = off")
+        for sql, index in (
+            (
+                "SELECT id FROM tasks t WHERE t.parent_id >= %s AND t.parent_id <= %s"
+                " ORDER BY t.parent_id, t.id LIMIT 5",
+                "tasks_parent",
+            ),
+            ("SELECT id FROM tasks WHERE parent_id = %s", "tasks_parent"),  # the subtree guard, retention
+            ("SELECT seq FROM audit WHERE request_id = %s ORDER BY seq DESC LIMIT 5", "audit_request"),
+        ):
+            n = sql.count("%s")
+            plan = " ".join(str(r[0]) for r in conn.execute("EXPLAIN " + sql, [parent.id] * n))  # type: ignore[arg-type]
+            assert index in plan, (sql, plan)

@@ -311,7 +311,8 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 17: workflows: their rows, edges, dependency counters and the releaser's notices, and a task's workflow
     # (text in postgres/workflow_schema.py)
     PG_WORKFLOWS_MIGRATION,
-    # 18: the tasks' labels, count moves and per-minute figures written once per statement, not per row (text in
+    # 18: the tasks' labels, count moves and per-minute figures written once per statement, not per row; the index
+    # of a task's children and of the audit by request without the rows that have none (text in
     # postgres/set_triggers.py)
     PG_SET_TRIGGERS_MIGRATION,
 )

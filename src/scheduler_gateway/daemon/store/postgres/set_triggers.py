@@ -139,8 +139,15 @@ BEGIN
 END
 $$"""
 
-#: 18: the tasks' derived rows per statement (this module's docstring); the delete trigger stays migration 16's
+#: 18: the tasks' derived rows per statement (this module's docstring); the delete trigger stays migration 16's. And
+#: two indexes that held a row for every task or audit entry, though every read of them names a value: a task's
+#: children (``parent_id = ...``: the subtree guard, retention, a list by parent) and an audit page by request id
+#: skip the tasks without a parent and the entries without a request (most of them), one index entry fewer each
 PG_SET_TRIGGERS_MIGRATION: tuple[str, ...] = (
+    "DROP INDEX tasks_parent",
+    "CREATE INDEX tasks_parent ON tasks (parent_id, id) WHERE parent_id IS NOT NULL",
+    "DROP INDEX audit_request",
+    "CREATE INDEX audit_request ON audit (request_id, seq) WHERE request_id IS NOT NULL",
     _COLUMNS_FUNCTION,
     _INSERTED_FUNCTION,
     _UPDATED_FUNCTION,
