@@ -1,7 +1,7 @@
 """The tasks table's derived rows on PostgreSQL written once per statement (migration 18, postgres/set_triggers.py):
 the console's columns, the labels, the count moves and the per-minute figures are what each task says, whichever
 path wrote it (a batch's set statement, the change-by-change path, raw SQL, a heartbeat's lease update), and no
-trigger on tasks runs a statement per inserted or updated row any more."""
+trigger on tasks runs a statement per inserted or updated row any more (an update runs no row trigger at all)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ async def test_no_trigger_on_tasks_writes_a_row_per_inserted_or_updated_task(pg_
     per_row = {name: fn for name, row, fn, _ in found if row}
     # a row trigger only sets the row's own columns (node_id, error_code); every other row is written per statement
     assert set(per_row.values()) == {"gw_task_columns"}, found
+    # and only on insert: an update's writer sets node_id and error_code itself (ChangeRows.search)
+    assert [name for name, row, _, _ in found if row] == ["tasks_columns_insert"], found
     config = {fn: conf for _, _, fn, conf in found}
     assert "enable_nestloop=off" in config["gw_tasks_updated"], config  # its join is planned once per session
 

@@ -83,7 +83,7 @@ def _unnest(*types: str) -> str:
 _TASK_TYPES = (_T, _T, _T, _I8, _I4, _T, _T, _T, _F8, _F8, _B)  # SQL_INSERT_TASK's _TASK_COLUMNS (tasks.py)
 _SET_COLUMNS = (
     "owner", "kind", "state", "revision", "priority", "parent_id", "run_id", "thread_id", "created_at",
-    "not_before", "doc", "lease_expires_at", "deadline_at", "finished_at",
+    "not_before", "doc", "lease_expires_at", "deadline_at", "finished_at", "node_id", "error_code",
 )  # fmt: skip
 _LETTER_SET = (
     "dead_letter_id = excluded.dead_letter_id, requeued = excluded.requeued, exhausted = excluded.exhausted,"
@@ -102,7 +102,7 @@ SQL_SET_WRITE = (
     # frozen instance's open transaction would hold the whole batch): its change is decided alone (lock_bounds.py)
     " lk AS (SELECT t.id FROM tasks t WHERE t.id = ANY(%b::text[]) ORDER BY t.id FOR UPDATE SKIP LOCKED),"
     f" upd AS (UPDATE tasks t SET {', '.join(f'{c} = v.{c}' for c in _SET_COLUMNS)}"
-    f" FROM {_unnest(*_TASK_TYPES, _F8, _F8, _F8, _T, _I8)}"
+    f" FROM {_unnest(*_TASK_TYPES, _F8, _F8, _F8, _T, _T, _T, _I8)}"
     f" AS v({', '.join(_SET_COLUMNS)}, id, expected)"
     " WHERE t.id = v.id AND t.revision = v.expected AND t.id IN (SELECT id FROM lk) RETURNING t.id),"
     " won AS (SELECT id FROM ins UNION ALL SELECT id FROM upd),"
@@ -385,16 +385,16 @@ def _params(rows: list[ChangeRows]) -> list[list[Any]]:
     # sorted by id: two batches lock the rows they update in one order (no deadlock between them on these)
     updates = sorted(
         (
-            (*r.task_values[:-1], *r.lease_cols, r.finished_at, r.task_id, r.expected_revision)
+            (*r.task_values[:-1], *r.lease_cols, r.finished_at, *r.search, r.task_id, r.expected_revision)
             for r in rows
             if r.expected_revision is not None
         ),
-        key=lambda u: str(u[14]),
+        key=lambda u: str(u[16]),
     )
     return [
         *_columns(inserts, 17),
-        [u[14] for u in updates],  # the rows to lock (lk)
-        *_columns(updates, 16),
+        [u[16] for u in updates],  # the rows to lock (lk)
+        *_columns(updates, 18),
         *_columns([r.history for r in rows if r.history is not None], 4),
         *_columns([(r.task_id, *r.audit) for r in rows if r.audit is not None], 8),
         *_columns([(r.task_id, *r.outbox) for r in rows if r.outbox is not None], 2),

@@ -11,10 +11,12 @@ CPU per create, claim and settle (docs/PERFORMANCE.md, "What each lever gave").
 Here the same rows are written by statement triggers over the statement's transition tables: one insert of the
 labels, one of the count moves and one upsert of the minutes per statement, each carrying every row of the batch,
 in the same transaction as the task rows (so every guarantee of those migrations stays: a move is counted once,
-by the writer's own transaction; a write that inserted nothing counts nothing). What must be set on the row
-itself (``node_id``, ``error_code``) stays a row trigger, but parses the document only when it can hold a value:
-a document without the bytes ``"node_id":"`` has no node (msgspec writes compact JSON, and a quote inside a
-string is escaped), and only a failed or dead task has an error code. Labels are parsed only from a document
+by the writer's own transaction; a write that inserted nothing counts nothing). The row's own columns
+(``node_id``, ``error_code``) are written by every update of a task's document (batch_write.py's set statement,
+tasks.py's ``SQL_UPDATE_TASK``: ``ChangeRows.search``, as the SQLite store writes them), so no update runs a row
+trigger; an insert keeps one (a task's columns whoever inserts it), which parses the document only when it can
+hold a value: a document without the bytes ``"node_id":"`` has no node (msgspec writes compact JSON, and a quote
+inside a string is escaped), and only a failed or dead task has an error code. Labels are parsed only from a document
 holding ``"labels":{"`` (a task without labels writes ``"labels":{}``). A finish's minute comes from the
 ``finished_at`` column (the document's ``finished_at`` while terminal, change_rows.py), a claim's from the
 document's ``started_at``, each falling back to ``updated_at`` as before.
@@ -55,7 +57,7 @@ def _maybe_fold(moves: str) -> str:
     )
 
 
-# BEFORE INSERT, and BEFORE UPDATE when the state changes (as migration 8's trigger): the row's own columns
+# BEFORE INSERT (as migration 8's trigger): the row's own columns
 _COLUMNS_FUNCTION = f"""CREATE FUNCTION gw_task_columns() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     j json;
@@ -155,8 +157,6 @@ PG_SET_TRIGGERS_MIGRATION: tuple[str, ...] = (
     "DROP TRIGGER tasks_row_state ON tasks",
     "DROP TRIGGER tasks_count_insert ON tasks",
     "CREATE TRIGGER tasks_columns_insert BEFORE INSERT ON tasks FOR EACH ROW EXECUTE FUNCTION gw_task_columns()",
-    "CREATE TRIGGER tasks_columns_state BEFORE UPDATE ON tasks FOR EACH ROW"
-    " WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION gw_task_columns()",
     "CREATE TRIGGER tasks_inserted AFTER INSERT ON tasks REFERENCING NEW TABLE AS gw_new"
     " FOR EACH STATEMENT EXECUTE FUNCTION gw_tasks_inserted()",
     "CREATE TRIGGER tasks_updated AFTER UPDATE ON tasks REFERENCING OLD TABLE AS gw_old NEW TABLE AS gw_new"

@@ -81,7 +81,7 @@ SQL_INSERT_TASK = (
 SQL_UPDATE_TASK = (
     "UPDATE tasks SET owner = %s, kind = %s, state = %s, revision = %s, priority = %s, parent_id = %s,"
     " run_id = %s, thread_id = %s, created_at = %s, not_before = %s, doc = %s, lease_expires_at = %s,"
-    " deadline_at = %s, finished_at = %s WHERE id = %s AND revision = %s"
+    " deadline_at = %s, finished_at = %s, node_id = %s, error_code = %s WHERE id = %s AND revision = %s"
 )
 SQL_INSERT_HISTORY = (
     "INSERT INTO task_history (task_id, revision, lease_id, doc) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
@@ -162,7 +162,9 @@ async def _write_task(conn: Conn, r: ChangeRows) -> None:
             )
         return
     v = r.task_values
-    cur = await conn.execute(SQL_UPDATE_TASK, (*v[:-1], *r.lease_cols, r.finished_at, v[-1], r.expected_revision))
+    cur = await conn.execute(
+        SQL_UPDATE_TASK, (*v[:-1], *r.lease_cols, r.finished_at, *r.search, v[-1], r.expected_revision)
+    )
     if cur.rowcount == 1:
         return
     cur = await conn.execute("SELECT revision FROM tasks WHERE id = %s", (r.task_id,))
