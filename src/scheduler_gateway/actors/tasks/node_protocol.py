@@ -117,13 +117,19 @@ class NodeProtocol:
             return [asyncio.ensure_future(self.claim(node_id, req)) for req in reqs]
         granted: dict[str, Task] = {}
         futs = [self._ledger.queued(req.task_id, functools.partial(self._claim, node_id, req, granted)) for req in reqs]
-        if self.inline is None:
+        if self.inline is None or not any(self._may_inline(req.task_id) for req in reqs):
             return futs
         # the batch's inline dependencies are read once every claim is answered: one read for the batch
         outs: list[asyncio.Future[ClaimReply]] = [asyncio.get_running_loop().create_future() for _ in reqs]
         whole = asyncio.ensure_future(self._batch_with_dependencies(reqs, futs, granted))
         whole.add_done_callback(functools.partial(_hand_out, outs))
         return outs
+
+    def _may_inline(self, task_id: str) -> bool:
+        """Whether the claim of ``task_id`` may carry dependencies: its live copy has parents, or there is none (a
+        batch of tasks without parents costs nothing more)."""
+        task = self._ledger.live.get(task_id)
+        return task is None or bool(task.depends_on)
 
     async def _batch_with_dependencies(
         self, reqs: list[ClaimRequest], futs: list[asyncio.Future[ClaimReply]], granted: dict[str, Task]
