@@ -67,10 +67,14 @@ R11 waitingFor dependencies; never offered or claimed early, across restarts, cr
           test_workflow_failpoints_e2e.py, test_workflow_pg_failpoints_e2e.py, test_workflow_freeze_e2e.py
       tests/test_store_contract_workflows.py:
           test_the_claim_of_a_waiting_task_is_refused_until_its_dependencies_hold
+      here:
+          test_an_approved_task_still_waits_for_its_parents_and_an_unapproved_one_is_skipped
+          test_a_skipped_tasks_own_retry_never_runs_it_while_its_parent_stays_failed
 R12 skip: canceled with SKIPPED {ref, taskId} naming the parent, and its cascade
       tests/integration/test_workflow_http.py:
           test_a_skipped_task_shows_the_parent_that_decided_it_and_retry_rules
       here:
+          test_a_users_cancel_of_one_task_skips_its_dependents_and_the_workflow_ends
           test_a_task_retry_and_a_rework_of_a_failed_parent_reopen_what_it_skipped
 R13 on finished = finalizer; on failed = compensation (a dead parent counts as failed; a succeeded one skips it)
       here:
@@ -94,6 +98,7 @@ R15 ctx.dependencies: task_id, state, result, error, artifacts {name, size, sha2
 R16 add_tasks: 1..1,000, only under the lease, a repeat, IDEMPOTENCY_CONFLICT, a held ref INVALID_ARGUMENT, a cycle
     refused, dependents wait for everything added (recursively) and see it
       here:
+          test_an_added_task_on_an_ended_parent_is_decided_at_once_and_the_adders_dependent_sees_it
           test_add_tasks_counts_1_to_1000_and_a_dependent_waits_for_what_the_added_add
       tests/integration/test_workflow_nats.py:
           test_a_running_task_adds_tasks_and_its_dependent_waits_for_all_of_them
@@ -111,10 +116,14 @@ R18 cancel: a running task's cancel reaches its code; the workflow ends canceled
       tests/integration/test_workflows.py:
           test_cancel_reaches_a_running_handler_and_max_parallel_holds
       here:
+          test_cancels_at_once_cancel_it_once (found: each was audited and announced)
           test_cancel_and_its_idempotency_key_are_audited_and_the_workflow_ends_canceled
 R19 retry: default failed, dead, canceled (the skipped by the cascade); succeeded keep results; named succeeded refs
     reworked with downstream; attemptNo goes on, retry/rework in history; 409 while running or nothing failed
       here:
+          test_a_retry_naming_an_unknown_ref_is_refused_and_changes_nothing
+          test_a_workflow_retry_over_an_exhausted_letter_is_refused_whole
+          test_two_retries_at_once_of_a_failed_workflow_retry_it_once (found: both answered 200)
           test_a_workflow_retry_by_default_runs_its_canceled_dead_and_skipped_tasks_again
           test_a_finish_with_a_skipped_compensation_its_answer_events_callback_audit_and_a_rework_retry
       tests/integration/test_workflows.py:
@@ -125,8 +134,10 @@ R20 a task's retry, redrive, force-retry or rework reopens what it skipped; the 
       here:
           test_on_failed_takes_a_dead_parent_a_redrive_and_a_force_retry_reopen_the_skipped
           test_a_task_retry_and_a_rework_of_a_failed_parent_reopen_what_it_skipped
-R21 audited (objectType workflow); Idempotency-Key on submit, cancel, retry (Idempotent-Replayed: true)
+R21 audited (objectType workflow); Idempotency-Key on submit, cancel, retry (Idempotent-Replayed: true: found
+    missing on cancel/retry)
       here:
+          test_concurrent_submits_with_one_key_make_one_workflow
           test_cancel_and_its_idempotency_key_are_audited_and_the_workflow_ends_canceled
           test_a_finish_with_a_skipped_compensation_its_answer_events_callback_audit_and_a_rework_retry
       tests/integration/test_workflow_http.py:
@@ -817,3 +828,44 @@ async def test_a_workflow_retry_over_an_exhausted_letter_is_refused_whole(alice:
     assert (await alice.task(ids["x"]))["state"] == "failed"
     actions = [a for _, a in await audit_actions(alice, wf["id"])]
     assert actions == ["create", "finish", "retry", "finish"], actions
+
+
+async def test_concurrent_submits_with_one_key_make_one_workflow(alice: Api) -> None:
+    body = msgspec.json.encode({"name": "once", "tasks": [t("a", kind="idle"), t("b", "a", kind="idle")]})
+    answers = await asyncio.gather(
+        *(alice.call("POST", "/api/workflows", raw=body, headers={"Idempotency-Key": "same"}) for _ in range(6))
+    )
+    assert sorted(status for status, _, _ in answers) == [200] * 5 + [201], answers
+    assert len({answer["id"] for _, answer, _ in answers}) == 1
+    _, page, _ = await alice.call("GET", "/api/workflows")
+    assert len(page["items"]) == 1
+    _, tasks, _ = await alice.call("GET", "/api/tasks")
+    assert len(tasks["items"]) == 2
+
+
+async def test_two_retries_at_once_of_a_failed_workflow_retry_it_once(alice: Api, runs: Runs) -> None:
+    runs.fail["a"] = "failed"
+    wf = await submit(alice, [t("a", maxAttempts=1), t("b", "a")])
+    assert (await finished(alice, wf["id"]))["state"] == "failed"
+    runs.gate["a"] = asyncio.Event()  # the retried a holds: the workflow stays running
+    answers = await asyncio.gather(*(alice.call("POST", f"/api/workflows/{wf['id']}/retry", {}) for _ in range(2)))
+    statuses = sorted(status for status, _, _ in answers)
+    assert statuses == [200, 409], answers
+    runs.gate["a"].set()
+    await finished(alice, wf["id"])
+    actions = [a for _, a in await audit_actions(alice, wf["id"])]
+    assert actions.count("retry") == 1, actions
+
+
+async def test_cancels_at_once_cancel_it_once(alice: Api, runs: Runs) -> None:
+    runs.gate["a"] = asyncio.Event()
+    wf = await submit(alice, [t("a"), t("b", "a"), t("c", kind="idle")])
+    answers = await asyncio.gather(
+        *(alice.call("POST", f"/api/workflows/{wf['id']}/cancel", {"reason": f"r{n}"}) for n in range(4))
+    )
+    assert [status for status, _, _ in answers] == [200] * 4, answers
+    assert (await finished(alice, wf["id"]))["state"] == "canceled"
+    actions = [a for _, a in await audit_actions(alice, wf["id"])]
+    assert actions == ["create", "cancel", "finish"], actions
+    frames = await workflow_events(alice, wf["id"], 3)
+    assert [f.event for f in frames] == ["workflow.created", "workflow.canceled", "workflow.finished"]

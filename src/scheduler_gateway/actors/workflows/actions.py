@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -101,9 +101,12 @@ class WorkflowActions:
         data: dict[str, Any],
         idem: IdempotencyRecord | None,
         rid: str | None,
-    ) -> WorkflowRecord:
+        still: Callable[[WorkflowRecord], Awaitable[bool]],
+    ) -> WorkflowRecord | None:
         """Set the cancel flag by compare-and-set, with the audit entry, the event and the key, read again on a
-        lost race."""
+        lost race. What the other writer did is judged by ``still`` on the fresh row before writing again: it
+        raises when the action is now refused, and answers False when the other writer did this action already
+        (None: nothing written), so two actions at once are audited and announced once."""
         for _ in range(RETRY_ROUNDS):
             now = self._clock()
             new = msgspec.structs.replace(workflow, canceled=canceled, updated_at=now, revision=workflow.revision + 1)
@@ -122,6 +125,8 @@ class WorkflowActions:
             if fresh is None:
                 raise Conflict(f"workflow {workflow.id} is gone", code=Code.REVISION_CONFLICT)
             workflow = fresh
+            if not await still(workflow):
+                return None
         raise Conflict(f"workflow {workflow.id} keeps changing; try again", code=Code.REVISION_CONFLICT)
 
     # -- cancel --------------------------------------------------------------------------------------------------
@@ -150,10 +155,26 @@ class WorkflowActions:
                 details={"state": workflow.final_state, "action": "cancel"},
             )
         else:
+
+            async def still(fresh: WorkflowRecord) -> bool:
+                """A cancel that lost the race: another cancel won (a repeat, its key taken all the same), or the
+                workflow finished meanwhile (refused as above); else (a retry's flag) it is written again."""
+                if fresh.canceled:
+                    if idem is not None and not await self._store.tasks.put_idempotency(idem):
+                        raise Conflict("this Idempotency-Key was already used", code=Code.IDEMPOTENCY_CONFLICT)
+                    return False
+                if fresh.finished_at is not None:
+                    raise Conflict(
+                        f"workflow {fresh.id} has ended {fresh.final_state}; cancel is not allowed",
+                        code=Code.INVALID_STATE_TRANSITION,
+                        details={"state": fresh.final_state, "action": "cancel"},
+                    )
+                return True
+
             data = {"reason": reason} if reason else {}
             await self._swap(
                 caller, workflow, canceled=True, action="cancel", event_type="workflow.canceled", data=data,
-                idem=idem, rid=rid,
+                idem=idem, rid=rid, still=still,
             )  # fmt: skip
         tasks = await self._store.workflows.workflow_tasks(workflow.id)
         why = reason or f"workflow {workflow.id} canceled"
@@ -202,10 +223,26 @@ class WorkflowActions:
         parts = await self._parts(caller, workflow.id, plan, tasks, rid)
         idem = self._key(caller, key, operation, body_hash, workflow.id)
         data: dict[str, Any] = {"refs": sorted(refs) if refs else None, "tasks": len(plan)}
-        await self._swap(
-            caller, workflow, canceled=False, action="retry", event_type="workflow.retried", data=data, idem=idem,
-            rid=rid,
-        )  # fmt: skip
+
+        async def still(fresh: WorkflowRecord) -> bool:
+            """A retry that lost the race: the only write to a finished workflow's row is another retry (or a
+            reopen that made it running): this one is refused as a retry of a running workflow (its plan, read
+            before, is stale), or answered as the replay its key names."""
+            if key is not None and await self._used(caller, key, operation, body_hash):
+                raise _Replayed
+            raise Conflict(
+                f"workflow {workflow.id} is being retried or running; retry it once it has ended",
+                code=Code.INVALID_STATE_TRANSITION,
+                details={"state": "running", "action": "retry"},
+            )
+
+        try:
+            await self._swap(
+                caller, workflow, canceled=False, action="retry", event_type="workflow.retried", data=data,
+                idem=idem, rid=rid, still=still,
+            )  # fmt: skip
+        except _Replayed:
+            return True
         for _ in range(RETRY_ROUNDS):
             try:
                 await self._reopen(workflow.id, parts, rid)
@@ -255,6 +292,10 @@ class WorkflowActions:
         await self._store.tasks.apply_group(changes)
         for tr, _ in parts:
             self._ledger.after_commit(tr)
+
+
+class _Replayed(Exception):
+    """A retry's lost race was the same request under its Idempotency-Key: answered as its replay."""
 
 
 def retry_plan(tasks: list[Task], edges: list[tuple[str, str]], refs: list[str] | None) -> dict[str, str]:
