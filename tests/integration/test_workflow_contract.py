@@ -98,6 +98,7 @@ R15 ctx.dependencies: task_id, state, result, error, artifacts {name, size, sha2
 R16 add_tasks: 1..1,000, only under the lease, a repeat, IDEMPOTENCY_CONFLICT, a held ref INVALID_ARGUMENT, a cycle
     refused, dependents wait for everything added (recursively) and see it
       here:
+          test_add_tasks_from_a_task_outside_a_workflow_or_with_a_parent_id_adds_nothing
           test_an_added_task_on_an_ended_parent_is_decided_at_once_and_the_adders_dependent_sees_it
           test_add_tasks_counts_1_to_1000_and_a_dependent_waits_for_what_the_added_add
       tests/integration/test_workflow_nats.py:
@@ -116,6 +117,7 @@ R18 cancel: a running task's cancel reaches its code; the workflow ends canceled
       tests/integration/test_workflows.py:
           test_cancel_reaches_a_running_handler_and_max_parallel_holds
       here:
+          test_cancel_of_an_ended_workflow_is_refused_and_a_second_cancel_is_a_repeat
           test_cancels_at_once_cancel_it_once (found: each was audited and announced)
           test_cancel_and_its_idempotency_key_are_audited_and_the_workflow_ends_canceled
 R19 retry: default failed, dead, canceled (the skipped by the cascade); succeeded keep results; named succeeded refs
@@ -869,3 +871,37 @@ async def test_cancels_at_once_cancel_it_once(alice: Api, runs: Runs) -> None:
     assert actions == ["create", "cancel", "finish"], actions
     frames = await workflow_events(alice, wf["id"], 3)
     assert [f.event for f in frames] == ["workflow.created", "workflow.canceled", "workflow.finished"]
+
+
+async def test_cancel_of_an_ended_workflow_is_refused_and_a_second_cancel_is_a_repeat(alice: Api, runs: Runs) -> None:
+    wf = await submit(alice, [t("a")])
+    assert (await finished(alice, wf["id"]))["state"] == "succeeded"
+    status, answer, _ = await alice.call("POST", f"/api/workflows/{wf['id']}/cancel", {})
+    assert status == 409 and answer["error"]["code"] == "INVALID_STATE_TRANSITION", answer
+    other = await submit(alice, [t("idle", kind="idle")])
+    for _ in range(2):
+        status, answer, _ = await alice.call("POST", f"/api/workflows/{other['id']}/cancel", {})
+        assert status == 200, answer
+    assert (await finished(alice, other["id"]))["state"] == "canceled"
+    assert [a for _, a in await audit_actions(alice, other["id"])] == ["create", "cancel", "finish"]
+    assert [a for _, a in await audit_actions(alice, wf["id"])] == ["create", "finish"]
+
+
+async def test_add_tasks_from_a_task_outside_a_workflow_or_with_a_parent_id_adds_nothing(
+    alice: Api, node: HandNode
+) -> None:
+    plain = await alice.create({"kind": "hand"})
+    offer, lease = await claimed(node, "hand")
+    assert offer.task_id == plain["id"] and offer.workflow_id is None and offer.ref is None
+    item = msgspec.Raw(msgspec.json.encode({"ref": "x", "kind": "idle"}))
+    answer = await ask(node, AddTasksRequest(task_id=offer.task_id, lease_id=lease, tasks=[item]))
+    assert answer["ok"] is False and answer["error"]["code"] == "INVALID_ARGUMENT", answer
+    wf = await submit(alice, [t("h", kind="hand")])
+    offer, lease = await claimed(node, "hand")
+    assert offer.workflow_id == wf["id"]
+    item = msgspec.Raw(msgspec.json.encode({"ref": "x", "kind": "idle", "parentId": plain["id"]}))
+    answer = await ask(node, AddTasksRequest(task_id=offer.task_id, lease_id=lease, tasks=[item]))
+    assert answer["ok"] is False and answer["error"]["code"] == "INVALID_ARGUMENT", answer
+    assert answer["error"]["details"].get("ref") == "x", answer
+    _, tasks, _ = await alice.call("GET", "/api/tasks?limit=50")
+    assert len(tasks["items"]) == 2
