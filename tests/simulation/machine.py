@@ -98,6 +98,11 @@ FREEZE_AT = (
     "record_artifact",
     "bucket_write_meta",
     "bucket_verify",
+    # workflows: the releaser's reads its decisions rest on, a finish's compare-and-set, an add under a lease
+    "notices",
+    "dep_counts",
+    "swap_workflow",
+    "add_tasks",
 )
 #: Several instances: the longest single advance (each virtual second costs every instance's timers)
 MULTI_MAX_ADVANCE_S = 601.0

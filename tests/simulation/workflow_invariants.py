@@ -251,8 +251,8 @@ def _counters(facts: WorkflowFacts, tasks: dict[str, Task]) -> list[str]:
         task = tasks.get(tid)
         if task is None or any(e.parent_id not in tasks for e in edges):
             continue  # retention purged part of it
-        if len(edges) < d.parents and task.state in TERMINAL_STATES:
-            continue  # retention purged a parent (its edges with it) once this task had ended
+        if len(edges) < d.parents:
+            continue  # retention purged a parent with its edges once this task had ended (a retry may reopen it)
         outcomes = Counter(edge_outcome(e.on, tasks[e.parent_id].state) for e in edges)
         want = (len(edges), task.join == "any", outcomes["met"], outcomes["lost"])
         if (d.parents, d.join_any, d.met, d.lost) != want:

@@ -199,11 +199,11 @@ class WorkflowRules:
         outcomes=st.lists(
             st.sampled_from(["succeeded", "succeeded", "succeeded", "failed", "dead", "hold"]), max_size=12
         ),
-        rounds=st.integers(1, 3),
+        rounds=st.integers(1, 2),
         advance=st.sampled_from([0.5, 0.5, 3.0]),
     )
     def workflow_round(self, n: int, outcomes: list[str], rounds: int, advance: float) -> None:
-        """A worker pool busy with workflows (so that graphs run deep within a run's steps), ``rounds`` times:
+        """A worker pool busy with workflows (so that graphs run deep within a run's steps), ``rounds`` times (1-2):
         node ``n`` claims the workflow tasks on offer for its kinds in one batch, settles each as ``outcomes``
         says (``failed`` retryable, ``dead``: not retryable, ``hold``: it keeps running), then time passes (the
         releaser's turn). Each part is a step of its own: a crash or a pause may land in any of them."""
