@@ -134,6 +134,7 @@ R19 retry: default failed, dead, canceled (the skipped by the cascade); succeede
           test_a_skipped_task_shows_the_parent_that_decided_it_and_retry_rules
 R20 a task's retry, redrive, force-retry or rework reopens what it skipped; the finished workflow runs again
       here:
+          test_a_rework_of_a_succeeded_task_runs_the_finished_workflow_again_and_its_callback_counts
           test_on_failed_takes_a_dead_parent_a_redrive_and_a_force_retry_reopen_the_skipped
           test_a_task_retry_and_a_rework_of_a_failed_parent_reopen_what_it_skipped
 R21 audited (objectType workflow); Idempotency-Key on submit, cancel, retry (Idempotent-Replayed: true: found
@@ -153,6 +154,7 @@ R22 events: workflow.created, workflow.finished {state, counts} at each finish, 
 R23 callback: {workflowId, state, counts, finishedAt}, X-Callback-Id <id>:<n> with n counting finishes, signed;
     retried under the same id (2.5)
       here:
+          test_a_rework_of_a_succeeded_task_runs_the_finished_workflow_again_and_its_callback_counts
           test_a_finish_with_a_skipped_compensation_its_answer_events_callback_audit_and_a_rework_retry
           test_the_workflow_callback_is_retried_under_the_same_id
 R24 the Offer's workflowId and ref (3)
@@ -905,3 +907,24 @@ async def test_add_tasks_from_a_task_outside_a_workflow_or_with_a_parent_id_adds
     assert answer["error"]["details"].get("ref") == "x", answer
     _, tasks, _ = await alice.call("GET", "/api/tasks?limit=50")
     assert len(tasks["items"]) == 2
+
+
+async def test_a_rework_of_a_succeeded_task_runs_the_finished_workflow_again_and_its_callback_counts(
+    alice: Api, runs: Runs
+) -> None:
+    async with receiver() as hook:
+        wf = await submit(alice, [t("a"), t("b", "a")], callbackUrl=hook.url, callbackSecret=SECRET)
+        ids = ids_of(wf)
+        assert (await finished(alice, wf["id"]))["state"] == "succeeded"
+        runs.gate["a"] = asyncio.Event()
+        status, answer, _ = await alice.call("POST", f"/api/tasks/{ids['a']}/rework", {"reason": "new data"})
+        assert status == 200, answer
+        again = await get(alice, wf["id"])
+        assert again["state"] == "running" and again["finishedAt"] is None, again
+        runs.gate["a"].set()
+        done = await finished(alice, wf["id"])
+        assert done["state"] == "succeeded" and runs.ran("a") == 2
+        await wait_for(lambda: _got(hook, 2), 15)
+    assert [g.headers["X-Callback-Id"] for g in hook.got] == [f"{wf['id']}:1", f"{wf['id']}:2"]
+    frames = await workflow_events(alice, wf["id"], 3)
+    assert [f.event for f in frames] == ["workflow.created", "workflow.finished", "workflow.finished"]
