@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final
 
 import msgspec
@@ -14,9 +15,10 @@ import msgspec
 from scheduler_gateway.wire import tracecontext
 from scheduler_gateway.wire.errors import Code
 from scheduler_gateway.wire.messages import Offer, Outcome, WireError
+from scheduler_gateway.wire.workflows import DependencyView
 
 from ._context import AttemptState, Handler, TaskContext, TaskFailed, _decode_any, _encode
-from ._workflow import WorkflowRefused, WorkflowSink
+from ._workflow import Dependency, WorkflowRefused, WorkflowSink
 
 log = logging.getLogger("scheduler_gateway.worker")
 
@@ -41,8 +43,8 @@ class Running:
     lease_timer: asyncio.TimerHandle | None = None
     #: a workflow task's requests (its dependencies, its added tasks); None outside a workflow
     workflow: WorkflowSink | None = None
-    #: the claim's reply carried the task's dependencies (in ``state``): no request for them before the handler
-    dependencies_inline: bool = False
+    #: the task's dependencies as the claim's reply carried them (None: fetched by pages before the handler)
+    dependencies_inline: list[DependencyView] | None = None
 
 
 def log_extra(run: Running) -> dict[str, str | None]:
@@ -74,14 +76,8 @@ async def execute(run: Running, fn: Handler) -> Ending | None:
         timer = asyncio.timeout(timeout_s)
         try:
             async with timer:
-                # a task without parents has none to fetch, and one whose claim answered them has them already
-                if run.workflow is not None and offer.has_dependencies is not False and not run.dependencies_inline:
-                    try:
-                        run.state.dependencies = await run.workflow.dependencies()
-                    except WorkflowRefused as exc:
-                        # one parent too large for a message fails again every time: for good; the rest may pass
-                        again = exc.code != Code.PAYLOAD_TOO_LARGE
-                        return _failed(exc.code, f"the task's dependencies: {exc.message}", retryable=again)
+                if run.workflow is not None and (refused := await _dependencies(run, run.workflow)) is not None:
+                    return refused
                 result = await fn(ctx, payload)
         except TimeoutError:
             if not timer.expired():
@@ -109,6 +105,21 @@ async def execute(run: Running, fn: Handler) -> Ending | None:
         return _failed(Code.HANDLER_ERROR, str(exc) or type(exc).__name__, retryable=True)
     finally:
         run.state.ended = True  # its settle may be on its way: the context acts under the lease no more
+
+
+async def _dependencies(run: Running, workflow: WorkflowSink) -> Ending | None:
+    """A workflow task's ``ctx.dependencies`` before its handler: from the claim's reply when it carried them, else
+    fetched by pages (a task without parents has none to fetch). The failed ending when they cannot be fetched."""
+    if run.dependencies_inline is not None:  # the claim answered them: no request
+        run.state.dependencies = MappingProxyType({v.ref: Dependency.from_view(v) for v in run.dependencies_inline})
+    elif run.offer.has_dependencies is not False:
+        try:
+            run.state.dependencies = await workflow.dependencies()
+        except WorkflowRefused as exc:
+            # one parent too large for a message fails again every time: for good; the rest may pass
+            again = exc.code != Code.PAYLOAD_TOO_LARGE
+            return _failed(exc.code, f"the task's dependencies: {exc.message}", retryable=again)
+    return None
 
 
 def _failed(code: str, message: str, *, retryable: bool) -> Ending:

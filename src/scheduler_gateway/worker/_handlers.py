@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from types import MappingProxyType
 from typing import Final
 
 from scheduler_gateway import tracing
@@ -18,7 +17,7 @@ from ._context import ArtifactSink, AttemptState, Handler, TaskContext
 from ._execute import Ending, Running, execute, log_extra
 from ._leases import LeaseBook
 from ._registry import HandlerRegistry
-from ._workflow import Dependency, WorkflowSink
+from ._workflow import WorkflowSink
 
 log = logging.getLogger("scheduler_gateway.worker")
 
@@ -77,9 +76,7 @@ class HandlerRunner:
             workflow=sink,
         )
         run = Running(offer=offer, ctx=ctx, kind=kind, state=state, workflow=sink)
-        if sink is not None and reply.dependencies is not None:  # the claim answered them: no request for them
-            state.dependencies = MappingProxyType({v.ref: Dependency.from_view(v) for v in reply.dependencies})
-            run.dependencies_inline = True
+        run.dependencies_inline = reply.dependencies  # the claim answered them: no request for them
         if not self._book.start(run):
             log.info("task %s cancelled before its handler started; no settle", offer.task_id)
             return False
