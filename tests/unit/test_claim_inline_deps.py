@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
+from scheduler_gateway.actors.workflows import inline
 from scheduler_gateway.actors.workflows.inline import InlineDependencies
 from scheduler_gateway.wire.messages import ClaimReply, ClaimRequest
 from tests.unit.workflow_kit import WorkflowKit, workflow_kit
@@ -81,3 +84,35 @@ async def test_the_batch_budget_inlines_the_claims_that_fit_and_leaves_the_rest_
         j0, plain, j1, j2 = await claim_batch(k, reqs)
         assert j0.dependencies is not None and len(j0.dependencies) == 2
         assert (plain.dependencies, j1.dependencies, j2.dependencies) == (None, None, None)
+
+
+async def test_a_batch_reads_at_most_its_share_of_parents_and_leaves_the_rest_to_pages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(inline, "INLINE_BATCH_PARENTS", 3)
+    async with workflow_kit() as k:
+        k.service.inline_dependencies(InlineDependencies(k.store))
+        view = await k.submit(
+            [{"ref": r} for r in "abcd"]
+            + [{"ref": "j0", "dependsOn": [{"ref": "a"}, {"ref": "b"}]}]
+            + [{"ref": "j1", "dependsOn": [{"ref": "c"}, {"ref": "d"}]}]
+            + [{"ref": "j2", "dependsOn": [{"ref": "a"}]}]
+        )
+        ids = await k.ids(view.id)
+        for r in "abcd":
+            await k.run(ids[r], result={"r": r})
+        await k.drain()
+        read: list[str] = []
+        original = k.store.tasks.get_task
+
+        async def counted(task_id: str) -> Any:
+            read.append(task_id)
+            return await original(task_id)
+
+        reqs = [ClaimRequest(task_id=ids[r], attempt_id=(await k.task(ids[r])).attempt_id) for r in ("j0", "j1", "j2")]
+        k.store.tasks.get_task = counted  # type: ignore[method-assign]
+        j0, j1, j2 = await claim_batch(k, reqs)
+        assert [d.ref for d in j0.dependencies or []] == ["a", "b"]
+        assert j1.dependencies is None  # c and d would make 4 parents read: its pages
+        assert [d.ref for d in j2.dependencies or []] == ["a"]  # a is read already
+        assert sorted(set(read) & {ids[r] for r in "abcd"}) == sorted([ids["a"], ids["b"]])

@@ -27,6 +27,8 @@ INLINE_TASK_BYTES = 64 * 1024
 #: the most inline bytes one claim reply carries in all, at most (the gateway's share is smaller when its
 #: ``max_payload_bytes`` is: half of it, so a batch reply stays within the server's message size limit)
 INLINE_BATCH_BYTES = 512 * 1024
+#: the most distinct parents one batch reads (a batch of 256 joins of 200 other parents each would read 51,200)
+INLINE_BATCH_PARENTS = 2_000
 
 #: a batched read of stored tasks by id (missing ones left out)
 ReadTasks = Callable[[list[str]], Awaitable[list[Task]]]
@@ -55,8 +57,15 @@ class InlineDependencies:
         by_child: dict[str, list[tuple[str, str, str]]] = {}
         for e in edges:
             by_child.setdefault(e.child_id, []).append((e.parent_ref, e.parent_id, e.on))
-        wanted = sorted({pid for refs in by_child.values() if len(refs) <= INLINE_PARENTS for _, pid, _ in refs})
-        parents = {p.id: p for p in await read(wanted)} if wanted else {}
+        chosen: set[str] = set()  # the tasks whose parents are read, in the batch's order while the reads allow
+        wanted: set[str] = set()
+        for task in tasks:
+            refs = by_child.get(task.id, [])
+            more = {pid for _, pid, _ in refs} - wanted
+            if 0 < len(refs) <= INLINE_PARENTS and len(wanted) + len(more) <= INLINE_BATCH_PARENTS:
+                chosen.add(task.id)
+                wanted |= more
+        parents = {p.id: p for p in await read(sorted(wanted))} if wanted else {}
         ended = [pid for pid, p in parents.items() if p.terminal]
         held = await self._store.artifacts.artifact_counts(ended) if ended else {}
         holders = sorted(held)
@@ -68,11 +77,11 @@ class InlineDependencies:
         out: dict[str, list[DependencyView]] = {}
         budget = self._batch_bytes
         for task in tasks:
-            refs = by_child.get(task.id)
-            if not refs or len(refs) > INLINE_PARENTS:
-                continue  # none stored (purged with its workflow) or too many: the node reads the pages
+            if task.id not in chosen:
+                continue  # none stored (purged with its workflow), too many, or over the batch's reads: pages
             views = [
-                dependency_view(ref, pid, on, parents.get(pid), listed.get(pid, [])) for ref, pid, on in sorted(refs)
+                dependency_view(ref, pid, on, parents.get(pid), listed.get(pid, []))
+                for ref, pid, on in sorted(by_child[task.id])
             ]
             size = len(_encode(views))
             if size > INLINE_TASK_BYTES or size > budget:
