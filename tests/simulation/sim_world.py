@@ -104,7 +104,7 @@ ARTIFACT_CHUNK = 128
 ARTIFACT_KEEP_TASKS_S = 1800.0
 ARTIFACT_KEEPER_S = 60.0
 #: the workflow releaser's poll without a wake-up: several instances (another's commits write notices too), one
-WORKFLOW_POLL_S = 5.0
+WORKFLOW_POLL_S = 20.0
 WORKFLOW_POLL_ONE_S = 30.0
 CALLBACK_POLICY = CallbackPolicy(secret="sim-callback-secret-0123456789", retry_delays_s=(1.0, 5.0), timeout_s=5.0)
 
