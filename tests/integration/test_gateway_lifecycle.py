@@ -28,10 +28,12 @@ RECOVERY_ORDER = [
     "kinds",
     "task service",
     "dispatcher",
+    "workflows",
     "callback client",
     "scheduler",
     "duties",
     "artifacts",
+    "workflow requests",
     "node inputs",
     "http",
 ]

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidArgument
+from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidArgument, SchedulerGatewayError
 
 from .. import idgen
 from ..model import task_machine as sm
@@ -294,8 +294,9 @@ class WorkflowActions:
             self._ledger.after_commit(tr)
 
 
-class _Replayed(Exception):
-    """A retry's lost race was the same request under its Idempotency-Key: answered as its replay."""
+class _Replayed(SchedulerGatewayError):
+    """A retry's lost race was the same request under its Idempotency-Key: answered as its replay (never leaves
+    this module: under the one base like every exception the daemon defines)."""
 
 
 def retry_plan(tasks: list[Task], edges: list[tuple[str, str]], refs: list[str] | None) -> dict[str, str]:
