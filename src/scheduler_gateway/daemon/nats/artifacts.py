@@ -33,7 +33,7 @@ from nats.js.errors import NotFoundError
 from nats.nuid import NUID
 
 from scheduler_gateway.actors.model.artifacts import ArtifactRecord, missing_bytes
-from scheduler_gateway.daemon.nats.leave import leave
+from scheduler_gateway.daemon.nats.leave import QueueResponder
 from scheduler_gateway.wire.artifacts import (
     BUCKET,
     BUCKET_STREAM,
@@ -419,25 +419,14 @@ class ArtifactResponder:
         self._nc = nc
         self._subjects = subjects
         self._handle = handle
-        self._sub: Any = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._requests = QueueResponder(nc, subjects.wildcard("artifact"), self._on)
 
     async def start(self, queue: str) -> None:
-        async def cb(msg: Msg) -> None:
-            t = asyncio.ensure_future(self._on(msg))
-            self._tasks.add(t)
-            t.add_done_callback(self._tasks.discard)
-
-        self._sub = await self._nc.subscribe(self._subjects.wildcard("artifact"), queue=queue, cb=cb)
+        await self._requests.start(queue)
 
     async def stop(self) -> None:
-        """Stop answering (the server routes no more requests here when it returns: ``leave``), and let the
-        requests in flight finish."""
-        if self._sub is not None:
-            sub, self._sub = self._sub, None
-            await leave(self._nc, [sub])
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=10)
+        """Stop answering, and let the requests in flight finish (``QueueResponder``)."""
+        await self._requests.stop()
 
     async def _on(self, msg: Msg) -> None:
         import re

@@ -12,7 +12,6 @@ so one slow request never holds up the ones behind it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import re
@@ -23,7 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from scheduler_gateway.daemon.nats.bus import GATEWAY_QUEUE, NatsBus
-from scheduler_gateway.daemon.nats.leave import leave
+from scheduler_gateway.daemon.nats.leave import QueueResponder
 from scheduler_gateway.wire.errors import Code, GatewayError
 from scheduler_gateway.wire.names import NODE_ID_PATTERN
 from scheduler_gateway.wire.subjects import Subjects
@@ -64,25 +63,14 @@ class WorkflowResponder:
         self._nc = nc
         self._subjects = subjects
         self._service = service
-        self._sub: Any = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._requests = QueueResponder(nc, subjects.wildcard("workflow"), self._on)
 
     async def start(self, queue: str) -> None:
-        async def cb(msg: Msg) -> None:
-            t = asyncio.ensure_future(self._on(msg))
-            self._tasks.add(t)
-            t.add_done_callback(self._tasks.discard)
-
-        self._sub = await self._nc.subscribe(self._subjects.wildcard("workflow"), queue=queue, cb=cb)
+        await self._requests.start(queue)
 
     async def stop(self) -> None:
-        """Stop answering (the server routes no more requests here when it returns: ``leave``), and let the
-        requests in flight finish."""
-        if self._sub is not None:
-            sub, self._sub = self._sub, None
-            await leave(self._nc, [sub])
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=10)
+        """Stop answering, and let the requests in flight finish (``QueueResponder``)."""
+        await self._requests.stop()
 
     async def answer(self, subject: str, data: bytes, max_bytes: int | None = None) -> bytes:
         """The reply to one request on ``subject`` (the encoded ``DependenciesReply`` or ``AddTasksReply``);
