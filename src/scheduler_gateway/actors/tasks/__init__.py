@@ -14,6 +14,7 @@ from .api import (
     TaskPolicy,
     body_digest,
     check_labels,
+    new_task,
 )
 from .service import TaskService
 
@@ -31,4 +32,5 @@ __all__ = [
     "TaskService",
     "body_digest",
     "check_labels",
+    "new_task",
 ]

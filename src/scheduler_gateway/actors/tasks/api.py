@@ -4,12 +4,14 @@ policy, the reserved labels, and what a settle answers."""
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import msgspec
 
 from scheduler_gateway.wire.errors import GatewayError, InvalidArgument, StorageError
 from scheduler_gateway.wire.redact import redacted_repr
 
+from .. import idgen
 from ..model.records import NULL, ActorRef, AuditResult, Task
 
 
@@ -94,6 +96,41 @@ class BatchItem(msgspec.Struct, frozen=True):
 
 
 BatchOutcome = tuple[Task, bool] | GatewayError
+
+
+def new_task(spec: NewTask, owner: str, policy: TaskPolicy, now: float, **fields: Any) -> Task:
+    """The task a create of ``spec`` by ``owner`` makes, with the policy's defaults; ``fields`` set what the
+    caller decides beyond the spec (its id when known, the run a parent gives, a workflow's fields)."""
+    values: dict[str, Any] = {
+        "id": idgen.new_id("tsk"),
+        "owner": owner,
+        "kind": spec.kind,
+        "payload": spec.payload,
+        "state": "waiting_approval" if spec.requires_approval else "queued",
+        "revision": 1,
+        "priority": spec.priority,
+        "max_attempts": spec.max_attempts or policy.default_max_attempts,
+        "attempt_id": idgen.new_id("att"),
+        "run_id": spec.run_id or idgen.new_id("run"),
+        "parent_id": spec.parent_id,
+        "thread_id": spec.thread_id,
+        "requires_approval": spec.requires_approval,
+        "callback_url": spec.callback_url,
+        "callback_secret": spec.callback_secret,
+        "labels": spec.labels,
+        "not_before": spec.not_before if spec.not_before is not None else now,
+        "created_at": now,
+        "updated_at": now,
+        "retry_backoff_s": spec.retry_backoff_s,
+        "lease_s": spec.lease_s or policy.default_lease_s,
+        "timeout_s": spec.timeout_s or policy.default_timeout_s,
+        "traceparent": spec.traceparent,
+        "concurrency_key": spec.concurrency_key,
+        "unique_key": spec.unique_key,
+        "unique_for_s": spec.unique_for_s if spec.unique_key is not None else None,
+    }
+    values.update(fields)
+    return Task(**values)
 
 
 def as_gateway_error(err: BaseException) -> GatewayError:

@@ -11,7 +11,7 @@ from ..model import task_machine as sm
 from ..model.records import Task
 from ..ports import IdempotencyRecord
 from ..store_ports import TaskServiceStore
-from .api import BatchItem, BatchOutcome, Caller, NewTask, TaskPolicy, as_gateway_error, check_labels
+from .api import BatchItem, BatchOutcome, Caller, NewTask, TaskPolicy, as_gateway_error, check_labels, new_task
 from .keys import KeySlots, Replays
 from .ledger import TaskLedger
 
@@ -144,35 +144,7 @@ class TaskCreation:
             run_id = run_id or parent.run_id
         if spec.thread_id is not None and self.thread_check is not None:
             await self.thread_check(caller, spec.thread_id)
-        p = self._policy
-        task = Task(
-            id=idgen.new_id("tsk"),
-            owner=caller.user,
-            kind=spec.kind,
-            payload=spec.payload,
-            state="waiting_approval" if spec.requires_approval else "queued",
-            revision=1,
-            priority=spec.priority,
-            max_attempts=spec.max_attempts or p.default_max_attempts,
-            attempt_id=idgen.new_id("att"),
-            run_id=run_id or idgen.new_id("run"),
-            parent_id=spec.parent_id,
-            thread_id=spec.thread_id,
-            requires_approval=spec.requires_approval,
-            callback_url=spec.callback_url,
-            callback_secret=spec.callback_secret,
-            labels=spec.labels,
-            not_before=spec.not_before if spec.not_before is not None else now,
-            created_at=now,
-            updated_at=now,
-            retry_backoff_s=spec.retry_backoff_s,
-            lease_s=spec.lease_s or p.default_lease_s,
-            timeout_s=spec.timeout_s or p.default_timeout_s,
-            traceparent=spec.traceparent,
-            concurrency_key=spec.concurrency_key,
-            unique_key=spec.unique_key,
-            unique_for_s=spec.unique_for_s if spec.unique_key is not None else None,
-        )
+        task = new_task(spec, caller.user, self._policy, now, run_id=run_id or idgen.new_id("run"))
         idem = None
         if idem_key is not None:
             idem = IdempotencyRecord(

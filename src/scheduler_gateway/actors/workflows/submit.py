@@ -22,7 +22,7 @@ from scheduler_gateway.wire.workflows import REF_RULE, WorkflowTaskBody, is_ref
 from .. import idgen
 from ..model.records import Dependency, Task
 from ..model.workflows import Edge
-from ..tasks import Caller, NewTask, TaskPolicy, check_labels
+from ..tasks import Caller, NewTask, TaskPolicy, check_labels, new_task
 
 #: turns one item's task body into a create (the HTTP layer's rules: payload size, callback URL, notBefore...)
 NewTaskRule = Callable[[CreateTaskBody], NewTask]
@@ -216,41 +216,11 @@ def build_tasks(
     for it in items:
         spec, body = it.spec, it.body
         deps = tuple(Dependency(d.ref, d.on) for d in body.depends_on)
-        task = Task(
-            id=ids_of[body.ref],
-            owner=caller.user,
-            kind=spec.kind,
-            payload=spec.payload,
-            state="waiting_approval" if spec.requires_approval else "queued",
-            revision=1,
-            priority=spec.priority,
-            max_attempts=spec.max_attempts or policy.default_max_attempts,
-            attempt_id=idgen.new_id("att"),
-            run_id=spec.run_id or idgen.new_id("run"),
-            thread_id=spec.thread_id,
-            requires_approval=spec.requires_approval,
-            callback_url=spec.callback_url,
-            callback_secret=spec.callback_secret,
-            labels=spec.labels,
-            not_before=spec.not_before if spec.not_before is not None else now,
-            created_at=now,
-            updated_at=now,
-            retry_backoff_s=spec.retry_backoff_s,
-            lease_s=spec.lease_s or policy.default_lease_s,
-            timeout_s=spec.timeout_s or policy.default_timeout_s,
-            traceparent=spec.traceparent,
-            concurrency_key=spec.concurrency_key,
-            unique_key=spec.unique_key,
-            unique_for_s=spec.unique_for_s if spec.unique_key is not None else None,
-            workflow_id=workflow_id,
-            ref=body.ref,
-            depends_on=deps,
-            join=body.join,
-            waiting_deps=bool(deps),
-            workflow_max_parallel=max_parallel,
-            added_by=added_by,
-            spec_digest=it.digest,
-        )
+        task = new_task(
+            spec, caller.user, policy, now,
+            id=ids_of[body.ref], workflow_id=workflow_id, ref=body.ref, depends_on=deps, join=body.join,
+            waiting_deps=bool(deps), workflow_max_parallel=max_parallel, added_by=added_by, spec_digest=it.digest,
+        )  # fmt: skip
         tasks.append(task)
         edges.extend(
             Edge(workflow_id=workflow_id, parent_id=ids_of[d.ref], parent_ref=d.ref, child_id=task.id, on=d.on)
