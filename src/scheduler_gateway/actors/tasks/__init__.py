@@ -15,6 +15,7 @@ from .api import (
     body_digest,
     check_labels,
     new_task,
+    spec_of,
 )
 from .service import TaskService
 
@@ -33,4 +34,5 @@ __all__ = [
     "body_digest",
     "check_labels",
     "new_task",
+    "spec_of",
 ]

@@ -8,8 +8,11 @@ from typing import Any
 
 import msgspec
 
+from scheduler_gateway.wire import tracecontext
+from scheduler_gateway.wire.api import CreateTaskBody
 from scheduler_gateway.wire.errors import GatewayError, InvalidArgument, StorageError
 from scheduler_gateway.wire.redact import redacted_repr
+from scheduler_gateway.wire.timefmt import RANGE_TEXT, parse_ts
 
 from .. import idgen
 from ..model.records import NULL, ActorRef, AuditResult, Task
@@ -96,6 +99,43 @@ class BatchItem(msgspec.Struct, frozen=True):
 
 
 BatchOutcome = tuple[Task, bool] | GatewayError
+
+
+def spec_of(body: CreateTaskBody) -> NewTask:
+    """What a create body asks, held to the rules that need no settings (``notBefore`` a timestamp in range,
+    ``uniqueForSeconds`` with a ``uniqueKey``); each door adds its own (the HTTP layer: the callback's target)."""
+    not_before = None
+    if body.not_before is not None:
+        try:
+            not_before = parse_ts(body.not_before)
+        except ValueError:
+            raise InvalidArgument(
+                f"notBefore must be an RFC 3339 timestamp with an offset, from {RANGE_TEXT}",
+                details={"field": "notBefore"},
+            ) from None
+    if body.unique_for_seconds is not None and body.unique_key is None:
+        raise InvalidArgument("uniqueForSeconds needs a uniqueKey", details={"field": "uniqueForSeconds"})
+    return NewTask(
+        kind=body.kind,
+        payload=body.payload,
+        priority=body.priority,
+        max_attempts=body.max_attempts,
+        retry_backoff_s=body.retry_backoff_seconds,
+        lease_s=body.lease_seconds,
+        timeout_s=body.timeout_seconds,
+        not_before=not_before,
+        parent_id=body.parent_id,
+        thread_id=body.thread_id,
+        run_id=body.run_id,
+        requires_approval=body.requires_approval,
+        traceparent=tracecontext.normalized(body.traceparent),
+        concurrency_key=body.concurrency_key,
+        unique_key=body.unique_key,
+        unique_for_s=body.unique_for_seconds,
+        callback_url=body.callback_url,
+        callback_secret=body.callback_secret or None,
+        labels=body.labels,
+    )
 
 
 def new_task(spec: NewTask, owner: str, policy: TaskPolicy, now: float, **fields: Any) -> Task:

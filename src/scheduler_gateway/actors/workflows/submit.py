@@ -13,16 +13,14 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import msgspec
 
-from scheduler_gateway.wire import tracecontext
 from scheduler_gateway.wire.api import CreateTaskBody
 from scheduler_gateway.wire.errors import GatewayError, InvalidArgument
-from scheduler_gateway.wire.timefmt import RANGE_TEXT, parse_ts
 from scheduler_gateway.wire.workflows import REF_RULE, WorkflowTaskBody, is_ref
 
 from .. import idgen
 from ..model.records import Dependency, Task
 from ..model.workflows import Edge
-from ..tasks import Caller, NewTask, TaskPolicy, check_labels, new_task
+from ..tasks import Caller, NewTask, TaskPolicy, check_labels, new_task, spec_of
 
 #: turns one item's task body into a create (the HTTP layer's rules: payload size, callback URL, notBefore...)
 NewTaskRule = Callable[[CreateTaskBody], NewTask]
@@ -64,39 +62,9 @@ def digest(raw: bytes) -> str:
 def default_rule(body: CreateTaskBody) -> NewTask:
     """The create rules that need no HTTP settings (the gateway gives the HTTP layer's own, which also checks the
     payload's size and the callback URL's target)."""
-    not_before = None
-    if body.not_before is not None:
-        try:
-            not_before = parse_ts(body.not_before)
-        except ValueError:
-            raise InvalidArgument(
-                f"notBefore must be an RFC 3339 timestamp with an offset, from {RANGE_TEXT}",
-                details={"field": "notBefore"},
-            ) from None
-    if body.unique_for_seconds is not None and body.unique_key is None:
-        raise InvalidArgument("uniqueForSeconds needs a uniqueKey", details={"field": "uniqueForSeconds"})
     if body.callback_secret is not None and body.callback_url is None:
         raise InvalidArgument("callbackSecret needs a callbackUrl", details={"field": "callbackSecret"})
-    return NewTask(
-        kind=body.kind,
-        payload=body.payload,
-        priority=body.priority,
-        max_attempts=body.max_attempts,
-        retry_backoff_s=body.retry_backoff_seconds,
-        lease_s=body.lease_seconds,
-        timeout_s=body.timeout_seconds,
-        not_before=not_before,
-        thread_id=body.thread_id,
-        run_id=body.run_id,
-        requires_approval=body.requires_approval,
-        traceparent=tracecontext.normalized(body.traceparent),
-        concurrency_key=body.concurrency_key,
-        unique_key=body.unique_key,
-        unique_for_s=body.unique_for_seconds,
-        callback_url=body.callback_url,
-        callback_secret=body.callback_secret or None,
-        labels=body.labels,
-    )
+    return spec_of(body)
 
 
 async def decode_items(

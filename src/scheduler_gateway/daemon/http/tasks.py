@@ -14,7 +14,7 @@ from scheduler_gateway.actors.model.records import HistoryEntry, Task, TaskError
 from scheduler_gateway.actors.ports import (
     TaskQuery,
 )
-from scheduler_gateway.actors.tasks import BatchItem, Caller, NewTask, TaskService
+from scheduler_gateway.actors.tasks import BatchItem, Caller, NewTask, TaskService, spec_of
 from scheduler_gateway.daemon.http import task_spans
 from scheduler_gateway.daemon.http.answers import json_response
 from scheduler_gateway.daemon.http.callback_client import target_host, target_problem
@@ -30,14 +30,14 @@ from scheduler_gateway.daemon.http.requests import (
     value_hash,
 )
 from scheduler_gateway.daemon.http.settings import HttpSettings
-from scheduler_gateway.wire import api, tracecontext
+from scheduler_gateway.wire import api
 from scheduler_gateway.wire.errors import (
     GatewayError,
     InvalidArgument,
     PayloadTooLarge,
 )
 from scheduler_gateway.wire.ids import is_id
-from scheduler_gateway.wire.timefmt import RANGE_TEXT, fmt_ts, parse_ts
+from scheduler_gateway.wire.timefmt import fmt_ts
 
 TASK_STATES = ("waiting_approval", "queued", "running", "succeeded", "failed", "canceled", "dead")
 
@@ -118,41 +118,11 @@ def check_callback(settings: HttpSettings, url: str | None, secret: str | None) 
 def new_task(settings: HttpSettings, req: api.CreateTaskBody) -> NewTask:
     """What a create body asks, held to the rules the HTTP layer knows (a timestamp, a callback by ``[http]``); the
     payload's size is the caller's (``Bodies.check_payload``)."""
-    not_before = None
-    if req.not_before is not None:
-        try:
-            not_before = parse_ts(req.not_before)
-        except ValueError:
-            raise InvalidArgument(
-                f"notBefore must be an RFC 3339 timestamp with an offset, from {RANGE_TEXT}",
-                details={"field": "notBefore"},
-            ) from None
+    spec = spec_of(req)
     if req.parent_id is not None and not is_id(req.parent_id, "tsk"):
         raise InvalidArgument("parentId is not a task id", details={"field": "parentId"})
-    if req.unique_for_seconds is not None and req.unique_key is None:
-        raise InvalidArgument("uniqueForSeconds needs a uniqueKey", details={"field": "uniqueForSeconds"})
     check_callback(settings, req.callback_url, req.callback_secret)
-    return NewTask(
-        kind=req.kind,
-        payload=req.payload,
-        priority=req.priority,
-        max_attempts=req.max_attempts,
-        retry_backoff_s=req.retry_backoff_seconds,
-        lease_s=req.lease_seconds,
-        timeout_s=req.timeout_seconds,
-        not_before=not_before,
-        parent_id=req.parent_id,
-        thread_id=req.thread_id,
-        run_id=req.run_id,
-        requires_approval=req.requires_approval,
-        traceparent=tracecontext.normalized(req.traceparent),
-        concurrency_key=req.concurrency_key,
-        unique_key=req.unique_key,
-        unique_for_s=req.unique_for_seconds,
-        callback_url=req.callback_url,
-        callback_secret=req.callback_secret or None,
-        labels=req.labels,
-    )
+    return spec
 
 
 def create_rule(bodies: Bodies, settings: HttpSettings) -> Callable[[api.CreateTaskBody], NewTask]:
