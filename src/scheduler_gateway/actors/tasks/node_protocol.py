@@ -199,45 +199,7 @@ class NodeProtocol:
         try:
             new = await self._ledger.commit(result, None)
         except Conflict as exc:
-            if exc.code == Code.NOT_DUE:
-                # the store's guard: a workflow task's dependencies do not hold there (a parent reopened since its
-                # release; the releaser holds it again). Refused and audited like the machine's own NOT_DUE
-                await self._ledger.refused(
-                    "claim", task, task.id, actor, error_code=exc.code, node_id=node_id, attempt_id=req.attempt_id
-                )
-                return _claim_error(exc.code, exc.message)
-            if exc.code == Code.THREAD_BUSY:
-                # the store holds the lane: another task of the thread runs (an offer from before a restart, another
-                # instance's). The node naks the offer; it is claimed once the lane is free.
-                details: dict[str, Any] = {"threadId": task.thread_id, "rule": "thread"}
-                message = f"thread {task.thread_id} already has a running task"
-            elif exc.code == Code.LIMITED:
-                # a flow limit of the kind binds where the claim commits (a stale offer, another instance's claim):
-                # the task stays queued and the node naks the offer (docs/FLOW.md)
-                details = {k: v for k, v in exc.details.items() if k != "taskId"}
-                message = exc.message
-                self._metrics.claim_limited(task.kind, str(exc.details.get("rule", "")))
-            else:
-                raise
-            if self._first_limited(req.attempt_id, str(details.get("rule", ""))):
-                await self._ledger.refused(
-                    "claim", task, task.id, actor, error_code=Code.LIMITED, node_id=node_id,
-                    attempt_id=req.attempt_id, details=details,
-                )  # fmt: skip
-            else:  # the same attempt held back by the same rule again: counted, not audited once more
-                self._metrics.refused("claim", Code.LIMITED)
-            paused = details.get("rule") == "kind_paused"
-            # one instance: its dispatcher's view of the limits is the store's, so it may park the refused copy
-            # and offer afresh when they allow. Several: a view may lag the store either way (another instance's
-            # starts and ends come a second late), so only a pause parks it (a pause is long by nature, and every
-            # view learns it within a second); under a limit the refused copy comes back soon, as it always did
-            parked = self._dispatcher.claim_refused(task, park=self._ledger.shared is None or paused, paused=paused)
-            long_wait = parked or paused
-            return ClaimReply(
-                ok=False,
-                error=WireError(code=Code.LIMITED, message=message),
-                retry_after_seconds=LIMITED_RETRY_AFTER_S if long_wait else LIMITED_RETRY_SOON_S,
-            )
+            return await self._refused_by_store(task, req, node_id, actor, exc)
         failpoints.hit("claim.after_commit")  # the task is running in the store; the node has no reply yet
         if new.thread_id is not None:
             failpoints.hit("claim.after_thread_commit")  # the thread's lane is taken; the node has no reply yet
@@ -245,6 +207,51 @@ class NodeProtocol:
         if granted is not None and new.depends_on:
             granted[new.id] = new
         return _lease_reply(new)
+
+    async def _refused_by_store(
+        self, task: Task, req: ClaimRequest, node_id: str, actor: ActorRef, exc: Conflict
+    ) -> ClaimReply:
+        """The answer to a claim the store refused at commit (its guards: dependencies, a thread's lane, a flow
+        limit); any other conflict is raised."""
+        if exc.code == Code.NOT_DUE:
+            # the store's guard: a workflow task's dependencies do not hold there (a parent reopened since its
+            # release; the releaser holds it again). Refused and audited like the machine's own NOT_DUE
+            await self._ledger.refused(
+                "claim", task, task.id, actor, error_code=exc.code, node_id=node_id, attempt_id=req.attempt_id
+            )
+            return _claim_error(exc.code, exc.message)
+        if exc.code == Code.THREAD_BUSY:
+            # the store holds the lane: another task of the thread runs (an offer from before a restart, another
+            # instance's). The node naks the offer; it is claimed once the lane is free.
+            details: dict[str, Any] = {"threadId": task.thread_id, "rule": "thread"}
+            message = f"thread {task.thread_id} already has a running task"
+        elif exc.code == Code.LIMITED:
+            # a flow limit of the kind binds where the claim commits (a stale offer, another instance's claim):
+            # the task stays queued and the node naks the offer (docs/FLOW.md)
+            details = {k: v for k, v in exc.details.items() if k != "taskId"}
+            message = exc.message
+            self._metrics.claim_limited(task.kind, str(exc.details.get("rule", "")))
+        else:
+            raise exc
+        if self._first_limited(req.attempt_id, str(details.get("rule", ""))):
+            await self._ledger.refused(
+                "claim", task, task.id, actor, error_code=Code.LIMITED, node_id=node_id,
+                attempt_id=req.attempt_id, details=details,
+            )  # fmt: skip
+        else:  # the same attempt held back by the same rule again: counted, not audited once more
+            self._metrics.refused("claim", Code.LIMITED)
+        paused = details.get("rule") == "kind_paused"
+        # one instance: its dispatcher's view of the limits is the store's, so it may park the refused copy
+        # and offer afresh when they allow. Several: a view may lag the store either way (another instance's
+        # starts and ends come a second late), so only a pause parks it (a pause is long by nature, and every
+        # view learns it within a second); under a limit the refused copy comes back soon, as it always did
+        parked = self._dispatcher.claim_refused(task, park=self._ledger.shared is None or paused, paused=paused)
+        long_wait = parked or paused
+        return ClaimReply(
+            ok=False,
+            error=WireError(code=Code.LIMITED, message=message),
+            retry_after_seconds=LIMITED_RETRY_AFTER_S if long_wait else LIMITED_RETRY_SOON_S,
+        )
 
     def _first_limited(self, attempt_id: str, rule: str) -> bool:
         """True the first time this attempt is refused LIMITED by this rule (as far as this instance remembers)."""
