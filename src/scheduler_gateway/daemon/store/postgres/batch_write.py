@@ -1,4 +1,4 @@
-"""Set-based writes of a batch of task changes on PostgreSQL (``PgTasks.apply_many``; issue 50, point 1).
+"""Set-based writes of a batch of task changes on PostgreSQL (``PgTasks.apply_many``).
 
 A batch is one transaction. The changes no rule needs a read for go in ONE statement (``SQL_SET_WRITE``): a
 multi-row ``INSERT ... ON CONFLICT (id) DO NOTHING`` of the new tasks, one ``UPDATE tasks ... FROM unnest(...)``

@@ -3,7 +3,7 @@ writer updates (migration 14, ``PG_COUNTS_MIGRATION``; the SQLite store's ``task
 
 SQLite's one writer adds each batch's moves into one row per (owner, kind, state). On PostgreSQL several
 instances commit in parallel, and a counter row updated by each of them would make them wait for each other's
-commit (issue 50). So a write only appends a move to ``task_count_moves`` (no key, no index), in its own
+commit. So a write only appends a move to ``task_count_moves`` (no key, no index), in its own
 transaction: an inserted task's state (an AFTER INSERT trigger, so an ``INSERT ... ON CONFLICT DO NOTHING`` that
 inserted nothing counts nothing), a change of state (from, to) and a delete (from), both from ``gw_task_row``
 (migration 8's trigger, which already runs for exactly those). A fold (``SQL_FOLD``) moves appended rows into

@@ -1,5 +1,5 @@
-"""How long a task write on PostgreSQL waits for a lock another transaction holds (issue 50, "a frozen instance
-never stalls the others").
+"""How long a task write on PostgreSQL waits for a lock another transaction holds, so that a frozen instance
+never stalls the others.
 
 Several instances write the same rows: a claim sent again to another instance, a heartbeat's lease extension of
 a task another instance just claimed or settles, a limited kind's advisory lock. A transaction of a frozen

@@ -1,5 +1,5 @@
 """The console's per-minute figures (``task_minutes``) on PostgreSQL without a row that every writer updates
-(migration 16, ``PG_MINUTES_MIGRATION``; issue 50, "a frozen instance never stalls the others").
+(migration 16, ``PG_MINUTES_MIGRATION``): a frozen instance never stalls the others.
 
 Migration 8 (postgres/search.py) keeps one row per (minute, owner, kind), added to by the tasks' trigger
 ``gw_task_row`` on every claim and every finish. Under READ COMMITTED that row is locked from the first such

@@ -1,5 +1,5 @@
 """The tasks table's derived rows written once per statement, not once per row (migration 18,
-``PG_SET_TRIGGERS_MIGRATION``; issue 50, PostgreSQL's own CPU per task).
+``PG_SET_TRIGGERS_MIGRATION``), for PostgreSQL's own CPU per task.
 
 Migrations 8, 14 and 16 (postgres/search.py, counts.py, minutes.py) keep the console's columns (``node_id``,
 ``error_code``), a task's labels (``task_labels``), the count moves (``task_count_moves``) and the per-minute
