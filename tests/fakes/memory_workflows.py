@@ -17,7 +17,14 @@ import msgspec
 from scheduler_gateway.actors.model.callbacks import CallbackDelivery
 from scheduler_gateway.actors.model.flow import duplicate
 from scheduler_gateway.actors.model.records import TERMINAL_STATES, AuditEntry, EventRecord, Task
-from scheduler_gateway.actors.model.workflows import SKIPPED, DepCounts, Edge, Notice, WorkflowRecord, edge_outcome
+from scheduler_gateway.actors.model.workflows import (
+    DepCounts,
+    Edge,
+    Notice,
+    WorkflowRecord,
+    count_states,
+    edge_outcome,
+)
 from scheduler_gateway.actors.outbox import outbox_body
 from scheduler_gateway.actors.ports import Change, IdempotencyRecord
 from scheduler_gateway.daemon.store.common import clamp_limit
@@ -366,16 +373,8 @@ class MemoryWorkflows:
         self._check_running()
         out: dict[str, dict[str, int]] = {}
         for wid in workflow_ids:
-            counts: dict[str, int] = {}
-            for i in self._wf.members.get(wid, ()):
-                t = self._tasks.get(i)
-                if t is None:
-                    continue
-                state = "waiting" if t.state == "queued" and t.waiting_deps else t.state
-                counts[state] = counts.get(state, 0) + 1
-                if t.state == "canceled" and t.error is not None and t.error.code == SKIPPED:
-                    counts["skipped"] = counts.get("skipped", 0) + 1
-            out[wid] = counts
+            members = (self._tasks.get(i) for i in self._wf.members.get(wid, ()))
+            out[wid] = count_states(t for t in members if t is not None)
         return out
 
     async def workflow_edges(self: MemoryStore, workflow_id: str) -> list[Edge]:

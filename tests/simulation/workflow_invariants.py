@@ -30,8 +30,8 @@ from scheduler_gateway.actors.model.workflows import (
     edge_outcome,
     workflow_state,
 )
+from scheduler_gateway.actors.model.workflows import count_states as count_tasks
 from scheduler_gateway.actors.ports import Change
-from scheduler_gateway.actors.workflows.service import count_tasks
 from scheduler_gateway.daemon.store.workflows import _edge, _workflow
 
 from .durable_view import MemoryView, SqliteView

@@ -421,8 +421,8 @@ class WorkflowRules:
         self._foreign(user, owner, wid, "get", out)
         if not out.ok or user != owner:
             return
+        from scheduler_gateway.actors.model.workflows import count_states as count_tasks
         from scheduler_gateway.actors.workflows.records import counts_view
-        from scheduler_gateway.actors.workflows.service import count_tasks
 
         stored = self._wf_tasks(wid)
         if out.value.counts != counts_view(count_tasks(stored)):

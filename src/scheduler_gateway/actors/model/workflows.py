@@ -8,6 +8,7 @@ contract test holds every store to it).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 import msgspec
@@ -95,6 +96,23 @@ class Notice(msgspec.Struct, frozen=True, kw_only=True):
     at: float
 
 
+def is_skipped(task: Task) -> bool:
+    """Ended by the releaser's skip (its dependencies could no longer hold, or its workflow was canceled)."""
+    return task.state == "canceled" and task.error is not None and task.error.code == SKIPPED
+
+
+def count_states(tasks: Iterable[Task]) -> dict[str, int]:
+    """Task state -> count as a workflow's counts read: ``waiting`` (queued with dependencies not met) apart from
+    ``queued``, the skipped inside ``canceled`` (and ``skipped`` on its own, for ``workflow_state``)."""
+    counts: dict[str, int] = {}
+    for t in tasks:
+        key = "waiting" if t.state == "queued" and t.waiting_deps else t.state
+        counts[key] = counts.get(key, 0) + 1
+        if is_skipped(t):
+            counts["skipped"] = counts.get("skipped", 0) + 1
+    return counts
+
+
 def edge_accepts(on: str, parent_state: str) -> bool:
     """Whether a parent that ended in ``parent_state`` meets an edge ``on`` (``failed`` takes dead too)."""
     if on == "finished":
@@ -135,8 +153,7 @@ def verdict(task: Task, counts: DepCounts | None, workflow_canceled: bool) -> Ve
         if not task.waiting_deps and not ready and task.state == "queued":
             return "hold"
         return "none"
-    skipped = task.state == "canceled" and task.error is not None and task.error.code == SKIPPED
-    if skipped and not workflow_canceled and (counts is None or not counts.doomed):
+    if is_skipped(task) and not workflow_canceled and (counts is None or not counts.doomed):
         return "unskip"
     return "none"
 

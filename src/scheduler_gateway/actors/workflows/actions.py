@@ -21,7 +21,7 @@ from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidA
 from .. import idgen
 from ..model import task_machine as sm
 from ..model.records import DeadLetter, Task
-from ..model.workflows import SKIPPED, WorkflowRecord
+from ..model.workflows import WorkflowRecord, is_skipped
 from ..ports import Change, IdempotencyRecord
 from ..tasks import Caller, TaskService
 from ..tasks.dead_letters import redriven
@@ -33,21 +33,17 @@ CANCEL_PARALLEL = 64
 RETRY_ROUNDS = 5
 
 
-def skipped(task: Task) -> bool:
-    return task.state == "canceled" and task.error is not None and task.error.code == SKIPPED
-
-
 def failed(task: Task) -> bool:
     """Ended failed, dead or canceled (not skipped by a parent): what a retry without refs runs again. A task the
     releaser skipped because its workflow was canceled (no parent decided it) is canceled as the cancel's others."""
     if task.state in ("failed", "dead"):
         return True
-    return task.state == "canceled" and (not skipped(task) or skipped_by_cancel(task))
+    return task.state == "canceled" and (not is_skipped(task) or skipped_by_cancel(task))
 
 
 def skipped_by_cancel(task: Task) -> bool:
     details = task.error.details if task.error is not None else None
-    return skipped(task) and details is not None and details.get("taskId") == task.workflow_id
+    return is_skipped(task) and details is not None and details.get("taskId") == task.workflow_id
 
 
 class WorkflowActions:
@@ -324,7 +320,7 @@ def retry_plan(tasks: list[Task], edges: list[tuple[str, str]], refs: list[str] 
     retry_reach = _reach([r.id for r in roots if r.state != "succeeded"], children)
     for task_id in rework_reach | retry_reach:
         task = by_id.get(task_id)
-        if task is None or task_id in plan or not task.terminal or (skipped(task) and not skipped_by_cancel(task)):
+        if task is None or task_id in plan or not task.terminal or (is_skipped(task) and not skipped_by_cancel(task)):
             continue
         if task.state == "succeeded" and task_id not in rework_reach:
             continue

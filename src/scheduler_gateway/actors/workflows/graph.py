@@ -8,7 +8,7 @@ import msgspec
 from scheduler_gateway.wire.workflows import WorkflowView
 
 from ..model.records import Task
-from ..model.workflows import SKIPPED, Edge
+from ..model.workflows import Edge, is_skipped
 
 
 class WorkflowGraph(msgspec.Struct, frozen=True, kw_only=True):
@@ -29,5 +29,5 @@ def build_graph(view: WorkflowView, tasks: list[Task], edges: list[Edge]) -> Wor
             waiting_on.setdefault(ref, []).append(e.parent_ref)
     for refs in waiting_on.values():
         refs.sort()
-    skipped = sorted(t.ref or t.id for t in tasks if t.state == "canceled" and t.error and t.error.code == SKIPPED)
+    skipped = sorted(t.ref or t.id for t in tasks if is_skipped(t))
     return WorkflowGraph(view=view, edges=edges, waiting_on=waiting_on, skipped=skipped)

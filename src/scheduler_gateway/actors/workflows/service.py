@@ -31,7 +31,7 @@ from scheduler_gateway.wire.workflows import (
 from .. import failpoints, idgen
 from ..model import task_machine as sm
 from ..model.records import Task
-from ..model.workflows import SKIPPED, WorkflowRecord
+from ..model.workflows import WorkflowRecord, count_states
 from ..ports import IdempotencyRecord
 from ..tasks import Caller, TaskService
 from .actions import WorkflowActions
@@ -157,7 +157,7 @@ class WorkflowService:
         for tr in trs:
             self._ledger.after_commit(tr)
         self.releaser.wake()
-        return workflow_view(workflow, count_tasks(tasks), tasks), False
+        return workflow_view(workflow, count_states(tasks), tasks), False
 
     def _check_callback(self, body: CreateWorkflowBody) -> None:
         """The workflow's callback by a single create's rules (an http(s) URL, a secret to sign with)."""
@@ -181,7 +181,7 @@ class WorkflowService:
         """The workflow with its tasks; its counts are those of the tasks listed (one read)."""
         workflow = visible(caller, await self._store.workflows.get_workflow(checked_id(workflow_id)), workflow_id)
         tasks = await self._store.workflows.workflow_tasks(workflow.id)
-        return workflow_view(workflow, count_tasks(tasks), tasks)
+        return workflow_view(workflow, count_states(tasks), tasks)
 
     async def list(
         self, caller: Caller, *, state: str | None, name: str | None, limit: int, cursor: str | None
@@ -202,7 +202,7 @@ class WorkflowService:
         workflow = visible(caller, await self._store.workflows.get_workflow(checked_id(workflow_id)), workflow_id)
         tasks = await self._store.workflows.workflow_tasks(workflow.id)
         edges = await self._store.workflows.workflow_edges(workflow.id)
-        return build_graph(workflow_view(workflow, count_tasks(tasks), tasks), tasks, edges)
+        return build_graph(workflow_view(workflow, count_states(tasks), tasks), tasks, edges)
 
     # -- actions (actions.py) and the node's requests (adding.py, dependencies.py) -------------------------------
     async def cancel(
@@ -270,18 +270,6 @@ class WorkflowService:
 
     async def add_tasks(self, node_id: str, req: AddTasksRequest) -> AddTasksReply:
         return await self._adder.add(node_id, req)
-
-
-def count_tasks(tasks: list[Task]) -> dict[str, int]:
-    """Task state -> count as the view counts them: ``waiting`` (queued with dependencies not met) apart from
-    ``queued``, the skipped inside ``canceled`` (and ``skipped`` on its own)."""
-    counts: dict[str, int] = {}
-    for t in tasks:
-        key = "waiting" if t.state == "queued" and t.waiting_deps else t.state
-        counts[key] = counts.get(key, 0) + 1
-        if t.state == "canceled" and t.error is not None and t.error.code == SKIPPED:
-            counts["skipped"] = counts.get("skipped", 0) + 1
-    return counts
 
 
 def _named(exc: GatewayError, tasks: list[Task]) -> GatewayError:
