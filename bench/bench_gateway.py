@@ -65,6 +65,7 @@ import peer_dramatiq  # noqa: E402  (bench/ is on sys.path: this script's own fo
 import peer_procrastinate  # noqa: E402
 import pg_counts  # noqa: E402
 import procs_cpu  # noqa: E402
+import profiles  # noqa: E402
 from pg_shape import PgGateways, pg_missing  # noqa: E402
 from tests.e2e.procs import Daemon, Worker  # noqa: E402
 
@@ -610,10 +611,12 @@ async def drive_gateway(
     profile: bool,
     how: str,
     flow: FlowProfile | None = None,
+    profile_dir: Path | None = None,
 ) -> dict[str, Any]:
     """One measured run. With several instances (``daemon`` a list: one store, the production shape) the creates
     go round robin over them (a POST, or a ``submit_many`` chunk, each to the next); the polls and the reading
-    back go to the first."""
+    back go to the first. ``profile_dir`` (``--profile``): py-spy on every Python process over the whole measured
+    window, its raw stacks there (bench/profiles.py)."""
     daemons = daemon if isinstance(daemon, list) else [daemon]
     timeout = aiohttp.ClientTimeout(total=60)
     headers = {"Authorization": f"Bearer {daemons[0].token}"}  # one store: the first's token is valid on all
@@ -650,6 +653,7 @@ async def drive_gateway(
         body_of = task_body(args, flow)
         run_id = "bench-" + secrets.token_hex(6)
         spy = None
+        spies: list[profiles.Spy] = []
         prefill = flow is not None and flow.prefill
         if not prefill:
             probe.begin()
@@ -667,6 +671,8 @@ async def drive_gateway(
         submitting = asyncio.create_task(work)
         if profile and not prefill:
             spy = await start_py_spies(probe, args.py_spy_out, args.py_spy_duration, args.py_spy_rate)
+        if profile_dir is not None and not prefill:
+            spies = await profiles.start_spies(probe.pids, profile_dir, args.py_spy_rate)
         # no completion polling while submitting; the deadline counts from the last POST's answer
         await asyncio.wait({submitting})
         resume_at: float | None = None
@@ -678,10 +684,14 @@ async def drive_gateway(
             await api.put(kind_path, {**(flow.settings or {}), "paused": False})
             if profile:
                 spy = await start_py_spies(probe, args.py_spy_out, args.py_spy_duration, args.py_spy_rate)
+            if profile_dir is not None:
+                spies = await profiles.start_spies(probe.pids, profile_dir, args.py_spy_rate)
         complete = await wait_drained(api, run_id, time.monotonic() + args.timeout, args.poll)
         window_s = time.monotonic() - t0
         sub = submitting.result()
         cpu = probe.end(args.n)
+        for one in spies:
+            await one.stop()
         if spy is not None:
             await spy.wait()
 
@@ -744,7 +754,7 @@ async def drive_gateway(
         "window_s": window_s,
         "submit_s": sub.last_at - sub.first_at,
         "offered_per_s": len(sub.ids) / (sub.last_at - sub.first_at) if sub.last_at > sub.first_at else float("nan"),
-        "profiled": profile,
+        "profiled": profile or profile_dir is not None,
     }
     rec.update(overlap(created_at, started_at))
     rec.update(lat_ms("queue", queue))
@@ -815,9 +825,10 @@ def run_gateway_rep(
     flow: FlowProfile | None = None,
     store: str = "sqlite",
     instances: int = 1,
+    profile_dir: Path | None = None,
 ) -> dict[str, Any]:
     if store == "postgres":
-        return run_pg_gateway_rep(args, scratch, profile, how, flow, instances)
+        return run_pg_gateway_rep(args, scratch, profile, how, flow, instances, profile_dir)
     tmp = Path(tempfile.mkdtemp(prefix="gw-", dir=scratch))
     daemon = Daemon(tmp / "data")
     workers: list[Worker] = []
@@ -825,8 +836,10 @@ def run_gateway_rep(
     try:
         daemon.start(timeout_s=60.0)
         probe = start_workers(args, daemon, "bench-w", workers)
-        rec = run_async(args, drive_gateway(args, daemon, probe, profile, how, flow))
+        rec = run_async(args, drive_gateway(args, daemon, probe, profile, how, flow, profile_dir))
         rec.update(gatewayd_pid=daemon.proc.pid, store="sqlite", instances=1)
+        if profile_dir is not None:
+            print(f"  profile: {profiles.report(rec, profile_dir)}", flush=True)
         ok = True
         return rec
     finally:
@@ -840,12 +853,19 @@ def run_gateway_rep(
 
 
 def run_pg_gateway_rep(
-    args: argparse.Namespace, scratch: Path, profile: bool, how: str, flow: FlowProfile | None, instances: int
+    args: argparse.Namespace,
+    scratch: Path,
+    profile: bool,
+    how: str,
+    flow: FlowProfile | None,
+    instances: int,
+    profile_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The production shape (bench/pg_shape.py): a private PostgreSQL, a standalone nats-server, ``instances``
-    gatewayd on them, the workers; the creates spread over the instances. System ``<gateway...> pg x<K>``."""
+    gatewayd on them, the workers; the creates spread over the instances. System ``<gateway...> pg x<K>``.
+    ``profile_dir``: the py-spy profiles and, counted as with ``--pg-counts``, PostgreSQL's statements."""
     tmp = Path(tempfile.mkdtemp(prefix="gwpg-", dir=scratch))
-    shape = PgGateways(tmp, instances, keep=args.keep, counts=args.pg_counts)
+    shape = PgGateways(tmp, instances, keep=args.keep, counts=args.pg_counts or profile_dir is not None)
     ok = False
     try:
         shape.start()
@@ -856,10 +876,12 @@ def run_pg_gateway_rep(
             bases = [(d.base, d.token) for d in shape.daemons]
             counts = pg_counts.CountProbe(f"http://127.0.0.1:{shape.monitor_port}", bases, shape.pg.url)
         probe = CpuProbe(pids, trees, counts=counts)
-        rec = run_async(args, drive_gateway(args, shape.daemons, probe, profile, how, flow))
+        rec = run_async(args, drive_gateway(args, shape.daemons, probe, profile, how, flow, profile_dir))
         rec.update(system=pg_system(rec["system"], instances), store="postgres", instances=instances)
         if counts is not None:
             print(pg_counts.show(rec), flush=True)
+        if profile_dir is not None:
+            print(f"  profile: {profiles.report(rec, profile_dir)}", flush=True)
         ok = True
         return rec
     finally:
@@ -868,6 +890,12 @@ def run_pg_gateway_rep(
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             print(f"  (kept {tmp} with the logs)", file=sys.stderr)
+
+
+def profile_dir_of(root: Path, how: str, store: str, instances: int, flow: FlowProfile | None) -> Path:
+    """``--profile``: one run's folder, e.g. ``batch-postgres-x2`` (``-<flow>`` with ``--flow``)."""
+    name = f"{how}-{store}" + (f"-x{instances}" if store == "postgres" else "")
+    return root / (name + (f"-{flow.name}" if flow is not None else ""))
 
 
 def pg_system(system: str, instances: int) -> str:
@@ -1423,6 +1451,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--py-spy-duration", type=int, default=10, help="seconds of py-spy recording (default 10)")
     p.add_argument("--py-spy-rate", type=int, default=100, help="py-spy samples per second (default 100)")
     p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="profile every gateway run of rep 1 (bench/profiles.py): py-spy on each gatewayd, worker and the\n"
+        "client over the whole measured window (--py-spy-rate), and with --store postgres PostgreSQL's statements\n"
+        "and trigger functions (as --pg-counts); raw stacks and a report.md of short tables in DIR/<run>/",
+    )
+    p.add_argument(
         "--flow",
         default="",
         help="flow-control profiles of the task kind (docs/FLOW.md), comma-separated, each its own gateway run per\n"
@@ -1549,7 +1586,8 @@ def main(argv: list[str] | None = None) -> int:
                     profile = bool(args.py_spy_out) and not profiled
                     profiled = profiled or profile
                     how, store, k = run
-                    result = run_gateway_rep(args, scratch, profile, how, flow, store, k)
+                    spy_dir = profile_dir_of(args.profile, how, store, k, flow) if args.profile and rep == 0 else None
+                    result = run_gateway_rep(args, scratch, profile, how, flow, store, k, spy_dir)
                 elif system == "floor":
                     result = run_floor_rep(args, scratch)
                 elif system == "procrastinate":

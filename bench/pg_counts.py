@@ -8,7 +8,8 @@ This module owns one measurement: counters sampled at the start and the end of t
   offers pulled, JetStream API calls and acks per task; and ``/varz`` ``in_msgs`` / ``out_msgs``;
 - each gatewayd (``/metrics``): offers published, refusals by operation and code, transitions by action;
 - PostgreSQL (``pg_stat_statements``, preloaded by ``PgGateways``; ``pg_stat_database``): transactions committed
-  and rolled back per task, and per statement its calls and execution time per task, the costliest first.
+  and rolled back per task, and per statement its calls and execution time per task, the costliest first; per
+  PL/pgSQL function (the triggers; ``pg_stat_user_functions``) its calls and own time per task.
 
 A count that doubles with a second instance while the tasks stay the same names the work that instance added.
 """
@@ -78,7 +79,8 @@ def gateway_counts(bases: list[tuple[str, str]]) -> dict[str, float]:
 
 
 def pg_counts(url: str) -> tuple[dict[str, float], dict[str, tuple[str, float, float, float]]]:
-    """(``pg.xact_commit`` / ``pg.xact_rollback`` of the database, statement id -> (text, calls, ms, rows))."""
+    """(``pg.xact_commit`` / ``pg.xact_rollback`` of the database, statement id -> (text, calls, ms, rows)); a
+    PL/pgSQL function's row is keyed ``fn:<schema.name>``, its ms its own time."""
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
             "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = current_database()"
@@ -87,13 +89,21 @@ def pg_counts(url: str) -> tuple[dict[str, float], dict[str, tuple[str, float, f
         db = {"pg.xact_commit": float(row[0]), "pg.xact_rollback": float(row[1])}
         stmts: dict[str, tuple[str, float, float, float]] = {}
         try:
-            for qid, query, calls, ms, rows in conn.execute(
-                "SELECT queryid::text, query, calls, total_exec_time, rows FROM pg_stat_statements"
-                " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            # a statement run inside another (a trigger's, ``toplevel`` false) is marked: its time is also its
+            # caller's, so only the top-level ones add up to the database's execution time
+            for qid, top, query, calls, ms, rows in conn.execute(
+                "SELECT queryid::text || toplevel::text, toplevel, query, calls, total_exec_time, rows"
+                " FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
             ):
-                stmts[qid] = (" ".join(str(query).split())[:160], float(calls), float(ms), float(rows))
+                text = ("" if top else "(nested) ") + " ".join(str(query).split())
+                stmts[qid] = (text[:400], float(calls), float(ms), float(rows))
         except psycopg.Error:
             pass  # no pg_stat_statements: the database counts alone
+        # the PL/pgSQL functions (the triggers) by their own time, with ``track_functions = pl`` (0 rows without)
+        for name, calls, self_ms in conn.execute(
+            "SELECT schemaname || '.' || funcname, calls, self_time FROM pg_stat_user_functions"
+        ):
+            stmts["fn:" + str(name)] = (str(name), float(calls), float(self_ms), 0.0)
     return db, stmts
 
 
@@ -119,21 +129,27 @@ class CountProbe:
     def end(self, n: int) -> dict[str, Any]:
         (flat1, st1), (flat0, st0) = self._sample(), self._start
         per_task = {k: (v - flat0.get(k, 0.0)) / n for k, v in sorted(flat1.items()) if v - flat0.get(k, 0.0) > 0}
-        rows = []
+        rows: list[tuple[float, float, float, str]] = []
+        funcs: list[tuple[float, float, float, str]] = []
         for qid, (text, calls, ms, nrows) in st1.items():
             _, c0, ms0, r0 = st0.get(qid, ("", 0.0, 0.0, 0.0))
             if calls - c0 > 0:
-                rows.append((ms - ms0, calls - c0, nrows - r0, text))
+                (funcs if qid.startswith("fn:") else rows).append((ms - ms0, calls - c0, nrows - r0, text))
         rows.sort(reverse=True)
         stmts = [
             {"us_per_task": 1e3 * ms / n, "calls_per_task": calls / n, "rows_per_call": r / calls, "query": text}
             for ms, calls, r, text in rows[:TOP_STATEMENTS]
         ]
+        funcs.sort(reverse=True)
         return {
             "counts_per_task": per_task,
             "pg_statements": stmts,
-            "pg_calls_per_task": sum(c for _, c, _, _ in rows) / n,
-            "pg_exec_ms_per_task": sum(ms for ms, _, _, _ in rows) / n,
+            "pg_functions": [
+                {"name": text, "self_us_per_task": 1e3 * ms / n, "calls_per_task": calls / n}
+                for ms, calls, _, text in funcs
+            ],
+            "pg_calls_per_task": sum(c for _, c, _, text in rows if not text.startswith("(nested)")) / n,
+            "pg_exec_ms_per_task": sum(ms for ms, _, _, text in rows if not text.startswith("(nested)")) / n,
         }
 
 
@@ -147,5 +163,5 @@ def show(rec: dict[str, Any]) -> str:
         lines.append(f"  PostgreSQL: {calls:.2f} statements, {ms:.3f} ms exec per task")
         for s in rec["pg_statements"]:
             us, n, rows = s["us_per_task"], s["calls_per_task"], s["rows_per_call"]
-            lines.append(f"    {us:7.1f} us {n:6.3f} calls {rows:6.1f} rows  {s['query']}")
+            lines.append(f"    {us:7.1f} us {n:6.3f} calls {rows:6.1f} rows  {s['query'][:160]}")
     return "\n".join(lines)

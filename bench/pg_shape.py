@@ -42,13 +42,15 @@ def pg_missing() -> str | None:
 
 
 class _StatementsCluster(PgCluster):
-    """A ``PgCluster`` that preloads ``pg_stat_statements`` (written into the fresh cluster's config)."""
+    """A ``PgCluster`` that preloads ``pg_stat_statements`` and tracks PL/pgSQL functions' time (written into the
+    fresh cluster's config)."""
 
     def _run(self, args: list[str]) -> None:
         super()._run(args)
         if Path(args[0]).name == "initdb":
             with open(self.data / "postgresql.conf", "a") as conf:
                 conf.write("shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track = all\n")
+                conf.write("track_functions = pl\n")  # the triggers' own time (pg_stat_user_functions)
 
 
 class PrivateCluster:
