@@ -260,19 +260,31 @@ class FencedOut(Conflict):
     """A duty's write refused: its lease is gone, expired or held by another term."""
 
 
+#: The fence's row, locked ``FOR SHARE`` (a takeover, which updates it, waits for the transaction to end); no row:
+#: the lease is gone, expired or held by another term. Its parameters: ``fence_params``.
+SQL_FENCE = (
+    f"SELECT 1 FROM duty_leases WHERE duty = %s AND holder = %s AND term = %s AND expires_at > {DB_NOW} FOR SHARE"
+)
+
+
+def fence_params(token: FenceToken) -> tuple[str, str, int]:
+    return (token.duty, token.holder, token.term)
+
+
+def fenced_out(token: FenceToken) -> FencedOut:
+    return FencedOut(
+        f"the {token.duty} lease of term {token.term} is no longer held by {token.holder}",
+        code=Code.LEASE_CONFLICT,
+        details={"duty": token.duty, "term": token.term},
+    )
+
+
 async def check_fence(conn: Conn, token: FenceToken) -> None:
     """In the caller's transaction: the lease row still names the token's holder and term and has not expired.
     ``FOR SHARE`` makes a takeover (which updates the row) wait until this transaction ends."""
-    cur = await conn.execute(
-        f"SELECT 1 FROM duty_leases WHERE duty = %s AND holder = %s AND term = %s AND expires_at > {DB_NOW} FOR SHARE",
-        (token.duty, token.holder, token.term),
-    )
+    cur = await conn.execute(SQL_FENCE, fence_params(token))
     if await cur.fetchone() is None:
-        raise FencedOut(
-            f"the {token.duty} lease of term {token.term} is no longer held by {token.holder}",
-            code=Code.LEASE_CONFLICT,
-            details={"duty": token.duty, "term": token.term},
-        )
+        raise fenced_out(token)
 
 
 def refusal_or_storage(exc: BaseException) -> BaseException:
