@@ -204,8 +204,8 @@ async def test_a_frozen_schedule_claim_does_not_fire_its_occurrence_twice(
 
     # Q's start may wait to see P's rows stand still; its run's claim or settle may go to the frozen P
     # (the queue group, the settle deliver group): a claim then waits out the node's 5 s claim timeout; a
-    # settle is redelivered to Q only after GW_SETTLE's 10 s ack wait, and the task's 3 s lease runs out first:
-    # Q's lease clock then finds the settle waiting in the stream and applies it
+    # settle is delivered again only after GW_SETTLE's 1 s ack wait (maybe to P again), and the task's 3 s lease
+    # may run out first: Q's lease clock then finds the settle waiting in the stream and applies it
     try:
         runs_before = await inv.poll("", fired_and_ended, timeout_s=45)
     except AssertionError:

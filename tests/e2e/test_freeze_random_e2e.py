@@ -78,6 +78,20 @@ class Creator:
             await asyncio.sleep(0.1)
 
 
+def timeline(tasks: Any, wall: float) -> str:
+    """Per second of a freeze (and the one before and after): how many of Q's tasks were created, last claimed
+    and finished in it, so a stalled second shows which step stopped."""
+    seconds = range(-1, int(FREEZE_S) + 1)
+    counts = {field: dict.fromkeys(seconds, 0) for field in ("createdAt", "startedAt", "finishedAt")}
+    for task in tasks:
+        for field, per_second in counts.items():
+            if task.get(field):
+                second = int((parse_ts(task[field]) - wall) // 1)
+                if second in per_second:
+                    per_second[second] += 1
+    return ", ".join(f"{field[:-2]} {list(per_second.values())}" for field, per_second in counts.items())
+
+
 def p99(values: list[float]) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(len(values) * 0.99))]
@@ -130,13 +144,13 @@ async def test_random_freezes_of_one_instance_never_stall_the_other(pair: Pair, 
         statuses = sorted({st for sent, _, st in on_q.sent if began <= sent < end})
         finished = [0] * int(FREEZE_S)
         for task in q_done.values():
-            second = int(parse_ts(task["finishedAt"]) - wall)
+            second = int((parse_ts(task["finishedAt"]) - wall) // 1)  # floor: -0.5 is the second before
             if 0 <= second < len(finished):
                 finished[second] += 1
         worst = p99(latencies) if latencies else float("inf")
         report.append(
             f"freeze {n}: {len(latencies)} creates, p99 {worst:.2f} s, statuses {statuses}, "
-            f"finished per second {finished}"
+            f"finished per second {finished}; {timeline(q_done.values(), wall)}"
         )
         if worst >= 1.0 or statuses != [201] or min(finished) < 1:
             failures.append(n)

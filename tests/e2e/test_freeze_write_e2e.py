@@ -16,8 +16,8 @@ In both, Q's tasks keep finishing: at least one in every second of the freeze (b
 and heartbeats reach the instances through the NATS queue group ``gw-gateway``, so about half of the worker's
 requests go to the frozen P; before the worker sent a request again while unanswered (worker/_requests.py) each
 of those waited out its 5 s timeout, holding its worker slot, and whole seconds went by with no task finished.
-(Settles routed to P by the ``GW_SETTLE`` deliver group wait for its thaw or the 10 s ack wait: those tasks finish
-later.) After SIGCONT every task finishes exactly once.
+(Settles routed to P by the ``GW_SETTLE`` deliver group come again after its 1 s ack wait, each time to an
+instance picked anew: those tasks finish a second or more later.) After SIGCONT every task finishes exactly once.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def assert_finishing_every_second(done: dict[str, dict[str, Any]], frozen_wall: 
     counts = {field: [0] * int(WINDOW_S) for field in ("createdAt", "startedAt", "finishedAt")}
     for task in done.values():
         for field, per_second in counts.items():
-            second = int(parse_ts(task[field]) - frozen_wall) if task[field] else -1
+            second = int((parse_ts(task[field]) - frozen_wall) // 1) if task[field] else -1
             if 0 <= second < len(per_second):
                 per_second[second] += 1
     shown = f"per second of the freeze: {counts}"

@@ -365,7 +365,7 @@ async def test_a_settle_consumer_from_an_earlier_version_gets_the_short_ack_wait
             info = await nc.jetstream().consumer_info(SETTLE_STREAM, SETTLE_CONSUMER)
         finally:
             await nc.close()
-    assert info.config.ack_wait == bus.SETTLE_ACK_WAIT_S == 10.0
+    assert info.config.ack_wait == bus.SETTLE_ACK_WAIT_S == 1.0
 
 
 async def test_a_batch_of_settles_in_one_message_applies_each_once_and_a_redelivery_is_all_repeats(
@@ -423,13 +423,19 @@ async def frozen_settle_member(
     fresh_nats: NatsServerProcess, node: HandNode, gateway: Gateway
 ) -> AsyncIterator[list[Any]]:
     """Another member of the settle consumer's deliver group (another gatewayd) that takes every settle and
-    freezes before its ack, so each comes again only after the ack wait (10 s); the gateway under test stops
-    serving settles, so the frozen member is the only one left to deliver to. Yields what it took."""
+    freezes before its ack, so each comes again after the ack wait (1 s), to it again; the gateway under test stops
+    serving settles, so the frozen member is the only one left to deliver to. Yields what it took: each message
+    once (its latest delivery)."""
     frozen = await nats.connect(fresh_nats.url)
     held: list[Any] = []
 
     async def take(msg: Any) -> None:  # taken, never acked
-        held.append(msg)
+        seq = msg.metadata.sequence.stream
+        again = [n for n, m in enumerate(held) if m.metadata.sequence.stream == seq]
+        if again:
+            held[again[0]] = msg
+        else:
+            held.append(msg)
 
     try:
         await frozen.jetstream().subscribe(

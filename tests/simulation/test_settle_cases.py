@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from scheduler_gateway.daemon.nats.bus import SETTLE_ACK_WAIT_S
+
 from .machine import SimMachine
 
 
@@ -57,13 +59,14 @@ def test_a_settle_past_the_bound_of_a_read_closes_its_attempt_once_the_crowd_is_
         m.claim(again=False, i=0, n=0)
         assert len(m.nodes[0].leases) == 2
         m.holds()
-        m.advance(seconds=25.0)  # five seconds left of both leases (TASK_POLICY's default, 30 s)
+        m.advance(seconds=29.5)  # half a second left of both leases (TASK_POLICY's default, 30 s)
         m.holds()
         m.settle_held(i=0, n=0, outcome="succeeded", retryable=False)
         m.settle_held(i=0, n=0, outcome="succeeded", retryable=False)
         tasks = [task_id for task_id, _ in m.held_current.values()]
         assert len(tasks) == 2
-        m.advance(seconds=10.0)  # both leases ran out; the second's settle is past the read's bound
+        assert SETTLE_ACK_WAIT_S > 0.9
+        m.advance(seconds=0.9)  # both leases ran out within the ack wait; the second's settle is past the read's bound
         m.holds()
         first, second = (m.view.task(t) for t in tasks)
         assert first is not None and first.state == "succeeded" and first.attempt_no == 1

@@ -2,7 +2,8 @@
 
 ``NatsBus`` owns the connection and its subscriptions and implements the actors' ``Bus`` port. What it
 delegates, each in a module of its own: decoding and answering the node-facing inputs (claim and heartbeat
-requests, settles from ``GW_SETTLE``: ``node_inputs.py``), the acked and chained publishes of a batch
+requests, settles from ``GW_SETTLE``: ``node_inputs.py``; the settles held marked in progress:
+``settle_holds.py``), the acked and chained publishes of a batch
 (``chained.py``, over ``publisher.py``), and where the event relay resumes (``events_tail.py``). Handlers run
 as tasks so one slow request never holds up the subscription behind it.
 """
@@ -30,6 +31,7 @@ from scheduler_gateway.daemon.nats.events_tail import events_tail
 from scheduler_gateway.daemon.nats.leave import leave
 from scheduler_gateway.daemon.nats.node_inputs import MALFORMED, NodeHandlers, NodeInputs, settles_of
 from scheduler_gateway.daemon.nats.publisher import AckedPublisher, PubAck
+from scheduler_gateway.daemon.nats.settle_holds import SettleHolds
 from scheduler_gateway.daemon.nats.streams import (
     ConsumerNameTaken,
     bring_to_replicas,
@@ -41,11 +43,16 @@ from scheduler_gateway.wire.names import KIND_RULE, is_kind
 from scheduler_gateway.wire.subjects import DISPATCH_STREAM, SETTLE_CONSUMER, SETTLE_STREAM, Subjects
 
 log = logging.getLogger(__name__)
-#: A settle taken by a gatewayd that died unacked is redelivered to another after this long: well under the
-#: default lease (30 s), so the task's lease does not run out (and the task run again) while its settle
-#: waits; a shorter lease that does finds the settle at its expiry (``waiting_settles``). A settle handled
-#: twice is a repeat (the same lease and outcome), so a short wait costs nothing.
-SETTLE_ACK_WAIT_S = 10.0
+#: A settle taken by a gatewayd that froze or died unacked is redelivered after this long (to a member of the
+#: deliver group picked anew): short, because the deliver group goes on handing a frozen instance its share
+#: (settle_holds.py), and well under any lease, so the task's lease does not run out (and the task run again)
+#: while its settle waits; a lease that does finds the settle at its expiry (``waiting_settles``). A live
+#: instance marks the settles it holds in progress every ``SETTLE_PROGRESS_EVERY_S``, so only a frozen or dead
+#: one's are delivered again; a settle handled twice is a repeat (the same lease and outcome).
+SETTLE_ACK_WAIT_S = 1.0
+#: how often a live instance marks the settles it has held that long in progress (``+WPI``): well inside the
+#: ack wait, so an event loop late by half a second still marks them in time
+SETTLE_PROGRESS_EVERY_S = 0.25
 #: How many GW_SETTLE messages of one node a lease's expiry reads at most, looking for a settle that waits
 #: (``waiting_settles``): a node has one per settle message it published that no gateway has acked yet.
 WAITING_SCAN_MAX = 256
@@ -84,6 +91,8 @@ class NatsBus:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._subs: list[Any] = []
         self._settle_sub: Any = None
+        self._settle_holds = SettleHolds(SETTLE_PROGRESS_EVERY_S)
+        self._holds_marking: asyncio.Task[None] | None = None
         self.connected = False
         self._closing = False
         self._publisher: AckedPublisher | None = None
@@ -173,6 +182,8 @@ class NatsBus:
         )
         await self._subscribe_settles()
         await self._settle_ack_wait()
+        if self._holds_marking is None:
+            self._holds_marking = asyncio.create_task(self._settle_holds.run())
 
     async def _subscribe_settles(self) -> None:
         assert self.js is not None
@@ -180,7 +191,7 @@ class NatsBus:
             self.subjects.wildcard("settle"),
             queue=SETTLE_CONSUMER,
             stream=SETTLE_STREAM,
-            cb=self._spawn_cb(self._handlers.on_settle),
+            cb=self._spawn_cb(self._settle_holds.hold(self._handlers.on_settle)),
             manual_ack=True,
             config=ConsumerConfig(
                 ack_policy=AckPolicy.EXPLICIT,
@@ -213,6 +224,11 @@ class NatsBus:
         await leave(self.nc, subs)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
+        marking, self._holds_marking = self._holds_marking, None
+        if marking is not None:  # after the handlers: a settle still held is marked until it is acked
+            marking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await marking
 
     async def close(self) -> None:
         self._closing = True
