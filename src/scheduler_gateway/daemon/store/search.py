@@ -161,13 +161,14 @@ def _prefix_end(prefix: str) -> str:
 Arm = tuple[str, list[str], list[Any]]  # (FROM ..., WHERE terms, params) of one SELECT of a compound
 
 
-def _arms(q: TaskSearch, mark: str, sqlite: bool) -> list[Arm]:
+def _arms(q: TaskSearch, mark: str, sqlite: bool, by_id: bool = False) -> list[Arm]:
     """The query's filters as the SELECTs whose union is the answer, each ordered by its own ``(column, id)``
     index. A label filter drives from ``task_labels`` (its key is in task id order); every other filter is an
     equality or a range an index answers. Several states are one SELECT each (``state IN`` cannot keep the id
     order of ``(state, id)``: the whole match would be sorted for a page). ``sqlite``: SQLite's planning, where a
     created range is sought as a range of ids (``created_id_window``) plus the few tasks whose id does not tell
-    their creation time (``task_created_off``)."""
+    their creation time (``task_created_off``); ``by_id``: PostgreSQL's, the same in arms an index alone answers
+    (``_created_split``)."""
     terms: list[str] = []
     params: list[Any] = []
     source = "tasks t"
@@ -204,7 +205,8 @@ def _arms(q: TaskSearch, mark: str, sqlite: bool) -> list[Arm]:
         if states:
             a_terms.append(f"t.state = {mark}")
             a_params.append(states[0])
-        arms += _created_arms(q, mark, sqlite, (source, a_terms, a_params))
+        arm = (source, a_terms, a_params)
+        arms += _created_split(q, mark, arm) if by_id and not sqlite else _created_arms(q, mark, sqlite, arm)
     return arms
 
 
@@ -238,6 +240,44 @@ def _created_arms(q: TaskSearch, mark: str, by_id: bool, arm: Arm) -> list[Arm]:
     link = "o.task_id = t.id" if k == "t.id" else "o.task_id = t.id AND o.task_id = l.task_id"
     off = (f"task_created_off o CROSS JOIN {source}", [*terms, *off_exact, link], [*params, *exact_params])
     return [(source, main, main_params), off]
+
+
+def _created_split(q: TaskSearch, mark: str, arm: Arm) -> list[Arm]:
+    """A created range as ``_created_arms`` seeks it, in arms whose terms each read only the index: the ids inside
+    the inner window (their id answers: counted from the index alone, with no row read for its ``created_at``,
+    which a term OR-ed with the window made PostgreSQL read for every id), the two edges of the window (the
+    creation time decides) and the tasks of ``task_created_off``. The windows never overlap, so no task is in two
+    arms."""
+    source, terms, params = arm
+    lo, hi = q.created_from, q.created_to
+    if lo is None and hi is None:
+        return [arm]
+    exact, exact_params = [], []
+    if lo is not None:
+        exact.append(f"t.created_at >= {mark}")
+        exact_params.append(lo)
+    if hi is not None:
+        exact.append(f"t.created_at <= {mark}")
+        exact_params.append(hi)
+    (w_lo, w_hi), (in_lo, in_hi) = created_id_window(lo, hi)
+    k = _key(source)
+    off_out = f"{k} NOT IN (SELECT task_id FROM task_created_off)"
+    if in_lo > in_hi:  # a range narrower than the slack: the creation time decides for the whole window
+        windows = [(f"{k} >= {mark} AND {k} <= {mark}", [w_lo, w_hi], True)]
+    else:
+        windows = [(f"{k} >= {mark} AND {k} <= {mark}", [in_lo, in_hi], False)]
+        if w_lo < in_lo:
+            windows.append((f"{k} >= {mark} AND {k} < {mark}", [w_lo, in_lo], True))
+        if in_hi < w_hi:
+            windows.append((f"{k} > {mark} AND {k} <= {mark}", [in_hi, w_hi], True))
+    out: list[Arm] = []
+    for window, bounds, edge in windows:
+        at, at_params = (exact, exact_params) if edge else ([], [])
+        out.append((source, [*terms, window, *at, off_out], [*params, *bounds, *at_params]))
+    off_exact = [e.replace("t.created_at", "o.created_at") for e in exact]
+    link = "o.task_id = t.id" if k == "t.id" else "o.task_id = t.id AND o.task_id = l.task_id"
+    out.append((f"task_created_off o CROSS JOIN {source}", [*terms, *off_exact, link], [*params, *exact_params]))
+    return out
 
 
 def created_id_window(lo: float | None, hi: float | None) -> tuple[tuple[str, str], tuple[str, str]]:
@@ -310,11 +350,11 @@ def _union(
 
 
 def page_sql(
-    q: TaskSearch, mark: str, columns: str, sqlite: bool = False, shape: Shape = _as_is
+    q: TaskSearch, mark: str, columns: str, sqlite: bool = False, shape: Shape = _as_is, by_id: bool = False
 ) -> tuple[str, list[Any], bool]:
     """The SQL of one page (``limit + 1`` rows, to know whether there is more) and whether it reads backwards
     (a ``before`` page is read in the reverse order, then turned round)."""
-    arms = _arms(q, mark, sqlite)
+    arms = _arms(q, mark, sqlite, by_id)
     backwards = q.before is not None and q.after is None
     descending = q.newest_first != backwards
     cursor = q.before if backwards else q.after
@@ -342,19 +382,19 @@ def make_page(q: TaskSearch, rows: list[Any], backwards: bool) -> TaskSearchPage
 
 
 def refs_sql(
-    q: TaskSearch, mark: str, limit: int, sqlite: bool = False, shape: Shape = _as_is
+    q: TaskSearch, mark: str, limit: int, sqlite: bool = False, shape: Shape = _as_is, by_id: bool = False
 ) -> tuple[str, list[Any]]:
     order = "DESC" if q.newest_first else "ASC"
-    return _union(_arms(q, mark, sqlite), "t.id, t.revision, t.state", order, mark, [limit], shape)
+    return _union(_arms(q, mark, sqlite, by_id), "t.id, t.revision, t.state", order, mark, [limit], shape)
 
 
 def count_sql(
-    q: TaskSearch, mark: str, cap: int | None = None, sqlite: bool = False, shape: Shape = _as_is
+    q: TaskSearch, mark: str, cap: int | None = None, sqlite: bool = False, shape: Shape = _as_is, by_id: bool = False
 ) -> tuple[str, list[Any]]:
     """The count of every arm, summed (the caller cuts the sum to ``cap``). An arm that ``shape`` gives an index
     is counted up to ``cap`` in that index's order (PostgreSQL: from its estimate of the other filters' share, it
     would scan the whole table for a user's node or error code)."""
-    arms = _arms(q, mark, sqlite)
+    arms = _arms(q, mark, sqlite, by_id)
     if q.label is not None and arms == [(arms[0][0], [], arms[0][2])]:
         # the label alone: its rows are its tasks' (a purge takes them with the task), no task row is read
         arms = [("task_labels l", [f"l.key = {mark} AND l.value = {mark}"], [q.label[0], q.label[1]])]

@@ -19,6 +19,7 @@ import psycopg
 from scheduler_gateway.daemon.store.migrations import OUTBOX_LAYOUT_MIGRATION, TASK_LIST_MIGRATION
 from scheduler_gateway.daemon.store.node_rows import PG_NODE_DRAIN_MIGRATION
 from scheduler_gateway.daemon.store.postgres.counts import PG_COUNTS_MIGRATION
+from scheduler_gateway.daemon.store.postgres.list_indexes import PG_LIST_INDEX_MIGRATION
 from scheduler_gateway.daemon.store.postgres.minutes import PG_MINUTES_MIGRATION
 from scheduler_gateway.daemon.store.postgres.outbox import PG_OUTBOX_XID_MIGRATION
 from scheduler_gateway.daemon.store.postgres.search import PG_SEARCH_MIGRATION, PG_SEARCH_OWNER_MIGRATION
@@ -315,6 +316,9 @@ PG_MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # of a task's children and of the audit by request without the rows that have none (text in
     # postgres/set_triggers.py)
     PG_SET_TRIGGERS_MIGRATION,
+    # 19: a user's label list and a created range sought and counted from an index; the (kind, id) and (owner, kind,
+    # id) indexes dropped, a list by kind read per state (text in postgres/list_indexes.py)
+    PG_LIST_INDEX_MIGRATION,
 )
 
 SCHEMA_VERSION = len(PG_MIGRATIONS)

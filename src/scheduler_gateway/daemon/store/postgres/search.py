@@ -13,9 +13,12 @@ read as spaces (PostgreSQL refuses them, and a payload may hold one).
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, get_args
 
-from scheduler_gateway.actors.ports import MinuteCounts, TaskRef, TaskSearch, TaskSearchPage
+import msgspec
+
+from scheduler_gateway.actors.model.records import TaskState
+from scheduler_gateway.actors.ports import MinuteCounts, Page, TaskQuery, TaskRef, TaskSearch, TaskSearchPage
 from scheduler_gateway.daemon.store.postgres.counts import count_of
 from scheduler_gateway.daemon.store.postgres.reader import PgReader
 from scheduler_gateway.daemon.store.search import (
@@ -139,9 +142,12 @@ def lead(fixed: set[str]) -> list[str]:
 
 
 def shape(arm: Arm) -> tuple[Arm, list[str]]:
-    """An arm as PostgreSQL runs it (``store/search.py``'s ``Shape``): none changed for a label's arm (ordered by
-    its own key) or without an equality."""
+    """An arm as PostgreSQL runs it (``store/search.py``'s ``Shape``): none changed without an equality; a label's
+    arm with an owner is read from the labels' ``(key, value, owner, task_id)`` index (migration 19), else by the
+    labels' own key."""
     source, terms, params = arm
+    if source.startswith("task_labels l"):
+        return _label_shape(arm)
     if not source.startswith("tasks t"):
         return arm, []
     columns = lead({m.group(1) for t in terms if (m := _EQUALITY.match(t))})
@@ -163,6 +169,58 @@ def shape(arm: Arm) -> tuple[Arm, list[str]]:
     return (source, new_terms, [*new_params, *params[i:]]), [f"t.{c}" for c in columns]
 
 
+def _label_shape(arm: Arm) -> tuple[Arm, list[str]]:
+    """A label's arm: its owner, if it has one, taken from the label rows (the same value: the owner of the task),
+    written as a range of one value as ``shape`` writes its equalities, ordered by ``(owner, task_id)``."""
+    source, terms, params = arm
+    owner = "t.owner = %s"
+    if owner not in terms:
+        return arm, []
+    n = source.count("%s")  # the label's key and value come first
+    new_terms: list[str] = []
+    new_params: list[Any] = list(params[:n])
+    i = n
+    for term in terms:
+        k = term.count("%s")
+        values, i = params[i : i + k], i + k
+        if term == owner:
+            new_terms.append("l.owner >= %s AND l.owner <= %s")
+            new_params += [values[0], values[0]]
+        else:
+            new_terms.append(term)
+            new_params += values
+    return (source, new_terms, [*new_params, *params[i:]]), ["l.owner"]
+
+
+_STATES: tuple[str, ...] = get_args(TaskState)
+
+
+def by_states(q: TaskSearch) -> TaskSearch:
+    """A list by kind without a state filter, as one arm per state: migration 19 dropped the ``(kind, id)`` and
+    ``(owner, kind, id)`` indexes, and ``(state, kind, id)`` / ``(owner, state, kind, id)`` answer each state's
+    arm in id order (every task is in one of the states). Unchanged when a label or a rarer column drives."""
+    if q.states or q.kind is None or q.label is not None:
+        return q
+    if lead({c for c in _RARE if getattr(q, c) is not None}):
+        return q
+    return msgspec.structs.replace(q, states=_STATES)
+
+
+def as_search(q: TaskQuery) -> TaskSearch:
+    """The API's list query (``TaskQuery``) as the console's, whose SQL chooses an index per state."""
+    return TaskSearch(
+        owner=q.owner,
+        states=(q.state,) if q.state is not None else (),
+        kind=q.kind,
+        parent_id=q.parent_id,
+        run_id=q.run_id,
+        workflow_id=q.workflow_id,
+        newest_first=q.newest_first,
+        limit=q.limit,
+        after=q.cursor or None,
+    )
+
+
 #: migration 15: a user's list by node or error code counts its tasks from the index alone (the owner rides at the
 #: end of those indexes, as in the SQLite store's migration 14): counting up to 100,000 of a user's tasks of one
 #: node read each of the node's rows from the table (1.2-1.5 s on 1.1M tasks)
@@ -181,14 +239,28 @@ class PgSearch:
         self._db = db
 
     async def search_tasks(self, query: TaskSearch) -> TaskSearchPage:
-        sql, params, backwards = page_sql(query, "%s", "t.id, t.doc", shape=shape)
+        sql, params, backwards = page_sql(by_states(query), "%s", "t.id, t.doc", shape=shape, by_id=True)
         return make_page(query, list(await self._db.fetch(sql, params)), backwards)
+
+    async def list_page(self, query: TaskQuery) -> Page:
+        """The API's list page (``TaskStore.list_tasks``) read as the console's."""
+        page = await self.search_tasks(as_search(query))
+        return Page(page.items, page.next_cursor)
 
     async def count_tasks(self, query: TaskSearch, cap: int | None = None) -> int:
         kept = await self.kept_count(query)
         if kept is not None:
             return kept if cap is None else min(kept, max(0, cap))
-        sql, params = count_sql(query, "%s", cap, shape=shape)
+        if _label_and_owner(query):
+            assert query.label is not None  # (for mypy: _label_and_owner says so)
+            sql = "SELECT count(*) FROM (SELECT 1 FROM task_labels WHERE key = %s AND value = %s AND owner = %s"
+            params: list[Any] = [query.label[0], query.label[1], query.owner]
+            if cap is not None:
+                sql += " LIMIT %s"
+                params.append(max(0, cap))
+            n = int((await self._db.fetch(sql + ") c", params))[0][0])
+            return n if cap is None else min(n, max(0, cap))
+        sql, params = count_sql(by_states(query), "%s", cap, shape=shape, by_id=True)
         n = int((await self._db.fetch(sql, params))[0][0])  # the sum of the arms' counts, each up to cap
         return n if cap is None else min(n, max(0, cap))
 
@@ -199,9 +271,17 @@ class PgSearch:
         return await count_of(self._db, query.owner, query.kind, tuple(query.states))
 
     async def task_refs(self, query: TaskSearch, limit: int) -> list[TaskRef]:
-        sql, params = refs_sql(query, "%s", max(0, limit), shape=shape)
+        sql, params = refs_sql(by_states(query), "%s", max(0, limit), shape=shape, by_id=True)
         return [TaskRef(str(r[0]), int(r[1]), str(r[2])) for r in await self._db.fetch(sql, params)]
 
     async def task_minutes(self, since_minute: int, owner: str | None = None) -> list[MinuteCounts]:
         sql, params = minutes_sql(since_minute, owner, "%s")
         return minute_rows(await self._db.fetch(sql, params))
+
+
+def _label_and_owner(q: TaskSearch) -> bool:
+    """The query is a label and an owner only: its count is the owner's rows of the label (migration 19's index)."""
+    if q.label is None or q.owner is None:
+        return False
+    bare = msgspec.structs.replace(q, label=None, owner=None)
+    return counted_by_state(bare) and not bare.states and bare.kind is None

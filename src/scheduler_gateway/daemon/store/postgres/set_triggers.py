@@ -37,15 +37,15 @@ def _bytes(text: str) -> str:
 
 
 _HAS_NODE = _bytes('"node_id":"')
-_HAS_LABELS = _bytes('"labels":{"')
+HAS_LABELS = _bytes('"labels":{"')
 
 
-def _json(doc: str) -> str:
+def doc_json(doc: str) -> str:
     """As postgres/search.py's ``_json``: a ``\\u0000`` escape read as a space."""
     return f"replace(convert_from({doc}, 'UTF8'), '\\u0000', '\\u0020')::json"
 
 
-def _maybe_fold(moves: str) -> str:
+def maybe_fold(moves: str) -> str:
     """Fold after every ``FOLD_EVERY`` moves, as migration 14's row trigger did: the statement advances the moves'
     sequence by its ``moves`` and folds when that crossed a multiple of ``FOLD_EVERY`` (two sessions advancing it
     at once may shift a fold, never lose a move: the fold is upkeep, the counts are the moves)."""
@@ -67,7 +67,7 @@ BEGIN
         NEW.error_code := NULL;
         RETURN NEW;
     END IF;
-    j := {_json("NEW.doc")};
+    j := {doc_json("NEW.doc")};
     NEW.node_id := j->>'node_id';
     NEW.error_code := CASE WHEN NEW.state IN ('failed', 'dead') THEN j->'error'->>'code' END;
     RETURN NEW;
@@ -80,13 +80,13 @@ DECLARE
     tick bigint;
 BEGIN
     INSERT INTO task_labels (key, value, task_id)
-        SELECT l.key, l.value, n.id FROM gw_new n, json_each_text({_json("n.doc")}->'labels') l
-        WHERE position({_HAS_LABELS} in n.doc) > 0
+        SELECT l.key, l.value, n.id FROM gw_new n, json_each_text({doc_json("n.doc")}->'labels') l
+        WHERE position({HAS_LABELS} in n.doc) > 0
         ON CONFLICT DO NOTHING;
     INSERT INTO task_count_moves (owner, kind, to_state) SELECT owner, kind, state FROM gw_new;
     GET DIAGNOSTICS moves = ROW_COUNT;
     IF moves > 0 THEN
-        {_maybe_fold("moves")}
+        {maybe_fold("moves")}
     END IF;
     RETURN NULL;
 END
@@ -113,9 +113,9 @@ BEGIN
             SELECT owner, kind, from_state, to_state FROM moved RETURNING 1
     ), timed AS (
         SELECT owner, kind, not_before, finished, claimed, to_state IN ('failed', 'dead') AS failed,
-            CASE WHEN finished THEN coalesce(finished_at, ({_json("doc")}->>'updated_at')::double precision)
-                ELSE coalesce(({_json("doc")}->>'started_at')::double precision,
-                    ({_json("doc")}->>'updated_at')::double precision) END AS at
+            CASE WHEN finished THEN coalesce(finished_at, ({doc_json("doc")}->>'updated_at')::double precision)
+                ELSE coalesce(({doc_json("doc")}->>'started_at')::double precision,
+                    ({doc_json("doc")}->>'updated_at')::double precision) END AS at
         FROM moved WHERE finished OR claimed
     ), minutes AS (
         INSERT INTO task_minutes AS m (minute, owner, kind, shard, finished, failed, claimed, latency_sum)
@@ -131,7 +131,7 @@ BEGIN
     IF moves = 0 THEN
         RETURN NULL;  -- no state changed (a heartbeat's lease, a same-state rewrite): no move, no minute
     END IF;
-    {_maybe_fold("moves")}
+    {maybe_fold("moves")}
     -- the minutes older than those kept, from the newest finish of the statement (as each finish did before)
     IF newest IS NOT NULL THEN
         DELETE FROM task_minutes WHERE ctid = ANY(ARRAY(SELECT ctid FROM task_minutes

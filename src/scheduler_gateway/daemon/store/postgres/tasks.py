@@ -282,10 +282,11 @@ class PgTasks:
             return []
         rows = [ChangeRows.of(c) for c in changes]
         try:
-            async with self._db.transaction() as conn:
+            async with self._db.transaction_begun_by_body() as conn:
                 # set-based: a few statements for the whole batch, a refused change re-decided alone; the
-                # claimed kinds' locks first, before any row, in the kinds' order (postgres/flow.py)
-                results = await write_batch(conn, rows, self._write_one)
+                # claimed kinds' locks first, before any row, in the kinds' order (postgres/flow.py); the BEGIN
+                # with the batch's first statements, in their round trip
+                results = await write_batch(conn, rows, self._write_one, begin=True)
                 failpoints.hit("pg.before_commit")  # a freeze here holds the transaction open (tests)
         except StorageError as exc:
             return [_own_copy(exc) for _ in rows]
