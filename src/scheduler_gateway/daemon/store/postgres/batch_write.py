@@ -22,11 +22,12 @@ task, a letter id of another task) rolls it back to its savepoint and the whole 
 as SQLite's slow path does (store/group_commit.py). A refusal never undoes a batch-mate, and every change that
 commits writes its history, audit and event once: either in the set statement that stands or alone.
 
-Round trips of a batch whose changes all go in the set statement: the BEGIN, one for the savepoint and the
-statement (pipelined), one read of the losers' revisions when one lost, and the COMMIT. Claims add one: the
-kinds' settings read before their locks (postgres/flow.py: a kind with limits is locked alone); the locks and
-the settings read again under them (a kind whose settings changed between the two reads has the batch decided
-again on the second) go in the set statement's round trip, before its savepoint.
+Round trips of a batch whose changes all go in the set statement: one for the BEGIN, the savepoint and the
+statement (pipelined, their results read after the pipeline's end), one read of the losers' revisions when one
+lost, and the COMMIT. Claims add one: the kinds' settings read before their locks (postgres/flow.py: a kind with
+limits is locked alone), which then carries the BEGIN; the locks and the settings read again under them (a kind
+whose settings changed between the two reads has the batch decided again on the second) go in the set
+statement's round trip, before its savepoint.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from psycopg import errors as pg_errors
 from scheduler_gateway.actors import failpoints
 from scheduler_gateway.daemon.store.change_rows import ChangeRows
 from scheduler_gateway.daemon.store.letter_rows import PG_UPSERT_GUARD
-from scheduler_gateway.daemon.store.postgres.db import Conn
+from scheduler_gateway.daemon.store.postgres.db import SQL_BEGIN, Conn
 from scheduler_gateway.daemon.store.postgres.flow import (
     SQL_KIND_DOCS,
     claimed_kinds,
@@ -150,17 +151,21 @@ class RowHeld(Fault):
         self.task_id = task_id
 
 
-async def write_batch(conn: Conn, rows: list[ChangeRows], write_one: WriteOne) -> list[Result]:
+async def write_batch(conn: Conn, rows: list[ChangeRows], write_one: WriteOne, *, begin: bool = False) -> list[Result]:
     """Every change of ``rows`` in the caller's transaction: one result per change, None for written, the refusal
     otherwise. It takes the claimed kinds' locks (postgres/flow.py) before any row. A driver failure propagates
-    (the batch fails whole)."""
+    (the batch fails whole). ``begin``: the caller's transaction is not begun yet (``PgDb.transaction_begun_by_body``):
+    its BEGIN goes in the batch's first round trip."""
     kinds = claimed_kinds(rows)
-    read = await limiting_kinds(conn, kinds)  # which lock each kind takes: alone for one with limits
+    first: list[tuple[str, Any]] = [(SQL_BEGIN, None)] if begin else []
+    read = await limiting_kinds(conn, kinds, first)  # which lock each kind takes: alone for one with limits
+    if kinds:
+        first = []  # sent with that read
     alone = _alone(rows, read)
     together = [i for i in range(len(rows)) if i not in alone]
     # the kinds' locks, their settings read again under them, and the set statement: one round trip; before
     # them, no lock of this transaction waits longer than its bound, and where to come back to if one did
-    bound = [(SQL_BOUND_LOCK_WAITS, bound_param(LOCK_WAIT_S)), (f"SAVEPOINT {_START}", None)]
+    bound = [*first, (SQL_BOUND_LOCK_WAITS, bound_param(LOCK_WAIT_S)), (f"SAVEPOINT {_START}", None)]
     try:
         decided, limited = await _set_write(conn, rows, together, [*bound, *kind_locks(kinds, read)], kinds)
     except pg_errors.LockNotAvailable:  # a kind's lock or a row held elsewhere: only the changes needing it pay
@@ -293,18 +298,19 @@ async def _set_write(
 ) -> tuple[_Decided | None, set[str]]:
     """The set statement over the changes ``together`` (None when a constraint refused it whole: rolled back),
     after the statements ``locks`` and in the same round trip; with the kinds of ``kinds`` that limit their
-    starts, read after those locks."""
+    starts, read after those locks. The results are read after the pipeline's end: a read inside it would wait
+    for them (a flush) and its end for the server once more (the sync), two round trips instead of one."""
+    cur = None
     try:
         async with conn.pipeline():
             for sql, params in locks:
                 await conn.execute(sql, params)
             settings = await conn.execute(SQL_KIND_DOCS, (kinds,)) if kinds else None
-            out: list[Any] = []
             if together:
                 await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
                 cur = await conn.execute(SQL_SET_WRITE, _params([rows[i] for i in together]))
-                out = await cur.fetchall()
-            limited = limiting(await settings.fetchall()) if settings is not None else set()
+        out: list[Any] = await cur.fetchall() if cur is not None else []
+        limited = limiting(await settings.fetchall()) if settings is not None else set()
     except pg_errors.IntegrityError:  # only the set statement writes a row: the locks and the read stand
         await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
         return None, await limiting_kinds(conn, kinds)

@@ -12,6 +12,7 @@ is not checked.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -50,6 +51,8 @@ IDLE_IN_TRANSACTION_S = 10.0
 #: later executions skip the parse; psycopg keeps up to ``PREPARED_MAX`` of them per connection (least recently
 #: used dropped first), well above the statements the store has.
 PREPARE_THRESHOLD: int | None = 0
+#: a transaction's start, sent by the body of ``PgDb.transaction_begun_by_body``
+SQL_BEGIN = "BEGIN"
 PREPARED_MAX = 200
 
 
@@ -198,6 +201,21 @@ class PgDb:
             if token is not None:
                 await check_fence(conn, token)
             yield conn
+
+    @asynccontextmanager
+    async def transaction_begun_by_body(self) -> AsyncIterator[Conn]:
+        """``transaction`` (unfenced) whose BEGIN the body sends itself, as the first statement of its first
+        pipeline (``SQL_BEGIN``), so that it costs no round trip of its own: committed when the body returns,
+        rolled back when it raises. The body's statements before its BEGIN, if any, run alone in autocommit."""
+        async with self.connection() as conn:
+            try:
+                yield conn
+            except BaseException:
+                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    with contextlib.suppress(psycopg.Error):  # a broken connection: the pool discards it
+                        await conn.rollback()
+                raise
+            await conn.commit()  # nothing to commit (no BEGIN sent): nothing sent
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """The rows of one read (tuples)."""

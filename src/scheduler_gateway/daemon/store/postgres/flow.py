@@ -28,7 +28,7 @@ The unique-task rule needs no lock: two live tasks of one key meet in the partia
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from scheduler_gateway.actors.model.flow import Counts, KindSettings, duplicate, exceeded, limited
@@ -70,10 +70,18 @@ def limiting(docs: list[Any]) -> set[str]:
     return {str(k) for k, doc in docs if read_kind_doc(str(k), doc).limits_starts}
 
 
-async def limiting_kinds(conn: Conn, kinds: list[str]) -> set[str]:
+async def limiting_kinds(conn: Conn, kinds: list[str], before: Sequence[tuple[str, Any]] = ()) -> set[str]:
+    """The kinds of ``kinds`` with limits on their starts (none asked: no statement); ``before``: statements sent
+    first in the same round trip (a batch's BEGIN), results read after the pipeline's end (one round trip)."""
     if not kinds:
         return set()
-    cur = await conn.execute(SQL_KIND_DOCS, (kinds,))
+    if not before:
+        cur = await conn.execute(SQL_KIND_DOCS, (kinds,))
+        return limiting(await cur.fetchall())
+    async with conn.pipeline():
+        for sql, params in before:
+            await conn.execute(sql, params)
+        cur = await conn.execute(SQL_KIND_DOCS, (kinds,))
     return limiting(await cur.fetchall())
 
 
