@@ -137,10 +137,12 @@ async def claim(store: Any, task_id: str) -> Task:
 
 
 async def release(store: Any, task_id: str) -> None:
-    """The releaser's ``dependencies_met`` (waiting_deps cleared; the guard reads the counters, not this)."""
+    """The releaser's ``dependencies_met``: waiting_deps cleared at the same revision, nothing recorded (the guard
+    reads the counters, not this)."""
     old = await store.tasks.get_task(task_id)
     assert old is not None
-    await store.tasks.apply(leaving(update(old, bump(old, waiting_deps=False), "dependencies_met"), "queued"))
+    released = msgspec.structs.replace(old, waiting_deps=False)
+    await store.tasks.apply(Change(task=released, expected_revision=old.revision))
 
 
 async def counts_of(store: Any, task_id: str) -> tuple[int, int, int]:
@@ -309,6 +311,25 @@ async def test_a_change_without_edge_effect_moves_nothing(store: Any) -> None:
     assert await counts_of(store, tid(2)) == (1, 0, 0)
     wf = await store.workflows.get_workflow(WF)
     assert wf is not None and wf.open_tasks == 2
+
+
+async def test_a_release_moves_the_flag_at_its_revision_and_a_recheck_notices_the_task(store: Any) -> None:
+    await submit(store, [wf_task(1, "a"), wf_task(2, "b", (("a", "succeeded"),))])
+    await release(store, tid(2))
+    released = await store.tasks.get_task(tid(2))
+    assert released is not None and not released.waiting_deps and released.revision == 1
+    assert [h.action for h in (await store.tasks.history(tid(2))).items] == ["create"]
+    # a write decided on a copy from before the release puts the flag back: its recheck asks the releaser again
+    stale = msgspec.structs.replace(released, waiting_deps=True, payload={"amended": True})
+    amend = msgspec.structs.replace(leaving(update(released, bump(stale), "amend"), "queued"), edge_effect="recheck")
+    await store.tasks.apply(amend)
+    assert await drain(store) == [("task", tid(2))]
+    assert await counts_of(store, tid(2)) == (1, 0, 0)  # nothing else moved
+    # a refused recheck writes no notice
+    late = msgspec.structs.replace(amend, expected_revision=1)
+    (err,) = await store.tasks.apply_many([late])
+    assert_code(err, Conflict, Code.REVISION_CONFLICT)
+    assert await notices(store) == []
 
 
 async def test_a_refused_change_has_no_effect(store: Any) -> None:

@@ -104,6 +104,8 @@ class MemoryWorkflows:
             return
         if change.edge_effect == "settle":
             self._settle(t)
+        elif change.edge_effect == "recheck":
+            self._notice("task", t.id)
         else:
             self._reopen(t)
 

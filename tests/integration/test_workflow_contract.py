@@ -76,6 +76,7 @@ R12 skip: canceled with SKIPPED {ref, taskId} naming the parent, and its cascade
       here:
           test_a_users_cancel_of_one_task_skips_its_dependents_and_the_workflow_ends
           test_a_task_retry_and_a_rework_of_a_failed_parent_reopen_what_it_skipped
+          test_histories_and_events_keep_the_task_tables_actions_a_skip_is_a_cancel
 R13 on finished = finalizer; on failed = compensation (a dead parent counts as failed; a succeeded one skips it)
       here:
           test_on_failed_takes_a_dead_parent_a_redrive_and_a_force_retry_reopen_the_skipped
@@ -449,6 +450,42 @@ async def test_a_finish_with_a_skipped_compensation_its_answer_events_callback_a
     assert await audit_actions(alice, wf["id"]) == [
         ("workflow", "create"), ("workflow", "finish"), ("workflow", "retry"), ("workflow", "finish")
     ]  # fmt: skip
+
+
+#: CONTRACT 2.1: the actions a task's history holds
+HISTORY_ACTIONS = {
+    "create", "approve", "amend", "claim", "settle", "attempt_failed", "cancel", "retry", "redrive", "force_retry",
+    "rework",
+}  # fmt: skip
+
+
+async def test_histories_and_events_keep_the_task_tables_actions_a_skip_is_a_cancel(alice: Api, runs: Runs) -> None:
+    """A release is no change of the state machine (2.2): a dependent's history is create, claim, settle at
+    revisions 1, 2, 3; a skip is the table's cancel (reason SKIPPED) and its event task.canceled."""
+    wf = await submit(alice, [t("a"), t("b", "a"), t("undo", "a", on="failed"), t("c", "b")])
+    ids = ids_of(wf)
+    done = await finished(alice, wf["id"])
+    assert done["state"] == "succeeded", done
+    for ref in ("a", "b", "c"):
+        history = await alice.history(ids[ref])
+        assert [(h["action"], h["revision"]) for h in history] == [("create", 1), ("claim", 2), ("settle", 3)], (
+            ref, history
+        )  # fmt: skip
+        assert (await alice.task(ids[ref]))["revision"] == 3
+    undo = await alice.history(ids["undo"])
+    assert [(h["action"], h["revision"], h["to"]) for h in undo] == [("create", 1, "queued"), ("cancel", 2, "canceled")]
+    assert undo[-1]["reason"] == "SKIPPED"
+    async with sse(alice, f"aggregateId={ids['undo']}", last_event_id=0) as stream:
+        frames = await stream.take(2, timeout_s=15)
+        assert await stream.quiet(0.3) == []
+    assert [f.event for f in frames] == ["task.created", "task.canceled"]
+    assert frames[1].data["data"]["reason"] == "SKIPPED" and frames[1].data["revision"] == 2
+    async with sse(alice, f"aggregateId={ids['b']}", last_event_id=0) as stream:
+        frames = await stream.take(3, timeout_s=15)
+        assert await stream.quiet(0.3) == []
+    assert [f.event for f in frames] == ["task.created", "task.claimed", "task.succeeded"]
+    for ref in ids:
+        assert {h["action"] for h in await alice.history(ids[ref])} <= HISTORY_ACTIONS
 
 
 async def _got(hook: Any, n: int) -> bool:

@@ -119,7 +119,7 @@ class WorkflowLog:
             return
         if h.to_state == "running" and h.from_state != "running":
             self._claimed(t, h)
-        elif h.action == "skip":
+        elif h.action == "cancel" and h.reason == "SKIPPED":
             self._skipped(t, h)
 
     def _parent_state(self, parent_id: str, at: float) -> list[str]:

@@ -9,6 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from scheduler_gateway.actors.model import task_machine as sm
+from scheduler_gateway.actors.model.records import ActorRef
 from scheduler_gateway.actors.outbox import read_outbox_body
 from scheduler_gateway.actors.ports import AuditQuery
 from scheduler_gateway.actors.tasks import Caller
@@ -67,6 +69,29 @@ async def test_a_dependent_is_released_only_after_its_parents_and_never_offered_
         assert offers[ids["c"]].workflow_id == view.id and offers[ids["c"]].ref == "c"
         wf = await k.workflows.get(ALICE, view.id)
         assert wf.state == "succeeded" and wf.finished_at is not None and wf.counts.succeeded == 3
+
+
+async def test_a_release_records_nothing_and_a_write_that_puts_the_flag_back_is_decided_again() -> None:
+    """A release moves no revision, so a write decided on a copy read before it (another instance's amend) wins
+    its compare-and-set and puts ``waiting_deps`` back: its recheck notice has the releaser release it again."""
+    async with workflow_kit() as k:
+        view = await k.submit([{"ref": "a"}, {"ref": "c", "dependsOn": [dep("a")]}])
+        ids = await k.ids(view.id)
+        before = await k.task(ids["c"])
+        await k.run(ids["a"])
+        released = await k.task(ids["c"])
+        assert not released.waiting_deps and released.revision == before.revision
+        assert [h.action for h in (await k.store.tasks.history(ids["c"])).items] == ["create"]
+        late = msgspec.Raw(b'{"late": true}')
+        amend = sm.amend(before, late, "att_" + "9" * 32, ActorRef("user", "alice"), 5.0, None)
+        assert isinstance(amend, sm.Transition) and amend.task.waiting_deps  # decided on the copy from before
+        await k.service.ledger.commit(amend, None)
+        assert [(n.kind, n.object_id) for n in await k.store.workflows.notices(100)] == [("task", ids["c"])]
+        await k.drain()
+        again = await k.task(ids["c"])
+        assert not again.waiting_deps and again.revision == before.revision + 1
+        await k.run(ids["c"])
+        assert (await k.workflows.get(ALICE, view.id)).state == "succeeded"
 
 
 async def test_a_failed_parent_skips_its_dependents_down_the_graph_naming_the_parent() -> None:
@@ -345,11 +370,15 @@ async def test_a_released_task_waits_again_when_its_parent_is_reworked_and_its_o
         assert not early.ok and early.error is not None and early.error.code == Code.NOT_DUE
         audit = await k.store.tasks.list_audit(AuditQuery(object_id=ids["c"], action="claim"))
         assert [(a.result, a.error_code) for a in audit.items] == [("refused", Code.NOT_DUE)]
+        # the refusal holds it at once (not offered again and again until the releaser gets to it)
+        assert (await k.task(ids["c"])).waiting_deps
         await k.drain()
         held = await k.task(ids["c"])
         assert held.waiting_deps and held.attempt_id != released.attempt_id
         assert held.attempt_no == released.attempt_no
-        assert [h.action for h in (await k.store.tasks.history(ids["c"])).items][-1] == "dependencies_reopened"
+        # holding it again moves waitingFor and the attempt id, at the same revision, and records nothing
+        assert held.revision == released.revision
+        assert [h.action for h in (await k.store.tasks.history(ids["c"])).items][-1] == "create"
         stale = await k.service.claim("node-a", ClaimRequest(task_id=ids["c"], attempt_id=released.attempt_id))
         assert not stale.ok and stale.error is not None and stale.error.code == Code.ATTEMPT_STALE
         await k.run(ids["p"])

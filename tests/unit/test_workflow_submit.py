@@ -122,13 +122,18 @@ def test_the_machines_workflow_transitions() -> None:
     assert early.value.code == Code.NOT_DUE
     released = sm.dependencies_met(waiting, 1.0)
     assert isinstance(released, sm.Transition) and not released.task.waiting_deps
-    assert released.history.action == "dependencies_met" and released.task.revision == 2
+    # a move of waitingFor, not a change of the state machine: the revision stays, nothing is recorded
+    assert not released.recorded and released.task.revision == waiting.revision
     assert isinstance(sm.dependencies_met(released.task, 2.0), sm.Repeat)
     held = sm.dependencies_reopened(released.task, "att_" + "2" * 32, 2.0)
-    assert isinstance(held, sm.Transition) and held.task.waiting_deps
+    assert isinstance(held, sm.Transition) and held.task.waiting_deps and not held.recorded
     assert held.task.attempt_id == "att_" + "2" * 32 and held.task.attempt_no == released.task.attempt_no
     skipped = sm.skip(waiting, "a", "tsk_" + "0" * 32, "failed", 3.0)
-    assert skipped.task.state == "canceled" and skipped.history.action == "skip"
+    assert skipped.task.state == "canceled" and (skipped.history.action, skipped.history.reason) == (
+        "cancel",
+        "SKIPPED",
+    )
+    assert skipped.recorded and skipped.event_type == "task.canceled"
     assert skipped.task.error is not None and skipped.task.error.code == "SKIPPED"
     assert skipped.task.error.details == {"ref": "a", "taskId": "tsk_" + "0" * 32}
     assert "a ended failed" in skipped.task.error.message

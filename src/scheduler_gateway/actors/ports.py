@@ -14,7 +14,7 @@ import msgspec
 from .model.callbacks import CallbackDelivery
 from .model.records import AuditEntry, DeadLetter, EventRecord, HistoryEntry, Task
 
-EdgeEffect = Literal["settle", "reopen"]
+EdgeEffect = Literal["settle", "reopen", "recheck"]
 
 
 class IdempotencyRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,7 +45,8 @@ class Change(msgspec.Struct, frozen=True, kw_only=True):
     callback: CallbackDelivery | None = None  # a terminal change of a task with a callbackUrl: its delivery
     #: a task of a workflow crossing the terminal line (actors/workflow_ports.py): "settle" (it became terminal:
     #: its outgoing edges are decided, its children's counters move), "reopen" (terminal -> not terminal: its
-    #: outgoing edges are pending again); the store applies it in the change's transaction, only if the write won
+    #: outgoing edges are pending again), "recheck" (it stays waiting for its dependencies: a notice for itself);
+    #: the store applies it in the change's transaction, only if the write won
     edge_effect: EdgeEffect | None = None
 
 

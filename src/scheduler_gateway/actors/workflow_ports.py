@@ -14,7 +14,8 @@ The rules every implementation keeps, each in the transaction of the write that 
   now ready or doomed (that this move made so: none again while it stays so), and lowers ``open_tasks`` (a
   ``workflow`` notice when it reaches 0); ``reopen`` puts its decided outgoing edges back to pending (the
   counters moved back), writes a ``task`` notice for each child and for the task itself, raises ``open_tasks``
-  and clears ``finished_at``.
+  and clears ``finished_at``; ``recheck`` (a write that leaves the task waiting for its dependencies) writes a
+  ``task`` notice for the task itself.
 - The claim's guard: a change that moves a workflow task to ``running`` is refused (Conflict NOT_DUE) when its
   ``DepCounts`` are not ``ready``, and (Conflict LIMITED) when its workflow's ``max_parallel`` tasks already run;
   both read in the claim's transaction (PostgreSQL: the workflow's row locked, no wider), never from memory.

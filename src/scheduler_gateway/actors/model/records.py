@@ -98,7 +98,7 @@ class Task(msgspec.Struct, kw_only=True, frozen=True):
     depends_on: tuple[Dependency, ...] = ()
     join: str = "all"  # "all" | "any"
     #: queued (or waiting approval) with dependencies not known to hold: never offered. Set at create (when it has
-    #: dependencies) and when it is reopened; cleared by the ``dependencies_met`` transition the releaser commits.
+    #: dependencies) and when it is reopened; cleared by the releaser's ``dependencies_met`` (at the same revision).
     #: The claim's guard is the store's counters (actors/workflow_ports.py), never this copy.
     waiting_deps: bool = False
     #: the workflow's ``maxParallel``, copied at create so the dispatcher holds back without a read

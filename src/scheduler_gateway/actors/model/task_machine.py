@@ -16,8 +16,13 @@ from scheduler_gateway.wire.errors import Code, Conflict, Forbidden
 
 from .records import NULL, TERMINAL_STATES, ActorRef, HistoryEntry, SettleMark, Task, TaskError
 
-#: who commits a workflow's releases, holds, skips and unskips (history, audit, events)
+#: who commits a workflow's releases, holds, skips and unskips
 RELEASER = ActorRef("system", "workflow-releaser")
+#: moves of a queued task's ``waitingFor: dependencies`` (CONTRACT 2.12), not changes of the state machine's table
+#: (CONTRACT 2.2): like a lease extension (2.3) they write the task's row at its revision and record no history
+#: entry, audit entry or event. A write decided on a copy read before such a move may put the flag back; every
+#: write that leaves a workflow task waiting has the releaser decide it again (``Change.edge_effect`` "recheck")
+UNRECORDED: frozenset[str] = frozenset({"dependencies_met", "dependencies_reopened"})
 #: the error code of a task its dependencies skipped (model/workflows.py keeps the same value)
 SKIPPED = "SKIPPED"
 
@@ -52,9 +57,6 @@ _EVENT_OF_ACTION = {
     "redrive": "task.redriven",
     "force_retry": "task.force_retried",
     "rework": "task.reworked",
-    "dependencies_met": "task.dependencies_met",
-    "dependencies_reopened": "task.dependencies_reopened",
-    "skip": "task.skipped",
 }
 
 
@@ -65,6 +67,11 @@ class Transition(msgspec.Struct, frozen=True):
     history: HistoryEntry
     event_type: str
     event_data: dict[str, Any]
+
+    @property
+    def recorded(self) -> bool:
+        """False for a move of ``waitingFor`` (``UNRECORDED``): only the task row is written."""
+        return self.action not in UNRECORDED
 
 
 class Repeat(msgspec.Struct, frozen=True):
@@ -439,7 +446,7 @@ def dependencies_met(task: Task, now: float) -> Transition | Repeat:
     if not task.waiting_deps and task.state in ALLOWED_FROM["dependencies_met"]:
         return Repeat(task, "dependencies_met")
     check_allowed(task, "dependencies_met", None)
-    after = _bump(task, now, waiting_deps=False)
+    after = msgspec.structs.replace(task, waiting_deps=False)
     return _step(task, after, "dependencies_met", RELEASER, now, None)
 
 
@@ -451,7 +458,7 @@ def dependencies_reopened(task: Task, new_attempt_id: str, now: float) -> Transi
         return Repeat(task, "dependencies_reopened")
     check_allowed(task, "dependencies_reopened", None)
     attempt_id = new_attempt_id if task.state == "queued" else task.attempt_id
-    after = _bump(task, now, waiting_deps=True, attempt_id=attempt_id)
+    after = msgspec.structs.replace(task, waiting_deps=True, attempt_id=attempt_id)
     return _step(task, after, "dependencies_reopened", RELEASER, now, None)
 
 
@@ -467,7 +474,8 @@ def skip(
         details={"ref": parent_ref, "taskId": parent_id},
     )
     after = _bump(task, now, state="canceled", error=err, finished_at=now, lease_expires_at=None)
-    return _step(task, after, "skip", RELEASER, now, None, SKIPPED)
+    # the table's cancel (CONTRACT 2.2: "by user, parent cascade, or schedule"; here by its dependencies)
+    return _step(task, after, "cancel", RELEASER, now, None, SKIPPED)
 
 
 def unskip(task: Task, new_attempt_id: str, now: float) -> Transition:

@@ -44,11 +44,15 @@ T = TypeVar("T")
 
 def edge_effect(tr: sm.Transition) -> EdgeEffect | None:
     """What a workflow task's change does to its edges (actors/workflow_ports.py), applied by the store in the
-    change's transaction: ``settle`` when it becomes terminal, ``reopen`` when it leaves a terminal state."""
-    before = tr.before
-    if tr.task.workflow_id is None or before is None or before.terminal == tr.task.terminal:
+    change's transaction: ``settle`` when it becomes terminal, ``reopen`` when it leaves a terminal state,
+    ``recheck`` when it leaves the task waiting for its dependencies (the copy it was decided on may predate a
+    release, which moves no revision: the releaser decides the task again on its counters)."""
+    before, task = tr.before, tr.task
+    if task.workflow_id is None or before is None:
         return None
-    return "settle" if tr.task.terminal else "reopen"
+    if before.terminal != task.terminal:
+        return "settle" if task.terminal else "reopen"
+    return "recheck" if task.waiting_deps and not task.terminal else None
 
 
 class RequeueGuard(Protocol):
@@ -276,8 +280,12 @@ class TaskLedger:
         artifacts: list[ArtifactInfo] | None = None,
     ) -> Change:
         """What one transition writes: the task, its history entry, audit entry and event, and what goes with
-        it (idempotency record, dead letter, callback delivery). Committed by the caller, then ``after_commit``."""
+        it (idempotency record, dead letter, callback delivery). Committed by the caller, then ``after_commit``.
+        A move of ``waitingFor`` writes the task alone (``Transition.recorded``)."""
         task = tr.task
+        expected = tr.before.revision if tr.before else None
+        if not tr.recorded:
+            return Change(task=task, expected_revision=expected, idempotency=idempotency, edge_effect=edge_effect(tr))
         now = task.updated_at
         audit = self.audit(
             tr.action,
@@ -310,7 +318,7 @@ class TaskLedger:
         )
         return Change(
             task=task,
-            expected_revision=tr.before.revision if tr.before else None,
+            expected_revision=expected,
             history=msgspec.structs.replace(tr.history, request_id=request_id),
             audit=audit,
             event=event,

@@ -208,6 +208,18 @@ class NodeProtocol:
             granted[new.id] = new
         return _lease_reply(new)
 
+    async def _wait_again(self, task: Task) -> None:
+        """A released task whose counters do not hold waits again, so it is not offered again and again until
+        the releaser gets to it (a release decided on counters read before a parent reopened, committed after
+        the hold: neither moves the revision). Its recheck has the releaser decide it (a skip, if doomed)."""
+        held = sm.dependencies_reopened(task, idgen.new_id("att"), self._clock())
+        if not isinstance(held, sm.Transition):
+            return
+        try:
+            await self._ledger.commit(held, None)
+        except GatewayError as exc:  # the task moved since (a stale copy): the releaser's notice decides it
+            log.info("task %s: not held again after a refused claim (%s)", task.id, exc.code)
+
     async def _refused_by_store(
         self, task: Task, req: ClaimRequest, node_id: str, actor: ActorRef, exc: Conflict
     ) -> ClaimReply:
@@ -215,10 +227,11 @@ class NodeProtocol:
         limit); any other conflict is raised."""
         if exc.code == Code.NOT_DUE:
             # the store's guard: a workflow task's dependencies do not hold there (a parent reopened since its
-            # release; the releaser holds it again). Refused and audited like the machine's own NOT_DUE
+            # release). Refused and audited like the machine's own NOT_DUE
             await self._ledger.refused(
                 "claim", task, task.id, actor, error_code=exc.code, node_id=node_id, attempt_id=req.attempt_id
             )
+            await self._wait_again(task)
             return _claim_error(exc.code, exc.message)
         if exc.code == Code.THREAD_BUSY:
             # the store holds the lane: another task of the thread runs (an offer from before a restart, another

@@ -121,6 +121,9 @@ def apply_effect(conn: sqlite3.Connection, r: ChangeRows) -> None:
     if wp is None or wp.effect is None:
         return
     params = {"p": r.task_id, "s": wp.state, "wf": wp.workflow_id, "at": time.time(), "n": 1}
+    if wp.effect == "recheck":
+        conn.execute(SQL_NOTICE, ("task", r.task_id, params["at"]))
+        return
     if wp.effect == "settle":
         for sql in (SQL_SETTLE_NOTICES, SQL_SETTLE_DEPS, SQL_SETTLE_EDGES, SQL_OPEN_DOWN, SQL_FINISHED_NOTICE):
             conn.execute(sql, params)

@@ -81,6 +81,11 @@ SQL_OPEN = (
     " WHERE open_tasks = 0 AND n < 0 ORDER BY id"
 )
 
+#: a ``task`` notice for each task a change left waiting for its dependencies (``recheck``)
+SQL_RECHECK = (
+    f"INSERT INTO workflow_notices (kind, object_id, at) SELECT 'task', id, {DB_NOW} FROM unnest(%s::text[]) AS r(id)"
+)
+
 #: the task's counters (NULLs without a row) and its workflow's maxParallel, in one row
 SQL_GUARD_READ = (
     "SELECT d.parents, d.join_any, d.met, d.lost, (SELECT max_parallel FROM workflows WHERE id = %s)"
@@ -126,8 +131,12 @@ async def workflow_change(conn: Conn, r: ChangeRows) -> None:
 
 async def edge_effects(conn: Conn, rows: Sequence[ChangeRows]) -> None:
     """The edge effects of ``rows`` (changes written in this transaction whose compare-and-set won): two
-    statements in one round trip, nothing when none of them settles or reopens a workflow task."""
-    moving = [r for r in rows if r.workflow is not None and r.workflow.effect is not None]
+    statements in one round trip, nothing when none of them settles or reopens a workflow task (a recheck: one
+    insert of notices)."""
+    rechecks = [r.task_id for r in rows if r.workflow is not None and r.workflow.effect == "recheck"]
+    if rechecks:
+        await conn.execute(SQL_RECHECK, (rechecks,))
+    moving = [r for r in rows if r.workflow is not None and r.workflow.effect in ("settle", "reopen")]
     if not moving:
         return
     ids, states, settles, workflows, moves = [], [], [], [], []
