@@ -26,7 +26,7 @@ from scheduler_gateway.daemon.store.postgres.search import PgSearch
 from scheduler_gateway.daemon.store.postgres.tasks import PgTasks
 from scheduler_gateway.wire.ids import format_id
 
-from .test_store_contract import T0, make_task
+from .test_store_contract import T0, create, make_task
 
 _COPY = "COPY tasks (id, owner, kind, state, revision, priority, run_id, created_at, not_before, doc) FROM STDIN"
 _OWNERS = ("alice", "bob", "carol")
@@ -169,5 +169,29 @@ async def test_console_and_api_lists_read_only_what_they_show(pg_url: str) -> No
                     ]
                     assert not seq, (sql, plan)
         await pool.stop()
+    finally:
+        await store.stop()
+
+
+async def test_the_insert_and_delete_triggers_keep_label_owners_and_created_off_rows(pg_url: str) -> None:
+    """Migration 19's rows, written by the store's own batch insert: each label carries its task's owner; a task
+    whose id does not tell its creation time (within the slack) has a ``task_created_off`` row, one minted from its
+    creation time has none, and a delete takes the row with its task."""
+    store = PostgresStore(pg_url)
+    await store.start()
+    try:
+        minted = make_task(1, id=format_id("tsk", int((T0 + 1) * 1000), 1), owner="bob", labels={"team": "red"})
+        imported = make_task(2, owner="carol", labels={"team": "blue"})  # tsk_000...2: no time in it
+        late = make_task(3, id=format_id("tsk", int((T0 + 3) * 1000) - 6000, 3), created_at=T0 + 3)  # 6 s off
+        assert await store.tasks.apply_many([create(t) for t in (minted, imported, late)]) == [None] * 3
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            labels = conn.execute("SELECT task_id, owner FROM task_labels ORDER BY task_id").fetchall()
+            assert sorted(labels) == sorted([(minted.id, "bob"), (imported.id, "carol")])
+            off = conn.execute("SELECT task_id, created_at FROM task_created_off ORDER BY task_id").fetchall()
+            assert sorted(off) == sorted([(imported.id, imported.created_at), (late.id, late.created_at)])
+            conn.execute("DELETE FROM tasks WHERE id = ANY(%s)", ([imported.id, minted.id],))
+            assert conn.execute("SELECT task_id FROM task_created_off").fetchall() == [(late.id,)]
+        found = await store.search.search_tasks(TaskSearch(created_from=T0 + 2.5, created_to=T0 + 3.5))
+        assert [t.id for t in found.items] == [late.id]  # found by its creation time, though its id is 6 s off
     finally:
         await store.stop()
