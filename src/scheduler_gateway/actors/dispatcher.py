@@ -95,19 +95,21 @@ class Dispatcher(LoopActor):
         self._workflows = WorkflowHold()
 
     # -- what the task service tells us -------------------------------------------------------------
-    def update(self, task: Task) -> None:
-        """A task was created or changed (called after its change is committed)."""
+    def update(self, task: Task, *, offered_elsewhere: bool = False) -> None:
+        """A task was created or changed (called after its change is committed). ``offered_elsewhere``: a queued
+        attempt another instance made, and offers: let go of here as an ended task is (``TaskLedger.absorb``)."""
         # a claim moves a task from its offer to its run: its workflow's slot stays taken (``_count``)
         self._unoffer(
             task.id, keep_attempt=task.attempt_id if task.state == "queued" else None, free=task.state != "running"
         )
         self._reoffers.forget_stale(task)
         self._count(task)
-        if task.state == "queued" and task.waiting_deps:
+        queued = task.state == "queued" and not offered_elsewhere
+        if queued and task.waiting_deps:
             self._queued[task.id] = task  # known (waitingFor "dependencies"), never offered until released
             if task.thread_id:
                 self._lanes.remove(task)
-        elif task.state == "queued":
+        elif queued:
             self._queued[task.id] = task
             if task.thread_id:
                 self._lanes.add(task)

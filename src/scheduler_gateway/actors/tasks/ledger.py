@@ -407,7 +407,12 @@ class TaskLedger:
             return
         if live is None and stored.terminal:
             return
-        if stored.terminal:
+        # a queued attempt this instance was not offering (a requeue or an amend through another instance, while
+        # its copy here was the run or an older attempt) is offered by the instance that made it: let go of here
+        # as an ended task is, so it is offered once. A thread's task stays: this lane waits for it, in order.
+        elsewhere = stored.state == "queued" and not take_over and stored.thread_id is None
+        elsewhere = elsewhere and live is not None and (live.state != "queued" or live.attempt_id != stored.attempt_id)
+        if stored.terminal or elsewhere:
             del self.live[task_id]
         else:
             self.live[task_id] = stored
@@ -419,7 +424,7 @@ class TaskLedger:
             self.lease_clock.forget(task_id)
         if stored.state == "running" and (live is None or live.state != "running" or live.lease_id != stored.lease_id):
             self.watch(stored)
-        self._dispatcher.update(stored)
+        self._dispatcher.update(stored, offered_elsewhere=elsewhere)
 
     async def persist_extensions(
         self,
