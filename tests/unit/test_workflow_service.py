@@ -429,3 +429,21 @@ async def test_max_parallel_offers_its_held_tasks_oldest_first_when_slots_free()
         assert await offered() == order[:3]
         await k.run_claimed(order[1], leases[order[1]])
         assert await offered() == order[:4]
+
+
+async def test_a_release_made_elsewhere_reaches_this_instances_copy_when_it_reads_the_task() -> None:
+    """Several instances: a release commits at the task's revision, so a copy read before it looks current by
+    revision; a read of the row (a claim or an API read through this instance) takes the moved flag in."""
+    async with workflow_kit() as k:
+        view = await k.submit([{"ref": "a"}, {"ref": "c", "dependsOn": [dep("a")]}])
+        ids = await k.ids(view.id)
+        ledger = k.service.ledger
+        waiting = await k.task(ids["c"])
+        assert ledger.live[ids["c"]].waiting_deps
+        released = msgspec.structs.replace(waiting, waiting_deps=False)  # the row as another instance left it
+        ledger.absorb(released, ids["c"])
+        assert not ledger.live[ids["c"]].waiting_deps
+        # a hold elsewhere gives the task a new attempt there: the instance that made it offers it, this one lets go
+        held = msgspec.structs.replace(released, waiting_deps=True, attempt_id="att_" + "7" * 32)
+        ledger.absorb(held, ids["c"])
+        assert ids["c"] not in ledger.live

@@ -55,6 +55,10 @@ def edge_effect(tr: sm.Transition) -> EdgeEffect | None:
     return "recheck" if task.waiting_deps and not task.terminal else None
 
 
+def _same_wait(a: Task, b: Task) -> bool:
+    return a.waiting_deps == b.waiting_deps and a.attempt_id == b.attempt_id
+
+
 class RequeueGuard(Protocol):
     """What must hold before an ended task is requeued (retry, redrive, force-retry, rework): for a task a schedule
     launched, its run becomes active again (actors/scheduling/requeue.py). Answers how to undo that when the
@@ -386,7 +390,8 @@ class TaskLedger:
     def absorb(self, stored: Task | None, task_id: str, *, take_over: bool = False) -> None:
         """Take a stored copy that another instance wrote into the live copies (and so into the dispatcher and
         the lease clock). A copy no newer than the live one changes nothing but the lease expiry a heartbeat
-        elsewhere moved.
+        elsewhere moved, unless it is of the same revision with another ``waiting_deps`` or attempt: a workflow's
+        release or hold elsewhere, which moves no revision.
 
         A queued task this instance does not know is left out unless ``take_over``: it was read for a decision (a
         claim through this instance, a read through its API) and the instance that created or requeued it offers
@@ -399,7 +404,8 @@ class TaskLedger:
             return
         if live is None and stored.state == "queued" and not take_over:
             return
-        if live is not None and stored.revision <= live.revision:
+        moved = live is not None and stored.revision == live.revision and not _same_wait(stored, live)
+        if live is not None and stored.revision <= live.revision and not moved:
             if stored.revision == live.revision and stored.lease_expires_at != live.lease_expires_at:
                 self.live[task_id] = stored
                 if stored.lease_id is not None and stored.lease_expires_at is not None:
