@@ -172,7 +172,7 @@ class ChangeRows:
             minute=_minute(t, h),
             created_off=created_off_row(t) if change.expected_revision is None else None,
             counts=_counts(t, h, change.expected_revision is None),
-            state_unknown=change.expected_revision is not None and (h is None or h.from_state is None),
+            state_unknown=_state_unknown(change),
             workflow=None if t.workflow_id is None else WorkflowPart.of(change),
         )
 
@@ -192,6 +192,15 @@ class ChangeRows:
         """``SQL_INSERT_TASK``'s values: the insert row, the console's columns and ``finished_at`` (SQLite's
         statement)."""
         return (*self.insert_row, *self.search, self.finished_at)
+
+
+def _state_unknown(change: Change) -> bool:
+    """The writer reads the old state of an update whose history entry does not name it. A write at its own
+    revision (a workflow's release or hold) changes no state: nothing to read, so its batch keeps the fast path."""
+    h = change.history
+    if change.expected_revision is None or (h is None and change.expected_revision == change.task.revision):
+        return False
+    return h is None or h.from_state is None
 
 
 def _counts(t: Task, h: HistoryEntry | None, insert: bool) -> tuple[tuple[str, str, str, int], ...]:
