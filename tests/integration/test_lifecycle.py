@@ -18,6 +18,7 @@ from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.wire.messages import SETTLE_BATCH_HEADER, ClaimRequest, Settle, WireError
 from scheduler_gateway.wire.subjects import SETTLE_CONSUMER, SETTLE_STREAM
 
+from .frozen_settles import frozen_pull
 from .harness import Api, HandNode, api_client, running_gateway, wait_for
 
 
@@ -422,30 +423,13 @@ async def test_a_batch_of_settles_in_one_message_applies_each_once_and_a_redeliv
 async def frozen_settle_member(
     fresh_nats: NatsServerProcess, node: HandNode, gateway: Gateway
 ) -> AsyncIterator[list[Any]]:
-    """Another member of the settle consumer's deliver group (another gatewayd) that takes every settle and
-    freezes before its ack, so each comes again after the ack wait (1 s), to it again; the gateway under test stops
+    """Another gatewayd that asked the settle consumer for settles (one pull request lasting a minute) and froze
+    before any ack, so each comes again after the ack wait (1 s), to it again; the gateway under test stops
     serving settles, so the frozen member is the only one left to deliver to. Yields what it took: each message
     once (its latest delivery)."""
-    frozen = await nats.connect(fresh_nats.url)
-    held: list[Any] = []
-
-    async def take(msg: Any) -> None:  # taken, never acked
-        seq = msg.metadata.sequence.stream
-        again = [n for n, m in enumerate(held) if m.metadata.sequence.stream == seq]
-        if again:
-            held[again[0]] = msg
-        else:
-            held.append(msg)
-
-    try:
-        await frozen.jetstream().subscribe(
-            node.subjects.wildcard("settle"), queue=SETTLE_CONSUMER, stream=SETTLE_STREAM, cb=take, manual_ack=True
-        )
-        await frozen.flush()  # its SUB known to the server before any settle is published
+    async with frozen_pull(fresh_nats.url, expires_s=60.0) as held:
         await gateway.bus.stop_serving()
         yield held
-    finally:
-        await frozen.close()
 
 
 async def test_a_gateway_that_stopped_serving_is_no_longer_offered_node_requests(

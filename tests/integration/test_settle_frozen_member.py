@@ -1,85 +1,64 @@
-"""Settles and a frozen member of the ``GW_SETTLE`` deliver group (docs/WIRE.md, Several gateway instances), on a
-real nats-server and a real gateway.
+"""Settles and a frozen instance (docs/WIRE.md, Several gateway instances), on a real nats-server and a real
+gateway.
 
-The deliver group hands each settle to a member picked at random, and a frozen instance (a VM paused, SIGSTOP)
-keeps its subscription, so it goes on taking its share and acks none. With the consumer's old 10 s ack wait each
-of those waited 10 s (or the thaw): with two instances, half of the settles of a freeze, and whole seconds went by
-with no task finished on the live one (issue 50, tests/e2e/test_freeze_random_e2e.py). The ack wait is now 1 s,
-and a live instance marks the settles it holds in progress, so only what a frozen or dead one holds comes again.
+Every instance pulls ``GW_SETTLE`` with requests that last half a second; a frozen instance (a VM paused, SIGSTOP)
+sends no more, so once its last request has run out no settle goes to it, and one it was handed before its ack
+comes again after the consumer's 1 s ack wait, to whoever asks. A live instance marks the settles it holds in
+progress, so only what a frozen or dead one holds comes again. (With the push consumer's deliver group that came
+before, the frozen instance went on taking half of all settles, each waiting 10 s: issue 50,
+tests/e2e/test_freeze_settle_e2e.py.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
-import msgspec
-import nats
 import pytest
+from nats.js.api import AckPolicy, ConsumerConfig
 
 from scheduler_gateway.daemon.gateway import Gateway
-from scheduler_gateway.daemon.nats import bus, node_inputs
+from scheduler_gateway.daemon.nats import bus, node_inputs, settle_pull
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.wire.subjects import SETTLE_CONSUMER, SETTLE_STREAM
 
-from .harness import Api, HandNode, wait_for
+from .frozen_settles import frozen_pull
+from .harness import Api, HandNode, api_client, running_gateway
 from .test_lifecycle import audit, claimed
 
-#: how soon a settle a frozen member took goes to a member picked anew: the ack wait and some room for a loaded
-#: machine, far under the 10 s it was
-MOVED_ON_S = 3.0
 
-
-@asynccontextmanager
-async def frozen_member(fresh_nats: NatsServerProcess, node: HandNode) -> AsyncIterator[dict[str, list[float]]]:
-    """Another member of the settle consumer's deliver group, beside the live gateway, that takes settles and
-    acks none (a frozen gatewayd). Yields, per task id, when it was handed that task's settle (each delivery)."""
-    frozen = await nats.connect(fresh_nats.url)
-    taken: dict[str, list[float]] = {}
-
-    async def take(msg: Any) -> None:
-        taken.setdefault(msgspec.json.decode(msg.data)["taskId"], []).append(time.monotonic())
-
-    try:
-        await frozen.jetstream().subscribe(
-            node.subjects.wildcard("settle"), queue=SETTLE_CONSUMER, stream=SETTLE_STREAM, cb=take, manual_ack=True
-        )
-        await frozen.flush()  # its SUB known to the server before any settle is published
-        yield taken
-    finally:
-        await frozen.close()
-
-
-async def test_a_settle_handed_to_a_frozen_member_goes_to_a_member_picked_anew_within_seconds(
+async def test_a_settle_a_frozen_instance_was_handed_is_applied_by_a_live_one_after_the_ack_wait(
     api: Api, node: HandNode, gateway: Gateway, fresh_nats: NatsServerProcess
 ) -> None:
-    async with frozen_member(fresh_nats, node) as taken:
-        task_id = ""
-        for n in range(30):  # one settle at a time until the deliver group hands one to the frozen member (1 in 2)
-            task, attempt, lease = await claimed(api, node, {"kind": "echo", "payload": {"n": n}})
-            await node.settle(task["id"], attempt, lease, result={"n": n})
+    """The frozen instance's last request (half a second, as a gatewayd's) takes some of the settles published
+    while it is open; each comes again after the ack wait and goes to the live gateway, the only one asking."""
+    leased = [await claimed(api, node, {"kind": "echo", "payload": {"n": n}}) for n in range(6)]
+    async with frozen_pull(fresh_nats.url, expires_s=settle_pull.PULL_EXPIRES_S) as held:
+        for task, attempt, lease in leased:
+            await node.settle(task["id"], attempt, lease, result={"n": task["payload"]["n"]})
+        for task, _, _ in leased:  # a liveness bound: the ack wait (1 s) and the live gateway's commit
+            done = await api.wait_state(task["id"], {"succeeded"}, timeout_s=10)
+            assert done["result"] == {"n": task["payload"]["n"]}
+        assert held, "scenario: the frozen instance's request was handed none of the six settles"
+        assert {m.metadata.num_delivered for m in held} == {1}  # it was handed each once, never again
+    info = await node.js.consumer_info(SETTLE_STREAM, SETTLE_CONSUMER)
+    assert info.delivered.consumer_seq == len(leased) + len(held), info  # what it took, delivered once more
 
-            async def landed(tid: str = task["id"]) -> bool:
-                return tid in taken or (await api.task(tid))["state"] == "succeeded"
 
-            await wait_for(landed, timeout_s=MOVED_ON_S * 4)
-            if task["id"] in taken:
-                task_id = task["id"]
-                break
-        assert task_id, "scenario: 30 settles and the deliver group handed the frozen member none"
-        held_since = taken[task_id][0]
-
-        async def moved_on() -> bool:  # delivered again (to a member picked anew) or applied by the live gateway
-            return len(taken[task_id]) > 1 or (await api.task(task_id))["state"] == "succeeded"
-
-        await wait_for(moved_on, timeout_s=15)
-        waited = (taken[task_id][1] if len(taken[task_id]) > 1 else time.monotonic()) - held_since
-        assert waited < MOVED_ON_S, (
-            f"the settle the frozen member took waited {waited:.1f} s before the stream handed it to anyone else"
-        )
+async def test_once_a_frozen_instances_request_ran_out_every_settle_goes_to_the_live_one(
+    api: Api, node: HandNode, gateway: Gateway, fresh_nats: NatsServerProcess
+) -> None:
+    leased = [await claimed(api, node, {"kind": "echo", "payload": {"n": n}}) for n in range(6)]
+    async with frozen_pull(fresh_nats.url, expires_s=settle_pull.PULL_EXPIRES_S) as held:
+        await asyncio.sleep(settle_pull.PULL_EXPIRES_S + 0.2)  # its one request ran out: it asks nothing more
+        for task, attempt, lease in leased:
+            await node.settle(task["id"], attempt, lease, result={"n": task["payload"]["n"]})
+        for task, _, _ in leased:
+            await api.wait_state(task["id"], {"succeeded"})
+        assert held == []
+    info = await node.js.consumer_info(SETTLE_STREAM, SETTLE_CONSUMER)
+    assert info.delivered.consumer_seq == len(leased), info  # each delivered once
 
 
 async def test_a_settle_a_live_gateway_takes_long_over_is_not_delivered_again(
@@ -102,3 +81,29 @@ async def test_a_settle_a_live_gateway_takes_long_over_is_not_delivered_again(
     assert info.num_redelivered == 0 and info.num_ack_pending == 0, info
     settles = [a for a in await audit(api, task["id"]) if a["action"] == "settle"]
     assert [a["result"] for a in settles] == ["ok"], settles
+
+
+async def test_an_earlier_versions_push_consumer_is_made_again_as_a_pull_consumer_and_its_settles_applied(
+    tmp_path: Path, fresh_nats: NatsServerProcess, node: HandNode
+) -> None:
+    """An earlier gatewayd made ``gw-settle`` a push consumer with a deliver group; a settle was published while
+    no gateway ran. The new gatewayd replaces the consumer with a pull consumer at its start and applies it."""
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+        task, attempt, lease = await claimed(api, node)
+    await node.js.delete_consumer(SETTLE_STREAM, SETTLE_CONSUMER)
+    await node.js.add_consumer(
+        SETTLE_STREAM,
+        ConsumerConfig(
+            durable_name=SETTLE_CONSUMER,
+            deliver_subject="_INBOX.earlier-gatewayd",
+            deliver_group=SETTLE_CONSUMER,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=30,
+        ),
+    )
+    await node.settle(task["id"], attempt, lease, result={"waited": True})
+    async with running_gateway(tmp_path / "gw", fresh_nats.url) as gw, api_client(gw) as api:
+        done = await api.wait_state(task["id"], {"succeeded"})
+        assert done["result"] == {"waited": True}
+        info = await node.js.consumer_info(SETTLE_STREAM, SETTLE_CONSUMER)
+        assert info.config.deliver_subject is None and info.config.ack_wait == bus.SETTLE_ACK_WAIT_S, info

@@ -1,7 +1,7 @@
 """Several gatewayd on one PostgreSQL database (CONTRACT section 4): the composition of the shared mode.
 
 Every instance answers the whole HTTP API and the whole NATS wire protocol (claims and heartbeats in the
-queue group ``gw-gateway``, settles from the durable ``GW_SETTLE`` consumer's deliver group), and keeps its
+queue group ``gw-gateway``, settles pulled from the durable ``GW_SETTLE`` consumer), and keeps its
 live copies in line with the store (``LiveSync``). One instance at a time, the *leader*, holds the lease
 row ``leader`` in ``duty_leases`` and runs the singleton duties under its fencing term:
 

@@ -2,8 +2,8 @@
 
 ``NatsBus`` owns the connection and its subscriptions and implements the actors' ``Bus`` port. What it
 delegates, each in a module of its own: decoding and answering the node-facing inputs (claim and heartbeat
-requests, settles from ``GW_SETTLE``: ``node_inputs.py``; the settles held marked in progress:
-``settle_holds.py``), the acked and chained publishes of a batch
+requests, settles from ``GW_SETTLE``: ``node_inputs.py``; pulling them: ``settle_pull.py``; the settles held
+marked in progress: ``settle_holds.py``), the acked and chained publishes of a batch
 (``chained.py``, over ``publisher.py``), and where the event relay resumes (``events_tail.py``). Handlers run
 as tasks so one slow request never holds up the subscription behind it.
 """
@@ -21,7 +21,6 @@ import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import APIError, NotFoundError
 
 from scheduler_gateway.actors.bus_ports import SettlesWaiting, vouched_round
@@ -32,6 +31,7 @@ from scheduler_gateway.daemon.nats.leave import leave
 from scheduler_gateway.daemon.nats.node_inputs import MALFORMED, NodeHandlers, NodeInputs, settles_of
 from scheduler_gateway.daemon.nats.publisher import AckedPublisher, PubAck
 from scheduler_gateway.daemon.nats.settle_holds import SettleHolds
+from scheduler_gateway.daemon.nats.settle_pull import SettlePuller, ensure_settle_consumer
 from scheduler_gateway.daemon.nats.streams import (
     ConsumerNameTaken,
     bring_to_replicas,
@@ -43,12 +43,12 @@ from scheduler_gateway.wire.names import KIND_RULE, is_kind
 from scheduler_gateway.wire.subjects import DISPATCH_STREAM, SETTLE_CONSUMER, SETTLE_STREAM, Subjects
 
 log = logging.getLogger(__name__)
-#: A settle taken by a gatewayd that froze or died unacked is redelivered after this long (to a member of the
-#: deliver group picked anew): short, because the deliver group goes on handing a frozen instance its share
-#: (settle_holds.py), and well under any lease, so the task's lease does not run out (and the task run again)
-#: while its settle waits; a lease that does finds the settle at its expiry (``waiting_settles``). A live
-#: instance marks the settles it holds in progress every ``SETTLE_PROGRESS_EVERY_S``, so only a frozen or dead
-#: one's are delivered again; a settle handled twice is a repeat (the same lease and outcome).
+#: A settle taken by a gatewayd that froze or died unacked is delivered again after this long, to an instance
+#: that asks (settle_pull.py): short, so it waits about a second, and well under a default lease, so the task's
+#: lease does not run out (and the task run again) while its settle waits; a lease that does finds the settle
+#: at its expiry (``waiting_settles``). A live instance marks the settles it holds in progress every
+#: ``SETTLE_PROGRESS_EVERY_S`` (settle_holds.py), so only a frozen or dead one's are delivered again; a settle
+#: handled twice is a repeat (the same lease and outcome).
 SETTLE_ACK_WAIT_S = 1.0
 #: how often a live instance marks the settles it has held that long in progress (``+WPI``): well inside the
 #: ack wait, so an event loop late by half a second still marks them in time
@@ -90,7 +90,7 @@ class NatsBus:
         self._kinds: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._subs: list[Any] = []
-        self._settle_sub: Any = None
+        self._settle_puller: SettlePuller | None = None
         self._settle_holds = SettleHolds(SETTLE_PROGRESS_EVERY_S)
         self._holds_marking: asyncio.Task[None] | None = None
         self.connected = False
@@ -155,15 +155,12 @@ class NatsBus:
         await self._ensure_streams()
         for kind in sorted(self._kinds):
             await ensure_kind_consumer(self.js, self.subjects, kind, self._replicas)
-        try:
-            await self.js.consumer_info(SETTLE_STREAM, SETTLE_CONSUMER)
-        except NotFoundError:
-            if self._settle_sub is not None:  # its consumer is gone: subscribe again, which makes it
+        if self._settle_puller is not None:
+            try:
+                await self.js.consumer_info(SETTLE_STREAM, SETTLE_CONSUMER)
+            except NotFoundError:  # the puller's requests end (409) and go on against the consumer made again
                 log.warning("JetStream: the settle consumer was lost; made again")
-                with contextlib.suppress(Exception):
-                    await self._settle_sub.unsubscribe()
-                self._subs.remove(self._settle_sub)
-                await self._subscribe_settles()
+                await self._ensure_settle_consumer()
 
     async def serve(self, inputs: NodeInputs) -> None:
         """Start answering claims and heartbeats and consuming settles."""
@@ -180,48 +177,34 @@ class NatsBus:
                 self.subjects.wildcard("heartbeat"), queue=GATEWAY_QUEUE, cb=self._spawn_cb(handlers.on_heartbeat)
             )
         )
-        await self._subscribe_settles()
-        await self._settle_ack_wait()
+        await self._ensure_settle_consumer()
+        if self._settle_puller is None:
+            self._settle_puller = SettlePuller(
+                self.nc,
+                self._spawn_cb(self._settle_holds.hold(handlers.on_settle)),
+                lambda: len(self._settle_holds),
+                self._settle_max_inflight,
+            )
+            await self._settle_puller.start()
         if self._holds_marking is None:
             self._holds_marking = asyncio.create_task(self._settle_holds.run())
 
-    async def _subscribe_settles(self) -> None:
+    async def _ensure_settle_consumer(self) -> None:
         assert self.js is not None
-        self._settle_sub = await self.js.subscribe(
-            self.subjects.wildcard("settle"),
-            queue=SETTLE_CONSUMER,
-            stream=SETTLE_STREAM,
-            cb=self._spawn_cb(self._settle_holds.hold(self._handlers.on_settle)),
-            manual_ack=True,
-            config=ConsumerConfig(
-                ack_policy=AckPolicy.EXPLICIT,
-                ack_wait=SETTLE_ACK_WAIT_S,
-                max_ack_pending=self._settle_max_inflight,
-                num_replicas=self._replicas,
-            ),
-            pending_msgs_limit=self._settle_max_inflight * 4,
+        await ensure_settle_consumer(
+            self.js,
+            ack_wait_s=SETTLE_ACK_WAIT_S,
+            max_ack_pending=self._settle_max_inflight,
+            replicas=self._replicas,
         )
-        self._subs.append(self._settle_sub)
-
-    async def _settle_ack_wait(self) -> None:
-        """The durable settle consumer keeps the config it was made with: bring one made by an earlier version
-        (30 s) to ``SETTLE_ACK_WAIT_S`` (an allowed edit; a subscribed consumer takes it at once)."""
-        assert self.js is not None
-        try:
-            info = await self.js.consumer_info(SETTLE_STREAM, SETTLE_CONSUMER)
-            if info.config.ack_wait != SETTLE_ACK_WAIT_S or (info.config.num_replicas or 0) != self._replicas:
-                config = info.config.evolve(ack_wait=SETTLE_ACK_WAIT_S, num_replicas=self._replicas)
-                await self.js.add_consumer(SETTLE_STREAM, config=config)
-                log.info("settle consumer: ack wait %g s, %d replicas", SETTLE_ACK_WAIT_S, self._replicas)
-        except Exception as exc:  # the consumer still works with its old wait; say so once
-            log.warning("settle consumer: ack wait not updated (%s)", type(exc).__name__)
 
     async def stop_serving(self) -> None:
         """Stop taking node input (drain), and let handlers in flight finish. When it returns, the server
         routes no more claims, heartbeats or settles here (``leave``)."""
         subs, self._subs = self._subs, []
-        self._settle_sub = None
-        await leave(self.nc, subs)
+        puller, self._settle_puller = self._settle_puller, None
+        # the queue groups left and the settle requests run out (half a second) side by side
+        await asyncio.gather(leave(self.nc, subs), puller.stop() if puller is not None else asyncio.sleep(0))
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
         marking, self._holds_marking = self._holds_marking, None

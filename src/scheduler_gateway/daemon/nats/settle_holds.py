@@ -1,9 +1,8 @@
 """The settles this instance holds (delivered by ``GW_SETTLE``, not yet acked), kept marked in progress.
 
-The settle consumer's deliver group hands each settle to a member picked at random, a frozen instance (a VM
-paused, a long GC pause, SIGSTOP) included: it keeps its subscription, so it goes on taking its share and acks
-none. What it took comes again only after the consumer's ack wait, so that wait is short (``SETTLE_ACK_WAIT_S``
-in bus.py, 1 s): a settle taken by a frozen or dead instance reaches a live one within about a second per try,
+An instance that freezes (a VM paused, a long GC pause, SIGSTOP) or dies holding settles acks none of them: they
+come again only after the consumer's ack wait, so that wait is short (``SETTLE_ACK_WAIT_S`` in bus.py, 1 s) and
+such a settle reaches a live instance about a second later (settle_pull.py: a frozen one asks for no more),
 instead of waiting for the thaw. A live instance that takes longer than that over a settle (a store write that
 waits for a lock, a queue of settles behind a slow commit) must not have it delivered again meanwhile: every
 ``every_s`` it tells JetStream that each settle it has held that long is still being worked on (``+WPI``, which

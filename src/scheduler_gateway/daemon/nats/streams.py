@@ -1,7 +1,7 @@
 """JetStream streams and consumers of the wire protocol (docs/WIRE.md), created idempotently.
 
-The gateway's own settle consumer (a durable push consumer with a deliver group, so settles arrive
-as they are published) is created by the gateway's bus adapter, not here.
+The gateway's own settle consumer (a durable pull consumer every instance pulls with short requests, so settles
+arrive as they are published and never to a frozen instance for long) is created by ``settle_pull.py``.
 
 Shared by the gateway's bus adapter and the tests; the consumer names are ``wire.subjects.consumer_name``,
 which the worker SDK uses too, so every side agrees on them.
