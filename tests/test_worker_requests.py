@@ -39,7 +39,15 @@ from scheduler_gateway.wire.messages import (
 from scheduler_gateway.wire.subjects import Subjects
 from scheduler_gateway.wire.timefmt import fmt_ts
 from scheduler_gateway.worker import HandlerRegistry, NatsOptions, TaskContext, Worker, WorkerTimings
-from scheduler_gateway.worker._requests import GROWTH, MAX_GAP_S, MIN_FIRST_S, Resender
+from scheduler_gateway.worker import _requests as requests_mod
+from scheduler_gateway.worker._requests import (
+    FROZEN_FIRST_S,
+    FROZEN_SIGN_S,
+    GROWTH,
+    MAX_GAP_S,
+    MIN_FIRST_S,
+    Resender,
+)
 
 SUBJECTS = Subjects()
 QUEUE = "gw-gateway"  # the gateway's queue group (daemon/nats/bus.py GATEWAY_QUEUE)
@@ -138,6 +146,33 @@ async def test_the_first_wait_follows_the_usual_answer_time() -> None:
         await r.request("gw.claim.n1", b"c", timeout_s=5.0)
     # a slow but live gateway: after a few answers at 0.2 s the first wait is a few times that, not 0.1 s
     assert r.first_wait() == pytest.approx(4 * 0.2, abs=0.1)
+
+
+async def test_while_a_member_seems_frozen_its_requests_are_sent_again_sooner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy answered at once while the first still waits is the sign of a frozen member: for the next
+    ``FROZEN_HOLD_S`` a request routed to it is sent again after ``FROZEN_FIRST_S``, not ``MIN_FIRST_S`` (a task
+    a live gateway offered is claimed without a quarter second lost each time NATS picks the frozen one)."""
+    monkeypatch.setattr(requests_mod, "FROZEN_HOLD_S", 0.6)
+    group = FakeGroup(["frozen", "live", "frozen", "live", "frozen", "live"])
+    r = resender(group)
+    assert r.first_wait() == MIN_FIRST_S
+    await r.request("gw.claim.n1", b"c1", timeout_s=5.0)  # the sign
+    assert r.first_wait() == FROZEN_FIRST_S
+    await r.request("gw.claim.n1", b"c2", timeout_s=5.0)
+    await asyncio.sleep(0.7)  # no sign since: back to the usual first wait
+    assert r.first_wait() == MIN_FIRST_S
+    await r.request("gw.claim.n1", b"c3", timeout_s=5.0)
+    times = [at for _, at in group.sent]
+    gaps = [times[1] - times[0], times[3] - times[2], times[5] - times[4]]
+    assert gaps == pytest.approx([MIN_FIRST_S, FROZEN_FIRST_S, MIN_FIRST_S], abs=0.04), gaps
+
+
+async def test_a_copy_as_slow_as_the_first_is_no_sign_of_a_frozen_member() -> None:
+    """Overload, not a freeze: the copy sent again answers no faster than ``FROZEN_SIGN_S``."""
+    group = FakeGroup(["frozen", "late"], late_s=FROZEN_SIGN_S * 2)
+    r = resender(group)
+    await r.request("gw.claim.n1", b"c1", timeout_s=5.0)
+    assert r.first_wait() >= MIN_FIRST_S
 
 
 async def test_no_responders_ends_the_request_at_once() -> None:
