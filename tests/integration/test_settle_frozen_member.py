@@ -107,3 +107,18 @@ async def test_an_earlier_versions_push_consumer_is_made_again_as_a_pull_consume
         assert done["result"] == {"waited": True}
         info = await node.js.consumer_info(SETTLE_STREAM, SETTLE_CONSUMER)
         assert info.config.deliver_subject is None and info.config.ack_wait == bus.SETTLE_ACK_WAIT_S, info
+
+
+async def test_a_lost_settle_consumer_is_made_again_and_pulled_again(
+    api: Api, node: HandNode, gateway: Gateway
+) -> None:
+    """The consumer is gone under a serving gateway (a JetStream store lost with the embedded server's restart):
+    its requests end with a status, ``reensure`` makes the consumer again, and the puller's next requests are
+    answered by it."""
+    task, attempt, lease = await claimed(api, node)
+    await node.js.delete_consumer(SETTLE_STREAM, SETTLE_CONSUMER)
+    await asyncio.sleep(2 * settle_pull.PULL_EXPIRES_S)  # requests against no consumer meanwhile
+    await gateway.bus.reensure()
+    await node.settle(task["id"], attempt, lease, result={"again": True})
+    done = await api.wait_state(task["id"], {"succeeded"})
+    assert done["result"] == {"again": True}

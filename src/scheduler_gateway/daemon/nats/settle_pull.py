@@ -104,6 +104,7 @@ class SettlePuller:
         self._asked = 0  # how many settle messages it asked for
         self._delivered = 0  # how many were delivered since it went out
         self._more = asyncio.Event()  # it was filled, or a status says it ended
+        self._said = ""  # the last status that ended a request (logged when it changes)
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(
@@ -134,9 +135,10 @@ class SettlePuller:
             return
         if status == _IDLE_HEARTBEAT or msg.subject != f"{self._inbox}.{self._request}":
             return  # the end of an earlier request (it overlapped this one)
-        self._more.set()  # 408: it ran out; 409: it ended otherwise (the consumer made again, too many waiting)
-        if status != "408":
-            log.info("settle pull request ended: %s %s", status, (msg.headers or {}).get("Description", ""))
+        self._more.set()  # 408: it ran out; 409 or 503: it ended otherwise (the consumer gone, too many waiting)
+        if status != "408" and status != self._said:  # said once per change, not for every request
+            log.warning("settle pull request ended: %s %s", status, (msg.headers or {}).get("Description", ""))
+        self._said = status
 
     async def _ask(self) -> None:
         """A request out at all times: the next when the last is filled or ends, or just before it runs out."""
