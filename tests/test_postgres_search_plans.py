@@ -7,6 +7,8 @@ The answers are the store contract's (tests/test_store_contract_search.py); this
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -46,6 +48,18 @@ def _rows() -> list[tuple[Any, ...]]:
 _OWNERS = ("alice", "bob", "carol")
 
 
+class _RecordingConn:
+    """A pooled connection, noting every statement's SQL and params (the search reads through one)."""
+
+    def __init__(self, conn: Any, reads: list[tuple[str, list[Any]]]) -> None:
+        self.conn = conn
+        self.reads = reads
+
+    async def execute(self, sql: str, params: Any = (), **kwargs: Any) -> Any:
+        self.reads.append((sql, list(params)))
+        return await self.conn.execute(sql, params, **kwargs)
+
+
 class _Recording:
     """The store's database, noting every read's SQL and params."""
 
@@ -57,8 +71,10 @@ class _Recording:
         self.reads.append((sql, list(params)))
         return list(await self.db.fetch(sql, params))
 
-    def connection(self) -> Any:
-        return self.db.connection()
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        async with self.db.connection() as conn:
+            yield _RecordingConn(conn, self.reads)
 
 
 def _removed(plan: dict[str, Any]) -> int:
