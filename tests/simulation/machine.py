@@ -221,6 +221,10 @@ class SimMachine(KindRules, LetterRules, WorkflowRules, RuleBasedStateMachine):
         #: of a task purged where the purge rule did not see it go (a purge that finished in a later step, a
         #: change that committed in the purge's own step)
         self.committed_history: dict[str, dict[int, HistoryEntry]] = {}
+        #: (task id, revision) of each event body already read (None: not a task's): a stored event never changes,
+        #: and reading every one again after each step grew with the run
+        self.event_keys: dict[bytes, tuple[str, int] | None] = {}
+        self.outbox_keys: dict[bytes, tuple[str, int] | None] = {}  # the same, by an outbox row's body
 
     # -- plumbing ------------------------------------------------------------------------------------
     @initialize(
@@ -1556,7 +1560,7 @@ class SimMachine(KindRules, LetterRules, WorkflowRules, RuleBasedStateMachine):
         assert self.wf_log is not None
         found += self.wf_log.violations + workflow_violations(
             read_facts(self.view), facts.tasks, liveness=liveness, ever_canceled=self.wf_log.ever_canceled,
-            callback_ids=facts.callback_ids_posted,
+            callback_ids=facts.callback_ids_posted, purged=self.purged,
         )  # fmt: skip
         due, self.artifacts_due = self.artifacts_due and liveness and not self.sim.bus.down, False
         found += artifact_violations(self.view.artifacts(), facts.tasks, self.sim.bucket, self.sim.now(), due=due)
@@ -1603,13 +1607,20 @@ class SimMachine(KindRules, LetterRules, WorkflowRules, RuleBasedStateMachine):
             # (seq, event id), "" for another publisher's message
             events_published=[(e.seq, e.msg_id if is_id(e.msg_id, "evt") else "") for e in self.sim.bus.events],
             task_events=(
-                {k for e in self.sim.bus.events if is_id(e.msg_id, "evt") and (k := _task_event(e.body)) is not None},
-                {k for body in v.outbox_bodies() if (k := _task_event(_outbox_message(body))) is not None},
+                {k for e in self.sim.bus.events if is_id(e.msg_id, "evt") and (k := self._event_key(e.body))},
+                {k for body in v.outbox_bodies() if (k := self._event_key(body, outbox=True))},
             ),
             callback_ids_posted=posts,
             purged_history=self._gone_history(stored_history),
             deadlines_held_until=dict(self.crowded_until),
         )
+
+    def _event_key(self, body: bytes, *, outbox: bool = False) -> tuple[str, int] | None:
+        """(task id, revision) of a stream body, or of the stream body an outbox row holds; each read once."""
+        memo = self.outbox_keys if outbox else self.event_keys
+        if body not in memo:
+            memo[body] = _task_event(_outbox_message(body) if outbox else body)
+        return memo[body]
 
 
 async def _idle() -> None:

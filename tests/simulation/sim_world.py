@@ -37,6 +37,7 @@ from scheduler_gateway.actors import callback_sender as callback_sender_mod
 from scheduler_gateway.actors import dispatcher as dispatcher_mod
 from scheduler_gateway.actors import event_relay as event_relay_mod
 from scheduler_gateway.actors import idgen
+from scheduler_gateway.actors import shared_tasks as shared_tasks_mod
 from scheduler_gateway.actors.artifact_keeper import ArtifactKeeper
 from scheduler_gateway.actors.artifacts import ArtifactService
 from scheduler_gateway.actors.bus_ports import TAIL_SKEW_S, CallbackPost, SettlesWaiting, vouched_round
@@ -54,6 +55,7 @@ from scheduler_gateway.actors.scheduling import Scheduler, ScheduleService, Task
 from scheduler_gateway.actors.tasks import TaskPolicy, TaskService
 from scheduler_gateway.actors.workflows import WorkflowService
 from scheduler_gateway.daemon.nats.streams import DUPLICATE_WINDOW_S
+from scheduler_gateway.daemon.store import sqlite_conn as sqlite_conn_mod
 from scheduler_gateway.wire.artifacts import object_name
 from scheduler_gateway.wire.errors import Code, GatewayError, StorageError
 from scheduler_gateway.wire.ids import RAND_BITS, format_id, is_id
@@ -92,6 +94,11 @@ INSTANCE_BEAT_S = 4.0
 #: How many of a node's held settles one read of them returns (NatsBus's WAITING_SCAN_MAX is 256): small, so
 #: that runs reach the bound and a deadline whose settle is past it must wait for the deliveries
 SIM_WAITING_SCAN_MAX = 1
+#: Several instances: the longest wait between two looks at a full offer window's offers (``LiveSync.offers_round``;
+#: shared_tasks.py: 0.25 s). A window stays full through every advance until a node claims, so at 0.25 s these
+#: looks were most of the run's timer wakes and store calls; the looks themselves and their 0.02 s first gap are
+#: kept, only the back-off may grow to the live-copy sync's period
+OFFERS_SYNC_MAX_S = LIVE_SYNC_S
 #: Several instances: how far an instance's clock may be from the store's, each way
 MAX_SKEW_S = 2.0
 #: Several instances: how often each re-reads the kinds' settings (daemon/gateway.py: 1 s); longer here, as each
@@ -311,6 +318,9 @@ class StoreGate:
         self.alive = True
         self.fail_ops = 0
         self.ops = 0
+        #: SQLite: a write runs on in its writer thread when its caller dies (a crash cut the step): what it
+        #: commits is told to ``on_write`` all the same, or the checks' change log missed a revision
+        self.commits_outlive_callers = False
 
     def _root(self) -> StoreGate:
         return self._parent._root() if self._parent is not None else self
@@ -335,7 +345,10 @@ class StoreGate:
             if root.fail_ops > 0 and name not in ("start", "stop"):
                 root.fail_ops -= 1
                 raise StorageError("simulated store fault")
-            result = await attr(*args, **kwargs)
+            if root.commits_outlive_callers:
+                result = await _outliving(attr(*args, **kwargs), lambda r: on_write(name, args, r))
+            else:
+                result = await attr(*args, **kwargs)
             on_write(name, args, result)
             cancelled = await freezer.gate(name, result) or cancelled
             if cancelled:
@@ -347,6 +360,21 @@ class StoreGate:
         call.__name__ = name
         setattr(self, name, call)
         return call
+
+
+async def _outliving(call: Awaitable[Any], committed: Callable[[Any], None]) -> Any:
+    """``call``'s result; when the caller is cancelled meanwhile, ``call`` still runs to its end (a writer thread
+    commits whoever waits) and ``committed`` hears what it answered before the cancel is raised."""
+    inner = asyncio.ensure_future(call)
+    try:
+        return await asyncio.shield(inner)
+    except asyncio.CancelledError:
+        try:
+            result = await inner
+        except Exception:
+            raise asyncio.CancelledError() from None  # nothing committed (or nothing known): only the cancel
+        committed(result)
+        raise
 
 
 #: the random part of a foreign event-shaped msg id: its top bit set, which no count of ``SimIds`` reaches, so it
@@ -729,6 +757,7 @@ class World:
         self.clock = clock
         self.freezer = Freezer(on_freeze=lambda: sim.disarm_others(index))
         self.store = StoreGate(sim.durable, sim.store_hook(index), self.freezer)
+        self.store.commits_outlive_callers = sim.sqlite_path is not None
         self.bus = BusGate(sim.bus, self.freezer, index, clock)
         self.bucket = BucketGate(sim.bucket, sim.bus, sim.wall, self.freezer)
         self.poster = SimPoster(random.Random(sim.seed * 1000 + incarnation * 10 + index + 1), self.freezer)
@@ -895,6 +924,8 @@ class Sim:
 
         self._ha_mod = ha_mod
         self._saved_beat = ha_mod.INSTANCE_BEAT_S
+        self._saved_offers_max = shared_tasks_mod.OFFERS_SYNC_MAX_S
+        shared_tasks_mod.OFFERS_SYNC_MAX_S = OFFERS_SYNC_MAX_S
         ha_mod.INSTANCE_BEAT_S = INSTANCE_BEAT_S
         idgen.new_id = self.ids
         # one instance: woken by notify(); a long idle poll makes a missed wake-up visible instead of hiding it.
@@ -906,6 +937,12 @@ class Sim:
         if sqlite_path is not None:
             self.loop.io_pending = self._sqlite_busy
             self._count_aiosqlite()
+        # SQLite's writer lingers a moment (LINGER_S, 1 ms) before a batch that follows a commit closely: on virtual
+        # time a step that lets no time pass stopped there, and a second write of one instant (most of them: the
+        # clock stands between steps) came back unanswered, finished by some later step. The writer takes what is
+        # ready at its turn instead (a yield: callers of the same instant still share a commit)
+        self._saved_linger = sqlite_conn_mod.LINGER_S
+        sqlite_conn_mod.LINGER_S = 0.0
         self.worlds: list[World | None] = [None] * instances
         self.writer = -1  # the instance whose store call the hooks are told about
         #: watches every offer a dispatcher decides (flow_invariants.FairTurns), installed in each world
@@ -1080,6 +1117,8 @@ class Sim:
             event_relay_mod.IDLE_POLL_S = self._saved_relay_idle
             dispatcher_mod.KindQueue = self._saved_kind_queue  # type: ignore[attr-defined]
             self._ha_mod.INSTANCE_BEAT_S = self._saved_beat
+            shared_tasks_mod.OFFERS_SYNC_MAX_S = self._saved_offers_max
+            sqlite_conn_mod.LINGER_S = self._saved_linger
             callback_sender_mod.IDLE_POLL_S = self._saved_cb_idle
 
 

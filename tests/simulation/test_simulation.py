@@ -23,6 +23,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from .machine import COVERAGE, STATS, SimMachine
 from .sim_world import BUS_COUNTS, Freezer
+from .workflow_share import STORIES_EVERYWHERE, WorkflowShare, missing_kinds
 
 DEFAULT_SEED = 20_260_308
 MIN_STEPS = 20_000
@@ -49,7 +50,10 @@ def run_simulation(
     COVERAGE.clear()
     BUS_COUNTS.clear()
     Freezer.taken = 0
-    machine = type("SimMachineSeeded", (SimMachine,), {"on_sqlite": on_sqlite, "instances": instances})
+    # SQLite: workflows' share of the steps comes from their stories (workflow_share.py); the memory runs keep their
+    # rules as they were unless asked (SIM_WORKFLOW_STORIES=1): another rule changes every example hypothesis draws
+    bases = (WorkflowShare, SimMachine) if on_sqlite or STORIES_EVERYWHERE else (SimMachine,)
+    machine = type("SimMachineSeeded", bases, {"on_sqlite": on_sqlite, "instances": instances})
     hypothesis_seed(seed)(machine)
     saved = hypothesis_engine.MAX_SHRINKING_SECONDS
     hypothesis_engine.MAX_SHRINKING_SECONDS = int(shrink_s)
@@ -89,6 +93,8 @@ def test_simulation_default_budget() -> None:
     stats = run_simulation(seed, examples, steps, shrink_s=float(os.environ.get("SIM_SHRINK_SECONDS", 45)))
     if examples * steps >= MIN_STEPS:
         assert stats["steps"] >= MIN_STEPS, f"explored only {stats['steps']} steps"
+    if examples * steps >= MIN_STEPS and STORIES_EVERYWHERE:
+        assert not missing_kinds(COVERAGE), f"no workflow operation of these kinds: {missing_kinds(COVERAGE)}"
 
 
 def test_simulation_on_sqlite() -> None:
@@ -101,6 +107,8 @@ def test_simulation_on_sqlite() -> None:
         seed, examples, steps, shrink_s=float(os.environ.get("SIM_SHRINK_SECONDS", 45)), on_sqlite=True
     )
     assert stats["examples"] >= min(examples, 10), f"ran only {stats['examples']} examples"
+    if examples * steps >= 40 * 40:  # the default budget or more: every kind of workflow operation was made
+        assert not missing_kinds(COVERAGE), f"no workflow operation of these kinds: {missing_kinds(COVERAGE)}"
 
 
 @pytest.mark.slow
@@ -131,3 +139,5 @@ def test_simulation_several_instances() -> None:
     steps = int(os.environ.get("SIM_MULTI_STEPS", 100))
     stats = run_simulation(seed, examples, steps, shrink_s=float(os.environ.get("SIM_SHRINK_SECONDS", 45)), instances=2)
     assert stats["examples"] >= min(examples, 10), f"ran only {stats['examples']} examples"
+    if examples * steps >= MIN_STEPS and STORIES_EVERYWHERE:
+        assert not missing_kinds(COVERAGE), f"no workflow operation of these kinds: {missing_kinds(COVERAGE)}"

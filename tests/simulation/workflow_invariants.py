@@ -184,8 +184,11 @@ def workflow_violations(
     liveness: bool,
     ever_canceled: set[str],
     callback_ids: list[str] = [],  # noqa: B006 (read only)
+    purged: dict[str, Task] = {},  # noqa: B006 (read only)
 ) -> list[str]:
-    out = _callbacks(facts, callback_ids) + _workflows(facts, tasks, liveness, ever_canceled) + _counters(facts, tasks)
+    """``purged``: the tasks retention purged, as last stored (a workflow's state is what all its tasks said)."""
+    out = _callbacks(facts, callback_ids) + _workflows(facts, tasks, liveness, ever_canceled, purged)
+    out += _counters(facts, tasks)
     if liveness:
         out += _released_and_skipped(facts, tasks)
     return out
@@ -202,12 +205,15 @@ def _callbacks(facts: WorkflowFacts, callback_ids: list[str]) -> list[str]:
     return out
 
 
-def _workflows(facts: WorkflowFacts, tasks: dict[str, Task], liveness: bool, ever_canceled: set[str]) -> list[str]:
+def _workflows(
+    facts: WorkflowFacts, tasks: dict[str, Task], liveness: bool, ever_canceled: set[str], purged: dict[str, Task]
+) -> list[str]:
     """``open_tasks`` counts the tasks not terminal; a finished workflow's tasks are terminal and its final state is
-    what they say; with liveness, one with no open task is finished."""
+    what they say, those retention purged (terminal, as last stored) included; with liveness, one with no open task
+    is finished."""
     out: list[str] = []
     members: dict[str, list[Task]] = {}
-    for t in tasks.values():
+    for t in [*tasks.values(), *(p for tid, p in purged.items() if tid not in tasks)]:
         if t.workflow_id is not None:
             members.setdefault(t.workflow_id, []).append(t)
     for wid, w in facts.workflows.items():

@@ -42,6 +42,49 @@ KINDS = ("echo", "work")
 #: edges as (child, parent) index pairs; a pair with child <= parent is dropped (a DAG), unless ``bad`` asks
 EDGES = st.lists(st.tuples(st.integers(0, 7), st.integers(0, 7), st.sampled_from(ONS)), max_size=12)
 
+#: each rule's arguments (``workflow_share.py`` draws them too)
+SUBMIT_ARGS: dict[str, st.SearchStrategy[Any]] = {
+    "user": st.sampled_from(("alice", "bob", "root")),
+    "n": st.integers(2, 8),
+    "edges": EDGES,
+    "anys": st.lists(st.booleans(), min_size=8, max_size=8),
+    "kinds": st.lists(st.sampled_from(KINDS), min_size=8, max_size=8),
+    "attempts": st.lists(st.sampled_from([1, 1, 2]), min_size=8, max_size=8),
+    "approval": st.sampled_from([None, None, None, None, 1, 5]),
+    "max_parallel": st.sampled_from([None, None, None, 1, 2]),
+    "callback": st.sampled_from([None, None, "ok"]),
+    "bad": st.sampled_from([None] * 10 + ["cycle", "unknown"]),
+    "key": st.none() | st.sampled_from(("k1", "k2", "w1")),
+}
+ROUND_ARGS: dict[str, st.SearchStrategy[Any]] = {
+    "n": st.sampled_from([0, 0, 1, 2]),
+    "outcomes": st.lists(
+        st.sampled_from(["succeeded", "succeeded", "succeeded", "failed", "dead", "hold"]), max_size=12
+    ),
+    "rounds": st.integers(1, 2),
+    "advance": st.sampled_from([0.5, 0.5, 3.0]),
+}
+CANCEL_ARGS: dict[str, st.SearchStrategy[Any]] = {
+    "i": st.integers(0, 30),
+    "who": st.sampled_from(["owner", "owner", "owner", "other"]),
+    "now": st.integers(0, 2),
+}
+RETRY_ARGS: dict[str, st.SearchStrategy[Any]] = {
+    "i": st.integers(0, 30),
+    "refs": st.sampled_from(["none", "none", "succeeded", "failed"]),
+    "j": st.integers(0, 7),
+    "who": st.sampled_from(["owner", "owner", "owner", "other"]),
+}
+ADD_ARGS: dict[str, st.SearchStrategy[Any]] = {
+    "n": st.integers(0, 2),
+    "i": st.integers(0, 10),
+    "count": st.integers(1, 3),
+    "dep": st.none() | st.integers(0, 9),
+    "on": st.sampled_from(ONS),
+    "again": st.sampled_from(["no", "no", "same", "other"]),
+}
+DEPENDENCIES_ARGS: dict[str, st.SearchStrategy[Any]] = {"n": st.integers(0, 2), "i": st.integers(0, 10)}
+
 
 def item(ref: str, kind: str, deps: list[tuple[str, str]], join: str, approval: bool, max_attempts: int) -> bytes:
     body: dict[str, Any] = {
@@ -118,19 +161,7 @@ class WorkflowRules:
             pool = apt or pool
         return pool[i % len(pool)] if pool else None
 
-    @rule(
-        user=st.sampled_from(("alice", "bob", "root")),
-        n=st.integers(2, 8),
-        edges=EDGES,
-        anys=st.lists(st.booleans(), min_size=8, max_size=8),
-        kinds=st.lists(st.sampled_from(KINDS), min_size=8, max_size=8),
-        attempts=st.lists(st.sampled_from([1, 1, 2]), min_size=8, max_size=8),
-        approval=st.sampled_from([None, None, None, None, 1, 5]),
-        max_parallel=st.sampled_from([None, None, None, 1, 2]),
-        callback=st.sampled_from([None, None, "ok"]),
-        bad=st.sampled_from([None] * 10 + ["cycle", "unknown"]),
-        key=st.none() | st.sampled_from(("k1", "k2", "w1")),
-    )
+    @rule(**SUBMIT_ARGS)
     def submit_workflow(
         self,
         user: str,
@@ -178,6 +209,7 @@ class WorkflowRules:
             return
         self._idem_check(user, key, "workflow.submit", body_hash, out)
         if not out.ok:
+            self.wf_coverage[f"workflow: submits failed ({'lost' if out.lost else out.code})"] += 1
             return
         view, replayed = out.value
         if replayed:
@@ -194,14 +226,7 @@ class WorkflowRules:
                 continue
             self._made(t)
 
-    @rule(
-        n=st.sampled_from([0, 0, 1, 2]),
-        outcomes=st.lists(
-            st.sampled_from(["succeeded", "succeeded", "succeeded", "failed", "dead", "hold"]), max_size=12
-        ),
-        rounds=st.integers(1, 2),
-        advance=st.sampled_from([0.5, 0.5, 3.0]),
-    )
+    @rule(**ROUND_ARGS)
     def workflow_round(self, n: int, outcomes: list[str], rounds: int, advance: float) -> None:
         """A worker pool busy with workflows (so that graphs run deep within a run's steps), ``rounds`` times (1-2):
         node ``n`` claims the workflow tasks on offer for its kinds in one batch, settles each as ``outcomes``
@@ -229,7 +254,7 @@ class WorkflowRules:
                     node.settled.setdefault(lease.lease_id, (msg.outcome, bytes(msg.result)))
             self.advance(advance)  # type: ignore[attr-defined]
 
-    @rule(i=st.integers(0, 30), who=st.sampled_from(["owner", "owner", "owner", "other"]), now=st.integers(0, 2))
+    @rule(**CANCEL_ARGS)
     def cancel_workflow(self, i: int, who: str, now: int = 0) -> None:
         wid = self._pick_workflow(i, finished=False)
         if wid is None or now:  # two times in three nothing: cancels would end most workflows before they ran
@@ -246,12 +271,7 @@ class WorkflowRules:
         if out.ok:
             self.wf_coverage["workflow: canceled"] += 1
 
-    @rule(
-        i=st.integers(0, 30),
-        refs=st.sampled_from(["none", "none", "succeeded", "failed"]),
-        j=st.integers(0, 7),
-        who=st.sampled_from(["owner", "owner", "owner", "other"]),
-    )
+    @rule(**RETRY_ARGS)
     def retry_workflow(self, i: int, refs: str, j: int, who: str) -> None:
         """A retry: what failed again (no refs), or a named task and what lies below it. Nothing a succeeded task
         not named (nor below a named one) produced runs again: its attempt and result stay as they were."""
@@ -327,14 +347,7 @@ class WorkflowRules:
                 return node, lease, t
         return None
 
-    @rule(
-        n=st.integers(0, 2),
-        i=st.integers(0, 10),
-        count=st.integers(1, 3),
-        dep=st.none() | st.integers(0, 9),
-        on=st.sampled_from(ONS),
-        again=st.sampled_from(["no", "no", "same", "other"]),
-    )
+    @rule(**ADD_ARGS)
     def add_tasks(self, n: int, i: int, count: int, dep: int | None, on: str, again: str) -> None:
         """``ctx.add_tasks`` from a workflow task a node runs: new refs, sometimes depending on a task of the
         workflow; ``same``: the call again (a repeat answers the same ids); ``other``: the refs again with other
@@ -384,7 +397,7 @@ class WorkflowRules:
         else:
             self.wf_coverage["workflow: add_tasks repeats"] += 1
 
-    @rule(n=st.integers(0, 2), i=st.integers(0, 10))
+    @rule(**DEPENDENCIES_ARGS)
     def read_dependencies(self, n: int, i: int) -> None:
         """``ctx.dependencies`` of a running workflow task: each parent as stored, and for an ``all`` join every
         one in a state its edge accepts (one for ``any``) when the task was claimed (a parent's state can only
