@@ -64,9 +64,10 @@ class Creator:
         self.created: list[str] = []
         self.sent: list[tuple[float, float, int]] = []  # (monotonic sent, latency s, status)
         self.refused: list[tuple[int, Any]] = []
+        self.stopped = False  # asked to stop after its current create
 
     async def run(self) -> None:
-        while True:
+        while not self.stopped:
             began = time.monotonic()
             try:
                 status, body, _ = await asyncio.wait_for(
@@ -103,9 +104,8 @@ def p99(values: list[float]) -> float:
 
 
 # a soak (make soak): a fresh seed each run (GW_FREEZE_SEED picks one), 5 freezes of 4 s, about 45 s. No freeze
-# stalled Q in 36 runs since settles are pulled, but 3 of them (and 2 of 10 before) hit the 120 s test timeout
-# with the freeze reports unprinted, each passing when run again with its seed: kept out of the default run until
-# that hang is found (issue 50)
+# stalled Q in 34 runs since settles are pulled; 3 of them hit the 120 s test timeout after the freezes, each
+# passing again with its seed: the creators' cancel was lost (see below; they are now told to stop)
 @pytest.mark.slow
 async def test_random_freezes_of_one_instance_never_stall_the_other(pair: Pair, session: aiohttp.ClientSession) -> None:
     seed = int(os.environ.get("GW_FREEZE_SEED", str(random.randrange(1 << 30))))
@@ -131,9 +131,13 @@ async def test_random_freezes_of_one_instance_never_stall_the_other(pair: Pair, 
             await asyncio.sleep(1.0)
     finally:
         cont(pair.p)
-        for r in runners:
+        # told to stop, not cancelled: Python 3.11's wait_for can swallow a cancel that meets its call's answer,
+        # and the creator then went on for ever (the test hit its timeout before its report, 3 runs in 34)
+        for c in (on_p, on_q):
+            c.stopped = True
+        _, left = await asyncio.wait(runners, timeout=40)
+        for r in left:
             r.cancel()
-        for r in runners:
             with contextlib.suppress(asyncio.CancelledError):
                 await r
     created = on_q.created + on_p.created
