@@ -447,3 +447,24 @@ async def test_a_release_made_elsewhere_reaches_this_instances_copy_when_it_read
         held = msgspec.structs.replace(released, waiting_deps=True, attempt_id="att_" + "7" * 32)
         ledger.absorb(held, ids["c"])
         assert ids["c"] not in ledger.live
+
+
+async def test_a_skip_cancels_the_tasks_created_under_the_skipped_task_as_any_cancel() -> None:
+    """A skip is the table's cancel: a task created under a waiting workflow task (parentId) is canceled with it
+    in one transaction (the simulation found it left queued under its canceled ancestor)."""
+    from scheduler_gateway.actors.tasks import NewTask
+
+    async with workflow_kit() as k:
+        view = await k.submit([{"ref": "a"}, {"ref": "b", "dependsOn": [dep("a")]}])
+        ids = await k.ids(view.id)
+        child, _ = await k.service.create(ALICE, NewTask(kind="echo", parent_id=ids["b"]))
+        grandchild, _ = await k.service.create(ALICE, NewTask(kind="echo", parent_id=child.id))
+        await k.run(ids["a"], "failed")
+        await k.drain()
+        b = await k.task(ids["b"])
+        assert b.state == "canceled" and b.error is not None and b.error.code == "SKIPPED"
+        for tid in (child.id, grandchild.id):
+            under = await k.task(tid)
+            assert under.state == "canceled", under
+        history = (await k.store.tasks.history(child.id)).items
+        assert history[-1].action == "cancel" and history[-1].reason == f"parent {ids['b']} canceled"

@@ -1,4 +1,4 @@
-"""A user's actions on a task (cancel, approve, amend, retry, rework), and the cancel of a whole subtree."""
+"""A user's actions on a task (cancel, approve, amend, retry, rework); a cancel takes its subtree (cancel_tree.py)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ import msgspec
 
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidArgument, task_not_found
 
-from .. import failpoints, idgen
+from .. import idgen
 from ..bus_ports import Metrics
 from ..model import task_machine as sm
-from ..model.records import TERMINAL_STATES, ActorRef, DeadLetter, Task
-from ..ports import IdempotencyRecord, TaskQuery
+from ..model.records import DeadLetter, Task
+from ..ports import IdempotencyRecord
 from ..store_ports import TaskServiceStore
 from .api import Caller
+from .cancel_tree import CancelTree
 from .dead_letters import redriven
 from .keys import Replays
 from .ledger import TaskLedger
-from .records import STALE_RETRIES, StaleWrite
 
 
 class TaskActions:
@@ -32,7 +32,9 @@ class TaskActions:
         replays: Replays,
         metrics: Metrics,
         clock: Callable[[], float],
+        cancel_tree: CancelTree,
     ) -> None:
+        self._cancel_tree = cancel_tree
         self._ledger = ledger
         self._store = store
         self._replays = replays
@@ -153,72 +155,9 @@ class TaskActions:
                 raise Conflict("this idempotency key was already used", code=Code.IDEMPOTENCY_CONFLICT)
             return task, True
         if action == "cancel":
-            await self._cancel_tree(result, rid, details, idem)
+            await self._cancel_tree.commit(result, rid, details, idem)
             return result.task, False
         new = await self._ledger.commit(result, rid, audit_details=details, idempotency=idem, dead_letter=letter)
         if letter is not None:
             self._metrics.redriven(action)
         return new, False
-
-    async def _cancel_tree(
-        self, tr: sm.Transition, rid: str | None, details: dict[str, Any], idem: IdempotencyRecord | None
-    ) -> None:
-        """Cancel a task and every active descendant in one transaction: once the cancel is answered, no
-        descendant it names can be claimed, settled or left queued, even if the daemon dies the next moment.
-
-        The descendants are read outside the transaction; the store refuses the group when one of them
-        changed or a new one appeared below the root meanwhile, and the read is simply done again."""
-        root = tr.task
-        cascade_actor = ActorRef("system", "cancel-cascade")
-        for _ in range(STALE_RETRIES):
-            cascade = await self._descendants(root.id)
-            parts: list[tuple[sm.Transition, dict[str, Any]]] = [
-                (tr, {**details, "cascadeTo": [c.id for c in cascade]} if cascade else details)
-            ]
-            for child in cascade:
-                child_tr = sm.cancel(child, cascade_actor, root.updated_at, rid, f"parent {root.id} canceled")
-                assert isinstance(child_tr, sm.Transition)  # descendants are read active
-                parts.append((child_tr, {"cascadeFrom": root.id}))
-            try:
-                await self._ledger.commit_group(parts, rid, root.id, idem)
-            except StaleWrite as stale:
-                if stale.task_id == root.id:
-                    raise  # the root itself changed: the mailbox re-runs the whole action
-                await self._ledger.refresh(stale.task_id)
-                continue
-            break
-        else:
-            raise Conflict(f"the tasks below {root.id} keep changing; try again", code=Code.REVISION_CONFLICT)
-        failpoints.hit("task.cancel_cascade")  # the cancel and its cascade are committed; no node was told yet
-        for part, _ in parts:
-            before = part.before
-            if before is not None and before.state == "running":
-                self._ledger.send_cancel(before, reason=part.history.reason or "canceled")
-        if cascade:
-            self._metrics.cancel_propagated(len(cascade))
-
-    async def _descendants(self, task_id: str) -> list[Task]:
-        """Every non-terminal task below ``task_id`` through parentId, breadth first."""
-        found: list[Task] = []
-        frontier = [task_id]
-        seen = {task_id}
-        while frontier:
-            parent = frontier.pop(0)
-            cursor: str | None = None
-            while True:
-                page = await self._store.tasks.list_tasks(TaskQuery(parent_id=parent, limit=500, cursor=cursor))
-                for child in page.items:
-                    if child.id in seen:
-                        continue
-                    seen.add(child.id)
-                    frontier.append(child.id)
-                    live = self._ledger.live.get(child.id)
-                    # the live copy carries lease extensions; a stored row that is newer was written by a
-                    # writer whose bookkeeping has not run yet
-                    current = live if live is not None and live.revision >= child.revision else child
-                    if current.state not in TERMINAL_STATES:
-                        found.append(current)
-                cursor = page.next_cursor
-                if cursor is None:
-                    break
-        return found

@@ -37,6 +37,7 @@ from ..store_ports import TaskServiceStore
 from .actions import TaskActions
 from .api import BatchItem, BatchOutcome, Caller, NewTask, SettleOutcome, TaskPolicy
 from .artifact_lease import ArtifactLeases
+from .cancel_tree import CancelTree
 from .creation import TaskCreation
 from .dead_letters import DeadLetters
 from .keys import KeySlots, Replays
@@ -83,7 +84,9 @@ class TaskService:
         slots = KeySlots()
         replays = Replays(self.ledger, store, slots)
         self._creation = TaskCreation(self.ledger, store, replays, slots, self.policy, clock)
-        self._actions = TaskActions(self.ledger, store, replays, metrics, clock)
+        #: a cancel with its subtree (a user's, and a workflow's skip)
+        self.cancel_tree = CancelTree(self.ledger, store, metrics)
+        self._actions = TaskActions(self.ledger, store, replays, metrics, clock, self.cancel_tree)
         self._dead_letters = DeadLetters(self.ledger, store, self.policy, metrics, clock)
         self._node = NodeProtocol(
             self.ledger,

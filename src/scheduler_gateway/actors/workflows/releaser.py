@@ -31,6 +31,7 @@ from ..model import task_machine as sm
 from ..model.records import Task
 from ..model.workflows import DepCounts, WorkflowRecord, verdict, workflow_state
 from ..runtime import LoopActor, Wakeup
+from ..tasks.cancel_tree import CancelTree
 from ..tasks.ledger import TaskLedger
 from .records import WorkflowServiceStore, audit, counts_view, event, finish_callback
 
@@ -54,6 +55,7 @@ class WorkflowReleaser(LoopActor):
         self,
         store: WorkflowServiceStore,
         ledger: TaskLedger,
+        cancel_tree: CancelTree,
         *,
         clock: Callable[[], float],
         on_finished: Callable[[], None] | None = None,
@@ -64,6 +66,7 @@ class WorkflowReleaser(LoopActor):
         self._on_committed = on_committed or (lambda: None)
         self._store = store
         self._ledger = ledger
+        self._cancel_tree = cancel_tree
         self._clock = clock
         self._on_finished = on_finished
         self._poll_s = POLL_S if poll_s is None else poll_s
@@ -150,10 +153,15 @@ class WorkflowReleaser(LoopActor):
             tr = sm.unskip(task, idgen.new_id("att"), now)
         else:
             return "none"
-        if isinstance(tr, sm.Transition):
-            if action == "release":
-                failpoints.hit("workflow.release_before_commit")  # decided on reads a freeze makes stale
-            await self._ledger.commit(tr, None, audit_details={"workflowId": task.workflow_id})
+        if not isinstance(tr, sm.Transition):
+            return action
+        details = {"workflowId": task.workflow_id}
+        if action == "skip":  # a cancel: the tasks created under it (parentId) go with it, as under any cancel
+            await self._cancel_tree.commit(tr, None, details, None)
+            return action
+        if action == "release":
+            failpoints.hit("workflow.release_before_commit")  # decided on reads a freeze makes stale
+        await self._ledger.commit(tr, None, audit_details=details)
         return action
 
     async def _skip(self, task: Task, counts: DepCounts | None, workflow_canceled: bool, now: float) -> sm.Transition:

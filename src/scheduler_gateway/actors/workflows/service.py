@@ -68,7 +68,13 @@ class WorkflowService:
         self._thread_check = thread_check
         committed = on_committed or (lambda: None)
         self.releaser = WorkflowReleaser(
-            store, tasks.ledger, clock=clock, on_finished=on_finished, poll_s=poll_s, on_committed=committed
+            store,
+            tasks.ledger,
+            tasks.cancel_tree,
+            clock=clock,
+            on_finished=on_finished,
+            poll_s=poll_s,
+            on_committed=committed,
         )
         self._actions = WorkflowActions(store, tasks, clock, self.releaser.wake, committed)
         self._adder = TaskAdder(store, tasks, clock, self._rule, self.releaser.wake, thread_check)
