@@ -355,7 +355,8 @@ async def test_a_lease_expired_first_by_another_instance_is_offered_by_this_one(
     first, and gw-b's write lost its compare-and-set. gw-b took the stored copy into its live copies but not into
     its dispatcher, which kept the task as running; every later read (live sync, the takeover's re-read) found the
     live copy at the stored revision and changed nothing, so after gw-a died (its offer unpublished or lost)
-    nobody offered the task. Now a lost write's re-read is absorbed like any other instance's change."""
+    nobody offered the task. Now a lost write's re-read is absorbed like any other instance's change: the attempt
+    gw-a made is gw-a's to offer, gw-b lets go of its copy, and gw-b's takeover once gw-a died offers it."""
     a = await start_gateway(tmp_path, fresh_nats.url, pg_fresh_url, "gw-a", reoffer_after_s=REOFFER_S)
     b = await start_gateway(tmp_path, fresh_nats.url, pg_fresh_url, "gw-b", reoffer_after_s=REOFFER_S)
     try:
@@ -392,9 +393,11 @@ async def test_a_lease_expired_first_by_another_instance_is_offered_by_this_one(
 
             monkeypatch.setattr(b.service._store.tasks, "get_task", get_task)
             await b.service.expire_lease(task["id"], reply.lease_id or "")
-            assert b.service.ledger.live[task["id"]].revision == again.revision
-            assert b.dispatcher.backlog() == 1, "b's dispatcher does not know the requeued task"
-            # a dies before any node took its offer of the new attempt: b offers it
+            # a made the new attempt, so a alone offers it: b lets go of its copy (its dispatcher keeps no running
+            # task of it), and a takeover's re-read takes it in again
+            assert task["id"] not in b.service.ledger.live
+            assert b.dispatcher.backlog() == 0
+            # a dies before any node took its offer of the new attempt: b, leading now, offers it
             (lost, m1), *_ = await node.pull("echo")
             assert lost.attempt_id == again.attempt_id
             await m1.ack()  # a's offer is gone, unclaimed
