@@ -6,8 +6,9 @@ every message. A member that is frozen (a VM paused, a long GC, SIGSTOP) keeps i
 routed to it wait out their whole timeout while the other members are idle. ``Resender.request`` therefore sends
 a copy again when the first gets no answer within a short wait (a few times the usual answer time, at least
 ``MIN_FIRST_S``, ``FROZEN_FIRST_S`` for a while after a copy showed a member frozen), then after waits growing
-up to ``MAX_GAP_S``, until the caller's overall timeout; the first answer of any copy is the answer. Each copy is another random pick of the group, so one of them soon reaches a
-live member; while the connection is down nothing is sent again (the copies would only pile up in the buffer).
+up to ``MAX_GAP_S``, until the caller's overall timeout; the first answer of any copy is the answer. Each copy is
+another random pick of the group, so one of them soon reaches a live member; while the connection is down nothing
+is sent again (the copies would only pile up in the buffer).
 
 Sending again is safe because every request of the group is idempotent (docs/WIRE.md, Several gateway
 instances): a claim of the same attempt by the same node process is answered with the same lease and changes
