@@ -209,13 +209,15 @@ def _workflows(
     facts: WorkflowFacts, tasks: dict[str, Task], liveness: bool, ever_canceled: set[str], purged: dict[str, Task]
 ) -> list[str]:
     """``open_tasks`` counts the tasks not terminal; a finished workflow's tasks are terminal and its final state is
-    what they say, those retention purged (terminal, as last stored) included; with liveness, one with no open task
-    is finished."""
+    what they say; with liveness, one with no open task is finished. A workflow some of whose tasks retention
+    purged is not judged by its state: the store counted what it held at the finish, which a purge before it (a
+    retry then finished it again without them) or after it changes, and this snapshot cannot tell which."""
     out: list[str] = []
     members: dict[str, list[Task]] = {}
     for t in [*tasks.values(), *(p for tid, p in purged.items() if tid not in tasks)]:
         if t.workflow_id is not None:
             members.setdefault(t.workflow_id, []).append(t)
+    part_purged = {p.workflow_id for tid, p in purged.items() if tid not in tasks and p.workflow_id is not None}
     for wid, w in facts.workflows.items():
         mine = members.get(wid, [])
         open_ = [t for t in mine if t.state not in TERMINAL_STATES]
@@ -228,7 +230,9 @@ def _workflows(
             )
         elif w.finished_at is not None:
             expected = workflow_state(count_tasks(mine), w.canceled)
-            if w.final_state != expected and not (w.final_state == "canceled" and wid in ever_canceled):
+            if wid in part_purged:
+                pass
+            elif w.final_state != expected and not (w.final_state == "canceled" and wid in ever_canceled):
                 out.append(
                     f"workflow_state_follows_its_tasks: workflow {wid} finished {w.final_state}, its tasks say "
                     f"{expected} ({count_tasks(mine)}, canceled {w.canceled})"
