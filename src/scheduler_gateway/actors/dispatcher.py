@@ -96,8 +96,7 @@ class Dispatcher(LoopActor):
 
     # -- what the task service tells us -------------------------------------------------------------
     def update(self, task: Task, *, offered_elsewhere: bool = False) -> None:
-        """A task was created or changed (called after its change is committed). ``offered_elsewhere``: a queued
-        attempt another instance made, and offers: let go of here as an ended task is (``TaskLedger.absorb``)."""
+        """A task was created or changed (after its commit); ``offered_elsewhere``: another instance's to offer."""
         # a claim moves a task from its offer to its run: its workflow's slot stays taken (``_count``)
         self._unoffer(
             task.id, keep_attempt=task.attempt_id if task.state == "queued" else None, free=task.state != "running"
