@@ -210,18 +210,25 @@ def _arms(q: TaskSearch, mark: str, sqlite: bool, by_id: bool = False) -> list[A
     return arms
 
 
-def _created_arms(q: TaskSearch, mark: str, by_id: bool, arm: Arm) -> list[Arm]:
-    source, terms, params = arm
-    lo, hi = q.created_from, q.created_to
-    if lo is None and hi is None:
-        return [arm]
-    exact, exact_params = [], []
+def _created_terms(lo: float | None, hi: float | None, mark: str) -> tuple[list[str], list[Any]]:
+    """The creation time's own bounds (what decides near the id window's edges), with their parameters."""
+    exact: list[str] = []
+    exact_params: list[Any] = []
     if lo is not None:
         exact.append(f"t.created_at >= {mark}")
         exact_params.append(lo)
     if hi is not None:
         exact.append(f"t.created_at <= {mark}")
         exact_params.append(hi)
+    return exact, exact_params
+
+
+def _created_arms(q: TaskSearch, mark: str, by_id: bool, arm: Arm) -> list[Arm]:
+    source, terms, params = arm
+    lo, hi = q.created_from, q.created_to
+    if lo is None and hi is None:
+        return [arm]
+    exact, exact_params = _created_terms(lo, hi, mark)
     if not by_id:
         return [(source, [*terms, *exact], [*params, *exact_params])]
     (w_lo, w_hi), (in_lo, in_hi) = created_id_window(lo, hi)
@@ -252,13 +259,7 @@ def _created_split(q: TaskSearch, mark: str, arm: Arm) -> list[Arm]:
     lo, hi = q.created_from, q.created_to
     if lo is None and hi is None:
         return [arm]
-    exact, exact_params = [], []
-    if lo is not None:
-        exact.append(f"t.created_at >= {mark}")
-        exact_params.append(lo)
-    if hi is not None:
-        exact.append(f"t.created_at <= {mark}")
-        exact_params.append(hi)
+    exact, exact_params = _created_terms(lo, hi, mark)
     (w_lo, w_hi), (in_lo, in_hi) = created_id_window(lo, hi)
     k = _key(source)
     off_out = f"{k} NOT IN (SELECT task_id FROM task_created_off)"
