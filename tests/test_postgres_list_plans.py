@@ -13,8 +13,6 @@ The answers are the store contract's (tests/test_store_contract_search.py); this
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -28,6 +26,7 @@ from scheduler_gateway.daemon.store.postgres.search import PgSearch
 from scheduler_gateway.daemon.store.postgres.tasks import PgTasks
 from scheduler_gateway.wire.ids import format_id
 
+from .pg_recording import Recording
 from .test_store_contract import T0, create, make_task
 
 _COPY = "COPY tasks (id, owner, kind, state, revision, priority, run_id, created_at, not_before, doc) FROM STDIN"
@@ -58,38 +57,6 @@ def _rows() -> list[tuple[Any, ...]]:
             )
         out.append((t.id, t.owner, t.kind, t.state, 1, 0, t.run_id, t.created_at, t.not_before, encode(t)))
     return out
-
-
-class _RecordingConn:
-    """A pooled connection, noting every statement's SQL and params (the search reads through one)."""
-
-    def __init__(self, conn: Any, reads: list[tuple[str, list[Any]]]) -> None:
-        self.conn = conn
-        self.reads = reads
-
-    async def execute(self, sql: str, params: Any = (), **kwargs: Any) -> Any:
-        self.reads.append((sql, list(params)))
-        return await self.conn.execute(sql, params, **kwargs)
-
-
-class _Recording:
-    """The store's database, noting every read's SQL and params."""
-
-    def __init__(self, db: Any) -> None:
-        self.db = db
-        self.reads: list[tuple[str, list[Any]]] = []
-
-    async def fetch(self, sql: str, params: Any = ()) -> list[Any]:
-        self.reads.append((sql, list(params)))
-        return list(await self.db.fetch(sql, params))
-
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[Any]:
-        async with self.db.connection() as conn:
-            yield _RecordingConn(conn, self.reads)
-
-    def __getattr__(self, name: str) -> Any:  # the pool's size and other reads, unrecorded
-        return getattr(self.db, name)
 
 
 def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
@@ -136,7 +103,7 @@ async def test_console_and_api_lists_read_only_what_they_show(pg_url: str) -> No
             conn.execute("VACUUM ANALYZE")
         pool = PgDb(pg_url)  # the store's kind of pool, its reads noted
         await pool.start()
-        db = _Recording(pool)
+        db = Recording(pool)
         search = PgSearch(db)  # type: ignore[arg-type]
         red = ("team", "red")
         lo, hi = T0 + 100, T0 + 12_000

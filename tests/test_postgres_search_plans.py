@@ -7,8 +7,6 @@ The answers are the store contract's (tests/test_store_contract_search.py); this
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -20,6 +18,7 @@ from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.postgres.db import PgDb
 from scheduler_gateway.daemon.store.postgres.search import PgSearch
 
+from .pg_recording import Recording
 from .test_store_contract import make_task
 
 _COPY = "COPY tasks (id, owner, kind, state, revision, priority, run_id, created_at, not_before, doc) FROM STDIN"
@@ -48,35 +47,6 @@ def _rows() -> list[tuple[Any, ...]]:
 _OWNERS = ("alice", "bob", "carol")
 
 
-class _RecordingConn:
-    """A pooled connection, noting every statement's SQL and params (the search reads through one)."""
-
-    def __init__(self, conn: Any, reads: list[tuple[str, list[Any]]]) -> None:
-        self.conn = conn
-        self.reads = reads
-
-    async def execute(self, sql: str, params: Any = (), **kwargs: Any) -> Any:
-        self.reads.append((sql, list(params)))
-        return await self.conn.execute(sql, params, **kwargs)
-
-
-class _Recording:
-    """The store's database, noting every read's SQL and params."""
-
-    def __init__(self, db: Any) -> None:
-        self.db = db
-        self.reads: list[tuple[str, list[Any]]] = []
-
-    async def fetch(self, sql: str, params: Any = ()) -> list[Any]:
-        self.reads.append((sql, list(params)))
-        return list(await self.db.fetch(sql, params))
-
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[Any]:
-        async with self.db.connection() as conn:
-            yield _RecordingConn(conn, self.reads)
-
-
 def _removed(plan: dict[str, Any]) -> int:
     """Rows read and thrown away, over every node of a plan (a filter's, an index recheck's, a sort's excess)."""
     own = plan.get("Rows Removed by Filter", 0) + plan.get("Rows Removed by Index Recheck", 0)
@@ -94,7 +64,7 @@ async def test_pages_and_capped_counts_read_the_rows_they_need(pg_url: str) -> N
             conn.execute("VACUUM ANALYZE tasks")
         pool = PgDb(pg_url)  # the store's kind of pool, its reads noted
         await pool.start()
-        db = _Recording(pool)
+        db = Recording(pool)
         search = PgSearch(db)  # type: ignore[arg-type]
         for q in (
             TaskSearch(kind="email", limit=50),
