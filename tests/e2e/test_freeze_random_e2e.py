@@ -103,7 +103,10 @@ def p99(values: list[float]) -> float:
     return values[min(len(values) - 1, int(len(values) * 0.99))]
 
 
-# a fresh seed each run (GW_FREEZE_SEED picks one), 5 freezes of 4 s: 35-55 s on a loaded 2-core machine
+# a soak (make soak): a fresh seed each run (GW_FREEZE_SEED picks one), 5 freezes of 4 s, 35-55 s on a loaded
+# 2-core machine; 40 runs (200 freezes) without a stalled second since settles are pulled. The default suite shows
+# the same rule with fixed freezes (test_freeze_write_e2e.py, test_freeze_settle_e2e.py) and keeps its 15 minutes
+@pytest.mark.slow
 async def test_random_freezes_of_one_instance_never_stall_the_other(pair: Pair, session: aiohttp.ClientSession) -> None:
     seed = int(os.environ.get("GW_FREEZE_SEED", str(random.randrange(1 << 30))))
     print(f"\nseed {seed} (GW_FREEZE_SEED to repeat)")
