@@ -15,7 +15,8 @@ from scheduler_gateway.daemon.store.postgres import PostgresStore
 from scheduler_gateway.daemon.store.postgres.db import PgDb
 from scheduler_gateway.daemon.store.postgres.search import PgSearch
 
-from .test_postgres_search_plans import _Recording, _removed
+from .pg_recording import Recording
+from .test_postgres_search_plans import _removed
 from .test_store_contract import create, harness, make_task
 from .test_store_contract_workflows import WF, diamond, record, store, submit, wf_task
 
@@ -65,7 +66,7 @@ async def test_postgres_reads_a_workflows_page_through_its_index(pg_url: str) ->
             conn.execute("VACUUM ANALYZE tasks")
         pool = PgDb(pg_url)
         await pool.start()
-        db = _Recording(pool)
+        db = Recording(pool)
         search = PgSearch(db)  # type: ignore[arg-type]
         for q in (TaskSearch(workflow_id=WF, limit=50), TaskSearch(workflow_id=WF, owner="alice", limit=50)):
             page = await search.search_tasks(q)
