@@ -10,8 +10,8 @@ A task notice is decided on fresh reads (the task in its mailbox, its counters, 
 ``model.workflows.verdict`` and committed through the ledger (compare-and-set): release (``dependencies_met``)
 or hold (``dependencies_reopened``), which move ``waitingFor`` at the task's revision and record nothing; skip (a
 cancel with reason SKIPPED naming a lost parent: its own settle effect cascades) or unskip (a retry, waiting: its
-reopen effect cascades). A workflow notice records the finish
-(``swap_workflow``: finish count, time, final state) with the ``workflow.finished`` event and the callback.
+reopen effect cascades). A workflow notice records the finish (``swap_workflow``: finish count, time, final
+state) with the ``workflow.finished`` event and the callback.
 Handling is idempotent: two instances handling one notice both decide on fresh reads and one write wins; the
 store's claim guard, not this actor, is what keeps a task from running before its dependencies hold.
 """
