@@ -1,19 +1,27 @@
 """Zero 5xx on bad input (issue 10, point 3): every malformed request answers a 4xx in the error envelope
 with an X-Request-Id, and stores nothing. Requests go out as exact bytes (``rawhttp``) where aiohttp's
-client would refuse or fix them."""
+client would refuse or fix them.
+
+Every test here asks one gateway (on a nats-server of this module's own): none restarts it or needs it empty, and
+"stores nothing" compares what is stored after the request with what was stored before (``stored``), so the
+objects earlier tests made do not hide a new one. A gateway per test cost more than its tests (its stop alone
+waits half a second for the last settle pull request to run out)."""
 
 from __future__ import annotations
 
 import gzip
 import zlib
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import quote
 
 import pytest
+import pytest_asyncio
 
 from scheduler_gateway.daemon.gateway import Gateway
+from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 
-from .harness import ADMIN_TOKEN, Api
+from .harness import ADMIN_TOKEN, Api, api_client, running_gateway
 from .rawhttp import assert_envelope, raw_request, send_raw
 
 SCHEDULE = {
@@ -23,10 +31,61 @@ SCHEDULE = {
 }
 
 
-async def nothing_stored(api: Api) -> None:
-    for path in ("/api/tasks", "/api/scheduled-tasks", "/api/threads"):
-        status, listed, _ = await api.call("GET", path)
-        assert status == 200 and listed["items"] == [], (path, listed)
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest.fixture(scope="module")
+def module_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServerProcess]:
+    server = NatsServerProcess(store_dir=tmp_path_factory.mktemp("bad-input-nats"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def gateway(tmp_path_factory: pytest.TempPathFactory, module_nats: NatsServerProcess) -> AsyncIterator[Gateway]:
+    async with running_gateway(tmp_path_factory.mktemp("bad-input-gw"), module_nats.url) as gw:
+        yield gw
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def api(gateway: Gateway) -> AsyncIterator[Api]:
+    async with api_client(gateway) as client:
+        yield client
+
+
+STORED_LISTS = ("/api/tasks", "/api/scheduled-tasks", "/api/threads")
+
+
+async def stored(api: Api) -> dict[str, list[str]]:
+    """The id of every task, schedule and thread stored, every page read."""
+    out: dict[str, list[str]] = {}
+    for path in STORED_LISTS:
+        ids: list[str] = []
+        cursor = None
+        while True:
+            status, listed, _ = await api.call("GET", f"{path}?limit=500" + (f"&cursor={cursor}" if cursor else ""))
+            assert status == 200, (path, listed)
+            ids += [item["id"] for item in listed["items"]]
+            cursor = listed["nextCursor"]
+            if not cursor:
+                break
+        out[path] = ids
+    return out
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def before(api: Api) -> dict[str, list[str]]:
+    """What was stored when the test began."""
+    return await stored(api)
+
+
+async def nothing_stored(api: Api, before: dict[str, list[str]]) -> None:
+    after = await stored(api)
+    for path in STORED_LISTS:
+        assert after[path] == before[path], (path, sorted(set(after[path]) - set(before[path])))
 
 
 # -- Content-Encoding ----------------------------------------------------------------------------------------
@@ -47,12 +106,12 @@ PLAIN = b'{"kind": "echo", "payload": {"n": 1}}'
     ids=["gzip-plain", "deflate-plain", "gzip-truncated", "br", "zstd", "unknown", "gzip-twice"],
 )
 async def test_body_that_does_not_match_its_content_encoding(
-    api: Api, gateway: Gateway, encoding: str, body: bytes
+    api: Api, gateway: Gateway, before: dict[str, list[str]], encoding: str, body: bytes
 ) -> None:
     req = raw_request("POST", "/api/tasks", body, headers=[("Content-Encoding", encoding)])
     err = assert_envelope(await send_raw(gateway.http_port, req), 400, "INVALID_ARGUMENT")
     assert "Content-Encoding" in err["message"]
-    await nothing_stored(api)
+    await nothing_stored(api, before)
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "identity"])
@@ -64,13 +123,15 @@ async def test_a_body_in_a_supported_content_encoding_is_accepted(gateway: Gatew
     assert answer.json()["payload"] == {"n": 1}
 
 
-async def test_a_compressed_body_over_the_limit_is_413(api: Api, gateway: Gateway) -> None:
+async def test_a_compressed_body_over_the_limit_is_413(
+    api: Api, gateway: Gateway, before: dict[str, list[str]]
+) -> None:
     limit = gateway.settings.http.max_payload_bytes
     bomb = gzip.compress(b'{"kind": "echo", "payload": "' + b"x" * (limit + 200_000) + b'"}')
     assert len(bomb) < limit // 10
     req = raw_request("POST", "/api/tasks", bomb, headers=[("Content-Encoding", "gzip")])
     assert_envelope(await send_raw(gateway.http_port, req), 413, "PAYLOAD_TOO_LARGE")
-    await nothing_stored(api)
+    await nothing_stored(api, before)
 
 
 # -- nesting -------------------------------------------------------------------------------------------------
@@ -79,12 +140,14 @@ def nested(depth: int) -> bytes:
 
 
 @pytest.mark.parametrize("depth", [65, 1_000, 10_000, 500_000])
-async def test_payload_nested_too_deep_is_400(api: Api, gateway: Gateway, depth: int) -> None:
+async def test_payload_nested_too_deep_is_400(
+    api: Api, gateway: Gateway, before: dict[str, list[str]], depth: int
+) -> None:
     body = b'{"kind": "echo", "payload": ' + nested(depth) + b"}"
     answer = await send_raw(gateway.http_port, raw_request("POST", "/api/tasks", body))
     err = assert_envelope(answer, 400, "INVALID_ARGUMENT")  # was 500 (RecursionError)
     assert err["details"] == {"maxDepth": 64}
-    await nothing_stored(api)
+    await nothing_stored(api, before)
 
 
 async def test_payload_at_the_depth_limit_is_accepted(api: Api) -> None:
@@ -112,13 +175,13 @@ async def test_a_bearer_token_that_is_not_utf8_is_401(gateway: Gateway, path: st
 )
 @pytest.mark.parametrize("action", ["create", "approve", "retry", "amend", "rework"])
 async def test_bad_idempotency_key_is_400_and_changes_nothing(
-    api: Api, gateway: Gateway, key: bytes, action: str
+    api: Api, gateway: Gateway, before: dict[str, list[str]], key: bytes, action: str
 ) -> None:
     headers = [("Idempotency-Key", key)]
     if action == "create":
         req = raw_request("POST", "/api/tasks", PLAIN, headers=headers)
         assert_envelope(await send_raw(gateway.http_port, req), 400, "INVALID_ARGUMENT")
-        await nothing_stored(api)
+        await nothing_stored(api, before)
         return
     task = await api.create({"kind": "echo", "requiresApproval": True})
     body = {"amend": b'{"payload": 2}', "rework": b'{"reason": "again"}'}.get(action, b"{}")
@@ -154,11 +217,11 @@ BAD_TIMESTAMPS = [
 
 
 @pytest.mark.parametrize("value", BAD_TIMESTAMPS)
-async def test_bad_not_before_is_400_and_stores_nothing(api: Api, value: str) -> None:
+async def test_bad_not_before_is_400_and_stores_nothing(api: Api, before: dict[str, list[str]], value: str) -> None:
     status, body, headers = await api.call("POST", "/api/tasks", {"kind": "echo", "notBefore": value})
     assert status == 400 and body["error"]["code"] == "INVALID_ARGUMENT", body
     assert body["error"]["details"] == {"field": "notBefore"} and headers["X-Request-Id"]
-    await nothing_stored(api)
+    await nothing_stored(api, before)
 
 
 @pytest.mark.parametrize("value", BAD_TIMESTAMPS)
@@ -174,12 +237,14 @@ async def test_bad_upcoming_after_is_400(api: Api, value: str) -> None:
     "run_at", ["0001-01-01T00:00:00", "9999-12-31T23:59:59", "9999-12-31T23:59:59Z", "2030-01-01T00:00:00\u0000"]
 )
 @pytest.mark.parametrize("timezone", ["Asia/Tokyo", "America/New_York"])
-async def test_once_run_at_out_of_range_is_422(api: Api, run_at: str, timezone: str) -> None:
+async def test_once_run_at_out_of_range_is_422(
+    api: Api, before: dict[str, list[str]], run_at: str, timezone: str
+) -> None:
     body = dict(SCHEDULE, schedule={"type": "once", "runAt": run_at, "timezone": timezone})
     status, got, headers = await api.call("POST", "/api/scheduled-tasks", body)
     assert status == 422 and got["error"]["code"] == "INVALID_SCHEDULE", got
     assert headers["X-Request-Id"]
-    await nothing_stored(api)
+    await nothing_stored(api, before)
 
 
 async def test_upcoming_at_the_end_of_the_calendar_is_not_a_crash(api: Api) -> None:
@@ -261,13 +326,13 @@ MALFORMED = {
 
 @pytest.mark.parametrize("name", list(MALFORMED))
 async def test_what_the_parser_refuses_is_answered_in_the_envelope(
-    api: Api, gateway: Gateway, name: str, caplog: pytest.LogCaptureFixture
+    api: Api, gateway: Gateway, before: dict[str, list[str]], name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # was: aiohttp's plain-text 400 without X-Request-Id, and an ERROR log line quoting the header bytes
     err = assert_envelope(await send_raw(gateway.http_port, MALFORMED[name]), 400, "INVALID_ARGUMENT")
     assert set(err["details"]) == {"reason"}
     assert ADMIN_TOKEN not in err["message"] and ADMIN_TOKEN not in caplog.text
-    await nothing_stored(api)
+    await nothing_stored(api, before)
 
 
 @pytest.mark.parametrize(
@@ -275,7 +340,9 @@ async def test_what_the_parser_refuses_is_answered_in_the_envelope(
     [b"zz\r\n{}\r\n0\r\n\r\n", b"2\r\n{}0\r\n\r\n", b"ffffffffffffffffffff\r\n{}\r\n0\r\n\r\n"],
     ids=["not-hex", "no-crlf", "huge-size"],
 )
-async def test_broken_chunked_body_is_400(api: Api, gateway: Gateway, chunks: bytes) -> None:
+async def test_broken_chunked_body_is_400(
+    api: Api, gateway: Gateway, before: dict[str, list[str]], chunks: bytes
+) -> None:
     # Sent with the headers, the parser refuses the whole request. (Sent later, once the handler reads the body,
     # aiohttp's C parser queues the error behind the request in flight and the read waits: no answer, no 5xx.)
     req = request_with(
@@ -283,7 +350,7 @@ async def test_broken_chunked_body_is_400(api: Api, gateway: Gateway, chunks: by
     )
     answer = await send_raw(gateway.http_port, req + chunks)
     assert_envelope(answer, 400, "INVALID_ARGUMENT")
-    await nothing_stored(api)
+    await nothing_stored(api, before)
 
 
 # -- every parameter the API parses, against the same bad values --------------------------------------------
@@ -380,13 +447,13 @@ async def test_every_query_parameter_survives_bad_values(api: Api, gateway: Gate
             answered_4xx_or_ok(answer, target)
 
 
-async def test_every_path_id_survives_bad_values(api: Api, gateway: Gateway) -> None:
+async def test_every_path_id_survives_bad_values(api: Api, gateway: Gateway, before: dict[str, list[str]]) -> None:
     for method, path in ID_ROUTES:
         for value in [*BAD_TEXT, "%20", "tsk_" + "0" * 200, "%2E%2E"]:
             target = path.format(value)
             answer = await send_raw(gateway.http_port, raw_request(method, target, b"{}" if method != "GET" else b""))
             answered_4xx_or_ok(answer, f"{method} {target}")
-    await nothing_stored(api)
+    await nothing_stored(api, before)
 
 
 @pytest.mark.parametrize(
