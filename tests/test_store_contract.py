@@ -239,6 +239,15 @@ async def test_insert_get_round_trip_keeps_payload_bytes(store: TaskStore) -> No
     assert await store.tasks.get_task(tid(2)) is None
 
 
+async def test_get_tasks_reads_the_stored_ones_in_one_call(store: TaskStore) -> None:
+    tasks = [make_task(i, labels={"n": str(i)}) for i in range(3)]
+    for t in tasks:
+        await store.tasks.apply(create(t))
+    got = await store.tasks.get_tasks([tid(2), tid(9), tid(0), tid(2)])
+    assert sorted(got, key=lambda t: t.id) == [tasks[0], tasks[2]]
+    assert await store.tasks.get_tasks([]) == []
+
+
 async def test_result_bytes_and_error_round_trip(store: TaskStore) -> None:
     task = make_task(1, state="succeeded", result=msgspec.Raw(b"[1,2 ,3]"), error=TaskError("X", "y"))
     await store.tasks.apply(create(task))

@@ -456,7 +456,7 @@ async def test_max_parallel_refuses_a_claim_above_it(store: Any) -> None:
 
 
 async def test_max_parallel_within_one_batch(store: Any) -> None:
-    tasks = [wf_task(i, f"t{i}") for i in (1, 2, 3)]
+    tasks = [wf_task(i, f"t{i}", workflow_max_parallel=1) for i in (1, 2, 3)]
     await submit(store, tasks, wf=record(max_parallel=1))
     results = await store.tasks.apply_many([claim_change(t) for t in tasks])
     assert results[0] is None

@@ -35,6 +35,7 @@ SUITES: dict[type, list[tuple[ModuleType, str]]] = {
     ports.NodePart: [(contract, "test_ping")],
     ports.TaskReads: [
         (contract, "test_insert_get_round_trip_keeps_payload_bytes"),
+        (contract, "test_get_tasks_reads_the_stored_ones_in_one_call"),
         (contract, "test_history_oldest_first_with_paging"),
         (contract, "test_list_tasks_filters_cursor_and_limit_clamp"),
         (contract, "test_list_tasks_limit_is_clamped_to_500"),

@@ -141,6 +141,10 @@ class MemoryStore(
         self._check_running()
         return self._tasks.get(task_id)
 
+    async def get_tasks(self, task_ids: list[str]) -> list[Task]:
+        self._check_running()
+        return [self._tasks[i] for i in dict.fromkeys(task_ids) if i in self._tasks]
+
     async def apply(self, change: Change) -> None:
         self._check_running()
         self._apply_one(change)

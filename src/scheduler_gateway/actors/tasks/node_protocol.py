@@ -157,11 +157,8 @@ class NodeProtocol:
         ]
 
     async def _read_tasks(self, task_ids: list[str]) -> list[Task]:
-        """Stored tasks by id: one read where instances share the store; each from the local store otherwise."""
-        if self._ledger.shared is not None:
-            return await self._ledger.shared.get_tasks(task_ids)
-        found = await asyncio.gather(*(self._store.tasks.get_task(i) for i in task_ids))
-        return [t for t in found if t is not None]
+        """Stored tasks by id, in one read."""
+        return await self._store.tasks.get_tasks(task_ids)
 
     async def _claim(self, node_id: str, req: ClaimRequest, granted: dict[str, Task] | None = None) -> ClaimReply:
         task = await self._ledger.current(req.task_id)

@@ -30,8 +30,8 @@ from scheduler_gateway.daemon.store.search import created_off_row
 _TASK_COLUMNS = "owner, kind, state, revision, priority, parent_id, run_id, thread_id, created_at, not_before, doc"
 # the keys of flow control (docs/FLOW.md) are fixed at create too, and only inserted
 SQL_INSERT_TASK = (
-    f"INSERT INTO tasks (id, {_TASK_COLUMNS}, concurrency_key, unique_key, node_id, error_code, finished_at)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    f"INSERT INTO tasks (id, {_TASK_COLUMNS}, concurrency_key, unique_key, node_id, error_code, finished_at,"
+    " workflow_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 # A task's owner, kind, parent, run and creation time are fixed at its create (no transition of
 # actors/model/task_machine.py changes them), so an update does not SET those columns: SQLite rewrites the
@@ -189,9 +189,14 @@ class ChangeRows:
 
     @property
     def sqlite_insert_row(self) -> tuple[Any, ...]:
-        """``SQL_INSERT_TASK``'s values: the insert row, the console's columns and ``finished_at`` (SQLite's
-        statement)."""
-        return (*self.insert_row, *self.search, self.finished_at)
+        """``SQL_INSERT_TASK``'s values: the insert row, the console's columns, ``finished_at`` and the workflow's
+        id (SQLite's statement)."""
+        return (
+            *self.insert_row,
+            *self.search,
+            self.finished_at,
+            None if self.workflow is None else self.workflow.workflow_id,
+        )
 
 
 def _state_unknown(change: Change) -> bool:

@@ -67,6 +67,16 @@ def fast_path(conn: sqlite3.Connection, batch: list[Work]) -> list[list[BaseExce
     return [[None] * work.weight if isinstance(work, ChangeWork) else [None] for work in batch]
 
 
+def write_rows(conn: sqlite3.Connection, rows: list[ChangeRows]) -> bool:
+    """``rows`` (a workflow's inserts, store/workflow_inserts.py) written as one batch's, inside the caller's
+    transaction; False when a rule refuses one (the caller undoes them). Raises Fallback as ``fast_path`` does."""
+    plan = BatchPlan()
+    for r in rows:
+        plan.add(r)
+    plan.write(conn)
+    return not plan.rows_refuse(conn, rows)
+
+
 class BatchPlan:
     """A batch's rows by table, gathered in the batch's order, and what its rules need to know of that order."""
 
@@ -105,9 +115,9 @@ class BatchPlan:
                 self.ops.append(work.op)
                 continue
             for r in work.rows:
-                self._add(r)
+                self.add(r)
 
-    def _add(self, r: ChangeRows) -> None:
+    def add(self, r: ChangeRows) -> None:
         if r.task_id in self._parents:
             raise Fallback
         if r.parent_id is not None:
@@ -190,11 +200,14 @@ class BatchPlan:
 
     def a_rule_refuses(self, conn: sqlite3.Connection, batch: list[Work]) -> bool:
         changes = [w for w in batch if isinstance(w, ChangeWork)]
+        if any(subtree_open(conn, w) for w in changes):
+            return True
+        return self.rows_refuse(conn, [r for w in changes for r in w.rows])
+
+    def rows_refuse(self, conn: sqlite3.Connection, rows: list[ChangeRows]) -> bool:
         if self.workflow.refuses(conn):  # the claims' guard, and the edge effects written in order
             return True
-        if any(parent_refusal_of(conn, r) for w in changes for r in w.rows):
-            return True
-        if any(subtree_open(conn, w) for w in changes):
+        if any(parent_refusal_of(conn, r) for r in rows):
             return True
         kinds: Settings = {}
         for r, kind, key, kind_left_before, key_left_before in self.claims:
@@ -204,4 +217,4 @@ class BatchPlan:
             )
             if limit_refusal(conn, r, kinds, still_ran) is not None:
                 return True
-        return any(unique_refusal(conn, r) is not None for w in changes for r in w.rows)
+        return any(unique_refusal(conn, r) is not None for r in rows)

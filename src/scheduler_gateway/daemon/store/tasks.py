@@ -4,6 +4,7 @@ audit, outbox, idempotency and dead-letter rows), task reads, idempotency keys, 
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 
 from scheduler_gateway.actors.model.records import (
@@ -91,6 +92,14 @@ class SqliteTasks:
         if not rows:
             return None
         return decode_or_raise(_decode_task, rows[0][0], "task", task_id)
+
+    async def get_tasks(self, task_ids: list[str]) -> list[Task]:
+        if not task_ids:
+            return []
+        rows = await self._db.fetchall(
+            "SELECT id, doc FROM tasks WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(task_ids),)
+        )
+        return [decode_or_raise(_decode_task, r[1], "task", str(r[0])) for r in rows]
 
     async def list_tasks(self, query: TaskQuery) -> Page:
         # a parent's, a run's or a workflow's tasks are few: their (column, id) index answers, and owner, state

@@ -144,9 +144,12 @@ def not_due(conn: sqlite3.Connection, r: ChangeRows) -> Conflict | None:
 def over_limit(conn: sqlite3.Connection, r: ChangeRows, later: int = 0) -> Conflict | None:
     """A claim above its workflow's maxParallel (the workflow row's, the authority, not the task's copy): the
     running count (this claim's row written, so counted) less ``later``, the net starts of the batch after it
-    that the count already holds."""
+    that the count already holds. A workflow's maxParallel is fixed at its create and copied to each of its
+    tasks, so a task whose copy has none is under no limit (no read)."""
     wp = r.workflow
     assert wp is not None
+    if wp.max_parallel is None:
+        return None
     row = fetch_one(conn, SQL_RUNNING, (wp.workflow_id,))
     if row is None or int(row[1]) - later <= int(row[0]):
         return None

@@ -6,7 +6,6 @@ the reads. The rows and the statements the task changes run are in workflow_rows
 from __future__ import annotations
 
 import sqlite3
-import time
 from typing import Any
 
 import msgspec
@@ -35,10 +34,9 @@ from scheduler_gateway.daemon.store.common import (
     encode,
     fetch_one,
 )
-from scheduler_gateway.daemon.store.group_commit import write_change
 from scheduler_gateway.daemon.store.sqlite_conn import INLINE_MAX_WEIGHT, SqliteDb
-from scheduler_gateway.daemon.store.workflow_rows import accepts, active
-from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidArgument
+from scheduler_gateway.daemon.store.workflow_inserts import write_tasks
+from scheduler_gateway.wire.errors import Code, Conflict, GatewayError
 
 _decode_task = doc_decoder(Task)
 _decode_workflow = doc_decoder(WorkflowRecord)
@@ -46,33 +44,6 @@ _decode_workflow = doc_decoder(WorkflowRecord)
 _SQL_INSERT_WORKFLOW = (
     "INSERT INTO workflows (id, owner, name, max_parallel, open_tasks, finished_at, final_state, revision, doc)"
     " VALUES (?, ?, ?, ?, ?, NULL, NULL, ?, ?)"
-)
-_SQL_TASK_WORKFLOW = "UPDATE tasks SET workflow_id = ? WHERE id = ?"
-# an edge is decided at insert when its parent is already terminal (computed from the parent's stored state)
-_SQL_INSERT_EDGE = (
-    "INSERT INTO task_edges (parent_id, child_id, workflow_id, parent_ref, on_state, outcome)"
-    " SELECT p.id, :c, :wf, :ref, :on, CASE WHEN p.state NOT IN ('succeeded', 'failed', 'canceled', 'dead')"
-    f" THEN 'pending' WHEN {accepts(':on', 'p.state')} THEN 'met' ELSE 'lost' END FROM tasks p WHERE p.id = :p"
-)
-# the adder's children wait for each task it adds: an edge new -> D, with D's own ``on``, for each adder -> D
-_SQL_INHERIT_EDGES = (
-    "INSERT INTO task_edges (parent_id, child_id, workflow_id, parent_ref, on_state, outcome)"
-    " SELECT :n, child_id, workflow_id, :ref, on_state, 'pending' FROM task_edges WHERE parent_id = :adder"
-)
-# a child's counters recounted from its edges (a new row, or one whose parents grew), with a notice when that
-# makes them ready or doomed: the notice first, from the row as it was
-_N = "(SELECT count(*) AS parents, sum(outcome = 'met') AS met, sum(outcome = 'lost') AS lost FROM task_edges"
-_SQL_COUNT_NOTICE = (
-    f"INSERT INTO workflow_notices (kind, object_id, at) SELECT 'task', :c, :at FROM {_N} WHERE child_id = :c) n"
-    " LEFT JOIN task_deps d ON d.task_id = :c, (SELECT coalesce((SELECT join_any FROM task_deps WHERE task_id = :c),"
-    " :any) AS join_any) j"
-    f" WHERE {active('j', 'n.met', 'n.lost', 'n.parents')}"
-    f" AND (d.task_id IS NULL OR NOT {active('d', 'd.met', 'd.lost', 'd.parents')})"
-)
-_SQL_COUNT = (
-    "INSERT INTO task_deps (task_id, parents, join_any, met, lost)"
-    f" SELECT :c, n.parents, :any, n.met, n.lost FROM {_N} WHERE child_id = :c) n WHERE true"
-    " ON CONFLICT (task_id) DO UPDATE SET parents = excluded.parents, met = excluded.met, lost = excluded.lost"
 )
 _SQL_SWAP = (
     "UPDATE workflows SET doc = ?, finished_at = ?, final_state = ?, revision = ? WHERE id = ? AND revision = ?"
@@ -130,7 +101,7 @@ class SqliteWorkflows:
                     details={"workflowId": workflow.id},
                 ) from None
             _insert_idempotency(conn, idem)
-            _write_tasks(conn, workflow.id, rows, changes, edges, ())
+            write_tasks(conn, workflow.id, rows, changes, edges, ())
             failpoints.hit("workflow.create_mid_transaction")  # a crash here: nothing of the create stands
             conn.execute(SQL_INSERT_AUDIT, audit_row(audit))
             conn.execute(SQL_INSERT_OUTBOX, (outbox_body(event),))
@@ -165,7 +136,7 @@ class SqliteWorkflows:
                     code=Code.LEASE_CONFLICT,
                     details={"taskId": adder.id},
                 )
-            _write_tasks(conn, workflow_id, rows, changes, edges, (adder.id,))
+            write_tasks(conn, workflow_id, rows, changes, edges, (adder.id,))
             failpoints.hit("workflow.add_tasks_mid_transaction")  # a crash here: nothing of the add stands
             if opened:
                 conn.execute("UPDATE workflows SET open_tasks = open_tasks + ?, finished_at = NULL WHERE id = ?",
@@ -329,45 +300,6 @@ def _insert_idempotency(conn: sqlite3.Connection, row: tuple[Any, ...] | None) -
         conn.execute(SQL_INSERT_IDEMPOTENCY, row)
     except sqlite3.IntegrityError:
         raise Conflict("this idempotency key was already used", code=Code.IDEMPOTENCY_CONFLICT) from None
-
-
-def _write_tasks(
-    conn: sqlite3.Connection,
-    workflow_id: str,
-    rows: list[ChangeRows],
-    changes: list[Change],
-    edges: list[Edge],
-    adders: tuple[str, ...],
-) -> None:
-    """The inserts (each as a task change writes it), their workflow column, the edges (the adder's children's
-    first, from the edges stored before this add), the counters of every child they reach, and their notices."""
-    for r in rows:
-        write_change(conn, r)
-    conn.executemany(_SQL_TASK_WORKFLOW, [(workflow_id, r.task_id) for r in rows])
-    grown: list[str] = []
-    for adder in adders:
-        grown += [str(row[0]) for row in conn.execute("SELECT child_id FROM task_edges WHERE parent_id = ?", (adder,))]
-        conn.executemany(
-            _SQL_INHERIT_EDGES, [{"n": c.task.id, "ref": c.task.ref or "", "adder": adder} for c in changes]
-        )
-    for e in edges:
-        params: dict[str, Any] = {"c": e.child_id, "wf": workflow_id, "ref": e.parent_ref, "on": e.on, "p": e.parent_id}
-        try:
-            inserted = conn.execute(_SQL_INSERT_EDGE, params).rowcount
-        except sqlite3.IntegrityError:
-            raise InvalidArgument(
-                f"a second edge {e.parent_ref} -> {e.child_id}", details={"ref": e.parent_ref, "taskId": e.child_id}
-            ) from None
-        if inserted != 1:
-            raise InvalidArgument(
-                f"edge from unknown task {e.parent_id}", details={"ref": e.parent_ref, "taskId": e.parent_id}
-            )
-    joins = {c.task.id: c.task.join == "any" for c in changes}
-    at = time.time()
-    for child in sorted({e.child_id for e in edges} | set(grown)):
-        params = {"c": child, "any": joins.get(child, False), "at": at}
-        conn.execute(_SQL_COUNT_NOTICE, params)
-        conn.execute(_SQL_COUNT, params)
 
 
 def _in_savepoint(conn: sqlite3.Connection, write: Any) -> Any:

@@ -350,6 +350,10 @@ class PgTasks:
             return None
         return with_lease(decode_or_raise(_decode_task, row[0], "task", task_id), row[1])
 
+    async def get_tasks(self, task_ids: list[str]) -> list[Task]:
+        rows = await self._rows_of(list(task_ids)) if task_ids else {}
+        return [with_lease(decode_or_raise(_decode_task, doc, "task", i), lease) for i, (doc, lease) in rows.items()]
+
     async def _rows_of(self, task_ids: list[str]) -> dict[str, tuple[Any, float | None]]:
         # the ids in binary: psycopg quotes and escapes each element of a text array in Python (~8x the time)
         rows = await self._db.fetch(
