@@ -31,9 +31,10 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 # two test processes, a test file each at a time (module fixtures stay in one process): the suite waits on
-# servers, leases and browsers more than it computes
+# servers, leases and browsers more than it computes. The files go out in collection order, longest first
+# (tests/conftest.py), not xdist's default of the files with the most tests first
 test: lint ops-tools
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # promtool, systemd-analyze and openssl for tests/ops: installed (as root, with apt-get) only when missing
 ops-tools:

@@ -39,10 +39,27 @@ def fresh_nats(tmp_path: Path) -> Iterator[NatsServerProcess]:
         server.stop()
 
 
-#: the files whose tests take minutes together: run first, so that with ``-n 2 --dist loadfile`` one worker
-#: runs them while the other takes everything else, instead of one of them starting late and running alone
-LONGEST_FIRST = ("tests/simulation/test_simulation.py",)
+#: the files whose tests take longest together, longest first: run first, so that with ``-n 2 --dist loadfile``
+#: the two workers share them from the start and the run ends on short files, instead of one of them starting
+#: late and running alone. (xdist hands out files in collection order only with ``--no-loadscope-reorder``, as
+#: ``make test`` runs it; by default it hands out the files with the most tests first.)
+LONGEST_FIRST = (
+    "tests/simulation/test_simulation_instances.py",
+    "tests/simulation/test_simulation.py",
+    "tests/integration/test_ha.py",
+    "tests/integration/test_workflow_contract.py",
+    "tests/e2e/test_failpoints_e2e.py",
+    "tests/integration/test_events.py",
+    "tests/integration/test_openapi.py",
+    "tests/console/test_console_browser.py",
+    "tests/e2e/test_workflow_freeze_e2e.py",
+    "tests/e2e/test_workflow_failpoints_e2e.py",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))  # stable: the rest keep their order
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the tests of a file, and the files not named, keep their order

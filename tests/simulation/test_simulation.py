@@ -129,15 +129,3 @@ def test_simulation_soak() -> None:
         stats = run_simulation(seed, examples, steps, shrink_s=120, on_sqlite=on_sqlite, instances=instances)
         total[name] += stats["steps"]
     print("soak: " + ", ".join(f"{n} steps with {name}" for name, n in total.items()))
-
-
-def test_simulation_several_instances() -> None:
-    """Two instances on one shared store, clocks up to ``MAX_SKEW_S`` apart, requests and node messages to
-    either, each of them frozen at any IO await for as long as time is advanced, crash-restarted alone."""
-    seed = int(os.environ.get("SIM_SEED", DEFAULT_SEED))
-    examples = int(os.environ.get("SIM_MULTI_EXAMPLES", 420))
-    steps = int(os.environ.get("SIM_MULTI_STEPS", 100))
-    stats = run_simulation(seed, examples, steps, shrink_s=float(os.environ.get("SIM_SHRINK_SECONDS", 45)), instances=2)
-    assert stats["examples"] >= min(examples, 10), f"ran only {stats['examples']} examples"
-    if examples * steps >= MIN_STEPS and STORIES_EVERYWHERE:
-        assert not missing_kinds(COVERAGE), f"no workflow operation of these kinds: {missing_kinds(COVERAGE)}"
