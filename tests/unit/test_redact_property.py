@@ -246,7 +246,9 @@ def test_gatewayd_export_never_prints_the_password(password: str, form: str, tmp
 
 
 # gatewayd itself, in a process of its own (its stderr is where the pool's logged connection errors go), with a
-# shorter wait for the pool so that a store nobody answers fails in a second rather than ten
+# shorter wait for the pool so that a store nobody answers fails in a second rather than ten. Each example costs
+# two processes (a second each, most of it the import): the named cases below plus two drawn ones; the property
+# is drawn 40 times over in process by test_gatewayd_export_never_prints_the_password above
 RUN_GATEWAYD = """
 import functools, sys
 import scheduler_gateway.daemon.store.transfer as transfer
@@ -256,7 +258,7 @@ raise SystemExit(gatewayd_main(sys.argv[1:]))
 """
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(password=framed, form=written)
 @example(password="pa,ss", form="raw")  # the issue's case: refused connection, the URL as libpq reads it
 @example(password="pa,ss", form="quoted-all")
