@@ -23,6 +23,7 @@ from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 
 from .harness import ADMIN_TOKEN, Api, api_client, running_gateway
 from .rawhttp import assert_envelope, raw_request, send_raw
+from .test_http_api import assert_error
 
 SCHEDULE = {
     "title": "nightly",
@@ -131,6 +132,47 @@ async def test_a_compressed_body_over_the_limit_is_413(
     assert len(bomb) < limit // 10
     req = raw_request("POST", "/api/tasks", bomb, headers=[("Content-Encoding", "gzip")])
     assert_envelope(await send_raw(gateway.http_port, req), 413, "PAYLOAD_TOO_LARGE")
+    await nothing_stored(api, before)
+
+
+# -- create bodies (were in test_http_api.py) ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("raw", "code", "status"),
+    [
+        (b"{not json", "INVALID_ARGUMENT", 400),
+        (b"[]", "INVALID_ARGUMENT", 400),
+        (b'{"payload": 1}', "INVALID_ARGUMENT", 400),  # kind missing
+        (b'{"kind": "Echo Upper"}', "INVALID_ARGUMENT", 400),
+        (b'{"kind": "echo", "priority": "high"}', "INVALID_ARGUMENT", 400),
+        (b'{"kind": "echo", "maxAttempts": 0}', "INVALID_ARGUMENT", 400),
+        (b'{"kind": "echo", "leaseSeconds": -1}', "INVALID_ARGUMENT", 400),
+        (b'{"kind": "echo", "color": "red"}', "INVALID_ARGUMENT", 400),  # unknown field
+        (b'{"kind": "echo", "notBefore": "tomorrow"}', "INVALID_ARGUMENT", 400),
+        (b'{"kind": "echo", "notBefore": "2026-12-01T09:00:00"}', "INVALID_ARGUMENT", 400),  # no offset
+        (b'{"kind": "echo", "parentId": "nope"}', "INVALID_ARGUMENT", 400),
+        (b'{"kind": "echo", "labels": {"a": 1}}', "INVALID_ARGUMENT", 400),
+        # the gateway's own label keys (docs/API.md, Tasks)
+        (b'{"kind": "echo", "labels": {"scheduledTaskId": "sch_x"}}', "INVALID_ARGUMENT", 400),
+        (b'{"kind": "echo", "labels": {"team": "a", "scheduledRunId": "srn_x"}}', "INVALID_ARGUMENT", 400),
+        (b'{"kind": "echo", "labels": {"gw.origin": "x"}}', "INVALID_ARGUMENT", 400),
+        (b'{"kind": "echo", "labels": {"gw.": "x"}}', "INVALID_ARGUMENT", 400),
+        (b'{"kind": "echo", "callbackUrl": "ftp://x"}', "INVALID_ARGUMENT", 400),
+        (b'{"kind": "echo", "callbackUrl": "http://127.0.0.1:9/cb"}', "INVALID_ARGUMENT", 400),  # no secret
+    ],
+)
+async def test_bad_create_bodies_write_nothing(
+    api: Api, before: dict[str, list[str]], raw: bytes, code: str, status: int
+) -> None:
+    assert_error(await api.call("POST", "/api/tasks", raw=raw), status, code)
+    await nothing_stored(api, before)
+
+
+async def test_oversize_payload_is_413(api: Api, gateway: Gateway, before: dict[str, list[str]]) -> None:
+    limit = gateway.settings.http.max_payload_bytes
+    big = {"kind": "echo", "payload": "x" * (limit + 10)}
+    assert_error(await api.call("POST", "/api/tasks", big), 413, "PAYLOAD_TOO_LARGE")
+    huge = b'{"kind": "echo", "payload": "' + b"y" * (limit + 200_000) + b'"}'
+    assert_error(await api.call("POST", "/api/tasks", raw=huge), 413, "PAYLOAD_TOO_LARGE")
     await nothing_stored(api, before)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-import pytest
 
 from scheduler_gateway.daemon.gateway import Gateway
 
@@ -59,44 +58,7 @@ async def test_owner_isolation_answers_404_like_missing(api: Api) -> None:
     )
 
 
-@pytest.mark.parametrize(
-    ("raw", "code", "status"),
-    [
-        (b"{not json", "INVALID_ARGUMENT", 400),
-        (b"[]", "INVALID_ARGUMENT", 400),
-        (b'{"payload": 1}', "INVALID_ARGUMENT", 400),  # kind missing
-        (b'{"kind": "Echo Upper"}', "INVALID_ARGUMENT", 400),
-        (b'{"kind": "echo", "priority": "high"}', "INVALID_ARGUMENT", 400),
-        (b'{"kind": "echo", "maxAttempts": 0}', "INVALID_ARGUMENT", 400),
-        (b'{"kind": "echo", "leaseSeconds": -1}', "INVALID_ARGUMENT", 400),
-        (b'{"kind": "echo", "color": "red"}', "INVALID_ARGUMENT", 400),  # unknown field
-        (b'{"kind": "echo", "notBefore": "tomorrow"}', "INVALID_ARGUMENT", 400),
-        (b'{"kind": "echo", "notBefore": "2026-12-01T09:00:00"}', "INVALID_ARGUMENT", 400),  # no offset
-        (b'{"kind": "echo", "parentId": "nope"}', "INVALID_ARGUMENT", 400),
-        (b'{"kind": "echo", "labels": {"a": 1}}', "INVALID_ARGUMENT", 400),
-        # the gateway's own label keys (docs/API.md, Tasks)
-        (b'{"kind": "echo", "labels": {"scheduledTaskId": "sch_x"}}', "INVALID_ARGUMENT", 400),
-        (b'{"kind": "echo", "labels": {"team": "a", "scheduledRunId": "srn_x"}}', "INVALID_ARGUMENT", 400),
-        (b'{"kind": "echo", "labels": {"gw.origin": "x"}}', "INVALID_ARGUMENT", 400),
-        (b'{"kind": "echo", "labels": {"gw.": "x"}}', "INVALID_ARGUMENT", 400),
-        (b'{"kind": "echo", "callbackUrl": "ftp://x"}', "INVALID_ARGUMENT", 400),
-        (b'{"kind": "echo", "callbackUrl": "http://127.0.0.1:9/cb"}', "INVALID_ARGUMENT", 400),  # no secret
-    ],
-)
-async def test_bad_create_bodies_write_nothing(api: Api, gateway: Gateway, raw: bytes, code: str, status: int) -> None:
-    assert_error(await api.call("POST", "/api/tasks", raw=raw), status, code)
-    _, listed, _ = await api.call("GET", "/api/tasks")
-    assert listed["items"] == []
-
-
-async def test_oversize_payload_is_413(api: Api, gateway: Gateway) -> None:
-    limit = gateway.settings.http.max_payload_bytes
-    big = {"kind": "echo", "payload": "x" * (limit + 10)}
-    assert_error(await api.call("POST", "/api/tasks", big), 413, "PAYLOAD_TOO_LARGE")
-    huge = b'{"kind": "echo", "payload": "' + b"y" * (limit + 200_000) + b'"}'
-    assert_error(await api.call("POST", "/api/tasks", raw=huge), 413, "PAYLOAD_TOO_LARGE")
-    _, listed, _ = await api.call("GET", "/api/tasks")
-    assert listed["items"] == []
+# the bad create bodies and the oversize payload: in test_bad_input.py, on its module's gateway
 
 
 async def test_unknown_routes_and_bad_ids(api: Api) -> None:
