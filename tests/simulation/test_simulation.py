@@ -107,8 +107,13 @@ def test_simulation_on_sqlite() -> None:
         seed, examples, steps, shrink_s=float(os.environ.get("SIM_SHRINK_SECONDS", 45)), on_sqlite=True
     )
     assert stats["examples"] >= min(examples, 10), f"ran only {stats['examples']} examples"
-    if examples * steps >= 40 * 40:  # the default budget or more: every kind of workflow operation was made
-        assert not missing_kinds(COVERAGE), f"no workflow operation of these kinds: {missing_kinds(COVERAGE)}"
+    # the default seed and budget make every kind of workflow operation (a guard against a change that stops the
+    # run making one); another seed draws other examples, where a rare kind may be missing by chance: told, not failed
+    missed = missing_kinds(COVERAGE)
+    if seed == DEFAULT_SEED and examples * steps >= 40 * 40:
+        assert not missed, f"no workflow operation of these kinds: {missed}"
+    elif missed:
+        print(f"simulation on SQLite, seed {seed}: no workflow operation of these kinds: {missed}")
 
 
 @pytest.mark.slow
