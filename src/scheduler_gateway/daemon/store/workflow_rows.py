@@ -16,7 +16,7 @@ statements that need it:
   key; (child_id, parent_ref) serves ``edges_into`` and the deletes of a purged child.
 - ``task_deps``: a task's ``DepCounts``; ``workflow_notices``: the releaser's inbox in ``seq`` order.
 - ``tasks.workflow_id``: a workflow's tasks by (workflow_id, id), its running ones (the guard's count) by a
-  partial index. Set by ``create_workflow`` / ``add_tasks`` (the only writers of workflow tasks' inserts).
+  partial index. Written with the insert (``SQL_INSERT_TASK``, from the task's own ``workflow_id``).
 """
 
 from __future__ import annotations
