@@ -103,14 +103,14 @@ async def test_a_batch_reads_at_most_its_share_of_parents_and_leaves_the_rest_to
             await k.run(ids[r], result={"r": r})
         await k.drain()
         read: list[str] = []
-        original = k.store.tasks.get_task
+        original = k.store.tasks.get_tasks
 
-        async def counted(task_id: str) -> Any:
-            read.append(task_id)
-            return await original(task_id)
+        async def counted(task_ids: list[str]) -> Any:
+            read.extend(task_ids)
+            return await original(task_ids)
 
         reqs = [ClaimRequest(task_id=ids[r], attempt_id=(await k.task(ids[r])).attempt_id) for r in ("j0", "j1", "j2")]
-        k.store.tasks.get_task = counted  # type: ignore[method-assign]
+        k.store.tasks.get_tasks = counted  # type: ignore[method-assign]
         j0, j1, j2 = await claim_batch(k, reqs)
         assert [d.ref for d in j0.dependencies or []] == ["a", "b"]
         assert j1.dependencies is None  # c and d would make 4 parents read: its pages
