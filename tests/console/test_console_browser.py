@@ -22,6 +22,7 @@ from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.wire.messages import WireError
 
 from ..integration.harness import ADMIN_TOKEN, ALICE_TOKEN, Api, HandNode
+from .conftest import SESSION_LOOP
 from .test_viewer_role import VIEWER_TOKEN, add_viewer
 
 # The screenshots of docs/CONSOLE.md are written there when CONSOLE_SCREENSHOTS=1 (`make screenshots`); an
@@ -30,7 +31,7 @@ DOCS_SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
 SHOTS = DOCS_SHOTS if os.environ.get("CONSOLE_SCREENSHOTS") == "1" else Path(tempfile.gettempdir()) / "gw-console-shots"
 XSS = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), SESSION_LOOP]
 
 
 def base(gw: Gateway) -> str:

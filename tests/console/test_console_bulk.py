@@ -14,6 +14,7 @@ from scheduler_gateway.daemon.http.console.bulk import Confirmations
 from scheduler_gateway.wire.errors import InvalidArgument
 
 from ..integration.harness import ALICE_TOKEN, Api
+from .conftest import SESSION_LOOP
 from .test_console_browser import base, signed_in
 
 pytestmark = pytest.mark.timeout(60)
@@ -23,6 +24,7 @@ ALICE = Caller("alice", "user")
 BOB = Caller("bob", "user")
 
 
+@SESSION_LOOP
 async def test_bulk_cancel_acts_on_the_confirmed_tasks_only(gateway: Gateway, api: Api, browser: Browser) -> None:
     first, _ = await gateway.service.create(ALICE, NewTask(kind="conf"))
     second, _ = await gateway.service.create(ALICE, NewTask(kind="conf"))

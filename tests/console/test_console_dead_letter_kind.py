@@ -10,10 +10,11 @@ from playwright.async_api import Browser, expect
 from scheduler_gateway.daemon.gateway import Gateway
 
 from ..integration.harness import Api, HandNode
+from .conftest import SESSION_LOOP
 from .test_console_browser import base, signed_in
 from .test_console_layout import settle_failed
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), SESSION_LOOP]
 
 
 async def test_dead_letters_show_their_kind_and_a_total(

@@ -11,9 +11,10 @@ from playwright.async_api import Browser, Request, expect
 from scheduler_gateway.daemon.gateway import Gateway
 
 from ..integration.harness import Api
+from .conftest import SESSION_LOOP
 from .test_console_browser import base, signed_in
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), SESSION_LOOP]
 
 EVIL = "Evil: your session expired, call +1 555 0100"
 

@@ -13,9 +13,10 @@ from scheduler_gateway.actors.model.records import ActorRef
 from scheduler_gateway.daemon.gateway import Gateway
 
 from ..integration.harness import Api
+from .conftest import SESSION_LOOP
 from .test_console_browser import base, signed_in
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), SESSION_LOOP]
 
 UNBOUND = "e => { e.removeAttribute('max'); e.removeAttribute('min'); e.type = 'text'; }"
 

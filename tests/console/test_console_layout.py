@@ -15,10 +15,11 @@ from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.wire.messages import WireError
 
 from ..integration.harness import ADMIN_TOKEN, Api, HandNode
+from .conftest import SESSION_LOOP
 from .test_console_browser import SHOTS, base
 from .test_console_operator import accessible
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), SESSION_LOOP]
 
 LONG = (
     "upstream renderer refused the document: HTTP 502 from https://render.internal.example/v2/documents/"

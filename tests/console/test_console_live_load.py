@@ -27,9 +27,10 @@ from playwright.async_api import TimeoutError as PlaywrightTimeout
 from scheduler_gateway.daemon.gateway import Gateway
 
 from ..integration.harness import Api
+from .conftest import SESSION_LOOP
 from .test_console_browser import base, signed_in
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), SESSION_LOOP]
 
 RATE = 1000  # tasks (so task.created events) a second
 BATCH = 20  # tasks per POST /api/tasks/batch: fifty requests a second, so the events come in small bursts

@@ -14,9 +14,10 @@ from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.wire.messages import WireError
 
 from ..integration.harness import Api, HandNode, wait_for
+from .conftest import SESSION_LOOP
 from .test_console_browser import base, signed_in
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), SESSION_LOOP]
 
 
 async def test_no_node_attempts_and_the_next_redrive_are_said_plainly(

@@ -25,9 +25,10 @@ from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 
 from ..integration.harness import ADMIN_TOKEN, Api, HandNode, wait_for
+from .conftest import SESSION_LOOP
 from .test_console_browser import base, signed_in
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), SESSION_LOOP]
 
 BIN = Path(sys.executable).parent
 

@@ -24,9 +24,10 @@ from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.wire.messages import WireError
 
 from ..integration.harness import ADMIN_TOKEN, ALICE_TOKEN, BOB_TOKEN, Api, HandNode
+from .conftest import SESSION_LOOP
 from .test_console_browser import base, shot, signed_in
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), SESSION_LOOP]
 
 ADMIN = Caller("admin", "admin")
 ALICE = Caller("alice", "user")

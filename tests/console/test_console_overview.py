@@ -14,9 +14,10 @@ from scheduler_gateway.daemon.http.console.stats import HourFigures, since_minut
 from scheduler_gateway.daemon.nats.nats_server import free_port
 
 from ..integration.harness import ALICE_TOKEN, BOB_TOKEN, HandNode
+from .conftest import SESSION_LOOP
 from .test_console_browser import signed_in
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), SESSION_LOOP]
 
 ALICE = Caller("alice", "user")
 BOB = Caller("bob", "user")

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 import pytest
+import pytest_asyncio
 
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.http.app import token_hash
@@ -19,6 +20,7 @@ from scheduler_gateway.daemon.http.console.app import Console
 
 from ..integration.harness import ADMIN_TOKEN, ALICE_TOKEN, BOB_TOKEN, Api
 from ..integration.sse import SseStream
+from .conftest import SESSION_LOOP
 from .test_viewer_role import VIEWER_TOKEN, add_viewer
 
 pytestmark = pytest.mark.timeout(30)
@@ -80,7 +82,7 @@ class Browser:
         await self.http.close()
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="session")
 async def browsers(gateway: Gateway) -> AsyncIterator[Callable[[], Browser]]:
     made: list[Browser] = []
 
@@ -93,6 +95,7 @@ async def browsers(gateway: Gateway) -> AsyncIterator[Callable[[], Browser]]:
         await b.close()
 
 
+@SESSION_LOOP
 async def test_sign_ins_of_one_user_never_sign_another_out(gateway: Gateway, browsers: Callable[[], Browser]) -> None:
     from scheduler_gateway.daemon.http.console.sessions import Sessions, SignInLimiter
 
@@ -121,6 +124,7 @@ async def test_sign_ins_of_one_user_never_sign_another_out(gateway: Gateway, bro
     assert await admin.signed_in() and await alice.signed_in()
 
 
+@SESSION_LOOP
 async def test_sign_in_is_rate_limited_per_client_address(gateway: Gateway, browsers: Callable[[], Browser]) -> None:
     b = browsers()
     # the default: 10 attempts a minute from one address, a wrong token and a right one alike
@@ -159,6 +163,7 @@ def test_sign_in_buckets_are_per_address_and_bounded() -> None:
     assert client_address(request) == "2001:db8::/64"  # the peer, by its /64; never the forwarded-for header
 
 
+@SESSION_LOOP
 async def test_a_sign_in_csrf_token_made_up_by_the_client_is_refused(gateway: Gateway, api: Api) -> None:
     base = f"http://127.0.0.1:{gateway.http_port}"
     async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
@@ -197,6 +202,7 @@ async def test_a_sign_in_csrf_token_made_up_by_the_client_is_refused(gateway: Ga
         assert await post(nonce, field) == 403
 
 
+@SESSION_LOOP
 async def test_the_live_stream_ends_with_its_session(
     gateway: Gateway, api: Api, browsers: Callable[[], Browser]
 ) -> None:

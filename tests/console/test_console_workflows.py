@@ -32,12 +32,13 @@ from scheduler_gateway.wire.workflows import (
 )
 
 from ..integration.harness import ALICE_TOKEN, Api, HandNode
+from .conftest import SESSION_LOOP
 from .test_console_browser import base, signed_in
 from .test_console_layout import WIDTHS, overflow, shot, signed_in_at
 from .test_console_operator import accessible
 from .test_viewer_role import VIEWER_TOKEN, add_viewer
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), SESSION_LOOP]
 
 
 async def run_one(node: HandNode, kind: str, outcome: str = "succeeded") -> str:

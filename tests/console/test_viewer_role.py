@@ -17,6 +17,7 @@ from scheduler_gateway.daemon.http.app import token_hash
 from scheduler_gateway.daemon.store.sqlite import SqliteStore
 
 from ..integration.harness import ALICE_TOKEN, Api
+from .conftest import SESSION_LOOP
 
 VIEWER_TOKEN = "viewer-token-for-tests-0123456789"
 
@@ -46,6 +47,7 @@ def test_token_create_viewer(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert principal is not None and principal.role == "viewer" and principal.user == "vera"
 
 
+@SESSION_LOOP
 async def test_viewer_reads_like_admin(gateway: Gateway, api: Api) -> None:
     await add_viewer(gateway)
     alice = api.as_user(ALICE_TOKEN)
@@ -69,6 +71,7 @@ async def test_viewer_reads_like_admin(gateway: Gateway, api: Api) -> None:
     assert body["items"], "the viewer sees alice's audit entries as an admin does"
 
 
+@SESSION_LOOP
 async def test_every_changing_route_is_forbidden_for_a_viewer(gateway: Gateway, api: Api) -> None:
     await add_viewer(gateway)
     task = await api.as_user(ALICE_TOKEN).create({"kind": "echo", "requiresApproval": True})
