@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from scheduler_gateway.daemon.nats import settle_pull
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from tests.pg_cluster import pg_cluster, pg_fresh_url, pg_url, two_pg_stores
 
@@ -26,6 +27,17 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quick_settle_pulls() -> Iterator[None]:
+    """The gateways tests run in their own process pull settles with 0.2 s requests (a gatewayd's last 0.5 s):
+    a gateway's stop waits for its last request to end, and the suite stops one about 470 times. A gatewayd
+    started as a process (tests/e2e) keeps its own."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(settle_pull, "PULL_EXPIRES_S", 0.2)
+        mp.setattr(settle_pull, "PULL_OVERLAP_S", 0.05)
+        yield
 
 
 @pytest.fixture

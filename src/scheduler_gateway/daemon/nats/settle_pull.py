@@ -104,6 +104,7 @@ class SettlePuller:
         self._asked = 0  # how many settle messages it asked for
         self._delivered = 0  # how many were delivered since it went out
         self._more = asyncio.Event()  # it was filled, or a status says it ended
+        self._sent = 0.0  # when it went out (the loop's clock)
         self._said = ""  # the last status that ended a request (logged when it changes)
 
     async def start(self) -> None:
@@ -113,13 +114,16 @@ class SettlePuller:
         self._asking = asyncio.create_task(self._ask())
 
     async def stop(self) -> None:
-        """Ask nothing more, take what the last request still brings until it has run out, then leave."""
+        """Ask nothing more, take what the last request still brings until it has ended (filled, or its status
+        came) or run out, then leave."""
         asking, self._asking = self._asking, None
         if asking is not None:
             asking.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asking
-            await asyncio.sleep(PULL_EXPIRES_S)  # the last request runs out: nothing more comes to this inbox
+            left = self._sent + PULL_EXPIRES_S - asyncio.get_running_loop().time()
+            with contextlib.suppress(TimeoutError):  # after that, nothing more comes to this inbox
+                await asyncio.wait_for(self._more.wait(), max(0.0, left) + 0.05)
         sub, self._sub = self._sub, None
         if sub is not None:
             with contextlib.suppress(Exception):
@@ -153,7 +157,7 @@ class SettlePuller:
             self._delivered = 0
             self._more.clear()
             request = {"batch": self._asked, "expires": int(PULL_EXPIRES_S * 1e9)}
-            sent = loop.time()
+            sent = self._sent = loop.time()
             try:
                 await self._nc.publish(_NEXT, json.dumps(request).encode(), reply=f"{self._inbox}.{self._request}")
             except Exception as exc:  # connection down: its requests went with it; ask again shortly
