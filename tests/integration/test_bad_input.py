@@ -5,7 +5,7 @@ client would refuse or fix them.
 Every test here asks one gateway (on a nats-server of this module's own): none restarts it or needs it empty, and
 "stores nothing" compares what is stored after the request with what was stored before (``stored``), so the
 objects earlier tests made do not hide a new one. A gateway per test cost more than its tests (its stop alone
-waits half a second for the last settle pull request to run out)."""
+waits for its last settle pull request to end)."""
 
 from __future__ import annotations
 
