@@ -26,6 +26,11 @@ SQL_INSERT_EDGE = (
     " SELECT p.id, :c, :wf, :ref, :on, CASE WHEN p.state NOT IN ('succeeded', 'failed', 'canceled', 'dead')"
     f" THEN 'pending' WHEN {accepts(':on', 'p.state')} THEN 'met' ELSE 'lost' END FROM tasks p WHERE p.id = :p"
 )
+# an edge from a task of the same write that is open: pending, without a read of its parent
+SQL_INSERT_NEW_EDGE = (
+    "INSERT INTO task_edges (parent_id, child_id, workflow_id, parent_ref, on_state, outcome)"
+    " VALUES (:p, :c, :wf, :ref, :on, 'pending')"
+)
 # the adder's children wait for each task it adds: an edge new -> D, with D's own ``on``, for each adder -> D
 SQL_INHERIT_EDGES = (
     "INSERT INTO task_edges (parent_id, child_id, workflow_id, parent_ref, on_state, outcome)"
@@ -68,8 +73,9 @@ def write_tasks(
         conn.executemany(
             SQL_INHERIT_EDGES, [{"n": c.task.id, "ref": c.task.ref or "", "adder": adder} for c in changes]
         )
-    _insert_edges(conn, workflow_id, edges)
-    _count(conn, changes, edges, grown)
+    open_new = {c.task.id for c in changes if c.task.state not in TERMINAL_STATES}
+    _insert_edges(conn, workflow_id, edges, open_new)
+    _count(conn, changes, edges, grown, open_new)
 
 
 def _insert_rows(conn: sqlite3.Connection, rows: list[ChangeRows]) -> None:
@@ -85,11 +91,14 @@ def _insert_rows(conn: sqlite3.Connection, rows: list[ChangeRows]) -> None:
     conn.execute("RELEASE workflow_rows")
 
 
-def _insert_edges(conn: sqlite3.Connection, workflow_id: str, edges: list[Edge]) -> None:
+def _insert_edges(conn: sqlite3.Connection, workflow_id: str, edges: list[Edge], open_new: set[str]) -> None:
     params = [{"c": e.child_id, "wf": workflow_id, "ref": e.parent_ref, "on": e.on, "p": e.parent_id} for e in edges]
+    new = [p for p in params if p["p"] in open_new]
+    stored = [p for p in params if p["p"] not in open_new]  # decided at insert from the parent's stored state
     conn.execute("SAVEPOINT workflow_edges")
     try:
-        inserted = conn.executemany(SQL_INSERT_EDGE, params).rowcount if params else 0
+        inserted = conn.executemany(SQL_INSERT_NEW_EDGE, new).rowcount if new else 0
+        inserted += conn.executemany(SQL_INSERT_EDGE, stored).rowcount if stored else 0
     except sqlite3.IntegrityError:
         inserted = -1
     if inserted != len(params):  # a second edge or an unknown parent: one at a time, to name it
@@ -112,12 +121,13 @@ def _insert_edge(conn: sqlite3.Connection, params: dict[str, Any]) -> None:
         )
 
 
-def _count(conn: sqlite3.Connection, changes: list[Change], edges: list[Edge], grown: list[str]) -> None:
+def _count(
+    conn: sqlite3.Connection, changes: list[Change], edges: list[Edge], grown: list[str], open_new: set[str]
+) -> None:
     """Each reached child's counters: a new child whose parents are all new and open has (n, 0, 0), written
     without a read; any other (a parent stored before, or already ended; a child whose parents grew) is recounted
     from its edges, with its notice."""
     joins = {c.task.id: c.task.join == "any" for c in changes}
-    open_new = {c.task.id for c in changes if c.task.state not in TERMINAL_STATES}
     parents: Counter[str] = Counter()
     recount = set(grown)
     for e in edges:
