@@ -36,7 +36,6 @@ from scheduler_gateway.wire.artifacts import (
     ArtifactBegin,
     ArtifactCommit,
     ArtifactError,
-    ArtifactInfo,
     ArtifactPut,
     ArtifactReply,
     ArtifactRequest,
@@ -55,6 +54,7 @@ from .model.artifacts import (
     ArtifactRecord,
     event_data,
     expired_upload,
+    info_of,
     missing_bytes,
     name_refusal,
     repeat_or_conflict,
@@ -75,10 +75,6 @@ class ArtifactIndex(Protocol):
     def artifacts(self) -> ArtifactStore: ...
     @property
     def tasks(self) -> AuditStore: ...
-
-
-def info_of(r: ArtifactRecord) -> ArtifactInfo:
-    return ArtifactInfo(name=r.name, size=r.size, sha256=r.sha256, content_type=r.content_type)
 
 
 def record_for(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
+from scheduler_gateway.wire.artifacts import ArtifactInfo
 from scheduler_gateway.wire.errors import Code, Conflict, GatewayError, InvalidArgument, PayloadTooLarge
 
 from .records import Task
@@ -35,6 +36,11 @@ class ArtifactRecord(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def digest_key(self) -> tuple[int, str]:
         return (self.size, self.sha256)
+
+
+def info_of(r: ArtifactRecord) -> ArtifactInfo:
+    """The record as the API, the callbacks and ``ctx.dependencies`` show it."""
+    return ArtifactInfo(name=r.name, size=r.size, sha256=r.sha256, content_type=r.content_type)
 
 
 class ArtifactLimits(msgspec.Struct, frozen=True, kw_only=True):

@@ -29,6 +29,7 @@ from ..bus_ports import Metrics
 from ..dispatcher import Dispatcher
 from ..lease_clock import LeaseClock
 from ..model import task_machine as sm
+from ..model.artifacts import info_of
 from ..model.callbacks import new_delivery, wants_callback
 from ..model.records import TERMINAL_STATES, ActorRef, AuditEntry, AuditResult, DeadLetter, EventRecord, Task
 from ..ports import Change, EdgeEffect, IdempotencyRecord
@@ -338,10 +339,7 @@ class TaskLedger:
         (in the task's mailbox, where artifacts are recorded too, so none is recorded after this read)."""
         if not wants_callback(tr.task):
             return None
-        return [
-            ArtifactInfo(name=r.name, size=r.size, sha256=r.sha256, content_type=r.content_type)
-            for r in await self._store.artifacts.list_artifacts(tr.task.id)
-        ]
+        return [info_of(r) for r in await self._store.artifacts.list_artifacts(tr.task.id)]
 
     def after_commit(self, tr: sm.Transition) -> None:
         """A committed transition taken into the live copy, the lease clock, the dispatcher and the listeners."""

@@ -51,11 +51,9 @@ LIMITED_RETRY_SOON_S = 1.0
 #: attempts whose LIMITED refusal is audited already, kept to audit one row per attempt and limit, not per repeat
 LIMITED_SEEN_MAX = 10_000
 
-#: a batched read of stored tasks by id (missing ones left out)
-ReadTasks = Callable[[list[str]], Awaitable[list[Task]]]
-#: what builds a claim batch's inline dependencies (actors/workflows/inline.py): given the granted tasks and a
-#: batched read of tasks, the views by task id of those that fit (the others read theirs by pages)
-InlineHook = Callable[[list[Task], ReadTasks], Awaitable[dict[str, list[DependencyView]]]]
+#: what builds a claim batch's inline dependencies (actors/workflows/inline.py): given the granted tasks, the views
+#: by task id of those that fit (the others read theirs by pages)
+InlineHook = Callable[[list[Task]], Awaitable[dict[str, list[DependencyView]]]]
 
 
 class NodeProtocol:
@@ -145,7 +143,7 @@ class NodeProtocol:
         if self.inline is None:
             return outcomes
         try:
-            found = await self.inline(list(granted.values()), self._read_tasks)
+            found = await self.inline(list(granted.values()))
         except Exception:
             log.warning("a claim's inline dependencies could not be read; the node reads them by pages", exc_info=True)
             return outcomes
@@ -155,10 +153,6 @@ class NodeProtocol:
             else o
             for r, o in zip(reqs, outcomes, strict=True)
         ]
-
-    async def _read_tasks(self, task_ids: list[str]) -> list[Task]:
-        """Stored tasks by id, in one read."""
-        return await self._store.tasks.get_tasks(task_ids)
 
     async def _claim(self, node_id: str, req: ClaimRequest, granted: dict[str, Task] | None = None) -> ClaimReply:
         task = await self._ledger.current(req.task_id)

@@ -11,6 +11,7 @@ from scheduler_gateway.wire.api import ErrorView
 from scheduler_gateway.wire.artifacts import ArtifactInfo
 from scheduler_gateway.wire.workflows import DEPENDENCY_PAGE, DependenciesReply, DependenciesRequest, DependencyView
 
+from ..model.artifacts import info_of
 from ..model.records import NULL, Task
 from ..tasks.ledger import TaskLedger
 from .adding import under_lease
@@ -31,27 +32,23 @@ class Dependencies:
         # one read for the page (a join's 10,000 parents are 50 reads, not 10,000)
         found = {t.id: t for t in await self._store.tasks.get_tasks([e.parent_id for e in edges])}
         parents = [found.get(e.parent_id) for e in edges]
-        # which parents have artifacts, in one read for the page: most have none, and a join's page of 200 parents
-        # read each one's (empty) list, a read per edge
-        ended = [p.id for p in parents if p is not None and p.terminal]
-        held = await self._store.artifacts.artifact_counts(ended) if ended else {}
-        holders = [p for p in parents if p is not None and p.id in held]
-        lists = await asyncio.gather(*(self._artifacts(p) for p in holders))
-        listed = {p.id: a for p, a in zip(holders, lists, strict=True)}
+        listed = await ended_artifacts(self._store, [p for p in parents if p is not None])
         views = [
             dependency_view(e.parent_ref, e.parent_id, e.on, p, listed.get(e.parent_id, []))
             for e, p in zip(edges, parents, strict=True)
         ]
         return DependenciesReply(dependencies=views, next=edges[-1].parent_ref if more and edges else None)
 
-    async def _artifacts(self, parent: Task | None) -> list[ArtifactInfo]:
-        """A parent's artifacts as of now (its terminal state: none is recorded after it)."""
-        if parent is None or not parent.terminal:
-            return []
-        return [
-            ArtifactInfo(name=r.name, size=r.size, sha256=r.sha256, content_type=r.content_type)
-            for r in await self._store.artifacts.list_artifacts(parent.id)
-        ]
+
+async def ended_artifacts(store: WorkflowServiceStore, parents: list[Task]) -> dict[str, list[ArtifactInfo]]:
+    """The artifacts of those ``parents`` that ended and hold some, by task id: which hold any in one read (most
+    hold none, and a join's 200 parents would each be listed), then each holder's list. A terminal task records no
+    more artifacts, so these are its last."""
+    ended = [p.id for p in parents if p.terminal]
+    held = await store.artifacts.artifact_counts(ended) if ended else {}
+    holders = sorted(held)
+    lists = await asyncio.gather(*(store.artifacts.list_artifacts(pid) for pid in holders))
+    return {pid: [info_of(r) for r in rows] for pid, rows in zip(holders, lists, strict=True)}
 
 
 def dependency_view(

@@ -9,16 +9,12 @@ what a page read right after it answers."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
-
 import msgspec
 
-from scheduler_gateway.wire.artifacts import ArtifactInfo
 from scheduler_gateway.wire.workflows import DependencyView
 
 from ..model.records import Task
-from .dependencies import dependency_view
+from .dependencies import dependency_view, ended_artifacts
 from .records import WorkflowServiceStore
 
 #: the most parents a claim reply carries inline (a page's worth), and their encoded size at most per task
@@ -29,9 +25,6 @@ INLINE_TASK_BYTES = 64 * 1024
 INLINE_BATCH_BYTES = 512 * 1024
 #: the most distinct parents one batch reads (a batch of 256 joins of 200 other parents each would read 51,200)
 INLINE_BATCH_PARENTS = 2_000
-
-#: a batched read of stored tasks by id (missing ones left out)
-ReadTasks = Callable[[list[str]], Awaitable[list[Task]]]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -48,7 +41,7 @@ class InlineDependencies:
         self._store = store
         self._batch_bytes = max(0, min(batch_bytes, INLINE_BATCH_BYTES))
 
-    async def __call__(self, tasks: list[Task], read: ReadTasks) -> dict[str, list[DependencyView]]:
+    async def __call__(self, tasks: list[Task]) -> dict[str, list[DependencyView]]:
         """The views by task id of those of ``tasks`` that fit (in the batch's order); the rest are left out."""
         tasks = [t for t in tasks if inlinable(t)]
         if not tasks or self._batch_bytes == 0:
@@ -65,15 +58,8 @@ class InlineDependencies:
             if 0 < len(refs) <= INLINE_PARENTS and len(wanted) + len(more) <= INLINE_BATCH_PARENTS:
                 chosen.add(task.id)
                 wanted |= more
-        parents = {p.id: p for p in await read(sorted(wanted))} if wanted else {}
-        ended = [pid for pid, p in parents.items() if p.terminal]
-        held = await self._store.artifacts.artifact_counts(ended) if ended else {}
-        holders = sorted(held)
-        lists = await asyncio.gather(*(self._store.artifacts.list_artifacts(pid) for pid in holders))
-        listed = {
-            pid: [ArtifactInfo(name=r.name, size=r.size, sha256=r.sha256, content_type=r.content_type) for r in rows]
-            for pid, rows in zip(holders, lists, strict=True)
-        }
+        parents = {p.id: p for p in await self._store.tasks.get_tasks(sorted(wanted))} if wanted else {}
+        listed = await ended_artifacts(self._store, list(parents.values()))
         out: dict[str, list[DependencyView]] = {}
         budget = self._batch_bytes
         for task in tasks:

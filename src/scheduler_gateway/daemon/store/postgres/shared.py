@@ -8,7 +8,7 @@ from scheduler_gateway.daemon.store.change_rows import running_deadlines
 from scheduler_gateway.daemon.store.common import decode_or_raise, doc_decoder
 from scheduler_gateway.daemon.store.postgres.db import PgDb
 from scheduler_gateway.daemon.store.postgres.lock_bounds import bound_lock_waits
-from scheduler_gateway.daemon.store.postgres.tasks import with_lease
+from scheduler_gateway.daemon.store.postgres.tasks import tasks_by_id, with_lease
 
 _decode_task = doc_decoder(Task)
 
@@ -43,12 +43,7 @@ class PgShared:
         return {str(r[0]) for r in rows}
 
     async def get_tasks(self, task_ids: list[str]) -> list[Task]:
-        if not task_ids:
-            return []
-        rows = await self._db.fetch(
-            "SELECT id, doc, lease_expires_at FROM tasks WHERE id = ANY(%b::text[])", (list(task_ids),)
-        )
-        return [with_lease(decode_or_raise(_decode_task, r[1], "task", str(r[0])), r[2]) for r in rows]
+        return await tasks_by_id(self._db, task_ids)
 
     async def changed(self, versions: list[tuple[str, int, float | None]]) -> list[Task]:
         if not versions:
