@@ -15,7 +15,7 @@ from scheduler_gateway.actors.scheduling import SchedulerSettings
 from scheduler_gateway.client import GatewayClient
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
-from tests.integration.harness import ADMIN_TOKEN, HandNode, running_gateway
+from tests.integration.harness import ADMIN_TOKEN, HandNode, hand_node, running_gateway
 
 FAST = SchedulerSettings(min_once_delay_s=0, poll_interval_s=0.1, max_concurrent_runs=8)
 
@@ -177,8 +177,5 @@ async def via_proxy(proxy: FaultProxy) -> AsyncIterator[GatewayClient]:
 
 @pytest.fixture
 async def node(fresh_nats: NatsServerProcess) -> AsyncIterator[HandNode]:
-    n = await HandNode.connect(fresh_nats.url, "node-a")
-    try:
+    async with hand_node(fresh_nats.url) as n:
         yield n
-    finally:
-        await n.close()

@@ -21,7 +21,7 @@ import pytest_asyncio
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 
-from ..integration.harness import Api, HandNode, api_client, running_gateway
+from ..integration.harness import Api, HandNode, api_client, hand_node, running_gateway
 
 __all__ = ["SESSION_LOOP", "api", "browser", "chromium_path", "gateway", "node"]
 
@@ -43,11 +43,8 @@ async def api(gateway: Gateway) -> AsyncIterator[Api]:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def node(fresh_nats: NatsServerProcess) -> AsyncIterator[HandNode]:
-    n = await HandNode.connect(fresh_nats.url, "node-a")
-    try:
+    async with hand_node(fresh_nats.url) as n:
         yield n
-    finally:
-        await n.close()
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ import pytest
 
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 from scheduler_gateway.wire.subjects import SETTLE_CONSUMER, SETTLE_STREAM
-from tests.integration.harness import HandNode
+from tests.integration.harness import HandNode, hand_node
 
 from .invariants_api import check_task, poll
 from .test_freeze_e2e import Pair, api_of, cont, wait_ready
@@ -46,11 +46,8 @@ def pair(tmp_path: Path, fresh_nats: NatsServerProcess, pg_fresh_url: str) -> It
 
 @pytest.fixture
 async def node(fresh_nats: NatsServerProcess) -> AsyncIterator[HandNode]:
-    n = await HandNode.connect(fresh_nats.url, "node-fz")
-    try:
+    async with hand_node(fresh_nats.url, "node-fz") as n:
         yield n
-    finally:
-        await n.close()
 
 
 async def test_settles_published_while_an_instance_is_frozen_all_go_to_the_live_one(

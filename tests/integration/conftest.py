@@ -12,7 +12,7 @@ import pytest
 from scheduler_gateway.daemon.gateway import Gateway
 from scheduler_gateway.daemon.nats.nats_server import NatsServerProcess
 
-from .harness import Api, HandNode, api_client, running_gateway
+from .harness import Api, HandNode, api_client, hand_node, running_gateway
 
 
 @pytest.fixture
@@ -29,11 +29,8 @@ async def api(gateway: Gateway) -> AsyncIterator[Api]:
 
 @pytest.fixture
 async def node(fresh_nats: NatsServerProcess) -> AsyncIterator[HandNode]:
-    n = await HandNode.connect(fresh_nats.url, "node-a")
-    try:
+    async with hand_node(fresh_nats.url) as n:
         yield n
-    finally:
-        await n.close()
 
 
 @pytest.fixture

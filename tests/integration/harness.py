@@ -222,3 +222,13 @@ async def wait_for(predicate: Any, timeout_s: float = 10.0, interval_s: float = 
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(interval_s)
+
+
+@asynccontextmanager
+async def hand_node(url: str, node_id: str = "node-a") -> AsyncIterator[HandNode]:
+    """A ``HandNode`` for the block (a test's ``node`` fixture), closed after it."""
+    node = await HandNode.connect(url, node_id)
+    try:
+        yield node
+    finally:
+        await node.close()
